@@ -1,0 +1,15 @@
+//! Everything about one bundle's connection: the one connect function
+//! ([`connect::connect`]), the bundle's child process ([`process`]) and the
+//! MCP client handler that answers the bundle's host-resources requests
+//! ([`client`]).
+//!
+//! Architecture invariant: [`connect::connect`] is the only place that
+//! constructs a bundle's MCP client, and it cannot be called without a
+//! [`client::HostContext`].
+
+pub mod client;
+pub mod connect;
+pub mod process;
+
+pub use client::HostContext;
+pub use connect::{connect, ConnectError, ConnectOptions, Connection};

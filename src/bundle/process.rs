@@ -1,0 +1,510 @@
+//! Bundle child processes: spawn with a scrubbed environment in a process
+//! group of their own that dies with the daemon, watch for exit (the child's
+//! `wait` is the truth about its life), stop the whole group, capture stderr.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use tokio::io::AsyncWriteExt;
+use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::sync::{mpsc, watch};
+use tokio_util::codec::{FramedRead, LinesCodec};
+
+use crate::manifest::LaunchPlan;
+
+/// Variables of the daemon's own environment that a bundle may see. Anything
+/// else reaches a bundle only through its manifest's `env`.
+pub const ENV_ALLOWLIST: &[&str] = &[
+    "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "USER", "LOGNAME",
+];
+
+/// Longest stderr line kept; longer lines are cut.
+const MAX_STDERR_LINE: usize = 16 * 1024;
+/// Stderr lines remembered for error messages.
+const STDERR_TAIL: usize = 20;
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitInfo {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+impl From<std::process::ExitStatus> for ExitInfo {
+    fn from(status: std::process::ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        ExitInfo {
+            code: status.code(),
+            signal: status.signal(),
+        }
+    }
+}
+
+impl fmt::Display for ExitInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (self.code, self.signal) {
+            (Some(code), _) => write!(f, "exit code {code}"),
+            (None, Some(sig)) => match Signal::try_from(sig) {
+                Ok(s) => write!(f, "killed by {s}"),
+                Err(_) => write!(f, "killed by signal {sig}"),
+            },
+            (None, None) => f.write_str("unknown exit status"),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot start {command:?} in {cwd}: {source}")]
+pub struct SpawnError {
+    pub command: String,
+    pub cwd: PathBuf,
+    pub source: std::io::Error,
+}
+
+/// A freshly spawned bundle process and its pipes.
+pub struct Spawned {
+    pub pid: u32,
+    pub stdin: ChildStdin,
+    pub stdout: ChildStdout,
+    pub stderr: ChildStderr,
+    pub child: Child,
+}
+
+/// The environment a bundle gets: the allowlisted daemon variables, then the
+/// manifest's own.
+pub fn bundle_env(plan: &LaunchPlan) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = ENV_ALLOWLIST
+        .iter()
+        .filter_map(|k| std::env::var(k).ok().map(|v| (k.to_string(), v)))
+        .filter(|(k, _)| !plan.env.contains_key(k))
+        .collect();
+    env.extend(plan.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
+}
+
+/// Spawns the bundle. Must be called from a long-lived runtime thread, never
+/// from `spawn_blocking`: `PR_SET_PDEATHSIG` fires when the forking *thread*
+/// exits.
+pub fn spawn(plan: &LaunchPlan) -> Result<Spawned, SpawnError> {
+    let mut cmd = Command::new(&plan.command);
+    cmd.args(&plan.args)
+        .env_clear()
+        .envs(bundle_env(plan))
+        .current_dir(&plan.cwd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(false);
+    let daemon_pid = std::process::id() as i32;
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // async-signal-safe system calls (setsid, prctl, getppid, _exit).
+    unsafe {
+        cmd.pre_exec(move || {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            // The daemon may have died between fork and prctl.
+            if nix::unistd::getppid().as_raw() != daemon_pid {
+                nix::libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|source| SpawnError {
+        command: plan.command.clone(),
+        cwd: plan.cwd.clone(),
+        source,
+    })?;
+    let pid = child.id().unwrap_or(0);
+    let (Some(stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        unreachable!("all three pipes were requested");
+    };
+    Ok(Spawned {
+        pid,
+        stdin,
+        stdout,
+        stderr,
+        child,
+    })
+}
+
+fn signal_group(pgid: u32, signal: Signal) {
+    if pgid > 0 {
+        let _ = killpg(Pid::from_raw(pgid as i32), signal);
+    }
+}
+
+/// SIGKILLs the process group when the last [`Lifeline`] is dropped before
+/// the process was seen to exit: a dropped handle never leaks a process.
+struct KillGuard {
+    pgid: u32,
+    exited: Arc<AtomicBool>,
+}
+
+impl Drop for KillGuard {
+    fn drop(&mut self) {
+        if !self.exited.load(Ordering::SeqCst) {
+            signal_group(self.pgid, Signal::SIGKILL);
+        }
+    }
+}
+
+/// Observes a bundle process and asks it to stop. Holds no kill guard, so
+/// watcher tasks can keep one without keeping the process alive.
+#[derive(Clone)]
+pub struct ProcessObserver {
+    pid: u32,
+    stop_tx: mpsc::UnboundedSender<Duration>,
+    exit_rx: watch::Receiver<Option<ExitInfo>>,
+}
+
+impl ProcessObserver {
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Asks for the group to be stopped: SIGTERM, then SIGKILL after `grace`.
+    pub fn request_stop(&self, grace: Duration) {
+        let _ = self.stop_tx.send(grace);
+    }
+
+    /// Waits until the process has exited and its group was killed.
+    pub async fn wait(&self) -> ExitInfo {
+        let mut rx = self.exit_rx.clone();
+        let seen = rx.wait_for(Option::is_some).await.map(|v| *v);
+        match seen {
+            Ok(v) => v.expect("waited for Some"),
+            // The watcher task is gone without a status: treat as killed.
+            Err(_) => ExitInfo {
+                code: None,
+                signal: Some(Signal::SIGKILL as i32),
+            },
+        }
+    }
+
+    pub fn exited(&self) -> Option<ExitInfo> {
+        *self.exit_rx.borrow()
+    }
+}
+
+/// Owning handle of a bundle process: dropping the last clone kills the group.
+#[derive(Clone)]
+pub struct Lifeline {
+    observer: ProcessObserver,
+    _guard: Arc<KillGuard>,
+}
+
+impl Lifeline {
+    /// Takes ownership of `child` and watches it in a task.
+    pub fn watch(mut child: Child, pid: u32) -> Lifeline {
+        let (stop_tx, mut stop_rx) = mpsc::unbounded_channel::<Duration>();
+        let (exit_tx, exit_rx) = watch::channel(None);
+        let exited = Arc::new(AtomicBool::new(false));
+        let flag = exited.clone();
+        tokio::spawn(async move {
+            let status = tokio::select! {
+                status = child.wait() => status,
+                Some(grace) = stop_rx.recv() => terminate(&mut child, pid, grace).await,
+            };
+            // Grandchildren may outlive a leader that exited on its own.
+            signal_group(pid, Signal::SIGKILL);
+            flag.store(true, Ordering::SeqCst);
+            let info = match status {
+                Ok(s) => ExitInfo::from(s),
+                Err(e) => {
+                    tracing::warn!(pid, error = %e, "waiting for a bundle process failed");
+                    ExitInfo {
+                        code: None,
+                        signal: None,
+                    }
+                }
+            };
+            let _ = exit_tx.send(Some(info));
+        });
+        Lifeline {
+            observer: ProcessObserver {
+                pid,
+                stop_tx,
+                exit_rx,
+            },
+            _guard: Arc::new(KillGuard { pgid: pid, exited }),
+        }
+    }
+
+    pub fn observer(&self) -> ProcessObserver {
+        self.observer.clone()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.observer.pid
+    }
+
+    /// Stops the group (SIGTERM, `grace`, SIGKILL) and waits for the exit.
+    pub async fn stop(&self, grace: Duration) -> ExitInfo {
+        self.observer.request_stop(grace);
+        self.observer.wait().await
+    }
+
+    pub async fn wait(&self) -> ExitInfo {
+        self.observer.wait().await
+    }
+}
+
+async fn terminate(
+    child: &mut Child,
+    pgid: u32,
+    grace: Duration,
+) -> std::io::Result<std::process::ExitStatus> {
+    signal_group(pgid, Signal::SIGTERM);
+    match tokio::time::timeout(grace, child.wait()).await {
+        Ok(status) => status,
+        Err(_) => {
+            tracing::warn!(
+                pid = pgid,
+                ?grace,
+                "bundle ignored SIGTERM; sending SIGKILL to its group"
+            );
+            signal_group(pgid, Signal::SIGKILL);
+            child.wait().await
+        }
+    }
+}
+
+/// The last stderr lines of a bundle, for error messages.
+#[derive(Clone)]
+pub struct StderrTail {
+    lines: Arc<Mutex<VecDeque<String>>>,
+    eof: watch::Receiver<bool>,
+}
+
+impl StderrTail {
+    fn push(&self, line: String) {
+        let mut q = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        if q.len() == STDERR_TAIL {
+            q.pop_front();
+        }
+        q.push_back(line);
+    }
+
+    pub fn lines(&self) -> Vec<String> {
+        self.lines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    pub fn last(&self) -> Option<String> {
+        self.lines
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .back()
+            .cloned()
+    }
+
+    /// Waits (at most `limit`) until stderr reached EOF, so that the lines a
+    /// process wrote just before dying are in the tail.
+    pub async fn drained(&self, limit: Duration) {
+        let mut eof = self.eof.clone();
+        let _ = tokio::time::timeout(limit, eof.wait_for(|done| *done)).await;
+    }
+}
+
+/// Reads the bundle's stderr line by line into `log_path` (appending) and
+/// `tracing`, until EOF. Returns the tail buffer it fills.
+pub fn capture_stderr(
+    stderr: ChildStderr,
+    log_path: &Path,
+    workspace: &str,
+    bundle: &str,
+) -> StderrTail {
+    let (eof_tx, eof) = watch::channel(false);
+    let tail = StderrTail {
+        lines: Arc::default(),
+        eof,
+    };
+    let out = tail.clone();
+    let log_path = log_path.to_path_buf();
+    let (workspace, bundle) = (workspace.to_string(), bundle.to_string());
+    tokio::spawn(async move {
+        let mut file = match open_log(&log_path).await {
+            Ok(f) => Some(f),
+            Err(e) => {
+                tracing::warn!(path = %log_path.display(), error = %e, "cannot open bundle log; stderr goes to tracing only");
+                None
+            }
+        };
+        let mut lines = FramedRead::new(stderr, LinesCodec::new_with_max_length(MAX_STDERR_LINE));
+        while let Some(item) = lines.next().await {
+            let line = match item {
+                Ok(line) => line,
+                Err(tokio_util::codec::LinesCodecError::MaxLineLengthExceeded) => {
+                    format!(
+                        "[bundlevisor: stderr line longer than {MAX_STDERR_LINE} bytes dropped]"
+                    )
+                }
+                Err(tokio_util::codec::LinesCodecError::Io(_)) => break,
+            };
+            tracing::info!(target: "bundle_stderr", workspace = %workspace, bundle = %bundle, "{line}");
+            if let Some(f) = file.as_mut() {
+                let mut buf = line.clone().into_bytes();
+                buf.push(b'\n');
+                if f.write_all(&buf).await.is_err() {
+                    file = None;
+                }
+            }
+            out.push(line);
+        }
+        if let Some(mut f) = file {
+            let _ = f.flush().await;
+        }
+        let _ = eof_tx.send(true);
+    });
+    tail
+}
+
+async fn open_log(path: &Path) -> std::io::Result<tokio::fs::File> {
+    if let Some(parent) = path.parent() {
+        tokio::fs::create_dir_all(parent).await?;
+    }
+    tokio::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn plan(script: &str) -> LaunchPlan {
+        LaunchPlan {
+            command: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            env: BTreeMap::from([("BUNDLE_OWN".to_string(), "yes".to_string())]),
+            cwd: std::env::temp_dir(),
+        }
+    }
+
+    fn alive(pid: u32) -> bool {
+        nix::sys::signal::kill(Pid::from_raw(pid as i32), None).is_ok()
+    }
+
+    #[tokio::test]
+    async fn exit_is_seen_and_reports_the_code() {
+        let s = spawn(&plan("exit 7")).unwrap();
+        let life = Lifeline::watch(s.child, s.pid);
+        assert_eq!(
+            life.wait().await,
+            ExitInfo {
+                code: Some(7),
+                signal: None
+            }
+        );
+        assert_eq!(life.wait().await.to_string(), "exit code 7");
+    }
+
+    #[tokio::test]
+    async fn stop_kills_a_group_that_ignores_sigterm_including_grandchildren() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("grandchild.pid");
+        let script = format!(
+            "trap '' TERM; sh -c 'trap \"\" TERM; echo $$ > {p}; while :; do sleep 1; done' & while :; do sleep 1; done",
+            p = pidfile.display()
+        );
+        let s = spawn(&plan(&script)).unwrap();
+        let life = Lifeline::watch(s.child, s.pid);
+        let grandchild = poll_file(&pidfile).await;
+        assert!(alive(grandchild));
+        let exit = life.stop(Duration::from_millis(200)).await;
+        assert_eq!(exit.signal, Some(Signal::SIGKILL as i32));
+        assert!(
+            wait_dead(grandchild).await,
+            "grandchild {grandchild} survived"
+        );
+    }
+
+    #[tokio::test]
+    async fn dropping_the_lifeline_kills_the_group() {
+        let s = spawn(&plan("while :; do sleep 1; done")).unwrap();
+        let pid = s.pid;
+        let life = Lifeline::watch(s.child, s.pid);
+        let observer = life.observer();
+        drop(life);
+        assert_eq!(observer.wait().await.signal, Some(Signal::SIGKILL as i32));
+        assert!(wait_dead(pid).await);
+    }
+
+    #[tokio::test]
+    async fn environment_is_scrubbed_to_the_allowlist_plus_bundle_env() {
+        std::env::set_var("BUNDLEVISOR_TEST_LEAK", "leaked");
+        let s = spawn(&plan("env")).unwrap();
+        let mut out = String::new();
+        let mut stdout = s.stdout;
+        tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut out)
+            .await
+            .unwrap();
+        let names: Vec<&str> = out
+            .lines()
+            .filter_map(|l| l.split_once('=').map(|(k, _)| k))
+            .collect();
+        assert!(names.contains(&"BUNDLE_OWN"), "{names:?}");
+        assert!(!names.contains(&"BUNDLEVISOR_TEST_LEAK"), "{names:?}");
+        for name in names {
+            assert!(
+                ENV_ALLOWLIST.contains(&name)
+                    || name == "BUNDLE_OWN"
+                    || name == "PWD"
+                    || name == "SHLVL"
+                    || name == "_",
+                "unexpected {name}"
+            );
+        }
+    }
+
+    async fn poll_file(path: &Path) -> u32 {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(text) = std::fs::read_to_string(path) {
+                if let Ok(pid) = text.trim().parse() {
+                    return pid;
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} never appeared",
+                path.display()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Polls until `pid` is gone (reaped by init, or a zombie of ours).
+    async fn wait_dead(pid: u32) -> bool {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while tokio::time::Instant::now() < deadline {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let zombie = stat
+                .rsplit(')')
+                .next()
+                .is_some_and(|s| s.trim_start().starts_with('Z'));
+            if stat.is_empty() || zombie {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        false
+    }
+}

@@ -1,0 +1,98 @@
+//! A control-socket client: connects, says hello, sends requests and reads
+//! notifications until the matching response arrives.
+
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
+
+use crate::protocol::{
+    method, HelloParams, HelloResult, Incoming, Notification, Request, RpcError, PROTOCOL_VERSION,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect to the daemon at {socket}: {source}; is `bundlevisor daemon` running? (set --socket or BUNDLEVISOR_SOCKET)")]
+    Connect {
+        socket: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Rpc(RpcError),
+    #[error("control protocol error: {0}")]
+    Protocol(String),
+}
+
+pub struct Client {
+    lines: Lines<BufReader<OwnedReadHalf>>,
+    write: OwnedWriteHalf,
+    next_id: u64,
+}
+
+impl Client {
+    /// Connects and completes `daemon.hello`.
+    pub async fn connect(socket: &Path) -> Result<Client, ClientError> {
+        let stream = UnixStream::connect(socket)
+            .await
+            .map_err(|source| ClientError::Connect {
+                socket: socket.to_path_buf(),
+                source,
+            })?;
+        let (read, write) = stream.into_split();
+        let mut client = Client {
+            lines: BufReader::new(read).lines(),
+            write,
+            next_id: 1,
+        };
+        let hello = HelloParams {
+            protocol: PROTOCOL_VERSION,
+            client: Some(format!("bundlevisor-cli/{}", env!("CARGO_PKG_VERSION"))),
+        };
+        let _: HelloResult = client.request(method::HELLO, hello, |_| {}).await?;
+        Ok(client)
+    }
+
+    /// Sends one request; `on_note` sees every notification that arrives
+    /// before the response.
+    pub async fn request<P: Serialize, R: DeserializeOwned>(
+        &mut self,
+        method: &str,
+        params: P,
+        mut on_note: impl FnMut(&Notification),
+    ) -> Result<R, ClientError> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let mut line = serde_json::to_string(&Request::new(id, method, params))
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        line.push('\n');
+        self.write
+            .write_all(line.as_bytes())
+            .await
+            .map_err(|e| ClientError::Protocol(format!("write: {e}")))?;
+        loop {
+            let line = self
+                .lines
+                .next_line()
+                .await
+                .map_err(|e| ClientError::Protocol(format!("read: {e}")))?
+                .ok_or_else(|| ClientError::Protocol("the daemon closed the connection".into()))?;
+            match Incoming::parse(&line)
+                .map_err(|e| ClientError::Protocol(format!("bad message from daemon: {e}")))?
+            {
+                Incoming::Notification(n) => on_note(&n),
+                Incoming::Response(r) if r.id == serde_json::Value::from(id) || r.id.is_null() => {
+                    if let Some(err) = r.error {
+                        return Err(ClientError::Rpc(err));
+                    }
+                    let result = r.result.unwrap_or(serde_json::Value::Null);
+                    return serde_json::from_value(result)
+                        .map_err(|e| ClientError::Protocol(format!("unexpected result: {e}")));
+                }
+                Incoming::Response(_) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! `bundlevisor daemon`: load the config, set up logging and signals, run.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Config file (TOML). Without it, defaults relative to the current folder.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Log format on stderr.
+    #[arg(long, value_enum, default_value_t = LogFormat::Human)]
+    log_format: LogFormat,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+pub fn run(args: &Args) -> ExitCode {
+    init_logging(args.log_format);
+    let config = match &args.config {
+        Some(path) => Config::load(path),
+        None => std::env::current_dir()
+            .map_err(|source| crate::config::ConfigError::Read {
+                path: PathBuf::from("."),
+                source,
+            })
+            .and_then(|cwd| Config::from_toml("", &cwd)),
+    };
+    let config = match config {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = runtime.block_on(async {
+        let shutdown = CancellationToken::new();
+        let signals = shutdown.clone();
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(|e| format!("cannot install the SIGTERM handler: {e}"))?;
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM received"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+            }
+            signals.cancel();
+        });
+        crate::daemon::run(config, shutdown)
+            .await
+            .map_err(|e| e.to_string())
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

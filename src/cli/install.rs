@@ -1,0 +1,48 @@
+//! `bundlevisor install PATH [-w WS]`: waits until the bundle is ready.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use super::{print_json, show_progress, Client, ClientError};
+use crate::protocol::{method, BundleResult, InstallParams, DEFAULT_WORKSPACE};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// A bundle folder (with manifest.json) or a manifest file.
+    path: PathBuf,
+    #[arg(short, long, default_value = DEFAULT_WORKSPACE)]
+    workspace: String,
+    /// Return once the install is recorded, without waiting for ready.
+    #[arg(long)]
+    no_wait: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError> {
+    // The daemon resolves the path, so make it absolute here.
+    let path = std::path::absolute(&args.path).unwrap_or_else(|_| args.path.clone());
+    let params = InstallParams {
+        path: path.display().to_string(),
+        workspace: args.workspace.clone(),
+        no_wait: args.no_wait,
+    };
+    let result: BundleResult = client
+        .request(method::INSTALL, params, show_progress)
+        .await?;
+    if args.json {
+        print_json(&result)?;
+    } else {
+        let b = &result.bundle;
+        println!(
+            "{}/{} {} is {} (pid {}, {} tools)",
+            b.workspace,
+            b.name,
+            b.version.as_deref().unwrap_or("?"),
+            b.state.as_str(),
+            b.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+            b.tools
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,132 @@
+//! The command-line interface: `bundlevisor daemon` runs the daemon; every
+//! other subcommand is a client of its control socket. One file per
+//! subcommand; `anyhow` is used only here, at the edge.
+
+mod call;
+mod client;
+mod daemon;
+mod install;
+mod logs;
+mod restart;
+mod status;
+mod tools;
+mod uninstall;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub use client::{Client, ClientError};
+
+/// Default socket when neither --socket nor BUNDLEVISOR_SOCKET is given
+/// (the example config's socket, relative to the current folder).
+pub const DEFAULT_SOCKET: &str = ".bundlevisor/bundlevisor.sock";
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "bundlevisor",
+    version,
+    about = "Supervisor daemon for MCP bundles"
+)]
+pub struct Cli {
+    /// Control socket of the daemon.
+    #[arg(long, global = true, env = "BUNDLEVISOR_SOCKET")]
+    socket: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the daemon in the foreground.
+    Daemon(daemon::Args),
+    /// Show every bundle: state, pid, uptime, restarts, tools, last error.
+    Status(status::Args),
+    /// Install a bundle folder or manifest file and wait until it is ready.
+    Install(install::Args),
+    /// Stop and remove an installed bundle.
+    Uninstall(uninstall::Args),
+    /// Stop a bundle and start it again; waits until it is ready.
+    Restart(restart::Args),
+    /// List the tools of one bundle or of every bundle in a workspace.
+    Tools(tools::Args),
+    /// Call a tool of a bundle.
+    Call(call::Args),
+    /// Show the last lines a bundle wrote to stderr.
+    Logs(logs::Args),
+}
+
+impl Cli {
+    fn socket(&self) -> PathBuf {
+        self.socket
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_SOCKET))
+    }
+}
+
+/// Entry point of the binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    if let Command::Daemon(args) = &cli.command {
+        return daemon::run(args);
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let socket = cli.socket();
+    let result = runtime.block_on(async {
+        let mut client = Client::connect(&socket).await?;
+        match &cli.command {
+            Command::Daemon(_) => unreachable!("handled above"),
+            Command::Status(a) => status::run(&mut client, a).await,
+            Command::Install(a) => install::run(&mut client, a).await,
+            Command::Uninstall(a) => uninstall::run(&mut client, a).await,
+            Command::Restart(a) => restart::run(&mut client, a).await,
+            Command::Tools(a) => tools::run(&mut client, a).await,
+            Command::Call(a) => call::run(&mut client, a).await,
+            Command::Logs(a) => logs::run(&mut client, a).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            match e {
+                ClientError::Rpc(_) => ExitCode::from(1),
+                _ => ExitCode::from(2),
+            }
+        }
+    }
+}
+
+/// Shows a progress notification on a terminal; silent when piped.
+fn show_progress(note: &crate::protocol::Notification) {
+    use std::io::IsTerminal;
+    if note.method != crate::protocol::method::PROGRESS || !std::io::stderr().is_terminal() {
+        return;
+    }
+    if let Ok(p) = serde_json::from_value::<crate::protocol::Progress>(note.params.clone()) {
+        eprintln!(
+            "  {}/{}: {} ({})",
+            p.workspace,
+            p.name,
+            p.state.as_str(),
+            p.message
+        );
+    }
+}
+
+fn print_json(value: &impl serde::Serialize) -> Result<(), ClientError> {
+    let text =
+        serde_json::to_string_pretty(value).map_err(|e| ClientError::Protocol(e.to_string()))?;
+    println!("{text}");
+    Ok(())
+}

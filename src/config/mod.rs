@@ -1,0 +1,286 @@
+//! Daemon configuration (TOML). Every default lives in [`defaults`]; relative
+//! paths are resolved against the folder of the config file, so a config can
+//! be moved together with the tree it describes.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+pub mod defaults {
+    //! The one place where default values are written down (documented in
+    //! `config/bundlevisor.toml`).
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    pub fn state_dir() -> PathBuf {
+        PathBuf::from(".bundlevisor/state")
+    }
+    pub fn socket() -> PathBuf {
+        PathBuf::from(".bundlevisor/bundlevisor.sock")
+    }
+    pub fn workspace() -> String {
+        crate::protocol::DEFAULT_WORKSPACE.to_string()
+    }
+    pub fn rate_per_sec() -> f64 {
+        100.0
+    }
+    pub fn burst() -> u32 {
+        1000
+    }
+    pub fn max_read_bytes() -> u64 {
+        10 * 1024 * 1024
+    }
+    pub fn start_timeout() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub fn call_timeout() -> Duration {
+        Duration::from_secs(60)
+    }
+    pub fn stop_grace() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub fn max_concurrent_starts() -> usize {
+        16
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid config file {path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// SQLite state database, bundle logs and the daemon lock live here.
+    #[serde(default = "defaults::state_dir")]
+    pub state_dir: PathBuf,
+    /// The control socket.
+    #[serde(default = "defaults::socket")]
+    pub socket: PathBuf,
+    /// Folders whose bundles are installed at start.
+    #[serde(default)]
+    pub watch: Vec<WatchConfig>,
+    #[serde(default)]
+    pub host_resources: HostResourcesConfig,
+    #[serde(default)]
+    pub bundles: BundleSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchConfig {
+    pub dir: PathBuf,
+    #[serde(default = "defaults::workspace")]
+    pub workspace: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostResourcesConfig {
+    #[serde(default = "defaults::rate_per_sec")]
+    pub rate_per_sec: f64,
+    #[serde(default = "defaults::burst")]
+    pub burst: u32,
+    #[serde(default = "defaults::max_read_bytes")]
+    pub max_read_bytes: u64,
+}
+
+impl Default for HostResourcesConfig {
+    fn default() -> Self {
+        HostResourcesConfig {
+            rate_per_sec: defaults::rate_per_sec(),
+            burst: defaults::burst(),
+            max_read_bytes: defaults::max_read_bytes(),
+        }
+    }
+}
+
+/// How bundles are started, called and stopped.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BundleSettings {
+    /// Spawn + `initialize` + `tools/list` must finish within this.
+    #[serde(default = "defaults::start_timeout", with = "humantime_serde")]
+    pub start_timeout: Duration,
+    /// Default timeout of one tool call.
+    #[serde(default = "defaults::call_timeout", with = "humantime_serde")]
+    pub call_timeout: Duration,
+    /// Time between SIGTERM and SIGKILL when a bundle is stopped.
+    #[serde(default = "defaults::stop_grace", with = "humantime_serde")]
+    pub stop_grace: Duration,
+    /// Bundles being started at once (boot reload runs in parallel up to this).
+    #[serde(default = "defaults::max_concurrent_starts")]
+    pub max_concurrent_starts: usize,
+}
+
+impl Default for BundleSettings {
+    fn default() -> Self {
+        BundleSettings {
+            start_timeout: defaults::start_timeout(),
+            call_timeout: defaults::call_timeout(),
+            stop_grace: defaults::stop_grace(),
+            max_concurrent_starts: defaults::max_concurrent_starts(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads, parses and validates a config file; relative paths become
+    /// relative to the file's folder.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let base = path
+            .canonicalize()
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf))
+            .unwrap_or_else(|| PathBuf::from("."));
+        Config::from_toml(&text, &base).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            ConfigError::Invalid { message, .. } => ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// Parses TOML text, resolving relative paths against `base`.
+    pub fn from_toml(text: &str, base: &Path) -> Result<Config, ConfigError> {
+        let mut config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::new(),
+            message: e.to_string(),
+        })?;
+        config.state_dir = normalize(&base.join(&config.state_dir));
+        config.socket = normalize(&base.join(&config.socket));
+        for watch in &mut config.watch {
+            watch.dir = normalize(&base.join(&watch.dir));
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let mut problems = Vec::new();
+        let hr = &self.host_resources;
+        if !(hr.rate_per_sec.is_finite() && hr.rate_per_sec > 0.0) {
+            problems.push("host_resources.rate_per_sec must be a positive number".to_string());
+        }
+        if hr.burst == 0 {
+            problems.push("host_resources.burst must be at least 1".to_string());
+        }
+        if self.bundles.max_concurrent_starts == 0 {
+            problems.push("bundles.max_concurrent_starts must be at least 1".to_string());
+        }
+        for (i, watch) in self.watch.iter().enumerate() {
+            if let Err(e) = crate::names::check_name("workspace", &watch.workspace) {
+                problems.push(format!("watch[{i}].workspace: {e}"));
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ConfigError::Invalid {
+                path: PathBuf::new(),
+                message: problems.join("; "),
+            })
+        }
+    }
+
+    /// `state_dir/state.db`
+    pub fn db_path(&self) -> PathBuf {
+        self.state_dir.join("state.db")
+    }
+
+    /// `state_dir/logs/WS/NAME.log`
+    pub fn log_path(&self, workspace: &str, name: &str) -> PathBuf {
+        self.state_dir
+            .join("logs")
+            .join(workspace)
+            .join(format!("{name}.log"))
+    }
+}
+
+/// Removes `.` and resolves `..` lexically (the paths may not exist yet).
+fn normalize(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    out.push("..");
+                }
+            }
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_example_config_parses_with_documented_values() {
+        let text = include_str!("../../config/bundlevisor.toml");
+        let config = Config::from_toml(text, Path::new("/srv/bv/config")).unwrap();
+        assert_eq!(config.state_dir, Path::new("/srv/bv/.bundlevisor/state"));
+        assert_eq!(config.watch[0].dir, Path::new("/srv/bv/bundles"));
+        assert_eq!(config.watch.len(), 1);
+        assert_eq!(config.watch[0].workspace, "default");
+        assert_eq!(config.host_resources.burst, 1000);
+        assert_eq!(config.host_resources.max_read_bytes, 10 * 1024 * 1024);
+        assert_eq!(config.bundles.stop_grace, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn empty_config_takes_defaults_relative_to_its_folder() {
+        let config = Config::from_toml("", Path::new("/etc/bv")).unwrap();
+        assert_eq!(
+            config.socket,
+            Path::new("/etc/bv/.bundlevisor/bundlevisor.sock")
+        );
+        assert_eq!(config.bundles.call_timeout, defaults::call_timeout());
+        assert!(config.watch.is_empty());
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_values_are_refused() {
+        let err = Config::from_toml("sokcet = \"x\"", Path::new("/")).unwrap_err();
+        assert!(err.to_string().contains("sokcet"), "{err}");
+        let err = Config::from_toml(
+            "[host_resources]\nburst = 0\nrate_per_sec = -1\n",
+            Path::new("/"),
+        )
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("burst") && text.contains("rate_per_sec"),
+            "{text}"
+        );
+        let err =
+            Config::from_toml("[bundles]\nstop_grace = \"soon\"\n", Path::new("/")).unwrap_err();
+        assert!(
+            err.to_string().contains("stop_grace") || err.to_string().contains("soon"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,116 @@
+//! The status board: the latest status of every bundle, written by the
+//! BundleActors at each transition and read by the control server without
+//! a round trip through the actor tree. Every transition is also published
+//! as an [`Event`] on a broadcast channel (install and restart wait on it).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use tokio::sync::broadcast;
+
+use crate::protocol::{BundleState, BundleStatus};
+
+/// A bundle's lifecycle transition.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub workspace: String,
+    pub name: String,
+    pub state: BundleState,
+    pub message: String,
+}
+
+struct Entry {
+    status: BundleStatus,
+    ready_since: Option<Instant>,
+}
+
+#[derive(Default)]
+struct Inner {
+    bundles: BTreeMap<(String, String), Entry>,
+    workspaces: BTreeSet<String>,
+}
+
+#[derive(Clone)]
+pub struct StatusBoard {
+    inner: Arc<RwLock<Inner>>,
+    events: broadcast::Sender<Event>,
+}
+
+impl Default for StatusBoard {
+    fn default() -> Self {
+        StatusBoard {
+            inner: Arc::default(),
+            events: broadcast::channel(1024).0,
+        }
+    }
+}
+
+impl StatusBoard {
+    /// Records a bundle's status and publishes the transition.
+    pub fn publish(
+        &self,
+        status: BundleStatus,
+        ready_since: Option<Instant>,
+        message: impl Into<String>,
+    ) {
+        let event = Event {
+            workspace: status.workspace.clone(),
+            name: status.name.clone(),
+            state: status.state,
+            message: message.into(),
+        };
+        {
+            let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+            inner.workspaces.insert(status.workspace.clone());
+            inner.bundles.insert(
+                (status.workspace.clone(), status.name.clone()),
+                Entry {
+                    status,
+                    ready_since,
+                },
+            );
+        }
+        // No subscriber is fine.
+        let _ = self.events.send(event);
+    }
+
+    pub fn remove(&self, workspace: &str, name: &str) {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        inner
+            .bundles
+            .remove(&(workspace.to_string(), name.to_string()));
+    }
+
+    pub fn add_workspace(&self, workspace: &str) {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        inner.workspaces.insert(workspace.to_string());
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    pub fn get(&self, workspace: &str, name: &str) -> Option<BundleStatus> {
+        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        inner
+            .bundles
+            .get(&(workspace.to_string(), name.to_string()))
+            .map(with_uptime)
+    }
+
+    /// Every bundle, ordered by workspace then name, with uptimes computed now.
+    pub fn snapshot(&self) -> (Vec<String>, Vec<BundleStatus>) {
+        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        (
+            inner.workspaces.iter().cloned().collect(),
+            inner.bundles.values().map(with_uptime).collect(),
+        )
+    }
+}
+
+fn with_uptime(entry: &Entry) -> BundleStatus {
+    let mut status = entry.status.clone();
+    status.uptime_secs = entry.ready_since.map(|t| t.elapsed().as_secs());
+    status
+}

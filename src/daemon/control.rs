@@ -1,0 +1,614 @@
+//! ControlServer: JSON-RPC 2.0 over the unix socket, one JSON object per
+//! line. Each connection runs in its own task; after `daemon.hello`, each
+//! request runs in a task of its own, so a slow install does not hold up a
+//! `status` on the same connection. Responses and progress notifications go
+//! through one writer task per connection.
+
+use std::io::{Read, Seek, SeekFrom};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use ractor::rpc::CallResult;
+use ractor::ActorRef;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+use tokio_util::sync::CancellationToken;
+
+use super::board::Event;
+use super::bundle::{actor_name, BundleMsg, CallError};
+use super::supervisor::{DaemonMsg, InstallError};
+use super::Shared;
+use crate::manifest::ManifestError;
+use crate::protocol::{
+    method, BundleRef, BundleResult, BundleState, BundleStatus, BundleTools, CallParams,
+    DaemonInfo, ErrorKind, HelloParams, HelloResult, InstallParams, LogsParams, LogsResult,
+    Notification, Progress, Request, Response, RpcError, StatusResult, ToolsParams, ToolsResult,
+    UninstallResult, MAX_REQUEST_BYTES, PROTOCOL_VERSION,
+};
+use crate::store::Origin;
+
+#[derive(Clone)]
+struct Ctx {
+    daemon: ActorRef<DaemonMsg>,
+    shared: Arc<Shared>,
+}
+
+/// Sends lines to the connection's writer task.
+#[derive(Clone)]
+struct Outbox(mpsc::Sender<String>);
+
+impl Outbox {
+    async fn send(&self, message: &impl Serialize) {
+        if let Ok(line) = serde_json::to_string(message) {
+            let _ = self.0.send(line).await;
+        }
+    }
+
+    async fn progress(&self, event: &Event) {
+        let params = Progress {
+            workspace: event.workspace.clone(),
+            name: event.name.clone(),
+            state: event.state,
+            message: event.message.clone(),
+        };
+        self.send(&Notification::new(method::PROGRESS, params))
+            .await;
+    }
+}
+
+/// Accepts connections until `shutdown` is cancelled.
+pub async fn serve(
+    listener: UnixListener,
+    daemon: ActorRef<DaemonMsg>,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+) {
+    let ctx = Ctx { daemon, shared };
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let ctx = ctx.clone();
+                    let shutdown = shutdown.clone();
+                    tokio::spawn(async move {
+                        tokio::select! {
+                            _ = connection(stream, ctx) => {}
+                            _ = shutdown.cancelled() => {}
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!("control socket accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+fn peer_allowed(stream: &UnixStream) -> Result<(), String> {
+    let cred = stream
+        .peer_cred()
+        .map_err(|e| format!("cannot read peer credentials: {e}"))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if cred.uid() == me {
+        Ok(())
+    } else {
+        Err(format!(
+            "uid {} (pid {:?}) is not allowed; only uid {me} may control this daemon",
+            cred.uid(),
+            cred.pid()
+        ))
+    }
+}
+
+async fn connection(stream: UnixStream, ctx: Ctx) {
+    if let Err(why) = peer_allowed(&stream) {
+        tracing::warn!("control connection refused: {why}");
+        let mut stream = stream;
+        let refusal = Response::err(Value::Null, RpcError::new(ErrorKind::PermissionDenied, why));
+        if let Ok(line) = serde_json::to_string(&refusal) {
+            let _ = stream.write_all(format!("{line}\n").as_bytes()).await;
+        }
+        return;
+    }
+    let (read, mut write) = stream.into_split();
+    let (tx, mut rx) = mpsc::channel::<String>(256);
+    let writer = tokio::spawn(async move {
+        while let Some(mut line) = rx.recv().await {
+            line.push('\n');
+            if write.write_all(line.as_bytes()).await.is_err() {
+                break;
+            }
+        }
+    });
+    let out = Outbox(tx);
+    let mut lines = FramedRead::new(read, LinesCodec::new_with_max_length(MAX_REQUEST_BYTES));
+    let mut greeted = false;
+    while let Some(item) = lines.next().await {
+        let line = match item {
+            Ok(line) => line,
+            Err(LinesCodecError::MaxLineLengthExceeded) => {
+                let e = RpcError::new(
+                    ErrorKind::InvalidRequest,
+                    format!("request is longer than {MAX_REQUEST_BYTES} bytes"),
+                );
+                out.send(&Response::err(Value::Null, e)).await;
+                continue;
+            }
+            Err(LinesCodecError::Io(_)) => break,
+        };
+        if line.trim().is_empty() {
+            continue;
+        }
+        let request = match serde_json::from_str::<Value>(&line) {
+            Err(e) => Err((
+                Value::Null,
+                RpcError::new(ErrorKind::ParseError, format!("not valid JSON: {e}")),
+            )),
+            Ok(value) => Request::from_value(value),
+        };
+        let request = match request {
+            Ok(r) => r,
+            Err((id, e)) => {
+                out.send(&Response::err(id, e)).await;
+                continue;
+            }
+        };
+        if !greeted {
+            let response = if request.method == method::HELLO {
+                let r = hello(request.params);
+                greeted = r.is_ok();
+                r
+            } else {
+                Err(RpcError::new(
+                    ErrorKind::HelloRequired,
+                    format!("the first request must be {}", method::HELLO),
+                ))
+            };
+            out.send(&respond(request.id, response)).await;
+            continue;
+        }
+        let (ctx, out) = (ctx.clone(), out.clone());
+        tokio::spawn(async move {
+            let id = request.id.clone();
+            let result = dispatch(request, &ctx, &out).await;
+            out.send(&respond(id, result)).await;
+        });
+    }
+    drop(out);
+    let _ = writer.await;
+}
+
+fn respond(id: Value, result: Result<Value, RpcError>) -> Response {
+    match result {
+        Ok(v) => Response::ok(id, v),
+        Err(e) => Response::err(id, e),
+    }
+}
+
+fn params<T: DeserializeOwned>(value: Value) -> Result<T, RpcError> {
+    let value = if value.is_null() { json!({}) } else { value };
+    serde_json::from_value(value)
+        .map_err(|e| RpcError::new(ErrorKind::InvalidParams, format!("invalid params: {e}")))
+}
+
+fn to_value(v: impl Serialize) -> Result<Value, RpcError> {
+    serde_json::to_value(v).map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))
+}
+
+fn hello(p: Value) -> Result<Value, RpcError> {
+    let p: HelloParams = params(p)?;
+    if p.protocol != PROTOCOL_VERSION {
+        return Err(RpcError::new(
+            ErrorKind::ProtocolMismatch,
+            format!(
+                "client speaks control protocol {} but this daemon speaks {PROTOCOL_VERSION}; use the bundlevisor binary of the same release as the daemon",
+                p.protocol
+            ),
+        )
+        .with("daemon_protocol", PROTOCOL_VERSION));
+    }
+    to_value(HelloResult {
+        protocol: PROTOCOL_VERSION,
+        daemon_version: env!("CARGO_PKG_VERSION").to_string(),
+        pid: std::process::id(),
+    })
+}
+
+async fn dispatch(request: Request, ctx: &Ctx, out: &Outbox) -> Result<Value, RpcError> {
+    let p = request.params;
+    match request.method.as_str() {
+        method::HELLO => hello(p),
+        method::STATUS => status(ctx),
+        method::INSTALL => install(params(p)?, ctx, out).await,
+        method::UNINSTALL => uninstall(params(p)?, ctx).await,
+        method::RESTART => restart(params(p)?, ctx, out).await,
+        method::TOOLS => tools(params(p)?, ctx).await,
+        method::CALL => call(params(p)?, ctx).await,
+        method::LOGS => logs(params(p)?, ctx).await,
+        #[cfg(feature = "fault-injection")]
+        method::DEBUG_PANIC => {
+            let r: BundleRef = params(p)?;
+            bundle_actor(&r.workspace, &r.name)?
+                .send_message(BundleMsg::Panic)
+                .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?;
+            Ok(json!({}))
+        }
+        other => Err(RpcError::new(
+            ErrorKind::MethodNotFound,
+            format!("unknown method {other:?}"),
+        )
+        .with("method", other)),
+    }
+}
+
+fn status(ctx: &Ctx) -> Result<Value, RpcError> {
+    let (workspaces, bundles) = ctx.shared.board.snapshot();
+    let config = &ctx.shared.config;
+    to_value(StatusResult {
+        daemon: DaemonInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            pid: std::process::id(),
+            uptime_secs: ctx.shared.started_at.elapsed().as_secs(),
+            socket: config.socket.display().to_string(),
+            state_dir: config.state_dir.display().to_string(),
+        },
+        workspaces,
+        bundles,
+    })
+}
+
+fn install_error(e: InstallError) -> RpcError {
+    let message = e.to_string();
+    match e {
+        InstallError::InvalidName(_) => RpcError::new(ErrorKind::InvalidName, message),
+        InstallError::NoSuchPath { path, .. } => RpcError::new(ErrorKind::InvalidParams, message)
+            .with("path", path.display().to_string()),
+        InstallError::Manifest(m) => {
+            let err = RpcError::new(ErrorKind::ManifestInvalid, message);
+            match m {
+                ManifestError::Invalid { problems, .. } => err.with(
+                    "problems",
+                    problems
+                        .iter()
+                        .map(|p| json!({"path": p.path, "message": p.message}))
+                        .collect::<Vec<_>>(),
+                ),
+                _ => err,
+            }
+        }
+        InstallError::Gate(g) => RpcError::new(ErrorKind::GateRefused, message)
+            .with("bundle", g.bundle)
+            .with("missing", g.missing),
+        InstallError::AlreadyInstalled { .. } => {
+            RpcError::new(ErrorKind::AlreadyInstalled, message)
+        }
+        InstallError::NotInstalled { .. } => RpcError::new(ErrorKind::BundleNotFound, message),
+        InstallError::Store(_) | InstallError::Internal(_) => {
+            RpcError::new(ErrorKind::Internal, message)
+        }
+    }
+}
+
+fn not_found(workspace: &str, name: &str) -> RpcError {
+    RpcError::new(
+        ErrorKind::BundleNotFound,
+        format!("no bundle {name:?} in workspace {workspace:?}; `bundlevisor status` lists the installed bundles"),
+    )
+}
+
+fn bundle_actor(workspace: &str, name: &str) -> Result<ActorRef<BundleMsg>, RpcError> {
+    ActorRef::<BundleMsg>::where_is(actor_name(workspace, name))
+        .ok_or_else(|| not_found(workspace, name))
+}
+
+fn unavailable(e: impl std::fmt::Display) -> RpcError {
+    RpcError::new(
+        ErrorKind::ShuttingDown,
+        format!("the daemon could not handle the request: {e}"),
+    )
+}
+
+/// Waits for the bundle's next start to end in ready or failed, forwarding
+/// each transition as a progress notification.
+async fn wait_outcome(
+    mut events: broadcast::Receiver<Event>,
+    ctx: &Ctx,
+    workspace: &str,
+    name: &str,
+    out: &Outbox,
+) -> Result<BundleStatus, RpcError> {
+    let settings = &ctx.shared.config.bundles;
+    let limit = settings.start_timeout + settings.stop_grace + Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut started = false;
+    loop {
+        let event = match tokio::time::timeout_at(deadline, events.recv()).await {
+            Err(_) => {
+                return Err(RpcError::new(
+                    ErrorKind::Timeout,
+                    format!("bundle {name:?} did not become ready within {}; see `bundlevisor status` and `bundlevisor logs {name}`", humantime::format_duration(limit)),
+                ))
+            }
+            Ok(Err(broadcast::error::RecvError::Closed)) => return Err(unavailable("event stream closed")),
+            Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
+                // Missed events: the board has the latest state.
+                started = true;
+                match ctx.shared.board.get(workspace, name) {
+                    Some(s) => Event { workspace: s.workspace, name: s.name, state: s.state, message: s.last_error.unwrap_or_default() },
+                    None => continue,
+                }
+            }
+            Ok(Ok(event)) => event,
+        };
+        if event.workspace != workspace || event.name != name {
+            continue;
+        }
+        out.progress(&event).await;
+        match event.state {
+            BundleState::Starting => started = true,
+            BundleState::Ready if started => {
+                return ctx
+                    .shared
+                    .board
+                    .get(workspace, name)
+                    .ok_or_else(|| not_found(workspace, name));
+            }
+            BundleState::Failed | BundleState::Stopped if started => {
+                return Err(RpcError::new(
+                    ErrorKind::StartFailed,
+                    format!("bundle {name:?} failed to start: {}", event.message),
+                )
+                .with("workspace", workspace)
+                .with("name", name));
+            }
+            _ => {}
+        }
+    }
+}
+
+async fn install(p: InstallParams, ctx: &Ctx, out: &Outbox) -> Result<Value, RpcError> {
+    let events = ctx.shared.board.subscribe();
+    let path = PathBuf::from(&p.path);
+    let record = ctx
+        .daemon
+        .call(
+            |reply| DaemonMsg::Install {
+                path,
+                workspace: p.workspace.clone(),
+                origin: Origin::Cli,
+                reply,
+            },
+            Some(Duration::from_secs(60)),
+        )
+        .await
+        .map_err(unavailable)?;
+    let record = match record {
+        CallResult::Success(r) => r.map_err(install_error)?,
+        _ => {
+            return Err(RpcError::new(
+                ErrorKind::Timeout,
+                "the daemon did not record the install in time",
+            ))
+        }
+    };
+    if p.no_wait {
+        let bundle = ctx
+            .shared
+            .board
+            .get(&record.workspace, &record.name)
+            .ok_or_else(|| not_found(&record.workspace, &record.name))?;
+        return to_value(BundleResult { bundle });
+    }
+    let bundle = wait_outcome(events, ctx, &record.workspace, &record.name, out).await?;
+    to_value(BundleResult { bundle })
+}
+
+async fn uninstall(p: BundleRef, ctx: &Ctx) -> Result<Value, RpcError> {
+    let (workspace, name) = (p.workspace.clone(), p.name.clone());
+    let result = ctx
+        .daemon
+        .call(
+            |reply| DaemonMsg::Uninstall {
+                workspace,
+                name,
+                reply,
+            },
+            Some(Duration::from_secs(90)),
+        )
+        .await
+        .map_err(unavailable)?;
+    match result {
+        CallResult::Success(r) => r.map_err(install_error)?,
+        _ => {
+            return Err(RpcError::new(
+                ErrorKind::Timeout,
+                "uninstall did not finish in time",
+            ))
+        }
+    }
+    to_value(UninstallResult {
+        workspace: p.workspace,
+        name: p.name,
+    })
+}
+
+async fn restart(p: BundleRef, ctx: &Ctx, out: &Outbox) -> Result<Value, RpcError> {
+    let actor = bundle_actor(&p.workspace, &p.name)?;
+    let events = ctx.shared.board.subscribe();
+    actor
+        .call(BundleMsg::Restart, Some(Duration::from_secs(10)))
+        .await
+        .map_err(unavailable)?;
+    let bundle = wait_outcome(events, ctx, &p.workspace, &p.name, out).await?;
+    to_value(BundleResult { bundle })
+}
+
+async fn tools(p: ToolsParams, ctx: &Ctx) -> Result<Value, RpcError> {
+    let names: Vec<String> = match &p.name {
+        Some(name) => vec![name.clone()],
+        None => ctx
+            .shared
+            .board
+            .snapshot()
+            .1
+            .into_iter()
+            .filter(|b| b.workspace == p.workspace)
+            .map(|b| b.name)
+            .collect(),
+    };
+    let mut bundles = Vec::new();
+    for name in names {
+        let actor = match bundle_actor(&p.workspace, &name) {
+            Ok(a) => a,
+            Err(e) if p.name.is_some() => return Err(e),
+            Err(_) => continue,
+        };
+        match actor
+            .call(BundleMsg::Tools, Some(Duration::from_secs(10)))
+            .await
+            .map_err(unavailable)?
+        {
+            CallResult::Success((state, tools)) => bundles.push(BundleTools {
+                workspace: p.workspace.clone(),
+                name,
+                state,
+                tools,
+            }),
+            _ => {
+                return Err(RpcError::new(
+                    ErrorKind::Timeout,
+                    format!("bundle {name:?} did not answer in time"),
+                ))
+            }
+        }
+    }
+    to_value(ToolsResult { bundles })
+}
+
+async fn call(p: CallParams, ctx: &Ctx) -> Result<Value, RpcError> {
+    let actor = bundle_actor(&p.workspace, &p.name)?;
+    let timeout = p.timeout_ms.map(Duration::from_millis);
+    let limit = timeout.unwrap_or(ctx.shared.config.bundles.call_timeout) + Duration::from_secs(5);
+    let (tool, arguments, name) = (p.tool.clone(), p.arguments, p.name.clone());
+    let result = actor
+        .call(
+            |reply| BundleMsg::Call {
+                tool,
+                arguments,
+                timeout,
+                reply,
+            },
+            Some(limit),
+        )
+        .await
+        .map_err(unavailable)?;
+    match result {
+        CallResult::Success(Ok(value)) => Ok(value),
+        CallResult::Success(Err(CallError::NotReady { state, last_error })) => Err(RpcError::new(
+            ErrorKind::NotReady,
+            match last_error {
+                Some(e) => format!(
+                    "bundle {name:?} is {} ({e}); try `bundlevisor restart {name}`",
+                    state.as_str()
+                ),
+                None => format!("bundle {name:?} is {}, not ready", state.as_str()),
+            },
+        )
+        .with("state", state.as_str())),
+        CallResult::Success(Err(CallError::Timeout(t))) => Err(RpcError::new(
+            ErrorKind::Timeout,
+            format!(
+                "tool {:?} of bundle {name:?} did not answer within {}",
+                p.tool,
+                humantime::format_duration(t)
+            ),
+        )),
+        CallResult::Success(Err(CallError::Failed(e))) => Err(RpcError::new(
+            ErrorKind::ToolCallFailed,
+            format!("tool {:?} of bundle {name:?} failed: {e}", p.tool),
+        )),
+        _ => Err(RpcError::new(
+            ErrorKind::Timeout,
+            format!("bundle {name:?} did not answer in time"),
+        )),
+    }
+}
+
+async fn logs(p: LogsParams, ctx: &Ctx) -> Result<Value, RpcError> {
+    let path = ctx.shared.config.log_path(&p.workspace, &p.name);
+    if !path.exists() && ctx.shared.board.get(&p.workspace, &p.name).is_none() {
+        return Err(not_found(&p.workspace, &p.name));
+    }
+    let (file, n) = (path.clone(), p.lines);
+    let lines = tokio::task::spawn_blocking(move || tail_lines(&file, n))
+        .await
+        .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?
+        .map_err(|e| {
+            RpcError::new(
+                ErrorKind::Internal,
+                format!("cannot read {}: {e}", path.display()),
+            )
+        })?;
+    to_value(LogsResult {
+        path: path.display().to_string(),
+        lines,
+    })
+}
+
+/// The last `n` lines of a file, read backwards in chunks.
+fn tail_lines(path: &Path, n: usize) -> std::io::Result<Vec<String>> {
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let len = file.seek(SeekFrom::End(0))?;
+    let mut pos = len;
+    let mut buf: Vec<u8> = Vec::new();
+    const CHUNK: u64 = 64 * 1024;
+    while pos > 0 && buf.iter().filter(|&&b| b == b'\n').count() <= n {
+        let step = CHUNK.min(pos);
+        pos -= step;
+        file.seek(SeekFrom::Start(pos))?;
+        let mut chunk = vec![0; step as usize];
+        file.read_exact(&mut chunk)?;
+        chunk.extend_from_slice(&buf);
+        buf = chunk;
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines.len().saturating_sub(n);
+    Ok(lines[start..].iter().map(|s| s.to_string()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tail_lines;
+
+    #[test]
+    fn tail_reads_the_last_lines_across_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("b.log");
+        let text: String = (0..20_000).map(|i| format!("line {i}\n")).collect();
+        std::fs::write(&path, text).unwrap();
+        assert_eq!(
+            tail_lines(&path, 3).unwrap(),
+            vec!["line 19997", "line 19998", "line 19999"]
+        );
+        assert_eq!(tail_lines(&path, 0).unwrap(), Vec::<String>::new());
+        assert_eq!(
+            tail_lines(&dir.path().join("none"), 5).unwrap(),
+            Vec::<String>::new()
+        );
+    }
+}

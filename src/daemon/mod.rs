@@ -1,0 +1,180 @@
+//! The daemon: the actor tree (DaemonActor → WorkspaceActor → BundleActor),
+//! the control server, and [`run`], which tests call in-process or the
+//! binary calls from `bundlevisor daemon`.
+//!
+//! One daemon per process: actors are registered under global names
+//! (`daemon`, `workspace/WS`, `bundle/WS/NAME`).
+
+pub mod board;
+pub mod bundle;
+pub mod control;
+pub mod supervisor;
+pub mod workspace;
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use nix::fcntl::{Flock, FlockArg};
+use ractor::Actor;
+use tokio::net::UnixListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::store::{Store, StoreError};
+use board::StatusBoard;
+use supervisor::DaemonActor;
+
+/// What every actor and the control server share.
+pub struct Shared {
+    pub config: Arc<Config>,
+    pub store: Store,
+    pub board: StatusBoard,
+    /// Bounds how many bundles start at once (boot reload is parallel up to this).
+    pub start_permits: Semaphore,
+    pub started_at: Instant,
+    /// Cancelled once the boot reload has been done.
+    pub booted: CancellationToken,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("cannot prepare {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("another bundlevisor daemon is using the state dir {state_dir}{}; stop it first", .pid.as_ref().map(|p| format!(" (pid {p})")).unwrap_or_default())]
+    StateDirLocked {
+        state_dir: PathBuf,
+        pid: Option<String>,
+    },
+    #[error("another bundlevisor daemon is listening on {0}; stop it first or use another socket")]
+    SocketInUse(PathBuf),
+    #[error("{0} exists and is not a socket; remove it or choose another socket path")]
+    SocketPathTaken(PathBuf),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("actor system: {0}")]
+    Actor(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DaemonError + '_ {
+    move |source| DaemonError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn private_dir(path: &Path) -> Result<(), DaemonError> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)
+        .map_err(io_err(path))
+}
+
+/// Holds the state-dir lock for the daemon's lifetime (released by the
+/// kernel even on SIGKILL).
+fn lock_state_dir(state_dir: &Path) -> Result<Flock<File>, DaemonError> {
+    let path = state_dir.join("daemon.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .map_err(io_err(&path))?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(mut lock) => {
+            lock.set_len(0).map_err(io_err(&path))?;
+            writeln!(lock, "{}", std::process::id()).map_err(io_err(&path))?;
+            Ok(lock)
+        }
+        Err((_, _)) => Err(DaemonError::StateDirLocked {
+            state_dir: state_dir.to_path_buf(),
+            pid: std::fs::read_to_string(&path)
+                .ok()
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty()),
+        }),
+    }
+}
+
+/// Binds the control socket (mode 0600). A socket left by a crashed daemon
+/// is replaced; a live one is refused.
+fn bind_socket(path: &Path) -> Result<UnixListener, DaemonError> {
+    if let Some(parent) = path.parent() {
+        if !parent.exists() {
+            private_dir(parent)?;
+        }
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        if !meta.file_type().is_socket() {
+            return Err(DaemonError::SocketPathTaken(path.to_path_buf()));
+        }
+        match std::os::unix::net::UnixStream::connect(path) {
+            Ok(_) => return Err(DaemonError::SocketInUse(path.to_path_buf())),
+            Err(_) => {
+                tracing::warn!(socket = %path.display(), "removing a stale socket left by a daemon that did not stop cleanly");
+                std::fs::remove_file(path).map_err(io_err(path))?;
+            }
+        }
+    }
+    let listener = UnixListener::bind(path).map_err(io_err(path))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io_err(path))?;
+    Ok(listener)
+}
+
+/// Runs the daemon until `shutdown` is cancelled, then stops every bundle
+/// (SIGTERM, grace, SIGKILL), removes the socket and returns.
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), DaemonError> {
+    private_dir(&config.state_dir)?;
+    private_dir(&config.state_dir.join("logs"))?;
+    let _lock = lock_state_dir(&config.state_dir)?;
+    let db = config.db_path();
+    let store = tokio::task::spawn_blocking(move || Store::open(&db))
+        .await
+        .map_err(|e| DaemonError::Actor(e.to_string()))??;
+    let listener = bind_socket(&config.socket)?;
+    let socket = config.socket.clone();
+
+    let shared = Arc::new(Shared {
+        start_permits: Semaphore::new(config.bundles.max_concurrent_starts),
+        config: Arc::new(config),
+        store,
+        board: StatusBoard::default(),
+        started_at: Instant::now(),
+        booted: CancellationToken::new(),
+    });
+    let (daemon, daemon_task) = Actor::spawn(Some("daemon".into()), DaemonActor, shared.clone())
+        .await
+        .map_err(|e| DaemonError::Actor(e.to_string()))?;
+    let control = tokio::spawn(control::serve(
+        listener,
+        daemon.clone(),
+        shared.clone(),
+        shutdown.clone(),
+    ));
+    tracing::info!(socket = %socket.display(), pid = std::process::id(), "daemon listening");
+
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = shared.booted.cancelled() => {
+            tracing::info!(elapsed_ms = shared.started_at.elapsed().as_millis() as u64, "boot reload done");
+            shutdown.cancelled().await;
+        }
+    }
+    tracing::info!("shutting down: stopping every bundle");
+    shared.start_permits.close();
+    daemon.stop(Some("shutdown".into()));
+    let _ = daemon_task.await;
+    let _ = control.await;
+    let _ = std::fs::remove_file(&socket);
+    tracing::info!("daemon stopped");
+    Ok(())
+}

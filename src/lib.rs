@@ -1,0 +1,25 @@
+//! bundlevisor: a supervisor daemon for MCP bundles.
+//!
+//! Map of the crate (see docs/ARCHITECTURE.md for the why):
+//!
+//! - [`protocol`]: control-socket wire types shared by the daemon and the
+//!   CLI (an API boundary: serde types only).
+//! - [`config`]: the daemon's TOML config and its defaults.
+//! - [`manifest`]: MCPB manifests: parse, validate, substitute, host gate.
+//! - [`store`]: the SQLite state database (installs).
+//! - [`bundle`]: one bundle's connection: the one connect function, the
+//!   child process, the MCP client handler.
+//! - [`host_resources`]: the `ai.nimblebrain/host-resources` contract.
+//! - [`daemon`]: the actor tree and the control server; [`daemon::run`].
+//! - [`cli`]: the `bundlevisor` command line.
+//! - [`names`]: rules for bundle and workspace names.
+
+pub mod bundle;
+pub mod cli;
+pub mod config;
+pub mod daemon;
+pub mod host_resources;
+pub mod manifest;
+pub mod names;
+pub mod protocol;
+pub mod store;

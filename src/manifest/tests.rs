@@ -1,0 +1,176 @@
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_json::json;
+
+use super::*;
+
+fn minimal() -> serde_json::Value {
+    json!({
+        "manifest_version": "0.3",
+        "name": "m",
+        "version": "1.0.0",
+        "description": "d",
+        "author": {"name": "a"},
+        "server": {
+            "type": "binary",
+            "entry_point": "bin/m",
+            "mcp_config": {"command": "${__dirname}/bin/m", "args": ["--x"], "env": {}}
+        }
+    })
+}
+
+fn problems(value: serde_json::Value) -> Vec<Problem> {
+    match parse(&value.to_string()) {
+        Err(ParseFailure::Invalid(p)) => p,
+        other => panic!("expected validation problems, got {other:?}"),
+    }
+}
+
+#[test]
+fn shipped_demo_manifest_is_valid_and_passes_the_gate() {
+    let m = parse(include_str!("../../bundles/demo/manifest.json")).unwrap();
+    assert_eq!(m.name, "demo");
+    assert_eq!(m.server.kind, ServerType::Binary);
+    let host = m.host.as_ref().unwrap();
+    assert_eq!(host.host_version, HostVersion::V1_1);
+    gate(&m, &[crate::host_resources::EXTENSION]).unwrap();
+    let plan = m
+        .launch_plan(Path::new("/b/demo"), &BTreeMap::new())
+        .unwrap();
+    assert_eq!(plan.command, "/b/demo/server/bundlevisor-demo");
+    assert_eq!(plan.env["DEMO_GREETING"], "");
+}
+
+#[test]
+fn legacy_dxt_version_is_accepted() {
+    let mut v = minimal();
+    let obj = v.as_object_mut().unwrap();
+    obj.remove("manifest_version");
+    obj.insert("dxt_version".into(), json!("0.1"));
+    assert_eq!(parse(&v.to_string()).unwrap().manifest_version, "0.1");
+}
+
+#[test]
+fn reports_every_problem_at_once_with_json_paths() {
+    let v = json!({
+        "manifest_version": "9.9",
+        "version": 3,
+        "author": {},
+        "server": {"type": "rocket", "mcp_config": {"args": [1], "env": {"K": "${nope}"}}},
+        "user_config": {"k": {"type": "colour", "title": "T"}}
+    });
+    let found: Vec<String> = problems(v).iter().map(|p| p.path.clone()).collect();
+    for expected in [
+        "$.manifest_version",
+        "$.name",
+        "$.version",
+        "$.description",
+        "$.author.name",
+        "$.server.type",
+        "$.server.entry_point",
+        "$.server.mcp_config.command",
+        "$.server.mcp_config.args[0]",
+        "$.server.mcp_config.env.K",
+        "$.user_config.k.type",
+    ] {
+        assert!(
+            found.iter().any(|p| p == expected),
+            "missing {expected} in {found:?}"
+        );
+    }
+}
+
+#[test]
+fn invalid_json_reports_line_and_column() {
+    match parse("{\n  \"name\": }") {
+        Err(ParseFailure::Json { line, .. }) => assert_eq!(line, 2),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn undeclared_user_config_reference_is_a_problem() {
+    let mut v = minimal();
+    v["server"]["mcp_config"]["args"] = json!(["${user_config.token}"]);
+    let p = problems(v);
+    assert_eq!(p.len(), 1);
+    assert!(p[0].message.contains("not declared"), "{}", p[0]);
+}
+
+#[test]
+fn host_block_misspelled_requirement_field_is_rejected() {
+    let mut v = minimal();
+    v["_meta"] = json!({"ai.nimblebrain/host": {
+        "host_version": "1.1",
+        "host_capabilities": {"ai.nimblebrain/host-resources": {"requierd": true}}
+    }});
+    let paths: Vec<String> = problems(v).iter().map(|p| p.to_string()).collect();
+    assert!(
+        paths
+            .iter()
+            .any(|p| p.contains(".requierd") && p.contains("unknown field")),
+        "{paths:?}"
+    );
+    assert!(
+        paths
+            .iter()
+            .any(|p| p.contains(".required") && p.contains("is required")),
+        "{paths:?}"
+    );
+}
+
+#[test]
+fn host_capabilities_need_version_1_1() {
+    let mut v = minimal();
+    v["_meta"] = json!({"ai.nimblebrain/host": {
+        "host_version": "1.0",
+        "host_capabilities": {"x": {"required": false}}
+    }});
+    assert!(problems(v)[0].message.contains("1.1"));
+}
+
+#[test]
+fn gate_names_the_bundle_and_the_missing_capability() {
+    let mut v = minimal();
+    v["_meta"] = json!({"ai.nimblebrain/host": {
+        "host_version": "1.1",
+        "host_capabilities": {
+            "ai.nimblebrain/host-resources": {"required": true},
+            "ai.nimblebrain/teleport": {"required": true},
+            "ai.nimblebrain/optional": {"required": false}
+        }
+    }});
+    let m = parse(&v.to_string()).unwrap();
+    let refusal = gate(&m, &[crate::host_resources::EXTENSION]).unwrap_err();
+    assert_eq!(refusal.missing, vec!["ai.nimblebrain/teleport".to_string()]);
+    let text = refusal.to_string();
+    assert!(
+        text.contains("\"m\"") && text.contains("ai.nimblebrain/teleport"),
+        "{text}"
+    );
+}
+
+#[test]
+fn launch_plan_prefers_set_values_then_defaults_and_requires_required() {
+    let mut v = minimal();
+    v["user_config"] = json!({
+        "token": {"type": "string", "title": "Token", "required": true, "sensitive": true},
+        "depth": {"type": "number", "title": "Depth", "default": 3}
+    });
+    v["server"]["mcp_config"]["args"] = json!(["--depth=${user_config.depth}"]);
+    v["server"]["mcp_config"]["env"] = json!({"TOKEN": "${user_config.token}"});
+    let m = parse(&v.to_string()).unwrap();
+    let err = m
+        .launch_plan(Path::new("/b"), &BTreeMap::new())
+        .unwrap_err();
+    assert_eq!(err, PlanError::MissingConfig(vec!["token".into()]));
+    let values = BTreeMap::from([("token".to_string(), "s3cret-canary".to_string())]);
+    let plan = m.launch_plan(Path::new("/b"), &values).unwrap();
+    assert_eq!(plan.args, vec!["--depth=3"]);
+    assert_eq!(plan.env["TOKEN"], "s3cret-canary");
+    assert!(
+        !format!("{plan:?}").contains("s3cret-canary"),
+        "Debug must not show env values"
+    );
+}

@@ -1,0 +1,117 @@
+//! Errors that cross the control socket: a JSON-RPC error object whose
+//! `data.kind` is a stable snake_case [`ErrorKind`].
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Stable, machine-readable error kinds. Scripts match on these, so a
+/// variant is never renamed; new ones may be added.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    ParseError,
+    InvalidRequest,
+    MethodNotFound,
+    InvalidParams,
+    HelloRequired,
+    ProtocolMismatch,
+    PermissionDenied,
+    BundleNotFound,
+    AlreadyInstalled,
+    InvalidName,
+    ManifestInvalid,
+    GateRefused,
+    StartFailed,
+    NotReady,
+    ToolCallFailed,
+    Timeout,
+    ShuttingDown,
+    Internal,
+}
+
+impl ErrorKind {
+    /// The JSON-RPC error code used for this kind.
+    pub fn code(self) -> i64 {
+        match self {
+            ErrorKind::ParseError => -32700,
+            ErrorKind::InvalidRequest | ErrorKind::HelloRequired => -32600,
+            ErrorKind::MethodNotFound => -32601,
+            ErrorKind::InvalidParams | ErrorKind::InvalidName => -32602,
+            ErrorKind::Internal => -32603,
+            _ => -32000,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::ParseError => "parse_error",
+            ErrorKind::InvalidRequest => "invalid_request",
+            ErrorKind::MethodNotFound => "method_not_found",
+            ErrorKind::InvalidParams => "invalid_params",
+            ErrorKind::HelloRequired => "hello_required",
+            ErrorKind::ProtocolMismatch => "protocol_mismatch",
+            ErrorKind::PermissionDenied => "permission_denied",
+            ErrorKind::BundleNotFound => "bundle_not_found",
+            ErrorKind::AlreadyInstalled => "already_installed",
+            ErrorKind::InvalidName => "invalid_name",
+            ErrorKind::ManifestInvalid => "manifest_invalid",
+            ErrorKind::GateRefused => "gate_refused",
+            ErrorKind::StartFailed => "start_failed",
+            ErrorKind::NotReady => "not_ready",
+            ErrorKind::ToolCallFailed => "tool_call_failed",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::ShuttingDown => "shutting_down",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+/// The `data` member of an error: the kind plus kind-specific details.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorData {
+    pub kind: ErrorKind,
+    #[serde(flatten)]
+    pub details: Map<String, Value>,
+}
+
+/// A JSON-RPC 2.0 error object.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RpcError {
+    pub code: i64,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<ErrorData>,
+}
+
+impl RpcError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        RpcError {
+            code: kind.code(),
+            message: message.into(),
+            data: Some(ErrorData {
+                kind,
+                details: Map::new(),
+            }),
+        }
+    }
+
+    /// Adds a detail field to `data`.
+    pub fn with(mut self, key: &str, value: impl Into<Value>) -> Self {
+        if let Some(data) = self.data.as_mut() {
+            data.details.insert(key.to_string(), value.into());
+        }
+        self
+    }
+
+    pub fn kind(&self) -> Option<ErrorKind> {
+        self.data.as_ref().map(|d| d.kind)
+    }
+}
+
+impl std::fmt::Display for RpcError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for RpcError {}

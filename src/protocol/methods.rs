@@ -1,0 +1,208 @@
+//! Method names, parameters and results of the control protocol.
+//!
+//! `status --json` prints [`StatusResult`] as is: its field names are a
+//! documented, stable shape (docs/protocol.md).
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// Method names.
+pub mod method {
+    pub const HELLO: &str = "daemon.hello";
+    pub const STATUS: &str = "status";
+    pub const INSTALL: &str = "bundle.install";
+    pub const UNINSTALL: &str = "bundle.uninstall";
+    pub const RESTART: &str = "bundle.restart";
+    pub const TOOLS: &str = "bundle.tools";
+    pub const CALL: &str = "bundle.call";
+    pub const LOGS: &str = "bundle.logs";
+    /// Only served by daemons built with the `fault-injection` feature.
+    pub const DEBUG_PANIC: &str = "debug.panic_bundle_actor";
+    /// Notification sent while an install or restart is in progress.
+    pub const PROGRESS: &str = "progress";
+}
+
+pub const DEFAULT_WORKSPACE: &str = "default";
+
+fn default_workspace() -> String {
+    DEFAULT_WORKSPACE.to_string()
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HelloParams {
+    pub protocol: u32,
+    #[serde(default)]
+    pub client: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct HelloResult {
+    pub protocol: u32,
+    pub daemon_version: String,
+    pub pid: u32,
+}
+
+/// Lifecycle state of a bundle (docs/ARCHITECTURE.md, "Bundle lifecycle").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BundleState {
+    /// Process being spawned, `initialize` and `tools/list` in flight.
+    Starting,
+    /// Initialized and tools listed: calls are served.
+    Ready,
+    /// Being stopped before a new start (manual restart).
+    Restarting,
+    /// Not running because of an error; `last_error` says why.
+    Failed,
+    /// Not running on purpose (uninstall in progress, daemon shutdown).
+    Stopped,
+}
+
+impl BundleState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BundleState::Starting => "starting",
+            BundleState::Ready => "ready",
+            BundleState::Restarting => "restarting",
+            BundleState::Failed => "failed",
+            BundleState::Stopped => "stopped",
+        }
+    }
+}
+
+/// One bundle's line in `status`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BundleStatus {
+    pub workspace: String,
+    pub name: String,
+    /// Manifest version, once a manifest has been read.
+    pub version: Option<String>,
+    pub state: BundleState,
+    pub pid: Option<u32>,
+    /// Seconds since the bundle became ready (only while ready).
+    pub uptime_secs: Option<u64>,
+    /// Number of starts after the first one.
+    pub restarts: u32,
+    /// Number of tools the bundle listed (0 until ready).
+    pub tools: usize,
+    pub last_error: Option<String>,
+    /// The folder or manifest file the bundle was installed from.
+    pub source: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DaemonInfo {
+    pub version: String,
+    pub pid: u32,
+    pub uptime_secs: u64,
+    pub socket: String,
+    pub state_dir: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusResult {
+    pub daemon: DaemonInfo,
+    pub workspaces: Vec<String>,
+    pub bundles: Vec<BundleStatus>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstallParams {
+    /// A bundle folder (containing `manifest.json`) or a manifest file.
+    pub path: String,
+    #[serde(default = "default_workspace")]
+    pub workspace: String,
+    /// Return once the install is recorded instead of waiting for ready.
+    #[serde(default)]
+    pub no_wait: bool,
+}
+
+/// Names one installed bundle.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BundleRef {
+    #[serde(default = "default_workspace")]
+    pub workspace: String,
+    pub name: String,
+}
+
+/// Result of install and restart: the bundle once it reached ready.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BundleResult {
+    pub bundle: BundleStatus,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UninstallResult {
+    pub workspace: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolsParams {
+    #[serde(default = "default_workspace")]
+    pub workspace: String,
+    /// One bundle, or every bundle of the workspace.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct BundleTools {
+    pub workspace: String,
+    pub name: String,
+    pub state: BundleState,
+    /// MCP `Tool` objects exactly as the bundle listed them.
+    pub tools: Vec<Value>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ToolsResult {
+    pub bundles: Vec<BundleTools>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallParams {
+    #[serde(default = "default_workspace")]
+    pub workspace: String,
+    pub name: String,
+    pub tool: String,
+    #[serde(default)]
+    pub arguments: Option<Map<String, Value>>,
+    /// Overrides the daemon's per-call timeout (milliseconds).
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogsParams {
+    #[serde(default = "default_workspace")]
+    pub workspace: String,
+    pub name: String,
+    #[serde(default = "default_log_lines")]
+    pub lines: usize,
+}
+
+fn default_log_lines() -> usize {
+    50
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LogsResult {
+    pub path: String,
+    pub lines: Vec<String>,
+}
+
+/// Params of a `progress` notification.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Progress {
+    pub workspace: String,
+    pub name: String,
+    pub state: BundleState,
+    pub message: String,
+}

@@ -1,0 +1,240 @@
+//! The daemon's state database (SQLite, WAL): what is installed where.
+//!
+//! Calls are synchronous; actors run them on the blocking pool
+//! (`tokio::task::spawn_blocking`). Every change is one transaction, so a
+//! crash leaves either the old or the new state.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+/// Newest schema version this build writes (`PRAGMA user_version`).
+pub const SCHEMA_VERSION: i64 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("state database {path}: {source}")]
+    Sqlite {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    #[error("state database {path} has schema version {found}, newer than this build understands ({SCHEMA_VERSION}); upgrade bundlevisor")]
+    TooNew { path: PathBuf, found: i64 },
+}
+
+/// Where an install came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// `bundlevisor install`
+    Cli,
+    /// Found in a watched folder.
+    Watch,
+}
+
+impl Origin {
+    fn as_str(self) -> &'static str {
+        match self {
+            Origin::Cli => "cli",
+            Origin::Watch => "watch",
+        }
+    }
+
+    fn parse(s: &str) -> Origin {
+        if s == "watch" {
+            Origin::Watch
+        } else {
+            Origin::Cli
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallRecord {
+    pub workspace: String,
+    pub name: String,
+    /// The folder or manifest file given at install time (absolute).
+    pub source: PathBuf,
+    pub origin: Origin,
+    /// Unix seconds.
+    pub installed_at: i64,
+}
+
+/// Handle to the state database; cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    conn: Arc<Mutex<Connection>>,
+    path: PathBuf,
+}
+
+impl Store {
+    pub fn open(path: &Path) -> Result<Store, StoreError> {
+        let err = |source| StoreError::Sqlite {
+            path: path.to_path_buf(),
+            source,
+        };
+        let conn = Connection::open(path).map_err(err)?;
+        conn.pragma_update(None, "journal_mode", "WAL")
+            .map_err(err)?;
+        conn.pragma_update(None, "synchronous", "FULL")
+            .map_err(err)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(err)?;
+        let version: i64 = conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .map_err(err)?;
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::TooNew {
+                path: path.to_path_buf(),
+                found: version,
+            });
+        }
+        if version < 1 {
+            conn.execute_batch(
+                "BEGIN;
+                 CREATE TABLE IF NOT EXISTS installs (
+                     workspace    TEXT NOT NULL,
+                     name         TEXT NOT NULL,
+                     source       TEXT NOT NULL,
+                     origin       TEXT NOT NULL,
+                     installed_at INTEGER NOT NULL,
+                     PRIMARY KEY (workspace, name)
+                 );
+                 PRAGMA user_version = 1;
+                 COMMIT;",
+            )
+            .map_err(err)?;
+        }
+        Ok(Store {
+            conn: Arc::new(Mutex::new(conn)),
+            path: path.to_path_buf(),
+        })
+    }
+
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
+    ) -> Result<T, StoreError> {
+        let mut conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut conn).map_err(|source| StoreError::Sqlite {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    pub fn installs(&self) -> Result<Vec<InstallRecord>, StoreError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT workspace, name, source, origin, installed_at FROM installs ORDER BY workspace, name",
+            )?;
+            let rows = stmt.query_map([], |r| {
+                Ok(InstallRecord {
+                    workspace: r.get(0)?,
+                    name: r.get(1)?,
+                    source: PathBuf::from(r.get::<_, String>(2)?),
+                    origin: Origin::parse(&r.get::<_, String>(3)?),
+                    installed_at: r.get(4)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    pub fn get(&self, workspace: &str, name: &str) -> Result<Option<InstallRecord>, StoreError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT workspace, name, source, origin, installed_at FROM installs WHERE workspace = ?1 AND name = ?2",
+                params![workspace, name],
+                |r| {
+                    Ok(InstallRecord {
+                        workspace: r.get(0)?,
+                        name: r.get(1)?,
+                        source: PathBuf::from(r.get::<_, String>(2)?),
+                        origin: Origin::parse(&r.get::<_, String>(3)?),
+                        installed_at: r.get(4)?,
+                    })
+                },
+            )
+            .optional()
+        })
+    }
+
+    /// Records an install. Returns false (and changes nothing) when the
+    /// bundle is already installed in that workspace.
+    pub fn insert(&self, record: &InstallRecord) -> Result<bool, StoreError> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            let n = tx.execute(
+                "INSERT OR IGNORE INTO installs (workspace, name, source, origin, installed_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![
+                    record.workspace,
+                    record.name,
+                    record.source.to_string_lossy(),
+                    record.origin.as_str(),
+                    record.installed_at
+                ],
+            )?;
+            tx.commit()?;
+            Ok(n == 1)
+        })
+    }
+
+    /// Removes an install; returns whether it existed.
+    pub fn remove(&self, workspace: &str, name: &str) -> Result<bool, StoreError> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            let n = tx.execute(
+                "DELETE FROM installs WHERE workspace = ?1 AND name = ?2",
+                params![workspace, name],
+            )?;
+            tx.commit()?;
+            Ok(n == 1)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(ws: &str, name: &str) -> InstallRecord {
+        InstallRecord {
+            workspace: ws.into(),
+            name: name.into(),
+            source: PathBuf::from(format!("/b/{name}")),
+            origin: Origin::Cli,
+            installed_at: 1,
+        }
+    }
+
+    #[test]
+    fn installs_survive_reopen_and_duplicates_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        {
+            let store = Store::open(&path).unwrap();
+            assert!(store.insert(&record("default", "a")).unwrap());
+            assert!(store.insert(&record("w2", "a")).unwrap());
+            assert!(!store.insert(&record("default", "a")).unwrap());
+        }
+        let store = Store::open(&path).unwrap();
+        let all = store.installs().unwrap();
+        assert_eq!(all, vec![record("default", "a"), record("w2", "a")]);
+        assert!(store.remove("default", "a").unwrap());
+        assert!(!store.remove("default", "a").unwrap());
+        assert_eq!(store.get("w2", "a").unwrap(), Some(record("w2", "a")));
+        assert_eq!(store.get("default", "a").unwrap(), None);
+    }
+
+    #[test]
+    fn refuses_a_database_from_a_newer_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        Connection::open(&path)
+            .unwrap()
+            .pragma_update(None, "user_version", 99)
+            .unwrap();
+        let err = Store::open(&path).err().unwrap();
+        assert!(err.to_string().contains("upgrade bundlevisor"), "{err}");
+    }
+}

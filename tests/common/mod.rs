@@ -1,0 +1,286 @@
+//! Test harness: runs the real `bundlevisor` binary as a daemon in a temp
+//! dir of its own (state, socket, bundles), drives it with the real CLI, and
+//! finds bundle processes through /proc.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_bundlevisor");
+pub const DEMO_BIN: &str = env!("CARGO_BIN_EXE_bundlevisor-demo");
+pub const DEMO_MANIFEST: &str = include_str!("../../bundles/demo/manifest.json");
+
+/// Polls `check` every 10 ms until it returns Some, or panics after `limit`.
+pub fn wait_for<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub struct Daemon {
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub socket: PathBuf,
+    pub state: PathBuf,
+    child: Option<Child>,
+}
+
+impl Daemon {
+    /// A daemon with the given extra config (TOML appended), started and answering.
+    pub fn start_with(extra: &str) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        let config = root.join("bundlevisor.toml");
+        std::fs::write(
+            &config,
+            format!("state_dir = \"state\"\nsocket = \"run/bv.sock\"\n\n[bundles]\nstop_grace = \"2s\"\nstart_timeout = \"20s\"\n{extra}"),
+        )
+        .unwrap();
+        std::fs::create_dir_all(root.join("bundles")).unwrap();
+        let mut d = Daemon {
+            socket: root.join("run/bv.sock"),
+            state: root.join("state"),
+            config,
+            dir,
+            child: None,
+        };
+        d.launch();
+        d
+    }
+
+    pub fn start() -> Daemon {
+        Daemon::start_with("")
+    }
+
+    pub fn root(&self) -> PathBuf {
+        self.dir.path().canonicalize().unwrap()
+    }
+
+    /// Starts the daemon process and waits until it answers `status`.
+    pub fn launch(&mut self) {
+        assert!(self.child.is_none(), "daemon already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.root().join("daemon.log"))
+            .unwrap();
+        let child = Command::new(BIN)
+            .args(["daemon", "--config"])
+            .arg(&self.config)
+            .env("RUST_LOG", "info,rmcp=warn")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        wait_for(Duration::from_secs(20), "the daemon to answer", || {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("daemon exited early ({status}):\n{}", self.log());
+            }
+            let out = self.cli(&["status", "--json"]);
+            out.status.success().then_some(())
+        });
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("daemon running").id()
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.root().join("daemon.log")).unwrap_or_default()
+    }
+
+    pub fn cli(&self, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    /// Runs the CLI, asserts success, returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
+        assert!(
+            out.status.success(),
+            "bundlevisor {args:?} failed ({}):\nstdout: {}\nstderr: {}\ndaemon log:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    pub fn status(&self) -> Value {
+        serde_json::from_str(&self.ok(&["status", "--json"])).unwrap()
+    }
+
+    /// The status entry of one bundle.
+    pub fn bundle(&self, workspace: &str, name: &str) -> Option<Value> {
+        self.status()["bundles"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|b| b["workspace"] == workspace && b["name"] == name)
+            .cloned()
+    }
+
+    pub fn wait_state(&self, workspace: &str, name: &str, state: &str) -> Value {
+        wait_for(
+            Duration::from_secs(20),
+            &format!("{workspace}/{name} to be {state}"),
+            || self.bundle(workspace, name).filter(|b| b["state"] == state),
+        )
+    }
+
+    /// Sends a signal and waits for the daemon to exit.
+    pub fn signal(&mut self, signal: nix::sys::signal::Signal) -> ExitStatus {
+        let mut child = self.child.take().expect("daemon running");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "daemon did not exit after {signal}"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// A copy of the demo bundle named `name` under `bundles/`.
+    pub fn demo_bundle(&self, name: &str) -> PathBuf {
+        demo_bundle_at(&self.root().join("bundles"), name)
+    }
+
+    /// Live processes whose working folder is inside this test's temp dir:
+    /// bundle processes (their cwd is their bundle folder) and their children.
+    pub fn bundle_processes(&self) -> Vec<u32> {
+        processes_with_cwd_under(&self.root())
+    }
+
+    /// A raw connection to the control socket (no hello sent).
+    pub fn raw(&self) -> Raw {
+        let stream = UnixStream::connect(&self.socket).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        Raw {
+            reader: BufReader::new(stream.try_clone().unwrap()),
+            stream,
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Writes a copy of the demo bundle as `dir/name` (manifest renamed, the
+/// server binary linked in).
+pub fn demo_bundle_at(dir: &Path, name: &str) -> PathBuf {
+    let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    manifest["name"] = json!(name);
+    write_bundle(dir, name, &manifest)
+}
+
+/// Writes `dir/name/manifest.json` and links the demo server binary in.
+pub fn write_bundle(dir: &Path, name: &str, manifest: &Value) -> PathBuf {
+    let folder = dir.join(name);
+    std::fs::create_dir_all(folder.join("server")).unwrap();
+    let link = folder.join("server/bundlevisor-demo");
+    if !link.exists() {
+        std::os::unix::fs::symlink(DEMO_BIN, &link).unwrap();
+    }
+    std::fs::write(
+        folder.join("manifest.json"),
+        serde_json::to_string_pretty(manifest).unwrap(),
+    )
+    .unwrap();
+    folder
+}
+
+pub fn processes_with_cwd_under(root: &Path) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        if let Ok(cwd) = std::fs::read_link(entry.path().join("cwd")) {
+            if cwd.starts_with(root) && !is_zombie(pid) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+pub fn is_zombie(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.is_empty()
+        || stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|s| s.trim_start().starts_with('Z'))
+}
+
+pub struct Raw {
+    stream: UnixStream,
+    reader: BufReader<UnixStream>,
+}
+
+impl Raw {
+    pub fn send_line(&mut self, line: &str) {
+        self.stream.write_all(line.as_bytes()).unwrap();
+        self.stream.write_all(b"\n").unwrap();
+    }
+
+    pub fn read(&mut self) -> Value {
+        let mut line = String::new();
+        let n = self.reader.read_line(&mut line).unwrap();
+        assert!(n > 0, "daemon closed the connection");
+        serde_json::from_str(&line).unwrap()
+    }
+
+    /// Sends a request and returns the response (skipping notifications).
+    pub fn request(&mut self, id: u64, method: &str, params: Value) -> Value {
+        self.send_line(
+            &json!({"jsonrpc":"2.0","id":id,"method":method,"params":params}).to_string(),
+        );
+        loop {
+            let v = self.read();
+            if v.get("id").is_some() {
+                return v;
+            }
+        }
+    }
+
+    pub fn hello(&mut self) {
+        let r = self.request(0, "daemon.hello", json!({"protocol": 1}));
+        assert!(r.get("result").is_some(), "{r}");
+    }
+}
