@@ -13,12 +13,14 @@
 //! - [`daemon`]: the actor tree and the control server; [`daemon::run`].
 //! - [`cli`]: the `bundlevisor` command line.
 //! - [`names`]: rules for bundle and workspace names.
+//! - [`lines`]: bounded line reading for untrusted streams.
 
 pub mod bundle;
 pub mod cli;
 pub mod config;
 pub mod daemon;
 pub mod host_resources;
+pub mod lines;
 pub mod manifest;
 pub mod names;
 pub mod protocol;

@@ -10,14 +10,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::StreamExt;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::sync::{mpsc, watch};
-use tokio_util::codec::{FramedRead, LinesCodec};
 
+use crate::lines::{Line, LineReader};
 use crate::manifest::LaunchPlan;
 
 /// Variables of the daemon's own environment that a bundle may see. Anything
@@ -344,16 +343,16 @@ pub fn capture_stderr(
                 None
             }
         };
-        let mut lines = FramedRead::new(stderr, LinesCodec::new_with_max_length(MAX_STDERR_LINE));
-        while let Some(item) = lines.next().await {
-            let line = match item {
-                Ok(line) => line,
-                Err(tokio_util::codec::LinesCodecError::MaxLineLengthExceeded) => {
+        let mut lines = LineReader::new(BufReader::new(stderr), MAX_STDERR_LINE);
+        loop {
+            let line = match lines.next_line().await {
+                Ok(Line::Text(line)) => line,
+                Ok(Line::TooLong) => {
                     format!(
                         "[bundlevisor: stderr line longer than {MAX_STDERR_LINE} bytes dropped]"
                     )
                 }
-                Err(tokio_util::codec::LinesCodecError::Io(_)) => break,
+                Ok(Line::Eof) | Err(_) => break,
             };
             tracing::info!(target: "bundle_stderr", workspace = %workspace, bundle = %bundle, "{line}");
             if let Some(f) = file.as_mut() {

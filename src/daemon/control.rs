@@ -9,22 +9,21 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use ractor::rpc::CallResult;
 use ractor::ActorRef;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{broadcast, mpsc};
-use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::sync::CancellationToken;
 
 use super::board::Event;
 use super::bundle::{actor_name, BundleMsg, CallError};
 use super::supervisor::{DaemonMsg, InstallError};
 use super::Shared;
+use crate::lines::{Line, LineReader};
 use crate::manifest::ManifestError;
 use crate::protocol::{
     method, BundleRef, BundleResult, BundleState, BundleStatus, BundleTools, CallParams,
@@ -131,12 +130,12 @@ async fn connection(stream: UnixStream, ctx: Ctx) {
         }
     });
     let out = Outbox(tx);
-    let mut lines = FramedRead::new(read, LinesCodec::new_with_max_length(MAX_REQUEST_BYTES));
+    let mut lines = LineReader::new(BufReader::new(read), MAX_REQUEST_BYTES);
     let mut greeted = false;
-    while let Some(item) = lines.next().await {
-        let line = match item {
-            Ok(line) => line,
-            Err(LinesCodecError::MaxLineLengthExceeded) => {
+    loop {
+        let line = match lines.next_line().await {
+            Ok(Line::Text(line)) => line,
+            Ok(Line::TooLong) => {
                 let e = RpcError::new(
                     ErrorKind::InvalidRequest,
                     format!("request is longer than {MAX_REQUEST_BYTES} bytes"),
@@ -144,7 +143,7 @@ async fn connection(stream: UnixStream, ctx: Ctx) {
                 out.send(&Response::err(Value::Null, e)).await;
                 continue;
             }
-            Err(LinesCodecError::Io(_)) => break,
+            Ok(Line::Eof) | Err(_) => break,
         };
         if line.trim().is_empty() {
             continue;

@@ -143,12 +143,14 @@ impl fmt::Debug for LaunchPlan {
 }
 
 /// The manifest file for an install path: the path itself when it is a
-/// file, `PATH/manifest.json` when it is a folder.
+/// file, `PATH/manifest.json` when it is a folder. A path that no longer
+/// exists is taken as a folder unless it ends in `.json`.
 pub fn manifest_file(path: &Path) -> PathBuf {
-    if path.is_dir() {
-        path.join("manifest.json")
-    } else {
+    let is_json = path.extension().is_some_and(|e| e == "json");
+    if path.is_file() || (!path.exists() && is_json) {
         path.to_path_buf()
+    } else {
+        path.join("manifest.json")
     }
 }
 

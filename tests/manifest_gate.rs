@@ -1,0 +1,126 @@
+//! Bad manifests and the host-capability gate, through the real CLI and daemon.
+
+mod common;
+
+use common::{write_bundle, Daemon, DEMO_MANIFEST};
+use serde_json::{json, Value};
+
+#[test]
+fn a_manifest_with_several_errors_reports_all_of_them() {
+    let d = Daemon::start();
+    let manifest = json!({
+        "manifest_version": "0.3",
+        "name": "broken",
+        "version": 1,
+        "author": {},
+        "server": {"type": "binary", "entry_point": "x", "mcp_config": {"command": "${nope}", "args": [true]}}
+    });
+    let folder = write_bundle(&d.root().join("bundles"), "broken", &manifest);
+    let out = d.cli(&["install", folder.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for path in [
+        "$.version",
+        "$.description",
+        "$.author.name",
+        "$.server.mcp_config.command",
+        "$.server.mcp_config.args[0]",
+    ] {
+        assert!(stderr.contains(path), "{path} missing from:\n{stderr}");
+    }
+    assert!(stderr.contains("5 problem(s)"), "{stderr}");
+    assert!(d.bundle("default", "broken").is_none());
+
+    // The same failure over the socket carries the problems as data.
+    let mut raw = d.raw();
+    raw.hello();
+    let r = raw.request(1, "bundle.install", json!({"path": folder}));
+    assert_eq!(r["error"]["data"]["kind"], "manifest_invalid");
+    assert_eq!(
+        r["error"]["data"]["problems"].as_array().unwrap().len(),
+        5,
+        "{r}"
+    );
+}
+
+#[test]
+fn invalid_json_and_missing_paths_are_clear_errors() {
+    let d = Daemon::start();
+    let folder = d.root().join("bundles/badjson");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(folder.join("manifest.json"), "{\n  \"name\": \"x\",\n}").unwrap();
+    let out = d.cli(&["install", folder.to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not valid JSON (line 3"), "{stderr}");
+
+    let out = d.cli(&["install", d.root().join("nowhere").to_str().unwrap()]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr.contains("nothing to install at") && stderr.contains("manifest.json"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn gate_refusal_names_bundle_and_capability_and_spawns_nothing() {
+    let d = Daemon::start();
+    let marker = d.root().join("spawned.marker");
+    let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    manifest["name"] = json!("needy");
+    manifest["server"]["mcp_config"]["command"] = json!("/bin/sh");
+    manifest["server"]["mcp_config"]["args"] = json!([
+        "-c",
+        format!("touch {}; exec \"$0\"", marker.display()),
+        "${__dirname}/server/bundlevisor-demo"
+    ]);
+    manifest["_meta"]["ai.nimblebrain/host"]["host_capabilities"] = json!({
+        "ai.nimblebrain/host-resources": {"required": true},
+        "ai.nimblebrain/teleport": {"required": true}
+    });
+    let folder = write_bundle(&d.root().join("bundles"), "needy", &manifest);
+
+    let out = d.cli(&["install", folder.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("\"needy\"") && stderr.contains("ai.nimblebrain/teleport"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("host-resources,"),
+        "a provided capability was reported missing: {stderr}"
+    );
+    assert!(!marker.exists(), "the gate let a process spawn");
+    assert!(d.bundle_processes().is_empty());
+    assert!(d.bundle("default", "needy").is_none());
+
+    // Without the unknown requirement the same bundle installs and runs the wrapper.
+    manifest["_meta"]["ai.nimblebrain/host"]["host_capabilities"] =
+        json!({"ai.nimblebrain/host-resources": {"required": true}});
+    write_bundle(&d.root().join("bundles"), "needy", &manifest);
+    d.ok(&["install", folder.to_str().unwrap()]);
+    assert!(marker.exists());
+}
+
+#[test]
+fn a_bundle_that_cannot_start_fails_install_with_the_reason() {
+    let d = Daemon::start();
+    let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    manifest["name"] = json!("dies");
+    manifest["server"]["mcp_config"]["command"] = json!("/bin/sh");
+    manifest["server"]["mcp_config"]["args"] =
+        json!(["-c", "echo 'cannot find my config' >&2; exit 9"]);
+    let folder = write_bundle(&d.root().join("bundles"), "dies", &manifest);
+    let out = d.cli(&["install", folder.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("exit code 9") && stderr.contains("cannot find my config"),
+        "{stderr}"
+    );
+    // It stays installed, visibly failed, so the operator can fix and restart it.
+    let b = d.bundle("default", "dies").unwrap();
+    assert_eq!(b["state"], "failed");
+    assert!(b["last_error"].as_str().unwrap().contains("exit code 9"));
+}

@@ -1,0 +1,87 @@
+//! SIGTERM stops every bundle — grandchildren and bundles that ignore
+//! SIGTERM included — removes the socket and exits 0.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{wait_for, write_bundle, Daemon, DEMO_MANIFEST};
+use nix::sys::signal::Signal;
+use serde_json::{json, Value};
+
+fn wrapped_demo(d: &Daemon, name: &str, shell_prefix: &str) -> std::path::PathBuf {
+    let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    manifest["name"] = json!(name);
+    manifest["server"]["mcp_config"]["command"] = json!("/bin/sh");
+    manifest["server"]["mcp_config"]["args"] = json!([
+        "-c",
+        format!("{shell_prefix} exec \"$0\""),
+        "${__dirname}/server/bundlevisor-demo"
+    ]);
+    write_bundle(&d.root().join("bundles"), name, &manifest)
+}
+
+#[test]
+fn sigterm_leaves_no_process_behind() {
+    let mut d = Daemon::start();
+    let plain = d.demo_bundle("plain");
+    // A bundle that started a grandchild (sharing no pipes with us).
+    let forks = wrapped_demo(&d, "forks", "sleep 1000 </dev/null >/dev/null 2>&1 &");
+    // A bundle that ignores SIGTERM: only SIGKILL after the grace period ends it.
+    let stubborn = wrapped_demo(&d, "stubborn", "trap '' TERM;");
+    for b in [&plain, &forks, &stubborn] {
+        d.ok(&["install", b.to_str().unwrap()]);
+    }
+    // demo x3 plus the sleeping grandchild.
+    wait_for(Duration::from_secs(10), "four processes", || {
+        (d.bundle_processes().len() == 4).then_some(())
+    });
+
+    let started = Instant::now();
+    let status = d.signal(Signal::SIGTERM);
+    assert!(status.success(), "daemon exit status {status}");
+    let took = started.elapsed();
+    assert!(
+        d.bundle_processes().is_empty(),
+        "left behind: {:?}",
+        d.bundle_processes()
+    );
+    assert!(!d.socket.exists(), "socket not removed");
+    // The stubborn bundle held shutdown for about the 2 s grace period, not longer.
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(10),
+        "shutdown took {took:?}"
+    );
+    assert!(d.log().contains("ignored SIGTERM"), "{}", d.log());
+}
+
+#[test]
+fn uninstall_kills_the_bundles_grandchildren() {
+    let d = Daemon::start();
+    let forks = wrapped_demo(&d, "forks", "sleep 1000 </dev/null >/dev/null 2>&1 &");
+    d.ok(&["install", forks.to_str().unwrap()]);
+    wait_for(Duration::from_secs(10), "bundle and grandchild", || {
+        (d.bundle_processes().len() == 2).then_some(())
+    });
+    d.ok(&["uninstall", "forks"]);
+    assert!(
+        d.bundle_processes().is_empty(),
+        "left behind: {:?}",
+        d.bundle_processes()
+    );
+}
+
+#[test]
+fn a_crashed_bundles_grandchild_is_killed_with_its_group() {
+    let d = Daemon::start();
+    let forks = wrapped_demo(&d, "forks", "sleep 1000 </dev/null >/dev/null 2>&1 &");
+    d.ok(&["install", forks.to_str().unwrap()]);
+    wait_for(Duration::from_secs(10), "bundle and grandchild", || {
+        (d.bundle_processes().len() == 2).then_some(())
+    });
+    let _ = d.cli(&["call", "forks", "crash"]);
+    d.wait_state("default", "forks", "failed");
+    wait_for(Duration::from_secs(10), "the group to be gone", || {
+        d.bundle_processes().is_empty().then_some(())
+    });
+}
