@@ -23,6 +23,10 @@ run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is
 test: ## Everything CI runs: unit and integration tests (with fault injection)
 	$(CARGO) test --all-targets --features fault-injection
 
+.PHONY: bench
+bench: build ## Measure install latency and daemon memory (docs/performance.md)
+	bench/foundation.sh
+
 .PHONY: lint
 lint: ## rustfmt check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check

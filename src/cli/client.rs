@@ -83,7 +83,7 @@ impl Client {
                 .map_err(|e| ClientError::Protocol(format!("bad message from daemon: {e}")))?
             {
                 Incoming::Notification(n) => on_note(&n),
-                Incoming::Response(r) if r.id == serde_json::Value::from(id) || r.id.is_null() => {
+                Incoming::Response(r) if r.id == id || r.id.is_null() => {
                     if let Some(err) = r.error {
                         return Err(ClientError::Rpc(err));
                     }

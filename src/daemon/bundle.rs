@@ -59,7 +59,7 @@ pub enum BundleMsg {
     },
     Started {
         generation: u64,
-        result: Result<Started, String>,
+        result: Result<Box<Started>, String>,
     },
     Exited {
         generation: u64,
@@ -173,7 +173,9 @@ impl Actor for BundleActor {
                 );
                 let host = HostContext::new(&workspace, &name, st.args.host_port.clone());
                 tokio::spawn(async move {
-                    let result = start(&shared, &workspace, &name, source, host).await;
+                    let result = start(&shared, &workspace, &name, source, host)
+                        .await
+                        .map(Box::new);
                     if let Err(ractor::MessagingErr::SendErr(BundleMsg::Started {
                         result: Ok(started),
                         ..
@@ -197,7 +199,7 @@ impl Actor for BundleActor {
                     }
                     return Ok(());
                 }
-                match result {
+                match result.map(|started| *started) {
                     Ok(Started {
                         connection,
                         version,

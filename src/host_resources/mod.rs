@@ -80,6 +80,15 @@ pub struct Requester {
     pub bundle: String,
 }
 
+/// A host-resources request from a bundle, as sent to its WorkspaceActor.
+/// The requester was bound when the bundle's connection was built.
+pub struct HostRequest {
+    pub requester: Requester,
+    pub method: String,
+    pub params: Option<Value>,
+    pub reply: ractor::RpcReplyPort<Result<Value, HostError>>,
+}
+
 /// Answers one host-resources request for `requester`.
 pub fn handle(
     requester: &Requester,
@@ -222,13 +231,4 @@ mod tests {
         .unwrap();
         assert_eq!(ok, json!({"resources":[]}));
     }
-}
-
-/// A host-resources request from a bundle, as sent to its WorkspaceActor.
-/// The requester was bound when the bundle's connection was built.
-pub struct HostRequest {
-    pub requester: Requester,
-    pub method: String,
-    pub params: Option<Value>,
-    pub reply: ractor::RpcReplyPort<Result<Value, HostError>>,
 }
