@@ -235,16 +235,12 @@ fn bundles_in_two_workspaces_are_separate() {
 #[test]
 fn an_overlong_stderr_line_is_dropped_without_blocking_the_bundle() {
     let d = Daemon::start();
-    let mut manifest: Value = serde_json::from_str(common::DEMO_MANIFEST).unwrap();
-    manifest["name"] = serde_json::json!("noisy");
-    manifest["server"]["mcp_config"]["command"] = serde_json::json!("/bin/sh");
     // 200 KB on one stderr line: more than a pipe holds, so an unread stderr would block the bundle.
-    manifest["server"]["mcp_config"]["args"] = serde_json::json!([
-        "-c",
-        "head -c 200000 /dev/zero | tr '\\0' x >&2; echo >&2; echo 'after the long line' >&2; exec \"$0\"",
-        "${__dirname}/server/bundlevisor-demo"
-    ]);
-    let folder = common::write_bundle(&d.root().join("bundles"), "noisy", &manifest);
+    let folder = common::shell_wrapped_demo(
+        &d.root().join("bundles"),
+        "noisy",
+        "head -c 200000 /dev/zero | tr '\\0' x >&2; echo >&2; echo 'after the long line' >&2;",
+    );
     d.ok(&["install", folder.to_str().unwrap()]);
     let logs = d.ok(&["logs", "noisy", "-n", "3"]);
     assert!(

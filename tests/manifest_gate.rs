@@ -66,14 +66,14 @@ fn invalid_json_and_missing_paths_are_clear_errors() {
 fn gate_refusal_names_bundle_and_capability_and_spawns_nothing() {
     let d = Daemon::start();
     let marker = d.root().join("spawned.marker");
-    let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
-    manifest["name"] = json!("needy");
-    manifest["server"]["mcp_config"]["command"] = json!("/bin/sh");
-    manifest["server"]["mcp_config"]["args"] = json!([
-        "-c",
-        format!("touch {}; exec \"$0\"", marker.display()),
-        "${__dirname}/server/bundlevisor-demo"
-    ]);
+    let folder = common::shell_wrapped_demo(
+        &d.root().join("bundles"),
+        "needy",
+        &format!("touch {};", marker.display()),
+    );
+    let mut manifest: Value =
+        serde_json::from_str(&std::fs::read_to_string(folder.join("manifest.json")).unwrap())
+            .unwrap();
     manifest["_meta"]["ai.nimblebrain/host"]["host_capabilities"] = json!({
         "ai.nimblebrain/host-resources": {"required": true},
         "ai.nimblebrain/teleport": {"required": true}

@@ -5,20 +5,11 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{wait_for, write_bundle, Daemon, DEMO_MANIFEST};
+use common::{wait_for, Daemon};
 use nix::sys::signal::Signal;
-use serde_json::{json, Value};
 
-fn wrapped_demo(d: &Daemon, name: &str, shell_prefix: &str) -> std::path::PathBuf {
-    let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
-    manifest["name"] = json!(name);
-    manifest["server"]["mcp_config"]["command"] = json!("/bin/sh");
-    manifest["server"]["mcp_config"]["args"] = json!([
-        "-c",
-        format!("{shell_prefix} exec \"$0\""),
-        "${__dirname}/server/bundlevisor-demo"
-    ]);
-    write_bundle(&d.root().join("bundles"), name, &manifest)
+fn wrapped_demo(d: &Daemon, name: &str, prefix: &str) -> std::path::PathBuf {
+    common::shell_wrapped_demo(&d.root().join("bundles"), name, prefix)
 }
 
 #[test]

@@ -71,15 +71,9 @@ pub fn main() -> ExitCode {
     if let Command::Daemon(args) = &cli.command {
         return daemon::run(args);
     }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime(tokio::runtime::Builder::new_current_thread()) {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(2);
-        }
+        Err(code) => return code,
     };
     let socket = cli.socket();
     let result = runtime.block_on(async {
@@ -105,6 +99,14 @@ pub fn main() -> ExitCode {
             }
         }
     }
+}
+
+/// Builds a tokio runtime, or reports why it could not be built.
+fn runtime(mut builder: tokio::runtime::Builder) -> Result<tokio::runtime::Runtime, ExitCode> {
+    builder.enable_all().build().map_err(|e| {
+        eprintln!("error: cannot start the async runtime: {e}");
+        ExitCode::from(2)
+    })
 }
 
 /// Shows a progress notification on a terminal; silent when piped.

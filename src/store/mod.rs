@@ -60,6 +60,17 @@ pub struct InstallRecord {
     pub installed_at: i64,
 }
 
+/// Maps a `SELECT workspace, name, source, origin, installed_at` row.
+fn record_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<InstallRecord> {
+    Ok(InstallRecord {
+        workspace: r.get(0)?,
+        name: r.get(1)?,
+        source: PathBuf::from(r.get::<_, String>(2)?),
+        origin: Origin::parse(&r.get::<_, String>(3)?),
+        installed_at: r.get(4)?,
+    })
+}
+
 /// Handle to the state database; cheap to clone.
 #[derive(Clone)]
 pub struct Store {
@@ -127,15 +138,7 @@ impl Store {
             let mut stmt = c.prepare(
                 "SELECT workspace, name, source, origin, installed_at FROM installs ORDER BY workspace, name",
             )?;
-            let rows = stmt.query_map([], |r| {
-                Ok(InstallRecord {
-                    workspace: r.get(0)?,
-                    name: r.get(1)?,
-                    source: PathBuf::from(r.get::<_, String>(2)?),
-                    origin: Origin::parse(&r.get::<_, String>(3)?),
-                    installed_at: r.get(4)?,
-                })
-            })?;
+            let rows = stmt.query_map([], record_from_row)?;
             rows.collect()
         })
     }
@@ -145,15 +148,7 @@ impl Store {
             c.query_row(
                 "SELECT workspace, name, source, origin, installed_at FROM installs WHERE workspace = ?1 AND name = ?2",
                 params![workspace, name],
-                |r| {
-                    Ok(InstallRecord {
-                        workspace: r.get(0)?,
-                        name: r.get(1)?,
-                        source: PathBuf::from(r.get::<_, String>(2)?),
-                        origin: Origin::parse(&r.get::<_, String>(3)?),
-                        installed_at: r.get(4)?,
-                    })
-                },
+                record_from_row,
             )
             .optional()
         })

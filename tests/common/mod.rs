@@ -208,6 +208,21 @@ pub fn demo_bundle_at(dir: &Path, name: &str) -> PathBuf {
     write_bundle(dir, name, &manifest)
 }
 
+/// The demo bundle started through `/bin/sh -c "PREFIX exec demo"`: the
+/// shell runs `prefix` (fork a grandchild, ignore SIGTERM, write to stderr...)
+/// and then becomes the demo server.
+pub fn shell_wrapped_demo(dir: &Path, name: &str, prefix: &str) -> PathBuf {
+    let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    manifest["name"] = json!(name);
+    manifest["server"]["mcp_config"]["command"] = json!("/bin/sh");
+    manifest["server"]["mcp_config"]["args"] = json!([
+        "-c",
+        format!("{prefix} exec \"$0\""),
+        "${__dirname}/server/bundlevisor-demo"
+    ]);
+    write_bundle(dir, name, &manifest)
+}
+
 /// Writes `dir/name/manifest.json` and links the demo server binary in.
 pub fn write_bundle(dir: &Path, name: &str, manifest: &Value) -> PathBuf {
     let folder = dir.join(name);
