@@ -119,8 +119,9 @@ fn twenty_concurrent_calls_to_one_bundle_all_succeed() {
 }
 
 #[test]
-fn crashed_bundle_is_marked_failed_and_restart_brings_it_back() {
-    let d = Daemon::start();
+fn crashed_bundle_under_restart_never_stays_failed_until_restarted() {
+    let d =
+        Daemon::start_with("[[supervision.override]]\nbundle = \"demo\"\nrestart = \"never\"\n");
     let bundle = d.demo_bundle("demo");
     d.ok(&["install", bundle.to_str().unwrap()]);
     let first_pid = d.bundle("default", "demo").unwrap()["pid"]

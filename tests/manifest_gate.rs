@@ -119,8 +119,14 @@ fn a_bundle_that_cannot_start_fails_install_with_the_reason() {
         stderr.contains("exit code 9") && stderr.contains("cannot find my config"),
         "{stderr}"
     );
-    // It stays installed, visibly failed, so the operator can fix and restart it.
-    let b = d.bundle("default", "dies").unwrap();
-    assert_eq!(b["state"], "failed");
-    assert!(b["last_error"].as_str().unwrap().contains("exit code 9"));
+    assert!(stderr.contains("restarting in"), "{stderr}");
+    // It stays installed and is retried with backoff until the breaker
+    // (5 restarts within 60s) leaves it visibly failed.
+    let b = d.wait_state("default", "dies", "failed");
+    let reason = b["last_error"].as_str().unwrap();
+    assert!(
+        reason.contains("crash loop: 5 restarts") && reason.contains("exit code 9"),
+        "{reason}"
+    );
+    assert_eq!(b["restarts"], 5);
 }

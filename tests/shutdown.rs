@@ -64,7 +64,7 @@ fn uninstall_kills_the_bundles_grandchildren() {
 
 #[test]
 fn a_crashed_bundles_grandchild_is_killed_with_its_group() {
-    let d = Daemon::start();
+    let d = Daemon::start_with("[supervision]\nrestart = \"never\"\n");
     let forks = wrapped_demo(&d, "forks", "sleep 1000 </dev/null >/dev/null 2>&1 &");
     d.ok(&["install", forks.to_str().unwrap()]);
     wait_for(Duration::from_secs(10), "bundle and grandchild", || {

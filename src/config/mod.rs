@@ -43,6 +43,42 @@ pub mod defaults {
     pub fn max_concurrent_starts() -> usize {
         16
     }
+    pub fn restart() -> super::RestartPolicy {
+        super::RestartPolicy::OnFailure
+    }
+    pub fn backoff_initial() -> Duration {
+        Duration::from_millis(50)
+    }
+    pub fn backoff_max() -> Duration {
+        Duration::from_secs(60)
+    }
+    pub fn stable_after() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub fn max_restarts() -> u32 {
+        5
+    }
+    pub fn restart_window() -> Duration {
+        Duration::from_secs(60)
+    }
+    pub fn ping_interval() -> Duration {
+        Duration::from_secs(30)
+    }
+    pub fn ping_timeout() -> Duration {
+        Duration::from_secs(10)
+    }
+    pub fn ping_failures() -> u32 {
+        3
+    }
+    pub fn debounce() -> Duration {
+        Duration::from_millis(200)
+    }
+    pub fn log_max_bytes() -> u64 {
+        10 * 1024 * 1024
+    }
+    pub fn log_keep() -> u32 {
+        3
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +110,115 @@ pub struct Config {
     pub host_resources: HostResourcesConfig,
     #[serde(default)]
     pub bundles: BundleSettings,
+    #[serde(default)]
+    pub supervision: Supervision,
+    #[serde(default)]
+    pub logs: LogSettings,
+    /// How long the watched folders must be quiet before they are rescanned.
+    #[serde(default = "defaults::debounce", with = "humantime_serde")]
+    pub watch_debounce: Duration,
+}
+
+/// When a bundle that stopped is started again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RestartPolicy {
+    /// After every exit, clean or not.
+    Always,
+    /// After a crash, a failed start or a failed liveness check; not after exit code 0.
+    OnFailure,
+    /// Never: the bundle stays failed (or stopped) until `bundlevisor restart`.
+    Never,
+}
+
+impl RestartPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RestartPolicy::Always => "always",
+            RestartPolicy::OnFailure => "on-failure",
+            RestartPolicy::Never => "never",
+        }
+    }
+}
+
+/// Restart policy, backoff, crash-loop breaker and liveness checks.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Supervision {
+    #[serde(default = "defaults::restart")]
+    pub restart: RestartPolicy,
+    /// Delay before the first restart; doubles per consecutive failure.
+    #[serde(default = "defaults::backoff_initial", with = "humantime_serde")]
+    pub backoff_initial: Duration,
+    /// Longest delay between restarts.
+    #[serde(default = "defaults::backoff_max", with = "humantime_serde")]
+    pub backoff_max: Duration,
+    /// A start counts as successful (and the backoff resets) after this long ready.
+    #[serde(default = "defaults::stable_after", with = "humantime_serde")]
+    pub stable_after: Duration,
+    /// Breaker: this many restarts within `restart_window` → `failed`.
+    #[serde(default = "defaults::max_restarts")]
+    pub max_restarts: u32,
+    #[serde(default = "defaults::restart_window", with = "humantime_serde")]
+    pub restart_window: Duration,
+    /// MCP `ping` every this long while ready (`0s` turns liveness checks off).
+    #[serde(default = "defaults::ping_interval", with = "humantime_serde")]
+    pub ping_interval: Duration,
+    #[serde(default = "defaults::ping_timeout", with = "humantime_serde")]
+    pub ping_timeout: Duration,
+    /// Consecutive failed pings before the bundle is killed and restarted.
+    #[serde(default = "defaults::ping_failures")]
+    pub ping_failures: u32,
+    /// Per-bundle exceptions to `restart`.
+    #[serde(default, rename = "override")]
+    pub overrides: Vec<SupervisionOverride>,
+}
+
+impl Default for Supervision {
+    fn default() -> Self {
+        toml::from_str("").expect("supervision defaults parse")
+    }
+}
+
+impl Supervision {
+    /// The restart policy of one bundle.
+    pub fn restart_for(&self, workspace: &str, bundle: &str) -> RestartPolicy {
+        self.overrides
+            .iter()
+            .find(|o| o.workspace == workspace && o.bundle == bundle)
+            .map(|o| o.restart)
+            .unwrap_or(self.restart)
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SupervisionOverride {
+    #[serde(default = "defaults::workspace")]
+    pub workspace: String,
+    pub bundle: String,
+    pub restart: RestartPolicy,
+}
+
+/// Rotation of the per-bundle stderr logs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    /// A bundle's log is rotated when it grows past this size.
+    #[serde(default = "defaults::log_max_bytes")]
+    pub max_bytes: u64,
+    /// Rotated files kept (`NAME.log.1` … `NAME.log.N`).
+    #[serde(default = "defaults::log_keep")]
+    pub keep: u32,
+}
+
+impl Default for LogSettings {
+    fn default() -> Self {
+        LogSettings {
+            max_bytes: defaults::log_max_bytes(),
+            keep: defaults::log_keep(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -183,6 +328,21 @@ impl Config {
         }
         if hr.burst == 0 {
             problems.push("host_resources.burst must be at least 1".to_string());
+        }
+        let sup = &self.supervision;
+        if sup.backoff_initial.is_zero() || sup.backoff_initial > sup.backoff_max {
+            problems.push(
+                "supervision.backoff_initial must be above 0 and at most backoff_max".to_string(),
+            );
+        }
+        if sup.max_restarts == 0 {
+            problems.push("supervision.max_restarts must be at least 1".to_string());
+        }
+        if sup.ping_failures == 0 {
+            problems.push("supervision.ping_failures must be at least 1".to_string());
+        }
+        if self.logs.max_bytes < 1024 {
+            problems.push("logs.max_bytes must be at least 1024".to_string());
         }
         if self.bundles.max_concurrent_starts == 0 {
             problems.push("bundles.max_concurrent_starts must be at least 1".to_string());

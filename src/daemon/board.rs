@@ -9,16 +9,10 @@ use std::time::Instant;
 
 use tokio::sync::broadcast;
 
-use crate::protocol::{BundleState, BundleStatus};
+use crate::protocol::{BundleStatus, LifecycleEvent};
 
-/// A bundle's lifecycle transition.
-#[derive(Debug, Clone)]
-pub struct Event {
-    pub workspace: String,
-    pub name: String,
-    pub state: BundleState,
-    pub message: String,
-}
+/// Lifecycle events are published as they happen.
+pub type Event = LifecycleEvent;
 
 struct Entry {
     status: BundleStatus,
@@ -47,31 +41,26 @@ impl Default for StatusBoard {
 }
 
 impl StatusBoard {
-    /// Records a bundle's status and publishes the transition.
-    pub fn publish(
-        &self,
-        status: BundleStatus,
-        ready_since: Option<Instant>,
-        message: impl Into<String>,
-    ) {
-        let event = Event {
-            workspace: status.workspace.clone(),
-            name: status.name.clone(),
-            state: status.state,
-            message: message.into(),
-        };
+    /// Records a bundle's status and publishes the event that led to it.
+    pub fn publish(&self, status: BundleStatus, ready_since: Option<Instant>, event: Event) {
         {
             let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
             inner.workspaces.insert(status.workspace.clone());
+            let key = (status.workspace.clone(), status.name.clone());
             inner.bundles.insert(
-                (status.workspace.clone(), status.name.clone()),
+                key,
                 Entry {
                     status,
                     ready_since,
                 },
             );
         }
-        // No subscriber is fine.
+        self.emit(event);
+    }
+
+    /// Publishes an event that changes no status (installed, uninstalled,
+    /// manifest_rejected). No subscriber is fine.
+    pub fn emit(&self, event: Event) {
         let _ = self.events.send(event);
     }
 

@@ -1,33 +1,44 @@
 //! BundleActor: owns one installed bundle's process and MCP session.
 //!
-//! Lifecycle (docs/ARCHITECTURE.md): `starting → ready`; `ready → failed`
-//! when the process exits; `starting → failed` when a start fails;
-//! `any → restarting → starting` on a manual restart; `→ stopped` on
-//! uninstall or shutdown. Each start runs in a task that ends in a
-//! `Started` message; a generation number discards results and exits that
-//! belong to an earlier start.
+//! Lifecycle (docs/ARCHITECTURE.md): `starting → ready`; a stop (exit,
+//! failed start, failed liveness check) asks the [`RestartTracker`]:
+//! `restarting` (after a backoff, `starting` again), `failed` (policy says
+//! no, breaker tripped, or a configuration error no restart can fix) or
+//! `stopped` (clean exit under `on-failure`/`never`). An operator restart or
+//! a manifest upgrade goes `restarting → starting` at once and clears the
+//! breaker. Each start runs in a task that ends in a `Started` message; a
+//! generation number discards starts, exits and liveness reports of an
+//! earlier start.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef, RpcReplyPort};
-use rmcp::model::{CallToolRequestParams, Tool};
+use rmcp::model::{CallToolRequestParams, ClientRequest, PingRequest, Tool};
 use rmcp::service::Peer;
 use rmcp::RoleClient;
 use serde_json::{Map, Value};
+use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
 
+use super::policy::{Decision, RestartTracker, Stop};
 use super::Shared;
-use crate::bundle::process::{ExitInfo, Lifeline};
+use crate::bundle::process::{ExitInfo, Lifeline, StderrTail};
 use crate::bundle::{connect, ConnectOptions, Connection, HostContext};
+use crate::config::Supervision;
 use crate::host_resources::{HostRequest, PROVIDED_CAPABILITIES};
-use crate::protocol::{BundleState, BundleStatus};
+use crate::manifest::LoadedManifest;
+use crate::protocol::{BundleState, BundleStatus, EventKind, ExitStatus, LifecycleEvent};
 
 /// Registry name of a bundle's actor.
 pub fn actor_name(workspace: &str, name: &str) -> String {
     format!("bundle/{workspace}/{name}")
 }
+
+/// Stderr lines attached to an `exited` event.
+const CRASH_STDERR_LINES: usize = 10;
 
 pub struct BundleActor;
 
@@ -53,20 +64,40 @@ pub enum CallError {
     Failed(String),
 }
 
+/// Why a start failed.
+pub struct StartFailure {
+    /// A configuration problem (manifest, gate, missing user_config) that a
+    /// restart cannot fix: no restart is attempted.
+    config: bool,
+    reason: String,
+}
+
 pub enum BundleMsg {
+    /// Start (again); `manifest` is an already validated upgrade.
     Start {
         generation: u64,
+        manifest: Option<Box<LoadedManifest>>,
     },
     Started {
         generation: u64,
-        result: Result<Box<Started>, String>,
+        result: Result<Box<Started>, StartFailure>,
     },
     Exited {
         generation: u64,
         exit: ExitInfo,
+        stderr: Vec<String>,
     },
-    /// Stop the current process (if any) and start again.
+    /// The liveness check gave up on the process.
+    Unresponsive {
+        generation: u64,
+        reason: String,
+    },
+    /// Operator restart: stop the current process (if any), start again.
     Restart(RpcReplyPort<()>),
+    /// The manifest changed and passed validation: restart with it.
+    Upgrade(Box<LoadedManifest>),
+    /// The manifest changed but was refused: keep running, say why.
+    ManifestRejected(String),
     Call {
         tool: String,
         arguments: Option<Map<String, Value>>,
@@ -88,6 +119,7 @@ struct Live {
     peer: Peer<RoleClient>,
     lifeline: Lifeline,
     ready_since: Instant,
+    _pinger: Option<AbortOnDropHandle<()>>,
 }
 
 pub struct BundleActorState {
@@ -98,10 +130,23 @@ pub struct BundleActorState {
     tools: Vec<Tool>,
     version: Option<String>,
     last_error: Option<String>,
+    tracker: RestartTracker,
+    /// Set when the daemon kills the process (liveness), to explain the exit.
+    kill_reason: Option<String>,
 }
 
 impl BundleActorState {
-    fn publish(&self, message: impl Into<String>) {
+    fn event(&self, kind: EventKind, message: impl Into<String>) -> LifecycleEvent {
+        LifecycleEvent::new(
+            &self.args.workspace,
+            &self.args.name,
+            kind,
+            self.state,
+            message,
+        )
+    }
+
+    fn publish(&self, event: LifecycleEvent) {
         let status = BundleStatus {
             workspace: self.args.workspace.clone(),
             name: self.args.name.clone(),
@@ -118,16 +163,117 @@ impl BundleActorState {
             .live
             .as_ref()
             .filter(|_| self.state == BundleState::Ready)
-            .map(|l| l.ready_since);
-        self.args.shared.board.publish(status, ready_since, message);
+            .map(|l| l.ready_since.into_std());
+        self.args.shared.board.publish(status, ready_since, event);
     }
 
-    fn fail(&mut self, reason: String) {
+    fn supervision(&self) -> &Supervision {
+        &self.args.shared.config.supervision
+    }
+
+    fn fail(&mut self, reason: String, before: Option<LifecycleEvent>) {
         tracing::warn!(workspace = %self.args.workspace, bundle = %self.args.name, "bundle failed: {reason}");
         self.state = BundleState::Failed;
         self.tools.clear();
         self.last_error = Some(reason.clone());
-        self.publish(reason);
+        self.emit_before(before);
+        self.publish(self.event(EventKind::Failed, reason));
+    }
+
+    /// Emits an event that precedes the decision's (e.g. `exited`), stamped
+    /// with the state the decision led to.
+    fn emit_before(&self, before: Option<LifecycleEvent>) {
+        if let Some(mut e) = before {
+            e.state = self.state;
+            self.args.shared.board.emit(e);
+        }
+    }
+
+    /// The bundle stopped running: restart, stay down or trip the breaker.
+    fn after_stop(
+        &mut self,
+        myself: &ActorRef<BundleMsg>,
+        stop: Stop,
+        ready_for: Option<Duration>,
+        before: Option<LifecycleEvent>,
+    ) {
+        let policy = self
+            .supervision()
+            .restart_for(&self.args.workspace, &self.args.name);
+        let sup = self.args.shared.config.supervision.clone();
+        match self.tracker.decide(
+            &sup,
+            policy,
+            &stop,
+            ready_for,
+            Instant::now(),
+            fastrand::f64(),
+        ) {
+            Decision::Restart { attempt, delay } => {
+                self.generation += 1;
+                self.args.restarts += 1;
+                self.state = BundleState::Restarting;
+                self.tools.clear();
+                if let Stop::Failure(reason) = &stop {
+                    self.last_error = Some(reason.clone());
+                }
+                self.emit_before(before);
+                let message = format!(
+                    "{}; restarting in {} (attempt {attempt})",
+                    stop.reason(),
+                    humantime::format_duration(Duration::from_millis(delay.as_millis() as u64))
+                );
+                tracing::info!(workspace = %self.args.workspace, bundle = %self.args.name, "{message}");
+                let mut event = self.event(EventKind::Restarting, message);
+                event.attempt = Some(attempt);
+                event.delay_ms = Some(delay.as_millis() as u64);
+                self.publish(event);
+                let generation = self.generation;
+                myself.send_after(delay, move || BundleMsg::Start {
+                    generation,
+                    manifest: None,
+                });
+            }
+            Decision::StayDown => match stop {
+                Stop::Clean(reason) => {
+                    self.state = BundleState::Stopped;
+                    self.tools.clear();
+                    self.emit_before(before);
+                    self.publish(self.event(EventKind::Stopped, reason));
+                }
+                Stop::Failure(reason) => self.fail(reason, before),
+            },
+            Decision::Tripped(reason) => self.fail(reason, before),
+        }
+    }
+
+    /// Stops the current process in a task and starts again at once.
+    fn restart_now(
+        &mut self,
+        myself: &ActorRef<BundleMsg>,
+        kind: EventKind,
+        message: &str,
+        manifest: Option<Box<LoadedManifest>>,
+    ) {
+        self.tracker.reset();
+        self.generation += 1;
+        self.args.restarts += 1;
+        self.state = BundleState::Restarting;
+        self.tools.clear();
+        let live = self.live.take();
+        self.publish(self.event(kind, message));
+        let grace = self.args.shared.config.bundles.stop_grace;
+        let generation = self.generation;
+        let myself = myself.clone();
+        tokio::spawn(async move {
+            if let Some(live) = live {
+                live.lifeline.stop(grace).await;
+            }
+            let _ = myself.send_message(BundleMsg::Start {
+                generation,
+                manifest,
+            });
+        });
     }
 }
 
@@ -142,7 +288,10 @@ impl Actor for BundleActor {
         myself: ActorRef<BundleMsg>,
         args: BundleArgs,
     ) -> Result<BundleActorState, ActorProcessingErr> {
-        myself.send_message(BundleMsg::Start { generation: 0 })?;
+        myself.send_message(BundleMsg::Start {
+            generation: 0,
+            manifest: None,
+        })?;
         Ok(BundleActorState {
             args,
             state: BundleState::Starting,
@@ -151,6 +300,8 @@ impl Actor for BundleActor {
             tools: Vec::new(),
             version: None,
             last_error: None,
+            tracker: RestartTracker::default(),
+            kill_reason: None,
         })
     }
 
@@ -161,10 +312,13 @@ impl Actor for BundleActor {
         st: &mut BundleActorState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            BundleMsg::Start { generation } if generation == st.generation => {
+            BundleMsg::Start {
+                generation,
+                manifest,
+            } if generation == st.generation => {
                 st.state = BundleState::Starting;
                 st.tools.clear();
-                st.publish("starting");
+                st.publish(st.event(EventKind::Starting, "starting"));
                 let shared = st.args.shared.clone();
                 let (workspace, name, source) = (
                     st.args.workspace.clone(),
@@ -173,9 +327,16 @@ impl Actor for BundleActor {
                 );
                 let host = HostContext::new(&workspace, &name, st.args.host_port.clone());
                 tokio::spawn(async move {
-                    let result = start(&shared, &workspace, &name, source, host)
-                        .await
-                        .map(Box::new);
+                    let result = start(
+                        &shared,
+                        &workspace,
+                        &name,
+                        source,
+                        manifest.map(|m| *m),
+                        host,
+                    )
+                    .await
+                    .map(Box::new);
                     if let Err(ractor::MessagingErr::SendErr(BundleMsg::Started {
                         result: Ok(started),
                         ..
@@ -205,45 +366,106 @@ impl Actor for BundleActor {
                         version,
                     }) => {
                         let observer = connection.lifeline.observer();
+                        let pinger = spawn_pinger(
+                            connection.peer.clone(),
+                            st.supervision(),
+                            myself.clone(),
+                            generation,
+                        );
                         st.version = Some(version);
                         st.tools = connection.tools;
                         st.live = Some(Live {
                             peer: connection.peer,
                             lifeline: connection.lifeline,
                             ready_since: Instant::now(),
+                            _pinger: pinger,
                         });
                         st.state = BundleState::Ready;
                         st.last_error = None;
                         tracing::info!(workspace = %st.args.workspace, bundle = %st.args.name, pid = observer.pid(), tools = st.tools.len(), "bundle ready");
-                        st.publish("ready");
-                        tokio::spawn(async move {
-                            let exit = observer.wait().await;
-                            let _ = myself.send_message(BundleMsg::Exited { generation, exit });
-                        });
+                        st.publish(st.event(EventKind::Ready, "ready"));
+                        watch_exit(observer, connection.stderr, myself, generation);
                     }
-                    Err(reason) => st.fail(reason),
+                    Err(StartFailure {
+                        config: true,
+                        reason,
+                    }) => st.fail(reason, None),
+                    Err(StartFailure {
+                        config: false,
+                        reason,
+                    }) => st.after_stop(&myself, Stop::Failure(reason), None, None),
                 }
             }
-            BundleMsg::Exited { generation, exit } => {
-                if generation == st.generation && st.live.take().is_some() {
-                    st.fail(format!("process exited ({exit})"));
+            BundleMsg::Exited {
+                generation,
+                exit,
+                stderr,
+            } => {
+                if generation != st.generation {
+                    return Ok(());
+                }
+                let Some(live) = st.live.take() else {
+                    return Ok(());
+                };
+                let stop = match st.kill_reason.take() {
+                    Some(reason) => Stop::Failure(format!("{reason}; process {exit}")),
+                    None if exit.code == Some(0) => {
+                        Stop::Clean("process exited cleanly (exit code 0)".into())
+                    }
+                    None => Stop::Failure(format!("process exited ({exit})")),
+                };
+                let mut exited = st.event(
+                    EventKind::Exited,
+                    format!("process {} exited ({exit})", live.lifeline.pid()),
+                );
+                exited.exit = Some(ExitStatus {
+                    code: exit.code,
+                    signal: exit.signal,
+                });
+                exited.stderr = stderr;
+                st.after_stop(
+                    &myself,
+                    stop,
+                    Some(live.ready_since.elapsed()),
+                    Some(exited),
+                );
+            }
+            BundleMsg::Unresponsive { generation, reason } => {
+                if let Some(live) = st.live.as_ref().filter(|_| generation == st.generation) {
+                    tracing::warn!(workspace = %st.args.workspace, bundle = %st.args.name, "{reason}; killing the bundle");
+                    st.kill_reason = Some(reason);
+                    let (lifeline, grace) = (
+                        live.lifeline.clone(),
+                        st.args.shared.config.bundles.stop_grace,
+                    );
+                    tokio::spawn(async move { lifeline.stop(grace).await });
                 }
             }
             BundleMsg::Restart(reply) => {
-                st.generation += 1;
-                st.args.restarts += 1;
-                st.state = BundleState::Restarting;
-                let live = st.live.take();
-                st.publish("restarting");
-                let grace = st.args.shared.config.bundles.stop_grace;
-                let generation = st.generation;
-                tokio::spawn(async move {
-                    if let Some(live) = live {
-                        live.lifeline.stop(grace).await;
-                    }
-                    let _ = myself.send_message(BundleMsg::Start { generation });
-                });
+                st.restart_now(
+                    &myself,
+                    EventKind::Restarting,
+                    "restarting on request",
+                    None,
+                );
                 let _ = reply.send(());
+            }
+            BundleMsg::Upgrade(manifest) => {
+                let message = format!(
+                    "manifest changed (version {}): restarting with it",
+                    manifest.manifest.version
+                );
+                st.restart_now(&myself, EventKind::Upgrading, &message, Some(manifest));
+            }
+            BundleMsg::ManifestRejected(reason) => {
+                let running = matches!(st.state, BundleState::Ready | BundleState::Starting);
+                let message = if running {
+                    format!("manifest change rejected, the running version keeps running: {reason}")
+                } else {
+                    format!("manifest change rejected: {reason}")
+                };
+                st.last_error = Some(message.clone());
+                st.publish(st.event(EventKind::ManifestRejected, message));
             }
             BundleMsg::Call {
                 tool,
@@ -307,41 +529,112 @@ impl Actor for BundleActor {
             tracing::info!(workspace = %st.args.workspace, bundle = %st.args.name, "bundle stopped ({exit})");
         }
         st.state = BundleState::Stopped;
-        st.publish("stopped");
+        st.tools.clear();
+        st.publish(st.event(EventKind::Stopped, "stopped"));
         Ok(())
     }
 }
 
-/// Reads and gates the manifest again, resolves the launch plan and
-/// connects. Runs in a task, never in the actor's handler.
+/// Reports the process's exit (with its last stderr lines) to the actor.
+fn watch_exit(
+    observer: crate::bundle::process::ProcessObserver,
+    stderr: StderrTail,
+    myself: ActorRef<BundleMsg>,
+    generation: u64,
+) {
+    tokio::spawn(async move {
+        let exit = observer.wait().await;
+        stderr.drained(Duration::from_millis(200)).await;
+        let mut lines = stderr.lines();
+        let keep = lines.len().saturating_sub(CRASH_STDERR_LINES);
+        let stderr = lines.split_off(keep);
+        let _ = myself.send_message(BundleMsg::Exited {
+            generation,
+            exit,
+            stderr,
+        });
+    });
+}
+
+/// Pings the bundle every `ping_interval` while it is ready; after
+/// `ping_failures` failures in a row it reports the bundle unresponsive.
+fn spawn_pinger(
+    peer: Peer<RoleClient>,
+    sup: &Supervision,
+    myself: ActorRef<BundleMsg>,
+    generation: u64,
+) -> Option<AbortOnDropHandle<()>> {
+    if sup.ping_interval.is_zero() {
+        return None;
+    }
+    let (interval, timeout, threshold) = (sup.ping_interval, sup.ping_timeout, sup.ping_failures);
+    Some(AbortOnDropHandle::new(tokio::spawn(async move {
+        let mut ticks = tokio::time::interval_at(Instant::now() + interval, interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failures = 0;
+        loop {
+            ticks.tick().await;
+            let ping = ClientRequest::PingRequest(PingRequest {
+                method: Default::default(),
+                extensions: Default::default(),
+            });
+            let last = match tokio::time::timeout(timeout, peer.send_request(ping)).await {
+                Ok(Ok(_)) => {
+                    failures = 0;
+                    continue;
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no answer within {}", humantime::format_duration(timeout)),
+            };
+            failures += 1;
+            if failures >= threshold {
+                let reason = format!("liveness check failed: {failures} pings in a row ({last})");
+                let _ = myself.send_message(BundleMsg::Unresponsive { generation, reason });
+                return;
+            }
+        }
+    })))
+}
+
+/// Reads and gates the manifest again (unless an upgrade brought a validated
+/// one), resolves the launch plan and connects. Runs in a task, never in the
+/// actor's handler.
 async fn start(
     shared: &Shared,
     workspace: &str,
     name: &str,
     source: PathBuf,
+    manifest: Option<LoadedManifest>,
     host: HostContext,
-) -> Result<Started, String> {
-    let loaded = tokio::task::spawn_blocking(move || crate::manifest::load(&source))
-        .await
-        .map_err(|e| format!("manifest reader failed: {e}"))?
-        .map_err(|e| e.to_string())?;
+) -> Result<Started, StartFailure> {
+    let config = |reason: String| StartFailure {
+        config: true,
+        reason,
+    };
+    let loaded = match manifest {
+        Some(m) => m,
+        None => tokio::task::spawn_blocking(move || crate::manifest::load(&source))
+            .await
+            .map_err(|e| config(format!("manifest reader failed: {e}")))?
+            .map_err(|e| config(e.to_string()))?,
+    };
     let manifest = &loaded.manifest;
     if manifest.name != name {
-        return Err(format!(
+        return Err(config(format!(
             "manifest {} now names the bundle {:?}, but it was installed as {name:?}; uninstall and install it again",
             loaded.file.display(),
             manifest.name
-        ));
+        )));
     }
-    crate::manifest::gate(manifest, PROVIDED_CAPABILITIES).map_err(|e| e.to_string())?;
+    crate::manifest::gate(manifest, PROVIDED_CAPABILITIES).map_err(|e| config(e.to_string()))?;
     let plan = manifest
         .launch_plan(&loaded.dir, &BTreeMap::new())
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| config(e.to_string()))?;
     let _permit = shared
         .start_permits
         .acquire()
         .await
-        .map_err(|_| "daemon is shutting down".to_string())?;
+        .map_err(|_| config("daemon is shutting down".into()))?;
     let opts = ConnectOptions {
         log_path: shared.config.log_path(workspace, name),
         start_timeout: shared.config.bundles.start_timeout,
@@ -350,7 +643,10 @@ async fn start(
     };
     let connection = connect(&plan, host, &opts)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| StartFailure {
+            config: false,
+            reason: e.to_string(),
+        })?;
     Ok(Started {
         connection,
         version: manifest.version.clone(),

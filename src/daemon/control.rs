@@ -25,6 +25,7 @@ use super::supervisor::{DaemonMsg, InstallError};
 use super::Shared;
 use crate::lines::{Line, LineReader};
 use crate::manifest::ManifestError;
+use crate::protocol::EventKind;
 use crate::protocol::{
     method, BundleRef, BundleResult, BundleState, BundleStatus, BundleTools, CallParams,
     DaemonInfo, ErrorKind, HelloParams, HelloResult, InstallParams, LogsParams, LogsResult,
@@ -317,8 +318,9 @@ fn unavailable(e: impl std::fmt::Display) -> RpcError {
     )
 }
 
-/// Waits for the bundle's next start to end in ready or failed, forwarding
-/// each transition as a progress notification.
+/// Waits for the bundle's next start to end in ready or not, forwarding
+/// each transition as a progress notification. A start that fails (even one
+/// that will be retried after a backoff) is reported as `start_failed`.
 async fn wait_outcome(
     mut events: broadcast::Receiver<Event>,
     ctx: &Ctx,
@@ -329,13 +331,24 @@ async fn wait_outcome(
     let settings = &ctx.shared.config.bundles;
     let limit = settings.start_timeout + settings.stop_grace + Duration::from_secs(5);
     let deadline = tokio::time::Instant::now() + limit;
+    let failed = |message: &str| {
+        RpcError::new(
+            ErrorKind::StartFailed,
+            format!("bundle {name:?} failed to start: {message}"),
+        )
+        .with("workspace", workspace)
+        .with("name", name)
+    };
     let mut started = false;
     loop {
         let event = match tokio::time::timeout_at(deadline, events.recv()).await {
             Err(_) => {
                 return Err(RpcError::new(
                     ErrorKind::Timeout,
-                    format!("bundle {name:?} did not become ready within {}; see `bundlevisor status` and `bundlevisor logs {name}`", humantime::format_duration(limit)),
+                    format!(
+                        "bundle {name:?} did not become ready within {}; see `bundlevisor status` and `bundlevisor logs {name}`",
+                        humantime::format_duration(limit)
+                    ),
                 ))
             }
             Ok(Err(broadcast::error::RecvError::Closed)) => return Err(unavailable("event stream closed")),
@@ -343,8 +356,9 @@ async fn wait_outcome(
                 // Missed events: the board has the latest state.
                 started = true;
                 match ctx.shared.board.get(workspace, name) {
-                    Some(s) => Event { workspace: s.workspace, name: s.name, state: s.state, message: s.last_error.unwrap_or_default() },
-                    None => continue,
+                    Some(s) if s.state == BundleState::Ready => return Ok(s),
+                    Some(s) if s.state == BundleState::Failed => return Err(failed(s.last_error.as_deref().unwrap_or("unknown"))),
+                    _ => continue,
                 }
             }
             Ok(Ok(event)) => event,
@@ -353,22 +367,17 @@ async fn wait_outcome(
             continue;
         }
         out.progress(&event).await;
-        match event.state {
-            BundleState::Starting => started = true,
-            BundleState::Ready if started => {
+        match event.kind {
+            EventKind::Starting => started = true,
+            EventKind::Ready if started => {
                 return ctx
                     .shared
                     .board
                     .get(workspace, name)
                     .ok_or_else(|| not_found(workspace, name));
             }
-            BundleState::Failed | BundleState::Stopped if started => {
-                return Err(RpcError::new(
-                    ErrorKind::StartFailed,
-                    format!("bundle {name:?} failed to start: {}", event.message),
-                )
-                .with("workspace", workspace)
-                .with("name", name));
+            EventKind::Failed | EventKind::Stopped | EventKind::Restarting if started => {
+                return Err(failed(&event.message))
             }
             _ => {}
         }
@@ -401,11 +410,23 @@ async fn install(p: InstallParams, ctx: &Ctx, out: &Outbox) -> Result<Value, Rpc
         }
     };
     if p.no_wait {
+        // The bundle's actor may not have published its first status yet.
         let bundle = ctx
             .shared
             .board
             .get(&record.workspace, &record.name)
-            .ok_or_else(|| not_found(&record.workspace, &record.name))?;
+            .unwrap_or_else(|| BundleStatus {
+                workspace: record.workspace.clone(),
+                name: record.name.clone(),
+                version: None,
+                state: BundleState::Starting,
+                pid: None,
+                uptime_secs: None,
+                restarts: 0,
+                tools: 0,
+                last_error: None,
+                source: record.source.display().to_string(),
+            });
         return to_value(BundleResult { bundle });
     }
     let bundle = wait_outcome(events, ctx, &record.workspace, &record.name, out).await?;

@@ -8,6 +8,7 @@
 pub mod board;
 pub mod bundle;
 pub mod control;
+pub mod policy;
 pub mod supervisor;
 pub mod workspace;
 

@@ -206,3 +206,79 @@ pub struct Progress {
     pub state: BundleState,
     pub message: String,
 }
+
+/// What happened to a bundle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    Installed,
+    Starting,
+    Ready,
+    /// The process exited (`exit` says how; `stderr` has its last lines).
+    Exited,
+    /// A restart is scheduled (`attempt`, `delay_ms`).
+    Restarting,
+    Failed,
+    Stopped,
+    Uninstalled,
+    /// A changed manifest was refused; the running version keeps running.
+    ManifestRejected,
+    /// A changed manifest was accepted; the bundle restarts with it.
+    Upgrading,
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitStatus {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+/// One lifecycle event, as streamed by `events.subscribe` (and printed by
+/// `bundlevisor events --json`, one per line).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LifecycleEvent {
+    /// Unix time in milliseconds.
+    pub time_ms: u64,
+    pub workspace: String,
+    pub name: String,
+    pub kind: EventKind,
+    /// The bundle's state after the event.
+    pub state: BundleState,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit: Option<ExitStatus>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay_ms: Option<u64>,
+    /// Last stderr lines of a process that exited.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stderr: Vec<String>,
+}
+
+impl LifecycleEvent {
+    pub fn new(
+        workspace: &str,
+        name: &str,
+        kind: EventKind,
+        state: BundleState,
+        message: impl Into<String>,
+    ) -> Self {
+        LifecycleEvent {
+            time_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            workspace: workspace.to_string(),
+            name: name.to_string(),
+            kind,
+            state,
+            message: message.into(),
+            exit: None,
+            attempt: None,
+            delay_ms: None,
+            stderr: Vec::new(),
+        }
+    }
+}
