@@ -10,6 +10,7 @@ pub mod bundle;
 pub mod control;
 pub mod policy;
 pub mod supervisor;
+pub mod watcher;
 pub mod workspace;
 
 use std::fs::File;
@@ -155,6 +156,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     let (daemon, daemon_task) = Actor::spawn(Some("daemon".into()), DaemonActor, shared.clone())
         .await
         .map_err(|e| DaemonError::Actor(e.to_string()))?;
+    let dirs = shared.config.watch.iter().map(|w| w.dir.clone()).collect();
+    let watcher = tokio::spawn(watcher::run(
+        dirs,
+        daemon.clone(),
+        shared.config.watch_debounce,
+        shutdown.clone(),
+    ));
     let control = tokio::spawn(control::serve(
         listener,
         daemon.clone(),
@@ -175,6 +183,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     daemon.stop(Some("shutdown".into()));
     let _ = daemon_task.await;
     let _ = control.await;
+    let _ = watcher.await;
     let _ = std::fs::remove_file(&socket);
     tracing::info!("daemon stopped");
     Ok(())

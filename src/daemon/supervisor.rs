@@ -9,11 +9,13 @@ use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
+use super::bundle::{actor_name, BundleMsg};
 use super::workspace::{WorkspaceActor, WorkspaceArgs, WorkspaceMsg};
 use super::Shared;
 use crate::host_resources::PROVIDED_CAPABILITIES;
-use crate::manifest::{GateRefusal, ManifestError};
+use crate::manifest::{GateRefusal, LoadedManifest, ManifestError};
 use crate::names::check_name;
+use crate::protocol::{BundleState, EventKind, LifecycleEvent};
 use crate::store::{InstallRecord, Origin, StoreError};
 
 pub struct DaemonActor;
@@ -55,13 +57,55 @@ pub enum DaemonMsg {
         name: String,
         reply: RpcReplyPort<Result<(), InstallError>>,
     },
-    /// Reload the stored installs, then install what the watched folders add.
+    /// Reload the stored installs, then reconcile the watched folders.
     Boot,
+    /// Reconcile `config.watch[index]` with what its folder holds now.
+    Rescan { index: usize },
 }
 
 pub struct DaemonState {
     shared: Arc<Shared>,
     workspaces: HashMap<String, ActorRef<WorkspaceMsg>>,
+    /// Watched bundle path → hash of the manifest last seen there, so a
+    /// rescan touches only what changed.
+    seen: HashMap<PathBuf, u64>,
+}
+
+/// One bundle found in a watched folder.
+struct Found {
+    path: PathBuf,
+    hash: u64,
+    manifest: Result<LoadedManifest, String>,
+}
+
+/// Reads every bundle of a watched folder; None when the folder is missing.
+fn scan(dir: &Path) -> Option<(PathBuf, Vec<Found>)> {
+    let dir = dir.canonicalize().ok().filter(|d| d.is_dir())?;
+    let found = bundle_paths(&dir)
+        .into_iter()
+        .map(|path| {
+            let file = crate::manifest::manifest_file(&path);
+            let hash = {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                std::fs::read(&file).unwrap_or_default().hash(&mut h);
+                h.finish()
+            };
+            let manifest = crate::manifest::load(&path)
+                .map_err(|e| e.to_string())
+                .and_then(|m| {
+                    crate::manifest::gate(&m.manifest, PROVIDED_CAPABILITIES)
+                        .map_err(|e| e.to_string())?;
+                    Ok(m)
+                });
+            Found {
+                path,
+                hash,
+                manifest,
+            }
+        })
+        .collect();
+    Some((dir, found))
 }
 
 impl DaemonState {
@@ -164,6 +208,13 @@ impl DaemonState {
             });
         }
         tracing::info!(workspace = %record.workspace, bundle = %record.name, source = %record.source.display(), "bundle installed");
+        self.shared.board.emit(LifecycleEvent::new(
+            &record.workspace,
+            &record.name,
+            EventKind::Installed,
+            BundleState::Starting,
+            format!("installed from {}", record.source.display()),
+        ));
         if let Err(e) = self.supervise(myself, &record).await {
             // Keep the state database in line with what runs.
             let store = self.shared.store.clone();
@@ -195,25 +246,164 @@ impl DaemonState {
                 tracing::error!(workspace = %record.workspace, bundle = %record.name, "boot reload: {e}");
             }
         }
-        for watch in self.shared.config.watch.clone() {
-            for path in bundle_paths(&watch.dir) {
-                let installed = installs
-                    .iter()
-                    .any(|r| r.workspace == watch.workspace && r.source == path);
-                if installed {
-                    continue;
-                }
-                match self
-                    .install(myself, path.clone(), watch.workspace.clone(), Origin::Watch)
+        for index in 0..self.shared.config.watch.len() {
+            self.rescan(myself, index).await;
+        }
+    }
+
+    /// Removes an install from the store and announces it; returns the
+    /// workspace that still has to stop the bundle (the caller waits for it).
+    async fn remove(
+        &mut self,
+        workspace: &str,
+        name: &str,
+    ) -> Result<Option<ActorRef<WorkspaceMsg>>, InstallError> {
+        let store = self.shared.store.clone();
+        let (ws, n) = (workspace.to_string(), name.to_string());
+        match tokio::task::spawn_blocking(move || store.remove(&ws, &n)).await {
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => {
+                return Err(InstallError::NotInstalled {
+                    workspace: workspace.to_string(),
+                    name: name.to_string(),
+                })
+            }
+            Ok(Err(e)) => return Err(e.into()),
+            Err(e) => return Err(InstallError::Internal(e.to_string())),
+        }
+        tracing::info!(workspace = %workspace, bundle = %name, "bundle uninstalled");
+        self.shared.board.emit(LifecycleEvent::new(
+            workspace,
+            name,
+            EventKind::Uninstalled,
+            BundleState::Stopped,
+            "uninstalled",
+        ));
+        Ok(self.workspaces.get(workspace).cloned())
+    }
+
+    /// Uninstalls without waiting for the process to be gone.
+    async fn remove_in_background(&mut self, workspace: &str, name: &str) {
+        match self.remove(workspace, name).await {
+            Ok(Some(ws)) => {
+                let name = name.to_string();
+                tokio::spawn(async move {
+                    let _ = ws
+                        .call(
+                            |r| WorkspaceMsg::Remove { name, reply: r },
+                            Some(Duration::from_secs(60)),
+                        )
+                        .await;
+                });
+            }
+            Ok(None) => {}
+            Err(e) => tracing::error!(workspace, bundle = name, "uninstall: {e}"),
+        }
+    }
+
+    /// Reconciles one watched folder: new bundles are installed, changed
+    /// manifests upgrade their bundle (or are rejected while the running
+    /// version keeps running), removed ones are uninstalled.
+    async fn rescan(&mut self, myself: &ActorRef<DaemonMsg>, index: usize) {
+        let Some(watch) = self.shared.config.watch.get(index).cloned() else {
+            return;
+        };
+        let dir = watch.dir.clone();
+        let Ok(Some((dir, found))) = tokio::task::spawn_blocking(move || scan(&dir)).await else {
+            tracing::warn!(dir = %watch.dir.display(), "watched folder is missing; its bundles keep running");
+            return;
+        };
+        let store = self.shared.store.clone();
+        let installs = match tokio::task::spawn_blocking(move || store.installs()).await {
+            Ok(Ok(all)) => all,
+            other => {
+                tracing::error!(
+                    "watched folder {}: cannot read installs: {other:?}",
+                    dir.display()
+                );
+                return;
+            }
+        };
+        let here: Vec<InstallRecord> = installs
+            .into_iter()
+            .filter(|r| r.workspace == watch.workspace && r.source.parent() == Some(dir.as_path()))
+            .collect();
+        for f in found.iter() {
+            let previous = self.seen.insert(f.path.clone(), f.hash);
+            let changed = previous != Some(f.hash);
+            let record = here.iter().find(|r| r.source == f.path);
+            match (record, &f.manifest) {
+                (None, Ok(_)) if changed => match self
+                    .install(
+                        myself,
+                        f.path.clone(),
+                        watch.workspace.clone(),
+                        Origin::Watch,
+                    )
                     .await
                 {
                     Ok(_) | Err(InstallError::AlreadyInstalled { .. }) => {}
-                    Err(e) => {
-                        tracing::error!(workspace = %watch.workspace, path = %path.display(), "watched folder: bundle not installed: {e}")
+                    Err(e) => self.reject(&watch.workspace, &f.path, &e.to_string()),
+                },
+                (None, Err(reason)) if changed => self.reject(&watch.workspace, &f.path, reason),
+                // First sight of an installed bundle (boot): its start reads this very file.
+                (Some(_), _) if previous.is_none() => {}
+                (Some(record), Ok(loaded)) if changed => {
+                    if loaded.manifest.name != record.name {
+                        tracing::info!(workspace = %watch.workspace, "watched bundle renamed from {:?} to {:?}", record.name, loaded.manifest.name);
+                        self.remove_in_background(&record.workspace, &record.name)
+                            .await;
+                        if let Err(e) = self
+                            .install(
+                                myself,
+                                f.path.clone(),
+                                watch.workspace.clone(),
+                                Origin::Watch,
+                            )
+                            .await
+                        {
+                            self.reject(&watch.workspace, &f.path, &e.to_string());
+                        }
+                    } else if let Some(actor) =
+                        ActorRef::<BundleMsg>::where_is(actor_name(&record.workspace, &record.name))
+                    {
+                        let _ = actor.send_message(BundleMsg::Upgrade(Box::new(loaded.clone())));
                     }
                 }
+                (Some(record), Err(reason)) if changed => {
+                    if let Some(actor) =
+                        ActorRef::<BundleMsg>::where_is(actor_name(&record.workspace, &record.name))
+                    {
+                        let _ = actor.send_message(BundleMsg::ManifestRejected(reason.clone()));
+                    }
+                }
+                _ => {}
             }
         }
+        for record in here.iter().filter(|r| r.origin == Origin::Watch) {
+            if !found.iter().any(|f| f.path == record.source) {
+                self.seen.remove(&record.source);
+                self.remove_in_background(&record.workspace, &record.name)
+                    .await;
+            }
+        }
+    }
+
+    /// A watched manifest that is not (yet) installable: logged and announced
+    /// once per content.
+    fn reject(&self, workspace: &str, path: &Path, reason: &str) {
+        let name = path
+            .file_stem()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        tracing::warn!(workspace, path = %path.display(), "watched folder: bundle not installed: {reason}");
+        self.shared.board.emit(LifecycleEvent::new(
+            workspace,
+            &name,
+            EventKind::ManifestRejected,
+            BundleState::Failed,
+            reason,
+        ));
     }
 }
 
@@ -265,6 +455,7 @@ impl Actor for DaemonActor {
         Ok(DaemonState {
             shared,
             workspaces: HashMap::new(),
+            seen: HashMap::new(),
         })
     }
 
@@ -291,42 +482,27 @@ impl Actor for DaemonActor {
                 workspace,
                 name,
                 reply,
-            } => {
-                let store = st.shared.store.clone();
-                let (ws, n) = (workspace.clone(), name.clone());
-                let removed = tokio::task::spawn_blocking(move || store.remove(&ws, &n)).await;
-                let result = match removed {
-                    Ok(Ok(true)) => Ok(()),
-                    Ok(Ok(false)) => Err(InstallError::NotInstalled {
-                        workspace: workspace.clone(),
-                        name: name.clone(),
-                    }),
-                    Ok(Err(e)) => Err(e.into()),
-                    Err(e) => Err(InstallError::Internal(e.to_string())),
-                };
-                if result.is_err() {
-                    let _ = reply.send(result);
-                    return Ok(());
+            } => match st.remove(&workspace, &name).await {
+                Err(e) => {
+                    let _ = reply.send(Err(e));
                 }
-                tracing::info!(workspace = %workspace, bundle = %name, "bundle uninstalled");
-                match st.workspaces.get(&workspace).cloned() {
-                    // Wait for the process to be gone in a task: the daemon keeps serving meanwhile.
-                    Some(ws) => {
-                        tokio::spawn(async move {
-                            let _ = ws
-                                .call(
-                                    |r| WorkspaceMsg::Remove { name, reply: r },
-                                    Some(Duration::from_secs(60)),
-                                )
-                                .await;
-                            let _ = reply.send(Ok(()));
-                        });
-                    }
-                    None => {
+                // Wait for the process to be gone in a task: the daemon keeps serving meanwhile.
+                Ok(Some(ws)) => {
+                    tokio::spawn(async move {
+                        let _ = ws
+                            .call(
+                                |r| WorkspaceMsg::Remove { name, reply: r },
+                                Some(Duration::from_secs(60)),
+                            )
+                            .await;
                         let _ = reply.send(Ok(()));
-                    }
+                    });
                 }
-            }
+                Ok(None) => {
+                    let _ = reply.send(Ok(()));
+                }
+            },
+            DaemonMsg::Rescan { index } => st.rescan(&myself, index).await,
         }
         Ok(())
     }

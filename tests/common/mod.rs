@@ -39,14 +39,15 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// A daemon with the given extra config (TOML appended), started and answering.
+    /// A daemon with the given extra config (TOML placed before the
+    /// harness's own `[bundles]` table), started and answering.
     pub fn start_with(extra: &str) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().canonicalize().unwrap();
         let config = root.join("bundlevisor.toml");
         std::fs::write(
             &config,
-            format!("state_dir = \"state\"\nsocket = \"run/bv.sock\"\n\n[bundles]\nstop_grace = \"2s\"\nstart_timeout = \"20s\"\n{extra}"),
+            format!("state_dir = \"state\"\nsocket = \"run/bv.sock\"\n{extra}\n[bundles]\nstop_grace = \"2s\"\nstart_timeout = \"20s\"\n"),
         )
         .unwrap();
         std::fs::create_dir_all(root.join("bundles")).unwrap();

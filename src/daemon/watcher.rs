@@ -1,0 +1,136 @@
+//! ManifestWatcher: turns filesystem events in the watched folders into
+//! debounced "rescan folder N" requests to the DaemonActor, which computes
+//! the diff (install / upgrade / uninstall). Events are only hints: a
+//! rescan reads the whole folder, so a rename into place, a slow writer or a
+//! burst of editor temp files all end in the same reconcile.
+//!
+//! Each folder and each bundle subfolder is watched non-recursively (a
+//! bundle's own tree, say `node_modules`, costs no watches). A folder that is
+//! deleted keeps its bundles running (an unmounted volume must not uninstall
+//! everything); when it reappears it is watched again and rescanned.
+
+use std::collections::{BTreeSet, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use notify::{EventKind, RecursiveMode, Watcher};
+use ractor::ActorRef;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::supervisor::DaemonMsg;
+
+/// How often missing folders are checked for again.
+const REARM_EVERY: Duration = Duration::from_millis(500);
+
+/// Runs until `shutdown`; `dirs[i]` is `config.watch[i].dir`.
+pub async fn run(
+    dirs: Vec<PathBuf>,
+    daemon: ActorRef<DaemonMsg>,
+    debounce: Duration,
+    shutdown: CancellationToken,
+) {
+    if dirs.is_empty() {
+        return;
+    }
+    let (tx, mut rx) = mpsc::unbounded_channel::<usize>();
+    let roots = dirs.clone();
+    let handler = move |res: notify::Result<notify::Event>| {
+        let Ok(event) = res else { return };
+        // Reading a manifest produces Access events: reacting to them would loop.
+        if matches!(event.kind, EventKind::Access(_)) {
+            return;
+        }
+        for (i, root) in roots.iter().enumerate() {
+            if event.paths.iter().any(|p| p.starts_with(root)) || event.paths.is_empty() {
+                let _ = tx.send(i);
+            }
+        }
+    };
+    let mut watcher = match notify::recommended_watcher(handler) {
+        Ok(w) => w,
+        Err(e) => {
+            tracing::error!("cannot watch folders ({e}); bundles in watched folders are only installed at start");
+            return;
+        }
+    };
+    let mut watched: HashSet<PathBuf> = HashSet::new();
+    let mut present: Vec<bool> = dirs.iter().map(|d| d.is_dir()).collect();
+    for dir in &dirs {
+        arm(&mut watcher, &mut watched, dir);
+    }
+    let mut rearm = tokio::time::interval(REARM_EVERY);
+    loop {
+        let mut pending = BTreeSet::new();
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            Some(i) = rx.recv() => { pending.insert(i); }
+            _ = rearm.tick() => {
+                for (i, dir) in dirs.iter().enumerate() {
+                    let now = dir.is_dir();
+                    if now && !present[i] {
+                        tracing::info!(dir = %dir.display(), "watched folder is back; rescanning");
+                        pending.insert(i);
+                    } else if !now && present[i] {
+                        tracing::warn!(dir = %dir.display(), "watched folder disappeared; its bundles keep running until it is back");
+                    }
+                    present[i] = now;
+                }
+                if pending.is_empty() {
+                    continue;
+                }
+            }
+        }
+        // Debounce: wait until the folders have been quiet for `debounce`.
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                Some(i) = rx.recv() => { pending.insert(i); }
+                _ = tokio::time::sleep(debounce) => break,
+            }
+        }
+        for &i in &pending {
+            arm(&mut watcher, &mut watched, &dirs[i]);
+            if daemon.send_message(DaemonMsg::Rescan { index: i }).is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Watches `dir` and its immediate subfolders (non-recursively), dropping
+/// watches of subfolders that are gone.
+fn arm(watcher: &mut impl Watcher, watched: &mut HashSet<PathBuf>, dir: &Path) {
+    let mut want: HashSet<PathBuf> = HashSet::new();
+    if dir.is_dir() {
+        want.insert(dir.to_path_buf());
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            want.extend(
+                entries
+                    .filter_map(Result::ok)
+                    .map(|e| e.path())
+                    .filter(|p| p.is_dir()),
+            );
+        }
+    }
+    let stale: Vec<PathBuf> = watched
+        .iter()
+        .filter(|p| p.starts_with(dir) && !want.contains(*p))
+        .cloned()
+        .collect();
+    for path in stale {
+        let _ = watcher.unwatch(&path);
+        watched.remove(&path);
+    }
+    // Watching again is cheap and idempotent, and it re-arms a folder that
+    // was deleted and recreated under the same name (the kernel dropped the
+    // old watch with the old inode).
+    for path in want {
+        match watcher.watch(&path, RecursiveMode::NonRecursive) {
+            Ok(()) => {
+                watched.insert(path);
+            }
+            Err(e) => tracing::warn!(path = %path.display(), "cannot watch: {e}"),
+        }
+    }
+}

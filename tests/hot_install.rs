@@ -1,0 +1,257 @@
+//! The watched folder: drop a bundle in to install it, edit its manifest to
+//! upgrade it, break the manifest (the running version keeps serving),
+//! remove it to uninstall it; folder recreation and offline changes.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::{demo_bundle_at, wait_for, Daemon, DEMO_BIN, DEMO_MANIFEST};
+use serde_json::{json, Value};
+
+const WATCH: &str =
+    "watch_debounce = \"50ms\"\n[[watch]]\ndir = \"watched\"\nworkspace = \"default\"\n";
+
+fn watched(d: &Daemon) -> PathBuf {
+    d.root().join("watched")
+}
+
+fn started() -> Daemon {
+    let d = Daemon::start_with(WATCH);
+    std::fs::create_dir_all(watched(&d)).unwrap();
+    d
+}
+
+/// Builds a bundle outside the watched folder and renames it into place.
+fn drop_in(d: &Daemon, name: &str) -> PathBuf {
+    let staging = d.root().join("staging");
+    let built = demo_bundle_at(&staging, name);
+    let target = watched(d).join(name);
+    std::fs::rename(built, &target).unwrap();
+    target
+}
+
+fn pid(d: &Daemon, name: &str) -> Option<u64> {
+    d.bundle("default", name).and_then(|b| b["pid"].as_u64())
+}
+
+fn edit(folder: &Path, change: impl FnOnce(&mut Value)) {
+    let path = folder.join("manifest.json");
+    let mut m: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    change(&mut m);
+    std::fs::write(&path, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+}
+
+#[test]
+fn a_bundle_renamed_into_the_folder_is_installed_and_removing_it_uninstalls() {
+    let d = started();
+    std::fs::create_dir_all(watched(&d)).unwrap();
+    // Let the watcher arm the freshly created folder.
+    wait_for(
+        Duration::from_secs(5),
+        "the watcher to see the folder",
+        || d.log().contains("watched folder is back").then_some(()),
+    );
+    let landed = Instant::now();
+    let folder = drop_in(&d, "hot");
+    d.wait_state("default", "hot", "ready");
+    println!("manifest landed -> ready: {:?}", landed.elapsed());
+    assert_eq!(
+        d.ok(&["call", "hot", "echo", r#"{"text":"hot"}"#]).trim(),
+        "hot"
+    );
+
+    std::fs::remove_dir_all(&folder).unwrap();
+    wait_for(
+        Duration::from_secs(10),
+        "the bundle to be uninstalled",
+        || d.bundle("default", "hot").is_none().then_some(()),
+    );
+    wait_for(Duration::from_secs(10), "its process to be gone", || {
+        d.bundle_processes().is_empty().then_some(())
+    });
+}
+
+#[test]
+fn editing_a_manifest_upgrades_only_that_bundle() {
+    let d = started();
+    let a = drop_in(&d, "alpha");
+    drop_in(&d, "beta");
+    d.wait_state("default", "alpha", "ready");
+    d.wait_state("default", "beta", "ready");
+    let (old_alpha, beta) = (pid(&d, "alpha"), pid(&d, "beta"));
+
+    edit(&a, |m| {
+        m["version"] = json!("0.2.0");
+        m["user_config"]["greeting"]["default"] = json!("upgraded: ");
+    });
+    let b = wait_for(
+        Duration::from_secs(10),
+        "alpha to run version 0.2.0",
+        || {
+            d.bundle("default", "alpha")
+                .filter(|b| b["version"] == "0.2.0" && b["state"] == "ready")
+        },
+    );
+    assert_ne!(b["pid"].as_u64(), old_alpha);
+    assert_eq!(
+        d.ok(&["call", "alpha", "echo", r#"{"text":"x"}"#]).trim(),
+        "upgraded: x"
+    );
+    let beta_now = d.bundle("default", "beta").unwrap();
+    assert_eq!(
+        (beta_now["pid"].as_u64(), beta_now["restarts"].as_u64()),
+        (beta, Some(0)),
+        "beta was touched"
+    );
+}
+
+#[test]
+fn an_invalid_edit_keeps_the_running_version_serving() {
+    let d = started();
+    let a = drop_in(&d, "steady");
+    d.wait_state("default", "steady", "ready");
+    let before = pid(&d, "steady");
+
+    std::fs::write(
+        a.join("manifest.json"),
+        "{ \"name\": \"steady\", \"version\": ",
+    )
+    .unwrap();
+    let b = wait_for(
+        Duration::from_secs(10),
+        "the rejection to show in status",
+        || {
+            d.bundle("default", "steady").filter(|b| {
+                b["last_error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("rejected"))
+            })
+        },
+    );
+    assert_eq!(b["state"], "ready");
+    assert_eq!(b["pid"].as_u64(), before);
+    assert!(
+        b["last_error"].as_str().unwrap().contains("keeps running"),
+        "{b}"
+    );
+    assert_eq!(
+        d.ok(&["call", "steady", "echo", r#"{"text":"still"}"#])
+            .trim(),
+        "still"
+    );
+
+    // Fixing the manifest upgrades to it.
+    let mut m: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    m["name"] = json!("steady");
+    m["version"] = json!("1.0.0");
+    std::fs::write(a.join("manifest.json"), m.to_string()).unwrap();
+    let b = wait_for(Duration::from_secs(10), "the fixed version", || {
+        d.bundle("default", "steady")
+            .filter(|b| b["version"] == "1.0.0" && b["state"] == "ready")
+    });
+    assert!(b["last_error"].is_null());
+}
+
+#[test]
+fn a_slow_partial_write_is_rejected_then_installed_when_complete() {
+    let d = started();
+    let folder = watched(&d).join("slow");
+    std::fs::create_dir_all(folder.join("server")).unwrap();
+    std::os::unix::fs::symlink(DEMO_BIN, folder.join("server/bundlevisor-demo")).unwrap();
+    let mut m: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    m["name"] = json!("slow");
+    let text = m.to_string();
+    let (first, rest) = text.split_at(text.len() / 2);
+    let mut file = std::fs::File::create(folder.join("manifest.json")).unwrap();
+    use std::io::Write;
+    file.write_all(first.as_bytes()).unwrap();
+    file.flush().unwrap();
+    // The writer pauses longer than the debounce: the half file is seen and refused.
+    wait_for(
+        Duration::from_secs(10),
+        "the half-written manifest to be refused",
+        || d.log().contains("bundle not installed").then_some(()),
+    );
+    assert!(d.bundle("default", "slow").is_none());
+    file.write_all(rest.as_bytes()).unwrap();
+    drop(file);
+    d.wait_state("default", "slow", "ready");
+}
+
+#[test]
+fn a_manifest_file_in_the_folder_is_a_bundle() {
+    let d = started();
+    let mut m: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    m["name"] = json!("single");
+    m["server"]["mcp_config"]["command"] = json!(DEMO_BIN);
+    let file = watched(&d).join("single.json");
+    let tmp = d.root().join("single.json.tmp");
+    std::fs::write(&tmp, m.to_string()).unwrap();
+    std::fs::rename(&tmp, &file).unwrap();
+    d.wait_state("default", "single", "ready");
+    std::fs::remove_file(&file).unwrap();
+    wait_for(
+        Duration::from_secs(10),
+        "the file bundle to be uninstalled",
+        || d.bundle("default", "single").is_none().then_some(()),
+    );
+}
+
+#[test]
+fn the_folder_can_be_deleted_and_recreated() {
+    let d = started();
+    drop_in(&d, "first");
+    d.wait_state("default", "first", "ready");
+    std::fs::remove_dir_all(watched(&d)).unwrap();
+    wait_for(Duration::from_secs(5), "the watcher to notice", || {
+        d.log().contains("watched folder disappeared").then_some(())
+    });
+    // The folder vanishing does not uninstall what it held.
+    assert_eq!(d.bundle("default", "first").unwrap()["state"], "ready");
+
+    std::fs::create_dir_all(watched(&d)).unwrap();
+    drop_in(&d, "first");
+    drop_in(&d, "second");
+    d.wait_state("default", "second", "ready");
+    // And the recreated folder is watched again: an edit is seen.
+    edit(&watched(&d).join("second"), |m| {
+        m["version"] = json!("9.9.9")
+    });
+    wait_for(
+        Duration::from_secs(10),
+        "the edit in the recreated folder",
+        || {
+            d.bundle("default", "second")
+                .filter(|b| b["version"] == "9.9.9" && b["state"] == "ready")
+        },
+    );
+}
+
+#[test]
+fn changes_made_while_the_daemon_was_down_are_reconciled_at_start() {
+    let mut d = started();
+    drop_in(&d, "stays");
+    let leaving = drop_in(&d, "leaves");
+    d.wait_state("default", "stays", "ready");
+    d.wait_state("default", "leaves", "ready");
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+
+    std::fs::remove_dir_all(&leaving).unwrap();
+    drop_in(&d, "arrives");
+    edit(&watched(&d).join("stays"), |m| {
+        m["version"] = json!("2.0.0")
+    });
+
+    d.launch();
+    d.wait_state("default", "arrives", "ready");
+    let stays = d.wait_state("default", "stays", "ready");
+    assert_eq!(stays["version"], "2.0.0");
+    wait_for(
+        Duration::from_secs(10),
+        "the removed bundle to be uninstalled",
+        || d.bundle("default", "leaves").is_none().then_some(()),
+    );
+    assert_eq!(d.bundle_processes().len(), 2);
+}
