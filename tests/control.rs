@@ -131,7 +131,7 @@ fn install_reports_progress_notifications_before_the_result() {
             break;
         }
         assert_eq!(m["method"], "progress");
-        states.push(m["params"]["state"].as_str().unwrap().to_string());
+        states.push(m["params"]["kind"].as_str().unwrap().to_string());
     }
-    assert_eq!(states, vec!["starting", "ready"]);
+    assert_eq!(states, vec!["installed", "starting", "ready"]);
 }

@@ -55,6 +55,7 @@ impl Outbox {
         let params = Progress {
             workspace: event.workspace.clone(),
             name: event.name.clone(),
+            kind: event.kind,
             state: event.state,
             message: event.message.clone(),
         };

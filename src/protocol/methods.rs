@@ -203,6 +203,8 @@ pub struct LogsResult {
 pub struct Progress {
     pub workspace: String,
     pub name: String,
+    /// The lifecycle event behind this step (installed, starting, ready, ...).
+    pub kind: EventKind,
     pub state: BundleState,
     pub message: String,
 }
