@@ -38,6 +38,9 @@ fn sigterm_leaves_no_process_behind() {
         d.bundle_processes()
     );
     assert!(!d.socket.exists(), "socket not removed");
+    wait_for(Duration::from_secs(5), "the reaper helper to exit", || {
+        helpers_of(&d).is_empty().then_some(())
+    });
     // The stubborn bundle held shutdown for about the 2 s grace period, not longer.
     assert!(
         took >= Duration::from_secs(2) && took < Duration::from_secs(10),
@@ -74,5 +77,41 @@ fn a_crashed_bundles_grandchild_is_killed_with_its_group() {
     d.wait_state("default", "forks", "failed");
     wait_for(Duration::from_secs(10), "the group to be gone", || {
         d.bundle_processes().is_empty().then_some(())
+    });
+}
+
+/// Processes whose command line mentions this test's temp dir (the reaper
+/// helper names the state dir it serves).
+fn helpers_of(d: &Daemon) -> Vec<u32> {
+    let root = d.root().display().to_string();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            String::from_utf8_lossy(&cmd).contains(&root) && !common::is_zombie(*pid)
+        })
+        .collect()
+}
+
+#[test]
+fn sigkill_of_the_daemon_takes_bundles_and_their_grandchildren_down() {
+    let mut d = Daemon::start();
+    let forks = wrapped_demo(&d, "forks", "sleep 1000 </dev/null >/dev/null 2>&1 &");
+    let plain = d.demo_bundle("plain");
+    d.ok(&["install", forks.to_str().unwrap()]);
+    d.ok(&["install", plain.to_str().unwrap()]);
+    wait_for(Duration::from_secs(10), "three processes", || {
+        (d.bundle_processes().len() == 3).then_some(())
+    });
+    d.signal(Signal::SIGKILL);
+    wait_for(
+        Duration::from_secs(10),
+        "every bundle process, grandchild included, to die",
+        || d.bundle_processes().is_empty().then_some(()),
+    );
+    wait_for(Duration::from_secs(10), "the reaper to exit", || {
+        helpers_of(&d).is_empty().then_some(())
     });
 }

@@ -5,6 +5,7 @@
 //! built.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{Implementation, Tool};
@@ -14,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::client::{BundleClient, HostContext};
 use super::process::{self, ExitInfo, Lifeline, SpawnError, StderrTail};
+use super::reaper::Reaper;
 use crate::config::HostResourcesConfig;
 use crate::manifest::LaunchPlan;
 
@@ -26,6 +28,8 @@ pub struct ConnectOptions {
     /// Grace period when a failed start is cleaned up or the transport dies.
     pub stop_grace: Duration,
     pub host_resources: HostResourcesConfig,
+    /// Kills the bundle's group should the daemon die without stopping it.
+    pub reaper: Option<Arc<Reaper>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -85,7 +89,7 @@ pub async fn connect(
         &requester.workspace,
         &requester.bundle,
     );
-    let lifeline = Lifeline::watch(spawned.child, spawned.pid);
+    let lifeline = Lifeline::watch(spawned.child, spawned.pid, opts.reaper.clone());
     let client = BundleClient::new(
         host,
         crate::host_resources::capability(&opts.host_resources),

@@ -10,6 +10,7 @@
 pub mod client;
 pub mod connect;
 pub mod process;
+pub mod reaper;
 
 pub use client::HostContext;
 pub use connect::{connect, ConnectError, ConnectOptions, Connection};

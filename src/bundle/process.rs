@@ -16,6 +16,7 @@ use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::sync::{mpsc, watch};
 
+use super::reaper::Reaper;
 use crate::lines::{Line, LineReader};
 use crate::manifest::LaunchPlan;
 
@@ -203,8 +204,12 @@ pub struct Lifeline {
 }
 
 impl Lifeline {
-    /// Takes ownership of `child` and watches it in a task.
-    pub fn watch(mut child: Child, pid: u32) -> Lifeline {
+    /// Takes ownership of `child` and watches it in a task. The group is
+    /// registered with `reaper` while it may be alive.
+    pub fn watch(mut child: Child, pid: u32, reaper: Option<Arc<Reaper>>) -> Lifeline {
+        if let Some(r) = &reaper {
+            r.track(pid);
+        }
         let (stop_tx, mut stop_rx) = mpsc::unbounded_channel::<Duration>();
         let (exit_tx, exit_rx) = watch::channel(None);
         let exited = Arc::new(AtomicBool::new(false));
@@ -216,6 +221,9 @@ impl Lifeline {
             };
             // Grandchildren may outlive a leader that exited on its own.
             signal_group(pid, Signal::SIGKILL);
+            if let Some(r) = &reaper {
+                r.forget(pid);
+            }
             flag.store(true, Ordering::SeqCst);
             let info = match status {
                 Ok(s) => ExitInfo::from(s),
@@ -404,7 +412,7 @@ mod tests {
     #[tokio::test]
     async fn exit_is_seen_and_reports_the_code() {
         let s = spawn(&plan("exit 7")).unwrap();
-        let life = Lifeline::watch(s.child, s.pid);
+        let life = Lifeline::watch(s.child, s.pid, None);
         assert_eq!(
             life.wait().await,
             ExitInfo {
@@ -424,7 +432,7 @@ mod tests {
             p = pidfile.display()
         );
         let s = spawn(&plan(&script)).unwrap();
-        let life = Lifeline::watch(s.child, s.pid);
+        let life = Lifeline::watch(s.child, s.pid, None);
         let grandchild = poll_file(&pidfile).await;
         assert!(alive(grandchild));
         let exit = life.stop(Duration::from_millis(200)).await;
@@ -439,7 +447,7 @@ mod tests {
     async fn dropping_the_lifeline_kills_the_group() {
         let s = spawn(&plan("while :; do sleep 1; done")).unwrap();
         let pid = s.pid;
-        let life = Lifeline::watch(s.child, s.pid);
+        let life = Lifeline::watch(s.child, s.pid, None);
         let observer = life.observer();
         drop(life);
         assert_eq!(observer.wait().await.signal, Some(Signal::SIGKILL as i32));

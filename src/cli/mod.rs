@@ -55,6 +55,12 @@ enum Command {
     Call(call::Args),
     /// Show the last lines a bundle wrote to stderr.
     Logs(logs::Args),
+    /// Internal: the helper that kills bundle groups when the daemon dies.
+    #[command(name = "__reap", hide = true)]
+    Reap {
+        /// The state dir of the daemon it serves (informational).
+        state_dir: Option<PathBuf>,
+    },
 }
 
 impl Cli {
@@ -68,8 +74,10 @@ impl Cli {
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    if let Command::Daemon(args) = &cli.command {
-        return daemon::run(args);
+    match &cli.command {
+        Command::Daemon(args) => return daemon::run(args),
+        Command::Reap { .. } => return crate::bundle::reaper::run(),
+        _ => {}
     }
     let runtime = match runtime(tokio::runtime::Builder::new_current_thread()) {
         Ok(rt) => rt,
@@ -79,7 +87,7 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(async {
         let mut client = Client::connect(&socket).await?;
         match &cli.command {
-            Command::Daemon(_) => unreachable!("handled above"),
+            Command::Daemon(_) | Command::Reap { .. } => unreachable!("handled above"),
             Command::Status(a) => status::run(&mut client, a).await,
             Command::Install(a) => install::run(&mut client, a).await,
             Command::Uninstall(a) => uninstall::run(&mut client, a).await,

@@ -640,6 +640,7 @@ async fn start(
         start_timeout: shared.config.bundles.start_timeout,
         stop_grace: shared.config.bundles.stop_grace,
         host_resources: shared.config.host_resources.clone(),
+        reaper: shared.reaper.clone(),
     };
     let connection = connect(&plan, host, &opts)
         .await

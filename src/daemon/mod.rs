@@ -41,6 +41,8 @@ pub struct Shared {
     pub started_at: Instant,
     /// Cancelled once the boot reload has been done.
     pub booted: CancellationToken,
+    /// Kills bundle groups left behind if the daemon is killed.
+    pub reaper: Option<Arc<crate::bundle::reaper::Reaper>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -145,7 +147,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     let listener = bind_socket(&config.socket)?;
     let socket = config.socket.clone();
 
+    let reaper = match crate::bundle::reaper::Reaper::spawn(&config.state_dir) {
+        Ok(r) => Some(Arc::new(r)),
+        Err(e) => {
+            tracing::warn!("cannot start the reaper helper ({e}); a bundle's grandchildren may outlive a killed daemon");
+            None
+        }
+    };
     let shared = Arc::new(Shared {
+        reaper,
         start_permits: Semaphore::new(config.bundles.max_concurrent_starts),
         config: Arc::new(config),
         store,

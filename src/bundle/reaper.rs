@@ -1,0 +1,116 @@
+//! The reaper: a small helper process (the daemon binary re-executed as
+//! `bundlevisor __reap`) in a session of its own. The daemon tells it, over
+//! a pipe, which process groups are alive (`+PGID` / `-PGID` lines). When the
+//! pipe reaches EOF — the daemon exited, even by SIGKILL — it SIGKILLs every
+//! group still registered and exits.
+//!
+//! Why: `PR_SET_PDEATHSIG` takes down a bundle's leader with the daemon, but
+//! not the grandchildren the bundle started (`npx` → `node`); without the
+//! reaper they would be orphaned when the daemon is killed.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, Write};
+use std::path::Path;
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Mutex;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+/// The hidden subcommand that runs the reaper.
+pub const SUBCOMMAND: &str = "__reap";
+
+pub struct Reaper {
+    pipe: Mutex<Option<ChildStdin>>,
+    child: Mutex<Child>,
+}
+
+impl Reaper {
+    /// Starts the helper. `state_dir` only names the daemon it serves (in
+    /// its command line, for operators and tests).
+    pub fn spawn(state_dir: &Path) -> std::io::Result<Reaper> {
+        use std::os::unix::process::CommandExt;
+        let exe = std::env::current_exe()?;
+        let mut cmd = Command::new(exe);
+        cmd.arg(SUBCOMMAND)
+            .arg(state_dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        // SAFETY: setsid is async-signal-safe. Its own session keeps it out
+        // of the terminal's Ctrl-C and out of every bundle's group.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::unistd::setsid()
+                    .map(|_| ())
+                    .map_err(std::io::Error::from)
+            });
+        }
+        let mut child = cmd.spawn()?;
+        let pipe = child.stdin.take();
+        Ok(Reaper {
+            pipe: Mutex::new(pipe),
+            child: Mutex::new(child),
+        })
+    }
+
+    fn send(&self, line: String) {
+        let mut pipe = self.pipe.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = pipe.as_mut() {
+            if p.write_all(line.as_bytes()).is_err() {
+                tracing::warn!(
+                    "the reaper helper is gone; bundles' grandchildren may outlive a killed daemon"
+                );
+                *pipe = None;
+            }
+        }
+    }
+
+    /// A new bundle process group.
+    pub fn track(&self, pgid: u32) {
+        self.send(format!("+{pgid}\n"));
+    }
+
+    /// A group that is gone.
+    pub fn forget(&self, pgid: u32) {
+        self.send(format!("-{pgid}\n"));
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        // EOF: the helper kills what is still registered (nothing, after an
+        // orderly shutdown) and exits; reap it.
+        self.pipe.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let _ = self.child.lock().unwrap_or_else(|p| p.into_inner()).wait();
+    }
+}
+
+/// Body of `bundlevisor __reap`: reads the registrations from stdin until
+/// EOF, then kills the groups left.
+pub fn run() -> std::process::ExitCode {
+    let mut groups = BTreeSet::new();
+    for line in std::io::stdin().lock().lines() {
+        let Ok(line) = line else { break };
+        let (op, pgid) = line.split_at(line.len().min(1));
+        let Ok(pgid) = pgid.parse::<i32>() else {
+            continue;
+        };
+        if pgid <= 1 {
+            continue;
+        }
+        match op {
+            "+" => {
+                groups.insert(pgid);
+            }
+            "-" => {
+                groups.remove(&pgid);
+            }
+            _ => {}
+        }
+    }
+    for pgid in groups {
+        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    }
+    std::process::ExitCode::SUCCESS
+}
