@@ -4,7 +4,6 @@
 //! [`HostContext`]: a connection without host-resources handlers cannot be
 //! built.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +13,7 @@ use rmcp::{ClientCacheConfig, RoleClient};
 use tokio_util::sync::CancellationToken;
 
 use super::client::{BundleClient, HostContext};
+use super::logfile::LogTarget;
 use super::process::{self, ExitInfo, Lifeline, SpawnError, StderrTail};
 use super::reaper::Reaper;
 use crate::config::HostResourcesConfig;
@@ -21,8 +21,8 @@ use crate::manifest::LaunchPlan;
 
 /// What [`connect`] needs besides the launch plan.
 pub struct ConnectOptions {
-    /// Where the bundle's stderr is appended.
-    pub log_path: PathBuf,
+    /// Where the bundle's stderr goes.
+    pub log: LogTarget,
     /// Spawn + `initialize` + `tools/list` must finish within this.
     pub start_timeout: Duration,
     /// Grace period when a failed start is cleaned up or the transport dies.
@@ -85,7 +85,7 @@ pub async fn connect(
     let spawned = process::spawn(plan)?;
     let stderr = process::capture_stderr(
         spawned.stderr,
-        &opts.log_path,
+        opts.log.clone(),
         &requester.workspace,
         &requester.bundle,
     );

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,13 +12,15 @@ use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::io::BufReader;
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::sync::{mpsc, watch};
 
+use super::logfile::{LogTarget, RotatingLog};
 use super::reaper::Reaper;
 use crate::lines::{Line, LineReader};
 use crate::manifest::LaunchPlan;
+use crate::protocol::LogLine;
 
 /// Variables of the daemon's own environment that a bundle may see. Anything
 /// else reaches a bundle only through its manifest's `env`.
@@ -327,11 +329,11 @@ impl StderrTail {
     }
 }
 
-/// Reads the bundle's stderr line by line into `log_path` (appending) and
-/// `tracing`, until EOF. Returns the tail buffer it fills.
+/// Reads the bundle's stderr line by line into its (rotating) log file,
+/// `tracing` and the followers' bus, until EOF. Returns the tail buffer it fills.
 pub fn capture_stderr(
     stderr: ChildStderr,
-    log_path: &Path,
+    target: LogTarget,
     workspace: &str,
     bundle: &str,
 ) -> StderrTail {
@@ -341,13 +343,12 @@ pub fn capture_stderr(
         eof,
     };
     let out = tail.clone();
-    let log_path = log_path.to_path_buf();
     let (workspace, bundle) = (workspace.to_string(), bundle.to_string());
     tokio::spawn(async move {
-        let mut file = match open_log(&log_path).await {
+        let mut file = match RotatingLog::open(&target.path, target.max_bytes, target.keep).await {
             Ok(f) => Some(f),
             Err(e) => {
-                tracing::warn!(path = %log_path.display(), error = %e, "cannot open bundle log; stderr goes to tracing only");
+                tracing::warn!(path = %target.path.display(), error = %e, "cannot open bundle log; stderr goes to tracing only");
                 None
             }
         };
@@ -355,20 +356,24 @@ pub fn capture_stderr(
         loop {
             let line = match lines.next_line().await {
                 Ok(Line::Text(line)) => line,
-                Ok(Line::TooLong) => {
-                    format!(
-                        "[bundlevisor: stderr line longer than {MAX_STDERR_LINE} bytes dropped]"
-                    )
-                }
+                Ok(Line::TooLong) => format!(
+                    "[bundlevisor: stderr line longer than {MAX_STDERR_LINE} bytes dropped]"
+                ),
                 Ok(Line::Eof) | Err(_) => break,
             };
             tracing::info!(target: "bundle_stderr", workspace = %workspace, bundle = %bundle, "{line}");
             if let Some(f) = file.as_mut() {
-                let mut buf = line.clone().into_bytes();
-                buf.push(b'\n');
-                if f.write_all(&buf).await.is_err() {
+                if let Err(e) = f.append(&line).await {
+                    tracing::warn!(path = %target.path.display(), error = %e, "bundle log write failed; stderr goes to tracing only");
                     file = None;
                 }
+            }
+            if let Some(bus) = &target.bus {
+                let _ = bus.send(LogLine {
+                    workspace: workspace.clone(),
+                    name: bundle.clone(),
+                    line: line.clone(),
+                });
             }
             out.push(line);
         }
@@ -378,17 +383,6 @@ pub fn capture_stderr(
         let _ = eof_tx.send(true);
     });
     tail
-}
-
-async fn open_log(path: &Path) -> std::io::Result<tokio::fs::File> {
-    if let Some(parent) = path.parent() {
-        tokio::fs::create_dir_all(parent).await?;
-    }
-    tokio::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .await
 }
 
 #[cfg(test)]
@@ -481,7 +475,7 @@ mod tests {
         }
     }
 
-    async fn poll_file(path: &Path) -> u32 {
+    async fn poll_file(path: &std::path::Path) -> u32 {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         loop {
             if let Ok(text) = std::fs::read_to_string(path) {

@@ -55,6 +55,26 @@ impl Client {
         Ok(client)
     }
 
+    /// The next notification (responses are skipped); None when the daemon
+    /// closed the connection.
+    pub async fn next_notification(&mut self) -> Result<Option<Notification>, ClientError> {
+        loop {
+            let Some(line) = self
+                .lines
+                .next_line()
+                .await
+                .map_err(|e| ClientError::Protocol(format!("read: {e}")))?
+            else {
+                return Ok(None);
+            };
+            if let Incoming::Notification(n) = Incoming::parse(&line)
+                .map_err(|e| ClientError::Protocol(format!("bad message from daemon: {e}")))?
+            {
+                return Ok(Some(n));
+            }
+        }
+    }
+
     /// Sends one request; `on_note` sees every notification that arrives
     /// before the response.
     pub async fn request<P: Serialize, R: DeserializeOwned>(

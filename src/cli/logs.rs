@@ -1,9 +1,9 @@
-//! `bundlevisor logs NAME [-w WS] [-n N]`: the bundle's captured stderr.
+//! `bundlevisor logs NAME [-w WS] [-n N] [-f]`: the bundle's captured stderr.
 
 use std::process::ExitCode;
 
 use super::{Client, ClientError};
-use crate::protocol::{method, LogsParams, LogsResult, DEFAULT_WORKSPACE};
+use crate::protocol::{method, LogLine, LogsParams, LogsResult, DEFAULT_WORKSPACE};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -13,6 +13,9 @@ pub struct Args {
     /// Number of lines.
     #[arg(short = 'n', long, default_value_t = 50)]
     lines: usize,
+    /// Keep printing new lines as the bundle writes them (until Ctrl-C).
+    #[arg(short, long)]
+    follow: bool,
 }
 
 pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError> {
@@ -20,10 +23,34 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         workspace: args.workspace.clone(),
         name: args.name.clone(),
         lines: args.lines,
+        follow: args.follow,
     };
-    let r: LogsResult = client.request(method::LOGS, params, |_| {}).await?;
+    let mut early = Vec::new();
+    let r: LogsResult = client
+        .request(method::LOGS, params, |n| {
+            if n.method == method::LOG {
+                early.push(n.params.clone());
+            }
+        })
+        .await?;
     for line in r.lines {
         println!("{line}");
     }
-    Ok(ExitCode::SUCCESS)
+    if !args.follow {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let print = |params: serde_json::Value| {
+        if let Ok(l) = serde_json::from_value::<LogLine>(params) {
+            println!("{}", l.line);
+        }
+    };
+    early.into_iter().for_each(print);
+    while let Some(n) = client.next_notification().await? {
+        if n.method == method::LOG {
+            print(n.params);
+        }
+    }
+    Err(ClientError::Protocol(
+        "the daemon closed the connection".into(),
+    ))
 }

@@ -5,6 +5,7 @@
 mod call;
 mod client;
 mod daemon;
+mod events;
 mod install;
 mod logs;
 mod restart;
@@ -53,8 +54,10 @@ enum Command {
     Tools(tools::Args),
     /// Call a tool of a bundle.
     Call(call::Args),
-    /// Show the last lines a bundle wrote to stderr.
+    /// Show the last lines a bundle wrote to stderr (-f to follow).
     Logs(logs::Args),
+    /// Stream lifecycle events (installed, ready, exited, restarting, ...).
+    Events(events::Args),
     /// Internal: the helper that kills bundle groups when the daemon dies.
     #[command(name = "__reap", hide = true)]
     Reap {
@@ -95,6 +98,7 @@ pub fn main() -> ExitCode {
             Command::Tools(a) => tools::run(&mut client, a).await,
             Command::Call(a) => call::run(&mut client, a).await,
             Command::Logs(a) => logs::run(&mut client, a).await,
+            Command::Events(a) => events::run(&mut client, a).await,
         }
     });
     match result {

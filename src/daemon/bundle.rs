@@ -636,7 +636,12 @@ async fn start(
         .await
         .map_err(|_| config("daemon is shutting down".into()))?;
     let opts = ConnectOptions {
-        log_path: shared.config.log_path(workspace, name),
+        log: crate::bundle::logfile::LogTarget {
+            path: shared.config.log_path(workspace, name),
+            max_bytes: shared.config.logs.max_bytes,
+            keep: shared.config.logs.keep,
+            bus: Some(shared.log_lines.clone()),
+        },
         start_timeout: shared.config.bundles.start_timeout,
         stop_grace: shared.config.bundles.stop_grace,
         host_resources: shared.config.host_resources.clone(),

@@ -40,15 +40,52 @@ struct Ctx {
     shared: Arc<Shared>,
 }
 
-/// Sends lines to the connection's writer task.
+/// Sends lines to the connection's writer task; `closed` is cancelled when
+/// the client has gone, which ends its subscriptions.
 #[derive(Clone)]
-struct Outbox(mpsc::Sender<String>);
+struct Outbox {
+    tx: mpsc::Sender<String>,
+    closed: CancellationToken,
+}
 
 impl Outbox {
-    async fn send(&self, message: &impl Serialize) {
-        if let Ok(line) = serde_json::to_string(message) {
-            let _ = self.0.send(line).await;
+    /// Returns false once the connection is gone.
+    async fn send(&self, message: &impl Serialize) -> bool {
+        match serde_json::to_string(message) {
+            Ok(line) => self.tx.send(line).await.is_ok(),
+            Err(_) => true,
         }
+    }
+
+    /// Forwards `rx` as notifications (those `keep` selects) until the
+    /// client leaves or the stream ends.
+    fn stream<T: Clone + Serialize + Send + 'static>(
+        &self,
+        method: &'static str,
+        mut rx: broadcast::Receiver<T>,
+        keep: impl Fn(&T) -> bool + Send + 'static,
+    ) {
+        let out = self.clone();
+        tokio::spawn(async move {
+            loop {
+                let item = tokio::select! {
+                    _ = out.closed.cancelled() => return,
+                    item = rx.recv() => item,
+                };
+                match item {
+                    Ok(item) if keep(&item) => {
+                        if !out.send(&Notification::new(method, item)).await {
+                            return;
+                        }
+                    }
+                    Ok(_) => {}
+                    Err(broadcast::error::RecvError::Lagged(n)) => tracing::warn!(
+                        "a {method} subscriber fell behind; {n} notifications dropped"
+                    ),
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
     }
 
     async fn progress(&self, event: &Event) {
@@ -131,7 +168,10 @@ async fn connection(stream: UnixStream, ctx: Ctx) {
             }
         }
     });
-    let out = Outbox(tx);
+    let out = Outbox {
+        tx,
+        closed: CancellationToken::new(),
+    };
     let mut lines = LineReader::new(BufReader::new(read), MAX_REQUEST_BYTES);
     let mut greeted = false;
     loop {
@@ -185,6 +225,7 @@ async fn connection(stream: UnixStream, ctx: Ctx) {
             out.send(&respond(id, result)).await;
         });
     }
+    out.closed.cancel();
     drop(out);
     let _ = writer.await;
 }
@@ -235,7 +276,11 @@ async fn dispatch(request: Request, ctx: &Ctx, out: &Outbox) -> Result<Value, Rp
         method::RESTART => restart(params(p)?, ctx, out).await,
         method::TOOLS => tools(params(p)?, ctx).await,
         method::CALL => call(params(p)?, ctx).await,
-        method::LOGS => logs(params(p)?, ctx).await,
+        method::LOGS => logs(params(p)?, ctx, out).await,
+        method::EVENTS => {
+            out.stream(method::EVENT, ctx.shared.board.subscribe(), |_| true);
+            Ok(json!({ "subscribed": true }))
+        }
         #[cfg(feature = "fault-injection")]
         method::DEBUG_PANIC => {
             let r: BundleRef = params(p)?;
@@ -565,10 +610,19 @@ async fn call(p: CallParams, ctx: &Ctx) -> Result<Value, RpcError> {
     }
 }
 
-async fn logs(p: LogsParams, ctx: &Ctx) -> Result<Value, RpcError> {
+async fn logs(p: LogsParams, ctx: &Ctx, out: &Outbox) -> Result<Value, RpcError> {
     let path = ctx.shared.config.log_path(&p.workspace, &p.name);
     if !path.exists() && ctx.shared.board.get(&p.workspace, &p.name).is_none() {
         return Err(not_found(&p.workspace, &p.name));
+    }
+    if p.follow {
+        // Subscribed before the tail is read: a line may show twice, none is lost.
+        let (ws, name) = (p.workspace.clone(), p.name.clone());
+        out.stream(
+            method::LOG,
+            ctx.shared.log_lines.subscribe(),
+            move |l: &crate::protocol::LogLine| l.workspace == ws && l.name == name,
+        );
     }
     let (file, n) = (path.clone(), p.lines);
     let lines = tokio::task::spawn_blocking(move || tail_lines(&file, n))

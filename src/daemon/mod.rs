@@ -41,6 +41,8 @@ pub struct Shared {
     pub started_at: Instant,
     /// Cancelled once the boot reload has been done.
     pub booted: CancellationToken,
+    /// Every bundle's stderr lines, for `logs -f`.
+    pub log_lines: tokio::sync::broadcast::Sender<crate::protocol::LogLine>,
     /// Kills bundle groups left behind if the daemon is killed.
     pub reaper: Option<Arc<crate::bundle::reaper::Reaper>>,
 }
@@ -156,6 +158,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     };
     let shared = Arc::new(Shared {
         reaper,
+        log_lines: tokio::sync::broadcast::channel(4096).0,
         start_permits: Semaphore::new(config.bundles.max_concurrent_starts),
         config: Arc::new(config),
         store,

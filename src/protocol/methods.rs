@@ -18,8 +18,15 @@ pub mod method {
     pub const LOGS: &str = "bundle.logs";
     /// Only served by daemons built with the `fault-injection` feature.
     pub const DEBUG_PANIC: &str = "debug.panic_bundle_actor";
+    /// Subscribe to lifecycle events: answered at once, then `event`
+    /// notifications until the connection closes.
+    pub const EVENTS: &str = "events.subscribe";
     /// Notification sent while an install or restart is in progress.
     pub const PROGRESS: &str = "progress";
+    /// Notification carrying a [`super::LifecycleEvent`].
+    pub const EVENT: &str = "event";
+    /// Notification carrying a [`super::LogLine`] (`bundle.logs` with `follow`).
+    pub const LOG: &str = "log";
 }
 
 pub const DEFAULT_WORKSPACE: &str = "default";
@@ -186,6 +193,9 @@ pub struct LogsParams {
     pub name: String,
     #[serde(default = "default_log_lines")]
     pub lines: usize,
+    /// Keep the request open and stream new lines as `log` notifications.
+    #[serde(default)]
+    pub follow: bool,
 }
 
 fn default_log_lines() -> usize {
@@ -283,4 +293,12 @@ impl LifecycleEvent {
             stderr: Vec::new(),
         }
     }
+}
+
+/// A line a bundle wrote to stderr (`log` notifications of `logs -f`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LogLine {
+    pub workspace: String,
+    pub name: String,
+    pub line: String,
 }
