@@ -10,6 +10,7 @@ pub mod bundle;
 pub mod control;
 pub mod policy;
 pub mod supervisor;
+pub mod systemd;
 pub mod watcher;
 pub mod workspace;
 
@@ -18,7 +19,7 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use nix::fcntl::{Flock, FlockArg};
 use ractor::Actor;
@@ -136,6 +137,55 @@ fn bind_socket(path: &Path) -> Result<UnixListener, DaemonError> {
     Ok(listener)
 }
 
+/// Waits until the boot reload was done and every bundle it started has
+/// settled (ready, failed or stopped; a bundle already retrying counts as
+/// settled), at most `start_timeout`.
+async fn boot_settled(shared: &Shared) {
+    shared.booted.cancelled().await;
+    let expected = {
+        let store = shared.store.clone();
+        tokio::task::spawn_blocking(move || store.installs().map(|i| i.len()).unwrap_or(0))
+            .await
+            .unwrap_or(0)
+    };
+    let deadline = tokio::time::Instant::now() + shared.config.bundles.start_timeout;
+    let mut events = shared.board.subscribe();
+    loop {
+        let (_, bundles) = shared.board.snapshot();
+        let settled = bundles.len() >= expected
+            && bundles.iter().all(|b| match b.state {
+                crate::protocol::BundleState::Starting => false,
+                crate::protocol::BundleState::Restarting => b.restarts > 0,
+                _ => true,
+            });
+        if settled {
+            return;
+        }
+        // Re-check at every transition.
+        if tokio::time::timeout_at(deadline, events.recv())
+            .await
+            .is_err()
+        {
+            tracing::warn!("boot reload: some bundles are still starting after the start timeout");
+            return;
+        }
+    }
+}
+
+/// Sends `WATCHDOG=1` every `every`, as long as the actor tree answers.
+async fn watchdog(every: Duration, daemon: ractor::ActorRef<supervisor::DaemonMsg>) {
+    let mut ticks = tokio::time::interval(every);
+    loop {
+        ticks.tick().await;
+        match daemon.call(supervisor::DaemonMsg::Ping, Some(every)).await {
+            Ok(ractor::rpc::CallResult::Success(())) => systemd::notify_or_warn("WATCHDOG=1"),
+            _ => tracing::error!(
+                "the daemon actor did not answer the watchdog check; not notifying systemd"
+            ),
+        }
+    }
+}
+
 /// Runs the daemon until `shutdown` is cancelled, then stops every bundle
 /// (SIGTERM, grace, SIGKILL), removes the socket and returns.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), DaemonError> {
@@ -186,11 +236,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
 
     tokio::select! {
         _ = shutdown.cancelled() => {}
-        _ = shared.booted.cancelled() => {
-            tracing::info!(elapsed_ms = shared.started_at.elapsed().as_millis() as u64, "boot reload done");
+        _ = boot_settled(&shared) => {
+            let (_, bundles) = shared.board.snapshot();
+            let ready = bundles.iter().filter(|b| b.state == crate::protocol::BundleState::Ready).count();
+            let message = format!("boot reload done: {ready} of {} bundles ready", bundles.len());
+            tracing::info!(elapsed_ms = shared.started_at.elapsed().as_millis() as u64, "{message}");
+            systemd::notify_or_warn(&format!("READY=1\nSTATUS={message}"));
+            let watchdog = systemd::watchdog_interval().map(|every| tokio::spawn(watchdog(every, daemon.clone())));
             shutdown.cancelled().await;
+            if let Some(w) = watchdog {
+                w.abort();
+            }
         }
     }
+    systemd::notify_or_warn("STOPPING=1");
     tracing::info!("shutting down: stopping every bundle");
     shared.start_permits.close();
     daemon.stop(Some("shutdown".into()));

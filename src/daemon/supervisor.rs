@@ -61,6 +61,8 @@ pub enum DaemonMsg {
     Boot,
     /// Reconcile `config.watch[index]` with what its folder holds now.
     Rescan { index: usize },
+    /// Liveness of the actor tree (the systemd watchdog asks).
+    Ping(RpcReplyPort<()>),
 }
 
 pub struct DaemonState {
@@ -503,6 +505,9 @@ impl Actor for DaemonActor {
                 }
             },
             DaemonMsg::Rescan { index } => st.rescan(&myself, index).await,
+            DaemonMsg::Ping(reply) => {
+                let _ = reply.send(());
+            }
         }
         Ok(())
     }

@@ -35,6 +35,8 @@ pub struct Daemon {
     pub config: PathBuf,
     pub socket: PathBuf,
     pub state: PathBuf,
+    /// Extra environment of the daemon process.
+    pub env: Vec<(String, String)>,
     child: Option<Child>,
 }
 
@@ -56,6 +58,7 @@ impl Daemon {
             state: root.join("state"),
             config,
             dir,
+            env: Vec::new(),
             child: None,
         };
         d.launch();
@@ -82,6 +85,7 @@ impl Daemon {
             .args(["daemon", "--config"])
             .arg(&self.config)
             .env("RUST_LOG", "info,rmcp=warn")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)
