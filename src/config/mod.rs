@@ -409,6 +409,11 @@ mod tests {
         assert_eq!(config.host_resources.burst, 1000);
         assert_eq!(config.host_resources.max_read_bytes, 10 * 1024 * 1024);
         assert_eq!(config.bundles.stop_grace, Duration::from_secs(5));
+        // The example documents the defaults: parsing it equals the defaults.
+        let defaults = Config::from_toml("", Path::new("/")).unwrap();
+        assert_eq!(format!("{:?}", config.supervision), format!("{:?}", defaults.supervision));
+        assert_eq!(config.logs.max_bytes, defaults.logs.max_bytes);
+        assert_eq!(config.watch_debounce, defaults.watch_debounce);
     }
 
     #[test]
@@ -420,6 +425,17 @@ mod tests {
         );
         assert_eq!(config.bundles.call_timeout, defaults::call_timeout());
         assert!(config.watch.is_empty());
+    }
+
+    #[test]
+    fn per_bundle_restart_overrides_apply_only_to_their_bundle() {
+        let text = "[supervision]\nrestart = \"never\"\n[[supervision.override]]\nbundle = \"a\"\nrestart = \"always\"\n";
+        let config = Config::from_toml(text, Path::new("/")).unwrap();
+        assert_eq!(config.supervision.restart_for("default", "a"), RestartPolicy::Always);
+        assert_eq!(config.supervision.restart_for("other", "a"), RestartPolicy::Never);
+        assert_eq!(config.supervision.restart_for("default", "b"), RestartPolicy::Never);
+        let err = Config::from_toml("[supervision]\nrestart = \"sometimes\"\n", Path::new("/")).unwrap_err();
+        assert!(err.to_string().contains("sometimes"), "{err}");
     }
 
     #[test]
