@@ -411,7 +411,10 @@ mod tests {
         assert_eq!(config.bundles.stop_grace, Duration::from_secs(5));
         // The example documents the defaults: parsing it equals the defaults.
         let defaults = Config::from_toml("", Path::new("/")).unwrap();
-        assert_eq!(format!("{:?}", config.supervision), format!("{:?}", defaults.supervision));
+        assert_eq!(
+            format!("{:?}", config.supervision),
+            format!("{:?}", defaults.supervision)
+        );
         assert_eq!(config.logs.max_bytes, defaults.logs.max_bytes);
         assert_eq!(config.watch_debounce, defaults.watch_debounce);
     }
@@ -431,10 +434,20 @@ mod tests {
     fn per_bundle_restart_overrides_apply_only_to_their_bundle() {
         let text = "[supervision]\nrestart = \"never\"\n[[supervision.override]]\nbundle = \"a\"\nrestart = \"always\"\n";
         let config = Config::from_toml(text, Path::new("/")).unwrap();
-        assert_eq!(config.supervision.restart_for("default", "a"), RestartPolicy::Always);
-        assert_eq!(config.supervision.restart_for("other", "a"), RestartPolicy::Never);
-        assert_eq!(config.supervision.restart_for("default", "b"), RestartPolicy::Never);
-        let err = Config::from_toml("[supervision]\nrestart = \"sometimes\"\n", Path::new("/")).unwrap_err();
+        assert_eq!(
+            config.supervision.restart_for("default", "a"),
+            RestartPolicy::Always
+        );
+        assert_eq!(
+            config.supervision.restart_for("other", "a"),
+            RestartPolicy::Never
+        );
+        assert_eq!(
+            config.supervision.restart_for("default", "b"),
+            RestartPolicy::Never
+        );
+        let err = Config::from_toml("[supervision]\nrestart = \"sometimes\"\n", Path::new("/"))
+            .unwrap_err();
         assert!(err.to_string().contains("sometimes"), "{err}");
     }
 

@@ -339,6 +339,7 @@ fn install_error(e: InstallError) -> RpcError {
             RpcError::new(ErrorKind::AlreadyInstalled, message)
         }
         InstallError::NotInstalled { .. } => RpcError::new(ErrorKind::BundleNotFound, message),
+        InstallError::Watched { .. } => RpcError::new(ErrorKind::WatchedBundle, message),
         InstallError::Store(_) | InstallError::Internal(_) => {
             RpcError::new(ErrorKind::Internal, message)
         }

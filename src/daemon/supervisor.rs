@@ -39,6 +39,8 @@ pub enum InstallError {
     },
     #[error("bundle {name:?} is not installed in workspace {workspace:?}")]
     NotInstalled { workspace: String, name: String },
+    #[error("bundle {name:?} comes from a watched folder; remove {source_path} from the folder to uninstall it")]
+    Watched { name: String, source_path: String },
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("{0}")]
@@ -284,19 +286,33 @@ impl DaemonState {
         Ok(self.workspaces.get(workspace).cloned())
     }
 
+    /// An operator's uninstall: refused for bundles that a watched folder
+    /// provides (the folder is their source of truth; the next rescan would
+    /// bring them back).
+    async fn remove_by_operator(
+        &mut self,
+        workspace: &str,
+        name: &str,
+    ) -> Result<Option<ActorRef<WorkspaceMsg>>, InstallError> {
+        let store = self.shared.store.clone();
+        let (ws, n) = (workspace.to_string(), name.to_string());
+        let record = tokio::task::spawn_blocking(move || store.get(&ws, &n))
+            .await
+            .map_err(|e| InstallError::Internal(e.to_string()))??;
+        if let Some(record) = record.filter(|r| r.origin == Origin::Watch) {
+            return Err(InstallError::Watched {
+                name: record.name,
+                source_path: record.source.display().to_string(),
+            });
+        }
+        self.remove(workspace, name).await
+    }
+
     /// Uninstalls without waiting for the process to be gone.
     async fn remove_in_background(&mut self, workspace: &str, name: &str) {
         match self.remove(workspace, name).await {
             Ok(Some(ws)) => {
-                let name = name.to_string();
-                tokio::spawn(async move {
-                    let _ = ws
-                        .call(
-                            |r| WorkspaceMsg::Remove { name, reply: r },
-                            Some(Duration::from_secs(60)),
-                        )
-                        .await;
-                });
+                tokio::spawn(stop_bundle(ws, name.to_string()));
             }
             Ok(None) => {}
             Err(e) => tracing::error!(workspace, bundle = name, "uninstall: {e}"),
@@ -409,6 +425,16 @@ impl DaemonState {
     }
 }
 
+/// Asks a workspace to stop a bundle and waits until its process is gone.
+async fn stop_bundle(ws: ActorRef<WorkspaceMsg>, name: String) {
+    let _ = ws
+        .call(
+            |r| WorkspaceMsg::Remove { name, reply: r },
+            Some(Duration::from_secs(60)),
+        )
+        .await;
+}
+
 /// Bundles in a watched folder: `DIR/NAME/manifest.json` and `DIR/NAME.json`.
 pub fn bundle_paths(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -484,19 +510,14 @@ impl Actor for DaemonActor {
                 workspace,
                 name,
                 reply,
-            } => match st.remove(&workspace, &name).await {
+            } => match st.remove_by_operator(&workspace, &name).await {
                 Err(e) => {
                     let _ = reply.send(Err(e));
                 }
                 // Wait for the process to be gone in a task: the daemon keeps serving meanwhile.
                 Ok(Some(ws)) => {
                     tokio::spawn(async move {
-                        let _ = ws
-                            .call(
-                                |r| WorkspaceMsg::Remove { name, reply: r },
-                                Some(Duration::from_secs(60)),
-                            )
-                            .await;
+                        stop_bundle(ws, name).await;
                         let _ = reply.send(Ok(()));
                     });
                 }

@@ -18,6 +18,8 @@ pub enum ErrorKind {
     PermissionDenied,
     BundleNotFound,
     AlreadyInstalled,
+    /// Uninstall of a bundle that a watched folder provides.
+    WatchedBundle,
     InvalidName,
     ManifestInvalid,
     GateRefused,
@@ -53,6 +55,7 @@ impl ErrorKind {
             ErrorKind::PermissionDenied => "permission_denied",
             ErrorKind::BundleNotFound => "bundle_not_found",
             ErrorKind::AlreadyInstalled => "already_installed",
+            ErrorKind::WatchedBundle => "watched_bundle",
             ErrorKind::InvalidName => "invalid_name",
             ErrorKind::ManifestInvalid => "manifest_invalid",
             ErrorKind::GateRefused => "gate_refused",
