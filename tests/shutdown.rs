@@ -18,14 +18,19 @@ fn sigterm_leaves_no_process_behind() {
     let plain = d.demo_bundle("plain");
     // A bundle that started a grandchild (sharing no pipes with us).
     let forks = wrapped_demo(&d, "forks", "sleep 1000 </dev/null >/dev/null 2>&1 &");
-    // A bundle that ignores SIGTERM: only SIGKILL after the grace period ends it.
-    let stubborn = wrapped_demo(&d, "stubborn", "trap '' TERM;");
+    // A bundle that ignores SIGTERM and forks a grandchild that ignores it
+    // too: only SIGKILL of the group after the grace period ends them.
+    let stubborn = wrapped_demo(
+        &d,
+        "stubborn",
+        "trap '' TERM; sleep 1000 </dev/null >/dev/null 2>&1 &",
+    );
     for b in [&plain, &forks, &stubborn] {
         d.ok(&["install", b.to_str().unwrap()]);
     }
-    // demo x3 plus the sleeping grandchild.
-    wait_for(Duration::from_secs(10), "four processes", || {
-        (d.bundle_processes().len() == 4).then_some(())
+    // demo x3 plus two sleeping grandchildren (one ignores SIGTERM).
+    wait_for(Duration::from_secs(10), "five processes", || {
+        (d.bundle_processes().len() == 5).then_some(())
     });
 
     let started = Instant::now();
