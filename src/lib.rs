@@ -6,7 +6,8 @@
 //!   CLI (an API boundary: serde types only).
 //! - [`config`]: the daemon's TOML config and its defaults.
 //! - [`manifest`]: MCPB manifests: parse, validate, substitute, host gate.
-//! - [`store`]: the SQLite state database (installs).
+//! - [`store`]: the SQLite state database (installs, file metadata).
+//! - [`files`]: workspace files (FileStore) and the one MIME module.
 //! - [`bundle`]: one bundle's connection: the one connect function, the
 //!   child process, the MCP client handler.
 //! - [`host_resources`]: the `ai.nimblebrain/host-resources` contract.
@@ -19,6 +20,7 @@ pub mod bundle;
 pub mod cli;
 pub mod config;
 pub mod daemon;
+pub mod files;
 pub mod host_resources;
 pub mod lines;
 pub mod manifest;

@@ -302,3 +302,56 @@ pub struct LogLine {
     pub name: String,
     pub line: String,
 }
+
+/// A workspace file, as `files put`/`files ls` report it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FileRecord {
+    /// `fl_` + 24 lowercase hex digits.
+    pub id: String,
+    pub filename: String,
+    pub mime_type: String,
+    pub size: u64,
+    pub tags: Vec<String>,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    /// Lowercase hex SHA-256 of the bytes.
+    pub sha256: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilesPutParams {
+    #[serde(default = "default_workspace")]
+    pub workspace: String,
+    /// Absolute path of a file the daemon reads (same uid as the client).
+    pub path: String,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// Overrides the detected MIME type.
+    #[serde(default)]
+    pub mime: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilesParams {
+    #[serde(default = "default_workspace")]
+    pub workspace: String,
+    /// The file id for `files.get` / `files.rm`; absent for `files.ls`.
+    #[serde(default)]
+    pub id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FilesList {
+    pub workspace: String,
+    pub files: Vec<FileRecord>,
+}
+
+/// `files.get`: the record and the bytes, base64.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FileContent {
+    pub file: FileRecord,
+    pub base64: String,
+}

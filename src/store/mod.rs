@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{params, Connection, OptionalExtension};
 
 /// Newest schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -116,6 +116,25 @@ impl Store {
             )
             .map_err(err)?;
         }
+        if version < 2 {
+            conn.execute_batch(
+                "BEGIN;
+                 CREATE TABLE IF NOT EXISTS files (
+                     workspace  TEXT NOT NULL,
+                     id         TEXT NOT NULL,
+                     filename   TEXT NOT NULL,
+                     mime_type  TEXT NOT NULL,
+                     size       INTEGER NOT NULL,
+                     tags       TEXT NOT NULL,
+                     created_at TEXT NOT NULL,
+                     sha256     TEXT NOT NULL,
+                     PRIMARY KEY (workspace, id)
+                 );
+                 PRAGMA user_version = 2;
+                 COMMIT;",
+            )
+            .map_err(err)?;
+        }
         Ok(Store {
             conn: Arc::new(Mutex::new(conn)),
             path: path.to_path_buf(),
@@ -181,6 +200,81 @@ impl Store {
             let n = tx.execute(
                 "DELETE FROM installs WHERE workspace = ?1 AND name = ?2",
                 params![workspace, name],
+            )?;
+            tx.commit()?;
+            Ok(n == 1)
+        })
+    }
+}
+
+/// Metadata of one workspace file (the bytes live in the FileStore's folder).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileRow {
+    pub id: String,
+    pub filename: String,
+    pub mime_type: String,
+    pub size: u64,
+    pub tags: Vec<String>,
+    pub created_at: String,
+    pub sha256: String,
+}
+
+fn file_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<FileRow> {
+    let tags: String = r.get(5)?;
+    Ok(FileRow {
+        id: r.get(0)?,
+        filename: r.get(1)?,
+        mime_type: r.get(2)?,
+        size: r.get::<_, i64>(3)? as u64,
+        tags: serde_json::from_str(&tags).unwrap_or_default(),
+        created_at: r.get(6)?,
+        sha256: r.get(4)?,
+    })
+}
+
+const FILE_COLUMNS: &str = "id, filename, mime_type, size, sha256, tags, created_at";
+
+impl Store {
+    pub fn insert_file(&self, workspace: &str, f: &FileRow) -> Result<(), StoreError> {
+        let tags = serde_json::to_string(&f.tags).unwrap_or_else(|_| "[]".into());
+        self.with(|c| {
+            let tx = c.transaction()?;
+            tx.execute(
+                "INSERT INTO files (workspace, id, filename, mime_type, size, tags, created_at, sha256) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                params![workspace, f.id, f.filename, f.mime_type, f.size as i64, tags, f.created_at, f.sha256],
+            )?;
+            tx.commit()
+        })
+    }
+
+    pub fn files(&self, workspace: &str) -> Result<Vec<FileRow>, StoreError> {
+        self.with(|c| {
+            let mut stmt = c.prepare(&format!(
+                "SELECT {FILE_COLUMNS} FROM files WHERE workspace = ?1 ORDER BY created_at, id"
+            ))?;
+            let rows = stmt.query_map(params![workspace], file_from_row)?;
+            rows.collect()
+        })
+    }
+
+    pub fn file(&self, workspace: &str, id: &str) -> Result<Option<FileRow>, StoreError> {
+        self.with(|c| {
+            c.query_row(
+                &format!("SELECT {FILE_COLUMNS} FROM files WHERE workspace = ?1 AND id = ?2"),
+                params![workspace, id],
+                file_from_row,
+            )
+            .optional()
+        })
+    }
+
+    /// Removes a file's metadata; returns whether it existed.
+    pub fn remove_file(&self, workspace: &str, id: &str) -> Result<bool, StoreError> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            let n = tx.execute(
+                "DELETE FROM files WHERE workspace = ?1 AND id = ?2",
+                params![workspace, id],
             )?;
             tx.commit()?;
             Ok(n == 1)

@@ -1,0 +1,316 @@
+//! Workspace files: the FileStore (bytes in `state_dir/files/WS/ID`,
+//! metadata in the state database) and the MIME module shared by every
+//! component that hands file content out.
+//!
+//! Write order: bytes to a temp file, fsync, rename to the id, fsync the
+//! folder, then the metadata commit. A crash before the commit leaves a blob
+//! without a record; [`FileStore::open`] deletes those (and temp files), so
+//! neither a half file nor a dangling record is ever visible.
+
+pub mod mime;
+
+use std::io::{Read, Write};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+use crate::protocol::FileRecord;
+use crate::store::{FileRow, Store, StoreError};
+
+/// Bytes read for content sniffing.
+const SNIFF_BYTES: usize = 8192;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("{action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0} is not a valid file id (expected fl_ and 24 lowercase hex digits)")]
+    BadId(String),
+    #[error("invalid tag {0:?}: tags are 1-64 characters without control characters")]
+    BadTag(String),
+}
+
+fn io<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> FileError + 'a {
+    move |source| FileError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Whether `id` has the shape of a file id. Anything else can name no file.
+pub fn is_file_id(id: &str) -> bool {
+    id.len() == 27
+        && id.starts_with("fl_")
+        && id[3..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn new_id() -> String {
+    format!("fl_{:024x}", fastrand::u128(..) >> 32)
+}
+
+fn record(row: FileRow) -> FileRecord {
+    FileRecord {
+        id: row.id,
+        filename: row.filename,
+        mime_type: row.mime_type,
+        size: row.size,
+        tags: row.tags,
+        created_at: row.created_at,
+        sha256: row.sha256,
+    }
+}
+
+/// One workspace's files. Cheap to clone; calls block (use the blocking pool).
+#[derive(Clone)]
+pub struct FileStore {
+    workspace: String,
+    dir: PathBuf,
+    db: Store,
+}
+
+impl FileStore {
+    /// Opens (creating) `state_dir/files/WS` and removes what a crash left
+    /// behind: temp files and blobs without a record.
+    pub fn open(state_dir: &Path, workspace: &str, db: Store) -> Result<FileStore, FileError> {
+        let dir = state_dir.join("files").join(workspace);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(io("create", &dir))?;
+        let store = FileStore {
+            workspace: workspace.to_string(),
+            dir,
+            db,
+        };
+        let known: std::collections::HashSet<String> = store
+            .db
+            .files(workspace)?
+            .into_iter()
+            .map(|f| f.id)
+            .collect();
+        for entry in std::fs::read_dir(&store.dir)
+            .map_err(io("read", &store.dir))?
+            .flatten()
+        {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if name.starts_with(".tmp-") || (is_file_id(&name) && !known.contains(&name)) {
+                tracing::info!(workspace, file = %name, "removing a file left by an interrupted write");
+                let _ = std::fs::remove_file(entry.path());
+            }
+        }
+        Ok(store)
+    }
+
+    fn blob(&self, id: &str) -> PathBuf {
+        self.dir.join(id)
+    }
+
+    /// Copies `src` into the store. `filename` defaults to `src`'s name.
+    pub fn put(
+        &self,
+        src: &Path,
+        filename: Option<&str>,
+        tags: Vec<String>,
+        mime: Option<&str>,
+    ) -> Result<FileRecord, FileError> {
+        for tag in &tags {
+            if tag.is_empty() || tag.len() > 64 || tag.chars().any(char::is_control) {
+                return Err(FileError::BadTag(tag.clone()));
+            }
+        }
+        let filename = filename
+            .map(str::to_string)
+            .or_else(|| src.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "file".into());
+        let mut input = std::fs::File::open(src).map_err(io("open", src))?;
+        let id = new_id();
+        let tmp = self.dir.join(format!(".tmp-{id}"));
+        let result = (|| {
+            let mut out = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&tmp)
+                .map_err(io("create", &tmp))?;
+            let mut hasher = Sha256::new();
+            let (mut size, mut head) = (0u64, Vec::new());
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                let n = input.read(&mut buf).map_err(io("read", src))?;
+                if n == 0 {
+                    break;
+                }
+                if head.len() < SNIFF_BYTES {
+                    head.extend_from_slice(&buf[..n.min(SNIFF_BYTES - head.len())]);
+                }
+                hasher.update(&buf[..n]);
+                out.write_all(&buf[..n]).map_err(io("write", &tmp))?;
+                size += n as u64;
+            }
+            out.sync_all().map_err(io("sync", &tmp))?;
+            let blob = self.blob(&id);
+            std::fs::rename(&tmp, &blob).map_err(io("rename", &blob))?;
+            std::fs::File::open(&self.dir)
+                .and_then(|d| d.sync_all())
+                .map_err(io("sync", &self.dir))?;
+            let sha256 = hasher
+                .finalize()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            Ok(FileRow {
+                id: id.clone(),
+                mime_type: mime::detect(mime, &filename, &head),
+                filename,
+                size,
+                tags,
+                created_at: humantime::format_rfc3339_seconds(std::time::SystemTime::now())
+                    .to_string(),
+                sha256,
+            })
+        })();
+        let row = match result {
+            Ok(row) => row,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        if let Err(e) = self.db.insert_file(&self.workspace, &row) {
+            let _ = std::fs::remove_file(self.blob(&id));
+            return Err(e.into());
+        }
+        Ok(record(row))
+    }
+
+    pub fn list(&self) -> Result<Vec<FileRecord>, FileError> {
+        Ok(self
+            .db
+            .files(&self.workspace)?
+            .into_iter()
+            .map(record)
+            .collect())
+    }
+
+    /// The record of `id` in this workspace (None for any other id).
+    pub fn get(&self, id: &str) -> Result<Option<FileRecord>, FileError> {
+        if !is_file_id(id) {
+            return Ok(None);
+        }
+        Ok(self.db.file(&self.workspace, id)?.map(record))
+    }
+
+    pub fn read(&self, id: &str) -> Result<Vec<u8>, FileError> {
+        if !is_file_id(id) {
+            return Err(FileError::BadId(id.to_string()));
+        }
+        let path = self.blob(id);
+        std::fs::read(&path).map_err(io("read", &path))
+    }
+
+    /// Removes a file: the record first (it disappears at once), then the bytes.
+    pub fn remove(&self, id: &str) -> Result<bool, FileError> {
+        if !is_file_id(id) || !self.db.remove_file(&self.workspace, id)? {
+            return Ok(false);
+        }
+        let _ = std::fs::remove_file(self.blob(id));
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup() -> (tempfile::TempDir, Store) {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Store::open(&dir.path().join("state.db")).unwrap();
+        (dir, db)
+    }
+
+    #[test]
+    fn put_get_read_list_remove_round_trip() {
+        let (dir, db) = setup();
+        let fs = FileStore::open(dir.path(), "w", db.clone()).unwrap();
+        let src = dir.path().join("report.csv");
+        std::fs::write(&src, "a,b\n1,2\n").unwrap();
+        let rec = fs.put(&src, None, vec!["q3".into()], None).unwrap();
+        assert!(is_file_id(&rec.id), "{}", rec.id);
+        assert_eq!(
+            (rec.filename.as_str(), rec.mime_type.as_str(), rec.size),
+            ("report.csv", "text/csv", 8)
+        );
+        assert_eq!(rec.sha256.len(), 64);
+        assert_eq!(fs.read(&rec.id).unwrap(), b"a,b\n1,2\n");
+        assert_eq!(fs.get(&rec.id).unwrap().as_ref(), Some(&rec));
+        assert_eq!(fs.list().unwrap(), vec![rec.clone()]);
+        // Another workspace sees nothing of it.
+        let other = FileStore::open(dir.path(), "other", db).unwrap();
+        assert_eq!(other.get(&rec.id).unwrap(), None);
+        assert!(other.list().unwrap().is_empty());
+        assert!(fs.remove(&rec.id).unwrap());
+        assert!(!fs.remove(&rec.id).unwrap());
+        assert!(fs.list().unwrap().is_empty());
+        assert!(!dir.path().join("files/w").join(&rec.id).exists());
+    }
+
+    #[test]
+    fn the_sha256_is_that_of_the_bytes() {
+        let (dir, db) = setup();
+        let fs = FileStore::open(dir.path(), "w", db).unwrap();
+        let src = dir.path().join("abc");
+        std::fs::write(&src, "abc").unwrap();
+        let rec = fs.put(&src, Some("x.bin"), vec![], None).unwrap();
+        assert_eq!(
+            rec.sha256,
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(rec.mime_type, "application/octet-stream");
+    }
+
+    #[test]
+    fn open_removes_what_an_interrupted_write_left() {
+        let (dir, db) = setup();
+        let fs = FileStore::open(dir.path(), "w", db.clone()).unwrap();
+        let src = dir.path().join("keep.txt");
+        std::fs::write(&src, "keep").unwrap();
+        let kept = fs.put(&src, None, vec![], None).unwrap();
+        let files = dir.path().join("files/w");
+        // A crash after the rename but before the commit, and one mid-copy.
+        std::fs::write(files.join("fl_0123456789abcdef01234567"), "orphan").unwrap();
+        std::fs::write(files.join(".tmp-fl_aaaaaaaaaaaaaaaaaaaaaaaa"), "half").unwrap();
+        let fs = FileStore::open(dir.path(), "w", db).unwrap();
+        let left: Vec<String> = std::fs::read_dir(&files)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, vec![kept.id.clone()]);
+        assert_eq!(fs.read(&kept.id).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn bad_ids_and_tags_are_refused() {
+        let (dir, db) = setup();
+        let fs = FileStore::open(dir.path(), "w", db).unwrap();
+        for id in ["../state.db", "fl_ABCDEF0123456789abcdef01", "fl_123", ""] {
+            assert_eq!(fs.get(id).unwrap(), None, "{id}");
+            assert!(fs.read(id).is_err(), "{id}");
+        }
+        let src = dir.path().join("t.txt");
+        std::fs::write(&src, "t").unwrap();
+        assert!(matches!(
+            fs.put(&src, None, vec!["".into()], None),
+            Err(FileError::BadTag(_))
+        ));
+    }
+}
