@@ -7,7 +7,7 @@ use std::time::Duration;
 use ractor::DerivedActorRef;
 use rmcp::model::{
     ClientCapabilities, ClientConfig, CustomRequest, CustomResult, ErrorCode, Implementation,
-    ProtocolVersion,
+    ProtocolVersion, RequestMetaObject,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ClientHandler, ErrorData, RoleClient};
@@ -73,9 +73,31 @@ impl ClientHandler for BundleClient {
     async fn on_custom_request(
         &self,
         request: CustomRequest,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<CustomResult, ErrorData> {
-        let CustomRequest { method, params, .. } = request;
+        let CustomRequest {
+            method,
+            params,
+            extensions,
+        } = request;
+        // rmcp moves a request's `_meta` out of `params` (into the request's
+        // extensions, and from there into the context); the contract carries
+        // the list filter there (`_meta.filter`), so put it back before the
+        // resolver sees the params.
+        let meta = Some(&context.meta)
+            .filter(|m| !m.0 .0.is_empty())
+            .or(extensions.get::<RequestMetaObject>());
+        let params = match meta {
+            Some(meta) if !meta.0 .0.is_empty() => {
+                let mut object = match params {
+                    Some(Value::Object(o)) => o,
+                    _ => Map::new(),
+                };
+                object.insert("_meta".into(), Value::Object(meta.0 .0.clone()));
+                Some(Value::Object(object))
+            }
+            _ => params,
+        };
         if method != host_resources::METHOD_READ && method != host_resources::METHOD_LIST {
             return Err(ErrorData::new(
                 ErrorCode::METHOD_NOT_FOUND,

@@ -6,6 +6,7 @@ mod call;
 mod client;
 mod daemon;
 mod events;
+mod files;
 mod install;
 mod logs;
 mod restart;
@@ -58,6 +59,8 @@ enum Command {
     Logs(logs::Args),
     /// Stream lifecycle events (installed, ready, exited, restarting, ...).
     Events(events::Args),
+    /// Workspace files that bundles read through host-resources.
+    Files(files::Args),
     /// Internal: the helper that kills bundle groups when the daemon dies.
     #[command(name = "__reap", hide = true)]
     Reap {
@@ -99,6 +102,7 @@ pub fn main() -> ExitCode {
             Command::Call(a) => call::run(&mut client, a).await,
             Command::Logs(a) => logs::run(&mut client, a).await,
             Command::Events(a) => events::run(&mut client, a).await,
+            Command::Files(a) => files::run(&mut client, a).await,
         }
     });
     match result {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
-use ractor::ActorRef;
+use ractor::{ActorRef, RpcReplyPort};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -22,15 +22,17 @@ use tokio_util::sync::CancellationToken;
 use super::board::Event;
 use super::bundle::{actor_name, BundleMsg, CallError};
 use super::supervisor::{DaemonMsg, InstallError};
+use super::workspace::{FilesOp, WorkspaceMsg};
 use super::Shared;
 use crate::lines::{Line, LineReader};
 use crate::manifest::ManifestError;
 use crate::protocol::EventKind;
 use crate::protocol::{
     method, BundleRef, BundleResult, BundleState, BundleStatus, BundleTools, CallParams,
-    DaemonInfo, ErrorKind, HelloParams, HelloResult, InstallParams, LogsParams, LogsResult,
-    Notification, Progress, Request, Response, RpcError, StatusResult, ToolsParams, ToolsResult,
-    UninstallResult, MAX_REQUEST_BYTES, PROTOCOL_VERSION,
+    DaemonInfo, ErrorKind, FileContent, FilesList, FilesParams, FilesPutParams, HelloParams,
+    HelloResult, InstallParams, LogsParams, LogsResult, Notification, Progress, Request, Response,
+    RpcError, StatusResult, ToolsParams, ToolsResult, UninstallResult, MAX_REQUEST_BYTES,
+    PROTOCOL_VERSION,
 };
 use crate::store::Origin;
 
@@ -281,6 +283,10 @@ async fn dispatch(request: Request, ctx: &Ctx, out: &Outbox) -> Result<Value, Rp
             out.stream(method::EVENT, ctx.shared.board.subscribe(), |_| true);
             Ok(json!({ "subscribed": true }))
         }
+        method::FILES_PUT => files_put(params(p)?, ctx).await,
+        method::FILES_LS => files_ls(params(p)?, ctx).await,
+        method::FILES_GET => files_get(params(p)?, ctx).await,
+        method::FILES_RM => files_rm(params(p)?, ctx).await,
         #[cfg(feature = "fault-injection")]
         method::DEBUG_PANIC => {
             let r: BundleRef = params(p)?;
@@ -639,6 +645,117 @@ async fn logs(p: LogsParams, ctx: &Ctx, out: &Outbox) -> Result<Value, RpcError>
         path: path.display().to_string(),
         lines,
     })
+}
+
+/// The actor of a workspace (created on first use).
+async fn workspace(ctx: &Ctx, name: &str) -> Result<ActorRef<WorkspaceMsg>, RpcError> {
+    let name = name.to_string();
+    match ctx
+        .daemon
+        .call(
+            |reply| DaemonMsg::Workspace { name, reply },
+            Some(Duration::from_secs(10)),
+        )
+        .await
+        .map_err(unavailable)?
+    {
+        CallResult::Success(r) => r.map_err(install_error),
+        _ => Err(RpcError::new(
+            ErrorKind::Timeout,
+            "the daemon did not answer in time",
+        )),
+    }
+}
+
+/// Runs one FileStore operation in a workspace.
+async fn files_call<T: Send + 'static>(
+    ctx: &Ctx,
+    ws: &str,
+    op: impl FnOnce(RpcReplyPort<Result<T, String>>) -> FilesOp,
+) -> Result<T, RpcError> {
+    let actor = workspace(ctx, ws).await?;
+    match actor
+        .call(
+            |reply| WorkspaceMsg::Files(op(reply)),
+            Some(Duration::from_secs(120)),
+        )
+        .await
+        .map_err(unavailable)?
+    {
+        CallResult::Success(r) => r.map_err(|e| RpcError::new(ErrorKind::FileError, e)),
+        _ => Err(RpcError::new(
+            ErrorKind::Timeout,
+            "the file operation did not finish in time",
+        )),
+    }
+}
+
+fn file_not_found(ws: &str, id: &str) -> RpcError {
+    RpcError::new(
+        ErrorKind::FileNotFound,
+        format!("no file {id:?} in workspace {ws:?}; `bundlevisor files ls -w {ws}` lists them"),
+    )
+}
+
+fn require_id(p: &FilesParams) -> Result<String, RpcError> {
+    p.id.clone()
+        .ok_or_else(|| RpcError::new(ErrorKind::InvalidParams, "\"id\" is required"))
+}
+
+async fn files_put(p: FilesPutParams, ctx: &Ctx) -> Result<Value, RpcError> {
+    let path = PathBuf::from(&p.path);
+    if !path.is_file() {
+        return Err(RpcError::new(
+            ErrorKind::InvalidParams,
+            format!("{} is not a readable file", p.path),
+        )
+        .with("path", p.path.clone()));
+    }
+    let (tags, mime) = (p.tags, p.mime);
+    let record = files_call(ctx, &p.workspace, |reply| FilesOp::Put {
+        path,
+        tags,
+        mime,
+        reply,
+    })
+    .await?;
+    to_value(record)
+}
+
+async fn files_ls(p: FilesParams, ctx: &Ctx) -> Result<Value, RpcError> {
+    let files = files_call(ctx, &p.workspace, FilesOp::List).await?;
+    to_value(FilesList {
+        workspace: p.workspace,
+        files,
+    })
+}
+
+async fn files_get(p: FilesParams, ctx: &Ctx) -> Result<Value, RpcError> {
+    use base64::Engine;
+    let id = require_id(&p)?;
+    let found = files_call(ctx, &p.workspace, |reply| FilesOp::Get {
+        id: id.clone(),
+        reply,
+    })
+    .await?;
+    let (file, bytes) = found.ok_or_else(|| file_not_found(&p.workspace, &id))?;
+    to_value(FileContent {
+        file,
+        base64: base64::engine::general_purpose::STANDARD.encode(bytes),
+    })
+}
+
+async fn files_rm(p: FilesParams, ctx: &Ctx) -> Result<Value, RpcError> {
+    let id = require_id(&p)?;
+    if !files_call(ctx, &p.workspace, |reply| FilesOp::Remove {
+        id: id.clone(),
+        reply,
+    })
+    .await?
+    {
+        return Err(file_not_found(&p.workspace, &id));
+    }
+    Ok(json!({ "workspace": p.workspace, "id": id, "removed": true }))
 }
 
 /// The last `n` lines of a file, read backwards in chunks.

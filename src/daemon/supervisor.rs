@@ -65,6 +65,11 @@ pub enum DaemonMsg {
     Rescan { index: usize },
     /// Liveness of the actor tree (the systemd watchdog asks).
     Ping(RpcReplyPort<()>),
+    /// The actor of a workspace, created on first use.
+    Workspace {
+        name: String,
+        reply: RpcReplyPort<Result<ActorRef<WorkspaceMsg>, InstallError>>,
+    },
 }
 
 pub struct DaemonState {
@@ -528,6 +533,13 @@ impl Actor for DaemonActor {
             DaemonMsg::Rescan { index } => st.rescan(&myself, index).await,
             DaemonMsg::Ping(reply) => {
                 let _ = reply.send(());
+            }
+            DaemonMsg::Workspace { name, reply } => {
+                let result = match check_name("workspace", &name) {
+                    Ok(()) => st.workspace(&myself, &name).await,
+                    Err(e) => Err(InstallError::InvalidName(e)),
+                };
+                let _ = reply.send(result);
             }
         }
         Ok(())

@@ -9,11 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
-use serde_json::Value;
 
 use super::bundle::{actor_name, BundleActor, BundleArgs, BundleMsg};
 use super::Shared;
-use crate::host_resources::{self, HostError, HostRequest, Requester};
+use crate::files::FileStore;
+use crate::host_resources::rate::TokenBucket;
+use crate::host_resources::{self, HostError, HostRequest};
+use crate::protocol::FileRecord;
 
 pub struct WorkspaceActor;
 
@@ -38,6 +40,30 @@ pub enum WorkspaceMsg {
     Host(HostRequest),
     /// Retry starting a bundle actor whose restart failed.
     Respawn { name: String },
+    /// An operation on the workspace's files.
+    Files(FilesOp),
+}
+
+/// A file's record and its bytes.
+pub type FileWithBytes = (FileRecord, Vec<u8>);
+
+/// Operations on a workspace's FileStore (run on the blocking pool).
+pub enum FilesOp {
+    Put {
+        path: PathBuf,
+        tags: Vec<String>,
+        mime: Option<String>,
+        reply: RpcReplyPort<Result<FileRecord, String>>,
+    },
+    List(RpcReplyPort<Result<Vec<FileRecord>, String>>),
+    Get {
+        id: String,
+        reply: RpcReplyPort<Result<Option<FileWithBytes>, String>>,
+    },
+    Remove {
+        id: String,
+        reply: RpcReplyPort<Result<bool, String>>,
+    },
 }
 
 impl From<HostRequest> for WorkspaceMsg {
@@ -66,9 +92,90 @@ pub struct WorkspaceState {
     name: String,
     shared: Arc<Shared>,
     bundles: HashMap<String, Slot>,
+    files: FileStore,
+    /// Host-resources token buckets, by bundle.
+    buckets: HashMap<String, TokenBucket>,
 }
 
 impl WorkspaceState {
+    /// Scheme check → rate bucket → FileStore (on the blocking pool). The
+    /// workspace is the one the connection was bound to; a request routed
+    /// here for another workspace is answered as not found.
+    fn host_request(&mut self, request: HostRequest) {
+        let HostRequest {
+            requester,
+            method,
+            params,
+            reply,
+        } = request;
+        if requester.workspace != self.name {
+            tracing::error!(workspace = %self.name, requester = ?requester, "host-resources request routed to the wrong workspace");
+            let uri = params
+                .as_ref()
+                .and_then(|p| p.get("uri"))
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or("");
+            let _ = reply.send(Err(HostError::not_found(uri)));
+            return;
+        }
+        let parsed = match host_resources::parse(&method, params.as_ref()) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return;
+            }
+        };
+        let limits = &self.shared.config.host_resources;
+        let now = tokio::time::Instant::now();
+        let bucket = self
+            .buckets
+            .entry(requester.bundle.clone())
+            .or_insert_with(|| TokenBucket::new(limits.rate_per_sec, limits.burst, now));
+        if let Err(retry_after_ms) = bucket.take(now) {
+            let _ = reply.send(Err(host_resources::rate_limited(retry_after_ms)));
+            return;
+        }
+        let (store, max) = (self.files.clone(), limits.max_read_bytes);
+        tokio::task::spawn_blocking(move || {
+            let _ = reply.send(host_resources::execute(&store, max, &requester, parsed));
+        });
+    }
+
+    fn files_op(&self, op: FilesOp) {
+        let store = self.files.clone();
+        tokio::task::spawn_blocking(move || match op {
+            FilesOp::Put {
+                path,
+                tags,
+                mime,
+                reply,
+            } => {
+                let _ = reply.send(
+                    store
+                        .put(&path, None, tags, mime.as_deref())
+                        .map_err(|e| e.to_string()),
+                );
+            }
+            FilesOp::List(reply) => {
+                let _ = reply.send(store.list().map_err(|e| e.to_string()));
+            }
+            FilesOp::Get { id, reply } => {
+                let result = match store.get(&id) {
+                    Ok(Some(record)) => store
+                        .read(&id)
+                        .map(|bytes| Some((record, bytes)))
+                        .map_err(|e| e.to_string()),
+                    Ok(None) => Ok(None),
+                    Err(e) => Err(e.to_string()),
+                };
+                let _ = reply.send(result);
+            }
+            FilesOp::Remove { id, reply } => {
+                let _ = reply.send(store.remove(&id).map_err(|e| e.to_string()));
+            }
+        });
+    }
+
     async fn spawn_bundle(
         &self,
         myself: &ActorRef<WorkspaceMsg>,
@@ -107,10 +214,21 @@ impl Actor for WorkspaceActor {
         args: WorkspaceArgs,
     ) -> Result<WorkspaceState, ActorProcessingErr> {
         args.shared.board.add_workspace(&args.name);
+        let (state_dir, ws, db) = (
+            args.shared.config.state_dir.clone(),
+            args.name.clone(),
+            args.shared.store.clone(),
+        );
+        let files = tokio::task::spawn_blocking(move || FileStore::open(&state_dir, &ws, db))
+            .await
+            .map_err(|e| format!("file store of workspace {:?}: {e}", args.name))?
+            .map_err(|e| format!("file store of workspace {:?}: {e}", args.name))?;
         Ok(WorkspaceState {
             name: args.name,
             shared: args.shared,
             bundles: HashMap::new(),
+            files,
+            buckets: HashMap::new(),
         })
     }
 
@@ -146,6 +264,7 @@ impl Actor for WorkspaceActor {
                 let _ = reply.send(result.map(|_| ()));
             }
             WorkspaceMsg::Remove { name, reply } => {
+                st.buckets.remove(&name);
                 let Some(slot) = st.bundles.remove(&name) else {
                     let _ = reply.send(false);
                     return Ok(());
@@ -166,15 +285,8 @@ impl Actor for WorkspaceActor {
                     let _ = reply.send(true);
                 });
             }
-            WorkspaceMsg::Host(request) => {
-                let HostRequest {
-                    requester,
-                    method,
-                    params,
-                    reply,
-                } = request;
-                let _ = reply.send(answer_host(&st.name, &requester, &method, params.as_ref()));
-            }
+            WorkspaceMsg::Host(request) => st.host_request(request),
+            WorkspaceMsg::Files(op) => st.files_op(op),
             WorkspaceMsg::Respawn { name } => {
                 let Some(slot) = st.bundles.get(&name) else {
                     return Ok(());
@@ -235,24 +347,4 @@ impl Actor for WorkspaceActor {
             .await;
         Ok(())
     }
-}
-
-/// Host-resources requests are answered for the workspace the connection
-/// was bound to; a requester claiming another workspace is refused as not
-/// found, like any id it cannot see.
-fn answer_host(
-    workspace: &str,
-    requester: &Requester,
-    method: &str,
-    params: Option<&Value>,
-) -> Result<Value, HostError> {
-    if requester.workspace != workspace {
-        tracing::error!(workspace, requester = ?requester, "host-resources request routed to the wrong workspace");
-        let uri = params
-            .and_then(|p| p.get("uri"))
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        return Err(HostError::not_found(uri));
-    }
-    host_resources::handle(requester, method, params)
 }

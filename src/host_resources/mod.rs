@@ -3,11 +3,12 @@
 //! codes of the wire contract (docs/host-resources.md), and the request
 //! handling that the WorkspaceActor runs for its bundles.
 //!
-//! The workspace FileStore does not exist yet (it lands with the
-//! host-resources issue), so every workspace's file set is empty: `read`
-//! answers "Resource not found" and `list` an empty list — exactly what the
-//! contract says for an empty store. Scheme and cursor checks are already
-//! the contract's.
+//! A request goes: [`parse`] (scheme allowlist, parameter checks) → the
+//! requester's rate bucket ([`rate`], in the WorkspaceActor) → [`execute`]
+//! against the workspace's FileStore, on the blocking pool (size cap decided
+//! from metadata before any byte is read).
+
+pub mod rate;
 
 use serde_json::{json, Map, Value};
 
@@ -89,17 +90,91 @@ pub struct HostRequest {
     pub reply: ractor::RpcReplyPort<Result<Value, HostError>>,
 }
 
-/// Answers one host-resources request for `requester`.
-pub fn handle(
-    requester: &Requester,
-    method: &str,
-    params: Option<&Value>,
-) -> Result<Value, HostError> {
+/// A parsed, scheme-checked request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Request {
+    /// `id` is None when the URI cannot name a file (it is then not found).
+    Read { uri: String, id: Option<String> },
+    List {
+        mime_type: Option<String>,
+        tags: Vec<String>,
+    },
+}
+
+/// Checks a request's method and parameters (no store access).
+pub fn parse(method: &str, params: Option<&Value>) -> Result<Request, HostError> {
     let empty = Map::new();
     let params = params.and_then(Value::as_object).unwrap_or(&empty);
     match method {
-        METHOD_READ => read(requester, params),
-        METHOD_LIST => list(params),
+        METHOD_READ => {
+            let Some(uri) = params.get("uri").and_then(Value::as_str) else {
+                return Err(HostError::invalid(
+                    "uri is required",
+                    json!({ "field": "uri" }),
+                ));
+            };
+            let (scheme, rest) = uri.split_once("://").unwrap_or(("", uri));
+            if !SCHEMES.contains(&scheme) {
+                return Err(HostError::invalid(
+                    "Unsupported URI scheme",
+                    json!({ "uri": uri, "supported": SCHEMES }),
+                ));
+            }
+            // Only the exact id shape can name a file: traversal-looking or
+            // encoded URIs simply name nothing.
+            let id = Some(rest.to_string()).filter(|id| crate::files::is_file_id(id));
+            Ok(Request::Read {
+                uri: uri.to_string(),
+                id,
+            })
+        }
+        METHOD_LIST => {
+            if let Some(cursor) = params.get("cursor").filter(|c| !c.is_null()) {
+                if cursor.as_str() != Some("") {
+                    return Err(HostError::invalid(
+                        "Pagination is not supported in this version",
+                        json!({ "cursor": cursor }),
+                    ));
+                }
+            }
+            let filter = params
+                .get("_meta")
+                .and_then(|m| m.get("filter"))
+                .and_then(Value::as_object);
+            let mut out = Request::List {
+                mime_type: None,
+                tags: Vec::new(),
+            };
+            if let (Some(filter), Request::List { mime_type, tags }) = (filter, &mut out) {
+                if let Some(scheme) = filter.get("scheme").and_then(Value::as_str) {
+                    if !SCHEMES.contains(&scheme) {
+                        return Err(HostError::invalid(
+                            "Unsupported URI scheme",
+                            json!({ "scheme": scheme, "supported": SCHEMES }),
+                        ));
+                    }
+                }
+                *mime_type = filter
+                    .get("mimeType")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                if let Some(t) = filter.get("tags").filter(|t| !t.is_null()) {
+                    let list = t.as_array().filter(|a| a.iter().all(Value::is_string));
+                    let Some(list) = list else {
+                        return Err(HostError::invalid(
+                            "filter.tags must be an array of strings",
+                            json!({ "receivedType": json_type(t) }),
+                        ));
+                    };
+                    *tags = list
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_string)
+                        .collect();
+                }
+            }
+            Ok(out)
+        }
         other => Err(HostError {
             code: codes::METHOD_NOT_FOUND,
             message: "Method not found".into(),
@@ -108,60 +183,72 @@ pub fn handle(
     }
 }
 
-fn read(requester: &Requester, params: &Map<String, Value>) -> Result<Value, HostError> {
-    let Some(uri) = params.get("uri").and_then(Value::as_str) else {
-        return Err(HostError::invalid(
-            "uri is required",
-            json!({ "field": "uri" }),
-        ));
-    };
-    let scheme = uri.split_once("://").map(|(s, _)| s).unwrap_or("");
-    if !SCHEMES.contains(&scheme) {
-        return Err(HostError::invalid(
-            "Unsupported URI scheme",
-            json!({ "uri": uri, "supported": SCHEMES }),
-        ));
+/// Runs a parsed request against the requester's workspace store. Blocking.
+pub fn execute(
+    store: &crate::files::FileStore,
+    max_read_bytes: u64,
+    requester: &Requester,
+    request: Request,
+) -> Result<Value, HostError> {
+    use base64::Engine;
+    match request {
+        Request::Read { uri, id } => {
+            let Some(id) = id else {
+                tracing::info!(workspace = %requester.workspace, bundle = %requester.bundle, %uri, "host-resources read: not a file id");
+                return Err(HostError::not_found(&uri));
+            };
+            let record = match store.get(&id) {
+                Ok(Some(r)) => r,
+                Ok(None) => {
+                    tracing::info!(workspace = %requester.workspace, bundle = %requester.bundle, %uri, "host-resources read: no such file in this workspace");
+                    return Err(HostError::not_found(&uri));
+                }
+                Err(e) => {
+                    tracing::error!(workspace = %requester.workspace, bundle = %requester.bundle, %uri, "host-resources read: {e}");
+                    return Err(HostError::not_found(&uri));
+                }
+            };
+            if record.size > max_read_bytes {
+                return Err(HostError {
+                    code: codes::TOO_LARGE,
+                    message: "Response too large".into(),
+                    data: json!({ "uri": uri, "size": record.size, "maxSize": max_read_bytes }),
+                });
+            }
+            let bytes = store.read(&id).map_err(|e| {
+                tracing::error!(workspace = %requester.workspace, bundle = %requester.bundle, %uri, "host-resources read: {e}");
+                HostError::not_found(&uri)
+            })?;
+            let content = if crate::files::mime::is_text_mime(&record.mime_type) {
+                json!({ "uri": uri, "mimeType": record.mime_type, "text": String::from_utf8_lossy(&bytes) })
+            } else {
+                json!({ "uri": uri, "mimeType": record.mime_type, "blob": base64::engine::general_purpose::STANDARD.encode(&bytes) })
+            };
+            Ok(json!({ "contents": [content] }))
+        }
+        Request::List { mime_type, tags } => {
+            let files = store.list().map_err(|e| {
+                tracing::error!(workspace = %requester.workspace, bundle = %requester.bundle, "host-resources list: {e}");
+                HostError::not_found("")
+            })?;
+            let resources: Vec<Value> = files
+                .into_iter()
+                .filter(|f| mime_type.as_deref().is_none_or(|m| f.mime_type == m))
+                .filter(|f| tags.iter().all(|t| f.tags.contains(t)))
+                .map(|f| json!({ "uri": format!("files://{}", f.id), "name": f.filename, "mimeType": f.mime_type, "size": f.size }))
+                .collect();
+            Ok(json!({ "resources": resources }))
+        }
     }
-    tracing::debug!(workspace = %requester.workspace, bundle = %requester.bundle, %uri,
-        "host-resources read: no such file in the workspace store");
-    Err(HostError::not_found(uri))
 }
 
-fn list(params: &Map<String, Value>) -> Result<Value, HostError> {
-    if let Some(cursor) = params.get("cursor").filter(|c| !c.is_null()) {
-        if cursor.as_str() != Some("") {
-            return Err(HostError::invalid(
-                "Pagination is not supported in this version",
-                json!({ "cursor": cursor }),
-            ));
-        }
+/// The error answered when a requester's bucket is empty.
+pub fn rate_limited(retry_after_ms: u64) -> HostError {
+    HostError {
+        code: codes::RATE_LIMITED,
+        message: "Rate limited".into(),
+        data: json!({ "retryAfterMs": retry_after_ms }),
     }
-    let filter = params
-        .get("_meta")
-        .and_then(|m| m.get("filter"))
-        .and_then(Value::as_object);
-    if let Some(filter) = filter {
-        if let Some(scheme) = filter.get("scheme").and_then(Value::as_str) {
-            if !SCHEMES.contains(&scheme) {
-                return Err(HostError::invalid(
-                    "Unsupported URI scheme",
-                    json!({ "scheme": scheme, "supported": SCHEMES }),
-                ));
-            }
-        }
-        if let Some(tags) = filter.get("tags") {
-            let ok = tags
-                .as_array()
-                .is_some_and(|a| a.iter().all(Value::is_string));
-            if !ok {
-                return Err(HostError::invalid(
-                    "filter.tags must be an array of strings",
-                    json!({ "receivedType": json_type(tags) }),
-                ));
-            }
-        }
-    }
-    Ok(json!({ "resources": [] }))
 }
 
 fn json_type(value: &Value) -> &'static str {
@@ -179,13 +266,6 @@ fn json_type(value: &Value) -> &'static str {
 mod tests {
     use super::*;
 
-    fn who() -> Requester {
-        Requester {
-            workspace: "w".into(),
-            bundle: "b".into(),
-        }
-    }
-
     #[test]
     fn capability_matches_the_contract() {
         let cap = capability(&HostResourcesConfig::default());
@@ -197,38 +277,148 @@ mod tests {
     }
 
     #[test]
-    fn read_checks_scheme_then_answers_not_found() {
-        let e = handle(&who(), METHOD_READ, Some(&json!({"uri":"http://x"}))).unwrap_err();
+    fn read_checks_the_scheme_and_only_exact_ids_name_files() {
+        let e = parse(METHOD_READ, Some(&json!({"uri":"http://x"}))).unwrap_err();
         assert_eq!(
             (e.code, e.data),
             (-32602, json!({"uri":"http://x","supported":["files"]}))
         );
-        let e = handle(
-            &who(),
+        let ok = parse(
             METHOD_READ,
             Some(&json!({"uri":"files://fl_0123456789abcdef01234567"})),
         )
-        .unwrap_err();
-        assert_eq!((e.code, e.message.as_str()), (-32002, "Resource not found"));
+        .unwrap();
+        assert_eq!(
+            ok,
+            Request::Read {
+                uri: "files://fl_0123456789abcdef01234567".into(),
+                id: Some("fl_0123456789abcdef01234567".into())
+            }
+        );
+        for uri in [
+            "files://../state.db",
+            "files://%2e%2e/x",
+            "files://fl_0123456789ABCDEF01234567",
+            "files://",
+        ] {
+            assert!(
+                matches!(
+                    parse(METHOD_READ, Some(&json!({"uri": uri}))).unwrap(),
+                    Request::Read { id: None, .. }
+                ),
+                "{uri}"
+            );
+        }
     }
 
     #[test]
     fn list_validates_cursor_and_tags() {
-        let e = handle(&who(), METHOD_LIST, Some(&json!({"cursor":"abc"}))).unwrap_err();
+        let e = parse(METHOD_LIST, Some(&json!({"cursor":"abc"}))).unwrap_err();
         assert_eq!((e.code, e.data), (-32602, json!({"cursor":"abc"})));
-        let e = handle(
-            &who(),
+        let e = parse(METHOD_LIST, Some(&json!({"_meta":{"filter":{"tags":"a"}}}))).unwrap_err();
+        assert_eq!(e.data, json!({"receivedType":"string"}));
+        let e = parse(
             METHOD_LIST,
-            Some(&json!({"_meta":{"filter":{"tags":"a"}}})),
+            Some(&json!({"_meta":{"filter":{"tags":["a", 1]}}})),
         )
         .unwrap_err();
-        assert_eq!(e.data, json!({"receivedType":"string"}));
-        let ok = handle(
-            &who(),
+        assert_eq!(e.data, json!({"receivedType":"array"}));
+        let ok = parse(
             METHOD_LIST,
-            Some(&json!({"_meta":{"filter":{"tags":["a"]}}})),
+            Some(&json!({"_meta":{"filter":{"mimeType":"text/csv","tags":["a"]}}})),
         )
         .unwrap();
-        assert_eq!(ok, json!({"resources":[]}));
+        assert_eq!(
+            ok,
+            Request::List {
+                mime_type: Some("text/csv".into()),
+                tags: vec!["a".into()]
+            }
+        );
+    }
+
+    #[test]
+    fn execute_reads_text_and_binary_truthfully_and_filters_lists() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = crate::store::Store::open(&dir.path().join("state.db")).unwrap();
+        let store = crate::files::FileStore::open(dir.path(), "w", db).unwrap();
+        let who = Requester {
+            workspace: "w".into(),
+            bundle: "b".into(),
+        };
+        let csv = dir.path().join("a.csv");
+        std::fs::write(&csv, "x,y\n").unwrap();
+        let png = dir.path().join("p.png");
+        std::fs::write(&png, b"\x89PNG\r\n\x1a\n\0\x01").unwrap();
+        let a = store
+            .put(&csv, None, vec!["t1".into(), "t2".into()], None)
+            .unwrap();
+        let p = store.put(&png, None, vec!["t1".into()], None).unwrap();
+
+        let read = |id: &str| {
+            execute(
+                &store,
+                1000,
+                &who,
+                parse(METHOD_READ, Some(&json!({"uri": format!("files://{id}")}))).unwrap(),
+            )
+        };
+        assert_eq!(
+            read(&a.id).unwrap(),
+            json!({"contents":[{"uri":format!("files://{}", a.id),"mimeType":"text/csv","text":"x,y\n"}]})
+        );
+        assert_eq!(
+            read(&p.id).unwrap()["contents"][0]["blob"],
+            "iVBORw0KGgoAAQ=="
+        );
+        assert_eq!(
+            read("fl_0123456789abcdef01234567").unwrap_err().code,
+            -32002
+        );
+        let big = execute(
+            &store,
+            3,
+            &who,
+            parse(
+                METHOD_READ,
+                Some(&json!({"uri": format!("files://{}", a.id)})),
+            )
+            .unwrap(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            (
+                big.code,
+                big.data["size"].as_u64(),
+                big.data["maxSize"].as_u64()
+            ),
+            (-32005, Some(4), Some(3))
+        );
+
+        let list = |params: Value| {
+            execute(
+                &store,
+                1000,
+                &who,
+                parse(METHOD_LIST, Some(&params)).unwrap(),
+            )
+            .unwrap()
+        };
+        assert_eq!(list(json!({}))["resources"].as_array().unwrap().len(), 2);
+        let both = list(json!({"_meta":{"filter":{"tags":["t1","t2"]}}}));
+        assert_eq!(
+            both["resources"],
+            json!([{"uri":format!("files://{}", a.id),"name":"a.csv","mimeType":"text/csv","size":4}])
+        );
+        assert_eq!(
+            list(json!({"_meta":{"filter":{"mimeType":"image/png"}}}))["resources"][0]["name"],
+            "p.png"
+        );
+        assert!(
+            list(json!({"_meta":{"filter":{"mimeType":"text/plain"}}}))["resources"]
+                .as_array()
+                .unwrap()
+                .is_empty()
+        );
     }
 }

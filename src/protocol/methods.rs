@@ -16,6 +16,10 @@ pub mod method {
     pub const TOOLS: &str = "bundle.tools";
     pub const CALL: &str = "bundle.call";
     pub const LOGS: &str = "bundle.logs";
+    pub const FILES_PUT: &str = "files.put";
+    pub const FILES_LS: &str = "files.ls";
+    pub const FILES_GET: &str = "files.get";
+    pub const FILES_RM: &str = "files.rm";
     /// Only served by daemons built with the `fault-injection` feature.
     pub const DEBUG_PANIC: &str = "debug.panic_bundle_actor";
     /// Subscribe to lifecycle events: answered at once, then `event`

@@ -2,14 +2,24 @@
 //! and used as the fixture of the integration tests.
 //!
 //! Tools: `echo`, `add`, `sleep`, `fail` (a tool error), `crash` (the
-//! process exits), `env` (reads an environment variable).
+//! process exits), `env` (reads an environment variable), and `host_read` /
+//! `host_list`, which call the host's `ai.nimblebrain/resources/*` methods
+//! back over the MCP session and return the raw JSON result (or, as a tool
+//! error, the JSON-RPC error `{code, message, data}`).
 
 use std::time::Duration;
 
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ContentBlock, ServerCapabilities, ServerConfig};
-use rmcp::{schemars, tool, tool_handler, tool_router, ErrorData, ServerHandler, ServiceExt};
+use rmcp::model::{
+    CallToolResult, ClientResult, ContentBlock, CustomRequest, CustomResult, ServerCapabilities,
+    ServerConfig, ServerRequest,
+};
+use rmcp::service::ServiceError;
+use rmcp::{
+    schemars, tool, tool_handler, tool_router, ErrorData, Peer, RoleServer, ServerHandler,
+    ServiceExt,
+};
 use serde::Deserialize;
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -48,6 +58,42 @@ struct CrashArgs {
 struct EnvArgs {
     /// Name of the environment variable.
     name: String,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+struct HostReadArgs {
+    /// A `files://fl_...` URI.
+    uri: String,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+struct HostListArgs {
+    /// Sent as `params` as is (e.g. `{"_meta":{"filter":{"tags":["a"]}}}`).
+    #[serde(default)]
+    params: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Sends a host-resources request to the client and renders the outcome.
+async fn ask_host(
+    peer: &Peer<RoleServer>,
+    method: &str,
+    params: serde_json::Value,
+) -> CallToolResult {
+    let request = ServerRequest::CustomRequest(CustomRequest::new(method, Some(params)));
+    match peer.send_request(request).await {
+        Ok(ClientResult::CustomResult(CustomResult(v))) => {
+            CallToolResult::success(vec![ContentBlock::text(v.to_string())])
+        }
+        Ok(other) => CallToolResult::success(vec![ContentBlock::text(
+            serde_json::to_string(&other).unwrap_or_default(),
+        )]),
+        Err(ServiceError::McpError(e)) => {
+            let error =
+                serde_json::json!({ "code": e.code.0, "message": e.message, "data": e.data });
+            CallToolResult::error(vec![ContentBlock::text(error.to_string())])
+        }
+        Err(e) => CallToolResult::error(vec![ContentBlock::text(format!("transport: {e}"))]),
+    }
 }
 
 #[derive(Clone)]
@@ -114,6 +160,30 @@ impl Demo {
         let code = args.code.unwrap_or(3);
         eprintln!("demo: crashing on request with exit code {code}");
         std::process::exit(code);
+    }
+
+    #[tool(description = "Read a workspace file through ai.nimblebrain/resources/read")]
+    async fn host_read(
+        &self,
+        peer: Peer<RoleServer>,
+        Parameters(args): Parameters<HostReadArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        Ok(ask_host(
+            &peer,
+            "ai.nimblebrain/resources/read",
+            serde_json::json!({ "uri": args.uri }),
+        )
+        .await)
+    }
+
+    #[tool(description = "List workspace files through ai.nimblebrain/resources/list")]
+    async fn host_list(
+        &self,
+        peer: Peer<RoleServer>,
+        Parameters(args): Parameters<HostListArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let params = serde_json::Value::Object(args.params.unwrap_or_default());
+        Ok(ask_host(&peer, "ai.nimblebrain/resources/list", params).await)
     }
 
     #[tool(description = "Read an environment variable of the bundle process")]
