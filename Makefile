@@ -3,6 +3,11 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONFIG ?= config/bundlevisor.toml
 DEMO_BIN := bundles/demo/server/bundlevisor-demo
+# The Python SDK bundle's virtual environment, built from PyPI with the
+# pinned lock file, inside the build tree.
+PY_BUNDLE := bundles/workspace-reader-py
+PY_ENV := target/py/workspace-reader
+PYTHON ?= python3
 
 .DEFAULT_GOAL := help
 
@@ -11,16 +16,26 @@ help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
 .PHONY: build
-build: ## Build the release binaries and place the demo bundle's server
+build: pyenv ## Build the release binaries, place the demo bundle's server, build the Python bundle's venv
 	$(CARGO) build --release --bins
 	install -D -m 0755 target/release/bundlevisor-demo $(DEMO_BIN)
+
+.PHONY: pyenv
+pyenv: $(PY_ENV)/.installed ## Virtual environment of bundles/workspace-reader-py (pinned, from PyPI)
+
+$(PY_ENV)/.installed: $(PY_BUNDLE)/requirements.lock
+	rm -rf $(PY_ENV)
+	$(PYTHON) -m venv $(PY_ENV)
+	$(PY_ENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -r $(PY_BUNDLE)/requirements.lock
+	ln -sfn ../../$(PY_ENV) $(PY_BUNDLE)/.venv
+	touch $@
 
 .PHONY: run
 run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is installed)
 	target/release/bundlevisor daemon --config $(CONFIG)
 
 .PHONY: test
-test: ## Everything CI runs: unit and integration tests (with fault injection)
+test: pyenv ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle included
 	$(CARGO) test --all-targets --features fault-injection
 
 .PHONY: bench
@@ -39,4 +54,4 @@ fmt: ## Format the code
 .PHONY: clean
 clean: ## Remove build output and the local state of `make run`
 	$(CARGO) clean
-	rm -rf .bundlevisor $(DEMO_BIN)
+	rm -rf .bundlevisor $(DEMO_BIN) $(PY_BUNDLE)/.venv

@@ -590,10 +590,10 @@ async fn call(p: CallParams, ctx: &Ctx) -> Result<Value, RpcError> {
         CallResult::Success(Err(CallError::NotReady { state, last_error })) => Err(RpcError::new(
             ErrorKind::NotReady,
             match last_error {
-                Some(e) => format!(
-                    "bundle {name:?} is {} ({e}); try `bundlevisor restart {name}`",
-                    state.as_str()
-                ),
+                Some(e) if state == BundleState::Failed => {
+                    format!("bundle {name:?} is failed ({e}); fix it, then `bundlevisor restart {name}`")
+                }
+                Some(e) => format!("bundle {name:?} is {}, not ready (last error: {e})", state.as_str()),
                 None => format!("bundle {name:?} is {}, not ready", state.as_str()),
             },
         )
