@@ -313,3 +313,55 @@ fn host_resources_work_after_every_spawn_path() {
     d.wait_state("default", "demo", "ready");
     works(&d, "boot reload");
 }
+
+#[test]
+fn checkpoint_and_rollback_restore_the_file_set_and_reads_are_audited() {
+    let d = Daemon::start();
+    let b = d.demo_bundle("demo");
+    d.ok(&["install", b.to_str().unwrap()]);
+    let kept = put(&d, "default", &write(&d, "kept.txt", b"kept"), &[]);
+    let kept_id = kept["id"].as_str().unwrap().to_string();
+    let cp: Value = serde_json::from_str(&d.ok(&["files", "checkpoint"])).unwrap();
+    let cp_id = cp["checkpoint_id"].as_str().unwrap().to_string();
+    assert_eq!(cp["files"], json!([kept]));
+    assert!(cp["timestamp"].as_str().unwrap().ends_with('Z'));
+
+    let later = put(&d, "default", &write(&d, "later.txt", b"later"), &[]);
+    d.ok(&["files", "rm", &kept_id]);
+    let uri = format!("files://{kept_id}");
+    assert_eq!(read(&d, "default", "demo", &uri).1["code"], -32002);
+
+    let rb: Value = serde_json::from_str(&d.ok(&["files", "rollback", &cp_id])).unwrap();
+    assert_eq!(
+        rb,
+        json!({"success": true, "checkpoint_id": cp_id, "restored_files": [kept_id]})
+    );
+    let list: Value = serde_json::from_str(&d.ok(&["files", "ls", "--json"])).unwrap();
+    assert_eq!(list["files"], json!([kept]));
+    // The bytes of the removed file came back with it (blobs are immutable).
+    assert_eq!(
+        read(&d, "default", "demo", &uri).1["contents"][0]["text"],
+        "kept"
+    );
+    let later_uri = format!("files://{}", later["id"].as_str().unwrap());
+    assert_eq!(read(&d, "default", "demo", &later_uri).1["code"], -32002);
+    let unknown = d.cli(&["files", "rollback", "cp_000000000000000000000000"]);
+    assert_eq!(unknown.status.code(), Some(1));
+
+    // Every decision was audited, with the bundle as principal.
+    let audit = d.state.join("audit/default.jsonl");
+    let lines = wait_for(Duration::from_secs(5), "the audit log", || {
+        let text = std::fs::read_to_string(&audit).unwrap_or_default();
+        (text.lines().count() >= 3).then_some(text)
+    });
+    let decisions: Vec<Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(decisions
+        .iter()
+        .all(|d| d["principal"] == "bundle:default/demo" && d["scope"] == "workspace:default"));
+    assert!(decisions
+        .iter()
+        .any(|d| d["resource"] == uri && d["action"] == "read" && d["permitted"] == true));
+}

@@ -9,6 +9,7 @@ use super::{print_json, Client, ClientError};
 use crate::protocol::{
     method, FileContent, FileRecord, FilesList, FilesParams, FilesPutParams, DEFAULT_WORKSPACE,
 };
+use crate::protocol::{Checkpoint, Rollback};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -50,6 +51,17 @@ enum FilesCommand {
     /// Delete a file.
     Rm {
         id: String,
+        #[arg(short, long, default_value = DEFAULT_WORKSPACE)]
+        workspace: String,
+    },
+    /// Record the workspace's file set; prints {checkpoint_id, timestamp, files}.
+    Checkpoint {
+        #[arg(short, long, default_value = DEFAULT_WORKSPACE)]
+        workspace: String,
+    },
+    /// Restore the file set of a checkpoint; prints {success, checkpoint_id, restored_files}.
+    Rollback {
+        checkpoint_id: String,
         #[arg(short, long, default_value = DEFAULT_WORKSPACE)]
         workspace: String,
     },
@@ -129,6 +141,29 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
             };
             let _: serde_json::Value = client.request(method::FILES_RM, params, |_| {}).await?;
             println!("{id} removed");
+        }
+        FilesCommand::Checkpoint { workspace } => {
+            let params = FilesParams {
+                workspace: workspace.clone(),
+                id: None,
+            };
+            let cp: Checkpoint = client
+                .request(method::FILES_CHECKPOINT, params, |_| {})
+                .await?;
+            print_json(&cp)?;
+        }
+        FilesCommand::Rollback {
+            checkpoint_id,
+            workspace,
+        } => {
+            let params = FilesParams {
+                workspace: workspace.clone(),
+                id: Some(checkpoint_id.clone()),
+            };
+            let r: Rollback = client
+                .request(method::FILES_ROLLBACK, params, |_| {})
+                .await?;
+            print_json(&r)?;
         }
     }
     Ok(ExitCode::SUCCESS)

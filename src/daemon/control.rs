@@ -287,6 +287,30 @@ async fn dispatch(request: Request, ctx: &Ctx, out: &Outbox) -> Result<Value, Rp
         method::FILES_LS => files_ls(params(p)?, ctx).await,
         method::FILES_GET => files_get(params(p)?, ctx).await,
         method::FILES_RM => files_rm(params(p)?, ctx).await,
+        method::FILES_CHECKPOINT => {
+            let p: FilesParams = params(p)?;
+            to_value(files_call(ctx, &p.workspace, FilesOp::Checkpoint).await?)
+        }
+        method::FILES_ROLLBACK => {
+            let p: FilesParams = params(p)?;
+            let checkpoint_id = require_id(&p)?;
+            let id = checkpoint_id.clone();
+            match files_call(ctx, &p.workspace, |reply| FilesOp::Rollback {
+                checkpoint_id: id,
+                reply,
+            })
+            .await?
+            {
+                Some(r) => to_value(r),
+                None => Err(RpcError::new(
+                    ErrorKind::FileNotFound,
+                    format!(
+                        "no checkpoint {checkpoint_id:?} in workspace {:?}",
+                        p.workspace
+                    ),
+                )),
+            }
+        }
         #[cfg(feature = "fault-injection")]
         method::DEBUG_PANIC => {
             let r: BundleRef = params(p)?;

@@ -13,9 +13,10 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent
 use super::bundle::{actor_name, BundleActor, BundleArgs, BundleMsg};
 use super::Shared;
 use crate::files::FileStore;
+use crate::host_resources::access::{project_access, Action, AuditLog};
 use crate::host_resources::rate::TokenBucket;
 use crate::host_resources::{self, HostError, HostRequest};
-use crate::protocol::FileRecord;
+use crate::protocol::{Checkpoint, FileRecord, Rollback};
 
 pub struct WorkspaceActor;
 
@@ -64,6 +65,11 @@ pub enum FilesOp {
         id: String,
         reply: RpcReplyPort<Result<bool, String>>,
     },
+    Checkpoint(RpcReplyPort<Result<Checkpoint, String>>),
+    Rollback {
+        checkpoint_id: String,
+        reply: RpcReplyPort<Result<Option<Rollback>, String>>,
+    },
 }
 
 impl From<HostRequest> for WorkspaceMsg {
@@ -95,12 +101,13 @@ pub struct WorkspaceState {
     files: FileStore,
     /// Host-resources token buckets, by bundle.
     buckets: HashMap<String, TokenBucket>,
+    audit: AuditLog,
 }
 
 impl WorkspaceState {
-    /// Scheme check → rate bucket → FileStore (on the blocking pool). The
-    /// workspace is the one the connection was bound to; a request routed
-    /// here for another workspace is answered as not found.
+    /// Scheme check → access decision (audited) → rate bucket → FileStore
+    /// (on the blocking pool). The workspace is the one the connection was
+    /// bound to; a refused request is answered as not found (no leak).
     fn host_request(&mut self, request: HostRequest) {
         let HostRequest {
             requester,
@@ -108,16 +115,6 @@ impl WorkspaceState {
             params,
             reply,
         } = request;
-        if requester.workspace != self.name {
-            tracing::error!(workspace = %self.name, requester = ?requester, "host-resources request routed to the wrong workspace");
-            let uri = params
-                .as_ref()
-                .and_then(|p| p.get("uri"))
-                .and_then(serde_json::Value::as_str)
-                .unwrap_or("");
-            let _ = reply.send(Err(HostError::not_found(uri)));
-            return;
-        }
         let parsed = match host_resources::parse(&method, params.as_ref()) {
             Ok(p) => p,
             Err(e) => {
@@ -125,6 +122,15 @@ impl WorkspaceState {
                 return;
             }
         };
+        let (resource, action) = parsed.target();
+        let decision = project_access(resource, &requester, action, &self.name);
+        self.audit.record(&decision);
+        if !decision.permitted {
+            tracing::warn!(workspace = %self.name, principal = %decision.principal, "host-resources request refused: {}", decision.reason);
+            let uri = if action == Action::Read { resource } else { "" };
+            let _ = reply.send(Err(HostError::not_found(uri)));
+            return;
+        }
         let limits = &self.shared.config.host_resources;
         let now = tokio::time::Instant::now();
         let bucket = self
@@ -172,6 +178,15 @@ impl WorkspaceState {
             }
             FilesOp::Remove { id, reply } => {
                 let _ = reply.send(store.remove(&id).map_err(|e| e.to_string()));
+            }
+            FilesOp::Checkpoint(reply) => {
+                let _ = reply.send(store.checkpoint().map_err(|e| e.to_string()));
+            }
+            FilesOp::Rollback {
+                checkpoint_id,
+                reply,
+            } => {
+                let _ = reply.send(store.rollback(&checkpoint_id).map_err(|e| e.to_string()));
             }
         });
     }
@@ -223,12 +238,21 @@ impl Actor for WorkspaceActor {
             .await
             .map_err(|e| format!("file store of workspace {:?}: {e}", args.name))?
             .map_err(|e| format!("file store of workspace {:?}: {e}", args.name))?;
+        let logs = &args.shared.config.logs;
+        let audit_path = args
+            .shared
+            .config
+            .state_dir
+            .join("audit")
+            .join(format!("{}.jsonl", args.name));
+        let audit = AuditLog::start(audit_path, logs.max_bytes, logs.keep);
         Ok(WorkspaceState {
             name: args.name,
             shared: args.shared,
             bundles: HashMap::new(),
             files,
             buckets: HashMap::new(),
+            audit,
         })
     }
 

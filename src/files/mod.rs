@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-use crate::protocol::FileRecord;
+use crate::protocol::{Checkpoint, FileRecord, Rollback};
 use crate::store::{FileRow, Store, StoreError};
 
 /// Bytes read for content sniffing.
@@ -93,12 +93,14 @@ impl FileStore {
             dir,
             db,
         };
-        let known: std::collections::HashSet<String> = store
+        let mut known: std::collections::HashSet<String> = store
             .db
             .files(workspace)?
             .into_iter()
             .map(|f| f.id)
             .collect();
+        // Blobs a checkpoint refers to are kept for its rollback.
+        known.extend(store.db.checkpointed_ids(workspace)?);
         for entry in std::fs::read_dir(&store.dir)
             .map_err(io("read", &store.dir))?
             .flatten()
@@ -218,13 +220,56 @@ impl FileStore {
         std::fs::read(&path).map_err(io("read", &path))
     }
 
-    /// Removes a file: the record first (it disappears at once), then the bytes.
+    /// Removes a file: the record first (it disappears at once), then the
+    /// bytes — unless a checkpoint still refers to them (blobs are immutable,
+    /// which is what makes a checkpoint cheap).
     pub fn remove(&self, id: &str) -> Result<bool, FileError> {
         if !is_file_id(id) || !self.db.remove_file(&self.workspace, id)? {
             return Ok(false);
         }
-        let _ = std::fs::remove_file(self.blob(id));
+        if !self.db.checkpointed_ids(&self.workspace)?.contains(id) {
+            let _ = std::fs::remove_file(self.blob(id));
+        }
         Ok(true)
+    }
+
+    /// Records the current file set.
+    pub fn checkpoint(&self) -> Result<Checkpoint, FileError> {
+        let rows = self.db.files(&self.workspace)?;
+        let id = format!("cp_{:024x}", fastrand::u128(..) >> 32);
+        let timestamp = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+        self.db
+            .insert_checkpoint(&self.workspace, &id, &timestamp, &rows)?;
+        Ok(Checkpoint {
+            checkpoint_id: id,
+            timestamp,
+            files: rows.into_iter().map(record).collect(),
+        })
+    }
+
+    /// Restores the file set of a checkpoint; None when there is no such
+    /// checkpoint in this workspace.
+    pub fn rollback(&self, checkpoint_id: &str) -> Result<Option<Rollback>, FileError> {
+        let Some(rows) = self.db.checkpoint(&self.workspace, checkpoint_id)? else {
+            return Ok(None);
+        };
+        let current: std::collections::HashSet<String> = self
+            .db
+            .files(&self.workspace)?
+            .into_iter()
+            .map(|f| f.id)
+            .collect();
+        self.db.replace_files(&self.workspace, &rows)?;
+        let restored_files = rows
+            .iter()
+            .filter(|r| !current.contains(&r.id))
+            .map(|r| r.id.clone())
+            .collect();
+        Ok(Some(Rollback {
+            success: true,
+            checkpoint_id: checkpoint_id.to_string(),
+            restored_files,
+        }))
     }
 }
 
@@ -296,6 +341,29 @@ mod tests {
             .collect();
         assert_eq!(left, vec![kept.id.clone()]);
         assert_eq!(fs.read(&kept.id).unwrap(), b"keep");
+    }
+
+    #[test]
+    fn rollback_restores_the_checkpointed_set_and_its_bytes() {
+        let (dir, db) = setup();
+        let fs = FileStore::open(dir.path(), "w", db.clone()).unwrap();
+        let src = dir.path().join("a.txt");
+        std::fs::write(&src, "A").unwrap();
+        let a = fs.put(&src, None, vec![], None).unwrap();
+        let cp = fs.checkpoint().unwrap();
+        assert_eq!(cp.files, vec![a.clone()]);
+        std::fs::write(&src, "B").unwrap();
+        let b = fs.put(&src, Some("b.txt"), vec![], None).unwrap();
+        assert!(fs.remove(&a.id).unwrap());
+        // Reopening must not collect the checkpointed blob.
+        let fs = FileStore::open(dir.path(), "w", db).unwrap();
+        let rb = fs.rollback(&cp.checkpoint_id).unwrap().unwrap();
+        assert!(rb.success);
+        assert_eq!(rb.restored_files, vec![a.id.clone()]);
+        assert_eq!(fs.list().unwrap(), vec![a.clone()]);
+        assert_eq!(fs.read(&a.id).unwrap(), b"A");
+        assert_eq!(fs.get(&b.id).unwrap(), None);
+        assert!(fs.rollback("cp_nope").unwrap().is_none());
     }
 
     #[test]

@@ -4,10 +4,12 @@
 //! handling that the WorkspaceActor runs for its bundles.
 //!
 //! A request goes: [`parse`] (scheme allowlist, parameter checks) → the
+//! access decision ([`access::project_access`], audited) → the
 //! requester's rate bucket ([`rate`], in the WorkspaceActor) → [`execute`]
 //! against the workspace's FileStore, on the blocking pool (size cap decided
 //! from metadata before any byte is read).
 
+pub mod access;
 pub mod rate;
 
 use serde_json::{json, Map, Value};
@@ -99,6 +101,16 @@ pub enum Request {
         mime_type: Option<String>,
         tags: Vec<String>,
     },
+}
+
+impl Request {
+    /// The resource and action, for the access decision.
+    pub fn target(&self) -> (&str, access::Action) {
+        match self {
+            Request::Read { uri, .. } => (uri, access::Action::Read),
+            Request::List { .. } => ("files://*", access::Action::List),
+        }
+    }
 }
 
 /// Checks a request's method and parameters (no store access).

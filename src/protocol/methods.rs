@@ -20,6 +20,8 @@ pub mod method {
     pub const FILES_LS: &str = "files.ls";
     pub const FILES_GET: &str = "files.get";
     pub const FILES_RM: &str = "files.rm";
+    pub const FILES_CHECKPOINT: &str = "files.checkpoint";
+    pub const FILES_ROLLBACK: &str = "files.rollback";
     /// Only served by daemons built with the `fault-injection` feature.
     pub const DEBUG_PANIC: &str = "debug.panic_bundle_actor";
     /// Subscribe to lifecycle events: answered at once, then `event`
@@ -342,7 +344,8 @@ pub struct FilesPutParams {
 pub struct FilesParams {
     #[serde(default = "default_workspace")]
     pub workspace: String,
-    /// The file id for `files.get` / `files.rm`; absent for `files.ls`.
+    /// The file id for `files.get` / `files.rm`, the checkpoint id for
+    /// `files.rollback`; absent for `files.ls` and `files.checkpoint`.
     #[serde(default)]
     pub id: Option<String>,
 }
@@ -358,4 +361,22 @@ pub struct FilesList {
 pub struct FileContent {
     pub file: FileRecord,
     pub base64: String,
+}
+
+/// `files.checkpoint`: the workspace's file set at a point in time.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub checkpoint_id: String,
+    /// RFC 3339, UTC.
+    pub timestamp: String,
+    pub files: Vec<FileRecord>,
+}
+
+/// `files.rollback`: the checkpoint's file set is the workspace's again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rollback {
+    pub success: bool,
+    pub checkpoint_id: String,
+    /// Ids that came back (absent before the rollback).
+    pub restored_files: Vec<String>,
 }

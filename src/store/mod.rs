@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{params, Connection, OptionalExtension};
 
 /// Newest schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -135,6 +135,21 @@ impl Store {
             )
             .map_err(err)?;
         }
+        if version < 3 {
+            conn.execute_batch(
+                "BEGIN;
+                 CREATE TABLE IF NOT EXISTS checkpoints (
+                     workspace  TEXT NOT NULL,
+                     id         TEXT NOT NULL,
+                     created_at TEXT NOT NULL,
+                     files      TEXT NOT NULL,
+                     PRIMARY KEY (workspace, id)
+                 );
+                 PRAGMA user_version = 3;
+                 COMMIT;",
+            )
+            .map_err(err)?;
+        }
         Ok(Store {
             conn: Arc::new(Mutex::new(conn)),
             path: path.to_path_buf(),
@@ -232,6 +247,25 @@ fn file_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<FileRow> {
     })
 }
 
+fn row_json(f: &FileRow) -> serde_json::Value {
+    serde_json::json!({
+        "id": f.id, "filename": f.filename, "mimeType": f.mime_type, "size": f.size,
+        "tags": f.tags, "createdAt": f.created_at, "sha256": f.sha256,
+    })
+}
+
+fn row_from_json(v: &serde_json::Value) -> Option<FileRow> {
+    Some(FileRow {
+        id: v.get("id")?.as_str()?.to_string(),
+        filename: v.get("filename")?.as_str()?.to_string(),
+        mime_type: v.get("mimeType")?.as_str()?.to_string(),
+        size: v.get("size")?.as_u64()?,
+        tags: serde_json::from_value(v.get("tags")?.clone()).ok()?,
+        created_at: v.get("createdAt")?.as_str()?.to_string(),
+        sha256: v.get("sha256")?.as_str()?.to_string(),
+    })
+}
+
 const FILE_COLUMNS: &str = "id, filename, mime_type, size, sha256, tags, created_at";
 
 impl Store {
@@ -265,6 +299,81 @@ impl Store {
                 file_from_row,
             )
             .optional()
+        })
+    }
+
+    /// Records a checkpoint: the file rows as they are now.
+    pub fn insert_checkpoint(
+        &self,
+        workspace: &str,
+        id: &str,
+        created_at: &str,
+        files: &[FileRow],
+    ) -> Result<(), StoreError> {
+        let files = serde_json::to_string(&files.iter().map(row_json).collect::<Vec<_>>())
+            .unwrap_or_else(|_| "[]".into());
+        self.with(|c| {
+            c.execute(
+                "INSERT INTO checkpoints (workspace, id, created_at, files) VALUES (?1, ?2, ?3, ?4)",
+                params![workspace, id, created_at, files],
+            )
+            .map(|_| ())
+        })
+    }
+
+    /// The file rows of a checkpoint.
+    pub fn checkpoint(
+        &self,
+        workspace: &str,
+        id: &str,
+    ) -> Result<Option<Vec<FileRow>>, StoreError> {
+        let text: Option<String> = self.with(|c| {
+            c.query_row(
+                "SELECT files FROM checkpoints WHERE workspace = ?1 AND id = ?2",
+                params![workspace, id],
+                |r| r.get(0),
+            )
+            .optional()
+        })?;
+        Ok(text.map(|t| {
+            serde_json::from_str::<Vec<serde_json::Value>>(&t)
+                .unwrap_or_default()
+                .iter()
+                .filter_map(row_from_json)
+                .collect()
+        }))
+    }
+
+    /// Ids of every blob some checkpoint of the workspace still refers to.
+    pub fn checkpointed_ids(
+        &self,
+        workspace: &str,
+    ) -> Result<std::collections::HashSet<String>, StoreError> {
+        let all: Vec<String> = self.with(|c| {
+            let mut stmt = c.prepare("SELECT files FROM checkpoints WHERE workspace = ?1")?;
+            let rows = stmt.query_map(params![workspace], |r| r.get(0))?;
+            rows.collect()
+        })?;
+        Ok(all
+            .iter()
+            .flat_map(|t| serde_json::from_str::<Vec<serde_json::Value>>(t).unwrap_or_default())
+            .filter_map(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_string))
+            .collect())
+    }
+
+    /// Makes the workspace's file rows exactly `rows` (one transaction).
+    pub fn replace_files(&self, workspace: &str, rows: &[FileRow]) -> Result<(), StoreError> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            tx.execute("DELETE FROM files WHERE workspace = ?1", params![workspace])?;
+            for f in rows {
+                let tags = serde_json::to_string(&f.tags).unwrap_or_else(|_| "[]".into());
+                tx.execute(
+                    "INSERT INTO files (workspace, id, filename, mime_type, size, tags, created_at, sha256) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+                    params![workspace, f.id, f.filename, f.mime_type, f.size as i64, tags, f.created_at, f.sha256],
+                )?;
+            }
+            tx.commit()
         })
     }
 
@@ -313,6 +422,32 @@ mod tests {
         assert!(!store.remove("default", "a").unwrap());
         assert_eq!(store.get("w2", "a").unwrap(), Some(record("w2", "a")));
         assert_eq!(store.get("default", "a").unwrap(), None);
+    }
+
+    #[test]
+    fn a_version_1_database_migrates_and_keeps_its_installs() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        {
+            // The schema exactly as version 1 wrote it.
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(
+                "CREATE TABLE installs (workspace TEXT NOT NULL, name TEXT NOT NULL, source TEXT NOT NULL,
+                     origin TEXT NOT NULL, installed_at INTEGER NOT NULL, PRIMARY KEY (workspace, name));
+                 INSERT INTO installs VALUES ('default', 'old', '/b/old', 'watch', 7);
+                 PRAGMA user_version = 1;",
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let old = store.get("default", "old").unwrap().unwrap();
+        assert_eq!((old.origin, old.installed_at), (Origin::Watch, 7));
+        assert!(store.files("default").unwrap().is_empty());
+        assert!(store.checkpointed_ids("default").unwrap().is_empty());
+        let version: i64 = store
+            .with(|c| c.pragma_query_value(None, "user_version", |r| r.get(0)))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
     }
 
     #[test]

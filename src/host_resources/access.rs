@@ -1,0 +1,176 @@
+//! Access decisions for host-resources requests, and the audit log they are
+//! written to (`state_dir/audit/WS.jsonl`, one JSON object per decision,
+//! rotated like bundle logs).
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use super::Requester;
+use crate::bundle::logfile::RotatingLog;
+
+/// What a bundle asks to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    Read,
+    List,
+}
+
+/// The record of one decision (also one audit log line).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AccessDecision {
+    pub permitted: bool,
+    /// `bundle:WS/NAME`
+    pub principal: String,
+    pub action: Action,
+    /// `workspace:WS`: the FileStore the request is answered from.
+    pub scope: String,
+    pub resource: String,
+    pub reason: String,
+}
+
+/// Decides whether `principal` may perform `action` on `resource` of the
+/// FileStore of `workspace`. A bundle may read and list the files of the
+/// workspace its connection was bound to, and nothing else.
+pub fn project_access(
+    resource: &str,
+    principal: &Requester,
+    action: Action,
+    workspace: &str,
+) -> AccessDecision {
+    let permitted = principal.workspace == workspace;
+    let reason = if permitted {
+        format!("bundles of workspace {workspace:?} may {action:?} its files").to_lowercase()
+    } else {
+        format!(
+            "the bundle belongs to workspace {:?}, not {workspace:?}",
+            principal.workspace
+        )
+    };
+    AccessDecision {
+        permitted,
+        principal: format!("bundle:{}/{}", principal.workspace, principal.bundle),
+        action,
+        scope: format!("workspace:{workspace}"),
+        resource: resource.to_string(),
+        reason,
+    }
+}
+
+/// Appends decisions to the workspace's audit log from a task of its own,
+/// so the WorkspaceActor never waits on the disk.
+#[derive(Clone)]
+pub struct AuditLog {
+    tx: mpsc::UnboundedSender<String>,
+}
+
+#[derive(Serialize)]
+struct Line<'a> {
+    time: String,
+    #[serde(flatten)]
+    decision: &'a AccessDecision,
+}
+
+impl AuditLog {
+    pub fn start(path: PathBuf, max_bytes: u64, keep: u32) -> AuditLog {
+        let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+        tokio::spawn(async move {
+            let mut log = match RotatingLog::open(&path, max_bytes, keep).await {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::error!(path = %path.display(), "cannot open the audit log: {e}; access decisions are only traced");
+                    while let Some(line) = rx.recv().await {
+                        tracing::info!(target: "audit", "{line}");
+                    }
+                    return;
+                }
+            };
+            while let Some(line) = rx.recv().await {
+                if let Err(e) = log.append(&line).await {
+                    tracing::error!(path = %path.display(), "audit log write failed: {e}");
+                }
+                // Flush when the queue is drained, not per line.
+                if rx.is_empty() {
+                    let _ = log.flush().await;
+                }
+            }
+            let _ = log.flush().await;
+        });
+        AuditLog { tx }
+    }
+
+    pub fn record(&self, decision: &AccessDecision) {
+        let time = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
+        if let Ok(line) = serde_json::to_string(&Line { time, decision }) {
+            let _ = self.tx.send(line);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bundle_may_access_only_its_own_workspace() {
+        let who = Requester {
+            workspace: "a".into(),
+            bundle: "reader".into(),
+        };
+        let ok = project_access(
+            "files://fl_0123456789abcdef01234567",
+            &who,
+            Action::Read,
+            "a",
+        );
+        assert!(ok.permitted);
+        assert_eq!(
+            (ok.principal.as_str(), ok.scope.as_str()),
+            ("bundle:a/reader", "workspace:a")
+        );
+        let no = project_access("files://*", &who, Action::List, "b");
+        assert!(!no.permitted);
+        assert!(
+            no.reason.contains("\"a\"") && no.reason.contains("\"b\""),
+            "{}",
+            no.reason
+        );
+    }
+
+    #[tokio::test]
+    async fn decisions_are_appended_to_the_audit_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("audit/w.jsonl");
+        let log = AuditLog::start(path.clone(), 1 << 20, 1);
+        let who = Requester {
+            workspace: "w".into(),
+            bundle: "b".into(),
+        };
+        log.record(&project_access("files://x", &who, Action::Read, "w"));
+        log.record(&project_access("files://*", &who, Action::List, "other"));
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+        let lines = loop {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            if text.lines().count() == 2 {
+                break text;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "audit lines never written: {text:?}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        };
+        let first: serde_json::Value = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
+        assert_eq!(first["permitted"], true);
+        assert_eq!(first["action"], "read");
+        assert!(first["time"].as_str().unwrap().ends_with('Z'));
+        let second: serde_json::Value =
+            serde_json::from_str(lines.lines().nth(1).unwrap()).unwrap();
+        assert_eq!(
+            (second["permitted"].as_bool(), second["scope"].as_str()),
+            (Some(false), Some("workspace:other"))
+        );
+    }
+}
