@@ -365,3 +365,108 @@ fn checkpoint_and_rollback_restore_the_file_set_and_reads_are_audited() {
         .iter()
         .any(|d| d["resource"] == uri && d["action"] == "read" && d["permitted"] == true));
 }
+
+/// Compares `value` with `tests/golden/host_resources/NAME.json`
+/// (`UPDATE_GOLDEN=1` rewrites the file instead).
+fn golden(name: &str, value: &Value) {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden/host_resources")
+        .join(format!("{name}.json"));
+    let text = serde_json::to_string_pretty(value).unwrap() + "\n";
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &text).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+        panic!(
+            "missing golden file {}; run with UPDATE_GOLDEN=1",
+            path.display()
+        )
+    });
+    assert_eq!(
+        text,
+        want,
+        "{name}: the wire shape changed (golden file {})",
+        path.display()
+    );
+}
+
+#[test]
+fn results_and_errors_match_the_golden_wire_shapes() {
+    let d = Daemon::start_with(
+        "[host_resources]\nmax_read_bytes = 64\nrate_per_sec = 0.5\nburst = 8\n",
+    );
+    let b = d.demo_bundle("demo");
+    d.ok(&["install", b.to_str().unwrap()]);
+    let text = put(
+        &d,
+        "default",
+        &write(&d, "notes.md", b"# Notes\n"),
+        &["--tag", "a"],
+    );
+    let bin = put(
+        &d,
+        "default",
+        &write(&d, "pixel.png", b"\x89PNG\r\n\x1a\n"),
+        &["--tag", "a", "--tag", "b"],
+    );
+    let big = put(&d, "default", &write(&d, "big.txt", &[b'x'; 100]), &[]);
+    let ids = [(&text, "fl_TEXT"), (&bin, "fl_BINARY"), (&big, "fl_BIG")];
+    let normalize = |v: Value| -> Value {
+        let mut s = v.to_string();
+        for (rec, placeholder) in &ids {
+            s = s.replace(rec["id"].as_str().unwrap(), placeholder);
+        }
+        serde_json::from_str(&s).unwrap()
+    };
+    let uri = |rec: &Value| format!("files://{}", rec["id"].as_str().unwrap());
+    let cases: Vec<(&str, &str, Value)> = vec![
+        ("read_text", "host_read", json!({"uri": uri(&text)})),
+        ("read_blob", "host_read", json!({"uri": uri(&bin)})),
+        ("list_all", "host_list", json!({})),
+        (
+            "list_filtered",
+            "host_list",
+            json!({"params": {"_meta": {"filter": {"scheme": "files", "mimeType": "image/png", "tags": ["a", "b"]}}}}),
+        ),
+        (
+            "error_not_found",
+            "host_read",
+            json!({"uri": "files://fl_0123456789abcdef01234567"}),
+        ),
+        ("error_too_large", "host_read", json!({"uri": uri(&big)})),
+        (
+            "error_unsupported_scheme",
+            "host_read",
+            json!({"uri": "http://example.com/a"}),
+        ),
+        (
+            "error_unsupported_scheme_filter",
+            "host_list",
+            json!({"params": {"_meta": {"filter": {"scheme": "entities"}}}}),
+        ),
+        (
+            "error_pagination",
+            "host_list",
+            json!({"params": {"cursor": "c1"}}),
+        ),
+        (
+            "error_tags_type",
+            "host_list",
+            json!({"params": {"_meta": {"filter": {"tags": {"a": 1}}}}}),
+        ),
+    ];
+    for (name, tool, args) in cases {
+        let (_, v) = host(&d, "default", "demo", tool, args);
+        golden(name, &normalize(v));
+    }
+    // Drain the bucket (8 tokens; the 6 reads and lists above used 6 — requests refused while parsing use none).
+    let limited = (0..5)
+        .map(|_| host(&d, "default", "demo", "host_list", json!({})).1)
+        .find(|v| v.get("code").is_some())
+        .unwrap();
+    assert!(limited["data"]["retryAfterMs"].as_u64().unwrap() > 0);
+    let mut shape = limited.clone();
+    shape["data"]["retryAfterMs"] = json!("<ms>");
+    golden("error_rate_limited", &shape);
+}

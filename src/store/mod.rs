@@ -284,7 +284,7 @@ impl Store {
     pub fn files(&self, workspace: &str) -> Result<Vec<FileRow>, StoreError> {
         self.with(|c| {
             let mut stmt = c.prepare(&format!(
-                "SELECT {FILE_COLUMNS} FROM files WHERE workspace = ?1 ORDER BY created_at, id"
+                "SELECT {FILE_COLUMNS} FROM files WHERE workspace = ?1 ORDER BY rowid"
             ))?;
             let rows = stmt.query_map(params![workspace], file_from_row)?;
             rows.collect()
