@@ -24,7 +24,7 @@ for i in $(seq 1 10); do
 done
 mkdir -p "$work/watched" "$work/staging"
 # stable_after and max_restarts: every measured crash is a *first* restart.
-printf 'state_dir = "state"\nsocket = "bv.sock"\n[[watch]]\ndir = "watched"\n[supervision]\nstable_after = "1ms"\nmax_restarts = 100000\n' > "$work/bundlevisor.toml"
+printf 'state_dir = "state"\nsocket = "bv.sock"\n[[watch]]\ndir = "watched"\n[supervision]\nstable_after = "1ms"\nmax_restarts = 100000\n[host_resources]\nrate_per_sec = 1000000\nburst = 1000000\n' > "$work/bundlevisor.toml"
 "$BIN" daemon --config "$work/bundlevisor.toml" 2>"$work/daemon.log" &
 daemon=$!
 cli() { "$BIN" --socket "$work/bv.sock" "$@"; }
@@ -86,10 +86,24 @@ print("land " + stats(land))
 PY
 bundles_kib=$(ps -o rss= -p "$(pgrep -d, -f "$work/b/")" | awk '{s+=$1} END {print s}')
 
+# Host-resources reads from one bundle, inside the bundle (no CLI in the loop).
+head -c 4096 /dev/zero | tr '\0' a > "$work/4k.txt"
+head -c 10485760 /dev/urandom > "$work/10m.bin"
+id4=$(cli files put "$work/4k.txt")
+id10=$(cli files put "$work/10m.bin")
+hwm() { awk '/VmHWM/ {print $2}' "/proc/$daemon/status"; }
+reads4=$(cli call d3 host_bench "{\"uri\":\"files://$id4\",\"count\":5000}")
+hwm_before=$(hwm)
+reads10=$(cli call d3 host_bench "{\"uri\":\"files://$id10\",\"count\":20}")
+hwm_after=$(hwm)
+
 echo "bundlevisor foundation figures ($(nproc) cores, $(date -u +%F))"
 echo "install -> ready, demo bundle (CLI wall time incl. CLI start):  $(stats < "$work/install.txt")"
 echo "status round trip (CLI wall time incl. CLI start):              $(stats < "$work/status.txt")"
 echo "daemon RSS idle: ${idle} KiB; with 10 ready bundles: ${ten} KiB ($(( (ten - idle) / 10 )) KiB per bundle)"
 echo "demo bundle processes: $((bundles_kib / 10)) KiB RSS each"
+echo "host-resources reads, one bundle, 4 KiB text file:  $reads4"
+echo "host-resources reads, one bundle, 10 MiB binary file: $reads10"
+echo "daemon peak RSS (VmHWM) before the 10 MiB reads: ${hwm_before} KiB; after: ${hwm_after} KiB"
 echo "bundle killed -> ready again (first restart, daemon event times): $(sed -n 's/^crash //p' "$work/times.txt")"
 echo "manifest renamed into a watched folder -> ready (200 ms debounce):  $(sed -n 's/^land //p' "$work/times.txt")"

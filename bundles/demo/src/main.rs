@@ -67,6 +67,14 @@ struct HostReadArgs {
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
+struct HostBenchArgs {
+    /// A `files://fl_...` URI to read repeatedly.
+    uri: String,
+    /// Number of sequential reads.
+    count: u32,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
 struct HostListArgs {
     /// Sent as `params` as is (e.g. `{"_meta":{"filter":{"tags":["a"]}}}`).
     #[serde(default)]
@@ -174,6 +182,40 @@ impl Demo {
             serde_json::json!({ "uri": args.uri }),
         )
         .await)
+    }
+
+    #[tool(
+        description = "Read a workspace file COUNT times in a row; returns {count, errors, elapsed_ms, per_sec}"
+    )]
+    async fn host_bench(
+        &self,
+        peer: Peer<RoleServer>,
+        Parameters(args): Parameters<HostBenchArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let started = std::time::Instant::now();
+        let mut errors = 0;
+        for _ in 0..args.count {
+            let request = ServerRequest::CustomRequest(CustomRequest::new(
+                "ai.nimblebrain/resources/read",
+                Some(serde_json::json!({ "uri": args.uri })),
+            ));
+            if !matches!(
+                peer.send_request(request).await,
+                Ok(ClientResult::CustomResult(_))
+            ) {
+                errors += 1;
+            }
+        }
+        let elapsed = started.elapsed().as_secs_f64();
+        let out = serde_json::json!({
+            "count": args.count,
+            "errors": errors,
+            "elapsed_ms": (elapsed * 1000.0).round(),
+            "per_sec": (args.count as f64 / elapsed).round(),
+        });
+        Ok(CallToolResult::success(vec![ContentBlock::text(
+            out.to_string(),
+        )]))
     }
 
     #[tool(description = "List workspace files through ai.nimblebrain/resources/list")]
