@@ -171,6 +171,13 @@ fn a_bundle_reads_and_lists_its_workspace_files_truthfully() {
             json!({"code":-32002,"message":"Resource not found","data":{"uri": missing}})
         )
     );
+    // The daemon's log has the real reason; the bundle never saw it.
+    assert!(
+        d.log()
+            .contains("the file belongs to workspace \"other\", not \"default\""),
+        "{}",
+        d.log()
+    );
     // ... while the bundle of that workspace reads it.
     assert_eq!(
         read(&d, "other", "demo", &furi).1["contents"][0]["text"],

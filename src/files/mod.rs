@@ -58,18 +58,6 @@ fn new_id() -> String {
     format!("fl_{:024x}", fastrand::u128(..) >> 32)
 }
 
-fn record(row: FileRow) -> FileRecord {
-    FileRecord {
-        id: row.id,
-        filename: row.filename,
-        mime_type: row.mime_type,
-        size: row.size,
-        tags: row.tags,
-        created_at: row.created_at,
-        sha256: row.sha256,
-    }
-}
-
 /// One workspace's files. Cheap to clone; calls block (use the blocking pool).
 #[derive(Clone)]
 pub struct FileStore {
@@ -192,16 +180,11 @@ impl FileStore {
             let _ = std::fs::remove_file(self.blob(&id));
             return Err(e.into());
         }
-        Ok(record(row))
+        Ok(row)
     }
 
     pub fn list(&self) -> Result<Vec<FileRecord>, FileError> {
-        Ok(self
-            .db
-            .files(&self.workspace)?
-            .into_iter()
-            .map(record)
-            .collect())
+        Ok(self.db.files(&self.workspace)?)
     }
 
     /// The record of `id` in this workspace (None for any other id).
@@ -209,7 +192,20 @@ impl FileStore {
         if !is_file_id(id) {
             return Ok(None);
         }
-        Ok(self.db.file(&self.workspace, id)?.map(record))
+        Ok(self.db.file(&self.workspace, id)?)
+    }
+
+    /// Why `id` is not in this workspace, for the log: another workspace
+    /// holds it, or nobody does.
+    pub fn absence_reason(&self, id: &str) -> String {
+        match self.db.file_owner(id) {
+            Ok(Some(owner)) => format!(
+                "the file belongs to workspace {owner:?}, not {:?}",
+                self.workspace
+            ),
+            Ok(None) => "no workspace has this file".to_string(),
+            Err(e) => format!("owner lookup failed: {e}"),
+        }
     }
 
     pub fn read(&self, id: &str) -> Result<Vec<u8>, FileError> {
@@ -243,7 +239,7 @@ impl FileStore {
         Ok(Checkpoint {
             checkpoint_id: id,
             timestamp,
-            files: rows.into_iter().map(record).collect(),
+            files: rows,
         })
     }
 

@@ -212,7 +212,8 @@ pub fn execute(
             let record = match store.get(&id) {
                 Ok(Some(r)) => r,
                 Ok(None) => {
-                    tracing::info!(workspace = %requester.workspace, bundle = %requester.bundle, %uri, "host-resources read: no such file in this workspace");
+                    let reason = store.absence_reason(&id);
+                    tracing::info!(workspace = %requester.workspace, bundle = %requester.bundle, %uri, "host-resources read answered not found: {reason}");
                     return Err(HostError::not_found(&uri));
                 }
                 Err(e) => {

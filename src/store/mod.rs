@@ -222,17 +222,9 @@ impl Store {
     }
 }
 
-/// Metadata of one workspace file (the bytes live in the FileStore's folder).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileRow {
-    pub id: String,
-    pub filename: String,
-    pub mime_type: String,
-    pub size: u64,
-    pub tags: Vec<String>,
-    pub created_at: String,
-    pub sha256: String,
-}
+/// File metadata rows are the protocol's [`FileRecord`]: the shape is the
+/// same in the database, on the socket and in checkpoints.
+pub use crate::protocol::FileRecord as FileRow;
 
 fn file_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<FileRow> {
     let tags: String = r.get(5)?;
@@ -244,25 +236,6 @@ fn file_from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<FileRow> {
         tags: serde_json::from_str(&tags).unwrap_or_default(),
         created_at: r.get(6)?,
         sha256: r.get(4)?,
-    })
-}
-
-fn row_json(f: &FileRow) -> serde_json::Value {
-    serde_json::json!({
-        "id": f.id, "filename": f.filename, "mimeType": f.mime_type, "size": f.size,
-        "tags": f.tags, "createdAt": f.created_at, "sha256": f.sha256,
-    })
-}
-
-fn row_from_json(v: &serde_json::Value) -> Option<FileRow> {
-    Some(FileRow {
-        id: v.get("id")?.as_str()?.to_string(),
-        filename: v.get("filename")?.as_str()?.to_string(),
-        mime_type: v.get("mimeType")?.as_str()?.to_string(),
-        size: v.get("size")?.as_u64()?,
-        tags: serde_json::from_value(v.get("tags")?.clone()).ok()?,
-        created_at: v.get("createdAt")?.as_str()?.to_string(),
-        sha256: v.get("sha256")?.as_str()?.to_string(),
     })
 }
 
@@ -310,8 +283,7 @@ impl Store {
         created_at: &str,
         files: &[FileRow],
     ) -> Result<(), StoreError> {
-        let files = serde_json::to_string(&files.iter().map(row_json).collect::<Vec<_>>())
-            .unwrap_or_else(|_| "[]".into());
+        let files = serde_json::to_string(files).unwrap_or_else(|_| "[]".into());
         self.with(|c| {
             c.execute(
                 "INSERT INTO checkpoints (workspace, id, created_at, files) VALUES (?1, ?2, ?3, ?4)",
@@ -335,13 +307,7 @@ impl Store {
             )
             .optional()
         })?;
-        Ok(text.map(|t| {
-            serde_json::from_str::<Vec<serde_json::Value>>(&t)
-                .unwrap_or_default()
-                .iter()
-                .filter_map(row_from_json)
-                .collect()
-        }))
+        Ok(text.map(|t| serde_json::from_str(&t).unwrap_or_default()))
     }
 
     /// Ids of every blob some checkpoint of the workspace still refers to.
@@ -374,6 +340,19 @@ impl Store {
                 )?;
             }
             tx.commit()
+        })
+    }
+
+    /// The workspace that holds file `id`, if any (for logs only: never
+    /// told to a bundle).
+    pub fn file_owner(&self, id: &str) -> Result<Option<String>, StoreError> {
+        self.with(|c| {
+            c.query_row(
+                "SELECT workspace FROM files WHERE id = ?1",
+                params![id],
+                |r| r.get(0),
+            )
+            .optional()
         })
     }
 
