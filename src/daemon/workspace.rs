@@ -1,7 +1,8 @@
 //! WorkspaceActor: one per workspace. Supervises the workspace's
-//! BundleActors (a panicked one is started again with the same install)
-//! and answers their host-resources requests (it will own the workspace's
-//! FileStore and rate buckets).
+//! BundleActors (a panicked one is started again with the same install),
+//! owns the workspace's FileStore, rate buckets (one per bundle) and audit
+//! log, and answers its bundles' host-resources requests and the `files`
+//! control requests; store I/O runs on the blocking pool.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
