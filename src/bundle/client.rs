@@ -47,13 +47,13 @@ impl HostContext {
 }
 
 /// The rmcp client handler of one bundle connection.
-pub(crate) struct BundleClient {
+pub(super) struct BundleClient {
     host: HostContext,
     config: ClientConfig,
 }
 
 impl BundleClient {
-    pub(crate) fn new(host: HostContext, extension: Map<String, Value>) -> Self {
+    pub(super) fn new(host: HostContext, extension: Map<String, Value>) -> Self {
         let mut capabilities = ClientCapabilities::default();
         capabilities.extensions = Some([(host_resources::EXTENSION.to_string(), extension)].into());
         let config = ClientConfig::new(

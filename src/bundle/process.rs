@@ -95,7 +95,7 @@ pub fn bundle_env(plan: &LaunchPlan) -> Vec<(String, String)> {
 /// Spawns the bundle. Must be called from a long-lived runtime thread, never
 /// from `spawn_blocking`: `PR_SET_PDEATHSIG` fires when the forking *thread*
 /// exits.
-pub fn spawn(plan: &LaunchPlan) -> Result<Spawned, SpawnError> {
+pub(super) fn spawn(plan: &LaunchPlan) -> Result<Spawned, SpawnError> {
     let mut cmd = Command::new(&plan.command);
     cmd.args(&plan.args)
         .env_clear()

@@ -142,12 +142,12 @@ fn bind_socket(path: &Path) -> Result<UnixListener, DaemonError> {
 /// settled), at most `start_timeout`.
 async fn boot_settled(shared: &Shared) {
     shared.booted.cancelled().await;
-    let expected = {
-        let store = shared.store.clone();
-        tokio::task::spawn_blocking(move || store.installs().map(|i| i.len()).unwrap_or(0))
-            .await
-            .unwrap_or(0)
-    };
+    let expected = shared
+        .store
+        .call(|s| s.installs())
+        .await
+        .map(|i| i.len())
+        .unwrap_or(0);
     let deadline = tokio::time::Instant::now() + shared.config.bundles.start_timeout;
     let mut events = shared.board.subscribe();
     loop {

@@ -84,29 +84,33 @@ pub struct DaemonState {
 struct Found {
     path: PathBuf,
     hash: u64,
-    manifest: Result<LoadedManifest, String>,
+    /// The validated (and gated) manifest; None when its content is the one
+    /// seen last time (nothing to do, so it is not parsed again).
+    manifest: Option<Result<LoadedManifest, String>>,
 }
 
-/// Reads every bundle of a watched folder; None when the folder is missing.
-fn scan(dir: &Path) -> Option<(PathBuf, Vec<Found>)> {
+/// Reads every bundle of a watched folder, each manifest once; parses only
+/// those whose content hash differs from `seen`. None when the folder is missing.
+fn scan(dir: &Path, seen: &HashMap<PathBuf, u64>) -> Option<(PathBuf, Vec<Found>)> {
     let dir = dir.canonicalize().ok().filter(|d| d.is_dir())?;
     let found = bundle_paths(&dir)
         .into_iter()
         .map(|path| {
             let file = crate::manifest::manifest_file(&path);
+            let text = std::fs::read_to_string(&file)
+                .map_err(|e| format!("cannot read manifest {}: {e}", file.display()));
             let hash = {
                 use std::hash::{Hash, Hasher};
                 let mut h = std::collections::hash_map::DefaultHasher::new();
-                std::fs::read(&file).unwrap_or_default().hash(&mut h);
+                text.as_deref().unwrap_or("").hash(&mut h);
                 h.finish()
             };
-            let manifest = crate::manifest::load(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|m| {
-                    crate::manifest::gate(&m.manifest, PROVIDED_CAPABILITIES)
-                        .map_err(|e| e.to_string())?;
-                    Ok(m)
-                });
+            let manifest = (seen.get(&path) != Some(&hash)).then(|| {
+                let loaded = crate::manifest::from_text(file, &text?).map_err(|e| e.to_string())?;
+                crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)
+                    .map_err(|e| e.to_string())?;
+                Ok(loaded)
+            });
             Found {
                 path,
                 hash,
@@ -196,19 +200,18 @@ impl DaemonState {
             origin,
             installed_at: unix_now(),
         };
-        let store = self.shared.store.clone();
         let rec = record.clone();
-        let inserted = tokio::task::spawn_blocking(
-            move || -> Result<Result<(), InstallRecord>, StoreError> {
+        let inserted = self
+            .shared
+            .store
+            .call(move |store| {
                 if store.insert(&rec)? {
                     Ok(Ok(()))
                 } else {
                     Ok(Err(store.get(&rec.workspace, &rec.name)?.unwrap_or(rec)))
                 }
-            },
-        )
-        .await
-        .map_err(|e| InstallError::Internal(e.to_string()))??;
+            })
+            .await?;
         if let Err(existing) = inserted {
             return Err(InstallError::AlreadyInstalled {
                 workspace: existing.workspace,
@@ -226,24 +229,20 @@ impl DaemonState {
         ));
         if let Err(e) = self.supervise(myself, &record).await {
             // Keep the state database in line with what runs.
-            let store = self.shared.store.clone();
             let (ws, name) = (record.workspace.clone(), record.name.clone());
-            let _ = tokio::task::spawn_blocking(move || store.remove(&ws, &name)).await;
+            if let Err(undo) = self.shared.store.call(move |s| s.remove(&ws, &name)).await {
+                tracing::error!(workspace = %record.workspace, bundle = %record.name, "install failed and its record could not be removed: {undo}");
+            }
             return Err(e);
         }
         Ok(record)
     }
 
     async fn boot(&mut self, myself: &ActorRef<DaemonMsg>) {
-        let store = self.shared.store.clone();
-        let installs = match tokio::task::spawn_blocking(move || store.installs()).await {
-            Ok(Ok(installs)) => installs,
-            Ok(Err(e)) => {
-                tracing::error!("boot reload: cannot read installs: {e}");
-                Vec::new()
-            }
+        let installs = match self.shared.store.call(|s| s.installs()).await {
+            Ok(installs) => installs,
             Err(e) => {
-                tracing::error!("boot reload: {e}");
+                tracing::error!("boot reload: cannot read installs: {e}");
                 Vec::new()
             }
         };
@@ -267,18 +266,12 @@ impl DaemonState {
         workspace: &str,
         name: &str,
     ) -> Result<Option<ActorRef<WorkspaceMsg>>, InstallError> {
-        let store = self.shared.store.clone();
         let (ws, n) = (workspace.to_string(), name.to_string());
-        match tokio::task::spawn_blocking(move || store.remove(&ws, &n)).await {
-            Ok(Ok(true)) => {}
-            Ok(Ok(false)) => {
-                return Err(InstallError::NotInstalled {
-                    workspace: workspace.to_string(),
-                    name: name.to_string(),
-                })
-            }
-            Ok(Err(e)) => return Err(e.into()),
-            Err(e) => return Err(InstallError::Internal(e.to_string())),
+        if !self.shared.store.call(move |s| s.remove(&ws, &n)).await? {
+            return Err(InstallError::NotInstalled {
+                workspace: workspace.to_string(),
+                name: name.to_string(),
+            });
         }
         tracing::info!(workspace = %workspace, bundle = %name, "bundle uninstalled");
         self.shared.board.emit(LifecycleEvent::new(
@@ -299,11 +292,8 @@ impl DaemonState {
         workspace: &str,
         name: &str,
     ) -> Result<Option<ActorRef<WorkspaceMsg>>, InstallError> {
-        let store = self.shared.store.clone();
         let (ws, n) = (workspace.to_string(), name.to_string());
-        let record = tokio::task::spawn_blocking(move || store.get(&ws, &n))
-            .await
-            .map_err(|e| InstallError::Internal(e.to_string()))??;
+        let record = self.shared.store.call(move |s| s.get(&ws, &n)).await?;
         if let Some(record) = record.filter(|r| r.origin == Origin::Watch) {
             return Err(InstallError::Watched {
                 name: record.name,
@@ -331,17 +321,17 @@ impl DaemonState {
         let Some(watch) = self.shared.config.watch.get(index).cloned() else {
             return;
         };
-        let dir = watch.dir.clone();
-        let Ok(Some((dir, found))) = tokio::task::spawn_blocking(move || scan(&dir)).await else {
+        let (dir, seen) = (watch.dir.clone(), self.seen.clone());
+        let Ok(Some((dir, found))) = tokio::task::spawn_blocking(move || scan(&dir, &seen)).await
+        else {
             tracing::warn!(dir = %watch.dir.display(), "watched folder is missing; its bundles keep running");
             return;
         };
-        let store = self.shared.store.clone();
-        let installs = match tokio::task::spawn_blocking(move || store.installs()).await {
-            Ok(Ok(all)) => all,
-            other => {
+        let installs = match self.shared.store.call(|s| s.installs()).await {
+            Ok(all) => all,
+            Err(e) => {
                 tracing::error!(
-                    "watched folder {}: cannot read installs: {other:?}",
+                    "watched folder {}: cannot read installs: {e}",
                     dir.display()
                 );
                 return;
@@ -352,11 +342,11 @@ impl DaemonState {
             .filter(|r| r.workspace == watch.workspace && r.source.parent() == Some(dir.as_path()))
             .collect();
         for f in found.iter() {
+            // `f.manifest` is Some exactly when the content differs from `previous`.
             let previous = self.seen.insert(f.path.clone(), f.hash);
-            let changed = previous != Some(f.hash);
             let record = here.iter().find(|r| r.source == f.path);
             match (record, &f.manifest) {
-                (None, Ok(_)) if changed => match self
+                (None, Some(Ok(_))) => match self
                     .install(
                         myself,
                         f.path.clone(),
@@ -368,10 +358,10 @@ impl DaemonState {
                     Ok(_) | Err(InstallError::AlreadyInstalled { .. }) => {}
                     Err(e) => self.reject(&watch.workspace, &f.path, &e.to_string()),
                 },
-                (None, Err(reason)) if changed => self.reject(&watch.workspace, &f.path, reason),
+                (None, Some(Err(reason))) => self.reject(&watch.workspace, &f.path, reason),
                 // First sight of an installed bundle (boot): its start reads this very file.
                 (Some(_), _) if previous.is_none() => {}
-                (Some(record), Ok(loaded)) if changed => {
+                (Some(record), Some(Ok(loaded))) => {
                     if loaded.manifest.name != record.name {
                         tracing::info!(workspace = %watch.workspace, "watched bundle renamed from {:?} to {:?}", record.name, loaded.manifest.name);
                         self.remove_in_background(&record.workspace, &record.name)
@@ -393,7 +383,7 @@ impl DaemonState {
                         let _ = actor.send_message(BundleMsg::Upgrade(Box::new(loaded.clone())));
                     }
                 }
-                (Some(record), Err(reason)) if changed => {
+                (Some(record), Some(Err(reason))) => {
                     if let Some(actor) =
                         ActorRef::<BundleMsg>::where_is(actor_name(&record.workspace, &record.name))
                     {
@@ -560,13 +550,16 @@ impl Actor for DaemonActor {
             if let Some(name) = failed {
                 tracing::error!(workspace = %name, "workspace actor failed: {err}; starting it again");
                 st.workspaces.remove(&name);
-                let store = st.shared.store.clone();
-                let installs = tokio::task::spawn_blocking(move || store.installs()).await;
-                if let Ok(Ok(installs)) = installs {
-                    for record in installs.iter().filter(|r| r.workspace == name) {
-                        if let Err(e) = st.supervise(&myself, record).await {
-                            tracing::error!(workspace = %name, bundle = %record.name, "{e}");
+                match st.shared.store.call(|s| s.installs()).await {
+                    Ok(installs) => {
+                        for record in installs.iter().filter(|r| r.workspace == name) {
+                            if let Err(e) = st.supervise(&myself, record).await {
+                                tracing::error!(workspace = %name, bundle = %record.name, "{e}");
+                            }
                         }
+                    }
+                    Err(e) => {
+                        tracing::error!(workspace = %name, "cannot read installs to restore the workspace's bundles: {e}")
                     }
                 }
             }

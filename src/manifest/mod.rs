@@ -161,7 +161,12 @@ pub fn load(path: &Path) -> Result<LoadedManifest, ManifestError> {
         path: file.clone(),
         source,
     })?;
-    let manifest = parse(&text).map_err(|e| match e {
+    from_text(file, &text)
+}
+
+/// Validates the already-read `text` of the manifest file `file`.
+pub fn from_text(file: PathBuf, text: &str) -> Result<LoadedManifest, ManifestError> {
+    let manifest = parse(text).map_err(|e| match e {
         ParseFailure::Json {
             line,
             column,

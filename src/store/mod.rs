@@ -19,6 +19,8 @@ pub enum StoreError {
         path: PathBuf,
         source: rusqlite::Error,
     },
+    #[error("state database task failed: {0}")]
+    Background(String),
     #[error("state database {path} has schema version {found}, newer than this build understands ({SCHEMA_VERSION}); upgrade bundlevisor")]
     TooNew { path: PathBuf, found: i64 },
 }
@@ -154,6 +156,19 @@ impl Store {
             conn: Arc::new(Mutex::new(conn)),
             path: path.to_path_buf(),
         })
+    }
+
+    /// Runs `f` on the blocking pool: the way async code (actors) calls the
+    /// store, since SQLite calls block.
+    pub async fn call<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Store) -> Result<T, StoreError> + Send + 'static,
+    {
+        let store = self.clone();
+        tokio::task::spawn_blocking(move || f(&store))
+            .await
+            .map_err(|e| StoreError::Background(e.to_string()))?
     }
 
     fn with<T>(
