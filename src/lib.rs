@@ -26,4 +26,5 @@ pub mod lines;
 pub mod manifest;
 pub mod names;
 pub mod protocol;
+pub mod secret;
 pub mod store;

@@ -3,92 +3,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{Daemon, BIN};
+use common::{events, Daemon, Stream};
 use serde_json::Value;
-
-/// A CLI process whose stdout lines arrive on a channel.
-struct Stream {
-    child: Child,
-    lines: mpsc::Receiver<String>,
-}
-
-impl Stream {
-    fn start(d: &Daemon, args: &[&str]) -> Stream {
-        let mut child = Command::new(BIN)
-            .arg("--socket")
-            .arg(&d.socket)
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let out = child.stdout.take().unwrap();
-        let (tx, lines) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        Stream { child, lines }
-    }
-
-    /// Lines until `done` matches one (inclusive), or panics at the deadline.
-    fn until(&self, what: &str, done: impl Fn(&str) -> bool) -> Vec<String> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let mut seen = Vec::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(line) => {
-                    let stop = done(&line);
-                    seen.push(line);
-                    if stop {
-                        return seen;
-                    }
-                }
-                Err(_) => panic!("timed out waiting for {what}; saw:\n{}", seen.join("\n")),
-            }
-        }
-    }
-}
-
-impl Drop for Stream {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Subscribes and proves the subscription is live before returning: a probe
-/// bundle is restarted until the stream reports one of its events (the CLI
-/// process may connect after the first ones).
-fn events(d: &Daemon, args: &[&str]) -> Stream {
-    let s = Stream::start(d, args);
-    let probe = d.demo_bundle("probe");
-    d.ok(&["install", probe.to_str().unwrap()]);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        d.ok(&["restart", "probe"]);
-        while let Ok(line) = s.lines.recv_timeout(Duration::from_millis(200)) {
-            if line.contains("\"probe\"") || line.contains("default/probe ") {
-                // Drain what the restart still sends, so tests see only their own events.
-                while s.lines.recv_timeout(Duration::from_millis(100)).is_ok() {}
-                return s;
-            }
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the event subscription never became live"
-        );
-    }
-}
 
 #[test]
 fn events_stream_the_lifecycle_of_a_crash_and_an_uninstall() {

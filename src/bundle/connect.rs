@@ -88,6 +88,7 @@ pub async fn connect(
         opts.log.clone(),
         &requester.workspace,
         &requester.bundle,
+        plan.redactor.clone(),
     );
     let lifeline = Lifeline::watch(spawned.child, spawned.pid, opts.reaper.clone());
     let client = BundleClient::new(

@@ -336,6 +336,7 @@ pub fn capture_stderr(
     target: LogTarget,
     workspace: &str,
     bundle: &str,
+    redactor: crate::secret::Redactor,
 ) -> StderrTail {
     let (eof_tx, eof) = watch::channel(false);
     let tail = StderrTail {
@@ -355,7 +356,11 @@ pub fn capture_stderr(
         let mut lines = LineReader::new(BufReader::new(stderr), MAX_STDERR_LINE);
         loop {
             let line = match lines.next_line().await {
-                Ok(Line::Text(line)) => line,
+                // Secrets are masked before the line goes anywhere.
+                Ok(Line::Text(line)) => match redactor.redact(&line) {
+                    std::borrow::Cow::Borrowed(_) => line,
+                    std::borrow::Cow::Owned(masked) => masked,
+                },
                 Ok(Line::TooLong) => format!(
                     "[bundlevisor: stderr line longer than {MAX_STDERR_LINE} bytes dropped]"
                 ),
@@ -396,6 +401,7 @@ mod tests {
             args: vec!["-c".into(), script.into()],
             env: BTreeMap::from([("BUNDLE_OWN".to_string(), "yes".to_string())]),
             cwd: std::env::temp_dir(),
+            redactor: Default::default(),
         }
     }
 

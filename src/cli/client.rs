@@ -24,6 +24,9 @@ pub enum ClientError {
     Rpc(RpcError),
     #[error("control protocol error: {0}")]
     Protocol(String),
+    /// The command line itself is wrong (checked before anything is sent).
+    #[error("{0}")]
+    Usage(String),
 }
 
 pub struct Client {

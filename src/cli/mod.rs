@@ -4,6 +4,7 @@
 
 mod call;
 mod client;
+mod configure;
 mod daemon;
 mod events;
 mod files;
@@ -51,6 +52,9 @@ enum Command {
     Uninstall(uninstall::Args),
     /// Stop a bundle and start it again; waits until it is ready.
     Restart(restart::Args),
+    /// Set user_config values (stored encrypted) and respawn the bundle;
+    /// without KEY=VALUE, list its keys.
+    Configure(configure::Args),
     /// List the tools of one bundle or of every bundle in a workspace.
     Tools(tools::Args),
     /// Call a tool of a bundle.
@@ -98,6 +102,7 @@ pub fn main() -> ExitCode {
             Command::Install(a) => install::run(&mut client, a).await,
             Command::Uninstall(a) => uninstall::run(&mut client, a).await,
             Command::Restart(a) => restart::run(&mut client, a).await,
+            Command::Configure(a) => configure::run(&mut client, a).await,
             Command::Tools(a) => tools::run(&mut client, a).await,
             Command::Call(a) => call::run(&mut client, a).await,
             Command::Logs(a) => logs::run(&mut client, a).await,

@@ -1,23 +1,34 @@
-//! `bundlevisor uninstall NAME [-w WS]`
+//! `bundlevisor uninstall NAME [-w WS] [--purge]`
 
 use std::process::ExitCode;
 
 use super::{Client, ClientError};
-use crate::protocol::{method, BundleRef, UninstallResult, DEFAULT_WORKSPACE};
+use crate::protocol::{method, UninstallParams, UninstallResult, DEFAULT_WORKSPACE};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
     name: String,
     #[arg(short, long, default_value = DEFAULT_WORKSPACE)]
     workspace: String,
+    /// Also delete the bundle's stored credentials and OAuth tokens.
+    #[arg(long)]
+    purge: bool,
 }
 
 pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError> {
-    let params = BundleRef {
+    let params = UninstallParams {
         workspace: args.workspace.clone(),
         name: args.name.clone(),
+        purge: args.purge,
     };
     let r: UninstallResult = client.request(method::UNINSTALL, params, |_| {}).await?;
-    println!("{}/{} uninstalled", r.workspace, r.name);
+    if args.purge {
+        println!(
+            "{}/{} uninstalled; its credentials and tokens were deleted",
+            r.workspace, r.name
+        );
+    } else {
+        println!("{}/{} uninstalled", r.workspace, r.name);
+    }
     Ok(ExitCode::SUCCESS)
 }

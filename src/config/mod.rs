@@ -114,6 +114,8 @@ pub struct Config {
     pub supervision: Supervision,
     #[serde(default)]
     pub logs: LogSettings,
+    #[serde(default)]
+    pub credentials: CredentialsConfig,
     /// How long the watched folders must be quiet before they are rescanned.
     #[serde(default = "defaults::debounce", with = "humantime_serde")]
     pub watch_debounce: Duration,
@@ -198,6 +200,18 @@ pub struct SupervisionOverride {
     pub workspace: String,
     pub bundle: String,
     pub restart: RestartPolicy,
+}
+
+/// Where the key that encrypts stored credentials comes from
+/// (docs/credentials.md). At most one of the two; neither means
+/// `STATE_DIR/credentials.key`, created on first start.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialsConfig {
+    /// A key file the operator manages (must exist, mode 0600).
+    pub key_file: Option<PathBuf>,
+    /// An environment variable holding the base64 key.
+    pub key_env: Option<String>,
 }
 
 /// Rotation of the per-bundle stderr logs.
@@ -316,6 +330,9 @@ impl Config {
         for watch in &mut config.watch {
             watch.dir = normalize(&base.join(&watch.dir));
         }
+        if let Some(key_file) = &mut config.credentials.key_file {
+            *key_file = normalize(&base.join(&*key_file));
+        }
         config.validate()?;
         Ok(config)
     }
@@ -346,6 +363,12 @@ impl Config {
         }
         if self.bundles.max_concurrent_starts == 0 {
             problems.push("bundles.max_concurrent_starts must be at least 1".to_string());
+        }
+        if self.credentials.key_file.is_some() && self.credentials.key_env.is_some() {
+            problems.push(
+                "credentials: set key_file or key_env, not both (the key has one source)"
+                    .to_string(),
+            );
         }
         for (i, watch) in self.watch.iter().enumerate() {
             if let Err(e) = crate::names::check_name("workspace", &watch.workspace) {

@@ -10,7 +10,6 @@
 //! generation number discards starts, exits and liveness reports of an
 //! earlier start.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,7 +28,7 @@ use crate::bundle::process::{ExitInfo, Lifeline, StderrTail};
 use crate::bundle::{connect, ConnectOptions, Connection, HostContext};
 use crate::config::Supervision;
 use crate::host_resources::{HostRequest, PROVIDED_CAPABILITIES};
-use crate::manifest::LoadedManifest;
+use crate::manifest::{LoadedManifest, PlanError};
 use crate::protocol::{BundleState, BundleStatus, EventKind, ExitStatus, LifecycleEvent};
 
 /// Registry name of a bundle's actor.
@@ -66,10 +65,21 @@ pub enum CallError {
 
 /// Why a start failed.
 pub struct StartFailure {
-    /// A configuration problem (manifest, gate, missing user_config) that a
-    /// restart cannot fix: no restart is attempted.
-    config: bool,
+    kind: FailKind,
     reason: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FailKind {
+    /// May succeed if tried again: the restart policy decides.
+    Transient,
+    /// A configuration problem (manifest, gate, unreadable credentials)
+    /// that a restart cannot fix: `failed`, no restart is attempted.
+    Config,
+    /// A required user_config value is missing: `needs_config`.
+    NeedsConfig,
+    /// Only an operator-completed authorization can help: `needs_auth`.
+    NeedsAuth,
 }
 
 pub enum BundleMsg {
@@ -98,6 +108,8 @@ pub enum BundleMsg {
     Upgrade(Box<LoadedManifest>),
     /// The manifest changed but was refused: keep running, say why.
     ManifestRejected(String),
+    /// `configure` stored new user_config values: respawn with them.
+    Reconfigure(RpcReplyPort<()>),
     Call {
         tool: String,
         arguments: Option<Map<String, Value>>,
@@ -173,11 +185,23 @@ impl BundleActorState {
 
     fn fail(&mut self, reason: String, before: Option<LifecycleEvent>) {
         tracing::warn!(workspace = %self.args.workspace, bundle = %self.args.name, "bundle failed: {reason}");
-        self.state = BundleState::Failed;
+        self.settle(BundleState::Failed, EventKind::Failed, reason, before);
+    }
+
+    /// Not running, and waiting for the operator (`failed`, `needs_config`,
+    /// `needs_auth`): nothing is retried until they act.
+    fn settle(
+        &mut self,
+        state: BundleState,
+        kind: EventKind,
+        reason: String,
+        before: Option<LifecycleEvent>,
+    ) {
+        self.state = state;
         self.tools.clear();
         self.last_error = Some(reason.clone());
         self.emit_before(before);
-        self.publish(self.event(EventKind::Failed, reason));
+        self.publish(self.event(kind, reason));
     }
 
     /// Emits an event that precedes the decision's (e.g. `exited`), stamped
@@ -386,14 +410,25 @@ impl Actor for BundleActor {
                         st.publish(st.event(EventKind::Ready, "ready"));
                         watch_exit(observer, connection.stderr, myself, generation);
                     }
-                    Err(StartFailure {
-                        config: true,
-                        reason,
-                    }) => st.fail(reason, None),
-                    Err(StartFailure {
-                        config: false,
-                        reason,
-                    }) => st.after_stop(&myself, Stop::Failure(reason), None, None),
+                    Err(StartFailure { kind, reason }) => match kind {
+                        FailKind::Config => st.fail(reason, None),
+                        FailKind::NeedsConfig => {
+                            tracing::warn!(workspace = %st.args.workspace, bundle = %st.args.name, "bundle needs configuration: {reason}");
+                            st.settle(
+                                BundleState::NeedsConfig,
+                                EventKind::NeedsConfig,
+                                reason,
+                                None,
+                            )
+                        }
+                        FailKind::NeedsAuth => {
+                            tracing::warn!(workspace = %st.args.workspace, bundle = %st.args.name, "bundle needs authorization: {reason}");
+                            st.settle(BundleState::NeedsAuth, EventKind::NeedsAuth, reason, None)
+                        }
+                        FailKind::Transient => {
+                            st.after_stop(&myself, Stop::Failure(reason), None, None)
+                        }
+                    },
                 }
             }
             BundleMsg::Exited {
@@ -446,6 +481,15 @@ impl Actor for BundleActor {
                     &myself,
                     EventKind::Restarting,
                     "restarting on request",
+                    None,
+                );
+                let _ = reply.send(());
+            }
+            BundleMsg::Reconfigure(reply) => {
+                st.restart_now(
+                    &myself,
+                    EventKind::Reconfigured,
+                    "user_config changed: restarting with the new values",
                     None,
                 );
                 let _ = reply.send(());
@@ -608,7 +652,7 @@ async fn start(
     host: HostContext,
 ) -> Result<Started, StartFailure> {
     let config = |reason: String| StartFailure {
-        config: true,
+        kind: FailKind::Config,
         reason,
     };
     let loaded = match manifest {
@@ -627,9 +671,31 @@ async fn start(
         )));
     }
     crate::manifest::gate(manifest, PROVIDED_CAPABILITIES).map_err(|e| config(e.to_string()))?;
+    let values = {
+        let (credentials, ws, bundle) = (
+            shared.credentials.clone(),
+            workspace.to_string(),
+            name.to_string(),
+        );
+        shared
+            .store
+            .call(move |_| credentials.values(&ws, &bundle))
+            .await
+            .map_err(|e| config(e.to_string()))?
+    };
     let plan = manifest
-        .launch_plan(&loaded.dir, &BTreeMap::new())
-        .map_err(|e| config(e.to_string()))?;
+        .launch_plan(&loaded.dir, &values)
+        .map_err(|e| match e {
+            PlanError::MissingConfig(keys) => StartFailure {
+                kind: FailKind::NeedsConfig,
+                reason: format!(
+                    "required user_config value(s) not set: {}; set them with `bundlevisor configure {name} -w {workspace} {}`",
+                    keys.join(", "),
+                    keys.iter().map(|k| format!("{k}=VALUE")).collect::<Vec<_>>().join(" ")
+                ),
+            },
+            other => config(other.to_string()),
+        })?;
     let _permit = shared
         .start_permits
         .acquire()
@@ -650,8 +716,9 @@ async fn start(
     let connection = connect(&plan, host, &opts)
         .await
         .map_err(|e| StartFailure {
-            config: false,
-            reason: e.to_string(),
+            kind: FailKind::Transient,
+            // The command line or a stderr line may carry a secret.
+            reason: plan.redactor.redact(&e.to_string()).into_owned(),
         })?;
     Ok(Started {
         connection,

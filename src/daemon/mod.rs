@@ -28,7 +28,8 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::store::{Store, StoreError};
+use crate::store::crypto::Cipher;
+use crate::store::{Credentials, Store, StoreError};
 use board::StatusBoard;
 use supervisor::DaemonActor;
 
@@ -36,6 +37,12 @@ use supervisor::DaemonActor;
 pub struct Shared {
     pub config: Arc<Config>,
     pub store: Store,
+    /// user_config values and OAuth tokens, encrypted.
+    pub credentials: Credentials,
+    /// One lock per bundle: `configure` and `auth` calls on a bundle run one
+    /// at a time (store, respawn, outcome).
+    pub configure_locks:
+        std::sync::Mutex<std::collections::HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>>,
     pub board: StatusBoard,
     /// Bounds how many bundles start at once (boot reload is parallel up to this).
     pub start_permits: Semaphore,
@@ -66,8 +73,27 @@ pub enum DaemonError {
     SocketPathTaken(PathBuf),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Key(#[from] crate::store::crypto::KeyError),
     #[error("actor system: {0}")]
     Actor(String),
+}
+
+/// Per-bundle async locks, keyed by (workspace, name).
+pub type BundleLocks = std::collections::HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>;
+
+impl Shared {
+    /// The lock that serializes credential changes of one bundle.
+    pub fn configure_lock(&self, workspace: &str, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self
+            .configure_locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        locks
+            .entry((workspace.to_string(), name.to_string()))
+            .or_default()
+            .clone()
+    }
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> DaemonError + '_ {
@@ -196,6 +222,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     let store = tokio::task::spawn_blocking(move || Store::open(&db))
         .await
         .map_err(|e| DaemonError::Actor(e.to_string()))??;
+    let (credentials, key_origin) = {
+        let (store, settings, dir) = (
+            store.clone(),
+            config.credentials.clone(),
+            config.state_dir.clone(),
+        );
+        tokio::task::spawn_blocking(move || -> Result<_, DaemonError> {
+            let (cipher, origin) = Cipher::load(&settings, &dir)?;
+            Ok((Credentials::open(store, cipher)?, origin))
+        })
+        .await
+        .map_err(|e| DaemonError::Actor(e.to_string()))??
+    };
+    tracing::info!(key = %key_origin, "credential key loaded");
     let listener = bind_socket(&config.socket)?;
     let socket = config.socket.clone();
 
@@ -212,6 +252,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         start_permits: Semaphore::new(config.bundles.max_concurrent_starts),
         config: Arc::new(config),
         store,
+        credentials,
+        configure_locks: Default::default(),
         board: StatusBoard::default(),
         started_at: Instant::now(),
         booted: CancellationToken::new(),

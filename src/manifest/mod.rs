@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use crate::secret::{Redactor, Secret};
+
 pub use host::{gate, GateRefusal, HostBlock, HostVersion, Requirement, HOST_META_KEY};
 pub use substitute::{substitute, SubstitutionVars};
 
@@ -122,12 +124,15 @@ pub struct LoadedManifest {
 }
 
 /// What the daemon runs: the manifest's command with every variable resolved.
-#[derive(Clone, PartialEq)]
+#[derive(Clone)]
 pub struct LaunchPlan {
     pub command: String,
     pub args: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub cwd: PathBuf,
+    /// Masks the bundle's sensitive user_config values in its stderr and
+    /// in every error message about it.
+    pub redactor: Redactor,
 }
 
 impl fmt::Debug for LaunchPlan {
@@ -215,25 +220,32 @@ pub fn parse(text: &str) -> Result<Manifest, ParseFailure> {
 }
 
 impl Manifest {
-    /// Resolves the launch command for a bundle living in `dir`, with
-    /// `user_values` taking precedence over the manifest's defaults.
+    /// Resolves the launch command for a bundle living in `dir`, with the
+    /// stored `user_values` taking precedence over the manifest's defaults.
+    /// A required key with neither is [`PlanError::MissingConfig`]: the
+    /// bundle is never started with an empty secret.
     pub fn launch_plan(
         &self,
         dir: &Path,
-        user_values: &BTreeMap<String, String>,
+        user_values: &BTreeMap<String, Secret>,
     ) -> Result<LaunchPlan, PlanError> {
         let mut values = BTreeMap::new();
+        let mut sensitive = Vec::new();
         let mut missing = Vec::new();
         for (key, entry) in &self.user_config {
-            if let Some(v) = user_values.get(key) {
-                values.insert(key.clone(), v.clone());
-            } else if let Some(default) = &entry.default {
-                values.insert(key.clone(), value_to_string(default));
-            } else if entry.required {
-                missing.push(key.clone());
-            } else {
-                values.insert(key.clone(), String::new());
+            let value = match (user_values.get(key), &entry.default) {
+                (Some(v), _) => v.expose().to_string(),
+                (None, Some(default)) => value_to_string(default),
+                (None, None) if entry.required => {
+                    missing.push(key.clone());
+                    continue;
+                }
+                (None, None) => String::new(),
+            };
+            if entry.sensitive {
+                sensitive.push(Secret::new(value.clone()));
             }
+            values.insert(key.clone(), value);
         }
         if !missing.is_empty() {
             return Err(PlanError::MissingConfig(missing));
@@ -243,7 +255,11 @@ impl Manifest {
             home: std::env::var("HOME").unwrap_or_default(),
             user_config: values,
         };
-        let sub = |s: &str| substitute(s, &vars).map_err(PlanError::Substitution);
+        let redactor = Redactor::new(sensitive);
+        let sub = |s: &str| {
+            substitute(s, &vars)
+                .map_err(|e| PlanError::Substitution(redactor.redact(&e).into_owned()))
+        };
         let server = &self.server;
         Ok(LaunchPlan {
             command: sub(&server.command)?,
@@ -258,7 +274,70 @@ impl Manifest {
                 .map(|(k, v)| Ok((k.clone(), sub(v)?)))
                 .collect::<Result<_, PlanError>>()?,
             cwd: dir.to_path_buf(),
+            redactor,
         })
+    }
+
+    /// Checks a value given to `configure` against the key's declaration
+    /// and returns it in its stored form (`true`/`false` for booleans).
+    pub fn check_user_value(&self, key: &str, raw: &str) -> Result<String, String> {
+        let Some(entry) = self.user_config.get(key) else {
+            let known: Vec<&str> = self.user_config.keys().map(String::as_str).collect();
+            return Err(if known.is_empty() {
+                format!(
+                    "bundle {:?} declares no user_config keys, so {key:?} cannot be set",
+                    self.name
+                )
+            } else {
+                format!(
+                    "{key:?} is not a user_config key of bundle {:?}; its keys are: {}",
+                    self.name,
+                    known.join(", ")
+                )
+            });
+        };
+        let shown = |raw: &str| {
+            if entry.sensitive {
+                crate::secret::MASK.to_string()
+            } else {
+                format!("{raw:?}")
+            }
+        };
+        match entry.kind {
+            UserConfigType::String => Ok(raw.to_string()),
+            UserConfigType::Number => match raw.trim().parse::<f64>() {
+                Ok(n) if n.is_finite() => Ok(raw.trim().to_string()),
+                _ => Err(format!("{key} must be a number, got {}", shown(raw))),
+            },
+            UserConfigType::Boolean => match raw.trim().to_ascii_lowercase().as_str() {
+                "true" | "yes" | "on" | "1" => Ok("true".into()),
+                "false" | "no" | "off" | "0" => Ok("false".into()),
+                _ => Err(format!("{key} must be true or false, got {}", shown(raw))),
+            },
+            UserConfigType::Directory | UserConfigType::File => {
+                let path = Path::new(raw);
+                let want_dir = entry.kind == UserConfigType::Directory;
+                let what = if want_dir { "directory" } else { "file" };
+                if !path.is_absolute() {
+                    return Err(format!(
+                        "{key} must be an absolute path to a {what}, got {}",
+                        shown(raw)
+                    ));
+                }
+                let ok = if want_dir {
+                    path.is_dir()
+                } else {
+                    path.is_file()
+                };
+                if !ok {
+                    return Err(format!(
+                        "{key} must name an existing {what}; {} is not one",
+                        shown(raw)
+                    ));
+                }
+                Ok(raw.to_string())
+            }
+        }
     }
 }
 

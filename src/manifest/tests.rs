@@ -4,6 +4,7 @@ use std::path::Path;
 use serde_json::json;
 
 use super::*;
+use crate::secret::Secret;
 
 fn minimal() -> serde_json::Value {
     json!({
@@ -165,7 +166,7 @@ fn launch_plan_prefers_set_values_then_defaults_and_requires_required() {
         .launch_plan(Path::new("/b"), &BTreeMap::new())
         .unwrap_err();
     assert_eq!(err, PlanError::MissingConfig(vec!["token".into()]));
-    let values = BTreeMap::from([("token".to_string(), "s3cret-canary".to_string())]);
+    let values = BTreeMap::from([("token".to_string(), Secret::new("s3cret-canary"))]);
     let plan = m.launch_plan(Path::new("/b"), &values).unwrap();
     assert_eq!(plan.args, vec!["--depth=3"]);
     assert_eq!(plan.env["TOKEN"], "s3cret-canary");
@@ -173,4 +174,40 @@ fn launch_plan_prefers_set_values_then_defaults_and_requires_required() {
         !format!("{plan:?}").contains("s3cret-canary"),
         "Debug must not show env values"
     );
+    // The sensitive value (not the plain one) is what the plan redacts.
+    assert_eq!(
+        plan.redactor.redact("token=s3cret-canary depth=3"),
+        format!("token={} depth=3", crate::secret::MASK)
+    );
+}
+
+#[test]
+fn configure_values_are_checked_against_their_declaration() {
+    let mut v = minimal();
+    v["user_config"] = json!({
+        "token": {"type": "string", "title": "Token", "sensitive": true},
+        "depth": {"type": "number", "title": "Depth"},
+        "verbose": {"type": "boolean", "title": "Verbose"},
+        "root": {"type": "directory", "title": "Root"},
+        "pin": {"type": "number", "title": "PIN", "sensitive": true}
+    });
+    let m = parse(&v.to_string()).unwrap();
+    assert_eq!(m.check_user_value("depth", " 2.5 ").unwrap(), "2.5");
+    assert!(m
+        .check_user_value("depth", "deep")
+        .unwrap_err()
+        .contains("must be a number"));
+    assert_eq!(m.check_user_value("verbose", "Yes").unwrap(), "true");
+    assert!(m.check_user_value("verbose", "maybe").is_err());
+    let tmp = std::env::temp_dir();
+    assert!(m.check_user_value("root", tmp.to_str().unwrap()).is_ok());
+    assert!(m
+        .check_user_value("root", "relative/dir")
+        .unwrap_err()
+        .contains("absolute"));
+    let err = m.check_user_value("tokn", "x").unwrap_err();
+    assert!(err.contains("depth, pin, root, token, verbose"), "{err}");
+    // A bad sensitive value is not echoed back.
+    let err = m.check_user_value("pin", "hunter2-canary").unwrap_err();
+    assert!(!err.contains("hunter2-canary"), "{err}");
 }

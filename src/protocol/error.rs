@@ -31,6 +31,14 @@ pub enum ErrorKind {
     Timeout,
     ShuttingDown,
     Internal,
+    /// A `configure` value does not fit its user_config declaration.
+    InvalidConfigValue,
+    /// The bundle waits for `configure` (a required key has no value).
+    NeedsConfig,
+    /// The bundle waits for `bundlevisor auth`.
+    NeedsAuth,
+    /// An OAuth step failed (token endpoint refused, state mismatch, ...).
+    AuthFailed,
 }
 
 impl ErrorKind {
@@ -40,7 +48,9 @@ impl ErrorKind {
             ErrorKind::ParseError => -32700,
             ErrorKind::InvalidRequest | ErrorKind::HelloRequired => -32600,
             ErrorKind::MethodNotFound => -32601,
-            ErrorKind::InvalidParams | ErrorKind::InvalidName => -32602,
+            ErrorKind::InvalidParams | ErrorKind::InvalidName | ErrorKind::InvalidConfigValue => {
+                -32602
+            }
             ErrorKind::Internal => -32603,
             _ => -32000,
         }
@@ -68,6 +78,10 @@ impl ErrorKind {
             ErrorKind::FileError => "file_error",
             ErrorKind::Timeout => "timeout",
             ErrorKind::ShuttingDown => "shutting_down",
+            ErrorKind::InvalidConfigValue => "invalid_config_value",
+            ErrorKind::NeedsConfig => "needs_config",
+            ErrorKind::NeedsAuth => "needs_auth",
+            ErrorKind::AuthFailed => "auth_failed",
             ErrorKind::Internal => "internal",
         }
     }

@@ -3,6 +3,8 @@
 //! `status --json` prints [`StatusResult`] as is: its field names are a
 //! documented, stable shape (docs/protocol.md).
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -16,6 +18,9 @@ pub mod method {
     pub const TOOLS: &str = "bundle.tools";
     pub const CALL: &str = "bundle.call";
     pub const LOGS: &str = "bundle.logs";
+    pub const CONFIGURE: &str = "bundle.configure";
+    pub const AUTH_BEGIN: &str = "auth.begin";
+    pub const AUTH_COMPLETE: &str = "auth.complete";
     pub const FILES_PUT: &str = "files.put";
     pub const FILES_LS: &str = "files.ls";
     pub const FILES_GET: &str = "files.get";
@@ -70,6 +75,12 @@ pub enum BundleState {
     Failed,
     /// Not running on purpose (uninstall in progress, daemon shutdown).
     Stopped,
+    /// Not started: a required user_config value is not set
+    /// (`bundlevisor configure`); `last_error` names the keys.
+    NeedsConfig,
+    /// A remote bundle whose server wants an interactive authorization
+    /// (`bundlevisor auth`); never retried on its own.
+    NeedsAuth,
 }
 
 impl BundleState {
@@ -80,6 +91,8 @@ impl BundleState {
             BundleState::Restarting => "restarting",
             BundleState::Failed => "failed",
             BundleState::Stopped => "stopped",
+            BundleState::NeedsConfig => "needs_config",
+            BundleState::NeedsAuth => "needs_auth",
         }
     }
 }
@@ -139,6 +152,70 @@ pub struct BundleRef {
     #[serde(default = "default_workspace")]
     pub workspace: String,
     pub name: String,
+}
+
+/// `bundle.uninstall`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct UninstallParams {
+    #[serde(default = "default_workspace")]
+    pub workspace: String,
+    pub name: String,
+    /// Also delete the bundle's stored credentials and OAuth tokens (kept
+    /// by default, so a reinstall finds them).
+    #[serde(default)]
+    pub purge: bool,
+}
+
+/// `bundle.configure`: set and unset user_config values, then respawn.
+/// With neither, nothing changes and the result lists the keys.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct ConfigureParams {
+    #[serde(default = "default_workspace")]
+    pub workspace: String,
+    pub name: String,
+    #[serde(default)]
+    pub set: BTreeMap<String, String>,
+    #[serde(default)]
+    pub unset: Vec<String>,
+}
+
+impl std::fmt::Debug for ConfigureParams {
+    // Values may be secrets: show the keys only.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConfigureParams")
+            .field("workspace", &self.workspace)
+            .field("name", &self.name)
+            .field("set", &self.set.keys().collect::<Vec<_>>())
+            .field("unset", &self.unset)
+            .finish()
+    }
+}
+
+/// One user_config key of a bundle, as `configure` reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ConfigKey {
+    pub key: String,
+    pub title: String,
+    /// `string`, `number`, `boolean`, `directory` or `file`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub required: bool,
+    pub sensitive: bool,
+    /// A value is stored (set with `configure`).
+    pub set: bool,
+    /// The manifest has a default.
+    pub has_default: bool,
+    /// The stored value, for non-sensitive keys only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ConfigureResult {
+    pub keys: Vec<ConfigKey>,
+    /// The bundle after the respawn (absent when nothing changed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<BundleStatus>,
 }
 
 /// Result of install and restart: the bundle once it reached ready.
@@ -243,6 +320,14 @@ pub enum EventKind {
     ManifestRejected,
     /// A changed manifest was accepted; the bundle restarts with it.
     Upgrading,
+    /// `configure` changed the bundle's user_config; it restarts with it.
+    Reconfigured,
+    /// Waiting for `bundlevisor configure` (state `needs_config`).
+    NeedsConfig,
+    /// Waiting for `bundlevisor auth` (state `needs_auth`).
+    NeedsAuth,
+    /// A remote server answered 401: token refreshed, client rebuilt.
+    Reauthorized,
 }
 
 /// How a process ended.

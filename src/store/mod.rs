@@ -9,8 +9,13 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+pub mod credentials;
+pub mod crypto;
+
+pub use credentials::{Change, Credentials, StoredKey, TokenSet};
+
 /// Newest schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 3;
+pub const SCHEMA_VERSION: i64 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -23,6 +28,10 @@ pub enum StoreError {
     Background(String),
     #[error("state database {path} has schema version {found}, newer than this build understands ({SCHEMA_VERSION}); upgrade bundlevisor")]
     TooNew { path: PathBuf, found: i64 },
+    #[error("the credential key does not match the one the credentials in {path} were encrypted with; restore the original key (docs/credentials.md) — the daemon will not start with a key that cannot read them")]
+    KeyMismatch { path: PathBuf },
+    #[error("stored {what} could not be decrypted (the value was altered or the key changed); set it again with `bundlevisor configure`")]
+    Decrypt { what: String },
 }
 
 /// Where an install came from.
@@ -148,6 +157,35 @@ impl Store {
                      PRIMARY KEY (workspace, id)
                  );
                  PRAGMA user_version = 3;
+                 COMMIT;",
+            )
+            .map_err(err)?;
+        }
+        if version < 4 {
+            // Credentials and OAuth tokens: every value sealed by store::crypto.
+            conn.execute_batch(
+                "BEGIN;
+                 CREATE TABLE IF NOT EXISTS credentials (
+                     workspace  TEXT NOT NULL,
+                     bundle     TEXT NOT NULL,
+                     key        TEXT NOT NULL,
+                     sensitive  INTEGER NOT NULL,
+                     value      BLOB NOT NULL,
+                     updated_at INTEGER NOT NULL,
+                     PRIMARY KEY (workspace, bundle, key)
+                 );
+                 CREATE TABLE IF NOT EXISTS oauth_tokens (
+                     workspace  TEXT NOT NULL,
+                     bundle     TEXT NOT NULL,
+                     value      BLOB NOT NULL,
+                     updated_at INTEGER NOT NULL,
+                     PRIMARY KEY (workspace, bundle)
+                 );
+                 CREATE TABLE IF NOT EXISTS meta (
+                     key   TEXT PRIMARY KEY,
+                     value BLOB NOT NULL
+                 );
+                 PRAGMA user_version = 4;
                  COMMIT;",
             )
             .map_err(err)?;

@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
@@ -117,6 +118,26 @@ impl Daemon {
             .stdin(Stdio::null())
             .output()
             .unwrap()
+    }
+
+    /// Runs the CLI with `input` on its stdin.
+    pub fn cli_with_stdin(&self, args: &[&str], input: &str) -> Output {
+        let mut child = Command::new(BIN)
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(input.as_bytes())
+            .unwrap();
+        child.wait_with_output().unwrap()
     }
 
     /// Runs the CLI, asserts success, returns stdout.
@@ -302,5 +323,84 @@ impl Raw {
     pub fn hello(&mut self) {
         let r = self.request(0, "daemon.hello", json!({"protocol": 1}));
         assert!(r.get("result").is_some(), "{r}");
+    }
+}
+
+/// A CLI process whose stdout lines arrive on a channel.
+pub struct Stream {
+    child: Child,
+    pub lines: mpsc::Receiver<String>,
+}
+
+impl Stream {
+    pub fn start(d: &Daemon, args: &[&str]) -> Stream {
+        let mut child = Command::new(BIN)
+            .arg("--socket")
+            .arg(&d.socket)
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, lines) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Stream { child, lines }
+    }
+
+    /// Lines until `done` matches one (inclusive), or panics at the deadline.
+    pub fn until(&self, what: &str, done: impl Fn(&str) -> bool) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut seen = Vec::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    let stop = done(&line);
+                    seen.push(line);
+                    if stop {
+                        return seen;
+                    }
+                }
+                Err(_) => panic!("timed out waiting for {what}; saw:\n{}", seen.join("\n")),
+            }
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Subscribes and proves the subscription is live before returning: a probe
+/// bundle is restarted until the stream reports one of its events (the CLI
+/// process may connect after the first ones).
+pub fn events(d: &Daemon, args: &[&str]) -> Stream {
+    let s = Stream::start(d, args);
+    let probe = d.demo_bundle("probe");
+    d.ok(&["install", probe.to_str().unwrap()]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        d.ok(&["restart", "probe"]);
+        while let Ok(line) = s.lines.recv_timeout(Duration::from_millis(200)) {
+            if line.contains("\"probe\"") || line.contains("default/probe ") {
+                // Drain what the restart still sends, so tests see only their own events.
+                while s.lines.recv_timeout(Duration::from_millis(100)).is_ok() {}
+                return s;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the event subscription never became live"
+        );
     }
 }

@@ -31,10 +31,12 @@ use crate::protocol::{
     method, BundleRef, BundleResult, BundleState, BundleStatus, BundleTools, CallParams,
     DaemonInfo, ErrorKind, FileContent, FilesList, FilesParams, FilesPutParams, HelloParams,
     HelloResult, InstallParams, LogsParams, LogsResult, Notification, Progress, Request, Response,
-    RpcError, StatusResult, ToolsParams, ToolsResult, UninstallResult, MAX_REQUEST_BYTES,
-    PROTOCOL_VERSION,
+    RpcError, StatusResult, ToolsParams, ToolsResult, UninstallParams, UninstallResult,
+    MAX_REQUEST_BYTES, PROTOCOL_VERSION,
 };
 use crate::store::Origin;
+
+mod credentials;
 
 #[derive(Clone)]
 struct Ctx {
@@ -283,6 +285,7 @@ async fn dispatch(request: Request, ctx: &Ctx, out: &Outbox) -> Result<Value, Rp
             out.stream(method::EVENT, ctx.shared.board.subscribe(), |_| true);
             Ok(json!({ "subscribed": true }))
         }
+        method::CONFIGURE => credentials::configure(params(p)?, ctx, out).await,
         method::FILES_PUT => files_put(params(p)?, ctx).await,
         method::FILES_LS => files_ls(params(p)?, ctx).await,
         method::FILES_GET => files_get(params(p)?, ctx).await,
@@ -395,6 +398,20 @@ fn unavailable(e: impl std::fmt::Display) -> RpcError {
     )
 }
 
+/// A start that did not reach ready; the kind says whether the operator
+/// must configure or authorize it.
+fn not_started(workspace: &str, name: &str, state: BundleState, message: &str) -> RpcError {
+    let (kind, what) = match state {
+        BundleState::NeedsConfig => (ErrorKind::NeedsConfig, "needs configuration"),
+        BundleState::NeedsAuth => (ErrorKind::NeedsAuth, "needs authorization"),
+        _ => (ErrorKind::StartFailed, "failed to start"),
+    };
+    RpcError::new(kind, format!("bundle {name:?} {what}: {message}"))
+        .with("workspace", workspace)
+        .with("name", name)
+        .with("state", state.as_str())
+}
+
 /// Waits for the bundle's next start to end in ready or not, forwarding
 /// each transition as a progress notification. A start that fails (even one
 /// that will be retried after a backoff) is reported as `start_failed`.
@@ -408,14 +425,6 @@ async fn wait_outcome(
     let settings = &ctx.shared.config.bundles;
     let limit = settings.start_timeout + settings.stop_grace + Duration::from_secs(5);
     let deadline = tokio::time::Instant::now() + limit;
-    let failed = |message: &str| {
-        RpcError::new(
-            ErrorKind::StartFailed,
-            format!("bundle {name:?} failed to start: {message}"),
-        )
-        .with("workspace", workspace)
-        .with("name", name)
-    };
     let mut started = false;
     loop {
         let event = match tokio::time::timeout_at(deadline, events.recv()).await {
@@ -434,7 +443,9 @@ async fn wait_outcome(
                 started = true;
                 match ctx.shared.board.get(workspace, name) {
                     Some(s) if s.state == BundleState::Ready => return Ok(s),
-                    Some(s) if s.state == BundleState::Failed => return Err(failed(s.last_error.as_deref().unwrap_or("unknown"))),
+                    Some(s) if matches!(s.state, BundleState::Failed | BundleState::NeedsConfig | BundleState::NeedsAuth) => {
+                        return Err(not_started(workspace, name, s.state, s.last_error.as_deref().unwrap_or("unknown")))
+                    }
                     _ => continue,
                 }
             }
@@ -453,8 +464,14 @@ async fn wait_outcome(
                     .get(workspace, name)
                     .ok_or_else(|| not_found(workspace, name));
             }
-            EventKind::Failed | EventKind::Stopped | EventKind::Restarting if started => {
-                return Err(failed(&event.message))
+            EventKind::Failed
+            | EventKind::Stopped
+            | EventKind::Restarting
+            | EventKind::NeedsConfig
+            | EventKind::NeedsAuth
+                if started =>
+            {
+                return Err(not_started(workspace, name, event.state, &event.message))
             }
             _ => {}
         }
@@ -510,7 +527,7 @@ async fn install(p: InstallParams, ctx: &Ctx, out: &Outbox) -> Result<Value, Rpc
     to_value(BundleResult { bundle })
 }
 
-async fn uninstall(p: BundleRef, ctx: &Ctx) -> Result<Value, RpcError> {
+async fn uninstall(p: UninstallParams, ctx: &Ctx) -> Result<Value, RpcError> {
     let (workspace, name) = (p.workspace.clone(), p.name.clone());
     let result = ctx
         .daemon
@@ -532,6 +549,19 @@ async fn uninstall(p: BundleRef, ctx: &Ctx) -> Result<Value, RpcError> {
                 "uninstall did not finish in time",
             ))
         }
+    }
+    if p.purge {
+        let (credentials, ws, name) = (
+            ctx.shared.credentials.clone(),
+            p.workspace.clone(),
+            p.name.clone(),
+        );
+        ctx.shared
+            .store
+            .call(move |_| credentials.purge(&ws, &name))
+            .await
+            .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?;
+        tracing::info!(workspace = %p.workspace, bundle = %p.name, "stored credentials and tokens purged");
     }
     to_value(UninstallResult {
         workspace: p.workspace,

@@ -1,0 +1,130 @@
+//! `bundlevisor configure NAME [-w WS] KEY=VALUE... [--unset KEY]...`:
+//! stores user_config values (encrypted) and respawns the bundle; waits for
+//! the outcome. Without changes it lists the bundle's keys. `KEY=-` reads
+//! the value from stdin, which keeps a secret out of the shell history and
+//! the process list.
+
+use std::io::Read;
+use std::process::ExitCode;
+use std::str::FromStr;
+
+use super::{print_json, show_progress, Client, ClientError};
+use crate::protocol::{method, ConfigureParams, ConfigureResult, DEFAULT_WORKSPACE};
+use crate::secret::Secret;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    name: String,
+    /// KEY=VALUE pairs (KEY=- reads the value from stdin).
+    #[arg(value_name = "KEY=VALUE")]
+    set: Vec<Assignment>,
+    /// Remove a stored value (the manifest default applies again).
+    #[arg(long, value_name = "KEY")]
+    unset: Vec<String>,
+    #[arg(short, long, default_value = DEFAULT_WORKSPACE)]
+    workspace: String,
+    #[arg(long)]
+    json: bool,
+}
+
+/// One `KEY=VALUE` argument; the value is a secret until proven otherwise.
+#[derive(Debug, Clone)]
+struct Assignment {
+    key: String,
+    value: Secret,
+}
+
+impl FromStr for Assignment {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once('=') {
+            Some((key, value)) if !key.is_empty() => Ok(Assignment {
+                key: key.to_string(),
+                value: Secret::new(value),
+            }),
+            _ => Err("expected KEY=VALUE (KEY=- reads the value from stdin)".to_string()),
+        }
+    }
+}
+
+pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError> {
+    let usage = |m: String| ClientError::Usage(m);
+    let mut set = std::collections::BTreeMap::new();
+    let mut stdin_used = false;
+    for a in &args.set {
+        let value = if a.value.expose() == "-" {
+            if stdin_used {
+                return Err(usage("only one KEY=- can read its value from stdin".into()));
+            }
+            stdin_used = true;
+            let mut text = String::new();
+            std::io::stdin().read_to_string(&mut text).map_err(|e| {
+                usage(format!(
+                    "cannot read the value of {} from stdin: {e}",
+                    a.key
+                ))
+            })?;
+            let trimmed = text.strip_suffix('\n').unwrap_or(&text);
+            let trimmed = trimmed.strip_suffix('\r').unwrap_or(trimmed).to_string();
+            zeroize::Zeroize::zeroize(&mut text);
+            trimmed
+        } else {
+            a.value.expose().to_string()
+        };
+        if set.insert(a.key.clone(), value).is_some() {
+            return Err(usage(format!("{} is given twice", a.key)));
+        }
+    }
+    let params = ConfigureParams {
+        workspace: args.workspace.clone(),
+        name: args.name.clone(),
+        set,
+        unset: args.unset.clone(),
+    };
+    let r: ConfigureResult = client
+        .request(method::CONFIGURE, params, show_progress)
+        .await?;
+    if args.json {
+        print_json(&r)?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if let Some(b) = &r.bundle {
+        println!(
+            "{}/{} reconfigured: {} (pid {})",
+            b.workspace,
+            b.name,
+            b.state.as_str(),
+            b.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into())
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    if r.keys.is_empty() {
+        println!(
+            "{}/{} declares no user_config keys",
+            args.workspace, args.name
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "{:<20} {:<10} {:<9} {:<9} VALUE",
+        "KEY", "TYPE", "REQUIRED", "SENSITIVE"
+    );
+    for k in &r.keys {
+        let value = match (&k.value, k.set, k.has_default) {
+            (Some(v), _, _) => v.clone(),
+            (None, true, _) => crate::secret::MASK.to_string(),
+            (None, false, true) => "(default)".to_string(),
+            (None, false, false) if k.required => "(not set: required)".to_string(),
+            (None, false, false) => "(not set)".to_string(),
+        };
+        println!(
+            "{:<20} {:<10} {:<9} {:<9} {value}",
+            k.key,
+            k.kind,
+            if k.required { "yes" } else { "no" },
+            if k.sensitive { "yes" } else { "no" },
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

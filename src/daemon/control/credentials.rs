@@ -1,0 +1,182 @@
+//! `bundle.configure`: check values against the manifest's user_config,
+//! store them encrypted, respawn the bundle through its actor (and so
+//! through the one connect function) and report the outcome.
+//!
+//! Calls on one bundle are serialized by [`Shared::configure_lock`], held
+//! from validation to outcome, so two operators cannot interleave a store
+//! and a respawn.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::{bundle_actor, not_found, to_value, unavailable, wait_outcome, Ctx, Outbox};
+use crate::daemon::bundle::BundleMsg;
+use crate::manifest::{LoadedManifest, UserConfigType};
+use crate::protocol::{ConfigKey, ConfigureParams, ConfigureResult, ErrorKind, RpcError};
+use crate::secret::Secret;
+use crate::store::Change;
+
+pub(super) async fn configure(
+    p: ConfigureParams,
+    ctx: &Ctx,
+    out: &Outbox,
+) -> Result<Value, RpcError> {
+    let actor = bundle_actor(&p.workspace, &p.name)?;
+    let lock = ctx.shared.configure_lock(&p.workspace, &p.name);
+    let _serialized = lock.lock().await;
+    let loaded = installed_manifest(ctx, &p.workspace, &p.name).await?;
+    let manifest = &loaded.manifest;
+    let stored: BTreeSet<String> = {
+        let (credentials, ws, name) = (
+            ctx.shared.credentials.clone(),
+            p.workspace.clone(),
+            p.name.clone(),
+        );
+        ctx.shared
+            .store
+            .call(move |_| credentials.keys(&ws, &name))
+            .await
+            .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?
+            .into_iter()
+            .map(|k| k.key)
+            .collect()
+    };
+
+    let mut problems = Vec::new();
+    let mut changes = Vec::new();
+    for (key, raw) in &p.set {
+        if p.unset.contains(key) {
+            problems.push(format!("{key} is both set and unset"));
+            continue;
+        }
+        match manifest.check_user_value(key, raw) {
+            Ok(value) => changes.push(Change::Set {
+                key: key.clone(),
+                value: Secret::new(value),
+                sensitive: manifest.user_config[key].sensitive,
+            }),
+            Err(e) => problems.push(e),
+        }
+    }
+    for key in &p.unset {
+        if manifest.user_config.contains_key(key) || stored.contains(key) {
+            changes.push(Change::Unset(key.clone()));
+        } else {
+            problems.push(format!("{key} is neither a user_config key of bundle {:?} nor stored, so it cannot be unset", p.name));
+        }
+    }
+    if !problems.is_empty() {
+        return Err(RpcError::new(
+            ErrorKind::InvalidConfigValue,
+            format!(
+                "nothing was changed: {}; `bundlevisor configure {} -w {}` lists the keys",
+                problems.join("; "),
+                p.name,
+                p.workspace
+            ),
+        )
+        .with("problems", problems));
+    }
+
+    if changes.is_empty() {
+        let keys = describe_keys(ctx, &loaded, &p.workspace, &p.name).await?;
+        return to_value(ConfigureResult { keys, bundle: None });
+    }
+    {
+        let (credentials, ws, name) = (
+            ctx.shared.credentials.clone(),
+            p.workspace.clone(),
+            p.name.clone(),
+        );
+        ctx.shared
+            .store
+            .call(move |_| credentials.apply(&ws, &name, &changes))
+            .await
+            .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?;
+    }
+    tracing::info!(workspace = %p.workspace, bundle = %p.name, set = ?p.set.keys().collect::<Vec<_>>(), unset = ?p.unset, "user_config changed; respawning");
+    let events = ctx.shared.board.subscribe();
+    actor
+        .call(BundleMsg::Reconfigure, Some(Duration::from_secs(10)))
+        .await
+        .map_err(unavailable)?;
+    let bundle = wait_outcome(events, ctx, &p.workspace, &p.name, out).await?;
+    let keys = describe_keys(ctx, &loaded, &p.workspace, &p.name).await?;
+    to_value(ConfigureResult {
+        keys,
+        bundle: Some(bundle),
+    })
+}
+
+/// The manifest of an installed bundle, read from where it was installed.
+pub(super) async fn installed_manifest(
+    ctx: &Ctx,
+    workspace: &str,
+    name: &str,
+) -> Result<LoadedManifest, RpcError> {
+    let (ws, n) = (workspace.to_string(), name.to_string());
+    let record = ctx
+        .shared
+        .store
+        .call(move |s| s.get(&ws, &n))
+        .await
+        .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?
+        .ok_or_else(|| not_found(workspace, name))?;
+    tokio::task::spawn_blocking(move || crate::manifest::load(&record.source))
+        .await
+        .map_err(unavailable)?
+        .map_err(|e| {
+            RpcError::new(
+                ErrorKind::ManifestInvalid,
+                format!("cannot read the manifest of bundle {name:?} to check the values: {e}"),
+            )
+        })
+}
+
+/// The manifest's keys with what is stored for each (values of sensitive
+/// keys never leave the daemon).
+async fn describe_keys(
+    ctx: &Ctx,
+    loaded: &LoadedManifest,
+    workspace: &str,
+    name: &str,
+) -> Result<Vec<ConfigKey>, RpcError> {
+    let (credentials, ws, n) = (
+        ctx.shared.credentials.clone(),
+        workspace.to_string(),
+        name.to_string(),
+    );
+    let values = ctx
+        .shared
+        .store
+        .call(move |_| credentials.values(&ws, &n))
+        .await
+        .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?;
+    Ok(loaded
+        .manifest
+        .user_config
+        .iter()
+        .map(|(key, entry)| ConfigKey {
+            key: key.clone(),
+            title: entry.title.clone(),
+            kind: match entry.kind {
+                UserConfigType::String => "string",
+                UserConfigType::Number => "number",
+                UserConfigType::Boolean => "boolean",
+                UserConfigType::Directory => "directory",
+                UserConfigType::File => "file",
+            }
+            .to_string(),
+            required: entry.required,
+            sensitive: entry.sensitive,
+            set: values.contains_key(key),
+            has_default: entry.default.is_some(),
+            value: values
+                .get(key)
+                .filter(|_| !entry.sensitive)
+                .map(|v| v.expose().to_string()),
+        })
+        .collect())
+}

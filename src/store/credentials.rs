@@ -1,0 +1,431 @@
+//! Stored credentials: user_config values set by `bundlevisor configure`
+//! and the OAuth tokens of remote bundles, sealed by [`super::crypto`].
+//!
+//! Every value is encrypted, sensitive or not (the `sensitive` column only
+//! decides what is redacted and masked). The associated data binds each
+//! ciphertext to its row: `credential\0WS\0BUNDLE\0KEY` or
+//! `oauth\0WS\0BUNDLE`. A `meta` row sealed at first use lets the daemon
+//! tell at start that it was given the wrong key, instead of failing on
+//! each bundle later.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rusqlite::{params, OptionalExtension};
+use serde::{Deserialize, Serialize};
+use zeroize::Zeroizing;
+
+use super::crypto::Cipher;
+use super::{Store, StoreError};
+use crate::secret::Secret;
+
+const KEY_CHECK: &str = "credential_key_check";
+const KEY_CHECK_PLAIN: &[u8] = b"bundlevisor credential key";
+
+/// One stored key of a bundle (never its value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredKey {
+    pub key: String,
+    pub sensitive: bool,
+    /// Unix seconds.
+    pub updated_at: i64,
+}
+
+/// A change made by one `configure` call.
+#[derive(Debug, Clone)]
+pub enum Change {
+    Set {
+        key: String,
+        value: Secret,
+        sensitive: bool,
+    },
+    Unset(String),
+}
+
+/// The OAuth tokens (and dynamically registered client) of a remote bundle.
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct TokenSet {
+    pub access_token: Option<Secret>,
+    pub refresh_token: Option<Secret>,
+    /// Unix seconds; `None` when the server did not say.
+    pub expires_at: Option<i64>,
+    /// A client registered with the authorization server (RFC 7591).
+    pub client_id: Option<String>,
+    pub client_secret: Option<Secret>,
+}
+
+impl std::fmt::Debug for TokenSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenSet")
+            .field("access_token", &self.access_token.is_some())
+            .field("refresh_token", &self.refresh_token.is_some())
+            .field("expires_at", &self.expires_at)
+            .field("client_id", &self.client_id)
+            .finish()
+    }
+}
+
+/// The sealed JSON form of a [`TokenSet`].
+#[derive(Serialize, Deserialize)]
+struct TokenJson {
+    access_token: Option<String>,
+    refresh_token: Option<String>,
+    expires_at: Option<i64>,
+    client_id: Option<String>,
+    client_secret: Option<String>,
+}
+
+fn credential_aad(workspace: &str, bundle: &str, key: &str) -> Vec<u8> {
+    format!("credential\0{workspace}\0{bundle}\0{key}").into_bytes()
+}
+
+fn token_aad(workspace: &str, bundle: &str) -> Vec<u8> {
+    format!("oauth\0{workspace}\0{bundle}").into_bytes()
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Handle to the credential tables; cheap to clone.
+#[derive(Clone)]
+pub struct Credentials {
+    store: Store,
+    cipher: Arc<Cipher>,
+}
+
+impl Credentials {
+    /// Checks that `cipher` is the key the stored values were sealed with
+    /// (recording it on first use).
+    pub fn open(store: Store, cipher: Cipher) -> Result<Credentials, StoreError> {
+        let aad = KEY_CHECK.as_bytes();
+        let found: Option<Vec<u8>> = store.with(|c| {
+            c.query_row("SELECT value FROM meta WHERE key = ?1", [KEY_CHECK], |r| {
+                r.get(0)
+            })
+            .optional()
+        })?;
+        match found {
+            Some(sealed) => {
+                if cipher.open(aad, &sealed).is_err() {
+                    return Err(StoreError::KeyMismatch {
+                        path: store.path.clone(),
+                    });
+                }
+            }
+            None => {
+                let sealed = cipher.seal(aad, KEY_CHECK_PLAIN);
+                store.with(|c| {
+                    c.execute(
+                        "INSERT OR IGNORE INTO meta (key, value) VALUES (?1, ?2)",
+                        params![KEY_CHECK, sealed],
+                    )
+                })?;
+            }
+        }
+        Ok(Credentials {
+            store,
+            cipher: Arc::new(cipher),
+        })
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Every stored value of a bundle, decrypted.
+    pub fn values(
+        &self,
+        workspace: &str,
+        bundle: &str,
+    ) -> Result<BTreeMap<String, Secret>, StoreError> {
+        let rows: Vec<(String, Vec<u8>)> = self.store.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT key, value FROM credentials WHERE workspace = ?1 AND bundle = ?2",
+            )?;
+            let rows =
+                stmt.query_map(params![workspace, bundle], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            rows.collect()
+        })?;
+        let mut out = BTreeMap::new();
+        for (key, sealed) in rows {
+            let plain = self
+                .cipher
+                .open(&credential_aad(workspace, bundle, &key), &sealed)
+                .map_err(|_| StoreError::Decrypt {
+                    what: format!("user_config value {key:?} of bundle {bundle:?}"),
+                })?;
+            let text = String::from_utf8(plain.to_vec()).map_err(|_| StoreError::Decrypt {
+                what: format!("user_config value {key:?} of bundle {bundle:?}"),
+            })?;
+            out.insert(key, Secret::new(text));
+        }
+        Ok(out)
+    }
+
+    /// The stored keys of a bundle, without values.
+    pub fn keys(&self, workspace: &str, bundle: &str) -> Result<Vec<StoredKey>, StoreError> {
+        self.store.with(|c| {
+            let mut stmt = c.prepare(
+                "SELECT key, sensitive, updated_at FROM credentials WHERE workspace = ?1 AND bundle = ?2 ORDER BY key",
+            )?;
+            let rows = stmt.query_map(params![workspace, bundle], |r| {
+                Ok(StoredKey {
+                    key: r.get(0)?,
+                    sensitive: r.get::<_, i64>(1)? != 0,
+                    updated_at: r.get(2)?,
+                })
+            })?;
+            rows.collect()
+        })
+    }
+
+    /// Applies one `configure` call's changes in one transaction.
+    pub fn apply(
+        &self,
+        workspace: &str,
+        bundle: &str,
+        changes: &[Change],
+    ) -> Result<(), StoreError> {
+        // (key, Some((ciphertext, sensitive))) to store, (key, None) to delete.
+        type Row = (String, Option<(Vec<u8>, bool)>);
+        let sealed: Vec<Row> = changes
+            .iter()
+            .map(|change| match change {
+                Change::Set {
+                    key,
+                    value,
+                    sensitive,
+                } => (
+                    key.clone(),
+                    Some((
+                        self.cipher.seal(
+                            &credential_aad(workspace, bundle, key),
+                            value.expose().as_bytes(),
+                        ),
+                        *sensitive,
+                    )),
+                ),
+                Change::Unset(key) => (key.clone(), None),
+            })
+            .collect();
+        let at = now();
+        self.store.with(|c| {
+            let tx = c.transaction()?;
+            for (key, value) in &sealed {
+                match value {
+                    Some((blob, sensitive)) => tx.execute(
+                        "INSERT INTO credentials (workspace, bundle, key, sensitive, value, updated_at)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                         ON CONFLICT (workspace, bundle, key) DO UPDATE
+                         SET sensitive = excluded.sensitive, value = excluded.value, updated_at = excluded.updated_at",
+                        params![workspace, bundle, key, *sensitive as i64, blob, at],
+                    )?,
+                    None => tx.execute(
+                        "DELETE FROM credentials WHERE workspace = ?1 AND bundle = ?2 AND key = ?3",
+                        params![workspace, bundle, key],
+                    )?,
+                };
+            }
+            tx.commit()
+        })
+    }
+
+    /// Removes every credential and token of a bundle (`uninstall --purge`).
+    pub fn purge(&self, workspace: &str, bundle: &str) -> Result<(), StoreError> {
+        self.store.with(|c| {
+            let tx = c.transaction()?;
+            tx.execute(
+                "DELETE FROM credentials WHERE workspace = ?1 AND bundle = ?2",
+                params![workspace, bundle],
+            )?;
+            tx.execute(
+                "DELETE FROM oauth_tokens WHERE workspace = ?1 AND bundle = ?2",
+                params![workspace, bundle],
+            )?;
+            tx.commit()
+        })
+    }
+
+    pub fn tokens(&self, workspace: &str, bundle: &str) -> Result<Option<TokenSet>, StoreError> {
+        let sealed: Option<Vec<u8>> = self.store.with(|c| {
+            c.query_row(
+                "SELECT value FROM oauth_tokens WHERE workspace = ?1 AND bundle = ?2",
+                params![workspace, bundle],
+                |r| r.get(0),
+            )
+            .optional()
+        })?;
+        let Some(sealed) = sealed else {
+            return Ok(None);
+        };
+        let decrypt = || StoreError::Decrypt {
+            what: format!("OAuth tokens of bundle {bundle:?}"),
+        };
+        let plain = self
+            .cipher
+            .open(&token_aad(workspace, bundle), &sealed)
+            .map_err(|_| decrypt())?;
+        let json: TokenJson = serde_json::from_slice(&plain).map_err(|_| decrypt())?;
+        Ok(Some(TokenSet {
+            access_token: json.access_token.map(Secret::new),
+            refresh_token: json.refresh_token.map(Secret::new),
+            expires_at: json.expires_at,
+            client_id: json.client_id,
+            client_secret: json.client_secret.map(Secret::new),
+        }))
+    }
+
+    /// Stores (or, with `None`, forgets) a bundle's tokens.
+    pub fn set_tokens(
+        &self,
+        workspace: &str,
+        bundle: &str,
+        tokens: Option<&TokenSet>,
+    ) -> Result<(), StoreError> {
+        let Some(tokens) = tokens else {
+            return self.store.with(|c| {
+                c.execute(
+                    "DELETE FROM oauth_tokens WHERE workspace = ?1 AND bundle = ?2",
+                    params![workspace, bundle],
+                )
+                .map(|_| ())
+            });
+        };
+        let json = Zeroizing::new(
+            serde_json::to_vec(&TokenJson {
+                access_token: tokens.access_token.as_ref().map(|s| s.expose().to_string()),
+                refresh_token: tokens
+                    .refresh_token
+                    .as_ref()
+                    .map(|s| s.expose().to_string()),
+                expires_at: tokens.expires_at,
+                client_id: tokens.client_id.clone(),
+                client_secret: tokens
+                    .client_secret
+                    .as_ref()
+                    .map(|s| s.expose().to_string()),
+            })
+            .expect("token JSON serializes"),
+        );
+        let sealed = self.cipher.seal(&token_aad(workspace, bundle), &json);
+        let at = now();
+        self.store.with(|c| {
+            c.execute(
+                "INSERT INTO oauth_tokens (workspace, bundle, value, updated_at) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (workspace, bundle) DO UPDATE SET value = excluded.value, updated_at = excluded.updated_at",
+                params![workspace, bundle, sealed, at],
+            )
+            .map(|_| ())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn open(dir: &std::path::Path, key: u8) -> Result<Credentials, StoreError> {
+        let store = Store::open(&dir.join("state.db")).unwrap();
+        Credentials::open(store, Cipher::from_key(&[key; 32]))
+    }
+
+    #[test]
+    fn values_round_trip_and_the_file_never_holds_plaintext() {
+        let dir = tempfile::tempdir().unwrap();
+        let creds = open(dir.path(), 1).unwrap();
+        creds
+            .apply(
+                "ws",
+                "b",
+                &[
+                    Change::Set {
+                        key: "api_key".into(),
+                        value: Secret::new("sk-CANARY-4242"),
+                        sensitive: true,
+                    },
+                    Change::Set {
+                        key: "region".into(),
+                        value: Secret::new("eu-west"),
+                        sensitive: false,
+                    },
+                ],
+            )
+            .unwrap();
+        creds
+            .set_tokens(
+                "ws",
+                "b",
+                Some(&TokenSet {
+                    access_token: Some(Secret::new("at-CANARY-4242")),
+                    refresh_token: Some(Secret::new("rt-CANARY-4242")),
+                    ..Default::default()
+                }),
+            )
+            .unwrap();
+        let values = creds.values("ws", "b").unwrap();
+        assert_eq!(values["api_key"].expose(), "sk-CANARY-4242");
+        assert_eq!(values["region"].expose(), "eu-west");
+        assert!(creds.values("other", "b").unwrap().is_empty());
+        let tokens = creds.tokens("ws", "b").unwrap().unwrap();
+        assert_eq!(tokens.refresh_token.unwrap().expose(), "rt-CANARY-4242");
+        let keys = creds.keys("ws", "b").unwrap();
+        assert_eq!(
+            keys.iter()
+                .map(|k| (k.key.as_str(), k.sensitive))
+                .collect::<Vec<_>>(),
+            [("api_key", true), ("region", false)]
+        );
+
+        creds
+            .apply("ws", "b", &[Change::Unset("region".into())])
+            .unwrap();
+        assert_eq!(creds.values("ws", "b").unwrap().len(), 1);
+        drop(creds);
+        // Nothing of the secrets is on disk in the clear (database and WAL).
+        for entry in std::fs::read_dir(dir.path()).unwrap() {
+            let bytes = std::fs::read(entry.unwrap().path()).unwrap();
+            assert!(!bytes.windows(6).any(|w| w == b"CANARY"));
+        }
+    }
+
+    #[test]
+    fn a_wrong_key_is_refused_at_open_and_a_moved_ciphertext_does_not_decrypt() {
+        let dir = tempfile::tempdir().unwrap();
+        let creds = open(dir.path(), 1).unwrap();
+        creds
+            .apply(
+                "ws",
+                "a",
+                &[Change::Set {
+                    key: "k".into(),
+                    value: Secret::new("secret-a"),
+                    sensitive: true,
+                }],
+            )
+            .unwrap();
+        drop(creds);
+        let err = open(dir.path(), 2).err().unwrap();
+        assert!(matches!(err, StoreError::KeyMismatch { .. }), "{err}");
+
+        let creds = open(dir.path(), 1).unwrap();
+        // Copy bundle a's ciphertext onto bundle b: the AAD refuses it.
+        creds
+            .store()
+            .with(|c| {
+                c.execute(
+                    "INSERT INTO credentials SELECT workspace, 'b', key, sensitive, value, updated_at FROM credentials WHERE bundle = 'a'",
+                    [],
+                )
+            })
+            .unwrap();
+        let err = creds.values("ws", "b").unwrap_err();
+        assert!(err.to_string().contains("could not be decrypted"), "{err}");
+        assert!(!err.to_string().contains("secret-a"));
+        creds.purge("ws", "b").unwrap();
+        assert!(creds.values("ws", "b").unwrap().is_empty());
+    }
+}
