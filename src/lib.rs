@@ -6,7 +6,8 @@
 //!   CLI (an API boundary: serde types only).
 //! - [`config`]: the daemon's TOML config and its defaults.
 //! - [`manifest`]: MCPB manifests: parse, validate, substitute, host gate.
-//! - [`store`]: the SQLite state database (installs, file metadata).
+//! - [`store`]: the SQLite state database (installs, file metadata,
+//!   encrypted credentials and OAuth tokens).
 //! - [`files`]: workspace files (FileStore) and the one MIME module.
 //! - [`bundle`]: one bundle's connection: the one connect function, the
 //!   child process, the MCP client handler.
@@ -14,6 +15,8 @@
 //! - [`daemon`]: the actor tree and the control server; [`daemon::run`].
 //! - [`cli`]: the `bundlevisor` command line.
 //! - [`names`]: rules for bundle and workspace names.
+//! - [`oauth`]: the OAuth 2.1 client of remote bundles.
+//! - [`secret`]: secret values and the redactor that masks them.
 //! - [`lines`]: bounded line reading for untrusted streams.
 
 pub mod bundle;
@@ -25,6 +28,7 @@ pub mod host_resources;
 pub mod lines;
 pub mod manifest;
 pub mod names;
+pub mod oauth;
 pub mod protocol;
 pub mod secret;
 pub mod store;

@@ -1,14 +1,17 @@
 //! The one connect function. Every way a bundle comes up — first spawn,
-//! manual restart, boot reload (and, as they land, crash restart, upgrade,
-//! credential respawn, OAuth rebuild) — calls [`connect`], which needs a
-//! [`HostContext`]: a connection without host-resources handlers cannot be
-//! built.
+//! manual restart, boot reload, crash restart, upgrade, credential respawn,
+//! OAuth retry rebuild — calls [`connect`], which needs a [`HostContext`]:
+//! a connection without host-resources handlers cannot be built. It builds
+//! the MCP client once and hands it to the transport the plan names: a
+//! child process over stdio, or a remote server over streamable HTTP.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{Implementation, Tool};
-use rmcp::service::{serve_client_with_ct, Peer};
+use rmcp::service::{serve_client_with_ct, Peer, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{ClientCacheConfig, RoleClient};
 use tokio_util::sync::CancellationToken;
 
@@ -17,7 +20,9 @@ use super::logfile::LogTarget;
 use super::process::{self, ExitInfo, Lifeline, SpawnError, StderrTail};
 use super::reaper::Reaper;
 use crate::config::HostResourcesConfig;
-use crate::manifest::LaunchPlan;
+use crate::host_resources::Requester;
+use crate::manifest::{LaunchPlan, Plan, RemotePlan};
+use crate::secret::Secret;
 
 /// What [`connect`] needs besides the launch plan.
 pub struct ConnectOptions {
@@ -30,6 +35,8 @@ pub struct ConnectOptions {
     pub host_resources: HostResourcesConfig,
     /// Kills the bundle's group should the daemon die without stopping it.
     pub reaper: Option<Arc<Reaper>>,
+    /// Remote bundles: the OAuth access token sent as `Authorization: Bearer`.
+    pub bearer: Option<Secret>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +57,12 @@ pub enum ConnectError {
     Handshake {
         message: String,
         stderr: Option<String>,
+    },
+    /// The remote server answered 401 (or 403 insufficient scope).
+    #[error("the remote server refused the connection: authorization required")]
+    Unauthorized {
+        /// The server's `WWW-Authenticate` challenge, if it sent one.
+        challenge: Option<String>,
     },
 }
 
@@ -74,14 +87,75 @@ pub struct Connection {
     pub stderr: StderrTail,
 }
 
-/// Spawns the bundle of `plan`, completes `initialize` (advertising
-/// host-resources, answered through `host`) and `tools/list`.
+/// Brings up the bundle of `plan` — spawns it, or opens its remote session —
+/// and completes `initialize` (advertising host-resources, answered through
+/// `host`) and `tools/list`.
 pub async fn connect(
-    plan: &LaunchPlan,
+    plan: &Plan,
     host: HostContext,
     opts: &ConnectOptions,
 ) -> Result<Connection, ConnectError> {
     let requester = host.requester().clone();
+    let client = BundleClient::new(
+        host,
+        crate::host_resources::capability(&opts.host_resources),
+    );
+    match plan {
+        Plan::Stdio(plan) => connect_stdio(plan, client, &requester, opts).await,
+        Plan::Remote(plan) => connect_remote(plan, client, &requester, opts).await,
+    }
+}
+
+/// Why `initialize` + `tools/list` did not complete.
+struct HandshakeFailure {
+    message: String,
+    /// `Some(challenge)` when the transport reported HTTP 401/403.
+    unauthorized: Option<Option<String>>,
+}
+
+/// `initialize` + `tools/list` over any transport, with the client's list
+/// cache turned off.
+async fn handshake<T, E, A>(
+    client: BundleClient,
+    transport: T,
+    ct: CancellationToken,
+) -> Result<(RunningService<RoleClient, BundleClient>, Vec<Tool>), HandshakeFailure>
+where
+    T: rmcp::transport::IntoTransport<RoleClient, E, A>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let service = serve_client_with_ct(client, transport, ct)
+        .await
+        .map_err(|e| HandshakeFailure {
+            message: e.to_string(),
+            unauthorized: e
+                .is_authorization_required()
+                .then(|| e.auth_challenge().map(str::to_string)),
+        })?;
+    // A supervisor must see the bundle's current lists, never a cache.
+    service
+        .peer()
+        .set_response_cache_config(ClientCacheConfig::disabled())
+        .await;
+    let tools = service
+        .peer()
+        .list_all_tools()
+        .await
+        .map_err(|e| HandshakeFailure {
+            message: format!("tools/list: {e}"),
+            unauthorized: e
+                .is_authorization_required()
+                .then(|| e.auth_challenge().map(str::to_string)),
+        })?;
+    Ok((service, tools))
+}
+
+async fn connect_stdio(
+    plan: &LaunchPlan,
+    client: BundleClient,
+    requester: &Requester,
+    opts: &ConnectOptions,
+) -> Result<Connection, ConnectError> {
     let spawned = process::spawn(plan)?;
     let stderr = process::capture_stderr(
         spawned.stderr,
@@ -91,32 +165,12 @@ pub async fn connect(
         plan.redactor.clone(),
     );
     let lifeline = Lifeline::watch(spawned.child, spawned.pid, opts.reaper.clone());
-    let client = BundleClient::new(
-        host,
-        crate::host_resources::capability(&opts.host_resources),
-    );
     let ct = CancellationToken::new();
 
-    let handshake = async {
-        let service = serve_client_with_ct(client, (spawned.stdout, spawned.stdin), ct.clone())
-            .await
-            .map_err(|e| e.to_string())?;
-        // A supervisor must see the bundle's current lists, never a cache.
-        service
-            .peer()
-            .set_response_cache_config(ClientCacheConfig::disabled())
-            .await;
-        let tools = service
-            .peer()
-            .list_all_tools()
-            .await
-            .map_err(|e| format!("tools/list: {e}"))?;
-        Ok::<_, String>((service, tools))
-    };
     let outcome = tokio::select! {
-        r = tokio::time::timeout(opts.start_timeout, handshake) => match r {
+        r = tokio::time::timeout(opts.start_timeout, handshake(client, (spawned.stdout, spawned.stdin), ct.clone())) => match r {
             Ok(Ok(ok)) => Ok(ok),
-            Ok(Err(message)) => Err(ConnectError::Handshake { message, stderr: None }),
+            Ok(Err(failure)) => Err(ConnectError::Handshake { message: failure.message, stderr: None }),
             Err(_) => Err(ConnectError::Timeout { after: opts.start_timeout, stderr: None }),
         },
         exit = lifeline.wait() => Err(ConnectError::Exited { exit, stderr: None }),
@@ -141,19 +195,97 @@ pub async fn connect(
                 ConnectError::Exited { stderr, .. }
                 | ConnectError::Timeout { stderr, .. }
                 | ConnectError::Handshake { stderr, .. } => *stderr = last,
-                ConnectError::Spawn(_) => {}
+                ConnectError::Spawn(_) | ConnectError::Unauthorized { .. } => {}
             }
             return Err(err);
         }
     };
+    Ok(connected(
+        service, tools, lifeline, stderr, ct, requester, opts,
+    ))
+}
+
+async fn connect_remote(
+    plan: &RemotePlan,
+    client: BundleClient,
+    requester: &Requester,
+    opts: &ConnectOptions,
+) -> Result<Connection, ConnectError> {
+    let handshake_error = |message: String| ConnectError::Handshake {
+        message,
+        stderr: None,
+    };
+    let mut headers = std::collections::HashMap::new();
+    for (name, value) in &plan.headers {
+        let name = reqwest::header::HeaderName::from_bytes(name.as_bytes())
+            .map_err(|e| handshake_error(format!("header {name:?}: {e}")))?;
+        let mut value = reqwest::header::HeaderValue::from_str(value.expose()).map_err(|_| {
+            handshake_error(format!(
+                "header {name}: the value is not a valid header value"
+            ))
+        })?;
+        value.set_sensitive(true);
+        headers.insert(name, value);
+    }
+    let mut config =
+        StreamableHttpClientTransportConfig::with_uri(plan.url.as_str()).custom_headers(headers);
+    if let Some(token) = &opts.bearer {
+        config = config.auth_header(token.expose());
+    }
+    let http = reqwest::Client::builder()
+        .connect_timeout(opts.start_timeout)
+        .build()
+        .map_err(|e| handshake_error(format!("HTTP client: {e}")))?;
+    let transport = StreamableHttpClientTransport::with_client(http, config);
+    let ct = CancellationToken::new();
+    let outcome =
+        tokio::time::timeout(opts.start_timeout, handshake(client, transport, ct.clone())).await;
+    let (service, tools) = match outcome {
+        Ok(Ok(ok)) => ok,
+        Ok(Err(failure)) => {
+            ct.cancel();
+            return Err(match failure.unauthorized {
+                Some(challenge) => ConnectError::Unauthorized { challenge },
+                None => handshake_error(format!("{} ({})", failure.message, plan.url)),
+            });
+        }
+        Err(_) => {
+            ct.cancel();
+            return Err(ConnectError::Timeout {
+                after: opts.start_timeout,
+                stderr: None,
+            });
+        }
+    };
+    let lifeline = Lifeline::session(ct.clone());
+    Ok(connected(
+        service,
+        tools,
+        lifeline,
+        StderrTail::none(),
+        ct,
+        requester,
+        opts,
+    ))
+}
+
+/// Ties the service and the lifeline together: the service ends when the
+/// process dies or the session is stopped (cancel), and the lifeline is
+/// stopped when the service ends on its own (transport closed).
+fn connected(
+    service: RunningService<RoleClient, BundleClient>,
+    tools: Vec<Tool>,
+    lifeline: Lifeline,
+    stderr: StderrTail,
+    ct: CancellationToken,
+    requester: &Requester,
+    opts: &ConnectOptions,
+) -> Connection {
     let peer = service.peer().clone();
     let server = service
         .peer()
         .peer_info()
         .and_then(|i| i.server_info.clone());
-
-    // The service ends when the process dies (cancel), and the process is
-    // stopped when the service ends on its own (transport closed).
     let observer = lifeline.observer();
     let grace = opts.stop_grace;
     tokio::spawn(async move {
@@ -162,14 +294,14 @@ pub async fn connect(
             _ = observer.wait() => ct.cancel(),
         }
     });
-    tracing::debug!(workspace = %requester.workspace, bundle = %requester.bundle, pid = lifeline.pid(), tools = tools.len(), "bundle connected");
-    Ok(Connection {
+    tracing::debug!(workspace = %requester.workspace, bundle = %requester.bundle, pid = ?lifeline.pid(), tools = tools.len(), "bundle connected");
+    Connection {
         peer,
         tools,
         server,
         lifeline,
         stderr,
-    })
+    }
 }
 
 /// The last stderr line of a process that was just stopped.

@@ -15,6 +15,7 @@ use nix::unistd::Pid;
 use tokio::io::BufReader;
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
 
 use super::logfile::{LogTarget, RotatingLog};
 use super::reaper::Reaper;
@@ -58,7 +59,7 @@ impl fmt::Display for ExitInfo {
                 Ok(s) => write!(f, "killed by {s}"),
                 Err(_) => write!(f, "killed by signal {sig}"),
             },
-            (None, None) => f.write_str("unknown exit status"),
+            (None, None) => f.write_str("ended without an exit status"),
         }
     }
 }
@@ -160,17 +161,19 @@ impl Drop for KillGuard {
     }
 }
 
-/// Observes a bundle process and asks it to stop. Holds no kill guard, so
-/// watcher tasks can keep one without keeping the process alive.
+/// Observes a bundle process (or a remote bundle's session) and asks it to
+/// stop. Holds no kill guard, so watcher tasks can keep one without keeping
+/// the process alive.
 #[derive(Clone)]
 pub struct ProcessObserver {
-    pid: u32,
+    /// `None` for a remote session.
+    pid: Option<u32>,
     stop_tx: mpsc::UnboundedSender<Duration>,
     exit_rx: watch::Receiver<Option<ExitInfo>>,
 }
 
 impl ProcessObserver {
-    pub fn pid(&self) -> u32 {
+    pub fn pid(&self) -> Option<u32> {
         self.pid
     }
 
@@ -198,11 +201,18 @@ impl ProcessObserver {
     }
 }
 
-/// Owning handle of a bundle process: dropping the last clone kills the group.
+/// Owning handle of a bundle process (or remote session): dropping the last
+/// clone kills the group (or closes the session).
 #[derive(Clone)]
 pub struct Lifeline {
     observer: ProcessObserver,
-    _guard: Arc<KillGuard>,
+    _guard: Arc<Guard>,
+}
+
+/// Held only for its `Drop`: kills the group, or cancels the session.
+enum Guard {
+    Process(#[allow(dead_code)] KillGuard),
+    Session(#[allow(dead_code)] tokio_util::sync::DropGuard),
 }
 
 impl Lifeline {
@@ -241,11 +251,38 @@ impl Lifeline {
         });
         Lifeline {
             observer: ProcessObserver {
-                pid,
+                pid: Some(pid),
                 stop_tx,
                 exit_rx,
             },
-            _guard: Arc::new(KillGuard { pgid: pid, exited }),
+            _guard: Arc::new(Guard::Process(KillGuard { pgid: pid, exited })),
+        }
+    }
+
+    /// The lifeline of a remote bundle's session, which `session` cancels:
+    /// the session "exits" when it is cancelled, by [`Lifeline::stop`], by
+    /// the transport ending, or when the last clone is dropped.
+    pub fn session(session: CancellationToken) -> Lifeline {
+        let (stop_tx, mut stop_rx) = mpsc::unbounded_channel::<Duration>();
+        let (exit_tx, exit_rx) = watch::channel(None);
+        let token = session.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = token.cancelled() => {}
+                Some(_) = stop_rx.recv() => token.cancel(),
+            }
+            let _ = exit_tx.send(Some(ExitInfo {
+                code: None,
+                signal: None,
+            }));
+        });
+        Lifeline {
+            observer: ProcessObserver {
+                pid: None,
+                stop_tx,
+                exit_rx,
+            },
+            _guard: Arc::new(Guard::Session(session.drop_guard())),
         }
     }
 
@@ -253,7 +290,7 @@ impl Lifeline {
         self.observer.clone()
     }
 
-    pub fn pid(&self) -> u32 {
+    pub fn pid(&self) -> Option<u32> {
         self.observer.pid
     }
 
@@ -296,6 +333,14 @@ pub struct StderrTail {
 }
 
 impl StderrTail {
+    /// The tail of a bundle without stderr (a remote session): always empty.
+    pub fn none() -> StderrTail {
+        StderrTail {
+            lines: Arc::default(),
+            eof: watch::channel(true).1,
+        }
+    }
+
     fn push(&self, line: String) {
         let mut q = self.lines.lock().unwrap_or_else(|p| p.into_inner());
         if q.len() == STDERR_TAIL {

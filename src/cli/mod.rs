@@ -2,6 +2,7 @@
 //! other subcommand is a client of its control socket. One file per
 //! subcommand; `anyhow` is used only here, at the edge.
 
+mod auth;
 mod call;
 mod client;
 mod configure;
@@ -55,6 +56,9 @@ enum Command {
     /// Set user_config values (stored encrypted) and respawn the bundle;
     /// without KEY=VALUE, list its keys.
     Configure(configure::Args),
+    /// Authorize a remote bundle (OAuth authorization code + PKCE through
+    /// a loopback redirect); the bundle starts once it is done.
+    Auth(auth::Args),
     /// List the tools of one bundle or of every bundle in a workspace.
     Tools(tools::Args),
     /// Call a tool of a bundle.
@@ -103,6 +107,7 @@ pub fn main() -> ExitCode {
             Command::Uninstall(a) => uninstall::run(&mut client, a).await,
             Command::Restart(a) => restart::run(&mut client, a).await,
             Command::Configure(a) => configure::run(&mut client, a).await,
+            Command::Auth(a) => auth::run(&mut client, a).await,
             Command::Tools(a) => tools::run(&mut client, a).await,
             Command::Call(a) => call::run(&mut client, a).await,
             Command::Logs(a) => logs::run(&mut client, a).await,

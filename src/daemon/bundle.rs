@@ -25,11 +25,13 @@ use tokio_util::task::AbortOnDropHandle;
 use super::policy::{Decision, RestartTracker, Stop};
 use super::Shared;
 use crate::bundle::process::{ExitInfo, Lifeline, StderrTail};
-use crate::bundle::{connect, ConnectOptions, Connection, HostContext};
+use crate::bundle::{connect, ConnectError, ConnectOptions, Connection, HostContext};
 use crate::config::Supervision;
 use crate::host_resources::{HostRequest, PROVIDED_CAPABILITIES};
-use crate::manifest::{LoadedManifest, PlanError};
+use crate::manifest::{LoadedManifest, Plan, PlanError, RemotePlan};
+use crate::oauth::Silent;
 use crate::protocol::{BundleState, BundleStatus, EventKind, ExitStatus, LifecycleEvent};
+use crate::store::TokenSet;
 
 /// Registry name of a bundle's actor.
 pub fn actor_name(workspace: &str, name: &str) -> String {
@@ -110,21 +112,34 @@ pub enum BundleMsg {
     ManifestRejected(String),
     /// `configure` stored new user_config values: respawn with them.
     Reconfigure(RpcReplyPort<()>),
-    Call {
-        tool: String,
-        arguments: Option<Map<String, Value>>,
-        timeout: Option<Duration>,
-        reply: RpcReplyPort<Result<Value, CallError>>,
+    /// `auth` stored new tokens: start with them.
+    Authorized(RpcReplyPort<()>),
+    Call(PendingCall),
+    /// A remote server answered 401 on the session of `generation` (to a
+    /// call, which is retried once on the rebuilt session, or to a ping).
+    AuthExpired {
+        generation: u64,
+        call: Option<PendingCall>,
     },
     Tools(RpcReplyPort<(BundleState, Vec<Value>)>),
     #[cfg(feature = "fault-injection")]
     Panic,
 }
 
+/// A tool call on its way to the bundle.
+pub struct PendingCall {
+    pub tool: String,
+    pub arguments: Option<Map<String, Value>>,
+    pub timeout: Option<Duration>,
+    pub reply: RpcReplyPort<Result<Value, CallError>>,
+}
+
 /// A successful start.
 pub struct Started {
     connection: Connection,
     version: String,
+    /// A remote bundle got a new token on the way (refresh or client credentials).
+    reauthorized: bool,
 }
 
 struct Live {
@@ -132,6 +147,47 @@ struct Live {
     lifeline: Lifeline,
     ready_since: Instant,
     _pinger: Option<AbortOnDropHandle<()>>,
+    in_flight: InFlight,
+}
+
+/// Counts the tool calls in flight on one session, so a session being
+/// replaced can be closed once they are done.
+#[derive(Clone, Default)]
+struct InFlight(Arc<(std::sync::atomic::AtomicUsize, tokio::sync::Notify)>);
+
+struct InFlightGuard(InFlight);
+
+impl InFlight {
+    fn enter(&self) -> InFlightGuard {
+        self.0 .0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlightGuard(self.clone())
+    }
+
+    async fn idle(&self) {
+        loop {
+            let notified = self.0 .1.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.0 .0.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if self
+            .0
+             .0
+             .0
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            self.0 .0 .1.notify_waiters();
+        }
+    }
 }
 
 pub struct BundleActorState {
@@ -145,6 +201,11 @@ pub struct BundleActorState {
     tracker: RestartTracker,
     /// Set when the daemon kills the process (liveness), to explain the exit.
     kill_reason: Option<String>,
+    /// A remote session is being rebuilt after a 401.
+    reauthing: bool,
+    /// Calls waiting for the rebuilt session, each with whether it may still
+    /// be retried after another 401 (a call is retried once).
+    awaiting_auth: Vec<(PendingCall, bool)>,
 }
 
 impl BundleActorState {
@@ -164,7 +225,7 @@ impl BundleActorState {
             name: self.args.name.clone(),
             version: self.version.clone(),
             state: self.state,
-            pid: self.live.as_ref().map(|l| l.lifeline.pid()),
+            pid: self.live.as_ref().and_then(|l| l.lifeline.pid()),
             uptime_secs: None,
             restarts: self.args.restarts,
             tools: self.tools.len(),
@@ -271,6 +332,94 @@ impl BundleActorState {
         }
     }
 
+    /// Runs a tool call on a clone of the peer. A 401 from a remote server
+    /// sends the call back to the actor to be retried once (`retry`) on the
+    /// rebuilt session.
+    fn spawn_call(&self, myself: &ActorRef<BundleMsg>, call: PendingCall, retry: bool) {
+        let Some(live) = self.live.as_ref() else {
+            let _ = call.reply.send(Err(CallError::NotReady {
+                state: self.state,
+                last_error: self.last_error.clone(),
+            }));
+            return;
+        };
+        let peer = live.peer.clone();
+        let in_flight = live.in_flight.enter();
+        let timeout = call
+            .timeout
+            .unwrap_or(self.args.shared.config.bundles.call_timeout);
+        let (generation, myself) = (self.generation, myself.clone());
+        tokio::spawn(async move {
+            let mut params = CallToolRequestParams::new(call.tool.clone());
+            if let Some(arguments) = call.arguments.clone() {
+                params = params.with_arguments(arguments);
+            }
+            // Dropping the future on timeout sends notifications/cancelled.
+            let result = match tokio::time::timeout(timeout, peer.call_tool(params)).await {
+                Err(_) => Err(CallError::Timeout(timeout)),
+                Ok(Err(e)) if retry && e.is_authorization_required() => {
+                    let _ = myself.send_message(BundleMsg::AuthExpired {
+                        generation,
+                        call: Some(call),
+                    });
+                    return;
+                }
+                Ok(Err(e)) => Err(CallError::Failed(e.to_string())),
+                Ok(Ok(r)) => serde_json::to_value(r).map_err(|e| CallError::Failed(e.to_string())),
+            };
+            drop(in_flight);
+            let _ = call.reply.send(result);
+        });
+    }
+
+    /// A 401 on the live remote session: get a new token and rebuild it
+    /// through the one connect function. The old session is not cut: calls
+    /// in flight on it finish (or come back with their own 401 and wait for
+    /// the new session), and it is closed once idle or after the call
+    /// timeout. Not counted as a restart.
+    fn rebuild_for_auth(&mut self, myself: &ActorRef<BundleMsg>) {
+        tracing::info!(workspace = %self.args.workspace, bundle = %self.args.name, "remote server answered 401; getting a new token");
+        self.generation += 1;
+        self.reauthing = true;
+        self.state = BundleState::Restarting;
+        self.tools.clear();
+        if let Some(old) = self.live.take() {
+            let limit = self.args.shared.config.bundles.call_timeout;
+            tokio::spawn(async move {
+                let Live {
+                    peer,
+                    lifeline,
+                    _pinger,
+                    in_flight,
+                    ..
+                } = old;
+                drop(_pinger);
+                // Wait until nothing is in flight on the old session any more.
+                let _ = tokio::time::timeout(limit, in_flight.idle()).await;
+                drop(peer);
+                lifeline.stop(Duration::ZERO).await;
+            });
+        }
+        self.publish(self.event(
+            EventKind::Restarting,
+            "the remote server answered 401 (authorization expired): getting a new token and rebuilding the session",
+        ));
+        let generation = self.generation;
+        let _ = myself.send_message(BundleMsg::Start {
+            generation,
+            manifest: None,
+        });
+    }
+
+    /// Answers the calls that waited for a rebuild that did not come up.
+    fn refuse_awaiting(&mut self, reason: &str) {
+        for (call, _) in self.awaiting_auth.drain(..) {
+            let _ = call.reply.send(Err(CallError::Failed(format!(
+                "the session could not be rebuilt after a 401: {reason}"
+            ))));
+        }
+    }
+
     /// Stops the current process in a task and starts again at once.
     fn restart_now(
         &mut self,
@@ -326,6 +475,8 @@ impl Actor for BundleActor {
             last_error: None,
             tracker: RestartTracker::default(),
             kill_reason: None,
+            reauthing: false,
+            awaiting_auth: Vec::new(),
         })
     }
 
@@ -388,6 +539,7 @@ impl Actor for BundleActor {
                     Ok(Started {
                         connection,
                         version,
+                        reauthorized,
                     }) => {
                         let observer = connection.lifeline.observer();
                         let pinger = spawn_pinger(
@@ -403,32 +555,52 @@ impl Actor for BundleActor {
                             lifeline: connection.lifeline,
                             ready_since: Instant::now(),
                             _pinger: pinger,
+                            in_flight: InFlight::default(),
                         });
                         st.state = BundleState::Ready;
                         st.last_error = None;
-                        tracing::info!(workspace = %st.args.workspace, bundle = %st.args.name, pid = observer.pid(), tools = st.tools.len(), "bundle ready");
+                        tracing::info!(workspace = %st.args.workspace, bundle = %st.args.name, pid = ?observer.pid(), tools = st.tools.len(), "bundle ready");
+                        if reauthorized {
+                            st.args.shared.board.emit(st.event(
+                                EventKind::Reauthorized,
+                                "new token obtained; session rebuilt",
+                            ));
+                        }
                         st.publish(st.event(EventKind::Ready, "ready"));
-                        watch_exit(observer, connection.stderr, myself, generation);
+                        watch_exit(observer, connection.stderr, myself.clone(), generation);
+                        st.reauthing = false;
+                        for (call, retry) in std::mem::take(&mut st.awaiting_auth) {
+                            st.spawn_call(&myself, call, retry);
+                        }
                     }
-                    Err(StartFailure { kind, reason }) => match kind {
-                        FailKind::Config => st.fail(reason, None),
-                        FailKind::NeedsConfig => {
-                            tracing::warn!(workspace = %st.args.workspace, bundle = %st.args.name, "bundle needs configuration: {reason}");
-                            st.settle(
-                                BundleState::NeedsConfig,
-                                EventKind::NeedsConfig,
-                                reason,
-                                None,
-                            )
+                    Err(StartFailure { kind, reason }) => {
+                        st.reauthing = false;
+                        st.refuse_awaiting(&reason);
+                        match kind {
+                            FailKind::Config => st.fail(reason, None),
+                            FailKind::NeedsConfig => {
+                                tracing::warn!(workspace = %st.args.workspace, bundle = %st.args.name, "bundle needs configuration: {reason}");
+                                st.settle(
+                                    BundleState::NeedsConfig,
+                                    EventKind::NeedsConfig,
+                                    reason,
+                                    None,
+                                )
+                            }
+                            FailKind::NeedsAuth => {
+                                tracing::warn!(workspace = %st.args.workspace, bundle = %st.args.name, "bundle needs authorization: {reason}");
+                                st.settle(
+                                    BundleState::NeedsAuth,
+                                    EventKind::NeedsAuth,
+                                    reason,
+                                    None,
+                                )
+                            }
+                            FailKind::Transient => {
+                                st.after_stop(&myself, Stop::Failure(reason), None, None)
+                            }
                         }
-                        FailKind::NeedsAuth => {
-                            tracing::warn!(workspace = %st.args.workspace, bundle = %st.args.name, "bundle needs authorization: {reason}");
-                            st.settle(BundleState::NeedsAuth, EventKind::NeedsAuth, reason, None)
-                        }
-                        FailKind::Transient => {
-                            st.after_stop(&myself, Stop::Failure(reason), None, None)
-                        }
-                    },
+                    }
                 }
             }
             BundleMsg::Exited {
@@ -447,11 +619,17 @@ impl Actor for BundleActor {
                     None if exit.code == Some(0) => {
                         Stop::Clean("process exited cleanly (exit code 0)".into())
                     }
+                    None if live.lifeline.pid().is_none() => {
+                        Stop::Failure("the remote session ended (connection closed)".into())
+                    }
                     None => Stop::Failure(format!("process exited ({exit})")),
                 };
                 let mut exited = st.event(
                     EventKind::Exited,
-                    format!("process {} exited ({exit})", live.lifeline.pid()),
+                    match live.lifeline.pid() {
+                        Some(pid) => format!("process {pid} exited ({exit})"),
+                        None => "remote session ended".to_string(),
+                    },
                 );
                 exited.exit = Some(ExitStatus {
                     code: exit.code,
@@ -494,6 +672,15 @@ impl Actor for BundleActor {
                 );
                 let _ = reply.send(());
             }
+            BundleMsg::Authorized(reply) => {
+                st.restart_now(
+                    &myself,
+                    EventKind::Reauthorized,
+                    "authorized by the operator: starting with the new token",
+                    None,
+                );
+                let _ = reply.send(());
+            }
             BundleMsg::Upgrade(manifest) => {
                 let message = format!(
                     "manifest changed (version {}): restarting with it",
@@ -511,36 +698,44 @@ impl Actor for BundleActor {
                 st.last_error = Some(message.clone());
                 st.publish(st.event(EventKind::ManifestRejected, message));
             }
-            BundleMsg::Call {
-                tool,
-                arguments,
-                timeout,
-                reply,
-            } => {
-                let Some(live) = st.live.as_ref().filter(|_| st.state == BundleState::Ready) else {
-                    let _ = reply.send(Err(CallError::NotReady {
+            BundleMsg::Call(call) => {
+                if st.live.is_some() && st.state == BundleState::Ready {
+                    st.spawn_call(&myself, call, true);
+                } else if st.reauthing {
+                    st.awaiting_auth.push((call, true));
+                } else {
+                    let _ = call.reply.send(Err(CallError::NotReady {
                         state: st.state,
                         last_error: st.last_error.clone(),
                     }));
-                    return Ok(());
-                };
-                let peer = live.peer.clone();
-                let timeout = timeout.unwrap_or(st.args.shared.config.bundles.call_timeout);
-                tokio::spawn(async move {
-                    let mut params = CallToolRequestParams::new(tool);
-                    if let Some(arguments) = arguments {
-                        params = params.with_arguments(arguments);
+                }
+            }
+            BundleMsg::AuthExpired { generation, call } => {
+                let current = generation == st.generation;
+                match st.state {
+                    BundleState::Ready if current => {
+                        // The first 401 of this session: one rebuild, however
+                        // many calls were refused (they wait for it).
+                        st.awaiting_auth.extend(call.map(|c| (c, false)));
+                        st.rebuild_for_auth(&myself);
                     }
-                    // Dropping the future on timeout sends notifications/cancelled.
-                    let result = match tokio::time::timeout(timeout, peer.call_tool(params)).await {
-                        Err(_) => Err(CallError::Timeout(timeout)),
-                        Ok(Err(e)) => Err(CallError::Failed(e.to_string())),
-                        Ok(Ok(r)) => {
-                            serde_json::to_value(r).map_err(|e| CallError::Failed(e.to_string()))
+                    // A later session is already up: retry there, once.
+                    BundleState::Ready => {
+                        if let Some(call) = call {
+                            st.spawn_call(&myself, call, false);
                         }
-                    };
-                    let _ = reply.send(result);
-                });
+                    }
+                    // A rebuild is under way: retry after it.
+                    _ if st.reauthing => st.awaiting_auth.extend(call.map(|c| (c, false))),
+                    state => {
+                        if let Some(call) = call {
+                            let _ = call.reply.send(Err(CallError::NotReady {
+                                state,
+                                last_error: st.last_error.clone(),
+                            }));
+                        }
+                    }
+                }
             }
             BundleMsg::Tools(reply) => {
                 let tools = st
@@ -627,6 +822,13 @@ fn spawn_pinger(
                     failures = 0;
                     continue;
                 }
+                Ok(Err(e)) if e.is_authorization_required() => {
+                    let _ = myself.send_message(BundleMsg::AuthExpired {
+                        generation,
+                        call: None,
+                    });
+                    return;
+                }
                 Ok(Err(e)) => e.to_string(),
                 Err(_) => format!("no answer within {}", humantime::format_duration(timeout)),
             };
@@ -684,7 +886,7 @@ async fn start(
             .map_err(|e| config(e.to_string()))?
     };
     let plan = manifest
-        .launch_plan(&loaded.dir, &values)
+        .plan(&loaded.dir, &values)
         .map_err(|e| match e {
             PlanError::MissingConfig(keys) => StartFailure {
                 kind: FailKind::NeedsConfig,
@@ -712,16 +914,122 @@ async fn start(
         stop_grace: shared.config.bundles.stop_grace,
         host_resources: shared.config.host_resources.clone(),
         reaper: shared.reaper.clone(),
+        bearer: None,
     };
-    let connection = connect(&plan, host, &opts)
-        .await
-        .map_err(|e| StartFailure {
-            kind: FailKind::Transient,
-            // The command line or a stderr line may carry a secret.
-            reason: plan.redactor.redact(&e.to_string()).into_owned(),
-        })?;
+    let (connection, reauthorized) = match &plan {
+        Plan::Stdio(_) => (
+            connect(&plan, host, &opts)
+                .await
+                .map_err(|e| transient(&plan, e))?,
+            false,
+        ),
+        Plan::Remote(remote) => {
+            connect_with_auth(shared, workspace, name, &plan, remote, host, opts).await?
+        }
+    };
     Ok(Started {
         connection,
         version: manifest.version.clone(),
+        reauthorized,
     })
+}
+
+/// A start failure worth retrying; the text is redacted (a command line or
+/// a stderr line may carry a secret).
+fn transient(plan: &Plan, e: ConnectError) -> StartFailure {
+    StartFailure {
+        kind: FailKind::Transient,
+        reason: plan.redactor().redact(&e.to_string()).into_owned(),
+    }
+}
+
+/// Connects a remote bundle with its stored token. On 401: one silent
+/// token attempt (stored refresh token, then client credentials), stored at
+/// once, and one rebuild through the one connect function. When only the
+/// interactive flow can help: `needs_auth`, never a restart loop.
+async fn connect_with_auth(
+    shared: &Shared,
+    workspace: &str,
+    name: &str,
+    plan: &Plan,
+    remote: &RemotePlan,
+    host: HostContext,
+    mut opts: ConnectOptions,
+) -> Result<(Connection, bool), StartFailure> {
+    let (ws, bundle) = (workspace.to_string(), name.to_string());
+    let stored = {
+        let (credentials, ws, bundle) = (shared.credentials.clone(), ws.clone(), bundle.clone());
+        shared
+            .store
+            .call(move |_| credentials.tokens(&ws, &bundle))
+            .await
+            .map_err(|e| StartFailure {
+                kind: FailKind::Config,
+                reason: e.to_string(),
+            })?
+            .unwrap_or_default()
+    };
+    opts.bearer = stored.access_token.clone();
+    let challenge = match connect(plan, host.clone(), &opts).await {
+        Ok(connection) => return Ok((connection, false)),
+        Err(ConnectError::Unauthorized { challenge }) => challenge,
+        Err(e) => return Err(transient(plan, e)),
+    };
+    let needs_auth = |why: &str| {
+        StartFailure {
+        kind: FailKind::NeedsAuth,
+        reason: format!(
+            "the remote server {} requires authorization ({why}); run `bundlevisor auth {name} -w {workspace}`",
+            remote.url
+        ),
+    }
+    };
+    let save = |tokens: TokenSet| {
+        let (credentials, ws, bundle) = (shared.credentials.clone(), ws.clone(), bundle.clone());
+        shared
+            .store
+            .call(move |_| credentials.set_tokens(&ws, &bundle, Some(&tokens)))
+    };
+    let http = crate::oauth::http_client();
+    match crate::oauth::obtain_silently(&http, remote, &stored, challenge.as_deref()).await {
+        Err(e) => Err(StartFailure {
+            kind: FailKind::Transient,
+            reason: format!("the remote server wants a new token, and getting one failed: {e}"),
+        }),
+        Ok(Silent::Interactive(why)) => {
+            // Tokens that no longer work are forgotten; a registered client is kept.
+            let keep = TokenSet {
+                client_id: stored.client_id.clone(),
+                client_secret: stored.client_secret.clone(),
+                ..Default::default()
+            };
+            if let Err(e) = save(keep).await {
+                tracing::warn!(
+                    workspace,
+                    bundle = name,
+                    "cannot forget refused tokens: {e}"
+                );
+            }
+            Err(needs_auth(&why))
+        }
+        Ok(Silent::Tokens(tokens)) => {
+            opts.bearer = tokens.access_token.clone();
+            save(tokens).await.map_err(|e| StartFailure {
+                kind: FailKind::Transient,
+                reason: format!("cannot store the new token: {e}"),
+            })?;
+            tracing::info!(
+                workspace,
+                bundle = name,
+                "new token obtained; rebuilding the session"
+            );
+            match connect(plan, host, &opts).await {
+                Ok(connection) => Ok((connection, true)),
+                Err(ConnectError::Unauthorized { .. }) => {
+                    Err(needs_auth("it refused a freshly issued token"))
+                }
+                Err(e) => Err(transient(plan, e)),
+            }
+        }
+    }
 }

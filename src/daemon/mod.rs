@@ -41,8 +41,10 @@ pub struct Shared {
     pub credentials: Credentials,
     /// One lock per bundle: `configure` and `auth` calls on a bundle run one
     /// at a time (store, respawn, outcome).
-    pub configure_locks:
-        std::sync::Mutex<std::collections::HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>>,
+    pub configure_locks: std::sync::Mutex<BundleLocks>,
+    /// Authorization-code flows between `auth.begin` and `auth.complete`,
+    /// keyed by their `state`.
+    pub pending_auth: std::sync::Mutex<std::collections::HashMap<String, PendingAuth>>,
     pub board: StatusBoard,
     /// Bounds how many bundles start at once (boot reload is parallel up to this).
     pub start_permits: Semaphore,
@@ -77,6 +79,14 @@ pub enum DaemonError {
     Key(#[from] crate::store::crypto::KeyError),
     #[error("actor system: {0}")]
     Actor(String),
+}
+
+/// An authorization-code flow in progress for one bundle.
+pub struct PendingAuth {
+    pub workspace: String,
+    pub name: String,
+    pub flow: crate::oauth::Pending,
+    pub started: Instant,
 }
 
 /// Per-bundle async locks, keyed by (workspace, name).
@@ -254,6 +264,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         store,
         credentials,
         configure_locks: Default::default(),
+        pending_auth: Default::default(),
         board: StatusBoard::default(),
         started_at: Instant::now(),
         booted: CancellationToken::new(),

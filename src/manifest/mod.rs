@@ -5,6 +5,7 @@
 //! The flow is `load` → [`Manifest`] (validated) → [`gate`] → [`Manifest::launch_plan`].
 
 mod host;
+mod remote;
 mod substitute;
 mod validate;
 
@@ -17,6 +18,7 @@ use serde_json::Value;
 use crate::secret::{Redactor, Secret};
 
 pub use host::{gate, GateRefusal, HostBlock, HostVersion, Requirement, HOST_META_KEY};
+pub use remote::{RemoteAuth, RemoteServer, DEFAULT_REMOTE_VERSION};
 pub use substitute::{substitute, SubstitutionVars};
 
 /// One thing wrong with a manifest, located by JSON path (`$.server.type`).
@@ -98,6 +100,15 @@ pub struct Server {
     pub env: BTreeMap<String, String>,
 }
 
+/// How the daemon reaches a bundle's MCP server.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Transport {
+    /// A child process over stdio (MCPB `server`).
+    Stdio(Server),
+    /// A streamable-HTTP server (a remote bundle file).
+    Remote(RemoteServer),
+}
+
 /// A validated manifest.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Manifest {
@@ -108,7 +119,7 @@ pub struct Manifest {
     pub version: String,
     pub description: String,
     pub author_name: String,
-    pub server: Server,
+    pub transport: Transport,
     pub user_config: BTreeMap<String, UserConfigEntry>,
     pub host: Option<HostBlock>,
 }
@@ -121,6 +132,54 @@ pub struct LoadedManifest {
     pub file: PathBuf,
     /// The bundle folder (`${__dirname}`, and the bundle's cwd).
     pub dir: PathBuf,
+}
+
+/// How to bring a bundle up, with every variable resolved.
+#[derive(Debug, Clone)]
+pub enum Plan {
+    Stdio(LaunchPlan),
+    Remote(RemotePlan),
+}
+
+impl Plan {
+    /// Masks the bundle's sensitive values in text about it.
+    pub fn redactor(&self) -> &Redactor {
+        match self {
+            Plan::Stdio(p) => &p.redactor,
+            Plan::Remote(p) => &p.redactor,
+        }
+    }
+}
+
+/// A remote bundle's server with its headers and auth settings resolved.
+#[derive(Clone)]
+pub struct RemotePlan {
+    pub url: String,
+    pub headers: Vec<(String, Secret)>,
+    pub auth: Option<AuthPlan>,
+    pub redactor: Redactor,
+}
+
+impl fmt::Debug for RemotePlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RemotePlan")
+            .field("url", &self.url)
+            .field(
+                "headers",
+                &self.headers.iter().map(|(k, _)| k).collect::<Vec<_>>(),
+            )
+            .field("auth", &self.auth)
+            .finish()
+    }
+}
+
+/// Resolved OAuth settings of a remote bundle.
+#[derive(Debug, Clone, Default)]
+pub struct AuthPlan {
+    pub client_id: Option<String>,
+    pub client_secret: Option<Secret>,
+    pub scopes: Vec<String>,
+    pub authorization_server: Option<String>,
 }
 
 /// What the daemon runs: the manifest's command with every variable resolved.
@@ -220,15 +279,15 @@ pub fn parse(text: &str) -> Result<Manifest, ParseFailure> {
 }
 
 impl Manifest {
-    /// Resolves the launch command for a bundle living in `dir`, with the
-    /// stored `user_values` taking precedence over the manifest's defaults.
-    /// A required key with neither is [`PlanError::MissingConfig`]: the
-    /// bundle is never started with an empty secret.
-    pub fn launch_plan(
+    /// Resolves how to bring up a bundle living in `dir`, with the stored
+    /// `user_values` taking precedence over the manifest's defaults. A
+    /// required key with neither is [`PlanError::MissingConfig`]: the bundle
+    /// is never started with an empty secret.
+    pub fn plan(
         &self,
         dir: &Path,
         user_values: &BTreeMap<String, Secret>,
-    ) -> Result<LaunchPlan, PlanError> {
+    ) -> Result<Plan, PlanError> {
         let mut values = BTreeMap::new();
         let mut sensitive = Vec::new();
         let mut missing = Vec::new();
@@ -260,8 +319,37 @@ impl Manifest {
             substitute(s, &vars)
                 .map_err(|e| PlanError::Substitution(redactor.redact(&e).into_owned()))
         };
-        let server = &self.server;
-        Ok(LaunchPlan {
+        let server = match &self.transport {
+            Transport::Stdio(server) => server,
+            Transport::Remote(remote) => {
+                let auth = match &remote.auth {
+                    None => None,
+                    Some(a) => Some(AuthPlan {
+                        client_id: a.client_id.clone(),
+                        client_secret: match &a.client_secret {
+                            Some(s) => {
+                                Some(Secret::new(sub(s)?)).filter(|s| !s.expose().is_empty())
+                            }
+                            None => None,
+                        },
+                        scopes: a.scopes.clone(),
+                        authorization_server: a.authorization_server.clone(),
+                    }),
+                };
+                let headers = remote
+                    .headers
+                    .iter()
+                    .map(|(k, v)| Ok((k.clone(), Secret::new(sub(v)?))))
+                    .collect::<Result<_, PlanError>>()?;
+                return Ok(Plan::Remote(RemotePlan {
+                    url: remote.url.clone(),
+                    headers,
+                    auth,
+                    redactor,
+                }));
+            }
+        };
+        Ok(Plan::Stdio(LaunchPlan {
             command: sub(&server.command)?,
             args: server
                 .args
@@ -275,7 +363,7 @@ impl Manifest {
                 .collect::<Result<_, PlanError>>()?,
             cwd: dir.to_path_buf(),
             redactor,
-        })
+        }))
     }
 
     /// Checks a value given to `configure` against the key's declaration

@@ -6,6 +6,13 @@ use serde_json::json;
 use super::*;
 use crate::secret::Secret;
 
+fn stdio(plan: Plan) -> LaunchPlan {
+    match plan {
+        Plan::Stdio(p) => p,
+        Plan::Remote(p) => panic!("expected a stdio plan, got {p:?}"),
+    }
+}
+
 fn minimal() -> serde_json::Value {
     json!({
         "manifest_version": "0.3",
@@ -32,13 +39,11 @@ fn problems(value: serde_json::Value) -> Vec<Problem> {
 fn shipped_demo_manifest_is_valid_and_passes_the_gate() {
     let m = parse(include_str!("../../bundles/demo/manifest.json")).unwrap();
     assert_eq!(m.name, "demo");
-    assert_eq!(m.server.kind, ServerType::Binary);
+    assert!(matches!(&m.transport, Transport::Stdio(s) if s.kind == ServerType::Binary));
     let host = m.host.as_ref().unwrap();
     assert_eq!(host.host_version, HostVersion::V1_1);
     gate(&m, &[crate::host_resources::EXTENSION]).unwrap();
-    let plan = m
-        .launch_plan(Path::new("/b/demo"), &BTreeMap::new())
-        .unwrap();
+    let plan = stdio(m.plan(Path::new("/b/demo"), &BTreeMap::new()).unwrap());
     assert_eq!(plan.command, "/b/demo/server/bundlevisor-demo");
     assert_eq!(plan.env["DEMO_GREETING"], "");
 }
@@ -162,12 +167,10 @@ fn launch_plan_prefers_set_values_then_defaults_and_requires_required() {
     v["server"]["mcp_config"]["args"] = json!(["--depth=${user_config.depth}"]);
     v["server"]["mcp_config"]["env"] = json!({"TOKEN": "${user_config.token}"});
     let m = parse(&v.to_string()).unwrap();
-    let err = m
-        .launch_plan(Path::new("/b"), &BTreeMap::new())
-        .unwrap_err();
+    let err = m.plan(Path::new("/b"), &BTreeMap::new()).unwrap_err();
     assert_eq!(err, PlanError::MissingConfig(vec!["token".into()]));
     let values = BTreeMap::from([("token".to_string(), Secret::new("s3cret-canary"))]);
-    let plan = m.launch_plan(Path::new("/b"), &values).unwrap();
+    let plan = stdio(m.plan(Path::new("/b"), &values).unwrap());
     assert_eq!(plan.args, vec!["--depth=3"]);
     assert_eq!(plan.env["TOKEN"], "s3cret-canary");
     assert!(
@@ -210,4 +213,77 @@ fn configure_values_are_checked_against_their_declaration() {
     // A bad sensitive value is not echoed back.
     let err = m.check_user_value("pin", "hunter2-canary").unwrap_err();
     assert!(!err.contains("hunter2-canary"), "{err}");
+}
+
+#[test]
+fn remote_bundle_files_are_validated_and_resolved() {
+    let text = json!({
+        "name": "notes",
+        "url": "https://mcp.example.com/mcp",
+        "headers": {"X-Tenant": "${user_config.tenant}"},
+        "user_config": {
+            "tenant": {"type": "string", "title": "Tenant", "required": true},
+            "client_secret": {"type": "string", "title": "Secret", "sensitive": true, "required": true}
+        },
+        "auth": {"client_id": "bv", "client_secret": "${user_config.client_secret}", "scopes": ["files:read"]}
+    })
+    .to_string();
+    let m = parse(&text).unwrap();
+    assert_eq!(m.version, DEFAULT_REMOTE_VERSION);
+    let values = BTreeMap::from([
+        ("tenant".to_string(), Secret::new("acme")),
+        ("client_secret".to_string(), Secret::new("cs-canary-123")),
+    ]);
+    let Plan::Remote(plan) = m.plan(Path::new("/b"), &values).unwrap() else {
+        panic!("a remote file makes a remote plan");
+    };
+    assert_eq!(plan.url, "https://mcp.example.com/mcp");
+    assert_eq!(plan.headers[0].1.expose(), "acme");
+    let auth = plan.auth.as_ref().unwrap();
+    assert_eq!(
+        auth.client_secret.as_ref().unwrap().expose(),
+        "cs-canary-123"
+    );
+    assert_eq!(auth.scopes, ["files:read"]);
+    assert!(!format!("{plan:?}").contains("canary"));
+    assert!(!format!("{plan:?}").contains("acme"));
+    assert_eq!(
+        m.plan(Path::new("/b"), &BTreeMap::new()).unwrap_err(),
+        PlanError::MissingConfig(vec!["client_secret".into(), "tenant".into()])
+    );
+}
+
+#[test]
+fn remote_bundle_problems_are_all_reported() {
+    let text = json!({
+        "name": "Bad Name",
+        "url": "http://mcp.example.com/mcp",
+        "heders": {},
+        "headers": {"Authorization": "x", "X-Ok": "${user_config.nope}"},
+        "auth": {"client_secret": "s", "scope": ["a"]}
+    })
+    .to_string();
+    let Err(ParseFailure::Invalid(problems)) = parse(&text) else {
+        panic!("expected problems");
+    };
+    let paths: Vec<&str> = problems.iter().map(|p| p.path.as_str()).collect();
+    for expected in [
+        "$.heders",
+        "$.name",
+        "$.url",
+        "$.headers.Authorization",
+        "$.headers.X-Ok",
+        "$.auth.client_secret",
+        "$.auth.scope",
+    ] {
+        assert!(
+            paths.contains(&expected),
+            "{expected} missing from {problems:#?}"
+        );
+    }
+    let url = problems.iter().find(|p| p.path == "$.url").unwrap();
+    assert!(url.message.contains("https"), "{url}");
+    // Plain http is fine on loopback.
+    let ok = json!({"name": "local", "url": "http://127.0.0.1:9/mcp"}).to_string();
+    assert!(parse(&ok).is_ok());
 }

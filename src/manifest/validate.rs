@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use super::host::{self, HOST_META_KEY};
 use super::substitute::{unknown_variable, variables};
-use super::{Manifest, Problem, Server, ServerType, UserConfigEntry, UserConfigType};
+use super::{Manifest, Problem, Server, ServerType, Transport, UserConfigEntry, UserConfigType};
 
 const MANIFEST_VERSIONS: &[&str] = &["0.2", "0.3", "0.4"];
 const DXT_VERSIONS: &[&str] = &["0.1", "0.2"];
@@ -124,6 +124,9 @@ pub(super) fn validate(value: &Value) -> Result<Manifest, Vec<Problem>> {
         );
         return Err(c.problems);
     };
+    if super::remote::is_remote(root) {
+        return super::remote::validate(&mut c, root).ok_or(c.problems);
+    }
 
     let manifest_version = manifest_version(&mut c, root);
     let name = c.string(root, "name", "$", true);
@@ -169,7 +172,7 @@ pub(super) fn validate(value: &Value) -> Result<Manifest, Vec<Problem>> {
             version,
             description,
             author_name,
-            server,
+            transport: Transport::Stdio(server),
             user_config,
             host,
         }),
@@ -243,7 +246,32 @@ fn server(
         }
         None => (None, Vec::new(), BTreeMap::new()),
     };
-    let mut check_vars = |path: String, s: &str| match variables(s) {
+    if let Some(cmd) = &command {
+        check_variables(c, "$.server.mcp_config.command".into(), cmd, user_config);
+    }
+    for (i, a) in args.iter().enumerate() {
+        check_variables(c, format!("$.server.mcp_config.args[{i}]"), a, user_config);
+    }
+    for (k, v) in &env {
+        check_variables(c, format!("$.server.mcp_config.env.{k}"), v, user_config);
+    }
+    Some(Server {
+        kind: kind?,
+        entry_point: entry_point?,
+        command: command?,
+        args,
+        env,
+    })
+}
+
+/// Reports unknown `${...}` variables (and undeclared user_config keys) in `s`.
+pub(super) fn check_variables(
+    c: &mut Checker,
+    path: String,
+    s: &str,
+    user_config: &BTreeMap<String, UserConfigEntry>,
+) {
+    match variables(s) {
         Ok(names) => {
             for name in names {
                 let known = matches!(name, "__dirname" | "HOME" | "/")
@@ -262,26 +290,15 @@ fn server(
             }
         }
         Err(e) => c.problem(path, e),
-    };
-    if let Some(cmd) = &command {
-        check_vars("$.server.mcp_config.command".into(), cmd);
     }
-    for (i, a) in args.iter().enumerate() {
-        check_vars(format!("$.server.mcp_config.args[{i}]"), a);
-    }
-    for (k, v) in &env {
-        check_vars(format!("$.server.mcp_config.env.{k}"), v);
-    }
-    Some(Server {
-        kind: kind?,
-        entry_point: entry_point?,
-        command: command?,
-        args,
-        env,
-    })
 }
 
-fn string_list(c: &mut Checker, obj: &Map<String, Value>, key: &str, path: &str) -> Vec<String> {
+pub(super) fn string_list(
+    c: &mut Checker,
+    obj: &Map<String, Value>,
+    key: &str,
+    path: &str,
+) -> Vec<String> {
     match obj.get(key) {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(items)) => items
@@ -308,7 +325,7 @@ fn string_list(c: &mut Checker, obj: &Map<String, Value>, key: &str, path: &str)
     }
 }
 
-fn string_map(
+pub(super) fn string_map(
     c: &mut Checker,
     obj: &Map<String, Value>,
     key: &str,
@@ -339,7 +356,10 @@ fn string_map(
     }
 }
 
-fn user_config(c: &mut Checker, root: &Map<String, Value>) -> BTreeMap<String, UserConfigEntry> {
+pub(super) fn user_config(
+    c: &mut Checker,
+    root: &Map<String, Value>,
+) -> BTreeMap<String, UserConfigEntry> {
     let mut out = BTreeMap::new();
     let Some(entries) = c.object(root, "user_config", "$", false) else {
         return out;

@@ -191,6 +191,50 @@ impl std::fmt::Debug for ConfigureParams {
     }
 }
 
+/// `auth.begin`: start the authorization-code flow of a remote bundle; the
+/// authorization server will redirect to `redirect_uri` (a loopback
+/// listener of the CLI).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AuthBeginParams {
+    #[serde(default = "default_workspace")]
+    pub workspace: String,
+    pub name: String,
+    pub redirect_uri: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AuthBeginResult {
+    /// Open this in a browser.
+    pub authorization_url: String,
+    /// Must come back unchanged on the redirect.
+    pub state: String,
+    /// The flow is forgotten after this long.
+    pub expires_in_secs: u64,
+}
+
+/// `auth.complete`: what the redirect brought back.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct AuthCompleteParams {
+    pub state: String,
+    #[serde(default)]
+    pub code: Option<String>,
+    /// The authorization server's `error` (the operator denied, ...).
+    #[serde(default)]
+    pub error: Option<String>,
+    #[serde(default)]
+    pub error_description: Option<String>,
+}
+
+impl std::fmt::Debug for AuthCompleteParams {
+    // The code is a credential until it is exchanged.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthCompleteParams")
+            .field("code", &self.code.as_ref().map(|_| "[redacted]"))
+            .field("error", &self.error)
+            .finish()
+    }
+}
+
 /// One user_config key of a bundle, as `configure` reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConfigKey {

@@ -1,6 +1,8 @@
 //! `bundle.configure`: check values against the manifest's user_config,
 //! store them encrypted, respawn the bundle through its actor (and so
-//! through the one connect function) and report the outcome.
+//! through the one connect function) and report the outcome. `auth.begin`
+//! and `auth.complete`: the operator-completed authorization-code + PKCE
+//! flow of a remote bundle.
 //!
 //! Calls on one bundle are serialized by [`Shared::configure_lock`], held
 //! from validation to outcome, so two operators cannot interleave a store
@@ -13,10 +15,14 @@ use serde_json::Value;
 
 use super::{bundle_actor, not_found, to_value, unavailable, wait_outcome, Ctx, Outbox};
 use crate::daemon::bundle::BundleMsg;
-use crate::manifest::{LoadedManifest, UserConfigType};
-use crate::protocol::{ConfigKey, ConfigureParams, ConfigureResult, ErrorKind, RpcError};
+use crate::daemon::PendingAuth;
+use crate::manifest::{LoadedManifest, Plan, RemotePlan, UserConfigType};
+use crate::protocol::{
+    AuthBeginParams, AuthBeginResult, AuthCompleteParams, BundleResult, ConfigKey, ConfigureParams,
+    ConfigureResult, ErrorKind, RpcError,
+};
 use crate::secret::Secret;
-use crate::store::Change;
+use crate::store::{Change, TokenSet};
 
 pub(super) async fn configure(
     p: ConfigureParams,
@@ -179,4 +185,156 @@ async fn describe_keys(
                 .map(|v| v.expose().to_string()),
         })
         .collect())
+}
+
+/// How long an authorization-code flow waits for its redirect.
+const AUTH_FLOW_TTL: Duration = Duration::from_secs(600);
+
+fn auth_failed(e: impl std::fmt::Display) -> RpcError {
+    RpcError::new(ErrorKind::AuthFailed, e.to_string())
+}
+
+/// The resolved remote plan of an installed remote bundle.
+async fn remote_plan(ctx: &Ctx, workspace: &str, name: &str) -> Result<RemotePlan, RpcError> {
+    let loaded = installed_manifest(ctx, workspace, name).await?;
+    let (credentials, ws, n) = (
+        ctx.shared.credentials.clone(),
+        workspace.to_string(),
+        name.to_string(),
+    );
+    let values = ctx
+        .shared
+        .store
+        .call(move |_| credentials.values(&ws, &n))
+        .await
+        .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?;
+    match loaded.manifest.plan(&loaded.dir, &values) {
+        Ok(Plan::Remote(plan)) => Ok(plan),
+        Ok(Plan::Stdio(_)) => Err(RpcError::new(
+            ErrorKind::InvalidParams,
+            format!("bundle {name:?} is not a remote bundle; only remote bundles are authorized with `bundlevisor auth`"),
+        )),
+        Err(e) => Err(RpcError::new(
+            ErrorKind::NeedsConfig,
+            format!("bundle {name:?} cannot be authorized yet: {e}; set them with `bundlevisor configure {name}` first"),
+        )),
+    }
+}
+
+async fn stored_tokens(ctx: &Ctx, workspace: &str, name: &str) -> Result<TokenSet, RpcError> {
+    let (credentials, ws, n) = (
+        ctx.shared.credentials.clone(),
+        workspace.to_string(),
+        name.to_string(),
+    );
+    Ok(ctx
+        .shared
+        .store
+        .call(move |_| credentials.tokens(&ws, &n))
+        .await
+        .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?
+        .unwrap_or_default())
+}
+
+pub(super) async fn auth_begin(p: AuthBeginParams, ctx: &Ctx) -> Result<Value, RpcError> {
+    bundle_actor(&p.workspace, &p.name)?;
+    let redirect = url::Url::parse(&p.redirect_uri)
+        .map_err(|e| RpcError::new(ErrorKind::InvalidParams, format!("redirect_uri: {e}")))?;
+    if redirect.scheme() != "http"
+        || !matches!(
+            redirect.host_str(),
+            Some("127.0.0.1" | "[::1]" | "localhost")
+        )
+    {
+        return Err(RpcError::new(
+            ErrorKind::InvalidParams,
+            "redirect_uri must be a loopback http URL (http://127.0.0.1:PORT/...)",
+        ));
+    }
+    let plan = remote_plan(ctx, &p.workspace, &p.name).await?;
+    let stored = stored_tokens(ctx, &p.workspace, &p.name).await?;
+    let http = crate::oauth::http_client();
+    let flow = crate::oauth::begin(&http, &plan, &stored, &p.redirect_uri)
+        .await
+        .map_err(auth_failed)?;
+    let result = AuthBeginResult {
+        authorization_url: flow.authorization_url.clone(),
+        state: flow.state.clone(),
+        expires_in_secs: AUTH_FLOW_TTL.as_secs(),
+    };
+    let mut pending = ctx
+        .shared
+        .pending_auth
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    pending.retain(|_, f| f.started.elapsed() < AUTH_FLOW_TTL);
+    pending.insert(
+        flow.state.clone(),
+        PendingAuth {
+            workspace: p.workspace.clone(),
+            name: p.name.clone(),
+            flow,
+            started: std::time::Instant::now(),
+        },
+    );
+    tracing::info!(workspace = %p.workspace, bundle = %p.name, "authorization flow started");
+    to_value(result)
+}
+
+pub(super) async fn auth_complete(
+    p: AuthCompleteParams,
+    ctx: &Ctx,
+    out: &Outbox,
+) -> Result<Value, RpcError> {
+    let flow = ctx
+        .shared
+        .pending_auth
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&p.state)
+        .filter(|f| f.started.elapsed() < AUTH_FLOW_TTL)
+        .ok_or_else(|| {
+            auth_failed("no authorization flow with this state (it expired after 10 minutes, was already used, or the redirect was forged); run `bundlevisor auth` again")
+        })?;
+    let (workspace, name) = (flow.workspace.clone(), flow.name.clone());
+    if let Some(error) = &p.error {
+        return Err(auth_failed(format!(
+            "the authorization server refused: {error}{}",
+            p.error_description
+                .as_ref()
+                .map(|d| format!(" ({d})"))
+                .unwrap_or_default()
+        )));
+    }
+    let code = p
+        .code
+        .as_deref()
+        .ok_or_else(|| auth_failed("the redirect carried no code"))?;
+    let actor = bundle_actor(&workspace, &name)?;
+    let lock = ctx.shared.configure_lock(&workspace, &name);
+    let _serialized = lock.lock().await;
+    let http = crate::oauth::http_client();
+    let tokens = crate::oauth::complete(&http, &flow.flow, code)
+        .await
+        .map_err(auth_failed)?;
+    {
+        let (credentials, ws, n) = (
+            ctx.shared.credentials.clone(),
+            workspace.to_string(),
+            name.to_string(),
+        );
+        ctx.shared
+            .store
+            .call(move |_| credentials.set_tokens(&ws, &n, Some(&tokens)))
+            .await
+            .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?;
+    }
+    tracing::info!(workspace = %workspace, bundle = %name, "authorization completed; tokens stored");
+    let events = ctx.shared.board.subscribe();
+    actor
+        .call(BundleMsg::Authorized, Some(Duration::from_secs(10)))
+        .await
+        .map_err(unavailable)?;
+    let bundle = wait_outcome(events, ctx, &workspace, &name, out).await?;
+    to_value(BundleResult { bundle })
 }

@@ -20,7 +20,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::board::Event;
-use super::bundle::{actor_name, BundleMsg, CallError};
+use super::bundle::{actor_name, BundleMsg, CallError, PendingCall};
 use super::supervisor::{DaemonMsg, InstallError};
 use super::workspace::{FilesOp, WorkspaceMsg};
 use super::Shared;
@@ -286,6 +286,8 @@ async fn dispatch(request: Request, ctx: &Ctx, out: &Outbox) -> Result<Value, Rp
             Ok(json!({ "subscribed": true }))
         }
         method::CONFIGURE => credentials::configure(params(p)?, ctx, out).await,
+        method::AUTH_BEGIN => credentials::auth_begin(params(p)?, ctx).await,
+        method::AUTH_COMPLETE => credentials::auth_complete(params(p)?, ctx, out).await,
         method::FILES_PUT => files_put(params(p)?, ctx).await,
         method::FILES_LS => files_ls(params(p)?, ctx).await,
         method::FILES_GET => files_get(params(p)?, ctx).await,
@@ -629,11 +631,13 @@ async fn call(p: CallParams, ctx: &Ctx) -> Result<Value, RpcError> {
     let (tool, arguments, name) = (p.tool.clone(), p.arguments, p.name.clone());
     let result = actor
         .call(
-            |reply| BundleMsg::Call {
-                tool,
-                arguments,
-                timeout,
-                reply,
+            |reply| {
+                BundleMsg::Call(PendingCall {
+                    tool,
+                    arguments,
+                    timeout,
+                    reply,
+                })
             },
             Some(limit),
         )

@@ -1,0 +1,173 @@
+//! `bundlevisor auth NAME [-w WS] [--port P]`: the authorization-code + PKCE
+//! flow of a remote bundle. The CLI listens on a loopback port for the
+//! authorization server's redirect, prints the URL to open, and hands the
+//! code to the daemon, which exchanges it, stores the tokens encrypted and
+//! starts the bundle with them.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::{print_json, show_progress, Client, ClientError};
+use crate::protocol::{
+    method, AuthBeginParams, AuthBeginResult, AuthCompleteParams, BundleResult, DEFAULT_WORKSPACE,
+};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    name: String,
+    #[arg(short, long, default_value = DEFAULT_WORKSPACE)]
+    workspace: String,
+    /// Loopback port for the redirect (0: any free port). Set it when the
+    /// browser reaches this machine through an SSH tunnel.
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+    /// Give up waiting for the redirect after this long.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    #[arg(long)]
+    json: bool,
+}
+
+/// What the browser brought to the redirect URI.
+struct Redirect {
+    params: Vec<(String, String)>,
+}
+
+impl Redirect {
+    fn get(&self, key: &str) -> Option<String> {
+        self.params
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    }
+}
+
+pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError> {
+    let usage = ClientError::Usage;
+    let listener = TcpListener::bind(("127.0.0.1", args.port))
+        .await
+        .map_err(|e| usage(format!("cannot listen on 127.0.0.1:{}: {e}", args.port)))?;
+    let port = listener
+        .local_addr()
+        .map_err(|e| usage(e.to_string()))?
+        .port();
+    let redirect_uri = format!("http://127.0.0.1:{port}/callback");
+    let begin: AuthBeginResult = client
+        .request(
+            method::AUTH_BEGIN,
+            AuthBeginParams {
+                workspace: args.workspace.clone(),
+                name: args.name.clone(),
+                redirect_uri: redirect_uri.clone(),
+            },
+            |_| {},
+        )
+        .await?;
+    println!(
+        "Open this URL in a browser to authorize {}/{}:",
+        args.workspace, args.name
+    );
+    println!("{}", begin.authorization_url);
+    eprintln!("waiting for the redirect to {redirect_uri} ...");
+    let limit = args.timeout.min(Duration::from_secs(begin.expires_in_secs));
+    let redirect = tokio::time::timeout(limit, wait_redirect(&listener, &begin.state))
+        .await
+        .map_err(|_| {
+            usage(format!(
+                "no redirect arrived within {}; run `bundlevisor auth {}` again",
+                humantime::format_duration(limit),
+                args.name
+            ))
+        })?;
+    let result: BundleResult = client
+        .request(
+            method::AUTH_COMPLETE,
+            AuthCompleteParams {
+                state: begin.state,
+                code: redirect.get("code"),
+                error: redirect.get("error"),
+                error_description: redirect.get("error_description"),
+            },
+            show_progress,
+        )
+        .await?;
+    if args.json {
+        print_json(&result)?;
+    } else {
+        println!(
+            "{}/{} authorized: {}",
+            result.bundle.workspace,
+            result.bundle.name,
+            result.bundle.state.as_str()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Serves the loopback listener until a request to `/callback` carries
+/// `state`; anything else (a favicon, a stale tab) gets a 404 and is ignored.
+async fn wait_redirect(listener: &TcpListener, state: &str) -> Redirect {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        if let Some(redirect) = answer(stream, state).await {
+            return redirect;
+        }
+    }
+}
+
+async fn answer(mut stream: TcpStream, state: &str) -> Option<Redirect> {
+    let mut buf = vec![0u8; 8192];
+    let mut len = 0;
+    // The request line and headers; the body (none for GET) is not needed.
+    while len < buf.len() {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf[len..]))
+            .await
+            .ok()?
+            .ok()?;
+        if n == 0 {
+            break;
+        }
+        len += n;
+        if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+            break;
+        }
+    }
+    let head = String::from_utf8_lossy(&buf[..len]);
+    let target = head
+        .lines()
+        .next()
+        .and_then(|l| l.strip_prefix("GET "))
+        .and_then(|l| l.split(' ').next())
+        .unwrap_or("");
+    let parsed = url::Url::parse(&format!("http://127.0.0.1{target}")).ok();
+    let redirect = parsed
+        .filter(|u| u.path() == "/callback")
+        .map(|u| Redirect {
+            params: u.query_pairs().into_owned().collect(),
+        })
+        .filter(|r| r.get("state").as_deref() == Some(state));
+    let (status, body) = match &redirect {
+        Some(r) if r.get("error").is_some() => (
+            "200 OK",
+            "Authorization was refused. You can close this window; the terminal says why.",
+        ),
+        Some(_) => (
+            "200 OK",
+            "Authorization received. You can close this window and return to the terminal.",
+        ),
+        None => ("404 Not Found", "Not the authorization redirect."),
+    };
+    let page = format!("<!doctype html><title>bundlevisor</title><p>{body}</p>\n");
+    let response = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
+        page.len()
+    );
+    let _ = stream.write_all(response.as_bytes()).await;
+    let _ = stream.shutdown().await;
+    redirect
+}

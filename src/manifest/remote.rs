@@ -1,0 +1,214 @@
+//! Remote bundles: a JSON file that names a streamable-HTTP MCP server
+//! instead of a command (docs/manifest.md, "Remote bundles").
+//!
+//! ```json
+//! { "name": "notes", "url": "https://mcp.example.com/mcp",
+//!   "headers": { "X-Tenant": "${user_config.tenant}" },
+//!   "user_config": { "tenant": { "type": "string", "title": "Tenant", "required": true } },
+//!   "auth": { "client_id": "bundlevisor", "client_secret": "${user_config.client_secret}",
+//!             "scopes": ["files:read"] } }
+//! ```
+//!
+//! A file is remote when it has `url` and no `server`. Unknown top-level
+//! keys are errors, so a typo (`"heders"`) is caught, not ignored.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use super::validate::{check_variables, string_list, string_map, user_config, Checker};
+use super::{HostBlock, Manifest, Transport, HOST_META_KEY};
+
+/// Version shown for a remote bundle whose file gives none.
+pub const DEFAULT_REMOTE_VERSION: &str = "remote";
+
+const KNOWN_KEYS: &[&str] = &[
+    "$schema",
+    "name",
+    "display_name",
+    "version",
+    "description",
+    "url",
+    "headers",
+    "user_config",
+    "auth",
+    "_meta",
+];
+
+/// Headers the transport sets itself; a file may not override them.
+const RESERVED_HEADERS: &[&str] = &[
+    "authorization",
+    "accept",
+    "content-type",
+    "content-length",
+    "host",
+    "mcp-session-id",
+    "mcp-protocol-version",
+    "last-event-id",
+];
+
+/// The remote server of a remote bundle (values still unsubstituted).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteServer {
+    pub url: String,
+    pub headers: BTreeMap<String, String>,
+    pub auth: Option<RemoteAuth>,
+}
+
+/// OAuth settings of a remote bundle. Without them a 401 can only be
+/// answered by `bundlevisor auth` (authorization code + PKCE, with a
+/// dynamically registered client).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RemoteAuth {
+    pub client_id: Option<String>,
+    /// Usually `${user_config.client_secret}`; enables the client-credentials grant.
+    pub client_secret: Option<String>,
+    pub scopes: Vec<String>,
+    /// Authorization server issuer URL; discovered from the MCP server
+    /// (RFC 9728 protected-resource metadata) when absent.
+    pub authorization_server: Option<String>,
+}
+
+/// True when `root` describes a remote bundle.
+pub(super) fn is_remote(root: &Map<String, Value>) -> bool {
+    root.contains_key("url") && !root.contains_key("server")
+}
+
+pub(super) fn validate(c: &mut Checker, root: &Map<String, Value>) -> Option<Manifest> {
+    for key in root.keys() {
+        if !KNOWN_KEYS.contains(&key.as_str()) {
+            c.problem(
+                format!("$.{key}"),
+                format!(
+                    "unknown key in a remote bundle file; known keys: {}",
+                    KNOWN_KEYS[1..].join(", ")
+                ),
+            );
+        }
+    }
+    let name = c.string(root, "name", "$", true);
+    if let Some(n) = &name {
+        if let Err(e) = crate::names::check_name("bundle", n) {
+            c.problem("$.name", e);
+        }
+    }
+    let display_name = c.string(root, "display_name", "$", false);
+    let version = c
+        .string(root, "version", "$", false)
+        .unwrap_or_else(|| DEFAULT_REMOTE_VERSION.to_string());
+    let description = c
+        .string(root, "description", "$", false)
+        .unwrap_or_default();
+    let user_config = user_config(c, root);
+    let url = c.string(root, "url", "$", true);
+    if let Some(u) = &url {
+        check_url(c, "$.url", u);
+    }
+    let headers = string_map(c, root, "headers", "$");
+    for (k, v) in &headers {
+        let path = format!("$.headers.{k}");
+        if RESERVED_HEADERS.contains(&k.to_ascii_lowercase().as_str()) {
+            c.problem(
+                &path,
+                "is set by bundlevisor itself and cannot be given here",
+            );
+        } else if reqwest::header::HeaderName::from_bytes(k.as_bytes()).is_err() {
+            c.problem(&path, "is not a valid HTTP header name");
+        }
+        check_variables(c, path, v, &user_config);
+    }
+    let auth = c
+        .object(root, "auth", "$", false)
+        .map(|a| auth(c, a, &user_config));
+    let host: Option<HostBlock> = root
+        .get("_meta")
+        .and_then(|meta| meta.get(HOST_META_KEY))
+        .and_then(|block| super::host::parse_block(c, block));
+    if !c.problems.is_empty() {
+        return None;
+    }
+    Some(Manifest {
+        manifest_version: "remote".to_string(),
+        name: name?,
+        display_name,
+        version,
+        description,
+        author_name: String::new(),
+        transport: Transport::Remote(RemoteServer {
+            url: url?,
+            headers,
+            auth,
+        }),
+        user_config,
+        host,
+    })
+}
+
+fn auth(
+    c: &mut Checker,
+    obj: &Map<String, Value>,
+    user_config: &BTreeMap<String, super::UserConfigEntry>,
+) -> RemoteAuth {
+    const AUTH_KEYS: &[&str] = &[
+        "client_id",
+        "client_secret",
+        "scopes",
+        "authorization_server",
+    ];
+    for key in obj.keys() {
+        if !AUTH_KEYS.contains(&key.as_str()) {
+            c.problem(
+                format!("$.auth.{key}"),
+                format!("unknown key; known keys: {}", AUTH_KEYS.join(", ")),
+            );
+        }
+    }
+    let client_id = c.string(obj, "client_id", "$.auth", false);
+    let client_secret = c.string(obj, "client_secret", "$.auth", false);
+    if let Some(s) = &client_secret {
+        check_variables(c, "$.auth.client_secret".into(), s, user_config);
+        if client_id.is_none() {
+            c.problem(
+                "$.auth.client_secret",
+                "needs auth.client_id (the client-credentials grant names its client)",
+            );
+        }
+    }
+    let scopes = string_list(c, obj, "scopes", "$.auth");
+    let authorization_server = c.string(obj, "authorization_server", "$.auth", false);
+    if let Some(u) = &authorization_server {
+        check_url(c, "$.auth.authorization_server", u);
+    }
+    RemoteAuth {
+        client_id,
+        client_secret,
+        scopes,
+        authorization_server,
+    }
+}
+
+/// `https`, or `http` to a loopback host only: tokens never cross a
+/// network in the clear.
+fn check_url(c: &mut Checker, path: &str, value: &str) {
+    match url::Url::parse(value) {
+        Err(e) => c.problem(path, format!("is not a valid URL: {e}")),
+        Ok(u) => match u.scheme() {
+            "https" => {}
+            "http" if is_loopback(&u) => {}
+            "http" => c.problem(
+                path,
+                "must use https (plain http is allowed only for loopback hosts such as 127.0.0.1)",
+            ),
+            other => c.problem(path, format!("unsupported scheme {other:?}; use https")),
+        },
+    }
+}
+
+fn is_loopback(u: &url::Url) -> bool {
+    match u.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d == "localhost",
+        None => false,
+    }
+}

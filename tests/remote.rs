@@ -1,0 +1,278 @@
+//! Remote bundles over streamable HTTP against the in-process OAuth fixture
+//! (tests/common/remote.rs): the OAuth retry rebuild (401 → token → rebuild
+//! through the one connect function → retry once), host-resources on the
+//! rebuilt session, the `auth` flow through its loopback redirect, boot
+//! reload with the stored token, and `needs_auth` when nothing silent helps.
+
+mod common;
+#[path = "common/remote.rs"]
+mod fixture;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{events, wait_for, Daemon, BIN};
+use fixture::Fixture;
+use serde_json::{json, Value};
+
+const CLIENT_SECRET: &str = "cs-CANARY-0b6e2d9a";
+
+/// Writes `bundles/NAME.json`: a remote bundle for the fixture's server.
+fn write_remote(d: &Daemon, fx: &Fixture, name: &str, extra: Value) -> PathBuf {
+    let mut file = json!({ "name": name, "url": fx.mcp_url, "description": "fixture" });
+    for (k, v) in extra.as_object().unwrap() {
+        file[k] = v.clone();
+    }
+    let path = d.root().join("bundles").join(format!("{name}.json"));
+    std::fs::write(&path, serde_json::to_string_pretty(&file).unwrap()).unwrap();
+    path
+}
+
+fn call_text(d: &Daemon, bundle: &str, tool: &str, args: Value) -> String {
+    d.ok(&["call", bundle, tool, &args.to_string()])
+        .trim()
+        .to_string()
+}
+
+/// Runs `bundlevisor auth NAME` and plays the browser for it.
+fn authorize(d: &Daemon, fx: &Fixture, name: &str) -> String {
+    let mut child = Command::new(BIN)
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["auth", name, "--timeout", "60s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut url = String::new();
+    while !url.starts_with("http") {
+        url.clear();
+        let n = stdout.read_line(&mut url).unwrap();
+        assert!(
+            n > 0,
+            "auth ended before printing the authorization URL: {:?}",
+            child.wait_with_output()
+        );
+    }
+    let (status, page) = fx.browse(url.trim());
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("Authorization received"), "{page}");
+    let out = child.wait_with_output().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    assert!(
+        out.status.success(),
+        "auth failed: {rest}\n{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        d.log()
+    );
+    rest
+}
+
+/// Fails if any of `secrets` appears in what the daemon wrote or shows.
+fn assert_no_leak(d: &Daemon, secrets: &[String], extra: &[String]) {
+    let mut texts = vec![d.log(), d.ok(&["status", "--json"]), d.ok(&["status"])];
+    texts.extend_from_slice(extra);
+    for text in &texts {
+        for s in secrets {
+            assert!(!text.contains(s.as_str()), "a secret leaked into:\n{text}");
+        }
+    }
+    let mut stack = vec![d.state.clone()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+            if entry.file_type().unwrap().is_dir() {
+                stack.push(entry.path());
+                continue;
+            }
+            let bytes = std::fs::read(entry.path()).unwrap_or_default();
+            for s in secrets {
+                assert!(
+                    !bytes.windows(s.len()).any(|w| w == s.as_bytes()),
+                    "{} holds a secret in the clear",
+                    entry.path().display()
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn client_credentials_rebuild_retries_the_call_and_host_resources_work_on_the_new_session() {
+    let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
+    let d = Daemon::start();
+    let stream = events(&d, &["events", "--json"]);
+    let path = write_remote(
+        &d,
+        &fx,
+        "notes",
+        json!({
+            "user_config": {"client_secret": {"type": "string", "title": "Client secret", "sensitive": true, "required": true}},
+            "auth": {"client_id": "bv-daemon", "client_secret": "${user_config.client_secret}"}
+        }),
+    );
+    let out = d.cli(&["install", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    d.wait_state("default", "notes", "needs_config");
+
+    // The secret arrives: no token yet → 401 → client credentials → rebuild → ready.
+    let out = d.ok(&[
+        "configure",
+        "notes",
+        &format!("client_secret={CLIENT_SECRET}"),
+    ]);
+    assert!(out.contains("reconfigured: ready"), "{out}");
+    assert_eq!(fx.with(|s| s.client_credentials_grants), 1);
+    let b = d.bundle("default", "notes").unwrap();
+    assert_eq!(
+        (b["tools"].as_u64(), b["pid"].is_null()),
+        (Some(2), true),
+        "{b}"
+    );
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+
+    // host-resources over the remote session.
+    let file = d.root().join("hello.txt");
+    std::fs::write(&file, "hello from the workspace").unwrap();
+    let id = d
+        .ok(&["files", "put", file.to_str().unwrap()])
+        .trim()
+        .to_string();
+    assert_eq!(
+        call_text(&d, "notes", "read_file", json!({ "id": id })),
+        "hello from the workspace"
+    );
+
+    // Mid-session 401: the call is retried once on a rebuilt session, which
+    // still answers host-resources.
+    fx.revoke_access_tokens();
+    assert_eq!(
+        call_text(&d, "notes", "read_file", json!({ "id": id })),
+        "hello from the workspace"
+    );
+    assert_eq!(fx.with(|s| s.client_credentials_grants), 2);
+    // Two rebuilds with a new token: at configure, and after the revocation.
+    let lines = stream.until("the second reauthorized event", {
+        let seen = std::cell::Cell::new(0);
+        move |l: &str| {
+            if l.contains("\"kind\":\"reauthorized\"") {
+                seen.set(seen.get() + 1);
+            }
+            seen.get() == 2
+        }
+    });
+    assert!(
+        lines.iter().any(|l| l.contains("answered 401")),
+        "{lines:#?}"
+    );
+
+    let mut secrets = vec![CLIENT_SECRET.to_string()];
+    secrets.extend(
+        fx.with(|s| s.issued.clone())
+            .into_iter()
+            .filter(|t| t.starts_with("at-")),
+    );
+    assert_no_leak(&d, &secrets, &lines);
+}
+
+#[test]
+fn authorization_code_flow_refresh_once_for_concurrent_401s_boot_reload_and_needs_auth() {
+    let fx = Fixture::start(None);
+    let mut d = Daemon::start();
+    let path = write_remote(&d, &fx, "notes", json!({}));
+
+    // No token and no way to get one silently: needs_auth, with the command.
+    let out = d.cli(&["install", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let msg = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        msg.contains("needs authorization") && msg.contains("bundlevisor auth notes"),
+        "{msg}"
+    );
+    d.wait_state("default", "notes", "needs_auth");
+
+    // The operator completes the flow through the loopback redirect.
+    let out = authorize(&d, &fx, "notes");
+    assert!(out.contains("default/notes authorized: ready"), "{out}");
+    assert_eq!(fx.with(|s| (s.registrations, s.code_grants)), (1, 1));
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+
+    // Six calls hit 401 at once: one refresh, one rebuild, six answers.
+    fx.revoke_access_tokens();
+    let file = d.root().join("n.txt");
+    std::fs::write(&file, "note").unwrap();
+    let id = d
+        .ok(&["files", "put", file.to_str().unwrap()])
+        .trim()
+        .to_string();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..6)
+            .map(|_| s.spawn(|| call_text(&d, "notes", "read_file", json!({ "id": id }))))
+            .collect();
+        for h in handles {
+            assert_eq!(h.join().unwrap(), "note");
+        }
+    });
+    assert_eq!(
+        fx.with(|s| s.refresh_grants),
+        1,
+        "concurrent 401s must share one refresh"
+    );
+
+    // Boot reload uses the stored token: no prompt, no new grant.
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    d.launch();
+    d.wait_state("default", "notes", "ready");
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+    assert_eq!(fx.with(|s| (s.code_grants, s.refresh_grants)), (1, 1));
+
+    // Refresh token expired too: needs_auth, not a restart loop.
+    fx.expire_refresh_tokens();
+    fx.revoke_access_tokens();
+    let out = d.cli(&["call", "notes", "whoami", "{}"]);
+    assert_eq!(out.status.code(), Some(1));
+    let msg = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(msg.contains("bundlevisor auth notes"), "{msg}");
+    let b = d.wait_state("default", "notes", "needs_auth");
+    assert_eq!(fx.with(|s| s.refused_refresh_grants), 1);
+    let restarts = b["restarts"].as_u64().unwrap();
+    // Nothing is retried on its own: a status taken after an unrelated
+    // restart round trip still shows the same state and count.
+    let probe = d.demo_bundle("probe");
+    d.ok(&["install", probe.to_str().unwrap()]);
+    d.ok(&["restart", "probe"]);
+    let b = d.bundle("default", "notes").unwrap();
+    assert_eq!(
+        (b["state"].as_str(), b["restarts"].as_u64()),
+        (Some("needs_auth"), Some(restarts))
+    );
+    assert_eq!(fx.with(|s| s.refused_refresh_grants), 1);
+
+    // Authorizing again brings it back.
+    authorize(&d, &fx, "notes");
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+    wait_for(Duration::from_secs(5), "the bundle to be ready", || {
+        (d.bundle("default", "notes").unwrap()["state"] == "ready").then_some(())
+    });
+    let secrets: Vec<String> = fx
+        .with(|s| s.issued.clone())
+        .into_iter()
+        .filter(|t| !t.starts_with("client-"))
+        .collect();
+    assert_no_leak(&d, &secrets, &[]);
+}
