@@ -276,3 +276,28 @@ fn authorization_code_flow_refresh_once_for_concurrent_401s_boot_reload_and_need
         .collect();
     assert_no_leak(&d, &secrets, &[]);
 }
+
+#[test]
+fn a_remote_bundle_file_dropped_into_a_watched_folder_comes_up_and_goes() {
+    let fx = Fixture::start(Some(("bv-watch", CLIENT_SECRET)));
+    let d = Daemon::start_with("[[watch]]\ndir = \"bundles\"\nworkspace = \"default\"\n");
+    // A literal secret in the file works too (docs/credentials.md advises
+    // ${user_config.KEY} instead, so the file can be shared).
+    write_remote(
+        &d,
+        &fx,
+        "watched",
+        json!({ "auth": {"client_id": "bv-watch", "client_secret": CLIENT_SECRET} }),
+    );
+    d.wait_state("default", "watched", "ready");
+    assert_eq!(
+        call_text(&d, "watched", "whoami", json!({})),
+        "remote fixture"
+    );
+    std::fs::remove_file(d.root().join("bundles/watched.json")).unwrap();
+    wait_for(
+        Duration::from_secs(10),
+        "the bundle to be uninstalled",
+        || d.bundle("default", "watched").is_none().then_some(()),
+    );
+}
