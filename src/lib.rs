@@ -21,6 +21,7 @@
 
 pub mod bundle;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod files;

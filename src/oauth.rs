@@ -262,17 +262,10 @@ async fn token_request(
     Ok(TokenSet {
         access_token: Some(Secret::new(token.access_token)),
         refresh_token: token.refresh_token.map(Secret::new),
-        expires_at: token.expires_in.map(|s| now() + s),
+        expires_at: token.expires_in.map(|s| crate::clock::unix_secs() + s),
         client_id: None,
         client_secret: None,
     })
-}
-
-fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
 }
 
 /// What a silent attempt to get a token came to.

@@ -301,3 +301,29 @@ fn a_remote_bundle_file_dropped_into_a_watched_folder_comes_up_and_goes() {
         || d.bundle("default", "watched").is_none().then_some(()),
     );
 }
+
+#[test]
+fn a_token_known_to_be_expired_is_refreshed_before_use_without_a_401() {
+    let fx = Fixture::start(None);
+    // Tokens that expire within the daemon's 30 s margin.
+    fx.state.lock().unwrap().expires_in = Some(5);
+    let mut d = Daemon::start();
+    let path = write_remote(&d, &fx, "notes", json!({}));
+    let _ = d.cli(&["install", path.to_str().unwrap()]);
+    d.wait_state("default", "notes", "needs_auth");
+    authorize(&d, &fx, "notes");
+    let (refreshes, rejected) = fx.with(|s| (s.refresh_grants, s.unauthorized));
+
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    d.launch();
+    d.wait_state("default", "notes", "ready");
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+    assert_eq!(
+        fx.with(|s| (s.refresh_grants, s.unauthorized)),
+        (refreshes + 1, rejected),
+        "the boot reload refreshes the expired token first instead of presenting it"
+    );
+}

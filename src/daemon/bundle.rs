@@ -943,6 +943,9 @@ fn transient(plan: &Plan, e: ConnectError) -> StartFailure {
     }
 }
 
+/// A stored access token this close to its expiry is refreshed before use.
+const EXPIRY_MARGIN_SECS: i64 = 30;
+
 /// Connects a remote bundle with its stored token. On 401: one silent
 /// token attempt (stored refresh token, then client credentials), stored at
 /// once, and one rebuild through the one connect function. When only the
@@ -970,10 +973,19 @@ async fn connect_with_auth(
             .unwrap_or_default()
     };
     opts.bearer = stored.access_token.clone();
-    let challenge = match connect(plan, host.clone(), &opts).await {
-        Ok(connection) => return Ok((connection, false)),
-        Err(ConnectError::Unauthorized { challenge }) => challenge,
-        Err(e) => return Err(transient(plan, e)),
+    // A token known to have expired is refreshed first: no 401 round trip.
+    let expired = stored.refresh_token.is_some()
+        && stored
+            .expires_at
+            .is_some_and(|at| at <= crate::clock::unix_secs() + EXPIRY_MARGIN_SECS);
+    let challenge = if expired {
+        None
+    } else {
+        match connect(plan, host.clone(), &opts).await {
+            Ok(connection) => return Ok((connection, false)),
+            Err(ConnectError::Unauthorized { challenge }) => challenge,
+            Err(e) => return Err(transient(plan, e)),
+        }
     };
     let needs_auth = |why: &str| {
         StartFailure {

@@ -198,7 +198,7 @@ impl DaemonState {
             name: loaded.manifest.name.clone(),
             source,
             origin,
-            installed_at: unix_now(),
+            installed_at: crate::clock::unix_secs(),
         };
         let rec = record.clone();
         let inserted = self
@@ -454,13 +454,6 @@ pub fn bundle_paths(dir: &Path) -> Vec<PathBuf> {
         .collect();
     paths.sort();
     paths
-}
-
-fn unix_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
 }
 
 #[ractor::async_trait]

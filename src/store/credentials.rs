@@ -83,13 +83,6 @@ fn token_aad(workspace: &str, bundle: &str) -> Vec<u8> {
     format!("oauth\0{workspace}\0{bundle}").into_bytes()
 }
 
-fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
 /// Handle to the credential tables; cheap to clone.
 #[derive(Clone)]
 pub struct Credentials {
@@ -212,7 +205,7 @@ impl Credentials {
                 Change::Unset(key) => (key.clone(), None),
             })
             .collect();
-        let at = now();
+        let at = crate::clock::unix_secs();
         self.store.with(|c| {
             let tx = c.transaction()?;
             for (key, value) in &sealed {
@@ -312,7 +305,7 @@ impl Credentials {
             .expect("token JSON serializes"),
         );
         let sealed = self.cipher.seal(&token_aad(workspace, bundle), &json);
-        let at = now();
+        let at = crate::clock::unix_secs();
         self.store.with(|c| {
             c.execute(
                 "INSERT INTO oauth_tokens (workspace, bundle, value, updated_at) VALUES (?1, ?2, ?3, ?4)

@@ -51,6 +51,8 @@ pub struct AuthState {
     pub unauthorized: u32,
     /// Every token ever issued, for leak scans.
     pub issued: Vec<String>,
+    /// `expires_in` of issued access tokens (seconds; 3600 unless set).
+    pub expires_in: Option<i64>,
     next: u64,
 }
 
@@ -325,7 +327,9 @@ async fn token(
     };
     let access = state.mint("at");
     state.access.insert(access.clone());
-    let mut body = json!({ "access_token": access, "token_type": "Bearer", "expires_in": 3600 });
+    let expires_in = state.expires_in.unwrap_or(3600);
+    let mut body =
+        json!({ "access_token": access, "token_type": "Bearer", "expires_in": expires_in });
     if with_refresh {
         let refresh = state.mint("rt");
         state.refresh.insert(refresh.clone());
