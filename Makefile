@@ -8,6 +8,10 @@ DEMO_BIN := bundles/demo/server/bundlevisor-demo
 PY_BUNDLE := bundles/workspace-reader-py
 PY_ENV := target/py/workspace-reader
 PYTHON ?= python3
+# The MCP Inspector (npm, pinned by tests/inspector/package-lock.json) that
+# tests/inspector.rs drives the gateway with.
+INSPECTOR := target/inspector
+NPM ?= npm
 
 .DEFAULT_GOAL := help
 
@@ -30,17 +34,28 @@ $(PY_ENV)/.installed: $(PY_BUNDLE)/requirements.lock
 	ln -sfn ../../$(PY_ENV) $(PY_BUNDLE)/.venv
 	touch $@
 
+.PHONY: inspector
+inspector: $(INSPECTOR)/.installed ## The pinned MCP Inspector CLI for the gateway test (npm ci)
+
+$(INSPECTOR)/.installed: tests/inspector/package.json tests/inspector/package-lock.json
+	rm -rf $(INSPECTOR)
+	mkdir -p $(INSPECTOR)
+	cp tests/inspector/package.json tests/inspector/package-lock.json $(INSPECTOR)/
+	cd $(INSPECTOR) && $(NPM) ci --no-audit --no-fund --ignore-scripts --loglevel=error
+	touch $@
+
 .PHONY: run
 run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is installed)
 	target/release/bundlevisor daemon --config $(CONFIG)
 
 .PHONY: test
-test: pyenv ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle included
+test: pyenv inspector ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle and the MCP Inspector included
 	$(CARGO) test --all-targets --features fault-injection
 
 .PHONY: bench
-bench: build ## Measure install latency and daemon memory (docs/performance.md)
+bench: build ## Measure install latency, daemon memory and gateway overhead (docs/performance.md)
 	bench/foundation.sh
+	$(CARGO) bench --bench gateway
 
 .PHONY: lint
 lint: ## rustfmt check and clippy with warnings as errors
@@ -54,4 +69,4 @@ fmt: ## Format the code
 .PHONY: clean
 clean: ## Remove build output and the local state of `make run`
 	$(CARGO) clean
-	rm -rf .bundlevisor $(DEMO_BIN) $(PY_BUNDLE)/.venv
+	rm -rf .bundlevisor $(DEMO_BIN) $(PY_BUNDLE)/.venv $(INSPECTOR)

@@ -13,6 +13,7 @@
 //!   child process, the MCP client handler.
 //! - [`host_resources`]: the `ai.nimblebrain/host-resources` contract.
 //! - [`daemon`]: the actor tree and the control server; [`daemon::run`].
+//! - [`gateway`]: `bundlevisor mcp`, the workspace MCP server.
 //! - [`cli`]: the `bundlevisor` command line.
 //! - [`names`]: rules for bundle and workspace names.
 //! - [`oauth`]: the OAuth 2.1 client of remote bundles.
@@ -25,6 +26,7 @@ pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod files;
+pub mod gateway;
 pub mod host_resources;
 pub mod lines;
 pub mod manifest;

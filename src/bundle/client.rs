@@ -5,6 +5,8 @@
 use std::time::Duration;
 
 use ractor::DerivedActorRef;
+use rmcp::handler::client::progress::ProgressDispatcher;
+use rmcp::model::ProgressNotificationParam;
 use rmcp::model::{
     ClientCapabilities, ClientConfig, CustomRequest, CustomResult, ErrorCode, Implementation,
     ProtocolVersion, RequestMetaObject,
@@ -52,6 +54,8 @@ impl HostContext {
 pub(super) struct BundleClient {
     host: HostContext,
     config: ClientConfig,
+    /// Routes the bundle's `notifications/progress` to the call that asked.
+    progress: ProgressDispatcher,
 }
 
 impl BundleClient {
@@ -63,13 +67,29 @@ impl BundleClient {
             Implementation::new("bundlevisor", env!("CARGO_PKG_VERSION")),
         )
         .with_protocol_version(BUNDLE_PROTOCOL_VERSION);
-        BundleClient { host, config }
+        BundleClient {
+            host,
+            config,
+            progress: ProgressDispatcher::new(),
+        }
+    }
+
+    pub(super) fn progress(&self) -> ProgressDispatcher {
+        self.progress.clone()
     }
 }
 
 impl ClientHandler for BundleClient {
     fn get_info(&self) -> ClientConfig {
         self.config.clone()
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: rmcp::service::NotificationContext<RoleClient>,
+    ) {
+        self.progress.handle_notification(params).await;
     }
 
     async fn on_custom_request(

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use rmcp::handler::client::progress::ProgressDispatcher;
 use rmcp::model::{Implementation, Tool};
 use rmcp::service::{serve_client_with_ct, Peer, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -84,6 +85,8 @@ pub struct Connection {
     pub server: Option<Implementation>,
     /// Owns the process: dropping the last clone kills the group.
     pub lifeline: Lifeline,
+    /// Subscribe a call's progress token here to receive its progress.
+    pub progress: ProgressDispatcher,
     pub stderr: StderrTail,
 }
 
@@ -282,6 +285,7 @@ fn connected(
     opts: &ConnectOptions,
 ) -> Connection {
     let peer = service.peer().clone();
+    let progress = service.service().progress();
     let server = service
         .peer()
         .peer_info()
@@ -300,6 +304,7 @@ fn connected(
         tools,
         server,
         lifeline,
+        progress,
         stderr,
     }
 }

@@ -43,6 +43,8 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         tool: args.tool.clone(),
         arguments,
         timeout_ms: args.timeout.map(|t| t.as_millis() as u64),
+        progress: false,
+        wait_ready_ms: None,
     };
     let result: Value = client.request(method::CALL, params, |_| {}).await?;
     let is_error = result

@@ -11,6 +11,7 @@ mod events;
 mod files;
 mod install;
 mod logs;
+mod mcp;
 mod restart;
 mod status;
 mod tools;
@@ -69,6 +70,8 @@ enum Command {
     Events(events::Args),
     /// Workspace files that bundles read through host-resources.
     Files(files::Args),
+    /// Serve a workspace's bundles as one MCP server on stdio (for agents).
+    Mcp(mcp::Args),
     /// Internal: the helper that kills bundle groups when the daemon dies.
     #[command(name = "__reap", hide = true)]
     Reap {
@@ -91,6 +94,7 @@ pub fn main() -> ExitCode {
     match &cli.command {
         Command::Daemon(args) => return daemon::run(args),
         Command::Reap { .. } => return crate::bundle::reaper::run(),
+        Command::Mcp(args) => return mcp::run(cli.socket(), args),
         _ => {}
     }
     let runtime = match runtime(tokio::runtime::Builder::new_current_thread()) {
@@ -101,7 +105,9 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(async {
         let mut client = Client::connect(&socket).await?;
         match &cli.command {
-            Command::Daemon(_) | Command::Reap { .. } => unreachable!("handled above"),
+            Command::Daemon(_) | Command::Reap { .. } | Command::Mcp(_) => {
+                unreachable!("handled above")
+            }
             Command::Status(a) => status::run(&mut client, a).await,
             Command::Install(a) => install::run(&mut client, a).await,
             Command::Uninstall(a) => uninstall::run(&mut client, a).await,

@@ -116,6 +116,12 @@ pub struct Config {
     pub logs: LogSettings,
     #[serde(default)]
     pub credentials: CredentialsConfig,
+    /// Tools of a bundle that are never registered (not listed, not callable).
+    #[serde(default)]
+    pub exclude_tools: Vec<ExcludeTools>,
+    /// Named views of a workspace for `bundlevisor mcp --profile`.
+    #[serde(default, rename = "profile")]
+    pub profiles: Vec<Profile>,
     /// How long the watched folders must be quiet before they are rescanned.
     #[serde(default = "defaults::debounce", with = "humantime_serde")]
     pub watch_debounce: Duration,
@@ -200,6 +206,31 @@ pub struct SupervisionOverride {
     pub workspace: String,
     pub bundle: String,
     pub restart: RestartPolicy,
+}
+
+/// `[[exclude_tools]]`: tools of one bundle that the daemon drops when the
+/// bundle registers its tools: neither listed (`tools`, the gateway) nor
+/// callable.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExcludeTools {
+    #[serde(default = "defaults::workspace")]
+    pub workspace: String,
+    pub bundle: String,
+    pub tools: Vec<String>,
+}
+
+/// `[[profile]]`: what `bundlevisor mcp --profile NAME` exposes.
+#[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    pub name: String,
+    /// Bundles the profile may use (all when absent).
+    #[serde(default)]
+    pub bundles: Option<Vec<String>>,
+    /// Namespaced tools (`BUNDLE__TOOL`) hidden and refused.
+    #[serde(default)]
+    pub exclude_tools: Vec<String>,
 }
 
 /// Where the key that encrypts stored credentials comes from
@@ -370,6 +401,23 @@ impl Config {
                     .to_string(),
             );
         }
+        let mut seen = std::collections::BTreeSet::new();
+        for p in &self.profiles {
+            if !seen.insert(p.name.as_str()) {
+                problems.push(format!("profile {:?} is defined twice", p.name));
+            }
+            if let Err(e) = crate::names::check_name("profile", &p.name) {
+                problems.push(format!("profile {:?}: {e}", p.name));
+            }
+            for t in &p.exclude_tools {
+                if !t.contains("__") {
+                    problems.push(format!(
+                        "profile {:?}: exclude_tools entry {t:?} must be a namespaced tool name, BUNDLE__TOOL",
+                        p.name
+                    ));
+                }
+            }
+        }
         for (i, watch) in self.watch.iter().enumerate() {
             if let Err(e) = crate::names::check_name("workspace", &watch.workspace) {
                 problems.push(format!("watch[{i}].workspace: {e}"));
@@ -383,6 +431,15 @@ impl Config {
                 message: problems.join("; "),
             })
         }
+    }
+
+    /// The tools of a bundle that are never registered.
+    pub fn excluded_tools(&self, workspace: &str, bundle: &str) -> Vec<String> {
+        self.exclude_tools
+            .iter()
+            .filter(|e| e.workspace == workspace && e.bundle == bundle)
+            .flat_map(|e| e.tools.iter().cloned())
+            .collect()
     }
 
     /// `state_dir/state.db`

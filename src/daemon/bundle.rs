@@ -15,11 +15,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef, RpcReplyPort};
-use rmcp::model::{CallToolRequestParams, ClientRequest, PingRequest, Tool};
+use rmcp::handler::client::progress::ProgressDispatcher;
+use rmcp::model::{
+    CallToolRequestParams, CancelledNotificationParam, ClientRequest, PingRequest,
+    ProgressNotificationParam, ServerResult, Tool,
+};
 use rmcp::service::Peer;
+use rmcp::service::PeerRequestOptions;
 use rmcp::RoleClient;
 use serde_json::{Map, Value};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::policy::{Decision, RestartTracker, Stop};
@@ -63,6 +70,10 @@ pub enum CallError {
     },
     Timeout(Duration),
     Failed(String),
+    /// The caller cancelled the call.
+    Cancelled,
+    /// The bundle has no such tool, or `[[exclude_tools]]` removed it.
+    NoSuchTool,
 }
 
 /// Why a start failed.
@@ -122,6 +133,8 @@ pub enum BundleMsg {
         call: Option<PendingCall>,
     },
     Tools(RpcReplyPort<(BundleState, Vec<Value>)>),
+    /// A clone of the live session's peer, for requests passed through.
+    Peer(RpcReplyPort<Result<Peer<RoleClient>, CallError>>),
     #[cfg(feature = "fault-injection")]
     Panic,
 }
@@ -131,6 +144,10 @@ pub struct PendingCall {
     pub tool: String,
     pub arguments: Option<Map<String, Value>>,
     pub timeout: Option<Duration>,
+    /// Cancelling it cancels the call (`notifications/cancelled` to the bundle).
+    pub cancel: CancellationToken,
+    /// Where the bundle's progress notifications for this call go.
+    pub progress: Option<mpsc::Sender<ProgressNotificationParam>>,
     pub reply: RpcReplyPort<Result<Value, CallError>>,
 }
 
@@ -148,6 +165,24 @@ struct Live {
     ready_since: Instant,
     _pinger: Option<AbortOnDropHandle<()>>,
     in_flight: InFlight,
+    progress: ProgressDispatcher,
+}
+
+/// Sends `notifications/cancelled` for a request whose answer nobody waits for.
+struct AbandonGuard(Option<(Peer<RoleClient>, rmcp::model::RequestId)>);
+
+impl Drop for AbandonGuard {
+    fn drop(&mut self) {
+        if let Some((peer, id)) = self.0.take() {
+            tokio::spawn(async move {
+                let note = CancelledNotificationParam::new(
+                    Some(id),
+                    Some("cancelled by the caller".into()),
+                );
+                let _ = peer.notify_cancelled(note).await;
+            });
+        }
+    }
 }
 
 /// Counts the tool calls in flight on one session, so a session being
@@ -345,6 +380,7 @@ impl BundleActorState {
         };
         let peer = live.peer.clone();
         let in_flight = live.in_flight.enter();
+        let dispatcher = live.progress.clone();
         let timeout = call
             .timeout
             .unwrap_or(self.args.shared.config.bundles.call_timeout);
@@ -354,22 +390,74 @@ impl BundleActorState {
             if let Some(arguments) = call.arguments.clone() {
                 params = params.with_arguments(arguments);
             }
-            // Dropping the future on timeout sends notifications/cancelled.
-            let result = match tokio::time::timeout(timeout, peer.call_tool(params)).await {
-                Err(_) => Err(CallError::Timeout(timeout)),
-                Ok(Err(e)) if retry && e.is_authorization_required() => {
+            let request = ClientRequest::CallToolRequest(rmcp::model::Request::new(params));
+            let handle = match peer
+                .send_cancellable_request(request, PeerRequestOptions::no_options())
+                .await
+            {
+                Ok(handle) => handle,
+                Err(e) => {
+                    let _ = call.reply.send(Err(CallError::Failed(e.to_string())));
+                    return;
+                }
+            };
+            // Until the answer arrives, dropping this (timeout, cancel)
+            // sends notifications/cancelled to the bundle.
+            let mut abandon = AbandonGuard(Some((peer.clone(), handle.id.clone())));
+            // Progress: the bundle reports against the token rmcp put in the request.
+            let _forward = match call.progress.clone() {
+                Some(tx) => {
+                    let mut subscription =
+                        dispatcher.subscribe(handle.progress_token.clone()).await;
+                    Some(AbortOnDropHandle::new(tokio::spawn(async move {
+                        while let Some(p) = futures::StreamExt::next(&mut subscription).await {
+                            if tx.send(p).await.is_err() {
+                                break;
+                            }
+                        }
+                    })))
+                }
+                None => None,
+            };
+            let outcome = tokio::select! {
+                r = tokio::time::timeout(timeout, handle.await_response()) => Some(r),
+                _ = call.cancel.cancelled() => None,
+            };
+            if let Some(Ok(_)) = &outcome {
+                abandon.0 = None;
+            }
+            drop(abandon);
+            let result = match outcome {
+                None => Err(CallError::Cancelled),
+                Some(Err(_)) => Err(CallError::Timeout(timeout)),
+                Some(Ok(Err(e))) if retry && e.is_authorization_required() => {
                     let _ = myself.send_message(BundleMsg::AuthExpired {
                         generation,
                         call: Some(call),
                     });
                     return;
                 }
-                Ok(Err(e)) => Err(CallError::Failed(e.to_string())),
-                Ok(Ok(r)) => serde_json::to_value(r).map_err(|e| CallError::Failed(e.to_string())),
+                Some(Ok(Err(e))) => Err(CallError::Failed(e.to_string())),
+                Some(Ok(Ok(ServerResult::CallToolResult(r)))) => {
+                    serde_json::to_value(r).map_err(|e| CallError::Failed(e.to_string()))
+                }
+                Some(Ok(Ok(other))) => Err(CallError::Failed(format!(
+                    "the bundle answered tools/call with something else: {}",
+                    serde_json::to_string(&other).unwrap_or_default()
+                ))),
             };
             drop(in_flight);
             let _ = call.reply.send(result);
         });
+    }
+
+    /// Answers the calls that waited for a rebuild that did not come up.
+    fn refuse_awaiting(&mut self, reason: &str) {
+        for (call, _) in self.awaiting_auth.drain(..) {
+            let _ = call.reply.send(Err(CallError::Failed(format!(
+                "the session could not be rebuilt after a 401: {reason}"
+            ))));
+        }
     }
 
     /// A 401 on the live remote session: get a new token and rebuild it
@@ -409,15 +497,6 @@ impl BundleActorState {
             generation,
             manifest: None,
         });
-    }
-
-    /// Answers the calls that waited for a rebuild that did not come up.
-    fn refuse_awaiting(&mut self, reason: &str) {
-        for (call, _) in self.awaiting_auth.drain(..) {
-            let _ = call.reply.send(Err(CallError::Failed(format!(
-                "the session could not be rebuilt after a 401: {reason}"
-            ))));
-        }
     }
 
     /// Stops the current process in a task and starts again at once.
@@ -549,13 +628,23 @@ impl Actor for BundleActor {
                             generation,
                         );
                         st.version = Some(version);
-                        st.tools = connection.tools;
+                        let excluded = st
+                            .args
+                            .shared
+                            .config
+                            .excluded_tools(&st.args.workspace, &st.args.name);
+                        st.tools = connection
+                            .tools
+                            .into_iter()
+                            .filter(|t| !excluded.iter().any(|e| e == t.name.as_ref()))
+                            .collect();
                         st.live = Some(Live {
                             peer: connection.peer,
                             lifeline: connection.lifeline,
                             ready_since: Instant::now(),
                             _pinger: pinger,
                             in_flight: InFlight::default(),
+                            progress: connection.progress,
                         });
                         st.state = BundleState::Ready;
                         st.last_error = None;
@@ -699,7 +788,14 @@ impl Actor for BundleActor {
                 st.publish(st.event(EventKind::ManifestRejected, message));
             }
             BundleMsg::Call(call) => {
-                if st.live.is_some() && st.state == BundleState::Ready {
+                let excluded = st
+                    .args
+                    .shared
+                    .config
+                    .excluded_tools(&st.args.workspace, &st.args.name);
+                if excluded.contains(&call.tool) {
+                    let _ = call.reply.send(Err(CallError::NoSuchTool));
+                } else if st.live.is_some() && st.state == BundleState::Ready {
                     st.spawn_call(&myself, call, true);
                 } else if st.reauthing {
                     st.awaiting_auth.push((call, true));
@@ -736,6 +832,16 @@ impl Actor for BundleActor {
                         }
                     }
                 }
+            }
+            BundleMsg::Peer(reply) => {
+                let peer = match st.live.as_ref().filter(|_| st.state == BundleState::Ready) {
+                    Some(live) => Ok(live.peer.clone()),
+                    None => Err(CallError::NotReady {
+                        state: st.state,
+                        last_error: st.last_error.clone(),
+                    }),
+                };
+                let _ = reply.send(peer);
             }
             BundleMsg::Tools(reply) => {
                 let tools = st

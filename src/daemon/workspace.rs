@@ -18,8 +18,12 @@ use crate::host_resources::access::{project_access, Action, AuditLog};
 use crate::host_resources::rate::TokenBucket;
 use crate::host_resources::{self, HostError, HostRequest};
 use crate::protocol::{Checkpoint, FileRecord, Rollback};
+use serde_json::Value;
 
 pub struct WorkspaceActor;
+
+/// Who reads workspace files as resources through `bundlevisor mcp` (in logs).
+pub const GATEWAY_PRINCIPAL: &str = "(gateway)";
 
 pub struct WorkspaceArgs {
     pub name: String,
@@ -67,6 +71,13 @@ pub enum FilesOp {
         reply: RpcReplyPort<Result<bool, String>>,
     },
     Checkpoint(RpcReplyPort<Result<Checkpoint, String>>),
+    /// The files as MCP resources (`resources/list`, `resources/read`) for
+    /// the gateway: the host-resources resolver's own results, so MIME type
+    /// and text/blob are decided in one place.
+    Resources {
+        request: host_resources::Request,
+        reply: RpcReplyPort<Result<Result<Value, HostError>, String>>,
+    },
     Rollback {
         checkpoint_id: String,
         reply: RpcReplyPort<Result<Option<Rollback>, String>>,
@@ -150,6 +161,10 @@ impl WorkspaceState {
 
     fn files_op(&self, op: FilesOp) {
         let store = self.files.clone();
+        let (workspace, max) = (
+            self.name.clone(),
+            self.shared.config.host_resources.max_read_bytes,
+        );
         tokio::task::spawn_blocking(move || match op {
             FilesOp::Put {
                 path,
@@ -182,6 +197,15 @@ impl WorkspaceState {
             }
             FilesOp::Checkpoint(reply) => {
                 let _ = reply.send(store.checkpoint().map_err(|e| e.to_string()));
+            }
+            FilesOp::Resources { request, reply } => {
+                let requester = host_resources::Requester {
+                    workspace: workspace.clone(),
+                    bundle: GATEWAY_PRINCIPAL.to_string(),
+                };
+                let _ = reply.send(Ok(host_resources::execute(
+                    &store, max, &requester, request,
+                )));
             }
             FilesOp::Rollback {
                 checkpoint_id,

@@ -39,6 +39,12 @@ pub enum ErrorKind {
     NeedsAuth,
     /// An OAuth step failed (token endpoint refused, state mismatch, ...).
     AuthFailed,
+    /// The request was cancelled (`cancel`).
+    Cancelled,
+    /// The bundle has no such tool (or the config excludes it).
+    ToolNotFound,
+    /// A bundle (or the resolver) answered an MCP error: `mcp_code`, `mcp_data`.
+    McpError,
 }
 
 impl ErrorKind {
@@ -82,6 +88,9 @@ impl ErrorKind {
             ErrorKind::NeedsConfig => "needs_config",
             ErrorKind::NeedsAuth => "needs_auth",
             ErrorKind::AuthFailed => "auth_failed",
+            ErrorKind::Cancelled => "cancelled",
+            ErrorKind::ToolNotFound => "tool_not_found",
+            ErrorKind::McpError => "mcp_error",
             ErrorKind::Internal => "internal",
         }
     }

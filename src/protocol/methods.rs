@@ -19,6 +19,12 @@ pub mod method {
     pub const CALL: &str = "bundle.call";
     pub const LOGS: &str = "bundle.logs";
     pub const CONFIGURE: &str = "bundle.configure";
+    pub const MCP: &str = "bundle.mcp";
+    pub const CANCEL: &str = "cancel";
+    pub const WORKSPACE_RESOURCES: &str = "workspace.resources";
+    pub const PROFILE: &str = "gateway.profile";
+    /// Notification: progress of a `bundle.call` that asked for it.
+    pub const CALL_PROGRESS: &str = "call.progress";
     pub const AUTH_BEGIN: &str = "auth.begin";
     pub const AUTH_COMPLETE: &str = "auth.complete";
     pub const FILES_PUT: &str = "files.put";
@@ -310,6 +316,74 @@ pub struct CallParams {
     /// Overrides the daemon's per-call timeout (milliseconds).
     #[serde(default)]
     pub timeout_ms: Option<u64>,
+    /// Forward the bundle's progress as `call.progress` notifications.
+    #[serde(default)]
+    pub progress: bool,
+    /// A bundle that is starting or restarting is waited for this long
+    /// (milliseconds) before the call is refused as `not_ready`.
+    #[serde(default)]
+    pub wait_ready_ms: Option<u64>,
+}
+
+/// `call.progress` notification: progress of the `bundle.call` request `id`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallProgress {
+    pub id: Value,
+    pub progress: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// `cancel`: cancel the request `id` of this connection (a tool call is
+/// cancelled at the bundle with `notifications/cancelled`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CancelParams {
+    pub id: Value,
+}
+
+/// `bundle.mcp`: one MCP request passed to a ready bundle as is (only the
+/// read-only methods in [`PASSTHROUGH_METHODS`]).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpParams {
+    #[serde(default = "default_workspace")]
+    pub workspace: String,
+    pub name: String,
+    pub method: String,
+    #[serde(default)]
+    pub params: Option<Value>,
+}
+
+/// MCP methods `bundle.mcp` passes through.
+pub const PASSTHROUGH_METHODS: &[&str] = &[
+    "prompts/list",
+    "prompts/get",
+    "resources/list",
+    "resources/read",
+    "resources/templates/list",
+];
+
+/// `workspace.resources`: the workspace's files as MCP resources, answered
+/// by the same resolver (and MIME rules) bundles use.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceResourcesParams {
+    #[serde(default = "default_workspace")]
+    pub workspace: String,
+    /// `resources/list` or `resources/read`.
+    pub method: String,
+    #[serde(default)]
+    pub params: Option<Value>,
+}
+
+/// `gateway.profile`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProfileParams {
+    pub name: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

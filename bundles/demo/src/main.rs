@@ -1,8 +1,9 @@
 //! The demo bundle: a small MCP server over stdio, shipped as an example
 //! and used as the fixture of the integration tests.
 //!
-//! Tools: `echo`, `add`, `sleep`, `fail` (a tool error), `crash` (the
-//! process exits), `env` (reads an environment variable), and `host_read` /
+//! Tools: `echo`, `add`, `sleep` (cancellable), `progress` (reports
+//! progress), `fail` (a tool error), `crash` (the process exits), `env`
+//! (reads an environment variable), and `host_read` /
 //! `host_list`, which call the host's `ai.nimblebrain/resources/*` methods
 //! back over the MCP session and return the raw JSON result (or, as a tool
 //! error, the JSON-RPC error `{code, message, data}`).
@@ -12,10 +13,10 @@ use std::time::Duration;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResult, ClientResult, ContentBlock, CustomRequest, CustomResult, ServerCapabilities,
-    ServerConfig, ServerRequest,
+    CallToolResult, ClientResult, ContentBlock, CustomRequest, CustomResult,
+    ProgressNotificationParam, ServerCapabilities, ServerConfig, ServerRequest,
 };
-use rmcp::service::ServiceError;
+use rmcp::service::{RequestContext, ServiceError};
 use rmcp::{
     schemars, tool, tool_handler, tool_router, ErrorData, Peer, RoleServer, ServerHandler,
     ServiceExt,
@@ -38,6 +39,15 @@ struct AddArgs {
 struct SleepArgs {
     /// Milliseconds to wait before answering.
     ms: u64,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+struct ProgressArgs {
+    /// Number of progress notifications.
+    steps: u32,
+    /// Milliseconds between them.
+    #[serde(default)]
+    delay_ms: u64,
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -143,11 +153,43 @@ impl Demo {
     async fn sleep(
         &self,
         Parameters(args): Parameters<SleepArgs>,
+        cancelled: tokio_util::sync::CancellationToken,
     ) -> Result<CallToolResult, ErrorData> {
-        tokio::time::sleep(Duration::from_millis(args.ms)).await;
+        eprintln!("demo: sleeping {} ms", args.ms);
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(args.ms)) => {}
+            _ = cancelled.cancelled() => {
+                eprintln!("demo: sleep of {} ms cancelled by the client", args.ms);
+                return Err(ErrorData::internal_error("cancelled", None));
+            }
+        }
         Ok(CallToolResult::success(vec![ContentBlock::text(format!(
             "slept {} ms",
             args.ms
+        ))]))
+    }
+
+    #[tool(
+        description = "Send `steps` progress notifications (if the caller asked for progress), then answer"
+    )]
+    async fn progress(
+        &self,
+        Parameters(args): Parameters<ProgressArgs>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let token = context.meta.get_progress_token();
+        for step in 1..=args.steps {
+            tokio::time::sleep(Duration::from_millis(args.delay_ms)).await;
+            if let Some(token) = &token {
+                let mut note = ProgressNotificationParam::new(token.clone(), f64::from(step));
+                note.total = Some(f64::from(args.steps));
+                note.message = Some(format!("step {step} of {}", args.steps));
+                let _ = context.peer.notify_progress(note).await;
+            }
+        }
+        Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+            "done after {} steps",
+            args.steps
         ))]))
     }
 

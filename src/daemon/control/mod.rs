@@ -4,6 +4,7 @@
 //! `status` on the same connection. Responses and progress notifications go
 //! through one writer task per connection.
 
+use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,14 +30,15 @@ use crate::manifest::ManifestError;
 use crate::protocol::EventKind;
 use crate::protocol::{
     method, BundleRef, BundleResult, BundleState, BundleStatus, BundleTools, CallParams,
-    DaemonInfo, ErrorKind, FileContent, FilesList, FilesParams, FilesPutParams, HelloParams,
-    HelloResult, InstallParams, LogsParams, LogsResult, Notification, Progress, Request, Response,
-    RpcError, StatusResult, ToolsParams, ToolsResult, UninstallParams, UninstallResult,
-    MAX_REQUEST_BYTES, PROTOCOL_VERSION,
+    CallProgress, CancelParams, DaemonInfo, ErrorKind, FileContent, FilesList, FilesParams,
+    FilesPutParams, HelloParams, HelloResult, InstallParams, LogsParams, LogsResult, Notification,
+    Progress, Request, Response, RpcError, StatusResult, ToolsParams, ToolsResult, UninstallParams,
+    UninstallResult, MAX_REQUEST_BYTES, PROTOCOL_VERSION,
 };
 use crate::store::Origin;
 
 mod credentials;
+mod gateway;
 
 #[derive(Clone)]
 struct Ctx {
@@ -178,6 +180,8 @@ async fn connection(stream: UnixStream, ctx: Ctx) {
     };
     let mut lines = LineReader::new(BufReader::new(read), MAX_REQUEST_BYTES);
     let mut greeted = false;
+    // Requests in flight on this connection, by id, for `cancel`.
+    let in_flight: Arc<std::sync::Mutex<HashMap<String, CancellationToken>>> = Arc::default();
     loop {
         let line = match lines.next_line().await {
             Ok(Line::Text(line)) => line,
@@ -222,10 +226,34 @@ async fn connection(stream: UnixStream, ctx: Ctx) {
             out.send(&respond(request.id, response)).await;
             continue;
         }
-        let (ctx, out) = (ctx.clone(), out.clone());
+        if request.method == method::CANCEL {
+            let result = params::<CancelParams>(request.params).map(|p| {
+                let token = in_flight
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&p.id.to_string());
+                if let Some(t) = &token {
+                    t.cancel();
+                }
+                json!({ "cancelled": token.is_some() })
+            });
+            out.send(&respond(request.id, result)).await;
+            continue;
+        }
+        let key = request.id.to_string();
+        let cancel = out.closed.child_token();
+        in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone(), cancel.clone());
+        let (ctx, out, in_flight) = (ctx.clone(), out.clone(), in_flight.clone());
         tokio::spawn(async move {
             let id = request.id.clone();
-            let result = dispatch(request, &ctx, &out).await;
+            let result = dispatch(request, &ctx, &out, &cancel).await;
+            in_flight
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&key);
             out.send(&respond(id, result)).await;
         });
     }
@@ -270,7 +298,13 @@ fn hello(p: Value) -> Result<Value, RpcError> {
     })
 }
 
-async fn dispatch(request: Request, ctx: &Ctx, out: &Outbox) -> Result<Value, RpcError> {
+async fn dispatch(
+    request: Request,
+    ctx: &Ctx,
+    out: &Outbox,
+    cancel: &CancellationToken,
+) -> Result<Value, RpcError> {
+    let id = request.id.clone();
     let p = request.params;
     match request.method.as_str() {
         method::HELLO => hello(p),
@@ -279,7 +313,10 @@ async fn dispatch(request: Request, ctx: &Ctx, out: &Outbox) -> Result<Value, Rp
         method::UNINSTALL => uninstall(params(p)?, ctx).await,
         method::RESTART => restart(params(p)?, ctx, out).await,
         method::TOOLS => tools(params(p)?, ctx).await,
-        method::CALL => call(params(p)?, ctx).await,
+        method::CALL => call(params(p)?, ctx, out, id, cancel).await,
+        method::MCP => gateway::mcp(params(p)?).await,
+        method::WORKSPACE_RESOURCES => gateway::workspace_resources(params(p)?, ctx).await,
+        method::PROFILE => gateway::profile(params(p)?, ctx),
         method::LOGS => logs(params(p)?, ctx, out).await,
         method::EVENTS => {
             out.stream(method::EVENT, ctx.shared.board.subscribe(), |_| true);
@@ -398,6 +435,23 @@ fn unavailable(e: impl std::fmt::Display) -> RpcError {
         ErrorKind::ShuttingDown,
         format!("the daemon could not handle the request: {e}"),
     )
+}
+
+/// Waits (at most `limit`) until the bundle is ready; false if it is not by then.
+async fn wait_ready(ctx: &Ctx, workspace: &str, name: &str, limit: Duration) -> bool {
+    let mut events = ctx.shared.board.subscribe();
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match ctx.shared.board.get(workspace, name).map(|s| s.state) {
+            Some(BundleState::Ready) => return true,
+            Some(BundleState::Starting | BundleState::Restarting) => {}
+            _ => return false,
+        }
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Err(_) | Ok(Err(broadcast::error::RecvError::Closed)) => return false,
+            Ok(_) => {}
+        }
+    }
 }
 
 /// A start that did not reach ready; the kind says whether the operator
@@ -624,27 +678,80 @@ async fn tools(p: ToolsParams, ctx: &Ctx) -> Result<Value, RpcError> {
     to_value(ToolsResult { bundles })
 }
 
-async fn call(p: CallParams, ctx: &Ctx) -> Result<Value, RpcError> {
+async fn call(
+    p: CallParams,
+    ctx: &Ctx,
+    out: &Outbox,
+    id: Value,
+    cancel: &CancellationToken,
+) -> Result<Value, RpcError> {
     let actor = bundle_actor(&p.workspace, &p.name)?;
     let timeout = p.timeout_ms.map(Duration::from_millis);
     let limit = timeout.unwrap_or(ctx.shared.config.bundles.call_timeout) + Duration::from_secs(5);
-    let (tool, arguments, name) = (p.tool.clone(), p.arguments, p.name.clone());
-    let result = actor
-        .call(
-            |reply| {
-                BundleMsg::Call(PendingCall {
-                    tool,
-                    arguments,
-                    timeout,
-                    reply,
-                })
-            },
-            Some(limit),
-        )
-        .await
-        .map_err(unavailable)?;
+    let mut waited = false;
+    let result = loop {
+        let progress = p.progress.then(|| {
+            let (tx, mut rx) = mpsc::channel::<rmcp::model::ProgressNotificationParam>(16);
+            let (out, id) = (out.clone(), id.clone());
+            tokio::spawn(async move {
+                while let Some(n) = rx.recv().await {
+                    let note = CallProgress {
+                        id: id.clone(),
+                        progress: n.progress,
+                        total: n.total,
+                        message: n.message,
+                    };
+                    out.send(&Notification::new(method::CALL_PROGRESS, note))
+                        .await;
+                }
+            });
+            tx
+        });
+        let (tool, arguments, cancel) = (p.tool.clone(), p.arguments.clone(), cancel.clone());
+        let result = actor
+            .call(
+                |reply| {
+                    BundleMsg::Call(PendingCall {
+                        tool,
+                        arguments,
+                        timeout,
+                        cancel,
+                        progress,
+                        reply,
+                    })
+                },
+                Some(limit),
+            )
+            .await
+            .map_err(unavailable)?;
+        // A bundle on its way up is waited for (bounded), then called once.
+        if let (false, Some(wait), CallResult::Success(Err(CallError::NotReady { state, .. }))) =
+            (waited, p.wait_ready_ms, &result)
+        {
+            if matches!(state, BundleState::Starting | BundleState::Restarting) {
+                waited = true;
+                if wait_ready(ctx, &p.workspace, &p.name, Duration::from_millis(wait)).await {
+                    continue;
+                }
+            }
+        }
+        break result;
+    };
+    let name = p.name.clone();
     match result {
         CallResult::Success(Ok(value)) => Ok(value),
+        CallResult::Success(Err(CallError::NotReady { state, last_error })) if waited => {
+            Err(RpcError::new(
+                ErrorKind::NotReady,
+                format!(
+                    "bundle {name:?} did not become ready within {} (it is {}{})",
+                    humantime::format_duration(Duration::from_millis(p.wait_ready_ms.unwrap_or(0))),
+                    state.as_str(),
+                    last_error.map(|e| format!("; last error: {e}")).unwrap_or_default()
+                ),
+            )
+            .with("state", state.as_str()))
+        }
         CallResult::Success(Err(CallError::NotReady { state, last_error })) => Err(RpcError::new(
             ErrorKind::NotReady,
             match last_error {
@@ -667,6 +774,17 @@ async fn call(p: CallParams, ctx: &Ctx) -> Result<Value, RpcError> {
         CallResult::Success(Err(CallError::Failed(e))) => Err(RpcError::new(
             ErrorKind::ToolCallFailed,
             format!("tool {:?} of bundle {name:?} failed: {e}", p.tool),
+        )),
+        CallResult::Success(Err(CallError::Cancelled)) => Err(RpcError::new(
+            ErrorKind::Cancelled,
+            format!("the call of tool {:?} of bundle {name:?} was cancelled", p.tool),
+        )),
+        CallResult::Success(Err(CallError::NoSuchTool)) => Err(RpcError::new(
+            ErrorKind::ToolNotFound,
+            format!(
+                "bundle {name:?} has no tool {:?} (or the daemon config excludes it); `bundlevisor tools {name}` lists them",
+                p.tool
+            ),
         )),
         _ => Err(RpcError::new(
             ErrorKind::Timeout,

@@ -1,0 +1,48 @@
+//! `bundlevisor mcp [-w WS] [--profile P]`: the workspace's bundles as one
+//! MCP server on stdin/stdout (docs/gateway.md). Logs go to stderr only;
+//! stdout carries MCP.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use crate::gateway::{self, Options, DEFAULT_WAIT_READY};
+use crate::protocol::DEFAULT_WORKSPACE;
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[arg(short, long, default_value = DEFAULT_WORKSPACE)]
+    workspace: String,
+    /// A `[[profile]]` of the daemon config: which bundles and tools are exposed.
+    #[arg(long)]
+    profile: Option<String>,
+    /// How long a call waits for a bundle that is starting or restarting.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    wait_ready: Option<Duration>,
+}
+
+pub fn run(socket: PathBuf, args: &Args) -> ExitCode {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,rmcp=error"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match super::runtime(tokio::runtime::Builder::new_multi_thread()) {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    let opts = Options {
+        socket,
+        workspace: args.workspace.clone(),
+        profile: args.profile.clone(),
+        wait_ready: args.wait_ready.unwrap_or(DEFAULT_WAIT_READY),
+    };
+    match runtime.block_on(gateway::serve_stdio(opts)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}

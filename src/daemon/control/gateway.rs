@@ -1,0 +1,127 @@
+//! Control methods the MCP gateway (`bundlevisor mcp`) is built on:
+//! `bundle.mcp` (a read-only MCP request passed to a ready bundle),
+//! `workspace.resources` (workspace files as MCP resources, answered by the
+//! host-resources resolver) and `gateway.profile`.
+
+use std::time::Duration;
+
+use ractor::rpc::CallResult;
+use rmcp::model::ClientRequest;
+use serde_json::{json, Value};
+
+use super::{bundle_actor, files_call, to_value, unavailable, Ctx};
+use crate::daemon::bundle::{BundleMsg, CallError};
+use crate::daemon::workspace::FilesOp;
+use crate::protocol::{
+    ErrorKind, McpParams, ProfileParams, RpcError, WorkspaceResourcesParams, PASSTHROUGH_METHODS,
+};
+
+/// How long a passed-through request may take.
+const PASSTHROUGH_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub(super) async fn mcp(p: McpParams) -> Result<Value, RpcError> {
+    if !PASSTHROUGH_METHODS.contains(&p.method.as_str()) {
+        return Err(RpcError::new(
+            ErrorKind::InvalidParams,
+            format!(
+                "{:?} cannot be passed to a bundle; allowed: {}",
+                p.method,
+                PASSTHROUGH_METHODS.join(", ")
+            ),
+        ));
+    }
+    let request: ClientRequest = serde_json::from_value(json!({
+        "method": p.method,
+        "params": p.params.clone().unwrap_or_else(|| json!({})),
+    }))
+    .map_err(|e| RpcError::new(ErrorKind::InvalidParams, format!("{}: {e}", p.method)))?;
+    let actor = bundle_actor(&p.workspace, &p.name)?;
+    let peer = match actor
+        .call(BundleMsg::Peer, Some(Duration::from_secs(10)))
+        .await
+        .map_err(unavailable)?
+    {
+        CallResult::Success(Ok(peer)) => peer,
+        CallResult::Success(Err(CallError::NotReady { state, .. })) => {
+            return Err(RpcError::new(
+                ErrorKind::NotReady,
+                format!("bundle {:?} is {}, not ready", p.name, state.as_str()),
+            )
+            .with("state", state.as_str()))
+        }
+        _ => return Err(unavailable("the bundle did not answer")),
+    };
+    let answer = tokio::time::timeout(PASSTHROUGH_TIMEOUT, peer.send_request(request))
+        .await
+        .map_err(|_| {
+            RpcError::new(
+                ErrorKind::Timeout,
+                format!("bundle {:?} did not answer {} in time", p.name, p.method),
+            )
+        })?;
+    match answer {
+        Ok(result) => to_value(result),
+        Err(rmcp::service::ServiceError::McpError(e)) => Err(RpcError::new(
+            ErrorKind::McpError,
+            format!("bundle {:?} answered {}: {}", p.name, p.method, e.message),
+        )
+        .with("mcp_code", e.code.0)
+        .with("mcp_data", e.data.unwrap_or(Value::Null))),
+        Err(e) => Err(RpcError::new(
+            ErrorKind::ToolCallFailed,
+            format!("{} to bundle {:?} failed: {e}", p.method, p.name),
+        )),
+    }
+}
+
+pub(super) async fn workspace_resources(
+    p: WorkspaceResourcesParams,
+    ctx: &Ctx,
+) -> Result<Value, RpcError> {
+    use crate::host_resources::{parse, METHOD_LIST, METHOD_READ};
+    let method = match p.method.as_str() {
+        "resources/list" => METHOD_LIST,
+        "resources/read" => METHOD_READ,
+        other => {
+            return Err(RpcError::new(
+                ErrorKind::InvalidParams,
+                format!("{other:?}: expected resources/list or resources/read"),
+            ))
+        }
+    };
+    let mcp_error = |e: crate::host_resources::HostError| {
+        RpcError::new(ErrorKind::McpError, e.message)
+            .with("mcp_code", e.code)
+            .with("mcp_data", e.data)
+    };
+    let request = parse(method, p.params.as_ref()).map_err(mcp_error)?;
+    let answer = files_call(ctx, &p.workspace, |reply| FilesOp::Resources {
+        request,
+        reply,
+    })
+    .await?;
+    answer.map_err(mcp_error)
+}
+
+pub(super) fn profile(p: ProfileParams, ctx: &Ctx) -> Result<Value, RpcError> {
+    let profiles = &ctx.shared.config.profiles;
+    match profiles.iter().find(|x| x.name == p.name) {
+        Some(found) => to_value(found),
+        None => Err(RpcError::new(
+            ErrorKind::InvalidParams,
+            format!(
+                "no profile {:?} in the daemon config; configured: {}",
+                p.name,
+                if profiles.is_empty() {
+                    "none (add a [[profile]] table)".to_string()
+                } else {
+                    profiles
+                        .iter()
+                        .map(|x| x.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            ),
+        )),
+    }
+}

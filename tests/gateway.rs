@@ -1,0 +1,470 @@
+//! `bundlevisor mcp`: the workspace gateway, driven by rmcp's client over
+//! the gateway's stdio, against the real daemon and real bundles.
+
+mod common;
+
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{wait_for, write_bundle, Daemon, BIN, DEMO_MANIFEST};
+use rmcp::model::{
+    CallToolRequestParams, ClientRequest, ProgressNotificationParam, ProgressToken,
+    ReadResourceRequestParams, RequestParamsMeta, ResourceContents,
+};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::{ClientHandler, RoleClient, ServiceExt};
+use serde_json::{json, Value};
+
+/// What the agent was told, in order.
+#[derive(Clone, Default)]
+struct Recorder(Arc<Mutex<Vec<String>>>);
+
+impl Recorder {
+    fn seen(&self) -> Vec<String> {
+        self.0.lock().unwrap().clone()
+    }
+
+    fn count(&self, what: &str) -> usize {
+        self.seen().iter().filter(|s| s.as_str() == what).count()
+    }
+}
+
+impl ClientHandler for Recorder {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.0.lock().unwrap().push("tools_changed".into());
+    }
+
+    async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.0.lock().unwrap().push("resources_changed".into());
+    }
+
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.0.lock().unwrap().push(format!(
+            "progress {} {}",
+            params.progress,
+            params.message.unwrap_or_default()
+        ));
+    }
+}
+
+/// An agent connected to `bundlevisor mcp` through its stdio.
+struct Agent {
+    rt: tokio::runtime::Runtime,
+    client: Option<RunningService<RoleClient, Recorder>>,
+    recorder: Recorder,
+    _child: tokio::process::Child,
+}
+
+impl Agent {
+    fn connect(d: &Daemon, extra: &[&str]) -> Agent {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let recorder = Recorder::default();
+        let (child, client) = rt.block_on(async {
+            let mut child = tokio::process::Command::new(BIN)
+                .arg("--socket")
+                .arg(&d.socket)
+                .arg("mcp")
+                .args(extra)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap();
+            let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+            let client = recorder.clone().serve(io).await.unwrap();
+            (child, client)
+        });
+        Agent {
+            rt,
+            client: Some(client),
+            recorder,
+            _child: child,
+        }
+    }
+
+    fn peer(&self) -> &rmcp::Peer<RoleClient> {
+        self.client.as_ref().unwrap().peer()
+    }
+
+    fn tool_names(&self) -> Vec<String> {
+        let tools = self.rt.block_on(self.peer().list_all_tools()).unwrap();
+        let mut names: Vec<String> = tools.into_iter().map(|t| t.name.to_string()).collect();
+        names.sort();
+        names
+    }
+
+    /// The text of a tool call, or the MCP error's message.
+    fn call(&self, tool: &str, args: Value) -> Result<String, String> {
+        self.rt.block_on(call(self.peer(), tool, args))
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            let _ = self.rt.block_on(client.cancel());
+        }
+    }
+}
+
+async fn call(peer: &rmcp::Peer<RoleClient>, tool: &str, args: Value) -> Result<String, String> {
+    let params = CallToolRequestParams::new(tool.to_string())
+        .with_arguments(args.as_object().unwrap().clone());
+    match peer.call_tool(params).await {
+        Ok(r) => Ok(r
+            .content
+            .iter()
+            .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+            .collect::<Vec<_>>()
+            .join("")),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// A demo bundle whose echo prefixes its own name, so routing is visible.
+fn named_demo(dir: &Path, name: &str) {
+    let mut m: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    m["name"] = json!(name);
+    m["user_config"]["greeting"]["default"] = json!(format!("{name}:"));
+    write_bundle(dir, name, &m);
+}
+
+fn install_demos(d: &Daemon, names: &[&str]) {
+    let dir = d.root().join("bundles");
+    for name in names {
+        named_demo(&dir, name);
+        d.ok(&["install", dir.join(name).to_str().unwrap()]);
+    }
+}
+
+#[test]
+fn aggregates_bundles_under_namespaced_names_and_routes_concurrent_calls() {
+    let d = Daemon::start();
+    install_demos(&d, &["alpha", "beta", "gamma"]);
+    let agent = Agent::connect(&d, &[]);
+    let names = agent.tool_names();
+    assert_eq!(names.len(), 30, "{names:?}");
+    for bundle in ["alpha", "beta", "gamma"] {
+        for tool in ["echo", "add", "sleep", "progress", "host_read"] {
+            assert!(names.contains(&format!("{bundle}__{tool}")), "{names:?}");
+        }
+    }
+
+    // 30 calls at once, each answered by the bundle its name routes to,
+    // while a slow call on alpha does not hold any of them up.
+    let answers = agent.rt.block_on(async {
+        let peer = agent.peer().clone();
+        let slow = tokio::spawn({
+            let peer = peer.clone();
+            async move { call(&peer, "alpha__sleep", json!({"ms": 3000})).await }
+        });
+        let calls = (0..30).map(|i| {
+            let peer = peer.clone();
+            let bundle = ["alpha", "beta", "gamma"][i % 3];
+            async move {
+                let got = call(
+                    &peer,
+                    &format!("{bundle}__echo"),
+                    json!({"text": format!("n{i}")}),
+                )
+                .await;
+                (bundle, i, got)
+            }
+        });
+        let fast = futures::future::join_all(calls).await;
+        assert!(
+            !slow.is_finished(),
+            "the echoes must not wait for the slow call"
+        );
+        slow.abort();
+        fast
+    });
+    for (bundle, i, got) in answers {
+        assert_eq!(got.unwrap(), format!("{bundle}:n{i}"));
+    }
+
+    // Unknown tools are refused with a clear MCP error.
+    let err = agent.call("delta__echo", json!({"text": "x"})).unwrap_err();
+    assert!(err.contains("no \"delta__echo\""), "{err}");
+}
+
+#[test]
+fn tool_list_changed_is_sent_when_bundles_come_and_go() {
+    let d = Daemon::start();
+    install_demos(&d, &["alpha"]);
+    let agent = Agent::connect(&d, &[]);
+    assert_eq!(agent.tool_names().len(), 10);
+    install_demos(&d, &["beta"]);
+    wait_for(
+        Duration::from_secs(10),
+        "tools/list_changed after install",
+        || (agent.recorder.count("tools_changed") >= 1).then_some(()),
+    );
+    assert!(agent.tool_names().contains(&"beta__echo".to_string()));
+    let before = agent.recorder.count("tools_changed");
+    d.ok(&["uninstall", "beta"]);
+    wait_for(
+        Duration::from_secs(10),
+        "tools/list_changed after uninstall",
+        || (agent.recorder.count("tools_changed") > before).then_some(()),
+    );
+    assert_eq!(agent.tool_names().len(), 10);
+    assert!(agent.recorder.count("resources_changed") >= 2);
+}
+
+#[test]
+fn progress_passes_through_and_cancellation_reaches_the_bundle() {
+    let d = Daemon::start();
+    install_demos(&d, &["alpha"]);
+    let agent = Agent::connect(&d, &[]);
+    let text = agent.rt.block_on(async {
+        let mut params = CallToolRequestParams::new("alpha__progress").with_arguments(
+            json!({"steps": 3, "delay_ms": 10})
+                .as_object()
+                .unwrap()
+                .clone(),
+        );
+        params.set_progress_token(ProgressToken(rmcp::model::NumberOrString::String(
+            "agent-token".into(),
+        )));
+        let result = agent.peer().call_tool(params).await.unwrap();
+        result.content[0].as_text().unwrap().text.clone()
+    });
+    assert_eq!(text, "done after 3 steps");
+    wait_for(
+        Duration::from_secs(5),
+        "three progress notifications",
+        || {
+            let seen = agent.recorder.seen();
+            let progress: Vec<&String> =
+                seen.iter().filter(|s| s.starts_with("progress")).collect();
+            (progress.len() == 3).then(|| {
+                assert_eq!(progress[2], "progress 3 step 3 of 3");
+            })
+        },
+    );
+
+    // Cancel a long call: the bundle sees the cancellation.
+    agent.rt.block_on(async {
+        let params = CallToolRequestParams::new("alpha__sleep")
+            .with_arguments(json!({"ms": 30000}).as_object().unwrap().clone());
+        let handle = agent
+            .peer()
+            .send_cancellable_request(
+                ClientRequest::CallToolRequest(rmcp::model::Request::new(params)),
+                Default::default(),
+            )
+            .await
+            .unwrap();
+        // Cancel once the call has reached the bundle.
+        let started = || {
+            d.ok(&["logs", "alpha", "-n", "50"])
+                .contains("sleeping 30000 ms")
+                .then_some(())
+        };
+        wait_for(Duration::from_secs(10), "the sleep to start", started);
+        handle.cancel(Some("test".into())).await.unwrap();
+    });
+    wait_for(
+        Duration::from_secs(10),
+        "the bundle to see the cancellation",
+        || {
+            d.ok(&["logs", "alpha", "-n", "50"])
+                .contains("sleep of 30000 ms cancelled by the client")
+                .then_some(())
+        },
+    );
+}
+
+#[test]
+fn workspace_files_are_resources_with_truthful_mime_types() {
+    let d = Daemon::start();
+    install_demos(&d, &["alpha"]);
+    let root = d.root();
+    let put = |name: &str, bytes: &[u8]| {
+        let path = root.join(name);
+        std::fs::write(&path, bytes).unwrap();
+        d.ok(&["files", "put", path.to_str().unwrap()])
+            .trim()
+            .to_string()
+    };
+    let text_id = put("notes.txt", b"plain words");
+    let json_id = put("data.json", br#"{"k": [1, 2]}"#);
+    let png = [
+        0x89u8, b'P', b'N', b'G', 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 0x0d, 0xff, 0x00,
+    ];
+    let bin_id = put("pixel.png", &png);
+
+    let agent = Agent::connect(&d, &[]);
+    let resources = agent
+        .rt
+        .block_on(agent.peer().list_all_resources())
+        .unwrap();
+    let listed = |id: &str| {
+        resources
+            .iter()
+            .find(|r| r.uri == format!("files://{id}"))
+            .unwrap_or_else(|| panic!("files://{id} not listed: {resources:?}"))
+            .clone()
+    };
+    for (id, name, mime, size) in [
+        (&text_id, "notes.txt", "text/plain", 11u64),
+        (&json_id, "data.json", "application/json", 13),
+        (&bin_id, "pixel.png", "image/png", png.len() as u64),
+    ] {
+        let r = listed(id);
+        assert_eq!(r.name, name);
+        assert_eq!(r.mime_type.as_deref(), Some(mime), "{r:?}");
+        assert_eq!(r.size, Some(size));
+        let read = agent
+            .rt
+            .block_on(
+                agent
+                    .peer()
+                    .read_resource(ReadResourceRequestParams::new(r.uri.clone())),
+            )
+            .unwrap();
+        match &read.contents[0] {
+            ResourceContents::TextResourceContents {
+                mime_type, text, ..
+            } => {
+                assert_eq!(mime_type.as_deref(), Some(mime));
+                assert_ne!(mime, "image/png", "a binary file must be a blob");
+                let expected = std::fs::read_to_string(root.join(name)).unwrap();
+                assert_eq!(text, &expected);
+            }
+            ResourceContents::BlobResourceContents {
+                mime_type, blob, ..
+            } => {
+                use base64::Engine;
+                assert_eq!(mime_type.as_deref(), Some(mime));
+                assert_eq!(mime, "image/png", "a text file must be text");
+                assert_eq!(
+                    base64::engine::general_purpose::STANDARD
+                        .decode(blob)
+                        .unwrap(),
+                    png
+                );
+            }
+            other => panic!("unexpected contents {other:?}"),
+        }
+    }
+    let err = agent
+        .rt
+        .block_on(
+            agent
+                .peer()
+                .read_resource(ReadResourceRequestParams::new("files://fl_missing")),
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("-32002") || err.to_string().to_lowercase().contains("not found"),
+        "{err}"
+    );
+}
+
+#[test]
+fn profiles_and_registration_exclusions_hide_and_refuse() {
+    let d = Daemon::start_with(
+        "[[exclude_tools]]\nbundle = \"alpha\"\ntools = [\"env\"]\n\n[[profile]]\nname = \"limited\"\nbundles = [\"alpha\"]\nexclude_tools = [\"alpha__crash\"]\n",
+    );
+    install_demos(&d, &["alpha", "beta"]);
+
+    // Registration exclusion: gone everywhere, also from `tools` and `call`.
+    let tools = d.ok(&["tools", "alpha", "--json"]);
+    assert!(!tools.contains("\"env\""), "{tools}");
+    let out = d.cli(&["call", "alpha", "env", r#"{"name":"HOME"}"#]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has no tool \"env\""));
+
+    let all = Agent::connect(&d, &[]);
+    let names = all.tool_names();
+    assert!(names.contains(&"beta__env".to_string()) && !names.contains(&"alpha__env".to_string()));
+
+    let limited = Agent::connect(&d, &["--profile", "limited"]);
+    let names = limited.tool_names();
+    assert!(names.iter().all(|n| n.starts_with("alpha__")), "{names:?}");
+    assert!(!names.contains(&"alpha__crash".to_string()), "{names:?}");
+    assert!(names.contains(&"alpha__echo".to_string()));
+    let err = limited.call("alpha__crash", json!({})).unwrap_err();
+    assert!(
+        err.contains("not available in this profile") || err.contains("no \"alpha__crash\""),
+        "{err}"
+    );
+    let err = limited
+        .call("beta__echo", json!({"text": "x"}))
+        .unwrap_err();
+    assert!(err.contains("beta__echo"), "{err}");
+    assert_eq!(
+        limited.call("alpha__echo", json!({"text": "ok"})).unwrap(),
+        "alpha:ok"
+    );
+    assert_eq!(
+        d.bundle("default", "alpha").unwrap()["restarts"],
+        0,
+        "the refused crash never reached the bundle"
+    );
+
+    // An unknown profile fails at start with the configured names.
+    let out = std::process::Command::new(BIN)
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["mcp", "--profile", "nope"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("configured: limited"));
+}
+
+#[test]
+fn a_call_to_a_restarting_bundle_waits_for_it() {
+    let d = Daemon::start();
+    install_demos(&d, &["alpha"]);
+    let agent = Agent::connect(&d, &[]);
+    let pid = d.bundle("default", "alpha").unwrap()["pid"]
+        .as_u64()
+        .unwrap();
+    // The crash call itself fails (the process dies under it) ...
+    assert!(agent.call("alpha__crash", json!({"code": 3})).is_err());
+    // ... and the next call waits for the restart instead of failing.
+    assert_eq!(
+        agent.call("alpha__echo", json!({"text": "back"})).unwrap(),
+        "alpha:back"
+    );
+    assert_ne!(
+        d.bundle("default", "alpha").unwrap()["pid"]
+            .as_u64()
+            .unwrap(),
+        pid
+    );
+
+    // A bundle that cannot come back: the call waits (bounded), then fails
+    // with a clear error instead of hanging.
+    let dir = d.root().join("bundles");
+    let mut m: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    m["name"] = json!("alpha");
+    m["server"]["mcp_config"]["command"] = json!("/bin/false");
+    write_bundle(&dir, "alpha", &m);
+    let quick = Agent::connect(&d, &["--wait-ready", "1s"]);
+    assert_eq!(quick.tool_names().len(), 10);
+    assert!(quick.call("alpha__crash", json!({"code": 3})).is_err());
+    let started = std::time::Instant::now();
+    let err = quick.call("alpha__echo", json!({"text": "x"})).unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10), "bounded wait");
+    assert!(
+        err.contains("bundle \"alpha\" did not become ready within 1s")
+            || err.contains("bundle \"alpha\" is failed"),
+        "{err}"
+    );
+}

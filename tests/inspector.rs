@@ -1,0 +1,110 @@
+//! The gateway with a real third-party MCP client: the MCP Inspector CLI
+//! (npm, pinned in tests/inspector/package-lock.json, installed by
+//! `make inspector`, which `make test` runs).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::{demo_bundle_at, Daemon, BIN};
+use serde_json::Value;
+
+fn inspector() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("target/inspector/node_modules/.bin/mcp-inspector");
+    assert!(
+        path.exists(),
+        "the MCP Inspector is not installed at {}; run `make inspector` (make test does)",
+        path.display()
+    );
+    path
+}
+
+/// `mcp-inspector --cli bundlevisor mcp ... ARGS`, parsed as JSON.
+fn inspect(d: &Daemon, args: &[&str]) -> Value {
+    let out = Command::new(inspector())
+        .arg("--cli")
+        .arg(BIN)
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("mcp")
+        .args(args)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "inspector {args:?} failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+}
+
+#[test]
+fn the_mcp_inspector_lists_calls_and_reads_through_the_gateway() {
+    let d = Daemon::start();
+    let dir = d.root().join("bundles");
+    for name in ["alpha", "beta"] {
+        d.ok(&["install", demo_bundle_at(&dir, name).to_str().unwrap()]);
+    }
+    let note = d.root().join("note.txt");
+    std::fs::write(&note, "read by the inspector").unwrap();
+    let id = d
+        .ok(&["files", "put", note.to_str().unwrap()])
+        .trim()
+        .to_string();
+
+    let tools = inspect(&d, &["--method", "tools/list"]);
+    let names: Vec<&str> = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.contains(&"alpha__echo") && names.contains(&"beta__add"),
+        "{names:?}"
+    );
+    assert_eq!(names.len(), 20);
+
+    let result = inspect(
+        &d,
+        &[
+            "--method",
+            "tools/call",
+            "--tool-name",
+            "beta__echo",
+            "--tool-arg",
+            "text=hello",
+        ],
+    );
+    assert_eq!(result["content"][0]["text"], "hello", "{result}");
+    assert_eq!(result["isError"], false);
+
+    let resources = inspect(&d, &["--method", "resources/list"]);
+    let file = resources["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["uri"] == format!("files://{id}"))
+        .unwrap_or_else(|| panic!("{resources}"))
+        .clone();
+    assert_eq!(file["mimeType"], "text/plain");
+    assert_eq!(file["name"], "note.txt");
+
+    let read = inspect(
+        &d,
+        &[
+            "--method",
+            "resources/read",
+            "--uri",
+            &format!("files://{id}"),
+        ],
+    );
+    assert_eq!(
+        read["contents"][0]["text"], "read by the inspector",
+        "{read}"
+    );
+    assert_eq!(read["contents"][0]["mimeType"], file["mimeType"]);
+}
