@@ -168,6 +168,22 @@ struct Live {
     progress: ProgressDispatcher,
 }
 
+/// How long progress that raced its call's answer is still forwarded.
+const PROGRESS_STRAGGLER_WAIT: Duration = Duration::from_millis(20);
+
+/// The next progress notification of a subscription; never, without one.
+async fn next_progress(
+    subscription: &mut Option<rmcp::handler::client::progress::ProgressSubscriber>,
+) -> Option<ProgressNotificationParam> {
+    match subscription.as_mut() {
+        Some(s) => match futures::StreamExt::next(s).await {
+            Some(p) => Some(p),
+            None => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
+
 /// Sends `notifications/cancelled` for a request whose answer nobody waits for.
 struct AbandonGuard(Option<(Peer<RoleClient>, rmcp::model::RequestId)>);
 
@@ -404,25 +420,36 @@ impl BundleActorState {
             // Until the answer arrives, dropping this (timeout, cancel)
             // sends notifications/cancelled to the bundle.
             let mut abandon = AbandonGuard(Some((peer.clone(), handle.id.clone())));
-            // Progress: the bundle reports against the token rmcp put in the request.
-            let _forward = match call.progress.clone() {
-                Some(tx) => {
-                    let mut subscription =
-                        dispatcher.subscribe(handle.progress_token.clone()).await;
-                    Some(AbortOnDropHandle::new(tokio::spawn(async move {
-                        while let Some(p) = futures::StreamExt::next(&mut subscription).await {
-                            if tx.send(p).await.is_err() {
-                                break;
-                            }
-                        }
-                    })))
-                }
+            // Progress: the bundle reports against the token rmcp put in the
+            // request. Forwarded in order, ahead of the answer.
+            let mut subscription = match &call.progress {
+                Some(_) => Some(dispatcher.subscribe(handle.progress_token.clone()).await),
                 None => None,
             };
-            let outcome = tokio::select! {
-                r = tokio::time::timeout(timeout, handle.await_response()) => Some(r),
-                _ = call.cancel.cancelled() => None,
+            let response = tokio::time::timeout(timeout, handle.await_response());
+            tokio::pin!(response);
+            let outcome = loop {
+                tokio::select! {
+                    biased;
+                    Some(p) = next_progress(&mut subscription) => {
+                        if let Some(tx) = &call.progress {
+                            let _ = tx.send(p).await;
+                        }
+                    }
+                    r = &mut response => break Some(r),
+                    _ = call.cancel.cancelled() => break None,
+                }
             };
+            // rmcp hands each notification to a task of its own, so one the
+            // bundle sent just before its answer may still be on its way.
+            if let (Some(sub), Some(tx)) = (subscription.as_mut(), &call.progress) {
+                while let Ok(Some(p)) =
+                    tokio::time::timeout(PROGRESS_STRAGGLER_WAIT, futures::StreamExt::next(sub))
+                        .await
+                {
+                    let _ = tx.send(p).await;
+                }
+            }
             if let Some(Ok(_)) = &outcome {
                 abandon.0 = None;
             }

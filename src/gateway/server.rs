@@ -384,28 +384,39 @@ impl ServerHandler for Gateway {
             .await
             .map_err(to_mcp)?;
         let id = pending.id;
-        let _forward = token.map(|token| {
-            let mut rx = std::mem::replace(
-                &mut pending.progress,
-                tokio::sync::mpsc::unbounded_channel().1,
-            );
+        // Progress is forwarded in order, ahead of the answer.
+        let mut progress = std::mem::replace(
+            &mut pending.progress,
+            tokio::sync::mpsc::unbounded_channel().1,
+        );
+        let notify = |p: crate::protocol::CallProgress| {
+            let token = token.clone();
             let peer = context.peer.clone();
-            tokio_util::task::AbortOnDropHandle::new(tokio::spawn(async move {
-                while let Some(p) = rx.recv().await {
-                    let mut note = ProgressNotificationParam::new(token.clone(), p.progress);
+            async move {
+                if let Some(token) = token {
+                    let mut note = ProgressNotificationParam::new(token, p.progress);
                     note.total = p.total;
                     note.message = p.message;
                     let _ = peer.notify_progress(note).await;
                 }
-            }))
-        });
-        let answer = tokio::select! {
-            a = pending.answer::<Value>() => a,
-            _ = context.ct.cancelled() => {
-                self.0.link.cancel(id).await;
-                return Err(ErrorData::internal_error("the call was cancelled", None));
             }
         };
+        let answer = pending.answer::<Value>();
+        tokio::pin!(answer);
+        let answer = loop {
+            tokio::select! {
+                biased;
+                Some(p) = progress.recv() => notify(p).await,
+                a = &mut answer => break a,
+                _ = context.ct.cancelled() => {
+                    self.0.link.cancel(id).await;
+                    return Err(ErrorData::internal_error("the call was cancelled", None));
+                }
+            }
+        };
+        while let Ok(p) = progress.try_recv() {
+            notify(p).await;
+        }
         let result: CallToolResult = decode(answer.map_err(to_mcp)?, "tool result")?;
         Ok(result.into())
     }

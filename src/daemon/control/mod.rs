@@ -690,40 +690,56 @@ async fn call(
     let limit = timeout.unwrap_or(ctx.shared.config.bundles.call_timeout) + Duration::from_secs(5);
     let mut waited = false;
     let result = loop {
-        let progress = p.progress.then(|| {
-            let (tx, mut rx) = mpsc::channel::<rmcp::model::ProgressNotificationParam>(16);
-            let (out, id) = (out.clone(), id.clone());
-            tokio::spawn(async move {
-                while let Some(n) = rx.recv().await {
-                    let note = CallProgress {
-                        id: id.clone(),
-                        progress: n.progress,
-                        total: n.total,
-                        message: n.message,
-                    };
-                    out.send(&Notification::new(method::CALL_PROGRESS, note))
-                        .await;
-                }
-            });
-            tx
-        });
-        let (tool, arguments, cancel) = (p.tool.clone(), p.arguments.clone(), cancel.clone());
-        let result = actor
-            .call(
-                |reply| {
-                    BundleMsg::Call(PendingCall {
-                        tool,
-                        arguments,
-                        timeout,
-                        cancel,
-                        progress,
-                        reply,
-                    })
+        // Progress goes out in order, ahead of the answer.
+        let (progress, mut progress_rx) = if p.progress {
+            let (tx, rx) = mpsc::channel::<rmcp::model::ProgressNotificationParam>(16);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        let forward = |n: rmcp::model::ProgressNotificationParam| {
+            Notification::new(
+                method::CALL_PROGRESS,
+                CallProgress {
+                    id: id.clone(),
+                    progress: n.progress,
+                    total: n.total,
+                    message: n.message,
                 },
-                Some(limit),
             )
-            .await
-            .map_err(unavailable)?;
+        };
+        let (tool, arguments, cancel) = (p.tool.clone(), p.arguments.clone(), cancel.clone());
+        let answer = actor.call(
+            |reply| {
+                BundleMsg::Call(PendingCall {
+                    tool,
+                    arguments,
+                    timeout,
+                    cancel,
+                    progress,
+                    reply,
+                })
+            },
+            Some(limit),
+        );
+        tokio::pin!(answer);
+        let result = loop {
+            tokio::select! {
+                biased;
+                Some(n) = async {
+                    match progress_rx.as_mut() {
+                        Some(rx) => rx.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => out.send(&forward(n)).await,
+                r = &mut answer => break r.map_err(unavailable)?,
+            };
+        };
+        if let Some(rx) = progress_rx.as_mut() {
+            while let Ok(n) = rx.try_recv() {
+                out.send(&forward(n)).await;
+            }
+        }
         // A bundle on its way up is waited for (bounded), then called once.
         if let (false, Some(wait), CallResult::Success(Err(CallError::NotReady { state, .. }))) =
             (waited, p.wait_ready_ms, &result)
