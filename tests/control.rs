@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::Daemon;
+use std::time::Duration;
+
+use common::{wait_for, Daemon, BIN};
 use serde_json::{json, Value};
 
 fn kind(response: &Value) -> &str {
@@ -134,4 +136,101 @@ fn install_reports_progress_notifications_before_the_result() {
         states.push(m["params"]["kind"].as_str().unwrap().to_string());
     }
     assert_eq!(states, vec!["installed", "starting", "ready"]);
+}
+
+#[test]
+fn a_silent_client_is_closed_after_the_handshake_timeout_and_connections_are_capped() {
+    let d = Daemon::start_with("[control]\nmax_connections = 3\nhandshake_timeout = \"300ms\"\n");
+
+    // Says nothing: answered hello_required, then closed.
+    let mut silent = d.raw();
+    let answer = silent.read();
+    assert_eq!(kind(&answer), "hello_required", "{answer}");
+    assert!(answer["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("within 300ms"));
+    let mut rest = String::new();
+    assert_eq!(
+        std::io::BufRead::read_line(&mut silent.reader, &mut rest).unwrap(),
+        0,
+        "the connection is closed"
+    );
+
+    // Three held connections fill the cap; a fourth is refused clearly.
+    let mut held: Vec<_> = (0..3)
+        .map(|_| {
+            let mut c = d.raw();
+            c.hello();
+            c
+        })
+        .collect();
+    let mut extra = d.raw();
+    let refused = extra.read();
+    assert_eq!(kind(&refused), "too_many_connections", "{refused}");
+    let out = d.cli(&["status"]);
+    assert!(!out.status.success());
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(msg.contains("max_connections"), "{msg}");
+
+    // A slot frees when a client leaves.
+    held.pop();
+    wait_for(Duration::from_secs(5), "a free connection slot", || {
+        d.cli(&["status"]).status.success().then_some(())
+    });
+    let status = held[0].request(9, "status", json!({}));
+    assert!(status["result"]["bundles"].is_array(), "{status}");
+}
+
+#[test]
+fn peer_credentials_are_checked_and_the_socket_is_private() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    let d = Daemon::start();
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&d.socket), 0o600);
+    assert_eq!(mode(d.socket.parent().unwrap()), 0o700);
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "not root: the other-uid half of this test needs to switch uid (CI runs as root)"
+        );
+        return;
+    }
+    let as_nobody = |d: &Daemon| {
+        std::process::Command::new(BIN)
+            .arg("--socket")
+            .arg(&d.socket)
+            .arg("status")
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap()
+    };
+    // Open the file modes, as a careless operator might: the peer check
+    // still refuses the other uid, and says who was refused.
+    for p in [d.root(), d.socket.parent().unwrap().to_path_buf()] {
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    std::fs::set_permissions(&d.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let out = as_nobody(&d);
+    assert!(!out.status.success());
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        msg.contains("uid 65534") && msg.contains("not allowed"),
+        "{msg}"
+    );
+    assert!(d.log().contains("control connection refused: uid 65534"));
+
+    // allowed_gids: the socket is 0660 for that group, and its members get in.
+    let d = Daemon::start_with("[control]\nallowed_gids = [65534]\n");
+    assert_eq!(mode(&d.socket), 0o660);
+    assert_eq!(std::fs::metadata(&d.socket).unwrap().gid(), 65534);
+    assert_eq!(mode(d.socket.parent().unwrap()), 0o710);
+    std::fs::set_permissions(d.root(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = as_nobody(&d);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -91,10 +91,22 @@ impl Client {
         let mut line = serde_json::to_string(&Request::new(id, method, params))
             .map_err(|e| ClientError::Protocol(e.to_string()))?;
         line.push('\n');
-        self.write
-            .write_all(line.as_bytes())
-            .await
-            .map_err(|e| ClientError::Protocol(format!("write: {e}")))?;
+        if let Err(e) = self.write.write_all(line.as_bytes()).await {
+            // The daemon may have refused the connection (and said why) first.
+            let said = tokio::time::timeout(
+                std::time::Duration::from_millis(500),
+                self.lines.next_line(),
+            )
+            .await;
+            if let Ok(Ok(Some(text))) = said {
+                if let Ok(Incoming::Response(r)) = Incoming::parse(&text) {
+                    if let Some(err) = r.error {
+                        return Err(ClientError::Rpc(err));
+                    }
+                }
+            }
+            return Err(ClientError::Protocol(format!("write: {e}")));
+        }
         loop {
             let line = self
                 .lines

@@ -79,6 +79,12 @@ pub mod defaults {
     pub fn log_keep() -> u32 {
         3
     }
+    pub fn max_connections() -> usize {
+        256
+    }
+    pub fn handshake_timeout() -> Duration {
+        Duration::from_secs(5)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +122,8 @@ pub struct Config {
     pub logs: LogSettings,
     #[serde(default)]
     pub credentials: CredentialsConfig,
+    #[serde(default)]
+    pub control: ControlSettings,
     /// Tools of a bundle that are never registered (not listed, not callable).
     #[serde(default)]
     pub exclude_tools: Vec<ExcludeTools>,
@@ -206,6 +214,31 @@ pub struct SupervisionOverride {
     pub workspace: String,
     pub bundle: String,
     pub restart: RestartPolicy,
+}
+
+/// `[control]`: who may use the control socket, and how many at once.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ControlSettings {
+    /// Peer uids admitted besides the daemon's own (checked with SO_PEERCRED).
+    #[serde(default)]
+    pub allowed_uids: Vec<u32>,
+    /// Peer primary gids admitted; the socket is then group-accessible (0660)
+    /// to the first of them.
+    #[serde(default)]
+    pub allowed_gids: Vec<u32>,
+    /// Connections served at once; more are refused with a clear error.
+    #[serde(default = "defaults::max_connections")]
+    pub max_connections: usize,
+    /// A client must send `daemon.hello` within this long.
+    #[serde(default = "defaults::handshake_timeout", with = "humantime_serde")]
+    pub handshake_timeout: Duration,
+}
+
+impl Default for ControlSettings {
+    fn default() -> Self {
+        toml::from_str("").expect("control defaults parse")
+    }
 }
 
 /// `[[exclude_tools]]`: tools of one bundle that the daemon drops when the
@@ -392,6 +425,12 @@ impl Config {
         if self.logs.max_bytes < 1024 {
             problems.push("logs.max_bytes must be at least 1024".to_string());
         }
+        if self.control.max_connections == 0 {
+            problems.push("control.max_connections must be at least 1".to_string());
+        }
+        if self.control.handshake_timeout.is_zero() {
+            problems.push("control.handshake_timeout must be above 0".to_string());
+        }
         if self.bundles.max_concurrent_starts == 0 {
             problems.push("bundles.max_concurrent_starts must be at least 1".to_string());
         }
@@ -497,6 +536,10 @@ mod tests {
         );
         assert_eq!(config.logs.max_bytes, defaults.logs.max_bytes);
         assert_eq!(config.watch_debounce, defaults.watch_debounce);
+        assert_eq!(
+            format!("{:?}", config.control),
+            format!("{:?}", defaults.control)
+        );
     }
 
     #[test]

@@ -150,10 +150,33 @@ fn lock_state_dir(state_dir: &Path) -> Result<Flock<File>, DaemonError> {
 
 /// Binds the control socket (mode 0600). A socket left by a crashed daemon
 /// is replaced; a live one is refused.
-fn bind_socket(path: &Path) -> Result<UnixListener, DaemonError> {
+fn bind_socket(
+    path: &Path,
+    control: &crate::config::ControlSettings,
+) -> Result<UnixListener, DaemonError> {
+    // Group access only for [control] allowed_gids (the first one).
+    let group = control
+        .allowed_gids
+        .first()
+        .map(|g| nix::unistd::Gid::from_raw(*g));
+    let share = |p: &Path, mode: u32| -> Result<(), DaemonError> {
+        if let Some(gid) = group {
+            nix::unistd::chown(p, None, Some(gid))
+                .map_err(|e| io_err(p)(std::io::Error::from(e)))?;
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+                .map_err(io_err(p))?;
+        }
+        Ok(())
+    };
     if let Some(parent) = path.parent() {
         if !parent.exists() {
             private_dir(parent)?;
+            share(parent, 0o710)?;
+        } else if let Ok(meta) = std::fs::metadata(parent) {
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o007 != 0 {
+                tracing::warn!(dir = %parent.display(), mode = format!("{mode:o}"), "the control socket's folder is open to every user; the socket itself is not, but prefer a folder only the daemon's user can enter");
+            }
         }
     }
     if let Ok(meta) = std::fs::symlink_metadata(path) {
@@ -170,6 +193,7 @@ fn bind_socket(path: &Path) -> Result<UnixListener, DaemonError> {
     }
     let listener = UnixListener::bind(path).map_err(io_err(path))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io_err(path))?;
+    share(path, 0o660)?;
     Ok(listener)
 }
 
@@ -246,7 +270,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         .map_err(|e| DaemonError::Actor(e.to_string()))??
     };
     tracing::info!(key = %key_origin, "credential key loaded");
-    let listener = bind_socket(&config.socket)?;
+    let listener = bind_socket(&config.socket, &config.control)?;
     let socket = config.socket.clone();
 
     let reaper = match crate::bundle::reaper::Reaper::spawn(&config.state_dir) {

@@ -45,6 +45,8 @@ pub enum ErrorKind {
     ToolNotFound,
     /// A bundle (or the resolver) answered an MCP error: `mcp_code`, `mcp_data`.
     McpError,
+    /// `[control] max_connections` connections are open already.
+    TooManyConnections,
 }
 
 impl ErrorKind {
@@ -91,6 +93,7 @@ impl ErrorKind {
             ErrorKind::Cancelled => "cancelled",
             ErrorKind::ToolNotFound => "tool_not_found",
             ErrorKind::McpError => "mcp_error",
+            ErrorKind::TooManyConnections => "too_many_connections",
             ErrorKind::Internal => "internal",
         }
     }

@@ -291,7 +291,7 @@ pub fn is_zombie(pid: u32) -> bool {
 
 pub struct Raw {
     stream: UnixStream,
-    reader: BufReader<UnixStream>,
+    pub reader: BufReader<UnixStream>,
 }
 
 impl Raw {

@@ -25,6 +25,7 @@ use super::bundle::{actor_name, BundleMsg, CallError, PendingCall};
 use super::supervisor::{DaemonMsg, InstallError};
 use super::workspace::{FilesOp, WorkspaceMsg};
 use super::Shared;
+use crate::config::ControlSettings;
 use crate::lines::{Line, LineReader};
 use crate::manifest::ManifestError;
 use crate::protocol::EventKind;
@@ -114,12 +115,27 @@ pub async fn serve(
     shared: Arc<Shared>,
     shutdown: CancellationToken,
 ) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(
+        shared.config.control.max_connections,
+    ));
     let ctx = Ctx { daemon, shared };
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        let max = ctx.shared.config.control.max_connections;
+                        tracing::warn!(max, "control connection refused: too many connections");
+                        tokio::spawn(refuse(
+                            stream,
+                            RpcError::new(
+                                ErrorKind::TooManyConnections,
+                                format!("the daemon is serving its maximum of {max} control connections ([control] max_connections); try again"),
+                            ),
+                        ));
+                        continue;
+                    };
                     let ctx = ctx.clone();
                     let shutdown = shutdown.clone();
                     tokio::spawn(async move {
@@ -127,6 +143,7 @@ pub async fn serve(
                             _ = connection(stream, ctx) => {}
                             _ = shutdown.cancelled() => {}
                         }
+                        drop(slot);
                     });
                 }
                 Err(e) => {
@@ -138,30 +155,61 @@ pub async fn serve(
     }
 }
 
-fn peer_allowed(stream: &UnixStream) -> Result<(), String> {
+/// The peer's credentials (SO_PEERCRED) against the daemon's uid and the
+/// configured `allowed_uids` / `allowed_gids`.
+fn peer_allowed(stream: &UnixStream, control: &ControlSettings) -> Result<(), String> {
     let cred = stream
         .peer_cred()
         .map_err(|e| format!("cannot read peer credentials: {e}"))?;
     let me = nix::unistd::geteuid().as_raw();
-    if cred.uid() == me {
+    if cred.uid() == me
+        || control.allowed_uids.contains(&cred.uid())
+        || control.allowed_gids.contains(&cred.gid())
+    {
         Ok(())
     } else {
         Err(format!(
-            "uid {} (pid {:?}) is not allowed; only uid {me} may control this daemon",
+            "uid {} (gid {}, pid {}) is not allowed to control this daemon; it admits uid {me}{}",
             cred.uid(),
+            cred.gid(),
             cred.pid()
+                .map(|p| p.to_string())
+                .unwrap_or_else(|| "?".into()),
+            if control.allowed_uids.is_empty() && control.allowed_gids.is_empty() {
+                " only (add the uid to [control] allowed_uids to admit it)".to_string()
+            } else {
+                format!(
+                    ", uids {:?} and gids {:?} ([control])",
+                    control.allowed_uids, control.allowed_gids
+                )
+            }
         ))
     }
 }
 
+/// Answers one error line and closes. What the client sends meanwhile (its
+/// hello) is read and dropped for a moment, so its write does not fail
+/// before it has read why.
+async fn refuse(mut stream: UnixStream, error: RpcError) {
+    use tokio::io::AsyncReadExt;
+    let refusal = Response::err(Value::Null, error);
+    let Ok(line) = serde_json::to_string(&refusal) else {
+        return;
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        stream.write_all(format!("{line}\n").as_bytes()).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, std::io::Error>(())
+    })
+    .await;
+}
+
 async fn connection(stream: UnixStream, ctx: Ctx) {
-    if let Err(why) = peer_allowed(&stream) {
+    if let Err(why) = peer_allowed(&stream, &ctx.shared.config.control) {
         tracing::warn!("control connection refused: {why}");
-        let mut stream = stream;
-        let refusal = Response::err(Value::Null, RpcError::new(ErrorKind::PermissionDenied, why));
-        if let Ok(line) = serde_json::to_string(&refusal) {
-            let _ = stream.write_all(format!("{line}\n").as_bytes()).await;
-        }
+        refuse(stream, RpcError::new(ErrorKind::PermissionDenied, why)).await;
         return;
     }
     let (read, mut write) = stream.into_split();
@@ -182,8 +230,28 @@ async fn connection(stream: UnixStream, ctx: Ctx) {
     let mut greeted = false;
     // Requests in flight on this connection, by id, for `cancel`.
     let in_flight: Arc<std::sync::Mutex<HashMap<String, CancellationToken>>> = Arc::default();
+    let handshake = ctx.shared.config.control.handshake_timeout;
     loop {
-        let line = match lines.next_line().await {
+        let next = if greeted {
+            lines.next_line().await
+        } else {
+            match tokio::time::timeout(handshake, lines.next_line()).await {
+                Ok(line) => line,
+                Err(_) => {
+                    let e = RpcError::new(
+                        ErrorKind::HelloRequired,
+                        format!(
+                            "no {} within {}; closing the connection",
+                            method::HELLO,
+                            humantime::format_duration(handshake)
+                        ),
+                    );
+                    out.send(&Response::err(Value::Null, e)).await;
+                    break;
+                }
+            }
+        };
+        let line = match next {
             Ok(Line::Text(line)) => line,
             Ok(Line::TooLong) => {
                 let e = RpcError::new(
