@@ -17,6 +17,7 @@ use rmcp::{ClientCacheConfig, RoleClient};
 use tokio_util::sync::CancellationToken;
 
 use super::client::{BundleClient, HostContext};
+use super::guard::{Guarded, Violation};
 use super::logfile::LogTarget;
 use super::process::{self, ExitInfo, Lifeline, SpawnError, StderrTail};
 use super::reaper::Reaper;
@@ -38,6 +39,8 @@ pub struct ConnectOptions {
     pub reaper: Option<Arc<Reaper>>,
     /// Remote bundles: the OAuth access token sent as `Authorization: Bearer`.
     pub bearer: Option<Secret>,
+    /// Longest MCP message a stdio bundle may write.
+    pub max_message_bytes: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +90,9 @@ pub struct Connection {
     pub lifeline: Lifeline,
     /// Subscribe a call's progress token here to receive its progress.
     pub progress: ProgressDispatcher,
+    /// Set when the bundle broke the transport rules (overlong or non-JSON
+    /// output) and its stream was cut: the reason it stopped.
+    pub violation: Violation,
     pub stderr: StderrTail,
 }
 
@@ -169,9 +175,11 @@ async fn connect_stdio(
     );
     let lifeline = Lifeline::watch(spawned.child, spawned.pid, opts.reaper.clone());
     let ct = CancellationToken::new();
+    let violation = Violation::default();
+    let stdout = Guarded::new(spawned.stdout, opts.max_message_bytes, violation.clone());
 
     let outcome = tokio::select! {
-        r = tokio::time::timeout(opts.start_timeout, handshake(client, (spawned.stdout, spawned.stdin), ct.clone())) => match r {
+        r = tokio::time::timeout(opts.start_timeout, handshake(client, (stdout, spawned.stdin), ct.clone())) => match r {
             Ok(Ok(ok)) => Ok(ok),
             Ok(Err(failure)) => Err(ConnectError::Handshake { message: failure.message, stderr: None }),
             Err(_) => Err(ConnectError::Timeout { after: opts.start_timeout, stderr: None }),
@@ -193,6 +201,12 @@ async fn connect_stdio(
                     err = ConnectError::Exited { exit, stderr: None };
                 }
             }
+            if let Some(reason) = violation.get() {
+                err = ConnectError::Handshake {
+                    message: reason,
+                    stderr: None,
+                };
+            }
             let last = last_stderr(&stderr).await;
             match &mut err {
                 ConnectError::Exited { stderr, .. }
@@ -204,7 +218,7 @@ async fn connect_stdio(
         }
     };
     Ok(connected(
-        service, tools, lifeline, stderr, ct, requester, opts,
+        service, tools, lifeline, stderr, violation, ct, requester, opts,
     ))
 }
 
@@ -266,6 +280,7 @@ async fn connect_remote(
         tools,
         lifeline,
         StderrTail::none(),
+        Violation::default(),
         ct,
         requester,
         opts,
@@ -275,11 +290,13 @@ async fn connect_remote(
 /// Ties the service and the lifeline together: the service ends when the
 /// process dies or the session is stopped (cancel), and the lifeline is
 /// stopped when the service ends on its own (transport closed).
+#[allow(clippy::too_many_arguments)]
 fn connected(
     service: RunningService<RoleClient, BundleClient>,
     tools: Vec<Tool>,
     lifeline: Lifeline,
     stderr: StderrTail,
+    violation: Violation,
     ct: CancellationToken,
     requester: &Requester,
     opts: &ConnectOptions,
@@ -305,6 +322,7 @@ fn connected(
         server,
         lifeline,
         progress,
+        violation,
         stderr,
     }
 }

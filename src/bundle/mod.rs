@@ -9,6 +9,7 @@
 
 pub mod client;
 pub mod connect;
+pub mod guard;
 pub mod logfile;
 pub mod process;
 pub mod reaper;

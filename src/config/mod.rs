@@ -79,6 +79,9 @@ pub mod defaults {
     pub fn log_keep() -> u32 {
         3
     }
+    pub fn max_message_bytes() -> usize {
+        16 * 1024 * 1024
+    }
     pub fn max_connections() -> usize {
         256
     }
@@ -344,6 +347,10 @@ pub struct BundleSettings {
     /// Bundles being started at once (boot reload runs in parallel up to this).
     #[serde(default = "defaults::max_concurrent_starts")]
     pub max_concurrent_starts: usize,
+    /// Longest MCP message a bundle may write on stdout; a longer one (or
+    /// anything that is not a JSON-RPC message) stops and restarts it.
+    #[serde(default = "defaults::max_message_bytes")]
+    pub max_message_bytes: usize,
 }
 
 impl Default for BundleSettings {
@@ -353,6 +360,7 @@ impl Default for BundleSettings {
             call_timeout: defaults::call_timeout(),
             stop_grace: defaults::stop_grace(),
             max_concurrent_starts: defaults::max_concurrent_starts(),
+            max_message_bytes: defaults::max_message_bytes(),
         }
     }
 }
@@ -430,6 +438,9 @@ impl Config {
         }
         if self.control.handshake_timeout.is_zero() {
             problems.push("control.handshake_timeout must be above 0".to_string());
+        }
+        if self.bundles.max_message_bytes < 1024 {
+            problems.push("bundles.max_message_bytes must be at least 1024".to_string());
         }
         if self.bundles.max_concurrent_starts == 0 {
             problems.push("bundles.max_concurrent_starts must be at least 1".to_string());

@@ -166,6 +166,7 @@ struct Live {
     _pinger: Option<AbortOnDropHandle<()>>,
     in_flight: InFlight,
     progress: ProgressDispatcher,
+    violation: crate::bundle::guard::Violation,
 }
 
 /// How long progress that raced its call's answer is still forwarded.
@@ -672,6 +673,7 @@ impl Actor for BundleActor {
                             _pinger: pinger,
                             in_flight: InFlight::default(),
                             progress: connection.progress,
+                            violation: connection.violation,
                         });
                         st.state = BundleState::Ready;
                         st.last_error = None;
@@ -730,7 +732,8 @@ impl Actor for BundleActor {
                 let Some(live) = st.live.take() else {
                     return Ok(());
                 };
-                let stop = match st.kill_reason.take() {
+                let kill_reason = live.violation.get().or(st.kill_reason.take());
+                let stop = match kill_reason {
                     Some(reason) => Stop::Failure(format!("{reason}; process {exit}")),
                     None if exit.code == Some(0) => {
                         Stop::Clean("process exited cleanly (exit code 0)".into())
@@ -1048,6 +1051,7 @@ async fn start(
         host_resources: shared.config.host_resources.clone(),
         reaper: shared.reaper.clone(),
         bearer: None,
+        max_message_bytes: shared.config.bundles.max_message_bytes,
     };
     let (connection, reauthorized) = match &plan {
         Plan::Stdio(_) => (
