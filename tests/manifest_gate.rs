@@ -65,11 +65,12 @@ fn invalid_json_and_missing_paths_are_clear_errors() {
 #[test]
 fn gate_refusal_names_bundle_and_capability_and_spawns_nothing() {
     let d = Daemon::start();
-    let marker = d.root().join("spawned.marker");
+    // The bundle can write only its sandbox's data dir.
+    let marker = d.state.join("sandboxes/default/needy/data/spawned.marker");
     let folder = common::shell_wrapped_demo(
         &d.root().join("bundles"),
         "needy",
-        &format!("touch {};", marker.display()),
+        "touch \"$BUNDLEVISOR_DATA_DIR/spawned.marker\";",
     );
     let mut manifest: Value =
         serde_json::from_str(&std::fs::read_to_string(folder.join("manifest.json")).unwrap())

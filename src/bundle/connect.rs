@@ -41,6 +41,8 @@ pub struct ConnectOptions {
     pub bearer: Option<Secret>,
     /// Longest MCP message a stdio bundle may write.
     pub max_message_bytes: usize,
+    /// How a stdio bundle's process is confined.
+    pub sandbox: Option<super::sandbox::Sandbox>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -165,7 +167,7 @@ async fn connect_stdio(
     requester: &Requester,
     opts: &ConnectOptions,
 ) -> Result<Connection, ConnectError> {
-    let spawned = process::spawn(plan)?;
+    let spawned = process::spawn(plan, opts.sandbox.as_ref())?;
     let stderr = process::capture_stderr(
         spawned.stderr,
         opts.log.clone(),

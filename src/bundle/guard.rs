@@ -166,6 +166,9 @@ mod tests {
         let (r, v) = read_all(b"{\"ok\":1}\nStarting server on port 8080...\n", 1000).await;
         assert!(r.is_err());
         let reason = v.unwrap();
-        assert!(reason.contains("not an MCP message") && reason.contains("Starting server"), "{reason}");
+        assert!(
+            reason.contains("not an MCP message") && reason.contains("Starting server"),
+            "{reason}"
+        );
     }
 }

@@ -13,6 +13,7 @@ pub mod guard;
 pub mod logfile;
 pub mod process;
 pub mod reaper;
+pub mod sandbox;
 
 pub use client::HostContext;
 pub use connect::{connect, ConnectError, ConnectOptions, Connection};

@@ -96,7 +96,15 @@ pub fn bundle_env(plan: &LaunchPlan) -> Vec<(String, String)> {
 /// Spawns the bundle. Must be called from a long-lived runtime thread, never
 /// from `spawn_blocking`: `PR_SET_PDEATHSIG` fires when the forking *thread*
 /// exits.
-pub(super) fn spawn(plan: &LaunchPlan) -> Result<Spawned, SpawnError> {
+pub(super) fn spawn(
+    plan: &LaunchPlan,
+    sandbox: Option<&super::sandbox::Sandbox>,
+) -> Result<Spawned, SpawnError> {
+    let spawn_error = |source| SpawnError {
+        command: plan.command.clone(),
+        cwd: plan.cwd.clone(),
+        source,
+    };
     let mut cmd = Command::new(&plan.command);
     cmd.args(&plan.args)
         .env_clear()
@@ -106,9 +114,26 @@ pub(super) fn spawn(plan: &LaunchPlan) -> Result<Spawned, SpawnError> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(false);
+    let mut limits = super::sandbox::Limits::default();
+    let mut ruleset = None;
+    if let Some(sb) = sandbox {
+        cmd.env("BUNDLEVISOR_DATA_DIR", &sb.data)
+            .env("HOME", &sb.data)
+            .env("TMPDIR", &sb.tmp);
+        if let Some((uid, gid)) = sb.user {
+            cmd.uid(uid).gid(gid);
+        }
+        limits = sb.limits;
+        if let Some(rules) = &sb.landlock {
+            ruleset = rules
+                .ruleset_fd()
+                .map_err(|e| spawn_error(std::io::Error::other(e)))?;
+        }
+    }
     let daemon_pid = std::process::id() as i32;
     // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe system calls (setsid, prctl, getppid, _exit).
+    // async-signal-safe system calls (setsid, prctl, getppid, setrlimit,
+    // landlock_restrict_self, _exit).
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(std::io::Error::from)?;
@@ -117,14 +142,10 @@ pub(super) fn spawn(plan: &LaunchPlan) -> Result<Spawned, SpawnError> {
             if nix::unistd::getppid().as_raw() != daemon_pid {
                 nix::libc::_exit(1);
             }
-            Ok(())
+            super::sandbox::apply_in_child(&limits, ruleset.as_ref())
         });
     }
-    let mut child = cmd.spawn().map_err(|source| SpawnError {
-        command: plan.command.clone(),
-        cwd: plan.cwd.clone(),
-        source,
-    })?;
+    let mut child = cmd.spawn().map_err(spawn_error)?;
     let pid = child.id().unwrap_or(0);
     let (Some(stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
@@ -456,7 +477,7 @@ mod tests {
 
     #[tokio::test]
     async fn exit_is_seen_and_reports_the_code() {
-        let s = spawn(&plan("exit 7")).unwrap();
+        let s = spawn(&plan("exit 7"), None).unwrap();
         let life = Lifeline::watch(s.child, s.pid, None);
         assert_eq!(
             life.wait().await,
@@ -476,7 +497,7 @@ mod tests {
             "trap '' TERM; sh -c 'trap \"\" TERM; echo $$ > {p}; while :; do sleep 1; done' & while :; do sleep 1; done",
             p = pidfile.display()
         );
-        let s = spawn(&plan(&script)).unwrap();
+        let s = spawn(&plan(&script), None).unwrap();
         let life = Lifeline::watch(s.child, s.pid, None);
         let grandchild = poll_file(&pidfile).await;
         assert!(alive(grandchild));
@@ -490,7 +511,7 @@ mod tests {
 
     #[tokio::test]
     async fn dropping_the_lifeline_kills_the_group() {
-        let s = spawn(&plan("while :; do sleep 1; done")).unwrap();
+        let s = spawn(&plan("while :; do sleep 1; done"), None).unwrap();
         let pid = s.pid;
         let life = Lifeline::watch(s.child, s.pid, None);
         let observer = life.observer();
@@ -502,7 +523,7 @@ mod tests {
     #[tokio::test]
     async fn environment_is_scrubbed_to_the_allowlist_plus_bundle_env() {
         std::env::set_var("BUNDLEVISOR_TEST_LEAK", "leaked");
-        let s = spawn(&plan("env")).unwrap();
+        let s = spawn(&plan("env"), None).unwrap();
         let mut out = String::new();
         let mut stdout = s.stdout;
         tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut out)

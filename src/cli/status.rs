@@ -114,6 +114,7 @@ mod tests {
                 tools: 0,
                 last_error: Some("process exited (exit code 3)\nmore".into()),
                 source: "/b/demo".into(),
+                sandbox: None,
             }],
         };
         let text = table(&status);

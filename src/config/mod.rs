@@ -82,6 +82,12 @@ pub mod defaults {
     pub fn max_message_bytes() -> usize {
         16 * 1024 * 1024
     }
+    pub fn landlock() -> super::LandlockMode {
+        super::LandlockMode::Auto
+    }
+    pub fn max_open_files() -> u64 {
+        4096
+    }
     pub fn max_connections() -> usize {
         256
     }
@@ -127,6 +133,8 @@ pub struct Config {
     pub credentials: CredentialsConfig,
     #[serde(default)]
     pub control: ControlSettings,
+    #[serde(default)]
+    pub sandbox: SandboxSettings,
     /// Tools of a bundle that are never registered (not listed, not callable).
     #[serde(default)]
     pub exclude_tools: Vec<ExcludeTools>,
@@ -217,6 +225,49 @@ pub struct SupervisionOverride {
     pub workspace: String,
     pub bundle: String,
     pub restart: RestartPolicy,
+}
+
+/// Whether bundles are confined with Landlock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LandlockMode {
+    /// Enforced where the kernel supports it; `status` says when it cannot be.
+    Auto,
+    /// A bundle is not started without it.
+    Required,
+    Off,
+}
+
+/// `[sandbox]`: how stdio bundles are confined (docs/security.md).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxSettings {
+    #[serde(default = "defaults::landlock")]
+    pub landlock: LandlockMode,
+    /// When the daemon runs as root: the unprivileged user bundles run as.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// Extra paths bundles may read and execute (an interpreter outside /usr).
+    #[serde(default)]
+    pub read_only_paths: Vec<PathBuf>,
+    /// RLIMIT_NOFILE (0: not limited).
+    #[serde(default = "defaults::max_open_files")]
+    pub max_open_files: u64,
+    /// RLIMIT_NPROC, counted per user (0: not limited; not enforced for root).
+    #[serde(default)]
+    pub max_processes: u64,
+    /// RLIMIT_AS in bytes (0: not limited).
+    #[serde(default)]
+    pub max_address_space: u64,
+    /// RLIMIT_CPU in seconds of CPU time over the process's life (0: not limited).
+    #[serde(default)]
+    pub max_cpu_seconds: u64,
+}
+
+impl Default for SandboxSettings {
+    fn default() -> Self {
+        toml::from_str("").expect("sandbox defaults parse")
+    }
 }
 
 /// `[control]`: who may use the control socket, and how many at once.
@@ -402,6 +453,9 @@ impl Config {
         for watch in &mut config.watch {
             watch.dir = normalize(&base.join(&watch.dir));
         }
+        for p in &mut config.sandbox.read_only_paths {
+            *p = normalize(&base.join(&*p));
+        }
         if let Some(key_file) = &mut config.credentials.key_file {
             *key_file = normalize(&base.join(&*key_file));
         }
@@ -550,6 +604,10 @@ mod tests {
         assert_eq!(
             format!("{:?}", config.control),
             format!("{:?}", defaults.control)
+        );
+        assert_eq!(
+            format!("{:?}", config.sandbox),
+            format!("{:?}", defaults.sandbox)
         );
     }
 

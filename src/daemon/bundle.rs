@@ -37,7 +37,9 @@ use crate::config::Supervision;
 use crate::host_resources::{HostRequest, PROVIDED_CAPABILITIES};
 use crate::manifest::{LoadedManifest, Plan, PlanError, RemotePlan};
 use crate::oauth::Silent;
-use crate::protocol::{BundleState, BundleStatus, EventKind, ExitStatus, LifecycleEvent};
+use crate::protocol::{
+    BundleState, BundleStatus, EventKind, ExitStatus, LifecycleEvent, SandboxRecord,
+};
 use crate::store::TokenSet;
 
 /// Registry name of a bundle's actor.
@@ -157,6 +159,7 @@ pub struct Started {
     version: String,
     /// A remote bundle got a new token on the way (refresh or client credentials).
     reauthorized: bool,
+    sandbox: Option<SandboxRecord>,
 }
 
 struct Live {
@@ -255,6 +258,8 @@ pub struct BundleActorState {
     kill_reason: Option<String>,
     /// A remote session is being rebuilt after a 401.
     reauthing: bool,
+    /// The sandbox of the running process (stdio bundles).
+    sandbox: Option<SandboxRecord>,
     /// Calls waiting for the rebuilt session, each with whether it may still
     /// be retried after another 401 (a call is retried once).
     awaiting_auth: Vec<(PendingCall, bool)>,
@@ -283,6 +288,7 @@ impl BundleActorState {
             tools: self.tools.len(),
             last_error: self.last_error.clone(),
             source: self.args.source.display().to_string(),
+            sandbox: self.sandbox.clone(),
         };
         let ready_since = self
             .live
@@ -583,6 +589,7 @@ impl Actor for BundleActor {
             tracker: RestartTracker::default(),
             kill_reason: None,
             reauthing: false,
+            sandbox: None,
             awaiting_auth: Vec::new(),
         })
     }
@@ -647,7 +654,9 @@ impl Actor for BundleActor {
                         connection,
                         version,
                         reauthorized,
+                        sandbox,
                     }) => {
+                        st.sandbox = sandbox;
                         let observer = connection.lifeline.observer();
                         let pinger = spawn_pinger(
                             connection.peer.clone(),
@@ -1039,6 +1048,28 @@ async fn start(
         .acquire()
         .await
         .map_err(|_| config("daemon is shutting down".into()))?;
+    // The sandbox of a stdio bundle: created (or found) before each start.
+    let sandbox = match &plan {
+        Plan::Stdio(launch) => {
+            let (settings, state_dir, ws, bundle, dir, command) = (
+                shared.config.sandbox.clone(),
+                shared.config.state_dir.clone(),
+                workspace.to_string(),
+                name.to_string(),
+                launch.cwd.clone(),
+                launch.command.clone(),
+            );
+            let prepared = tokio::task::spawn_blocking(move || {
+                crate::bundle::sandbox::prepare(&settings, &state_dir, &ws, &bundle, &dir, &command)
+            })
+            .await
+            .map_err(|e| config(format!("sandbox task failed: {e}")))?
+            .map_err(|e| config(e.to_string()))?;
+            Some(prepared)
+        }
+        Plan::Remote(_) => None,
+    };
+    let opts_sandbox = sandbox.as_ref().map(|s| s.record.clone());
     let opts = ConnectOptions {
         log: crate::bundle::logfile::LogTarget {
             path: shared.config.log_path(workspace, name),
@@ -1052,6 +1083,7 @@ async fn start(
         reaper: shared.reaper.clone(),
         bearer: None,
         max_message_bytes: shared.config.bundles.max_message_bytes,
+        sandbox,
     };
     let (connection, reauthorized) = match &plan {
         Plan::Stdio(_) => (
@@ -1068,6 +1100,7 @@ async fn start(
         connection,
         version: manifest.version.clone(),
         reauthorized,
+        sandbox: opts_sandbox,
     })
 }
 

@@ -256,6 +256,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     let store = tokio::task::spawn_blocking(move || Store::open(&db))
         .await
         .map_err(|e| DaemonError::Actor(e.to_string()))??;
+    // Bundles running as another user may traverse the state dir to reach
+    // their sandbox folders: everything else in it is the daemon's alone.
+    for suffix in ["", "-wal", "-shm"] {
+        let mut path = config.db_path().into_os_string();
+        path.push(suffix);
+        let path = PathBuf::from(path);
+        if path.exists() {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .map_err(io_err(&path))?;
+        }
+    }
     let (credentials, key_origin) = {
         let (store, settings, dir) = (
             store.clone(),

@@ -121,6 +121,25 @@ pub struct BundleStatus {
     pub last_error: Option<String>,
     /// The folder or manifest file the bundle was installed from.
     pub source: String,
+    /// The sandbox applied to the bundle's process (absent for remote
+    /// bundles and before the first start).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxRecord>,
+}
+
+/// A bundle's sandbox, as created (idempotently) for its process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    /// `WORKSPACE/NAME`.
+    pub sandbox_id: String,
+    /// Its private folder (`data/` is the bundle's HOME, `tmp/` its TMPDIR).
+    pub sandbox_path: String,
+    /// What was applied, e.g. `private data dir + no_new_privs + rlimits + landlock ABI 7`.
+    pub strategy: String,
+    /// `enforced (ABI N)`, `unavailable: <why>`, or `off (...)`.
+    pub landlock: String,
+    /// Whether this start created the folder (false: it existed).
+    pub created: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

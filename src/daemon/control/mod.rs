@@ -644,6 +644,7 @@ async fn install(p: InstallParams, ctx: &Ctx, out: &Outbox) -> Result<Value, Rpc
                 tools: 0,
                 last_error: None,
                 source: record.source.display().to_string(),
+                sandbox: None,
             });
         return to_value(BundleResult { bundle });
     }
