@@ -106,6 +106,8 @@ pub enum BundleMsg {
     Started {
         generation: u64,
         result: Result<Box<Started>, StartFailure>,
+        /// The sandbox prepared for this start (also when it failed).
+        sandbox: Option<SandboxRecord>,
     },
     Exited {
         generation: u64,
@@ -159,7 +161,6 @@ pub struct Started {
     version: String,
     /// A remote bundle got a new token on the way (refresh or client credentials).
     reauthorized: bool,
-    sandbox: Option<SandboxRecord>,
 }
 
 struct Live {
@@ -260,6 +261,8 @@ pub struct BundleActorState {
     reauthing: bool,
     /// The sandbox of the running process (stdio bundles).
     sandbox: Option<SandboxRecord>,
+    /// The start in progress (aborted if dropped).
+    start_task: Option<AbortOnDropHandle<()>>,
     /// Calls waiting for the rebuilt session, each with whether it may still
     /// be retried after another 401 (a call is retried once).
     awaiting_auth: Vec<(PendingCall, bool)>,
@@ -590,6 +593,7 @@ impl Actor for BundleActor {
             kill_reason: None,
             reauthing: false,
             sandbox: None,
+            start_task: None,
             awaiting_auth: Vec::new(),
         })
     }
@@ -615,7 +619,11 @@ impl Actor for BundleActor {
                     st.args.source.clone(),
                 );
                 let host = HostContext::new(&workspace, &name, st.args.host_port.clone());
-                tokio::spawn(async move {
+                // Held by the actor: a start superseded by a newer one, or
+                // cut short by an uninstall or shutdown, is aborted, and its
+                // half-started process killed with it (the Lifeline guard).
+                st.start_task = Some(AbortOnDropHandle::new(tokio::spawn(async move {
+                    let mut sandbox = None;
                     let result = start(
                         &shared,
                         &workspace,
@@ -623,14 +631,18 @@ impl Actor for BundleActor {
                         source,
                         manifest.map(|m| *m),
                         host,
+                        &mut sandbox,
                     )
                     .await
                     .map(Box::new);
                     if let Err(ractor::MessagingErr::SendErr(BundleMsg::Started {
                         result: Ok(started),
                         ..
-                    })) = myself.send_message(BundleMsg::Started { generation, result })
-                    {
+                    })) = myself.send_message(BundleMsg::Started {
+                        generation,
+                        result,
+                        sandbox,
+                    }) {
                         // The actor is gone: do not leave the process behind.
                         started
                             .connection
@@ -638,10 +650,14 @@ impl Actor for BundleActor {
                             .stop(shared.config.bundles.stop_grace)
                             .await;
                     }
-                });
+                })));
             }
             BundleMsg::Start { .. } => {}
-            BundleMsg::Started { generation, result } => {
+            BundleMsg::Started {
+                generation,
+                result,
+                sandbox,
+            } => {
                 if generation != st.generation {
                     if let Ok(started) = result {
                         let grace = st.args.shared.config.bundles.stop_grace;
@@ -649,14 +665,15 @@ impl Actor for BundleActor {
                     }
                     return Ok(());
                 }
+                if sandbox.is_some() {
+                    st.sandbox = sandbox;
+                }
                 match result.map(|started| *started) {
                     Ok(Started {
                         connection,
                         version,
                         reauthorized,
-                        sandbox,
                     }) => {
-                        st.sandbox = sandbox;
                         let observer = connection.lifeline.observer();
                         let pinger = spawn_pinger(
                             connection.peer.clone(),
@@ -905,6 +922,8 @@ impl Actor for BundleActor {
         st: &mut BundleActorState,
     ) -> Result<(), ActorProcessingErr> {
         st.generation += 1;
+        // A start in progress is aborted; its process dies with its guard.
+        st.start_task = None;
         if let Some(live) = st.live.take() {
             let exit = live
                 .lifeline
@@ -997,6 +1016,7 @@ async fn start(
     source: PathBuf,
     manifest: Option<LoadedManifest>,
     host: HostContext,
+    sandbox_out: &mut Option<SandboxRecord>,
 ) -> Result<Started, StartFailure> {
     let config = |reason: String| StartFailure {
         kind: FailKind::Config,
@@ -1069,7 +1089,7 @@ async fn start(
         }
         Plan::Remote(_) => None,
     };
-    let opts_sandbox = sandbox.as_ref().map(|s| s.record.clone());
+    *sandbox_out = sandbox.as_ref().map(|s| s.record.clone());
     let opts = ConnectOptions {
         log: crate::bundle::logfile::LogTarget {
             path: shared.config.log_path(workspace, name),
@@ -1100,7 +1120,6 @@ async fn start(
         connection,
         version: manifest.version.clone(),
         reauthorized,
-        sandbox: opts_sandbox,
     })
 }
 
