@@ -57,6 +57,19 @@ bench: build ## Measure install latency, daemon memory and gateway overhead (doc
 	bench/foundation.sh
 	$(CARGO) bench --bench gateway
 
+# Fuzz smoke run: each target for FUZZ_SECONDS (cargo-fuzz from crates.io;
+# RUSTC_BOOTSTRAP lets the stable toolchain take libFuzzer's flags).
+FUZZ_SECONDS ?= 20
+FUZZ_TARGETS := manifest control host_resources bundle_output
+
+.PHONY: fuzz
+fuzz: ## Fuzz the manifest parser, control decoder, host-resources parser and output guard (FUZZ_SECONDS each)
+	command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	cd fuzz && for t in $(FUZZ_TARGETS); do \
+	  mkdir -p corpus/$$t && \
+	  RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run --sanitizer none $$t corpus/$$t seeds/$$t -- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
+
 .PHONY: lint
 lint: ## rustfmt check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
