@@ -111,13 +111,20 @@ impl Daemon {
     }
 
     pub fn cli(&self, args: &[&str]) -> Output {
-        Command::new(BIN)
+        let out = Command::new(BIN)
             .arg("--socket")
             .arg(&self.socket)
             .args(args)
             .stdin(Stdio::null())
             .output()
-            .unwrap()
+            .unwrap();
+        // A tool's own result may carry what the bundle chose to return;
+        // everything else the daemon says must never hold a secret.
+        if args.first() != Some(&"call") {
+            assert_no_canary(&format!("bundlevisor {args:?}"), &out.stdout);
+            assert_no_canary(&format!("bundlevisor {args:?}"), &out.stderr);
+        }
+        out
     }
 
     /// Runs the CLI with `input` on its stdin.
@@ -137,7 +144,10 @@ impl Daemon {
             .unwrap()
             .write_all(input.as_bytes())
             .unwrap();
-        child.wait_with_output().unwrap()
+        let out = child.wait_with_output().unwrap();
+        assert_no_canary(&format!("bundlevisor {args:?}"), &out.stdout);
+        assert_no_canary(&format!("bundlevisor {args:?}"), &out.stderr);
+        out
     }
 
     /// Runs the CLI, asserts success, returns stdout.
@@ -223,6 +233,38 @@ impl Drop for Daemon {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // Every test run ends with a scan of everything the daemon wrote.
+        if !std::thread::panicking() {
+            assert_no_canary("the daemon log", self.log().as_bytes());
+            let mut stack = vec![self.state.join("logs"), self.state.join("audit")];
+            while let Some(dir) = stack.pop() {
+                for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                    let path = entry.path();
+                    if path.is_dir() {
+                        stack.push(path);
+                    } else {
+                        let bytes = std::fs::read(&path).unwrap_or_default();
+                        assert_no_canary(&path.display().to_string(), &bytes);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Every secret a test configures contains this marker (`sk-CANARY-…`).
+pub const CANARY_MARK: &str = "CANARY";
+
+/// Fails if `bytes` hold a test secret.
+pub fn assert_no_canary(what: &str, bytes: &[u8]) {
+    let mark = CANARY_MARK.as_bytes();
+    if let Some(at) = bytes.windows(mark.len()).position(|w| w == mark) {
+        let start = at.saturating_sub(60);
+        let end = (at + 60).min(bytes.len());
+        panic!(
+            "a test secret leaked into {what}: …{}…",
+            String::from_utf8_lossy(&bytes[start..end])
+        );
     }
 }
 
@@ -362,6 +404,7 @@ impl Stream {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(line) => {
+                    assert_no_canary("an event or log stream", line.as_bytes());
                     let stop = done(&line);
                     seen.push(line);
                     if stop {
