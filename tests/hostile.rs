@@ -262,3 +262,43 @@ fn a_fork_loop_run_as_an_unprivileged_user_is_capped_and_cleaned_up() {
         || (processes_of(NOBODY) == 0).then_some(()),
     );
 }
+
+#[test]
+fn a_host_resources_flood_is_rate_limited_and_a_neighbour_keeps_its_own_budget() {
+    let d = Daemon::start_with("[host_resources]\nrate_per_sec = 20\nburst = 20\n");
+    neighbour(&d);
+    let dir = d.root().join("bundles");
+    d.ok(&["install", demo_bundle_at(&dir, "flooder").to_str().unwrap()]);
+    let note = d.root().join("note.txt");
+    std::fs::write(&note, "shared note").unwrap();
+    let id = d
+        .ok(&["files", "put", note.to_str().unwrap()])
+        .trim()
+        .to_string();
+    let uri = format!("files://{id}");
+    std::thread::scope(|s| {
+        let flood = s.spawn(|| {
+            let args = serde_json::json!({ "uri": uri, "count": 8000 }).to_string();
+            let out = d.ok(&["call", "flooder", "host_bench", &args]);
+            serde_json::from_str::<Value>(out.trim()).unwrap()
+        });
+        // While the flood runs, the neighbour's reads come out of its own
+        // bucket (10 reads, within its burst of 20).
+        for _ in 0..10 {
+            let args = serde_json::json!({ "uri": uri }).to_string();
+            let read = d.ok(&["call", "neighbour", "host_read", &args]);
+            assert!(
+                read.contains("shared note"),
+                "the neighbour was refused: {read}"
+            );
+        }
+        assert!(
+            !flood.is_finished(),
+            "the flood should still be running (raise its count if this machine is very fast)"
+        );
+        let result = flood.join().unwrap();
+        let errors = result["errors"].as_u64().unwrap();
+        assert!(errors > 7500, "the flood was not rate limited: {result}");
+    });
+    d.ok(&["status"]);
+}
