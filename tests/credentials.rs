@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{events, wait_for, write_bundle, Daemon, DEMO_MANIFEST};
+use common::{events, nth, wait_for, write_bundle, Daemon, DEMO_MANIFEST};
 use serde_json::{json, Value};
 
 const CANARY: &str = "sk-CANARY-7f3a91c2";
@@ -37,6 +37,10 @@ fn keyed_bundle(dir: &Path, name: &str) -> std::path::PathBuf {
         "DEMO_MODE": "${user_config.mode}"
     });
     write_bundle(dir, name, &m)
+}
+
+fn keyed_ready(line: &str) -> bool {
+    line.contains("\"keyed\"") && line.contains("\"kind\":\"ready\"")
 }
 
 fn env_of(d: &Daemon, bundle: &str, var: &str) -> String {
@@ -177,15 +181,7 @@ fn configure_respawns_with_the_new_values_and_the_secret_never_leaks() {
     seen.push(d.ok(&["status", "--json"]));
     seen.push(d.ok(&["tools", "keyed", "--json"]));
     // Four starts reached ready: api_key, region, stdin, and after the crash.
-    let events = stream.until("the fourth ready", {
-        let count = std::cell::Cell::new(0);
-        move |l: &str| {
-            if l.contains("\"keyed\"") && l.contains("\"kind\":\"ready\"") {
-                count.set(count.get() + 1);
-            }
-            count.get() == 4
-        }
-    });
+    let events = stream.until("the fourth ready", nth(4, keyed_ready));
     assert!(
         events.iter().any(|e| e.contains("\"reconfigured\"")),
         "{events:?}"
@@ -285,15 +281,7 @@ fn concurrent_configure_calls_on_one_bundle_run_one_after_the_other() {
             s.spawn(move || d.ok(&["configure", "keyed", &format!("region={r}")]));
         }
     });
-    let lines = stream.until("four respawns", {
-        let count = std::cell::Cell::new(0);
-        move |l: &str| {
-            if l.contains("\"keyed\"") && l.contains("\"kind\":\"ready\"") {
-                count.set(count.get() + 1);
-            }
-            count.get() == regions.len()
-        }
-    });
+    let lines = stream.until("four respawns", nth(regions.len(), keyed_ready));
     // Serialized: each reconfigure reaches ready before the next one begins.
     let kinds: Vec<String> = lines
         .iter()

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{events, Daemon, Stream};
+use common::{events, nth, Daemon, Stream};
 use serde_json::Value;
 
 #[test]
@@ -15,13 +15,12 @@ fn events_stream_the_lifecycle_of_a_crash_and_an_uninstall() {
     let b = d.demo_bundle("demo");
     d.ok(&["install", b.to_str().unwrap()]);
     let _ = d.cli(&["call", "demo", "crash", r#"{"code":5}"#]);
-    let readies = std::cell::Cell::new(0);
-    let seen = s.until("the restart to be ready", |l| {
-        if l.contains("\"name\":\"demo\"") && l.contains("\"kind\":\"ready\"") {
-            readies.set(readies.get() + 1);
-        }
-        readies.get() == 2
-    });
+    let seen = s.until(
+        "the restart to be ready",
+        nth(2, |l| {
+            l.contains("\"name\":\"demo\"") && l.contains("\"kind\":\"ready\"")
+        }),
+    );
     let demo: Vec<Value> = seen
         .iter()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{events, wait_for, Daemon, BIN};
+use common::{events, nth, wait_for, Daemon, BIN};
 use fixture::Fixture;
 use serde_json::{json, Value};
 
@@ -158,15 +158,10 @@ fn client_credentials_rebuild_retries_the_call_and_host_resources_work_on_the_ne
     );
     assert_eq!(fx.with(|s| s.client_credentials_grants), 2);
     // Two rebuilds with a new token: at configure, and after the revocation.
-    let lines = stream.until("the second reauthorized event", {
-        let seen = std::cell::Cell::new(0);
-        move |l: &str| {
-            if l.contains("\"kind\":\"reauthorized\"") {
-                seen.set(seen.get() + 1);
-            }
-            seen.get() == 2
-        }
-    });
+    let lines = stream.until(
+        "the second reauthorized event",
+        nth(2, |l| l.contains("\"kind\":\"reauthorized\"")),
+    );
     assert!(
         lines.iter().any(|l| l.contains("answered 401")),
         "{lines:#?}"

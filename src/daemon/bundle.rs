@@ -1038,18 +1038,10 @@ async fn start(
         )));
     }
     crate::manifest::gate(manifest, PROVIDED_CAPABILITIES).map_err(|e| config(e.to_string()))?;
-    let values = {
-        let (credentials, ws, bundle) = (
-            shared.credentials.clone(),
-            workspace.to_string(),
-            name.to_string(),
-        );
-        shared
-            .store
-            .call(move |_| credentials.values(&ws, &bundle))
-            .await
-            .map_err(|e| config(e.to_string()))?
-    };
+    let values = shared
+        .credentials_of(workspace, name, |c, w, n| c.values(w, n))
+        .await
+        .map_err(|e| config(e.to_string()))?;
     let plan = manifest
         .plan(&loaded.dir, &values)
         .map_err(|e| match e {
@@ -1148,12 +1140,9 @@ async fn connect_with_auth(
     host: HostContext,
     mut opts: ConnectOptions,
 ) -> Result<(Connection, bool), StartFailure> {
-    let (ws, bundle) = (workspace.to_string(), name.to_string());
     let stored = {
-        let (credentials, ws, bundle) = (shared.credentials.clone(), ws.clone(), bundle.clone());
         shared
-            .store
-            .call(move |_| credentials.tokens(&ws, &bundle))
+            .credentials_of(workspace, name, |c, w, n| c.tokens(w, n))
             .await
             .map_err(|e| StartFailure {
                 kind: FailKind::Config,
@@ -1186,10 +1175,9 @@ async fn connect_with_auth(
     }
     };
     let save = |tokens: TokenSet| {
-        let (credentials, ws, bundle) = (shared.credentials.clone(), ws.clone(), bundle.clone());
-        shared
-            .store
-            .call(move |_| credentials.set_tokens(&ws, &bundle, Some(&tokens)))
+        shared.credentials_of(workspace, name, move |c, w, n| {
+            c.set_tokens(w, n, Some(&tokens))
+        })
     };
     let http = crate::oauth::http_client();
     match crate::oauth::obtain_silently(&http, remote, &stored, challenge.as_deref()).await {

@@ -93,6 +93,25 @@ pub struct PendingAuth {
 pub type BundleLocks = std::collections::HashMap<(String, String), Arc<tokio::sync::Mutex<()>>>;
 
 impl Shared {
+    /// Runs `f` on one bundle's stored credentials, on the blocking pool.
+    pub async fn credentials_of<T, F>(
+        &self,
+        workspace: &str,
+        bundle: &str,
+        f: F,
+    ) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Credentials, &str, &str) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (credentials, ws, b) = (
+            self.credentials.clone(),
+            workspace.to_string(),
+            bundle.to_string(),
+        );
+        self.store.call(move |_| f(&credentials, &ws, &b)).await
+    }
+
     /// The lock that serializes credential changes of one bundle.
     pub fn configure_lock(&self, workspace: &str, name: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self

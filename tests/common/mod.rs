@@ -252,6 +252,17 @@ impl Drop for Daemon {
     }
 }
 
+/// A [`Stream::until`] condition: the `n`th line that matches `matches`.
+pub fn nth(n: usize, matches: impl Fn(&str) -> bool) -> impl Fn(&str) -> bool {
+    let seen = std::cell::Cell::new(0);
+    move |line| {
+        if matches(line) {
+            seen.set(seen.get() + 1);
+        }
+        seen.get() >= n
+    }
+}
+
 /// Every secret a test configures contains this marker (`sk-CANARY-…`).
 pub const CANARY_MARK: &str = "CANARY";
 

@@ -35,16 +35,10 @@ pub(super) async fn configure(
     let loaded = installed_manifest(ctx, &p.workspace, &p.name).await?;
     let manifest = &loaded.manifest;
     let stored: BTreeSet<String> = {
-        let (credentials, ws, name) = (
-            ctx.shared.credentials.clone(),
-            p.workspace.clone(),
-            p.name.clone(),
-        );
         ctx.shared
-            .store
-            .call(move |_| credentials.keys(&ws, &name))
+            .credentials_of(&p.workspace, &p.name, move |c, w, n| c.keys(w, n))
             .await
-            .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?
+            .map_err(internal)?
             .into_iter()
             .map(|k| k.key)
             .collect()
@@ -91,16 +85,12 @@ pub(super) async fn configure(
         return to_value(ConfigureResult { keys, bundle: None });
     }
     {
-        let (credentials, ws, name) = (
-            ctx.shared.credentials.clone(),
-            p.workspace.clone(),
-            p.name.clone(),
-        );
         ctx.shared
-            .store
-            .call(move |_| credentials.apply(&ws, &name, &changes))
+            .credentials_of(&p.workspace, &p.name, move |c, w, n| {
+                c.apply(w, n, &changes)
+            })
             .await
-            .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?;
+            .map_err(internal)?;
     }
     tracing::info!(workspace = %p.workspace, bundle = %p.name, set = ?p.set.keys().collect::<Vec<_>>(), unset = ?p.unset, "user_config changed; respawning");
     let events = ctx.shared.board.subscribe();
@@ -149,17 +139,11 @@ async fn describe_keys(
     workspace: &str,
     name: &str,
 ) -> Result<Vec<ConfigKey>, RpcError> {
-    let (credentials, ws, n) = (
-        ctx.shared.credentials.clone(),
-        workspace.to_string(),
-        name.to_string(),
-    );
     let values = ctx
         .shared
-        .store
-        .call(move |_| credentials.values(&ws, &n))
+        .credentials_of(&workspace, &name, move |c, w, n| c.values(w, n))
         .await
-        .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?;
+        .map_err(internal)?;
     Ok(loaded
         .manifest
         .user_config
@@ -190,6 +174,10 @@ async fn describe_keys(
 /// How long an authorization-code flow waits for its redirect.
 const AUTH_FLOW_TTL: Duration = Duration::from_secs(600);
 
+fn internal(e: impl std::fmt::Display) -> RpcError {
+    RpcError::new(ErrorKind::Internal, e.to_string())
+}
+
 fn auth_failed(e: impl std::fmt::Display) -> RpcError {
     RpcError::new(ErrorKind::AuthFailed, e.to_string())
 }
@@ -197,17 +185,11 @@ fn auth_failed(e: impl std::fmt::Display) -> RpcError {
 /// The resolved remote plan of an installed remote bundle.
 async fn remote_plan(ctx: &Ctx, workspace: &str, name: &str) -> Result<RemotePlan, RpcError> {
     let loaded = installed_manifest(ctx, workspace, name).await?;
-    let (credentials, ws, n) = (
-        ctx.shared.credentials.clone(),
-        workspace.to_string(),
-        name.to_string(),
-    );
     let values = ctx
         .shared
-        .store
-        .call(move |_| credentials.values(&ws, &n))
+        .credentials_of(&workspace, &name, move |c, w, n| c.values(w, n))
         .await
-        .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?;
+        .map_err(internal)?;
     match loaded.manifest.plan(&loaded.dir, &values) {
         Ok(Plan::Remote(plan)) => Ok(plan),
         Ok(Plan::Stdio(_)) => Err(RpcError::new(
@@ -222,17 +204,11 @@ async fn remote_plan(ctx: &Ctx, workspace: &str, name: &str) -> Result<RemotePla
 }
 
 async fn stored_tokens(ctx: &Ctx, workspace: &str, name: &str) -> Result<TokenSet, RpcError> {
-    let (credentials, ws, n) = (
-        ctx.shared.credentials.clone(),
-        workspace.to_string(),
-        name.to_string(),
-    );
     Ok(ctx
         .shared
-        .store
-        .call(move |_| credentials.tokens(&ws, &n))
+        .credentials_of(&workspace, &name, move |c, w, n| c.tokens(w, n))
         .await
-        .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?
+        .map_err(internal)?
         .unwrap_or_default())
 }
 
@@ -318,16 +294,12 @@ pub(super) async fn auth_complete(
         .await
         .map_err(auth_failed)?;
     {
-        let (credentials, ws, n) = (
-            ctx.shared.credentials.clone(),
-            workspace.to_string(),
-            name.to_string(),
-        );
         ctx.shared
-            .store
-            .call(move |_| credentials.set_tokens(&ws, &n, Some(&tokens)))
+            .credentials_of(&workspace, &name, move |c, w, n| {
+                c.set_tokens(w, n, Some(&tokens))
+            })
             .await
-            .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?;
+            .map_err(internal)?;
     }
     tracing::info!(workspace = %workspace, bundle = %name, "authorization completed; tokens stored");
     let events = ctx.shared.board.subscribe();

@@ -676,14 +676,8 @@ async fn uninstall(p: UninstallParams, ctx: &Ctx) -> Result<Value, RpcError> {
         }
     }
     if p.purge {
-        let (credentials, ws, name) = (
-            ctx.shared.credentials.clone(),
-            p.workspace.clone(),
-            p.name.clone(),
-        );
         ctx.shared
-            .store
-            .call(move |_| credentials.purge(&ws, &name))
+            .credentials_of(&p.workspace, &p.name, |c, w, n| c.purge(w, n))
             .await
             .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?;
         tracing::info!(workspace = %p.workspace, bundle = %p.name, "stored credentials and tokens purged");
