@@ -141,7 +141,7 @@ async fn describe_keys(
 ) -> Result<Vec<ConfigKey>, RpcError> {
     let values = ctx
         .shared
-        .credentials_of(&workspace, &name, move |c, w, n| c.values(w, n))
+        .credentials_of(workspace, name, move |c, w, n| c.values(w, n))
         .await
         .map_err(internal)?;
     Ok(loaded
@@ -187,7 +187,7 @@ async fn remote_plan(ctx: &Ctx, workspace: &str, name: &str) -> Result<RemotePla
     let loaded = installed_manifest(ctx, workspace, name).await?;
     let values = ctx
         .shared
-        .credentials_of(&workspace, &name, move |c, w, n| c.values(w, n))
+        .credentials_of(workspace, name, move |c, w, n| c.values(w, n))
         .await
         .map_err(internal)?;
     match loaded.manifest.plan(&loaded.dir, &values) {
@@ -206,7 +206,7 @@ async fn remote_plan(ctx: &Ctx, workspace: &str, name: &str) -> Result<RemotePla
 async fn stored_tokens(ctx: &Ctx, workspace: &str, name: &str) -> Result<TokenSet, RpcError> {
     Ok(ctx
         .shared
-        .credentials_of(&workspace, &name, move |c, w, n| c.tokens(w, n))
+        .credentials_of(workspace, name, move |c, w, n| c.tokens(w, n))
         .await
         .map_err(internal)?
         .unwrap_or_default())
