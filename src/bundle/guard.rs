@@ -2,8 +2,10 @@
 //! hostile or broken bundle cannot get past:
 //!
 //! - no message (line) longer than `max_message_bytes`: memory stays bounded;
-//! - every line must start like a JSON-RPC message (`{` or `[`): a bundle
-//!   that prints logs or junk on stdout is not speaking MCP.
+//! - every line must be a JSON-RPC message: valid JSON, and an object with
+//!   `"jsonrpc": "2.0"` (or an array). A bundle that prints logs or junk on
+//!   stdout is not speaking MCP; the check on how a line starts catches it
+//!   before the line is complete.
 //!
 //! A violation ends the stream with an error, which ends the MCP session;
 //! the connection then stops the process, and the reason recorded in the
@@ -38,6 +40,8 @@ pub struct Guarded<R> {
     line_len: usize,
     /// The first bytes of the current line (to check how it starts).
     head: Vec<u8>,
+    /// The current line (at most `max` bytes), checked when complete.
+    line: Vec<u8>,
     violation: Violation,
     failed: bool,
 }
@@ -51,6 +55,7 @@ impl<R> Guarded<R> {
             max: max_message_bytes,
             line_len: 0,
             head: Vec::with_capacity(HEAD),
+            line: Vec::new(),
             violation,
             failed: false,
         }
@@ -60,14 +65,16 @@ impl<R> Guarded<R> {
     fn check(&mut self, bytes: &[u8]) -> Option<String> {
         for &b in bytes {
             if b == b'\n' {
-                if let Some(reason) = self.check_start(true) {
+                if let Some(reason) = self.check_start(true).or_else(|| check_message(&self.line)) {
                     return Some(reason);
                 }
                 self.line_len = 0;
                 self.head.clear();
+                self.line.clear();
                 continue;
             }
             self.line_len += 1;
+            self.line.push(b);
             if self.head.len() < HEAD {
                 self.head.push(b);
             }
@@ -86,7 +93,9 @@ impl<R> Guarded<R> {
         let first = self.head.iter().find(|b| !b.is_ascii_whitespace());
         match first {
             Some(b'{') | Some(b'[') => None,
-            None if complete || self.head.len() < HEAD => None,
+            // Wait for the line to end (or for enough of it to show).
+            _ if !complete && self.head.len() < HEAD => None,
+            None => None,
             _ => {
                 let shown: String = String::from_utf8_lossy(&self.head)
                     .chars()
@@ -98,6 +107,31 @@ impl<R> Guarded<R> {
                 ))
             }
         }
+    }
+}
+
+/// A complete line: blank, or a JSON-RPC 2.0 message (an array is left to
+/// the MCP layer).
+fn check_message(line: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Envelope {
+        jsonrpc: Option<String>,
+    }
+    let trimmed = line.trim_ascii();
+    if trimmed.is_empty() {
+        return None;
+    }
+    if trimmed.first() == Some(&b'[') {
+        return serde_json::from_slice::<serde::de::IgnoredAny>(trimmed)
+            .err()
+            .map(|e| format!("the bundle wrote invalid JSON on stdout ({e})"));
+    }
+    match serde_json::from_slice::<Envelope>(trimmed) {
+        Err(e) => Some(format!("the bundle wrote invalid JSON on stdout ({e})")),
+        Ok(Envelope { jsonrpc }) if jsonrpc.as_deref() != Some("2.0") => Some(
+            "the bundle wrote a JSON object that is not a JSON-RPC 2.0 message (no \"jsonrpc\": \"2.0\") on stdout".to_string(),
+        ),
+        Ok(_) => None,
     }
 }
 
@@ -146,15 +180,29 @@ mod tests {
 
     #[tokio::test]
     async fn json_lines_within_the_limit_pass_through() {
-        let input = b"{\"jsonrpc\":\"2.0\"}\n  [1]\n\n{\"a\":1}\n";
+        let input = b"{\"jsonrpc\":\"2.0\"}\n  [1]\n\n{\"jsonrpc\":\"2.0\",\"id\":1}\r\n";
         let (r, v) = read_all(input, 64).await;
         assert_eq!(r.unwrap(), input);
         assert!(v.is_none());
     }
 
     #[tokio::test]
+    async fn broken_json_and_non_json_rpc_objects_are_violations() {
+        let (r, v) = read_all(
+            b"{\"jsonrpc\":\"2.0\"}\n{\"jsonrpc\": \"2.0\", oops}\n",
+            1000,
+        )
+        .await;
+        assert!(r.is_err());
+        assert!(v.unwrap().contains("invalid JSON"));
+        let (r, v) = read_all(b"{\"hello\":\"world\"}\n", 1000).await;
+        assert!(r.is_err());
+        assert!(v.unwrap().contains("not a JSON-RPC 2.0 message"));
+    }
+
+    #[tokio::test]
     async fn an_overlong_line_is_cut_and_recorded() {
-        let mut input = b"{\"ok\":1}\n{".to_vec();
+        let mut input = b"{\"jsonrpc\":\"2.0\"}\n{".to_vec();
         input.extend(std::iter::repeat_n(b'x', 100));
         let (r, v) = read_all(&input, 50).await;
         assert!(r.is_err());
@@ -163,7 +211,11 @@ mod tests {
 
     #[tokio::test]
     async fn text_on_stdout_is_a_violation() {
-        let (r, v) = read_all(b"{\"ok\":1}\nStarting server on port 8080...\n", 1000).await;
+        let (r, v) = read_all(
+            b"{\"jsonrpc\":\"2.0\"}\nStarting server on port 8080...\n",
+            1000,
+        )
+        .await;
         assert!(r.is_err());
         let reason = v.unwrap();
         assert!(
