@@ -292,13 +292,7 @@ fn workspace_files_are_resources_with_truthful_mime_types() {
     let d = Daemon::start();
     install_demos(&d, &["alpha"]);
     let root = d.root();
-    let put = |name: &str, bytes: &[u8]| {
-        let path = root.join(name);
-        std::fs::write(&path, bytes).unwrap();
-        d.ok(&["files", "put", path.to_str().unwrap()])
-            .trim()
-            .to_string()
-    };
+    let put = |name: &str, bytes: &[u8]| d.put_file(name, bytes);
     let text_id = put("notes.txt", b"plain words");
     let json_id = put("data.json", br#"{"k": [1, 2]}"#);
     let png = [

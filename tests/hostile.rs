@@ -269,12 +269,7 @@ fn a_host_resources_flood_is_rate_limited_and_a_neighbour_keeps_its_own_budget()
     neighbour(&d);
     let dir = d.root().join("bundles");
     d.ok(&["install", demo_bundle_at(&dir, "flooder").to_str().unwrap()]);
-    let note = d.root().join("note.txt");
-    std::fs::write(&note, "shared note").unwrap();
-    let id = d
-        .ok(&["files", "put", note.to_str().unwrap()])
-        .trim()
-        .to_string();
+    let id = d.put_file("note.txt", b"shared note");
     let uri = format!("files://{id}");
     std::thread::scope(|s| {
         let flood = s.spawn(|| {

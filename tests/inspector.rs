@@ -48,12 +48,7 @@ fn the_mcp_inspector_lists_calls_and_reads_through_the_gateway() {
     for name in ["alpha", "beta"] {
         d.ok(&["install", demo_bundle_at(&dir, name).to_str().unwrap()]);
     }
-    let note = d.root().join("note.txt");
-    std::fs::write(&note, "read by the inspector").unwrap();
-    let id = d
-        .ok(&["files", "put", note.to_str().unwrap()])
-        .trim()
-        .to_string();
+    let id = d.put_file("note.txt", b"read by the inspector");
 
     let tools = inspect(&d, &["--method", "tools/list"]);
     let names: Vec<&str> = tools["tools"]

@@ -138,12 +138,7 @@ fn client_credentials_rebuild_retries_the_call_and_host_resources_work_on_the_ne
     );
 
     // host-resources over the remote session.
-    let file = d.root().join("hello.txt");
-    std::fs::write(&file, "hello from the workspace").unwrap();
-    let id = d
-        .ok(&["files", "put", file.to_str().unwrap()])
-        .trim()
-        .to_string();
+    let id = d.put_file("hello.txt", b"hello from the workspace");
     assert_eq!(
         call_text(&d, "notes", "read_file", json!({ "id": id })),
         "hello from the workspace"
@@ -203,12 +198,7 @@ fn authorization_code_flow_refresh_once_for_concurrent_401s_boot_reload_and_need
 
     // Six calls hit 401 at once: one refresh, one rebuild, six answers.
     fx.revoke_access_tokens();
-    let file = d.root().join("n.txt");
-    std::fs::write(&file, "note").unwrap();
-    let id = d
-        .ok(&["files", "put", file.to_str().unwrap()])
-        .trim()
-        .to_string();
+    let id = d.put_file("n.txt", b"note");
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..6)
             .map(|_| s.spawn(|| call_text(&d, "notes", "read_file", json!({ "id": id }))))

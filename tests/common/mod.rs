@@ -127,6 +127,16 @@ impl Daemon {
         out
     }
 
+    /// Writes `bytes` as `NAME` in the test folder and puts it into the
+    /// default workspace; returns the file id.
+    pub fn put_file(&self, name: &str, bytes: &[u8]) -> String {
+        let path = self.root().join(name);
+        std::fs::write(&path, bytes).unwrap();
+        self.ok(&["files", "put", path.to_str().unwrap()])
+            .trim()
+            .to_string()
+    }
+
     /// Runs the CLI with `input` on its stdin.
     pub fn cli_with_stdin(&self, args: &[&str], input: &str) -> Output {
         let mut child = Command::new(BIN)
