@@ -438,10 +438,12 @@ impl BundleActorState {
             };
             let response = tokio::time::timeout(timeout, handle.await_response());
             tokio::pin!(response);
+            let mut reported = false;
             let outcome = loop {
                 tokio::select! {
                     biased;
                     Some(p) = next_progress(&mut subscription) => {
+                        reported = true;
                         if let Some(tx) = &call.progress {
                             let _ = tx.send(p).await;
                         }
@@ -450,9 +452,11 @@ impl BundleActorState {
                     _ = call.cancel.cancelled() => break None,
                 }
             };
-            // rmcp hands each notification to a task of its own, so one the
-            // bundle sent just before its answer may still be on its way.
-            if let (Some(sub), Some(tx)) = (subscription.as_mut(), &call.progress) {
+            // rmcp hands each notification to a task of its own, so one a
+            // reporting bundle sent just before its answer may still be on
+            // its way. (Calls that reported nothing do not wait: every MCP
+            // client asks for progress, few tools send any.)
+            if let (true, Some(sub), Some(tx)) = (reported, subscription.as_mut(), &call.progress) {
                 while let Ok(Some(p)) =
                     tokio::time::timeout(PROGRESS_STRAGGLER_WAIT, futures::StreamExt::next(sub))
                         .await
