@@ -5,6 +5,7 @@
 mod auth;
 mod call;
 mod client;
+mod completions;
 mod configure;
 mod daemon;
 mod events;
@@ -72,6 +73,10 @@ enum Command {
     Files(files::Args),
     /// Serve a workspace's bundles as one MCP server on stdio (for agents).
     Mcp(mcp::Args),
+    /// Print shell completions (bash, zsh, fish, elvish, powershell).
+    Completions(completions::Args),
+    /// Print the man page (roff): `bundlevisor man > bundlevisor.1`.
+    Man,
     /// Internal: the helper that kills bundle groups when the daemon dies.
     #[command(name = "__reap", hide = true)]
     Reap {
@@ -95,6 +100,8 @@ pub fn main() -> ExitCode {
         Command::Daemon(args) => return daemon::run(args),
         Command::Reap { .. } => return crate::bundle::reaper::run(),
         Command::Mcp(args) => return mcp::run(cli.socket(), args),
+        Command::Completions(args) => return completions::run(args),
+        Command::Man => return completions::man(),
         _ => {}
     }
     let runtime = match runtime(tokio::runtime::Builder::new_current_thread()) {
@@ -105,9 +112,11 @@ pub fn main() -> ExitCode {
     let result = runtime.block_on(async {
         let mut client = Client::connect(&socket).await?;
         match &cli.command {
-            Command::Daemon(_) | Command::Reap { .. } | Command::Mcp(_) => {
-                unreachable!("handled above")
-            }
+            Command::Daemon(_)
+            | Command::Reap { .. }
+            | Command::Mcp(_)
+            | Command::Completions(_)
+            | Command::Man => unreachable!("handled above"),
             Command::Status(a) => status::run(&mut client, a).await,
             Command::Install(a) => install::run(&mut client, a).await,
             Command::Uninstall(a) => uninstall::run(&mut client, a).await,
