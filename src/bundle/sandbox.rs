@@ -271,9 +271,18 @@ pub fn prepare(
                     .map(PathBuf::from)
                     .collect();
                 read.push(bundle_dir.to_path_buf());
-                link_targets(bundle_dir, 3, &mut read);
+                // Links that stay inside the bundle folder need no rule of their own.
+                let mut targets = Vec::new();
+                link_targets(bundle_dir, 3, &mut targets);
+                let canonical_dir = bundle_dir
+                    .canonicalize()
+                    .unwrap_or(bundle_dir.to_path_buf());
+                targets.retain(|t| !t.starts_with(&canonical_dir));
+                read.extend(targets);
                 read.extend(install_prefix(command, bundle_dir));
                 read.extend(settings.read_only_paths.iter().cloned());
+                read.sort();
+                read.dedup();
                 let mut write: Vec<PathBuf> = DEVICES_WRITABLE.iter().map(PathBuf::from).collect();
                 write.push(data.clone());
                 write.push(tmp.clone());
