@@ -13,9 +13,28 @@ pub struct Args {
     shell: clap_complete::Shell,
 }
 
+/// The command line as users see it: hidden (internal) subcommands left
+/// out, which clap_complete would otherwise offer.
+fn visible_command() -> clap::Command {
+    let full = super::Cli::command();
+    let visible: Vec<clap::Command> = full
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set())
+        .cloned()
+        .collect();
+    let mut command = clap::Command::new("bundlevisor")
+        .version(env!("CARGO_PKG_VERSION"))
+        .args(full.get_arguments().cloned())
+        .subcommands(visible);
+    if let Some(about) = full.get_about() {
+        command = command.about(about.clone());
+    }
+    command
+}
+
 /// Prints the completion script for `shell` on stdout.
 pub fn run(args: &Args) -> ExitCode {
-    let mut command = super::Cli::command();
+    let mut command = visible_command();
     let mut out = Vec::new();
     clap_complete::generate(args.shell, &mut command, "bundlevisor", &mut out);
     print(&out)
@@ -35,7 +54,7 @@ fn print(text: &[u8]) -> ExitCode {
 
 /// Prints the man page (roff) on stdout: `bundlevisor man > bundlevisor.1`.
 pub fn man() -> ExitCode {
-    let page = clap_mangen::Man::new(super::Cli::command());
+    let page = clap_mangen::Man::new(visible_command());
     let mut out = Vec::new();
     if let Err(e) = page.render(&mut out) {
         eprintln!("error: cannot render the man page: {e}");
