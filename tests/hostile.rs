@@ -247,6 +247,22 @@ fn a_fork_loop_run_as_an_unprivileged_user_is_capped_and_cleaned_up() {
         },
     );
     assert!(peak <= 40, "RLIMIT_NPROC did not hold: {peak} processes");
+    // The sandbox record is in status while the bundle is still starting.
+    let b = wait_for(
+        Duration::from_secs(10),
+        "the forker's sandbox record",
+        || {
+            d.bundle("default", "forker")
+                .filter(|b| b["sandbox"].is_object())
+        },
+    );
+    assert!(
+        b["sandbox"]["strategy"]
+            .as_str()
+            .unwrap()
+            .contains("user nobody"),
+        "{b}"
+    );
     for _ in 0..50 {
         let n = processes_of(NOBODY);
         assert!(n <= 40, "RLIMIT_NPROC did not hold: {n} processes");

@@ -43,19 +43,23 @@ impl Default for StatusBoard {
 impl StatusBoard {
     /// Records a bundle's status and publishes the event that led to it.
     pub fn publish(&self, status: BundleStatus, ready_since: Option<Instant>, event: Event) {
-        {
-            let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
-            inner.workspaces.insert(status.workspace.clone());
-            let key = (status.workspace.clone(), status.name.clone());
-            inner.bundles.insert(
-                key,
-                Entry {
-                    status,
-                    ready_since,
-                },
-            );
-        }
+        self.update(status, ready_since);
         self.emit(event);
+    }
+
+    /// Records a bundle's status without an event (a detail changed, not
+    /// its state).
+    pub fn update(&self, status: BundleStatus, ready_since: Option<Instant>) {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        inner.workspaces.insert(status.workspace.clone());
+        let key = (status.workspace.clone(), status.name.clone());
+        inner.bundles.insert(
+            key,
+            Entry {
+                status,
+                ready_since,
+            },
+        );
     }
 
     /// Publishes an event that changes no status (installed, uninstalled,

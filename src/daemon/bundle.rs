@@ -106,8 +106,12 @@ pub enum BundleMsg {
     Started {
         generation: u64,
         result: Result<Box<Started>, StartFailure>,
-        /// The sandbox prepared for this start (also when it failed).
-        sandbox: Option<SandboxRecord>,
+    },
+    /// The sandbox of the start `generation` is ready (sent before the
+    /// process is spawned, so `status` shows it while the bundle starts).
+    SandboxReady {
+        generation: u64,
+        record: SandboxRecord,
     },
     Exited {
         generation: u64,
@@ -279,7 +283,8 @@ impl BundleActorState {
         )
     }
 
-    fn publish(&self, event: LifecycleEvent) {
+    /// The bundle's current line in `status`, and since when it is ready.
+    fn status(&self) -> (BundleStatus, Option<std::time::Instant>) {
         let status = BundleStatus {
             workspace: self.args.workspace.clone(),
             name: self.args.name.clone(),
@@ -298,6 +303,11 @@ impl BundleActorState {
             .as_ref()
             .filter(|_| self.state == BundleState::Ready)
             .map(|l| l.ready_since.into_std());
+        (status, ready_since)
+    }
+
+    fn publish(&self, event: LifecycleEvent) {
+        let (status, ready_since) = self.status();
         self.args.shared.board.publish(status, ready_since, event);
     }
 
@@ -627,7 +637,13 @@ impl Actor for BundleActor {
                 // cut short by an uninstall or shutdown, is aborted, and its
                 // half-started process killed with it (the Lifeline guard).
                 st.start_task = Some(AbortOnDropHandle::new(tokio::spawn(async move {
-                    let mut sandbox = None;
+                    let report = {
+                        let myself = myself.clone();
+                        move |record| {
+                            let _ =
+                                myself.send_message(BundleMsg::SandboxReady { generation, record });
+                        }
+                    };
                     let result = start(
                         &shared,
                         &workspace,
@@ -635,18 +651,15 @@ impl Actor for BundleActor {
                         source,
                         manifest.map(|m| *m),
                         host,
-                        &mut sandbox,
+                        report,
                     )
                     .await
                     .map(Box::new);
                     if let Err(ractor::MessagingErr::SendErr(BundleMsg::Started {
                         result: Ok(started),
                         ..
-                    })) = myself.send_message(BundleMsg::Started {
-                        generation,
-                        result,
-                        sandbox,
-                    }) {
+                    })) = myself.send_message(BundleMsg::Started { generation, result })
+                    {
                         // The actor is gone: do not leave the process behind.
                         started
                             .connection
@@ -657,20 +670,20 @@ impl Actor for BundleActor {
                 })));
             }
             BundleMsg::Start { .. } => {}
-            BundleMsg::Started {
-                generation,
-                result,
-                sandbox,
-            } => {
+            BundleMsg::SandboxReady { generation, record } => {
+                if generation == st.generation {
+                    st.sandbox = Some(record);
+                    let (status, ready_since) = st.status();
+                    st.args.shared.board.update(status, ready_since);
+                }
+            }
+            BundleMsg::Started { generation, result } => {
                 if generation != st.generation {
                     if let Ok(started) = result {
                         let grace = st.args.shared.config.bundles.stop_grace;
                         tokio::spawn(async move { started.connection.lifeline.stop(grace).await });
                     }
                     return Ok(());
-                }
-                if sandbox.is_some() {
-                    st.sandbox = sandbox;
                 }
                 match result.map(|started| *started) {
                     Ok(Started {
@@ -1020,7 +1033,7 @@ async fn start(
     source: PathBuf,
     manifest: Option<LoadedManifest>,
     host: HostContext,
-    sandbox_out: &mut Option<SandboxRecord>,
+    report_sandbox: impl FnOnce(SandboxRecord),
 ) -> Result<Started, StartFailure> {
     let config = |reason: String| StartFailure {
         kind: FailKind::Config,
@@ -1085,7 +1098,9 @@ async fn start(
         }
         Plan::Remote(_) => None,
     };
-    *sandbox_out = sandbox.as_ref().map(|s| s.record.clone());
+    if let Some(s) = &sandbox {
+        report_sandbox(s.record.clone());
+    }
     let opts = ConnectOptions {
         log: crate::bundle::logfile::LogTarget {
             path: shared.config.log_path(workspace, name),
