@@ -220,7 +220,11 @@ fn tool_list_changed_is_sent_when_bundles_come_and_go() {
         || (agent.recorder.count("tools_changed") > before).then_some(()),
     );
     assert_eq!(agent.tool_names().len(), 10);
-    assert!(agent.recorder.count("resources_changed") >= 2);
+    wait_for(
+        Duration::from_secs(10),
+        "resources/list_changed twice",
+        || (agent.recorder.count("resources_changed") >= 2).then_some(()),
+    );
 }
 
 #[test]

@@ -30,6 +30,14 @@ fn write_remote(d: &Daemon, fx: &Fixture, name: &str, extra: Value) -> PathBuf {
     path
 }
 
+/// Restarts the daemon and checks the remote bundle comes back by itself.
+fn restart_daemon(d: &mut Daemon) {
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    d.launch();
+    d.wait_state("default", "notes", "ready");
+    assert_eq!(call_text(d, "notes", "whoami", json!({})), "remote fixture");
+}
+
 fn call_text(d: &Daemon, bundle: &str, tool: &str, args: Value) -> String {
     d.ok(&["call", bundle, tool, &args.to_string()])
         .trim()
@@ -214,13 +222,7 @@ fn authorization_code_flow_refresh_once_for_concurrent_401s_boot_reload_and_need
     );
 
     // Boot reload uses the stored token: no prompt, no new grant.
-    d.signal(nix::sys::signal::Signal::SIGTERM);
-    d.launch();
-    d.wait_state("default", "notes", "ready");
-    assert_eq!(
-        call_text(&d, "notes", "whoami", json!({})),
-        "remote fixture"
-    );
+    restart_daemon(&mut d);
     assert_eq!(fx.with(|s| (s.code_grants, s.refresh_grants)), (1, 1));
 
     // Refresh token expired too: needs_auth, not a restart loop.
@@ -299,13 +301,7 @@ fn a_token_known_to_be_expired_is_refreshed_before_use_without_a_401() {
     authorize(&d, &fx, "notes");
     let (refreshes, rejected) = fx.with(|s| (s.refresh_grants, s.unauthorized));
 
-    d.signal(nix::sys::signal::Signal::SIGTERM);
-    d.launch();
-    d.wait_state("default", "notes", "ready");
-    assert_eq!(
-        call_text(&d, "notes", "whoami", json!({})),
-        "remote fixture"
-    );
+    restart_daemon(&mut d);
     assert_eq!(
         fx.with(|s| (s.refresh_grants, s.unauthorized)),
         (refreshes + 1, rejected),

@@ -177,7 +177,7 @@ async fn connect_stdio(
     );
     let lifeline = Lifeline::watch(spawned.child, spawned.pid, opts.reaper.clone());
     let ct = CancellationToken::new();
-    let violation = Violation::default();
+    let violation = Violation::new(plan.redactor.clone());
     let stdout = Guarded::new(spawned.stdout, opts.max_message_bytes, violation.clone());
 
     let outcome = tokio::select! {

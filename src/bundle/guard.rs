@@ -18,18 +18,34 @@ use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, ReadBuf};
 
-/// Why a bundle's stream was cut, once it was.
+use crate::secret::Redactor;
+
+/// Why a bundle's stream was cut, once it was. The reason quotes what the
+/// bundle wrote, so it is masked with the bundle's redactor.
 #[derive(Clone, Default)]
-pub struct Violation(Arc<Mutex<Option<String>>>);
+pub struct Violation {
+    reason: Arc<Mutex<Option<String>>>,
+    redactor: Redactor,
+}
 
 impl Violation {
+    pub fn new(redactor: Redactor) -> Self {
+        Violation {
+            reason: Arc::default(),
+            redactor,
+        }
+    }
+
     fn record(&self, reason: String) {
-        let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        slot.get_or_insert(reason);
+        let mut slot = self.reason.lock().unwrap_or_else(|e| e.into_inner());
+        slot.get_or_insert_with(|| self.redactor.redact(&reason).into_owned());
     }
 
     pub fn get(&self) -> Option<String> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.reason
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 }
 
@@ -154,9 +170,10 @@ impl<R: AsyncRead + Unpin> AsyncRead for Guarded<R> {
                 let fresh = buf.filled()[before..].to_vec();
                 if let Some(reason) = this.check(&fresh) {
                     this.failed = true;
-                    this.violation.record(reason.clone());
+                    this.violation.record(reason);
                     buf.set_filled(before);
-                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, reason)));
+                    let masked = this.violation.get().unwrap_or_default();
+                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, masked)));
                 }
                 Poll::Ready(Ok(()))
             }
@@ -168,6 +185,7 @@ impl<R: AsyncRead + Unpin> AsyncRead for Guarded<R> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::secret::Secret;
     use tokio::io::AsyncReadExt;
 
     async fn read_all(input: &[u8], max: usize) -> (Result<Vec<u8>, io::Error>, Option<String>) {
@@ -207,6 +225,19 @@ mod tests {
         let (r, v) = read_all(&input, 50).await;
         assert!(r.is_err());
         assert!(v.unwrap().contains("longer than 50 bytes"));
+    }
+
+    #[tokio::test]
+    async fn a_secret_printed_on_stdout_is_masked_in_the_reason() {
+        let violation = Violation::new(Redactor::new([Secret::new("sk-hidden-42")]));
+        let mut g = Guarded::new(&b"leaked sk-hidden-42 here\n"[..], 1000, violation.clone());
+        let mut out = Vec::new();
+        assert!(g.read_to_end(&mut out).await.is_err());
+        let reason = violation.get().unwrap();
+        assert!(
+            reason.contains("leaked") && !reason.contains("sk-hidden-42"),
+            "{reason}"
+        );
     }
 
     #[tokio::test]

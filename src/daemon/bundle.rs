@@ -123,16 +123,13 @@ pub enum BundleMsg {
         generation: u64,
         reason: String,
     },
-    /// Operator restart: stop the current process (if any), start again.
-    Restart(RpcReplyPort<()>),
+    /// Stop the current process (if any) and start again at once, because
+    /// of `Respawn`; answers once the new start is under way.
+    Respawn(Respawn, RpcReplyPort<()>),
     /// The manifest changed and passed validation: restart with it.
     Upgrade(Box<LoadedManifest>),
     /// The manifest changed but was refused: keep running, say why.
     ManifestRejected(String),
-    /// `configure` stored new user_config values: respawn with them.
-    Reconfigure(RpcReplyPort<()>),
-    /// `auth` stored new tokens: start with them.
-    Authorized(RpcReplyPort<()>),
     Call(PendingCall),
     /// A remote server answered 401 on the session of `generation` (to a
     /// call, which is retried once on the rebuilt session, or to a ping).
@@ -145,6 +142,33 @@ pub enum BundleMsg {
     Peer(RpcReplyPort<Result<Peer<RoleClient>, CallError>>),
     #[cfg(feature = "fault-injection")]
     Panic,
+}
+
+/// Why a bundle is respawned on request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Respawn {
+    /// `bundlevisor restart`.
+    Operator,
+    /// `configure` stored new user_config values.
+    Reconfigured,
+    /// `auth` stored new tokens.
+    Authorized,
+}
+
+impl Respawn {
+    fn event(self) -> (EventKind, &'static str) {
+        match self {
+            Respawn::Operator => (EventKind::Restarting, "restarting on request"),
+            Respawn::Reconfigured => (
+                EventKind::Reconfigured,
+                "user_config changed: restarting with the new values",
+            ),
+            Respawn::Authorized => (
+                EventKind::Reauthorized,
+                "authorized by the operator: starting with the new token",
+            ),
+        }
+    }
 }
 
 /// A tool call on its way to the bundle.
@@ -816,31 +840,9 @@ impl Actor for BundleActor {
                     tokio::spawn(async move { lifeline.stop(grace).await });
                 }
             }
-            BundleMsg::Restart(reply) => {
-                st.restart_now(
-                    &myself,
-                    EventKind::Restarting,
-                    "restarting on request",
-                    None,
-                );
-                let _ = reply.send(());
-            }
-            BundleMsg::Reconfigure(reply) => {
-                st.restart_now(
-                    &myself,
-                    EventKind::Reconfigured,
-                    "user_config changed: restarting with the new values",
-                    None,
-                );
-                let _ = reply.send(());
-            }
-            BundleMsg::Authorized(reply) => {
-                st.restart_now(
-                    &myself,
-                    EventKind::Reauthorized,
-                    "authorized by the operator: starting with the new token",
-                    None,
-                );
+            BundleMsg::Respawn(why, reply) => {
+                let (kind, message) = why.event();
+                st.restart_now(&myself, kind, message, None);
                 let _ = reply.send(());
             }
             BundleMsg::Upgrade(manifest) => {
@@ -869,7 +871,21 @@ impl Actor for BundleActor {
                 if excluded.contains(&call.tool) {
                     let _ = call.reply.send(Err(CallError::NoSuchTool));
                 } else if st.live.is_some() && st.state == BundleState::Ready {
-                    st.spawn_call(&myself, call, true);
+                    let ended = st
+                        .live
+                        .as_ref()
+                        .is_some_and(|l| l.peer.is_transport_closed());
+                    if ended {
+                        // The session just ended and its exit is on the way:
+                        // the call was never sent, and the bundle is about to
+                        // restart (a caller may wait for that).
+                        let _ = call.reply.send(Err(CallError::NotReady {
+                            state: BundleState::Restarting,
+                            last_error: Some("the bundle's session just ended".into()),
+                        }));
+                    } else {
+                        st.spawn_call(&myself, call, true);
+                    }
                 } else if st.reauthing {
                     st.awaiting_auth.push((call, true));
                 } else {

@@ -74,10 +74,8 @@ pub async fn serve_stdio(opts: Options) -> Result<(), GatewayError> {
 /// What the agent sees, as comparable text: the exposed tools, and the set
 /// of bundles whose prompts and resources are offered.
 async fn fingerprint(gateway: &Gateway) -> Option<(String, String)> {
-    let bundles = gateway.ready_bundles().await.ok()?;
-    let tools = gateway.tool_catalog().await.ok()?;
-    let names: Vec<&str> = bundles.iter().map(|(name, _)| name.as_str()).collect();
-    Some((serde_json::to_string(&tools).ok()?, names.join(",")))
+    let (tools, ready) = gateway.catalog().await.ok()?;
+    Some((serde_json::to_string(&tools).ok()?, ready.join(",")))
 }
 
 /// Follows lifecycle events (reconnecting when the daemon restarts) and

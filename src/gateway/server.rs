@@ -107,17 +107,24 @@ impl Gateway {
     }
 
     /// The exposed tools (namespaced, filtered), and the routes to them.
-    /// Routes to a bundle that is installed but not ready (restarting) are
-    /// kept, so a call can wait for it.
     pub async fn tool_catalog(&self) -> Result<Vec<Value>, ErrorData> {
+        self.catalog().await.map(|(tools, _)| tools)
+    }
+
+    /// The exposed tools and the names of the ready bundles behind them, from
+    /// one listing. Routes to a bundle that is installed but not ready
+    /// (restarting) are kept, so a call can wait for it.
+    pub async fn catalog(&self) -> Result<(Vec<Value>, Vec<String>), ErrorData> {
         let bundles = self.bundles().await?;
         let mut by_pair = BTreeMap::new();
         let mut waiting = std::collections::HashSet::new();
+        let mut ready = Vec::new();
         for (bundle, state, tools) in bundles {
             if state != BundleState::Ready {
                 waiting.insert(bundle);
                 continue;
             }
+            ready.push(bundle.clone());
             for tool in tools {
                 if let Some(name) = tool.get("name").and_then(Value::as_str) {
                     by_pair.insert((bundle.clone(), name.to_string()), tool.clone());
@@ -144,7 +151,7 @@ impl Gateway {
             }
         }
         *current = routes;
-        Ok(tools)
+        Ok((tools, ready))
     }
 
     async fn route(

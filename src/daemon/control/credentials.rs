@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::{bundle_actor, not_found, to_value, unavailable, wait_outcome, Ctx, Outbox};
-use crate::daemon::bundle::BundleMsg;
+use crate::daemon::bundle::{BundleMsg, Respawn};
 use crate::daemon::PendingAuth;
 use crate::manifest::{LoadedManifest, Plan, RemotePlan, UserConfigType};
 use crate::protocol::{
@@ -95,7 +95,10 @@ pub(super) async fn configure(
     tracing::info!(workspace = %p.workspace, bundle = %p.name, set = ?p.set.keys().collect::<Vec<_>>(), unset = ?p.unset, "user_config changed; respawning");
     let events = ctx.shared.board.subscribe();
     actor
-        .call(BundleMsg::Reconfigure, Some(Duration::from_secs(10)))
+        .call(
+            |r| BundleMsg::Respawn(Respawn::Reconfigured, r),
+            Some(Duration::from_secs(10)),
+        )
         .await
         .map_err(unavailable)?;
     let bundle = wait_outcome(events, ctx, &p.workspace, &p.name, out).await?;
@@ -304,7 +307,10 @@ pub(super) async fn auth_complete(
     tracing::info!(workspace = %workspace, bundle = %name, "authorization completed; tokens stored");
     let events = ctx.shared.board.subscribe();
     actor
-        .call(BundleMsg::Authorized, Some(Duration::from_secs(10)))
+        .call(
+            |r| BundleMsg::Respawn(Respawn::Authorized, r),
+            Some(Duration::from_secs(10)),
+        )
         .await
         .map_err(unavailable)?;
     let bundle = wait_outcome(events, ctx, &workspace, &name, out).await?;

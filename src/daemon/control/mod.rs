@@ -21,7 +21,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::board::Event;
-use super::bundle::{actor_name, BundleMsg, CallError, PendingCall};
+use super::bundle::{actor_name, BundleMsg, CallError, PendingCall, Respawn};
 use super::supervisor::{DaemonMsg, InstallError};
 use super::workspace::{FilesOp, WorkspaceMsg};
 use super::Shared;
@@ -692,7 +692,10 @@ async fn restart(p: BundleRef, ctx: &Ctx, out: &Outbox) -> Result<Value, RpcErro
     let actor = bundle_actor(&p.workspace, &p.name)?;
     let events = ctx.shared.board.subscribe();
     actor
-        .call(BundleMsg::Restart, Some(Duration::from_secs(10)))
+        .call(
+            |r| BundleMsg::Respawn(Respawn::Operator, r),
+            Some(Duration::from_secs(10)),
+        )
         .await
         .map_err(unavailable)?;
     let bundle = wait_outcome(events, ctx, &p.workspace, &p.name, out).await?;
