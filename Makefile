@@ -53,9 +53,8 @@ test: pyenv inspector ## Everything CI runs: unit and integration tests (with fa
 	$(CARGO) test --all-targets --features fault-injection
 
 .PHONY: bench
-bench: build ## Measure install latency, daemon memory and gateway overhead (docs/performance.md)
-	bench/foundation.sh
-	$(CARGO) bench --bench gateway
+bench: build ## The benchmark suite: each figure next to its floor, with ratios and targets (docs/performance.md)
+	$(CARGO) bench --bench suite
 
 # Fuzz smoke run: each target for FUZZ_SECONDS (cargo-fuzz from crates.io;
 # RUSTC_BOOTSTRAP lets the stable toolchain take libFuzzer's flags).

@@ -398,21 +398,28 @@ impl BundleActorState {
                     self.last_error = Some(reason.clone());
                 }
                 self.emit_before(before);
-                let message = format!(
-                    "{}; restarting in {} (attempt {attempt})",
-                    stop.reason(),
-                    humantime::format_duration(Duration::from_millis(delay.as_millis() as u64))
-                );
+                let when = if delay.is_zero() {
+                    "at once".to_string()
+                } else {
+                    let delay = Duration::from_millis(delay.as_millis() as u64);
+                    format!("in {}", humantime::format_duration(delay))
+                };
+                let message = format!("{}; restarting {when} (attempt {attempt})", stop.reason());
                 tracing::info!(workspace = %self.args.workspace, bundle = %self.args.name, "{message}");
                 let mut event = self.event(EventKind::Restarting, message);
                 event.attempt = Some(attempt);
                 event.delay_ms = Some(delay.as_millis() as u64);
                 self.publish(event);
                 let generation = self.generation;
-                myself.send_after(delay, move || BundleMsg::Start {
+                let start = move || BundleMsg::Start {
                     generation,
                     manifest: None,
-                });
+                };
+                if delay.is_zero() {
+                    let _ = myself.send_message(start());
+                } else {
+                    myself.send_after(delay, start);
+                }
             }
             Decision::StayDown => match stop {
                 Stop::Clean(reason) => {

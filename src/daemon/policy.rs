@@ -58,7 +58,10 @@ impl RestartTracker {
         now: Instant,
         jitter: f64,
     ) -> Decision {
-        if ready_for.is_some_and(|r| r >= sup.stable_after) {
+        // A crash after a stable run is not a loop (yet): restart at once,
+        // and back off only if the restart itself fails.
+        let after_stable_run = ready_for.is_some_and(|r| r >= sup.stable_after);
+        if after_stable_run {
             self.consecutive = 0;
         }
         let restart = match (policy, stop) {
@@ -88,7 +91,11 @@ impl RestartTracker {
         self.recent.push_back(now);
         Decision::Restart {
             attempt: self.consecutive,
-            delay: backoff(sup, self.consecutive, jitter),
+            delay: if after_stable_run {
+                Duration::ZERO
+            } else {
+                backoff(sup, self.consecutive, jitter)
+            },
         }
     }
 
@@ -248,7 +255,8 @@ mod tests {
                 delay: Duration::from_millis(400)
             }
         );
-        // Ready for longer than stable_after: back to the first, fast delay.
+        // Ready for longer than stable_after: restarted at once, and a
+        // failing restart backs off from the start again.
         assert_eq!(
             t.decide(
                 &s,
@@ -260,7 +268,21 @@ mod tests {
             ),
             Decision::Restart {
                 attempt: 1,
-                delay: Duration::from_millis(50)
+                delay: Duration::ZERO
+            }
+        );
+        assert_eq!(
+            t.decide(
+                &s,
+                RestartPolicy::OnFailure,
+                &crash(),
+                None,
+                Instant::now(),
+                0.5
+            ),
+            Decision::Restart {
+                attempt: 2,
+                delay: Duration::from_millis(100)
             }
         );
     }

@@ -1,6 +1,8 @@
 //! ManifestWatcher: turns filesystem events in the watched folders into
 //! debounced "rescan folder N" requests to the DaemonActor, which computes
-//! the diff (install / upgrade / uninstall). Events are only hints: a
+//! the diff (install / upgrade / uninstall). A rename into a watched folder
+//! (or into a bundle folder, as editors save) skips the debounce: what a
+//! rename brings is complete. Events are only hints: a
 //! rescan reads the whole folder, so a rename into place, a slow writer or a
 //! burst of editor temp files all end in the same reconcile.
 //!
@@ -13,6 +15,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use notify::event::{ModifyKind, RenameMode};
 use notify::{EventKind, RecursiveMode, Watcher};
 use ractor::ActorRef;
 use tokio::sync::mpsc;
@@ -33,7 +36,8 @@ pub async fn run(
     if dirs.is_empty() {
         return;
     }
-    let (tx, mut rx) = mpsc::unbounded_channel::<usize>();
+    // (folder index, whether the event was a rename into place)
+    let (tx, mut rx) = mpsc::unbounded_channel::<(usize, bool)>();
     let roots = dirs.clone();
     let handler = move |res: notify::Result<notify::Event>| {
         let Ok(event) = res else { return };
@@ -41,9 +45,13 @@ pub async fn run(
         if matches!(event.kind, EventKind::Access(_)) {
             return;
         }
+        let renamed_in = matches!(
+            event.kind,
+            EventKind::Modify(ModifyKind::Name(RenameMode::To | RenameMode::Both))
+        );
         for (i, root) in roots.iter().enumerate() {
             if event.paths.iter().any(|p| p.starts_with(root)) || event.paths.is_empty() {
-                let _ = tx.send(i);
+                let _ = tx.send((i, renamed_in));
             }
         }
     };
@@ -62,9 +70,10 @@ pub async fn run(
     let mut rearm = tokio::time::interval(REARM_EVERY);
     loop {
         let mut pending = BTreeSet::new();
+        let mut renamed_in = false;
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            Some(i) = rx.recv() => { pending.insert(i); }
+            Some((i, r)) = rx.recv() => { pending.insert(i); renamed_in = r; }
             _ = rearm.tick() => {
                 for (i, dir) in dirs.iter().enumerate() {
                     let now = dir.is_dir();
@@ -81,11 +90,19 @@ pub async fn run(
                 }
             }
         }
-        // Debounce: wait until the folders have been quiet for `debounce`.
+        // Debounce: wait until the folders have been quiet for `debounce`,
+        // unless something was renamed into place: a rename is atomic, so
+        // the folder or file it brought is complete and is taken at once.
         loop {
+            if renamed_in {
+                while let Ok((i, _)) = rx.try_recv() {
+                    pending.insert(i);
+                }
+                break;
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                Some(i) = rx.recv() => { pending.insert(i); }
+                Some((i, r)) = rx.recv() => { pending.insert(i); renamed_in = r; }
                 _ = tokio::time::sleep(debounce) => break,
             }
         }

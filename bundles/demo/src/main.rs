@@ -236,24 +236,35 @@ impl Demo {
     ) -> Result<CallToolResult, ErrorData> {
         let started = std::time::Instant::now();
         let mut errors = 0;
+        let mut each = Vec::with_capacity(args.count as usize);
         for _ in 0..args.count {
             let request = ServerRequest::CustomRequest(CustomRequest::new(
                 "ai.nimblebrain/resources/read",
                 Some(serde_json::json!({ "uri": args.uri })),
             ));
+            let sent = std::time::Instant::now();
             if !matches!(
                 peer.send_request(request).await,
                 Ok(ClientResult::CustomResult(_))
             ) {
                 errors += 1;
             }
+            each.push(sent.elapsed().as_micros() as u64);
         }
         let elapsed = started.elapsed().as_secs_f64();
+        each.sort_unstable();
+        let pct = |p: f64| {
+            each.get(((each.len().max(1) - 1) as f64 * p).round() as usize)
+                .copied()
+                .unwrap_or(0)
+        };
         let out = serde_json::json!({
             "count": args.count,
             "errors": errors,
             "elapsed_ms": (elapsed * 1000.0).round(),
             "per_sec": (args.count as f64 / elapsed).round(),
+            "p50_us": pct(0.5),
+            "p99_us": pct(0.99),
         });
         Ok(CallToolResult::success(vec![ContentBlock::text(
             out.to_string(),

@@ -1,0 +1,204 @@
+//! The physical floors each figure is compared with, measured in the same
+//! run: the demo bundle driven by a bare rmcp client (no daemon), a
+//! minimal JSON-RPC peer echoing the same request/response sizes over a
+//! pipe, and a minimal unix-socket server answering with the same bytes as
+//! `status`. The peers run as this bench binary re-executed with
+//! `BV_BENCH_ROLE` set, so they are separate processes like the real ones.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rmcp::service::RunningService;
+use rmcp::{RoleClient, ServiceExt};
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+
+use crate::harness::DEMO;
+
+pub const ROLE: &str = "BV_BENCH_ROLE";
+const REPLY: &str = "BV_BENCH_REPLY";
+const SOCKET: &str = "BV_BENCH_SOCKET";
+
+/// Runs this process as a floor peer when `BV_BENCH_ROLE` says so.
+pub fn run_role() -> bool {
+    match std::env::var(ROLE).as_deref() {
+        Ok("pipe-echo") => pipe_echo_peer(),
+        Ok("socket-echo") => socket_echo_server(),
+        _ => return false,
+    }
+    true
+}
+
+/// Spawns the demo bundle and completes `initialize` + `tools/list` with a
+/// bare rmcp client.
+pub async fn bare_start() -> (tokio::process::Child, RunningService<RoleClient, ()>) {
+    let mut child = tokio::process::Command::new(DEMO)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn the demo bundle");
+    let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    let client = ().serve(io).await.expect("initialize");
+    let tools = client.peer().list_all_tools().await.expect("tools/list");
+    assert!(!tools.is_empty());
+    (child, client)
+}
+
+/// The peer: answers every JSON-RPC request line with the result in the
+/// file `BV_BENCH_REPLY`, parsing and serializing like a real peer would.
+fn pipe_echo_peer() {
+    let result: Value =
+        serde_json::from_slice(&std::fs::read(std::env::var(REPLY).unwrap()).unwrap()).unwrap();
+    let stdin = std::io::stdin().lock();
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    for line in stdin.lines() {
+        let Ok(line) = line else { return };
+        let request: Value = serde_json::from_str(&line).unwrap();
+        let response = json!({"jsonrpc": "2.0", "id": request["id"], "result": result});
+        serde_json::to_writer(&mut out, &response).unwrap();
+        out.write_all(b"\n").unwrap();
+        out.flush().unwrap();
+    }
+}
+
+/// `count` sequential request/response round trips with a pipe-echo peer
+/// that answers with `result`; returns each round trip's duration.
+pub fn pipe_echo(reply_file: &Path, uri: &str, count: usize) -> Vec<Duration> {
+    let mut peer = Command::new(std::env::current_exe().unwrap())
+        .env(ROLE, "pipe-echo")
+        .env(REPLY, reply_file)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to_peer = std::io::BufWriter::new(peer.stdin.take().unwrap());
+    let mut from_peer = BufReader::new(peer.stdout.take().unwrap());
+    let mut line = String::new();
+    let mut sample = Vec::with_capacity(count);
+    for id in 0..count {
+        let start = Instant::now();
+        let request = json!({
+            "jsonrpc": "2.0", "id": id, "method": "ai.nimblebrain/resources/read",
+            "params": {"uri": uri},
+        });
+        serde_json::to_writer(&mut to_peer, &request).unwrap();
+        to_peer.write_all(b"\n").unwrap();
+        to_peer.flush().unwrap();
+        line.clear();
+        from_peer.read_line(&mut line).unwrap();
+        let response: Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(response["id"], json!(id));
+        sample.push(start.elapsed());
+    }
+    drop(to_peer);
+    let _ = peer.wait();
+    sample
+}
+
+/// The socket floor: a tokio server (two workers, like the daemon's
+/// machine) answering every request line with the result in
+/// `BV_BENCH_REPLY`.
+fn socket_echo_server() {
+    let result: Value =
+        serde_json::from_slice(&std::fs::read(std::env::var(REPLY).unwrap()).unwrap()).unwrap();
+    let result = std::sync::Arc::new(result);
+    let socket = std::env::var(SOCKET).unwrap();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async move {
+            let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+            println!("listening");
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                let result = result.clone();
+                tokio::spawn(async move {
+                    let (read, mut write) = stream.into_split();
+                    let mut lines = tokio::io::BufReader::new(read).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        let request: Value = serde_json::from_str(&line).unwrap();
+                        let response =
+                            json!({"jsonrpc": "2.0", "id": request["id"], "result": *result});
+                        let mut bytes = serde_json::to_vec(&response).unwrap();
+                        bytes.push(b'\n');
+                        if write.write_all(&bytes).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+}
+
+/// Starts the socket floor server at `socket`; it lives as long as the
+/// returned child.
+pub fn socket_echo(reply_file: &Path, socket: &Path) -> std::process::Child {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .env(ROLE, "socket-echo")
+        .env(REPLY, reply_file)
+        .env(SOCKET, socket)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut ready)
+        .unwrap();
+    assert_eq!(ready.trim(), "listening");
+    child
+}
+
+/// `clients` connections each sending `method` requests back to back for
+/// `run`; returns every request's latency. With `hello`, each connection
+/// first completes `daemon.hello` (the daemon requires it).
+pub async fn hammer(
+    socket: &Path,
+    clients: usize,
+    method: &'static str,
+    hello: bool,
+    run: Duration,
+) -> Vec<Duration> {
+    let until = Instant::now() + run;
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let socket = socket.to_path_buf();
+        tasks.push(tokio::spawn(async move {
+            let stream = tokio::net::UnixStream::connect(&socket).await.unwrap();
+            let (read, mut write) = stream.into_split();
+            let mut lines = tokio::io::BufReader::new(read).lines();
+            let mut roundtrip = async |id: u64, method: &str, params: Value| {
+                let request =
+                    json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+                let mut bytes = serde_json::to_vec(&request).unwrap();
+                bytes.push(b'\n');
+                write.write_all(&bytes).await.unwrap();
+                let line = lines.next_line().await.unwrap().expect("server closed");
+                let response: Value = serde_json::from_str(&line).unwrap();
+                assert!(response.get("result").is_some(), "{line}");
+            };
+            if hello {
+                roundtrip(0, "daemon.hello", json!({"protocol": 1})).await;
+            }
+            let mut sample = Vec::new();
+            let mut id = 1;
+            while Instant::now() < until {
+                let start = Instant::now();
+                roundtrip(id, method, json!({})).await;
+                sample.push(start.elapsed());
+                id += 1;
+            }
+            sample
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all
+}

@@ -1,0 +1,233 @@
+//! What every scenario needs: a daemon on a private state dir driven over
+//! its real control socket, a lifecycle-event tap, demo bundle folders,
+//! process memory and the statistics of a sample.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bundlevisor::cli::Client;
+use bundlevisor::protocol::{method, EventKind, LifecycleEvent, StatusResult};
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_bundlevisor");
+pub const DEMO: &str = env!("CARGO_BIN_EXE_bundlevisor-demo");
+
+/// The demo manifest, renamed.
+pub fn demo_manifest(name: &str) -> String {
+    let template = include_str!("../../bundles/demo/manifest.json");
+    template.replacen("\"name\": \"demo\"", &format!("\"name\": \"{name}\""), 1)
+}
+
+/// Writes a demo bundle folder `parent/name` (the server is a symlink to
+/// the built demo binary, as an operator's bundle folder would hold it).
+pub fn demo_bundle(parent: &Path, name: &str) -> PathBuf {
+    let dir = parent.join(name);
+    std::fs::create_dir_all(dir.join("server")).unwrap();
+    std::fs::write(dir.join("manifest.json"), demo_manifest(name)).unwrap();
+    std::os::unix::fs::symlink(DEMO, dir.join("server/bundlevisor-demo")).unwrap();
+    dir
+}
+
+/// A running `bundlevisor daemon` on `root/bv.toml`.
+pub struct BenchDaemon {
+    pub root: PathBuf,
+    pub socket: PathBuf,
+    child: Child,
+}
+
+impl BenchDaemon {
+    /// Writes the config (when `config` is given) and starts the daemon;
+    /// returns once the socket answers `daemon.hello`.
+    pub async fn start(root: &Path, config: Option<&str>) -> BenchDaemon {
+        if let Some(config) = config {
+            std::fs::write(root.join("bv.toml"), config).unwrap();
+        }
+        let child = Command::new(BIN)
+            .args(["daemon", "--config"])
+            .arg(root.join("bv.toml"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(root.join("daemon.log")).unwrap())
+            .spawn()
+            .expect("spawn the daemon");
+        let d = BenchDaemon {
+            root: root.to_path_buf(),
+            socket: root.join("bv.sock"),
+            child,
+        };
+        d.connect().await;
+        d
+    }
+
+    /// A new control connection, retried until the daemon listens.
+    pub async fn connect(&self) -> Client {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match Client::connect(&self.socket).await {
+                Ok(c) => return c,
+                Err(e) if Instant::now() > deadline => panic!("daemon never answered: {e}"),
+                Err(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGTERM, then waits for the daemon (which stops its bundles) to exit.
+    pub fn stop(mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for BenchDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub async fn call(client: &mut Client, method: &str, params: Value) -> Value {
+    match client.request::<_, Value>(method, params, |_| {}).await {
+        Ok(v) => v,
+        Err(e) => panic!("{method}: {e}"),
+    }
+}
+
+pub async fn status(client: &mut Client) -> StatusResult {
+    serde_json::from_value(call(client, method::STATUS, json!({})).await).unwrap()
+}
+
+/// Calls a tool of a bundle and returns the text of its first content block.
+pub async fn tool_text(client: &mut Client, name: &str, tool: &str, arguments: Value) -> String {
+    let out = call(
+        client,
+        method::CALL,
+        json!({"name": name, "tool": tool, "arguments": arguments, "timeout_ms": 600_000}),
+    )
+    .await;
+    assert_ne!(out["isError"], json!(true), "{name}/{tool}: {out}");
+    out["content"][0]["text"].as_str().unwrap().to_string()
+}
+
+/// Lifecycle events as they arrive, stamped with the bench's clock.
+pub struct EventTap {
+    rx: mpsc::UnboundedReceiver<(Instant, LifecycleEvent)>,
+}
+
+impl EventTap {
+    pub async fn start(d: &BenchDaemon) -> EventTap {
+        let mut client = d.connect().await;
+        let _: Value = client
+            .request(method::EVENTS, json!({}), |_| {})
+            .await
+            .unwrap();
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok(Some(n)) = client.next_notification().await {
+                let at = Instant::now();
+                if let Ok(e) = serde_json::from_value::<LifecycleEvent>(n.params) {
+                    if tx.send((at, e)).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        EventTap { rx }
+    }
+
+    /// The arrival time of the next event of `name` with `kind`; earlier
+    /// events are dropped.
+    pub async fn wait(&mut self, name: &str, kind: EventKind) -> Instant {
+        let deadline = Duration::from_secs(60);
+        tokio::time::timeout(deadline, async {
+            loop {
+                let (at, e) = self.rx.recv().await.expect("event stream ended");
+                if e.name == name && e.kind == kind {
+                    return at;
+                }
+                assert!(
+                    !matches!(e.kind, EventKind::Failed | EventKind::ManifestRejected),
+                    "{}: {:?} {}",
+                    e.name,
+                    e.kind,
+                    e.message
+                );
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{name}: no {kind:?} event within {deadline:?}"))
+    }
+
+    /// Waits until `count` distinct bundles reported `kind`.
+    pub async fn wait_count(&mut self, kind: EventKind, count: usize) -> Instant {
+        self.wait_all(kind, count, HashSet::new()).await
+    }
+
+    /// Waits until `count` distinct bundles, counting those in `seen`,
+    /// reported `kind`; returns the arrival of the last one.
+    pub async fn wait_all(
+        &mut self,
+        kind: EventKind,
+        count: usize,
+        mut seen: HashSet<(String, String)>,
+    ) -> Instant {
+        let mut last = Instant::now();
+        while seen.len() < count {
+            let (at, e) = tokio::time::timeout(Duration::from_secs(120), self.rx.recv())
+                .await
+                .unwrap_or_else(|_| panic!("only {} of {count} bundles {kind:?}", seen.len()))
+                .expect("event stream ended");
+            if e.kind == kind && seen.insert((e.workspace, e.name)) {
+                last = at;
+            }
+        }
+        last
+    }
+}
+
+/// `VmRSS` of a process in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Median and 99th percentile of a sample.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Summary {
+    pub median_us: f64,
+    pub p99_us: f64,
+    pub n: usize,
+}
+
+pub fn summarize(mut sample: Vec<Duration>) -> Summary {
+    assert!(!sample.is_empty(), "empty sample");
+    sample.sort();
+    let at = |p: f64| sample[((sample.len() - 1) as f64 * p).round() as usize];
+    Summary {
+        median_us: at(0.5).as_secs_f64() * 1e6,
+        p99_us: at(0.99).as_secs_f64() * 1e6,
+        n: sample.len(),
+    }
+}
+
+/// Raises this process's open-file soft limit to its hard limit (the
+/// floors hold hundreds of child pipes at once).
+pub fn raise_nofile() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((_, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}

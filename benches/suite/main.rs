@@ -1,0 +1,447 @@
+//! The benchmark suite (`make bench`, docs/performance.md): what
+//! bundlevisor exists for, each figure next to its physical floor measured
+//! in the same run, printed as one table with the ratios and the targets.
+//!
+//! - install: manifest renamed into a watched folder → `ready` event;
+//!   floor: the same binary spawned and `initialize` + `tools/list`
+//!   completed by a bare rmcp client.
+//! - crash: bundle SIGKILLed → `ready` again (first restart); same floor.
+//! - host-resources: `ai.nimblebrain/resources/read` round trips made by
+//!   the demo bundle itself (its `host_bench` tool), 4 KiB text and 1 MiB
+//!   binary, one bundle and 8 at once; floor: the same request and
+//!   response bytes echoed over a pipe by a minimal JSON-RPC peer.
+//! - boot: daemon start → 200 installed bundles ready, and memory; floor:
+//!   200 bare starts at once.
+//! - control: `status` with 64 concurrent clients; floor: a minimal
+//!   unix-socket server answering the same bytes.
+//! - gateway: a tool call through `bundlevisor mcp`; floor: the same call
+//!   directly to the bundle.
+//!
+//! Environment: `BENCH_SCALE` (default 1.0) scales the sample sizes,
+//! `BOOT_BUNDLES` (default 200). Results also go to
+//! `target/bench/suite.json`.
+
+mod floors;
+mod harness;
+mod report;
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bundlevisor::cli::Client;
+use bundlevisor::protocol::{method, BundleState, EventKind};
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::RunningService;
+use rmcp::RoleClient;
+use serde_json::json;
+
+use harness::{call, rss_kib, status, summarize, tool_text, BenchDaemon, EventTap, Summary};
+use report::{Row, Target};
+
+const CONFIG: &str = r#"state_dir = "state"
+socket = "bv.sock"
+[[watch]]
+dir = "watched"
+[supervision]
+# Every measured crash is a first restart.
+stable_after = "1ms"
+max_restarts = 100000
+[host_resources]
+rate_per_sec = 1000000
+burst = 1000000
+"#;
+
+fn scaled(n: usize) -> usize {
+    let scale: f64 = std::env::var("BENCH_SCALE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1.0);
+    ((n as f64 * scale).round() as usize).max(3)
+}
+
+fn main() {
+    if floors::run_role() {
+        return;
+    }
+    harness::raise_nofile();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let rows = rt.block_on(async {
+        let mut rows = Vec::new();
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        for sub in ["watched", "staging", "bundles", "files"] {
+            std::fs::create_dir_all(root.join(sub)).unwrap();
+        }
+        let d = BenchDaemon::start(root, Some(CONFIG)).await;
+        let mut tap = EventTap::start(&d).await;
+        let mut ctl = d.connect().await;
+
+        eprintln!("install latency…");
+        let floor = bare_starts(scaled(30)).await;
+        rows.push(install(root, &mut tap, scaled(30), floor));
+        eprintln!("crash recovery…");
+        rows.push(crash(root, &mut ctl, &mut tap, scaled(30), floor).await);
+        eprintln!("host-resources reads…");
+        rows.extend(host_resources(&d, &mut ctl).await);
+        eprintln!("control socket…");
+        rows.push(control(&d, &mut ctl).await);
+        eprintln!("gateway…");
+        rows.push(gateway(&d).await);
+        d.stop();
+        eprintln!("boot reload…");
+        rows.extend(boot(&root.join("boot")).await);
+        rows
+    });
+    report::print(&rows, started.elapsed());
+}
+
+/// `n` bare starts of the demo bundle, one after the other.
+async fn bare_starts(n: usize) -> Summary {
+    let mut sample = Vec::new();
+    for i in 0..n + 3 {
+        let start = Instant::now();
+        let (_child, client) = floors::bare_start().await;
+        if i >= 3 {
+            sample.push(start.elapsed());
+        }
+        let _ = client.cancel().await;
+    }
+    summarize(sample)
+}
+
+/// Manifest landing → ready: a complete bundle folder is renamed into the
+/// watched folder (the documented atomic way), then removed again.
+fn install(root: &Path, tap: &mut EventTap, n: usize, floor: Summary) -> Row {
+    let rt = tokio::runtime::Handle::current();
+    let mut sample = Vec::new();
+    for i in 0..n + 3 {
+        let name = format!("land{i}");
+        harness::demo_bundle(&root.join("staging"), &name);
+        let start = Instant::now();
+        std::fs::rename(
+            root.join("staging").join(&name),
+            root.join("watched").join(&name),
+        )
+        .unwrap();
+        let ready = tokio::task::block_in_place(|| rt.block_on(tap.wait(&name, EventKind::Ready)));
+        if i >= 3 {
+            sample.push(ready - start);
+        }
+        std::fs::remove_dir_all(root.join("watched").join(&name)).unwrap();
+        tokio::task::block_in_place(|| rt.block_on(tap.wait(&name, EventKind::Uninstalled)));
+    }
+    let got = summarize(sample);
+    Row::latency("install: watched folder → ready", got, Some(floor))
+        .target(Target::OverFloorAtMost(Duration::from_millis(10)))
+}
+
+/// SIGKILL → ready again.
+async fn crash(root: &Path, ctl: &mut Client, tap: &mut EventTap, n: usize, floor: Summary) -> Row {
+    let dir = harness::demo_bundle(&root.join("bundles"), "crashy");
+    call(ctl, method::INSTALL, json!({"path": dir})).await;
+    let mut sample = Vec::new();
+    for _ in 0..n {
+        let pid = status(ctl)
+            .await
+            .bundles
+            .iter()
+            .find(|b| b.name == "crashy" && b.state == BundleState::Ready)
+            .and_then(|b| b.pid)
+            .expect("crashy is ready");
+        // A first restart: the bundle has been ready for `stable_after`
+        // (1 ms in this config). Scenario set-up, not synchronisation.
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        let start = Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        tap.wait("crashy", EventKind::Exited).await;
+        sample.push(tap.wait("crashy", EventKind::Ready).await - start);
+    }
+    call(ctl, method::UNINSTALL, json!({"name": "crashy"})).await;
+    Row::latency("crash: SIGKILL → ready", summarize(sample), Some(floor))
+        .target(Target::AtMost(Duration::from_millis(100)))
+}
+
+/// What `host_bench` reports.
+#[derive(serde::Deserialize)]
+struct HostBench {
+    count: u64,
+    errors: u64,
+    per_sec: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+async fn host_bench(ctl: &mut Client, name: &str, uri: &str, count: usize) -> HostBench {
+    let text = tool_text(ctl, name, "host_bench", json!({"uri": uri, "count": count})).await;
+    let out: HostBench = serde_json::from_str(&text).unwrap();
+    assert_eq!(out.errors, 0, "{name}: {text}");
+    out
+}
+
+async fn host_resources(d: &BenchDaemon, ctl: &mut Client) -> Vec<Row> {
+    let files = d.root.join("files");
+    let text: String = (0..4096).map(|i| (b'a' + (i % 26) as u8) as char).collect();
+    std::fs::write(files.join("small.txt"), text).unwrap();
+    let mut rng = fastrand::Rng::with_seed(7);
+    let binary: Vec<u8> = (0..1 << 20).map(|_| rng.u8(..)).collect();
+    std::fs::write(files.join("large.bin"), binary).unwrap();
+    let mut uris = Vec::new();
+    for f in ["small.txt", "large.bin"] {
+        let record = call(ctl, method::FILES_PUT, json!({"path": files.join(f)})).await;
+        uris.push(format!("files://{}", record["id"].as_str().unwrap()));
+    }
+    let names: Vec<String> = (0..8).map(|i| format!("h{i}")).collect();
+    for name in &names {
+        let dir = harness::demo_bundle(&d.root.join("bundles"), name);
+        call(ctl, method::INSTALL, json!({"path": dir})).await;
+    }
+    let mut rows = Vec::new();
+    for (uri, label, count) in [
+        (&uris[0], "4 KiB text", scaled(5000)),
+        (&uris[1], "1 MiB binary", scaled(60)),
+    ] {
+        // The peer's answer is exactly what the daemon answers.
+        let reply = tool_text(ctl, "h0", "host_read", json!({"uri": uri})).await;
+        let reply_file = d.root.join("reply.json");
+        std::fs::write(&reply_file, &reply).unwrap();
+
+        host_bench(ctl, "h0", uri, count / 10).await; // warm-up
+        let one = host_bench(ctl, "h0", uri, count).await;
+        let floor = {
+            let (file, uri) = (reply_file.clone(), uri.clone());
+            tokio::task::spawn_blocking(move || floors::pipe_echo(&file, &uri, count))
+                .await
+                .unwrap()
+        };
+        let floor_rate = count as f64 / floor.iter().sum::<Duration>().as_secs_f64();
+        rows.push(
+            Row::latency(
+                &format!("host read {label}, 1 bundle"),
+                Summary {
+                    median_us: one.p50_us,
+                    p99_us: one.p99_us,
+                    n: one.count as usize,
+                },
+                Some(summarize(floor)),
+            )
+            .rate(one.per_sec, floor_rate)
+            .target(if label.starts_with('4') {
+                Target::RateOfFloorAtLeast(0.5)
+            } else {
+                Target::None
+            }),
+        );
+
+        let per = (count / 4).max(3);
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for name in &names {
+            let (mut c, name, uri) = (d.connect().await, name.clone(), uri.clone());
+            tasks.push(tokio::spawn(async move {
+                host_bench(&mut c, &name, &uri, per).await
+            }));
+        }
+        let mut each = Vec::new();
+        for t in tasks {
+            each.push(t.await.unwrap());
+        }
+        let rate = (per * names.len()) as f64 / start.elapsed().as_secs_f64();
+        let start = Instant::now();
+        let floors: Vec<_> = (0..names.len())
+            .map(|_| {
+                let (file, uri) = (reply_file.clone(), uri.clone());
+                std::thread::spawn(move || floors::pipe_echo(&file, &uri, per))
+            })
+            .collect();
+        let floor: Vec<Duration> = floors.into_iter().flat_map(|t| t.join().unwrap()).collect();
+        let floor_rate = (per * names.len()) as f64 / start.elapsed().as_secs_f64();
+        let mut p50: Vec<f64> = each.iter().map(|h| h.p50_us).collect();
+        p50.sort_by(f64::total_cmp);
+        let p99 = each.iter().map(|h| h.p99_us).fold(0.0, f64::max);
+        rows.push(
+            Row::latency(
+                &format!("host read {label}, 8 bundles"),
+                Summary {
+                    median_us: p50[p50.len() / 2],
+                    p99_us: p99,
+                    n: per * names.len(),
+                },
+                Some(summarize(floor)),
+            )
+            .rate(rate, floor_rate),
+        );
+    }
+    rows
+}
+
+/// `status` with 64 concurrent clients against the daemon and against a
+/// server answering the same bytes.
+async fn control(d: &BenchDaemon, ctl: &mut Client) -> Row {
+    let run = Duration::from_secs_f64(2.0 * scaled(100) as f64 / 100.0);
+    let reply = call(ctl, method::STATUS, json!({})).await;
+    let reply_file = d.root.join("status.json");
+    std::fs::write(&reply_file, serde_json::to_vec(&reply).unwrap()).unwrap();
+    let got = floors::hammer(&d.socket, 64, method::STATUS, true, run).await;
+    let floor_socket = d.root.join("floor.sock");
+    let mut server = floors::socket_echo(&reply_file, &floor_socket);
+    let floor = floors::hammer(&floor_socket, 64, method::STATUS, false, run).await;
+    let _ = server.kill();
+    let _ = server.wait();
+    let (rate, floor_rate) = (
+        got.len() as f64 / run.as_secs_f64(),
+        floor.len() as f64 / run.as_secs_f64(),
+    );
+    let bundles = reply["bundles"].as_array().map_or(0, Vec::len);
+    Row::latency(
+        &format!("control: status, 64 clients, {bundles} bundles"),
+        summarize(got),
+        Some(summarize(floor)),
+    )
+    .rate(rate, floor_rate)
+}
+
+async fn echo_calls(
+    client: &RunningService<RoleClient, ()>,
+    tool: &str,
+    n: usize,
+) -> Vec<Duration> {
+    let args = json!({"text": "ping"}).as_object().unwrap().clone();
+    let mut sample = Vec::with_capacity(n);
+    for i in 0..n + 200 {
+        let params = CallToolRequestParams::new(tool.to_string()).with_arguments(args.clone());
+        let start = Instant::now();
+        client.peer().call_tool(params).await.expect("call");
+        if i >= 200 {
+            sample.push(start.elapsed());
+        }
+    }
+    sample
+}
+
+/// An `echo` call directly to the bundle and through `bundlevisor mcp`.
+async fn gateway(d: &BenchDaemon) -> Row {
+    let n = scaled(2000);
+    let (_child, direct) = floors::bare_start().await;
+    let floor = echo_calls(&direct, "echo", n).await;
+    let _ = direct.cancel().await;
+    let mut mcp = tokio::process::Command::new(harness::BIN);
+    mcp.arg("--socket").arg(&d.socket).arg("mcp");
+    let mut child = mcp
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    let client = rmcp::ServiceExt::serve((), io).await.expect("initialize");
+    let got = echo_calls(&client, "h0__echo", n).await;
+    let _ = client.cancel().await;
+    Row::latency(
+        "gateway: echo via bundlevisor mcp",
+        summarize(got),
+        Some(summarize(floor)),
+    )
+    .target(Target::OverFloorAtMost(Duration::from_micros(100)))
+}
+
+/// Daemon start → every installed bundle ready, several times, with the
+/// daemon's memory at that point.
+async fn boot(root: &Path) -> Vec<Row> {
+    let count: usize = std::env::var("BOOT_BUNDLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let rounds = scaled(3);
+    std::fs::create_dir_all(root.join("bundles")).unwrap();
+    let config = CONFIG.replace("[[watch]]\ndir = \"watched\"\n", "");
+    let d = BenchDaemon::start(root, Some(&config)).await;
+    let idle_kib = rss_kib(d.pid());
+    let mut tap = EventTap::start(&d).await;
+    let mut ctl = d.connect().await;
+    for i in 0..count {
+        let dir = harness::demo_bundle(&root.join("bundles"), &format!("b{i:03}"));
+        call(
+            &mut ctl,
+            method::INSTALL,
+            json!({"path": dir, "no_wait": true}),
+        )
+        .await;
+    }
+    tap.wait_count(EventKind::Ready, count).await;
+    drop(ctl);
+    d.stop();
+
+    let mut sample = Vec::new();
+    let (mut daemon_kib, mut bundle_kib) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let start = Instant::now();
+        let d = BenchDaemon::start(root, None).await;
+        let mut tap = EventTap::start(&d).await;
+        let mut ctl = d.connect().await;
+        let ready: std::collections::HashSet<_> = status(&mut ctl)
+            .await
+            .bundles
+            .into_iter()
+            .filter(|b| b.state == BundleState::Ready)
+            .map(|b| (b.workspace, b.name))
+            .collect();
+        let at = if ready.len() == count {
+            Instant::now()
+        } else {
+            tap.wait_all(EventKind::Ready, count, ready).await
+        };
+        sample.push(at - start);
+        daemon_kib.push(rss_kib(d.pid()));
+        let st = status(&mut ctl).await;
+        let pids: Vec<u32> = st.bundles.iter().filter_map(|b| b.pid).collect();
+        assert_eq!(pids.len(), count);
+        bundle_kib.push(pids.iter().map(|p| rss_kib(*p)).sum::<u64>() / count as u64);
+        drop(ctl);
+        d.stop();
+    }
+
+    let mut floor = Vec::new();
+    for _ in 0..rounds {
+        let start = Instant::now();
+        let all = futures::future::join_all((0..count).map(|_| floors::bare_start())).await;
+        floor.push(start.elapsed());
+        for (_child, client) in all {
+            let _ = client.cancel().await;
+        }
+    }
+    let daemon = *daemon_kib.iter().max().unwrap();
+    vec![
+        Row::latency(
+            &format!("boot: start → {count} bundles ready"),
+            summarize(sample),
+            Some(summarize(floor)),
+        )
+        .target(Target::AtMost(Duration::from_secs(3))),
+        Row::memory(
+            &format!("daemon RSS, {count} bundles ready"),
+            daemon,
+            Target::MemoryAtMost(64 << 10),
+        ),
+        Row::memory("daemon RSS, idle", idle_kib, Target::None),
+        Row::memory(
+            "daemon RSS per bundle",
+            daemon.saturating_sub(idle_kib) / count as u64,
+            Target::None,
+        ),
+        Row::memory(
+            "demo bundle process RSS (mean)",
+            bundle_kib.iter().sum::<u64>() / bundle_kib.len() as u64,
+            Target::None,
+        ),
+    ]
+}
