@@ -19,6 +19,7 @@
 //! - [`oauth`]: the OAuth 2.1 client of remote bundles.
 //! - [`secret`]: secret values and the redactor that masks them.
 //! - [`lines`]: bounded line reading for untrusted streams.
+//! - [`stdio`]: stdin/stdout polled by the event loop (MCP stdio servers).
 
 pub mod bundle;
 pub mod cli;
@@ -34,4 +35,5 @@ pub mod names;
 pub mod oauth;
 pub mod protocol;
 pub mod secret;
+pub mod stdio;
 pub mod store;

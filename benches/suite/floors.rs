@@ -26,6 +26,7 @@ pub fn run_role() -> bool {
     match std::env::var(ROLE).as_deref() {
         Ok("pipe-echo") => pipe_echo_peer(),
         Ok("socket-echo") => socket_echo_server(),
+        Ok("relay") => relay(),
         _ => return false,
     }
     true
@@ -45,6 +46,71 @@ pub async fn bare_start() -> (tokio::process::Child, RunningService<RoleClient, 
     let client = ().serve(io).await.expect("initialize");
     let tools = client.peer().list_all_tools().await.expect("tools/list");
     assert!(!tools.is_empty());
+    (child, client)
+}
+
+/// A process in the middle that does nothing but forward lines: spawns the
+/// command in `BV_BENCH_NEXT` (`--` separated, this binary again for a
+/// second relay) and copies stdin → its stdin and its stdout → stdout.
+fn relay() {
+    let next = std::env::var("BV_BENCH_NEXT").unwrap();
+    let mut parts = next.splitn(2, "--");
+    let program = parts.next().unwrap();
+    let mut cmd = Command::new(program);
+    if let Some(rest) = parts.next() {
+        cmd.env(ROLE, "relay").env("BV_BENCH_NEXT", rest);
+    } else {
+        cmd.env_remove(ROLE);
+    }
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut to_child = child.stdin.take().unwrap();
+    let from_child = BufReader::new(child.stdout.take().unwrap());
+    let back = std::thread::spawn(move || {
+        let mut out = std::io::stdout().lock();
+        for line in from_child.split(b'\n') {
+            let Ok(mut line) = line else { return };
+            line.push(b'\n');
+            if out.write_all(&line).and_then(|()| out.flush()).is_err() {
+                return;
+            }
+        }
+    });
+    for line in std::io::stdin().lock().split(b'\n') {
+        let Ok(mut line) = line else { break };
+        line.push(b'\n');
+        if to_child.write_all(&line).is_err() {
+            break;
+        }
+    }
+    drop(to_child);
+    let _ = child.wait();
+    let _ = back.join();
+}
+
+/// The demo bundle behind `relays` line-relay processes.
+pub async fn relayed_start(
+    relays: usize,
+) -> (tokio::process::Child, RunningService<RoleClient, ()>) {
+    let me = std::env::current_exe().unwrap();
+    let mut next = DEMO.to_string();
+    for _ in 1..relays {
+        next = format!("{}--{next}", me.display());
+    }
+    let mut child = tokio::process::Command::new(&me)
+        .env(ROLE, "relay")
+        .env("BV_BENCH_NEXT", next)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    let client = ().serve(io).await.expect("initialize through relays");
     (child, client)
 }
 

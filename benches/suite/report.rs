@@ -99,7 +99,8 @@ fn target_text(t: Target) -> String {
     }
 }
 
-pub fn print(rows: &[Row], took: Duration) {
+/// The table on stdout; with `json`, the rows in `target/bench/suite.json`.
+pub fn print(rows: &[Row], took: Duration, json: bool) {
     println!();
     println!(
         "{:<44} {:>10} {:>10} {:>10} {:>10} {:>7} {:>17}  {:<22} met",
@@ -135,8 +136,11 @@ pub fn print(rows: &[Row], took: Duration) {
         );
     }
     println!("\n(suite ran in {:.0} s)", took.as_secs_f64());
+    if !json {
+        println!("smoke run (small samples, no --bench): `make bench` gives the figures");
+    }
     let dir = std::path::Path::new("target/bench");
-    if std::fs::create_dir_all(dir).is_ok() {
+    if json && std::fs::create_dir_all(dir).is_ok() {
         let json = serde_json::to_vec_pretty(&rows).unwrap();
         if std::fs::write(dir.join("suite.json"), json).is_ok() {
             println!("rows as JSON: {}", dir.join("suite.json").display());

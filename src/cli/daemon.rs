@@ -53,7 +53,13 @@ pub fn run(args: &Args) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let runtime = match super::runtime(tokio::runtime::Builder::new_multi_thread()) {
+    // One event-loop thread: a message between a bundle, the actors and the
+    // control socket never has to wake a second worker thread, which on a
+    // VM costs more than the work itself (docs/performance.md). Blocking
+    // work (SQLite, manifests, sandbox preparation, large files) runs on the
+    // blocking pool, and spawns come from this thread, which lives as long
+    // as the daemon (what PR_SET_PDEATHSIG needs).
+    let runtime = match super::runtime(tokio::runtime::Builder::new_current_thread()) {
         Ok(rt) => rt,
         Err(code) => return code,
     };

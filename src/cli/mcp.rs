@@ -28,7 +28,9 @@ pub fn run(socket: PathBuf, args: &Args) -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    let runtime = match super::runtime(tokio::runtime::Builder::new_multi_thread()) {
+    // One client, one daemon link: a single thread relays without waking
+    // another (docs/performance.md).
+    let runtime = match super::runtime(tokio::runtime::Builder::new_current_thread()) {
         Ok(rt) => rt,
         Err(code) => return code,
     };

@@ -116,6 +116,22 @@ pub struct WorkspaceState {
     audit: AuditLog,
 }
 
+/// Files up to this size whose record is cached are read on the event loop:
+/// a read from the page cache costs less than the two thread wake-ups of
+/// the blocking pool. Anything else (lists, larger files, records not yet
+/// known) goes to the blocking pool.
+const INLINE_READ_MAX: u64 = 64 * 1024;
+
+fn inline(store: &FileStore, request: &host_resources::Request) -> bool {
+    match request {
+        host_resources::Request::Read { id: Some(id), .. } => store
+            .cached(id)
+            .is_some_and(|record| record.size <= INLINE_READ_MAX),
+        host_resources::Request::Read { id: None, .. } => true,
+        host_resources::Request::List { .. } => false,
+    }
+}
+
 impl WorkspaceState {
     /// Scheme check → access decision (audited) → rate bucket → FileStore
     /// (on the blocking pool). The workspace is the one the connection was
@@ -154,6 +170,10 @@ impl WorkspaceState {
             return;
         }
         let (store, max) = (self.files.clone(), limits.max_read_bytes);
+        if inline(&store, &parsed) {
+            let _ = reply.send(host_resources::execute(&store, max, &requester, parsed));
+            return;
+        }
         tokio::task::spawn_blocking(move || {
             let _ = reply.send(host_resources::execute(&store, max, &requester, parsed));
         });

@@ -9,9 +9,11 @@
 
 pub mod mime;
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use sha2::{Digest, Sha256};
 
@@ -58,13 +60,29 @@ fn new_id() -> String {
     format!("fl_{:024x}", fastrand::u128(..) >> 32)
 }
 
-/// One workspace's files. Cheap to clone; calls block (use the blocking pool).
+/// One workspace's files. Cheap to clone; calls block (use the blocking
+/// pool), except [`FileStore::cached`].
 #[derive(Clone)]
 pub struct FileStore {
     workspace: String,
     dir: PathBuf,
     db: Store,
+    records: Arc<Mutex<RecordCache>>,
 }
+
+/// Records already looked up, so that host-resources reads of known files
+/// skip SQLite. A record never changes while it exists, so an entry is
+/// exact until its file is removed or rolled back; those bump `generation`
+/// after changing the table, and a lookup only caches what it read if no
+/// invalidation happened meanwhile.
+#[derive(Default)]
+struct RecordCache {
+    generation: u64,
+    by_id: HashMap<String, FileRecord>,
+}
+
+/// Entries kept before the cache starts over.
+const RECORD_CACHE_MAX: usize = 4096;
 
 impl FileStore {
     /// Opens (creating) `state_dir/files/WS` and removes what a crash left
@@ -80,6 +98,7 @@ impl FileStore {
             workspace: workspace.to_string(),
             dir,
             db,
+            records: Arc::default(),
         };
         let mut known: std::collections::HashSet<String> = store
             .db
@@ -192,7 +211,45 @@ impl FileStore {
         if !is_file_id(id) {
             return Ok(None);
         }
-        Ok(self.db.file(&self.workspace, id)?)
+        let generation = {
+            let cache = self.cache();
+            if let Some(record) = cache.by_id.get(id) {
+                return Ok(Some(record.clone()));
+            }
+            cache.generation
+        };
+        let record = self.db.file(&self.workspace, id)?;
+        if let Some(record) = &record {
+            let mut cache = self.cache();
+            if cache.generation == generation {
+                if cache.by_id.len() >= RECORD_CACHE_MAX {
+                    cache.by_id.clear();
+                }
+                cache.by_id.insert(id.to_string(), record.clone());
+            }
+        }
+        Ok(record)
+    }
+
+    /// The record of `id` if it is cached; never blocks on the database.
+    pub fn cached(&self, id: &str) -> Option<FileRecord> {
+        self.cache().by_id.get(id).cloned()
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, RecordCache> {
+        self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Called after a change that removes records from the table.
+    fn invalidate(&self, id: Option<&str>) {
+        let mut cache = self.cache();
+        cache.generation += 1;
+        match id {
+            Some(id) => {
+                cache.by_id.remove(id);
+            }
+            None => cache.by_id.clear(),
+        }
     }
 
     /// Why `id` is not in this workspace, for the log: another workspace
@@ -223,6 +280,7 @@ impl FileStore {
         if !is_file_id(id) || !self.db.remove_file(&self.workspace, id)? {
             return Ok(false);
         }
+        self.invalidate(Some(id));
         if !self.db.checkpointed_ids(&self.workspace)?.contains(id) {
             let _ = std::fs::remove_file(self.blob(id));
         }
@@ -256,6 +314,7 @@ impl FileStore {
             .map(|f| f.id)
             .collect();
         self.db.replace_files(&self.workspace, &rows)?;
+        self.invalidate(None);
         let restored_files = rows
             .iter()
             .filter(|r| !current.contains(&r.id))
@@ -277,6 +336,35 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let db = Store::open(&dir.path().join("state.db")).unwrap();
         (dir, db)
+    }
+
+    #[test]
+    fn cached_records_go_with_remove_and_rollback() {
+        let (dir, db) = setup();
+        let fs = FileStore::open(dir.path(), "w", db).unwrap();
+        let src = dir.path().join("a.txt");
+        std::fs::write(&src, "a").unwrap();
+        let kept = fs.put(&src, None, vec![], None).unwrap();
+        let checkpoint = fs.checkpoint().unwrap();
+        let later = fs.put(&src, None, vec![], None).unwrap();
+        assert_eq!(
+            fs.cached(&kept.id),
+            None,
+            "nothing is cached before a lookup"
+        );
+        assert_eq!(fs.get(&kept.id).unwrap().as_ref(), Some(&kept));
+        assert_eq!(fs.get(&later.id).unwrap().as_ref(), Some(&later));
+        assert_eq!(fs.cached(&kept.id).as_ref(), Some(&kept));
+        // A clone shares the cache, as the workspace actor's clones do.
+        let clone = fs.clone();
+        assert!(clone.remove(&kept.id).unwrap());
+        assert_eq!(fs.cached(&kept.id), None);
+        assert_eq!(fs.get(&kept.id).unwrap(), None);
+        // The rollback restores `kept` and drops `later`.
+        assert!(fs.rollback(&checkpoint.checkpoint_id).unwrap().is_some());
+        assert_eq!(fs.cached(&later.id), None);
+        assert_eq!(fs.get(&later.id).unwrap(), None);
+        assert_eq!(fs.get(&kept.id).unwrap().as_ref(), Some(&kept));
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub async fn serve_stdio(opts: Options) -> Result<(), GatewayError> {
     let gateway = Gateway::new(link, opts.workspace.clone(), profile, opts.wait_ready);
     let service = gateway
         .clone()
-        .serve(rmcp::transport::stdio())
+        .serve(crate::stdio::stdio())
         .await
         .map_err(|e| GatewayError::Session(e.to_string()))?;
     let watcher = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(watch_changes(

@@ -82,6 +82,9 @@ struct HostBenchArgs {
     uri: String,
     /// Number of sequential reads.
     count: u32,
+    /// Also return every read's round trip (`samples_us`).
+    #[serde(default)]
+    samples: bool,
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -258,7 +261,7 @@ impl Demo {
                 .copied()
                 .unwrap_or(0)
         };
-        let out = serde_json::json!({
+        let mut out = serde_json::json!({
             "count": args.count,
             "errors": errors,
             "elapsed_ms": (elapsed * 1000.0).round(),
@@ -266,6 +269,9 @@ impl Demo {
             "p50_us": pct(0.5),
             "p99_us": pct(0.99),
         });
+        if args.samples {
+            out["samples_us"] = serde_json::json!(each);
+        }
         Ok(CallToolResult::success(vec![ContentBlock::text(
             out.to_string(),
         )]))
@@ -301,7 +307,7 @@ impl ServerHandler for Demo {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     eprintln!("demo: starting (pid {})", std::process::id());
-    let service = Demo::new().serve(rmcp::transport::stdio()).await?;
+    let service = Demo::new().serve(bundlevisor::stdio::stdio()).await?;
     service.waiting().await?;
     eprintln!("demo: stdin closed, exiting");
     Ok(())
