@@ -13,6 +13,7 @@ mod files;
 mod install;
 mod logs;
 mod mcp;
+mod metrics;
 mod restart;
 mod status;
 mod tools;
@@ -47,7 +48,8 @@ pub struct Cli {
 enum Command {
     /// Run the daemon in the foreground.
     Daemon(daemon::Args),
-    /// Show every bundle: state, pid, uptime, restarts, tools, last error.
+    /// Show every bundle: state, pid, uptime, restarts, tools, last error
+    /// (--watch: a live view with memory and calls per second).
     Status(status::Args),
     /// Install a bundle folder or manifest file and wait until it is ready.
     Install(install::Args),
@@ -69,6 +71,8 @@ enum Command {
     Logs(logs::Args),
     /// Stream lifecycle events (installed, ready, exited, restarting, ...).
     Events(events::Args),
+    /// Print the daemon's metrics (Prometheus text format).
+    Metrics(metrics::Args),
     /// Workspace files that bundles read through host-resources.
     Files(files::Args),
     /// Serve a workspace's bundles as one MCP server on stdio (for agents).
@@ -127,6 +131,7 @@ pub fn main() -> ExitCode {
             Command::Call(a) => call::run(&mut client, a).await,
             Command::Logs(a) => logs::run(&mut client, a).await,
             Command::Events(a) => events::run(&mut client, a).await,
+            Command::Metrics(a) => metrics::run(&mut client, a).await,
             Command::Files(a) => files::run(&mut client, a).await,
         }
     });

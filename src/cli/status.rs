@@ -1,18 +1,32 @@
-//! `bundlevisor status [--json]`
+//! `bundlevisor status [--json] [--watch [--interval D]]`
 
+use std::collections::HashMap;
+use std::io::{IsTerminal, Write};
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use super::{print_json, Client, ClientError};
-use crate::protocol::{method, StatusResult};
+use crate::protocol::{method, StatusParams, StatusResult};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// Print the documented JSON shape instead of a table.
+    /// Print the documented JSON shape instead of a table (with --watch:
+    /// one JSON object per line and interval).
     #[arg(long)]
     json: bool,
+    /// Redraw the table (with memory and calls per second) until Ctrl-C;
+    /// on a terminal in place, otherwise one plain table per interval.
+    #[arg(long)]
+    watch: bool,
+    /// How often --watch refreshes.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    interval: Duration,
 }
 
 pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError> {
+    if args.watch {
+        return watch(client, args).await;
+    }
     let status: StatusResult = client
         .request(method::STATUS, serde_json::json!({}), |_| {})
         .await?;
@@ -24,6 +38,133 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
     Ok(ExitCode::SUCCESS)
 }
 
+/// Terminal control: clear the screen from the top, hide and show the cursor.
+const REDRAW: &str = "\x1b[H\x1b[2J";
+const HIDE_CURSOR: &str = "\x1b[?25l";
+const SHOW_CURSOR: &str = "\x1b[?25h";
+
+async fn watch(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError> {
+    let tty = std::io::stdout().is_terminal() && !args.json;
+    let mut interrupt =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+            .map_err(|e| ClientError::Protocol(format!("cannot watch for Ctrl-C: {e}")))?;
+    let mut ticker = tokio::time::interval(args.interval.max(Duration::from_millis(50)));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut before: Option<(Instant, CallCounts)> = None;
+    let mut out = std::io::stdout();
+    if tty {
+        let _ = write!(out, "{HIDE_CURSOR}");
+    }
+    let ended = loop {
+        tokio::select! {
+            _ = interrupt.recv() => break Ok(()),
+            _ = ticker.tick() => {}
+        }
+        let params = StatusParams { usage: true };
+        let status: StatusResult = match client.request(method::STATUS, params, |_| {}).await {
+            Ok(s) => s,
+            Err(e) => break Err(e),
+        };
+        let now = Instant::now();
+        let calls: CallCounts = status
+            .bundles
+            .iter()
+            .map(|b| {
+                let calls = b.usage.as_ref().map_or(0, |u| u.calls);
+                ((b.workspace.clone(), b.name.clone()), calls)
+            })
+            .collect();
+        let rates = per_second(before.as_ref(), now, &calls);
+        before = Some((now, calls));
+        let text = if args.json {
+            serde_json::to_string(&status).map_err(|e| ClientError::Protocol(e.to_string()))? + "\n"
+        } else {
+            let heading = format!(
+                "bundlevisor {} (pid {}, up {}): {} bundles, every {}; Ctrl-C to quit",
+                status.daemon.version,
+                status.daemon.pid,
+                uptime(Some(status.daemon.uptime_secs)),
+                status.bundles.len(),
+                humantime::format_duration(args.interval)
+            );
+            format!("{heading}\n\n{}", watch_table(&status, &rates))
+        };
+        let written = if tty {
+            write!(out, "{REDRAW}{text}")
+        } else if args.json {
+            write!(out, "{text}")
+        } else {
+            writeln!(out, "{text}")
+        };
+        if written.and_then(|_| out.flush()).is_err() {
+            // The reader went away (a closed pipe): nothing more to show.
+            break Ok(());
+        }
+    };
+    if tty {
+        let _ = writeln!(out, "{SHOW_CURSOR}");
+        let _ = out.flush();
+    }
+    ended.map(|_| ExitCode::SUCCESS)
+}
+
+/// Tool calls so far, by (workspace, bundle).
+type CallCounts = HashMap<(String, String), u64>;
+
+/// Calls per second of each bundle since the previous refresh (none on the
+/// first one).
+fn per_second(
+    before: Option<&(Instant, CallCounts)>,
+    now: Instant,
+    calls: &CallCounts,
+) -> HashMap<(String, String), f64> {
+    let Some((then, previous)) = before else {
+        return HashMap::new();
+    };
+    let secs = now.duration_since(*then).as_secs_f64().max(1e-3);
+    calls
+        .iter()
+        .map(|(key, n)| {
+            let delta = n.saturating_sub(previous.get(key).copied().unwrap_or(*n));
+            (key.clone(), delta as f64 / secs)
+        })
+        .collect()
+}
+
+fn watch_table(status: &StatusResult, rates: &HashMap<(String, String), f64>) -> String {
+    let mut rows = vec![[
+        "WORKSPACE",
+        "BUNDLE",
+        "STATE",
+        "PID",
+        "UPTIME",
+        "RESTARTS",
+        "RSS",
+        "CALLS/S",
+        "LAST ERROR",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for b in &status.bundles {
+        let rss = b.usage.as_ref().and_then(|u| u.rss_bytes);
+        let rate = rates.get(&(b.workspace.clone(), b.name.clone()));
+        rows.push(vec![
+            b.workspace.clone(),
+            b.name.clone(),
+            b.state.as_str().to_string(),
+            b.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
+            uptime(b.uptime_secs),
+            b.restarts.to_string(),
+            rss.map(|r| format!("{:.1} MiB", r as f64 / 1048576.0))
+                .unwrap_or_else(|| "-".into()),
+            rate.map(|r| format!("{r:.1}"))
+                .unwrap_or_else(|| "-".into()),
+            first_line(b.last_error.as_deref()),
+        ]);
+    }
+    aligned(&rows, status.bundles.is_empty())
+}
+
 pub(super) fn uptime(secs: Option<u64>) -> String {
     match secs {
         None => "-".into(),
@@ -32,6 +173,12 @@ pub(super) fn uptime(secs: Option<u64>) -> String {
         Some(s) if s < 86400 => format!("{}h{}m", s / 3600, (s % 3600) / 60),
         Some(s) => format!("{}d{}h", s / 86400, (s % 86400) / 3600),
     }
+}
+
+fn first_line(error: Option<&str>) -> String {
+    error
+        .map(|e| e.lines().next().unwrap_or("").to_string())
+        .unwrap_or_else(|| "-".into())
 }
 
 fn table(status: &StatusResult) -> String {
@@ -56,17 +203,19 @@ fn table(status: &StatusResult) -> String {
             uptime(b.uptime_secs),
             b.restarts.to_string(),
             b.tools.to_string(),
-            b.last_error
-                .as_deref()
-                .map(|e| e.lines().next().unwrap_or("").to_string())
-                .unwrap_or_else(|| "-".into()),
+            first_line(b.last_error.as_deref()),
         ]);
     }
+    aligned(&rows, status.bundles.is_empty())
+}
+
+/// Rows as columns aligned on the widest cell (the last column is not padded).
+fn aligned(rows: &[Vec<String>], empty: bool) -> String {
     let widths: Vec<usize> = (0..rows[0].len())
         .map(|i| rows.iter().map(|r| r[i].chars().count()).max().unwrap_or(0))
         .collect();
     let mut out = String::new();
-    for row in &rows {
+    for row in rows {
         let cells: Vec<String> = row
             .iter()
             .enumerate()
@@ -81,7 +230,7 @@ fn table(status: &StatusResult) -> String {
         out.push_str(cells.join("  ").trim_end());
         out.push('\n');
     }
-    if status.bundles.is_empty() {
+    if empty {
         out.push_str("(no bundles installed; `bundlevisor install PATH` adds one)\n");
     }
     out
@@ -101,6 +250,7 @@ mod tests {
                 uptime_secs: 0,
                 socket: "s".into(),
                 state_dir: "d".into(),
+                metrics_addr: None,
             },
             workspaces: vec!["default".into()],
             bundles: vec![BundleStatus {
@@ -115,6 +265,7 @@ mod tests {
                 last_error: Some("process exited (exit code 3)\nmore".into()),
                 source: "/b/demo".into(),
                 sandbox: None,
+                usage: None,
             }],
         };
         let text = table(&status);
@@ -124,5 +275,18 @@ mod tests {
         assert!(lines[1].ends_with("process exited (exit code 3)"), "{text}");
         assert_eq!(lines[0].find("STATE"), lines[1].find("failed"));
         assert_eq!(uptime(Some(3725)), "1h2m");
+    }
+
+    #[test]
+    fn calls_per_second_come_from_the_difference_between_refreshes() {
+        let t0 = Instant::now();
+        let key = ("w".to_string(), "b".to_string());
+        let new = ("w".to_string(), "new".to_string());
+        let first: CallCounts = [(key.clone(), 10)].into();
+        assert!(per_second(None, t0, &first).is_empty(), "no rate on the first refresh");
+        let second: CallCounts = [(key.clone(), 30), (new.clone(), 7)].into();
+        let rates = per_second(Some(&(t0, first)), t0 + Duration::from_secs(2), &second);
+        assert_eq!(rates[&key], 10.0);
+        assert_eq!(rates[&new], 0.0, "a bundle seen for the first time has no rate yet");
     }
 }

@@ -118,6 +118,10 @@ pub struct Config {
     /// The control socket.
     #[serde(default = "defaults::socket")]
     pub socket: PathBuf,
+    /// Serve `GET /metrics` (Prometheus text) here: `HOST:PORT`, or a bare
+    /// port for 127.0.0.1. Off unless set.
+    #[serde(default)]
+    pub metrics_addr: Option<String>,
     /// Folders whose bundles are installed at start.
     #[serde(default)]
     pub watch: Vec<WatchConfig>,
@@ -465,6 +469,11 @@ impl Config {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let mut problems = Vec::new();
+        if let Some(addr) = &self.metrics_addr {
+            if let Err(e) = crate::daemon::metrics::parse_addr(addr) {
+                problems.push(e);
+            }
+        }
         let hr = &self.host_resources;
         if !(hr.rate_per_sec.is_finite() && hr.rate_per_sec > 0.0) {
             problems.push("host_resources.rate_per_sec must be a positive number".to_string());

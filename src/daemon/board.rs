@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use tokio::sync::broadcast;
 
-use crate::protocol::{BundleStatus, LifecycleEvent};
+use crate::protocol::{BundleStatus, EventKind, LifecycleEvent};
 
 /// Lifecycle events are published as they happen.
 pub type Event = LifecycleEvent;
@@ -23,6 +23,17 @@ struct Entry {
 struct Inner {
     bundles: BTreeMap<(String, String), Entry>,
     workspaces: BTreeSet<String>,
+    counts: BTreeMap<(String, String), Counts>,
+}
+
+/// What happened to a bundle since the daemon started (for metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Starts after the first one.
+    pub restarts: u64,
+    /// Exits nobody asked for, other than a clean exit (code 0).
+    pub crashes: u64,
+    starts: u64,
 }
 
 #[derive(Clone)]
@@ -65,14 +76,38 @@ impl StatusBoard {
     /// Publishes an event that changes no status (installed, uninstalled,
     /// manifest_rejected). No subscriber is fine.
     pub fn emit(&self, event: Event) {
+        if matches!(event.kind, EventKind::Starting | EventKind::Exited) {
+            let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+            let counts = inner
+                .counts
+                .entry((event.workspace.clone(), event.name.clone()))
+                .or_default();
+            if event.kind == EventKind::Starting {
+                counts.restarts += u64::from(counts.starts > 0);
+                counts.starts += 1;
+            } else if event.exit.as_ref().is_none_or(|e| e.code != Some(0)) {
+                counts.crashes += 1;
+            }
+        }
         let _ = self.events.send(event);
+    }
+
+    /// Restarts and crashes of every installed bundle.
+    pub fn counts(&self) -> BTreeMap<(String, String), Counts> {
+        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        inner
+            .counts
+            .iter()
+            .filter(|(key, _)| inner.bundles.contains_key(*key))
+            .map(|(k, v)| (k.clone(), *v))
+            .collect()
     }
 
     pub fn remove(&self, workspace: &str, name: &str) {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
-        inner
-            .bundles
-            .remove(&(workspace.to_string(), name.to_string()));
+        let key = (workspace.to_string(), name.to_string());
+        inner.bundles.remove(&key);
+        inner.counts.remove(&key);
     }
 
     pub fn add_workspace(&self, workspace: &str) {

@@ -321,6 +321,7 @@ impl BundleActorState {
             last_error: self.last_error.clone(),
             source: self.args.source.display().to_string(),
             sandbox: self.sandbox.clone(),
+            usage: None,
         };
         let ready_since = self
             .live

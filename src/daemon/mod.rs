@@ -8,6 +8,7 @@
 pub mod board;
 pub mod bundle;
 pub mod control;
+pub mod metrics;
 pub mod policy;
 pub mod supervisor;
 pub mod systemd;
@@ -46,6 +47,9 @@ pub struct Shared {
     /// keyed by their `state`.
     pub pending_auth: std::sync::Mutex<std::collections::HashMap<String, PendingAuth>>,
     pub board: StatusBoard,
+    pub metrics: metrics::Metrics,
+    /// Where `GET /metrics` is served, if configured.
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Bounds how many bundles start at once (boot reload is parallel up to this).
     pub start_permits: Semaphore,
     pub started_at: Instant,
@@ -79,6 +83,13 @@ pub enum DaemonError {
     Key(#[from] crate::store::crypto::KeyError),
     #[error("actor system: {0}")]
     Actor(String),
+    #[error("{0}")]
+    MetricsAddr(String),
+    #[error("cannot serve metrics on {addr} (metrics_addr): {source}")]
+    Metrics {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
 }
 
 /// An authorization-code flow in progress for one bundle.
@@ -302,6 +313,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     tracing::info!(key = %key_origin, "credential key loaded");
     let listener = bind_socket(&config.socket, &config.control)?;
     let socket = config.socket.clone();
+    let metrics_listener = match config.metrics_addr.as_deref().map(metrics::parse_addr) {
+        None => None,
+        Some(Err(e)) => return Err(DaemonError::MetricsAddr(e)),
+        Some(Ok(addr)) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| DaemonError::Metrics { addr, source })?;
+            if !addr.ip().is_loopback() {
+                tracing::warn!(%addr, "metrics are served beyond loopback: anyone who can reach this address sees bundle names and counts");
+            }
+            Some(listener)
+        }
+    };
+    let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
 
     let reaper = match crate::bundle::reaper::Reaper::spawn(&config.state_dir) {
         Ok(r) => Some(Arc::new(r)),
@@ -320,6 +345,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         configure_locks: Default::default(),
         pending_auth: Default::default(),
         board: StatusBoard::default(),
+        metrics: Default::default(),
+        metrics_addr,
         started_at: Instant::now(),
         booted: CancellationToken::new(),
     });
@@ -339,6 +366,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         shared.clone(),
         shutdown.clone(),
     ));
+    let metrics_http = metrics_listener.map(|listener| {
+        tracing::info!(addr = ?metrics_addr, "serving GET /metrics");
+        let shared = shared.clone();
+        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(metrics::serve_http(
+            listener,
+            move || {
+                shared
+                    .metrics
+                    .render(&shared.board, shared.started_at.elapsed())
+            },
+        )))
+    });
     tracing::info!(socket = %socket.display(), pid = std::process::id(), "daemon listening");
 
     tokio::select! {
@@ -360,6 +399,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     tracing::info!("shutting down: stopping every bundle");
     shared.start_permits.close();
     daemon.stop(Some("shutdown".into()));
+    drop(metrics_http);
     let _ = daemon_task.await;
     let _ = control.await;
     let _ = watcher.await;

@@ -143,10 +143,20 @@ impl WorkspaceState {
             params,
             reply,
         } = request;
+        // Every answer is counted by outcome (metrics), then sent.
+        let answer = {
+            let (shared, workspace) = (self.shared.clone(), self.name.clone());
+            move |result: Result<serde_json::Value, HostError>| {
+                shared
+                    .metrics
+                    .host_request(&workspace, super::metrics::host_outcome(&result));
+                let _ = reply.send(result);
+            }
+        };
         let parsed = match host_resources::parse(&method, params.as_ref()) {
             Ok(p) => p,
             Err(e) => {
-                let _ = reply.send(Err(e));
+                answer(Err(e));
                 return;
             }
         };
@@ -156,7 +166,7 @@ impl WorkspaceState {
         if !decision.permitted {
             tracing::warn!(workspace = %self.name, principal = %decision.principal, "host-resources request refused: {}", decision.reason);
             let uri = if action == Action::Read { resource } else { "" };
-            let _ = reply.send(Err(HostError::not_found(uri)));
+            answer(Err(HostError::not_found(uri)));
             return;
         }
         let limits = &self.shared.config.host_resources;
@@ -166,16 +176,16 @@ impl WorkspaceState {
             .entry(requester.bundle.clone())
             .or_insert_with(|| TokenBucket::new(limits.rate_per_sec, limits.burst, now));
         if let Err(retry_after_ms) = bucket.take(now) {
-            let _ = reply.send(Err(host_resources::rate_limited(retry_after_ms)));
+            answer(Err(host_resources::rate_limited(retry_after_ms)));
             return;
         }
         let (store, max) = (self.files.clone(), limits.max_read_bytes);
         if inline(&store, &parsed) {
-            let _ = reply.send(host_resources::execute(&store, max, &requester, parsed));
+            answer(host_resources::execute(&store, max, &requester, parsed));
             return;
         }
         tokio::task::spawn_blocking(move || {
-            let _ = reply.send(host_resources::execute(&store, max, &requester, parsed));
+            answer(host_resources::execute(&store, max, &requester, parsed))
         });
     }
 

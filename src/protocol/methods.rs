@@ -44,6 +44,43 @@ pub mod method {
     pub const EVENT: &str = "event";
     /// Notification carrying a [`super::LogLine`] (`bundle.logs` with `follow`).
     pub const LOG: &str = "log";
+    /// The daemon's metrics as Prometheus text (`{"text": ...}`).
+    pub const METRICS: &str = "metrics";
+    /// Replace the credential encryption key, re-sealing every stored secret.
+    pub const ROTATE_KEY: &str = "credentials.rotate_key";
+
+    /// Every request method the daemon serves.
+    pub const REQUESTS: &[&str] = &[
+        HELLO,
+        STATUS,
+        INSTALL,
+        UNINSTALL,
+        RESTART,
+        TOOLS,
+        CALL,
+        LOGS,
+        CONFIGURE,
+        MCP,
+        CANCEL,
+        WORKSPACE_RESOURCES,
+        PROFILE,
+        AUTH_BEGIN,
+        AUTH_COMPLETE,
+        FILES_PUT,
+        FILES_LS,
+        FILES_GET,
+        FILES_RM,
+        FILES_CHECKPOINT,
+        FILES_ROLLBACK,
+        DEBUG_PANIC,
+        EVENTS,
+        METRICS,
+        ROTATE_KEY,
+    ];
+
+    pub fn is_known(method: &str) -> bool {
+        REQUESTS.contains(&method)
+    }
 }
 
 pub const DEFAULT_WORKSPACE: &str = "default";
@@ -90,6 +127,16 @@ pub enum BundleState {
 }
 
 impl BundleState {
+    pub const ALL: [BundleState; 7] = [
+        BundleState::Starting,
+        BundleState::Ready,
+        BundleState::Restarting,
+        BundleState::Failed,
+        BundleState::Stopped,
+        BundleState::NeedsConfig,
+        BundleState::NeedsAuth,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             BundleState::Starting => "starting",
@@ -125,6 +172,9 @@ pub struct BundleStatus {
     /// bundles and before the first start).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<SandboxRecord>,
+    /// Only in `status` with `usage`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
 }
 
 /// A bundle's sandbox, as created (idempotently) for its process.
@@ -149,6 +199,33 @@ pub struct DaemonInfo {
     pub uptime_secs: u64,
     pub socket: String,
     pub state_dir: String,
+    /// Where `GET /metrics` is served (`metrics_addr`), when configured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_addr: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusParams {
+    /// Add each bundle's `usage` (memory, tool calls).
+    #[serde(default)]
+    pub usage: bool,
+}
+
+/// What a bundle uses, in `status` with `usage`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Resident memory of its process (absent when not running or remote).
+    pub rss_bytes: Option<u64>,
+    /// Tool calls answered since the daemon started, and how many failed.
+    pub calls: u64,
+    pub errors: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MetricsResult {
+    /// Prometheus text format 0.0.4.
+    pub text: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -32,9 +32,9 @@ use crate::protocol::EventKind;
 use crate::protocol::{
     method, BundleRef, BundleResult, BundleState, BundleStatus, BundleTools, CallParams,
     CallProgress, CancelParams, DaemonInfo, ErrorKind, FileContent, FilesList, FilesParams,
-    FilesPutParams, HelloParams, HelloResult, InstallParams, LogsParams, LogsResult, Notification,
-    Progress, Request, Response, RpcError, StatusResult, ToolsParams, ToolsResult, UninstallParams,
-    UninstallResult, MAX_REQUEST_BYTES, PROTOCOL_VERSION,
+    FilesPutParams, HelloParams, HelloResult, InstallParams, LogsParams, LogsResult, MetricsResult,
+    Notification, Progress, Request, Response, RpcError, StatusParams, StatusResult, ToolsParams,
+    ToolsResult, UninstallParams, UninstallResult, Usage, MAX_REQUEST_BYTES, PROTOCOL_VERSION,
 };
 use crate::store::Origin;
 
@@ -280,6 +280,7 @@ async fn connection(stream: UnixStream, ctx: Ctx) {
                 continue;
             }
         };
+        ctx.shared.metrics.control_request(&request.method);
         if !greeted {
             let response = if request.method == method::HELLO {
                 let r = hello(request.params);
@@ -376,7 +377,13 @@ async fn dispatch(
     let p = request.params;
     match request.method.as_str() {
         method::HELLO => hello(p),
-        method::STATUS => status(ctx),
+        method::STATUS => status(params_or_default(p)?, ctx),
+        method::METRICS => to_value(MetricsResult {
+            text: ctx
+                .shared
+                .metrics
+                .render(&ctx.shared.board, ctx.shared.started_at.elapsed()),
+        }),
         method::INSTALL => install(params(p)?, ctx, out).await,
         method::UNINSTALL => uninstall(params(p)?, ctx).await,
         method::RESTART => restart(params(p)?, ctx, out).await,
@@ -437,8 +444,26 @@ async fn dispatch(
     }
 }
 
-fn status(ctx: &Ctx) -> Result<Value, RpcError> {
-    let (workspaces, bundles) = ctx.shared.board.snapshot();
+/// Params that may be left out (`null`) entirely.
+fn params_or_default<T: DeserializeOwned + Default>(value: Value) -> Result<T, RpcError> {
+    if value.is_null() {
+        return Ok(T::default());
+    }
+    params(value)
+}
+
+fn status(p: StatusParams, ctx: &Ctx) -> Result<Value, RpcError> {
+    let (workspaces, mut bundles) = ctx.shared.board.snapshot();
+    if p.usage {
+        for b in &mut bundles {
+            let (calls, errors) = ctx.shared.metrics.calls_of(&b.workspace, &b.name);
+            b.usage = Some(Usage {
+                rss_bytes: b.pid.and_then(super::metrics::rss_bytes),
+                calls,
+                errors,
+            });
+        }
+    }
     let config = &ctx.shared.config;
     to_value(StatusResult {
         daemon: DaemonInfo {
@@ -447,6 +472,7 @@ fn status(ctx: &Ctx) -> Result<Value, RpcError> {
             uptime_secs: ctx.shared.started_at.elapsed().as_secs(),
             socket: config.socket.display().to_string(),
             state_dir: config.state_dir.display().to_string(),
+            metrics_addr: ctx.shared.metrics_addr.map(|a| a.to_string()),
         },
         workspaces,
         bundles,
@@ -645,6 +671,7 @@ async fn install(p: InstallParams, ctx: &Ctx, out: &Outbox) -> Result<Value, Rpc
                 last_error: None,
                 source: record.source.display().to_string(),
                 sandbox: None,
+                usage: None,
             });
         return to_value(BundleResult { bundle });
     }
@@ -746,6 +773,26 @@ async fn tools(p: ToolsParams, ctx: &Ctx) -> Result<Value, RpcError> {
 
 async fn call(
     p: CallParams,
+    ctx: &Ctx,
+    out: &Outbox,
+    id: Value,
+    cancel: &CancellationToken,
+) -> Result<Value, RpcError> {
+    let started = std::time::Instant::now();
+    let answer = call_tool(&p, ctx, out, id, cancel).await;
+    // A call of a bundle that is not installed is not a bundle's call.
+    let unknown = |e: &RpcError| e.data.as_ref().map(|d| d.kind) == Some(ErrorKind::BundleNotFound);
+    if !matches!(&answer, Err(e) if unknown(e)) {
+        let ok = matches!(&answer, Ok(v) if v.get("isError") != Some(&Value::Bool(true)));
+        ctx.shared
+            .metrics
+            .tool_call(&p.workspace, &p.name, started.elapsed(), ok);
+    }
+    answer
+}
+
+async fn call_tool(
+    p: &CallParams,
     ctx: &Ctx,
     out: &Outbox,
     id: Value,

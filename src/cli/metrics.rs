@@ -1,0 +1,26 @@
+//! `bundlevisor metrics [--json]`: the daemon's metrics in the Prometheus
+//! text format (the same text `metrics_addr` serves on `GET /metrics`).
+
+use std::process::ExitCode;
+
+use super::{print_json, Client, ClientError};
+use crate::protocol::{method, MetricsResult};
+
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Print `{"text": ...}` instead of the text itself.
+    #[arg(long)]
+    json: bool,
+}
+
+pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError> {
+    let result: MetricsResult = client
+        .request(method::METRICS, serde_json::json!({}), |_| {})
+        .await?;
+    if args.json {
+        print_json(&result)?;
+    } else {
+        print!("{}", result.text);
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,423 @@
+//! The daemon's metrics in the Prometheus text format (version 0.0.4):
+//! `bundlevisor metrics` over the socket, and `GET /metrics` on the
+//! optional `metrics_addr` listener. Counters are kept here (tool calls,
+//! host-resources requests, control requests) or on the status board
+//! (restarts, crashes); gauges (bundles by state, memory) are read when
+//! the text is rendered. Series of an uninstalled bundle disappear with it.
+//! docs/operations.md lists every series.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use super::board::StatusBoard;
+use crate::host_resources::{codes as code, HostError};
+use crate::protocol::BundleState;
+
+/// Upper bounds (seconds) of the tool-call latency histogram.
+const BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// What a host-resources request came to.
+pub const HOST_OUTCOMES: [&str; 5] = ["ok", "not_found", "rate_limited", "too_large", "invalid"];
+
+#[derive(Default)]
+struct Calls {
+    total: u64,
+    errors: u64,
+    /// Per bucket of `BUCKETS` (not cumulative), then the +Inf overflow.
+    buckets: [u64; BUCKETS.len() + 1],
+    sum_secs: f64,
+}
+
+#[derive(Default)]
+struct Inner {
+    calls: BTreeMap<(String, String), Calls>,
+    host: BTreeMap<String, [u64; HOST_OUTCOMES.len()]>,
+    control: BTreeMap<String, u64>,
+}
+
+#[derive(Default)]
+pub struct Metrics {
+    inner: Mutex<Inner>,
+}
+
+/// The outcome label of a host-resources answer.
+pub fn host_outcome(result: &Result<serde_json::Value, HostError>) -> &'static str {
+    match result {
+        Ok(_) => "ok",
+        Err(e) if e.code == code::NOT_FOUND => "not_found",
+        Err(e) if e.code == code::RATE_LIMITED => "rate_limited",
+        Err(e) if e.code == code::TOO_LARGE => "too_large",
+        Err(_) => "invalid",
+    }
+}
+
+impl Metrics {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A tool call answered (`ok`: a result without `isError`).
+    pub fn tool_call(&self, workspace: &str, bundle: &str, took: Duration, ok: bool) {
+        let mut inner = self.lock();
+        let calls = inner
+            .calls
+            .entry((workspace.to_string(), bundle.to_string()))
+            .or_default();
+        calls.total += 1;
+        calls.errors += u64::from(!ok);
+        let secs = took.as_secs_f64();
+        calls.sum_secs += secs;
+        let bucket = BUCKETS
+            .iter()
+            .position(|le| secs <= *le)
+            .unwrap_or(BUCKETS.len());
+        calls.buckets[bucket] += 1;
+    }
+
+    pub fn host_request(&self, workspace: &str, outcome: &str) {
+        let i = HOST_OUTCOMES
+            .iter()
+            .position(|o| *o == outcome)
+            .unwrap_or(HOST_OUTCOMES.len() - 1);
+        self.lock().host.entry(workspace.to_string()).or_default()[i] += 1;
+    }
+
+    /// A request on the control socket; `method` is one the daemon knows
+    /// (anything else is counted as `other`, so that clients cannot grow
+    /// the label set).
+    pub fn control_request(&self, method: &str) {
+        let label = if crate::protocol::method::is_known(method) {
+            method
+        } else {
+            "other"
+        };
+        *self.lock().control.entry(label.to_string()).or_default() += 1;
+    }
+
+    /// Tool calls and errors of a bundle so far (for `status --usage`).
+    pub fn calls_of(&self, workspace: &str, bundle: &str) -> (u64, u64) {
+        self.lock()
+            .calls
+            .get(&(workspace.to_string(), bundle.to_string()))
+            .map_or((0, 0), |c| (c.total, c.errors))
+    }
+
+    /// Everything, as Prometheus text.
+    pub fn render(&self, board: &StatusBoard, uptime: Duration) -> String {
+        let (workspaces, bundles) = board.snapshot();
+        let counts = board.counts();
+        let mut out = String::with_capacity(4096);
+        let name = family(
+            &mut out,
+            "bundlevisor_uptime_seconds",
+            "gauge",
+            "Seconds since the daemon started.",
+        );
+        sample(&mut out, &name, &[], uptime.as_secs().to_string());
+        let name = family(
+            &mut out,
+            "bundlevisor_resident_memory_bytes",
+            "gauge",
+            "Resident memory of the daemon process.",
+        );
+        sample(
+            &mut out,
+            &name,
+            &[],
+            rss_bytes(std::process::id()).unwrap_or(0).to_string(),
+        );
+
+        let name = family(
+            &mut out,
+            "bundlevisor_bundles",
+            "gauge",
+            "Installed bundles by state.",
+        );
+        for state in BundleState::ALL {
+            let n = bundles.iter().filter(|b| b.state == state).count();
+            sample(&mut out, &name, &[("state", state.as_str())], n.to_string());
+        }
+
+        let name = family(
+            &mut out,
+            "bundlevisor_bundle_restarts_total",
+            "counter",
+            "Starts of a bundle after its first one since the daemon started.",
+        );
+        for ((ws, b), c) in &counts {
+            sample(
+                &mut out,
+                &name,
+                &[("workspace", ws), ("bundle", b)],
+                c.restarts.to_string(),
+            );
+        }
+        let name = family(
+            &mut out,
+            "bundlevisor_bundle_crashes_total",
+            "counter",
+            "Exits of a bundle nobody asked for, other than a clean exit (code 0).",
+        );
+        for ((ws, b), c) in &counts {
+            sample(
+                &mut out,
+                &name,
+                &[("workspace", ws), ("bundle", b)],
+                c.crashes.to_string(),
+            );
+        }
+
+        let name = family(
+            &mut out,
+            "bundlevisor_bundle_resident_memory_bytes",
+            "gauge",
+            "Resident memory of a running bundle's process.",
+        );
+        for b in &bundles {
+            if let Some(rss) = b.pid.and_then(rss_bytes) {
+                sample(
+                    &mut out,
+                    &name,
+                    &[("workspace", &b.workspace), ("bundle", &b.name)],
+                    rss.to_string(),
+                );
+            }
+        }
+
+        let inner = self.lock();
+        let installed: Vec<(&str, &str)> = bundles
+            .iter()
+            .map(|b| (b.workspace.as_str(), b.name.as_str()))
+            .collect();
+        let calls: Vec<(&(String, String), &Calls)> = inner
+            .calls
+            .iter()
+            .filter(|((ws, b), _)| installed.contains(&(ws.as_str(), b.as_str())))
+            .collect();
+        let name = family(
+            &mut out,
+            "bundlevisor_tool_calls_total",
+            "counter",
+            "Tool calls answered by a bundle.",
+        );
+        for ((ws, b), c) in &calls {
+            sample(
+                &mut out,
+                &name,
+                &[("workspace", ws), ("bundle", b)],
+                c.total.to_string(),
+            );
+        }
+        let name = family(
+            &mut out,
+            "bundlevisor_tool_call_errors_total",
+            "counter",
+            "Tool calls that failed, timed out, were refused or returned isError.",
+        );
+        for ((ws, b), c) in &calls {
+            sample(
+                &mut out,
+                &name,
+                &[("workspace", ws), ("bundle", b)],
+                c.errors.to_string(),
+            );
+        }
+        let name = family(
+            &mut out,
+            "bundlevisor_tool_call_duration_seconds",
+            "histogram",
+            "Time from a tool call reaching the daemon to its answer.",
+        );
+        for ((ws, b), c) in &calls {
+            let mut cumulative = 0;
+            for (i, le) in BUCKETS.iter().enumerate() {
+                cumulative += c.buckets[i];
+                sample(
+                    &mut out,
+                    &format!("{name}_bucket"),
+                    &[("workspace", ws), ("bundle", b), ("le", &le.to_string())],
+                    cumulative.to_string(),
+                );
+            }
+            sample(
+                &mut out,
+                &format!("{name}_bucket"),
+                &[("workspace", ws), ("bundle", b), ("le", "+Inf")],
+                c.total.to_string(),
+            );
+            sample(
+                &mut out,
+                &format!("{name}_sum"),
+                &[("workspace", ws), ("bundle", b)],
+                c.sum_secs.to_string(),
+            );
+            sample(
+                &mut out,
+                &format!("{name}_count"),
+                &[("workspace", ws), ("bundle", b)],
+                c.total.to_string(),
+            );
+        }
+
+        let name = family(
+            &mut out,
+            "bundlevisor_host_resources_requests_total",
+            "counter",
+            "ai.nimblebrain/resources requests from bundles, by workspace and outcome.",
+        );
+        for ws in &workspaces {
+            let counts = inner.host.get(ws).copied().unwrap_or_default();
+            for (outcome, n) in HOST_OUTCOMES.iter().zip(counts) {
+                sample(
+                    &mut out,
+                    &name,
+                    &[("workspace", ws), ("outcome", outcome)],
+                    n.to_string(),
+                );
+            }
+        }
+
+        let name = family(
+            &mut out,
+            "bundlevisor_control_requests_total",
+            "counter",
+            "Requests on the control socket, by method.",
+        );
+        for (method, n) in &inner.control {
+            sample(&mut out, &name, &[("method", method)], n.to_string());
+        }
+        out
+    }
+}
+
+/// Writes a family's HELP and TYPE lines; its name back.
+fn family(out: &mut String, name: &str, kind: &str, help: &str) -> String {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    name.to_string()
+}
+
+fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: String) {
+    let _ = writeln!(out, "{name}{} {value}", labels_text(labels));
+}
+
+fn labels_text(labels: &[(&str, &str)]) -> String {
+    if labels.is_empty() {
+        return String::new();
+    }
+    let parts: Vec<String> = labels
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+        .collect();
+    format!("{{{}}}", parts.join(","))
+}
+
+/// Label values escape `\`, `"` and newlines.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Resident memory of a process, from `/proc/PID/statm`.
+pub fn rss_bytes(pid: u32) -> Option<u64> {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .unwrap_or(4096) as u64;
+    Some(pages * page)
+}
+
+/// `metrics_addr`: a loopback address unless the operator wrote another
+/// host; a bare port means 127.0.0.1.
+pub fn parse_addr(text: &str) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    if let Ok(port) = text.trim_start_matches(':').parse::<u16>() {
+        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    text.parse().map_err(|_| {
+        format!("metrics_addr {text:?} is not HOST:PORT (e.g. \"127.0.0.1:9464\") or a port")
+    })
+}
+
+/// Serves `GET /metrics` on `listener` until the task is dropped. One
+/// request per connection; anything else is 404 or 405.
+pub async fn serve_http(listener: TcpListener, render: impl Fn() -> String + Send + 'static) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let body = render();
+        tokio::spawn(async move {
+            let mut head = Vec::with_capacity(1024);
+            let mut buf = [0u8; 1024];
+            let read = tokio::time::timeout(Duration::from_secs(5), async {
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return false,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                true
+            })
+            .await;
+            if read != Ok(true) {
+                return;
+            }
+            let line = String::from_utf8_lossy(&head);
+            let mut words = line.split_whitespace();
+            let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+            let (status, content_type, body) = match (method, path.split('?').next()) {
+                ("GET", Some("/metrics")) => ("200 OK", "text/plain; version=0.0.4", body),
+                ("GET", _) => ("404 Not Found", "text/plain", "try /metrics\n".to_string()),
+                _ => (
+                    "405 Method Not Allowed",
+                    "text/plain",
+                    "GET only\n".to_string(),
+                ),
+            };
+            let response = format!(
+                "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bare_port_is_loopback_and_junk_is_refused() {
+        assert_eq!(parse_addr("9464").unwrap().to_string(), "127.0.0.1:9464");
+        assert_eq!(parse_addr(":9464").unwrap().to_string(), "127.0.0.1:9464");
+        assert_eq!(parse_addr("0.0.0.0:80").unwrap().to_string(), "0.0.0.0:80");
+        assert!(parse_addr("localhost").unwrap_err().contains("HOST:PORT"));
+    }
+
+    #[test]
+    fn latencies_land_in_their_bucket_and_label_values_are_escaped() {
+        let m = Metrics::default();
+        m.tool_call("w", "b", Duration::from_micros(700), true);
+        m.tool_call("w", "b", Duration::from_secs(60), false);
+        let inner = m.lock();
+        let c = &inner.calls[&("w".to_string(), "b".to_string())];
+        assert_eq!(c.buckets[1], 1, "0.7 ms is in le=0.001");
+        assert_eq!(c.buckets[BUCKETS.len()], 1, "60 s is only in +Inf");
+        assert_eq!((c.total, c.errors), (2, 1));
+        assert_eq!(labels_text(&[("a", "x\"y\\z\n")]), "{a=\"x\\\"y\\\\z\\n\"}");
+    }
+}
