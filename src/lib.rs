@@ -19,6 +19,7 @@
 //! - [`oauth`]: the OAuth 2.1 client of remote bundles.
 //! - [`secret`]: secret values and the redactor that masks them.
 //! - [`lines`]: bounded line reading for untrusted streams.
+//! - [`progress`]: spinners and bars on a terminal (indicatif), log lines above them.
 //! - [`stdio`]: stdin/stdout polled by the event loop (MCP stdio servers).
 
 pub mod bundle;
@@ -33,6 +34,7 @@ pub mod lines;
 pub mod manifest;
 pub mod names;
 pub mod oauth;
+pub mod progress;
 pub mod protocol;
 pub mod secret;
 pub mod stdio;

@@ -4,82 +4,42 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::OwnedFd;
-use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{wait_for, Daemon, BIN};
+use common::{in_terminal, wait_exit, wait_for, Daemon, Seen, BIN};
 
 const REDRAW: &str = "\x1b[H\x1b[2J";
-
-/// Everything read from `from`, collected by a thread.
-fn collect(mut from: std::fs::File) -> Arc<Mutex<Vec<u8>>> {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let sink = seen.clone();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        // EIO once the terminal's last user has gone.
-        while let Ok(n) = from.read(&mut buf) {
-            if n == 0 {
-                break;
-            }
-            sink.lock().unwrap().extend_from_slice(&buf[..n]);
-        }
-    });
-    seen
-}
-
-fn text(seen: &Arc<Mutex<Vec<u8>>>) -> String {
-    String::from_utf8_lossy(&seen.lock().unwrap()).into_owned()
-}
 
 #[test]
 fn in_a_terminal_it_redraws_in_place_and_ctrl_c_ends_it() {
     let d = Daemon::start();
     d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
-    let pty = nix::pty::openpty(None, None).unwrap();
-    let (master, slave): (OwnedFd, OwnedFd) = (pty.master, pty.slave);
-    let mut child = unsafe {
-        Command::new(BIN)
-            .arg("--socket")
-            .arg(&d.socket)
-            .args(["status", "--watch", "--interval", "100ms"])
-            .stdin(Stdio::from(slave.try_clone().unwrap()))
-            .stdout(Stdio::from(slave.try_clone().unwrap()))
-            .stderr(Stdio::from(slave))
-            // Its own session with the terminal as the controlling one, so
-            // that ^C reaches it as SIGINT the way a shell's job gets it.
-            .pre_exec(|| {
-                nix::unistd::setsid().map_err(std::io::Error::from)?;
-                if nix::libc::ioctl(0, nix::libc::TIOCSCTTY as _, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            })
-            .spawn()
-            .unwrap()
-    };
-    let mut input = std::fs::File::from(master.try_clone().unwrap());
-    let seen = collect(std::fs::File::from(master));
+    let (mut child, mut input, seen) =
+        in_terminal(Command::new(BIN).arg("--socket").arg(&d.socket).args([
+            "status",
+            "--watch",
+            "--interval",
+            "100ms",
+        ]));
 
     // Calls between redraws show up as a rate.
     wait_for(
         Duration::from_secs(20),
         "three redraws of the table",
         || {
-            let t = text(&seen);
+            let t = seen.text();
             (t.matches(REDRAW).count() >= 3).then_some(())
         },
     );
     for _ in 0..5 {
         d.ok(&["call", "demo", "echo", r#"{"text":"x"}"#]);
     }
-    let after_calls = text(&seen).len();
+    let after_calls = seen.text().len();
     wait_for(Duration::from_secs(20), "a redraw with a call rate", || {
-        let t = text(&seen);
+        let t = seen.text();
         let latest = t[after_calls..]
             .rsplit(REDRAW)
             .next()
@@ -101,7 +61,7 @@ fn in_a_terminal_it_redraws_in_place_and_ctrl_c_ends_it() {
         });
         (rates_seen && row.contains("ready") && row.contains("MiB")).then_some(())
     });
-    let t = text(&seen);
+    let t = seen.text();
     assert!(
         t.contains("\x1b[?25l"),
         "the cursor is hidden while watching"
@@ -109,22 +69,16 @@ fn in_a_terminal_it_redraws_in_place_and_ctrl_c_ends_it() {
     assert!(t.contains("CALLS/S") && t.contains("RSS"), "{t}");
 
     input.write_all(b"\x03").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "status --watch did not end on Ctrl-C"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = wait_exit(
+        &mut child,
+        Duration::from_secs(10),
+        "status --watch to end on Ctrl-C",
+    );
     assert!(status.success(), "{status}");
     wait_for(
         Duration::from_secs(5),
         "the cursor to be shown again",
-        || text(&seen).trim_end().ends_with("\x1b[?25h").then_some(()),
+        || seen.text().trim_end().ends_with("\x1b[?25h").then_some(()),
     );
 }
 
@@ -141,9 +95,9 @@ fn piped_it_prints_plain_tables_until_interrupted() {
         .spawn()
         .unwrap();
     let out = std::fs::File::from(OwnedFd::from(child.stdout.take().unwrap()));
-    let seen = collect(out);
+    let seen = Seen::collect(out);
     wait_for(Duration::from_secs(20), "two tables", || {
-        (text(&seen).matches("WORKSPACE").count() >= 2).then_some(())
+        (seen.text().matches("WORKSPACE").count() >= 2).then_some(())
     });
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
@@ -152,7 +106,7 @@ fn piped_it_prints_plain_tables_until_interrupted() {
     .unwrap();
     let status = child.wait().unwrap();
     assert!(status.success(), "{status}");
-    let t = text(&seen);
+    let t = seen.text();
     assert!(!t.contains('\x1b'), "no terminal codes when piped: {t:?}");
     assert!(
         t.lines().any(|l| l.contains("demo") && l.contains("ready")),

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::{print_json, show_progress, Client, ClientError};
+use super::{print_json, with_spinner, Client, ClientError};
 use crate::protocol::{
     method, AuthBeginParams, AuthBeginResult, AuthCompleteParams, BundleResult, DEFAULT_WORKSPACE,
 };
@@ -82,18 +82,17 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
                 args.name
             ))
         })?;
-    let result: BundleResult = client
-        .request(
-            method::AUTH_COMPLETE,
-            AuthCompleteParams {
-                state: begin.state,
-                code: redirect.get("code"),
-                error: redirect.get("error"),
-                error_description: redirect.get("error_description"),
-            },
-            show_progress,
-        )
-        .await?;
+    let params = AuthCompleteParams {
+        state: begin.state,
+        code: redirect.get("code"),
+        error: redirect.get("error"),
+        error_description: redirect.get("error_description"),
+    };
+    let what = format!("authorizing {}/{}", args.workspace, args.name);
+    let result: BundleResult = with_spinner(what, async |on_note| {
+        client.request(method::AUTH_COMPLETE, params, on_note).await
+    })
+    .await?;
     if args.json {
         print_json(&result)?;
     } else {

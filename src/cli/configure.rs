@@ -8,7 +8,7 @@ use std::io::Read;
 use std::process::ExitCode;
 use std::str::FromStr;
 
-use super::{print_json, show_progress, Client, ClientError};
+use super::{print_json, with_spinner, Client, ClientError};
 use crate::protocol::{method, ConfigureParams, ConfigureResult, DEFAULT_WORKSPACE};
 use crate::secret::Secret;
 
@@ -82,9 +82,11 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         set,
         unset: args.unset.clone(),
     };
-    let r: ConfigureResult = client
-        .request(method::CONFIGURE, params, show_progress)
-        .await?;
+    let what = format!("configuring {}/{}", args.workspace, args.name);
+    let r: ConfigureResult = with_spinner(what, async |on_note| {
+        client.request(method::CONFIGURE, params, on_note).await
+    })
+    .await?;
     if args.json {
         print_json(&r)?;
         return Ok(ExitCode::SUCCESS);

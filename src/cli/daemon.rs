@@ -28,7 +28,8 @@ fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        // Above the boot-reload bar when stderr is a terminal.
+        .with_writer(crate::progress::LogWriter);
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().init(),

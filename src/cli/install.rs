@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use super::{print_json, show_progress, Client, ClientError};
+use super::{print_json, with_spinner, Client, ClientError};
 use crate::protocol::{method, BundleResult, InstallParams, DEFAULT_WORKSPACE};
 
 #[derive(clap::Args, Debug)]
@@ -27,9 +27,11 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         workspace: args.workspace.clone(),
         no_wait: args.no_wait,
     };
-    let result: BundleResult = client
-        .request(method::INSTALL, params, show_progress)
-        .await?;
+    let what = format!("installing {}", path.display());
+    let result: BundleResult = with_spinner(what, async |on_note| {
+        client.request(method::INSTALL, params, on_note).await
+    })
+    .await?;
     if args.json {
         print_json(&result)?;
     } else {

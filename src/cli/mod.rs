@@ -155,21 +155,29 @@ fn runtime(mut builder: tokio::runtime::Builder) -> Result<tokio::runtime::Runti
     })
 }
 
-/// Shows a progress notification on a terminal; silent when piped.
-fn show_progress(note: &crate::protocol::Notification) {
-    use std::io::IsTerminal;
-    if note.method != crate::protocol::method::PROGRESS || !std::io::stderr().is_terminal() {
-        return;
-    }
-    if let Ok(p) = serde_json::from_value::<crate::protocol::Progress>(note.params.clone()) {
-        eprintln!(
-            "  {}/{}: {} ({})",
-            p.workspace,
-            p.name,
-            p.state.as_str(),
-            p.message
-        );
-    }
+/// Runs `request` behind a spinner on a terminal (nothing when piped);
+/// the daemon's progress notifications become the spinner's message. The
+/// spinner is gone before the caller prints the answer.
+async fn with_spinner<R>(
+    what: String,
+    request: impl AsyncFnOnce(&mut dyn FnMut(&crate::protocol::Notification)) -> R,
+) -> R {
+    let spinner = crate::progress::spinner(what);
+    let mut on_note = |note: &crate::protocol::Notification| {
+        if note.method != crate::protocol::method::PROGRESS {
+            return;
+        }
+        if let Ok(p) = serde_json::from_value::<crate::protocol::Progress>(note.params.clone()) {
+            spinner.set_message(format!(
+                "{}/{}: {} ({})",
+                p.workspace,
+                p.name,
+                p.state.as_str(),
+                p.message
+            ));
+        }
+    };
+    request(&mut on_note).await
 }
 
 fn print_json(value: &impl serde::Serialize) -> Result<(), ClientError> {

@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use super::{print_json, show_progress, Client, ClientError};
+use super::{print_json, with_spinner, Client, ClientError};
 use crate::protocol::{method, BundleRef, BundleResult, DEFAULT_WORKSPACE};
 
 #[derive(clap::Args, Debug)]
@@ -19,9 +19,11 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         workspace: args.workspace.clone(),
         name: args.name.clone(),
     };
-    let r: BundleResult = client
-        .request(method::RESTART, params, show_progress)
-        .await?;
+    let what = format!("restarting {}/{}", args.workspace, args.name);
+    let r: BundleResult = with_spinner(what, async |on_note| {
+        client.request(method::RESTART, params, on_note).await
+    })
+    .await?;
     if args.json {
         print_json(&r)?;
     } else {

@@ -283,10 +283,16 @@ mod tests {
         let key = ("w".to_string(), "b".to_string());
         let new = ("w".to_string(), "new".to_string());
         let first: CallCounts = [(key.clone(), 10)].into();
-        assert!(per_second(None, t0, &first).is_empty(), "no rate on the first refresh");
+        assert!(
+            per_second(None, t0, &first).is_empty(),
+            "no rate on the first refresh"
+        );
         let second: CallCounts = [(key.clone(), 30), (new.clone(), 7)].into();
         let rates = per_second(Some(&(t0, first)), t0 + Duration::from_secs(2), &second);
         assert_eq!(rates[&key], 10.0);
-        assert_eq!(rates[&new], 0.0, "a bundle seen for the first time has no rate yet");
+        assert_eq!(
+            rates[&new], 0.0,
+            "a bundle seen for the first time has no rate yet"
+        );
     }
 }

@@ -240,15 +240,22 @@ async fn boot_settled(shared: &Shared) {
         .unwrap_or(0);
     let deadline = tokio::time::Instant::now() + shared.config.bundles.start_timeout;
     let mut events = shared.board.subscribe();
+    // On a terminal: a bar of the bundles that have come up (or settled).
+    let progress = (expected > 0).then(|| crate::progress::bar(expected as u64, "boot reload"));
     loop {
         let (_, bundles) = shared.board.snapshot();
-        let settled = bundles.len() >= expected
-            && bundles.iter().all(|b| match b.state {
+        let done = bundles
+            .iter()
+            .filter(|b| match b.state {
                 crate::protocol::BundleState::Starting => false,
                 crate::protocol::BundleState::Restarting => b.restarts > 0,
                 _ => true,
-            });
-        if settled {
+            })
+            .count();
+        if let Some(p) = &progress {
+            p.set_position(done.min(expected) as u64);
+        }
+        if bundles.len() >= expected && done == bundles.len() {
             return;
         }
         // Re-check at every transition.

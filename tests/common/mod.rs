@@ -468,3 +468,61 @@ pub fn events(d: &Daemon, args: &[&str]) -> Stream {
         );
     }
 }
+
+/// Bytes read from a stream by a thread, as they come.
+#[derive(Clone)]
+pub struct Seen(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Seen {
+    pub fn collect(mut from: impl std::io::Read + Send + 'static) -> Seen {
+        let seen = Seen(Default::default());
+        let sink = seen.0.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            // A terminal's master reads EIO once its last user has gone.
+            while let Ok(n) = from.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        seen
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+/// Runs `cmd` in a new pseudo-terminal as the session leader (so that ^C
+/// written to the terminal reaches it as SIGINT, as a shell's job gets it).
+/// Returns the child, the terminal's input and what it has printed.
+pub fn in_terminal(cmd: &mut Command) -> (Child, std::fs::File, Seen) {
+    use std::os::unix::process::CommandExt;
+    let pty = nix::pty::openpty(None, None).unwrap();
+    let slave = pty.slave;
+    cmd.stdin(Stdio::from(slave.try_clone().unwrap()))
+        .stdout(Stdio::from(slave.try_clone().unwrap()))
+        .stderr(Stdio::from(slave));
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            if nix::libc::ioctl(0, nix::libc::TIOCSCTTY as _, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().unwrap();
+    // The parent's copies of the slave are closed with `cmd`'s Stdio.
+    let input = std::fs::File::from(pty.master.try_clone().unwrap());
+    let seen = Seen::collect(std::fs::File::from(pty.master));
+    (child, input, seen)
+}
+
+/// Waits (bounded) for a child to exit.
+pub fn wait_exit(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
+    wait_for(limit, what, || child.try_wait().unwrap())
+}
