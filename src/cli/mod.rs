@@ -15,6 +15,7 @@ mod logs;
 mod mcp;
 mod metrics;
 mod restart;
+mod rotate_key;
 mod status;
 mod tools;
 mod uninstall;
@@ -73,6 +74,9 @@ enum Command {
     Events(events::Args),
     /// Print the daemon's metrics (Prometheus text format).
     Metrics(metrics::Args),
+    /// Replace the credential encryption key, re-sealing every stored
+    /// user_config value and OAuth token in one transaction.
+    RotateKey(rotate_key::Args),
     /// Workspace files that bundles read through host-resources.
     Files(files::Args),
     /// Serve a workspace's bundles as one MCP server on stdio (for agents).
@@ -132,6 +136,7 @@ pub fn main() -> ExitCode {
             Command::Logs(a) => logs::run(&mut client, a).await,
             Command::Events(a) => events::run(&mut client, a).await,
             Command::Metrics(a) => metrics::run(&mut client, a).await,
+            Command::RotateKey(a) => rotate_key::run(&mut client, a).await,
             Command::Files(a) => files::run(&mut client, a).await,
         }
     });

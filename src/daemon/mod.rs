@@ -227,6 +227,38 @@ fn bind_socket(
     Ok(listener)
 }
 
+/// Loads the credential key and checks it against the store, finishing or
+/// undoing a `rotate-key` that was cut short: a `KEY_FILE.new` left next to
+/// the key file is the new key if the re-sealing committed (then it becomes
+/// the key file), and a leftover otherwise (then it is removed).
+fn open_credentials(
+    store: Store,
+    settings: &crate::config::CredentialsConfig,
+    state_dir: &Path,
+) -> Result<(Credentials, crate::store::crypto::KeyOrigin), DaemonError> {
+    use crate::store::crypto;
+    let (cipher, origin) = Cipher::load(settings, state_dir)?;
+    let key_path = crypto::key_path(settings, state_dir);
+    let pending = key_path
+        .as_deref()
+        .map(crypto::pending_key_path)
+        .filter(|p| p.exists());
+    match (Credentials::open(store.clone(), cipher), pending, key_path) {
+        (Ok(credentials), Some(pending), _) => {
+            tracing::warn!(file = %pending.display(), "removing the new key of a key rotation that did not commit; the stored secrets are still sealed with the current key");
+            std::fs::remove_file(&pending).map_err(io_err(&pending))?;
+            Ok((credentials, origin))
+        }
+        (Err(StoreError::KeyMismatch { .. }), Some(pending), Some(key_path)) => {
+            let credentials = Credentials::open(store, Cipher::from_file(&pending)?)?;
+            crypto::promote_pending_key(&key_path)?;
+            tracing::warn!(file = %key_path.display(), "finished a key rotation that was cut short after the stored secrets were re-sealed");
+            Ok((credentials, crypto::KeyOrigin::File(key_path)))
+        }
+        (opened, _, _) => Ok((opened?, origin)),
+    }
+}
+
 /// Waits until the boot reload was done and every bundle it started has
 /// settled (ready, failed or stopped; a bundle already retrying counts as
 /// settled), at most `start_timeout`.
@@ -310,12 +342,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
             config.credentials.clone(),
             config.state_dir.clone(),
         );
-        tokio::task::spawn_blocking(move || -> Result<_, DaemonError> {
-            let (cipher, origin) = Cipher::load(&settings, &dir)?;
-            Ok((Credentials::open(store, cipher)?, origin))
-        })
-        .await
-        .map_err(|e| DaemonError::Actor(e.to_string()))??
+        tokio::task::spawn_blocking(move || open_credentials(store, &settings, &dir))
+            .await
+            .map_err(|e| DaemonError::Actor(e.to_string()))??
     };
     tracing::info!(key = %key_origin, "credential key loaded");
     let listener = bind_socket(&config.socket, &config.control)?;

@@ -47,6 +47,9 @@ pub enum ErrorKind {
     McpError,
     /// `[control] max_connections` connections are open already.
     TooManyConnections,
+    /// `credentials.rotate_key` could not replace the key (the message says
+    /// what was left as it was).
+    KeyRotationFailed,
 }
 
 impl ErrorKind {
@@ -94,6 +97,7 @@ impl ErrorKind {
             ErrorKind::ToolNotFound => "tool_not_found",
             ErrorKind::McpError => "mcp_error",
             ErrorKind::TooManyConnections => "too_many_connections",
+            ErrorKind::KeyRotationFailed => "key_rotation_failed",
             ErrorKind::Internal => "internal",
         }
     }

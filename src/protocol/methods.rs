@@ -222,6 +222,16 @@ pub struct Usage {
     pub errors: u64,
 }
 
+/// What `credentials.rotate_key` did.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RotateKeyResult {
+    /// The key file that now holds the new key.
+    pub key_file: String,
+    /// user_config values and OAuth token sets re-sealed.
+    pub values: usize,
+    pub token_sets: usize,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct MetricsResult {
     /// Prometheus text format 0.0.4.

@@ -9,7 +9,7 @@
 //! each bundle later.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 
 use rusqlite::{params, OptionalExtension};
 use serde::{Deserialize, Serialize};
@@ -84,10 +84,22 @@ fn token_aad(workspace: &str, bundle: &str) -> Vec<u8> {
 }
 
 /// Handle to the credential tables; cheap to clone.
+///
+/// The cipher is behind a lock that every seal-and-write and read-and-open
+/// holds for its whole length, and that [`Credentials::rotate`] takes
+/// exclusively: no value is ever written under a key the table is no
+/// longer sealed with, nor read under one it is not yet sealed with.
 #[derive(Clone)]
 pub struct Credentials {
     store: Store,
-    cipher: Arc<Cipher>,
+    cipher: Arc<RwLock<Cipher>>,
+}
+
+/// What a key rotation re-sealed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resealed {
+    pub values: usize,
+    pub token_sets: usize,
 }
 
 impl Credentials {
@@ -121,8 +133,70 @@ impl Credentials {
         }
         Ok(Credentials {
             store,
-            cipher: Arc::new(cipher),
+            cipher: Arc::new(RwLock::new(cipher)),
         })
+    }
+
+    fn cipher(&self) -> RwLockReadGuard<'_, Cipher> {
+        self.cipher.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Re-seals every stored value, token set and the key check under
+    /// `new` in one transaction, then uses `new` from here on. Nothing
+    /// changes if any stored value does not open with the current key.
+    pub fn rotate(&self, new: Cipher) -> Result<Resealed, StoreError> {
+        let mut current = self.cipher.write().unwrap_or_else(|p| p.into_inner());
+        let failed = |what: String| StoreError::Decrypt { what };
+        // Outer error: SQLite; inner: a value that does not open (the
+        // transaction is dropped, so rolled back).
+        let counts = self.store.with(|c| {
+            let mut counts = Resealed {
+                values: 0,
+                token_sets: 0,
+            };
+            let tx = c.transaction()?;
+            let values: Vec<(String, String, String, Vec<u8>)> = tx
+                .prepare("SELECT workspace, bundle, key, value FROM credentials")?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+                .collect::<Result<_, _>>()?;
+            for (ws, bundle, key, sealed) in values {
+                let aad = credential_aad(&ws, &bundle, &key);
+                let Ok(plain) = current.open(&aad, &sealed) else {
+                    return Ok(Err(failed(format!(
+                        "user_config value {key:?} of bundle {bundle:?}"
+                    ))));
+                };
+                tx.execute(
+                    "UPDATE credentials SET value = ?4 WHERE workspace = ?1 AND bundle = ?2 AND key = ?3",
+                    params![ws, bundle, key, new.seal(&aad, &plain)],
+                )?;
+                counts.values += 1;
+            }
+            let tokens: Vec<(String, String, Vec<u8>)> = tx
+                .prepare("SELECT workspace, bundle, value FROM oauth_tokens")?
+                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+                .collect::<Result<_, _>>()?;
+            for (ws, bundle, sealed) in tokens {
+                let aad = token_aad(&ws, &bundle);
+                let Ok(plain) = current.open(&aad, &sealed) else {
+                    return Ok(Err(failed(format!("OAuth tokens of bundle {bundle:?}"))));
+                };
+                tx.execute(
+                    "UPDATE oauth_tokens SET value = ?3 WHERE workspace = ?1 AND bundle = ?2",
+                    params![ws, bundle, new.seal(&aad, &plain)],
+                )?;
+                counts.token_sets += 1;
+            }
+            tx.execute(
+                "INSERT INTO meta (key, value) VALUES (?1, ?2)
+                 ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                params![KEY_CHECK, new.seal(KEY_CHECK.as_bytes(), KEY_CHECK_PLAIN)],
+            )?;
+            tx.commit()?;
+            Ok(Ok(counts))
+        })??;
+        *current = new;
+        Ok(counts)
     }
 
     pub fn store(&self) -> &Store {
@@ -135,6 +209,7 @@ impl Credentials {
         workspace: &str,
         bundle: &str,
     ) -> Result<BTreeMap<String, Secret>, StoreError> {
+        let cipher = self.cipher();
         let rows: Vec<(String, Vec<u8>)> = self.store.with(|c| {
             let mut stmt = c.prepare(
                 "SELECT key, value FROM credentials WHERE workspace = ?1 AND bundle = ?2",
@@ -145,8 +220,7 @@ impl Credentials {
         })?;
         let mut out = BTreeMap::new();
         for (key, sealed) in rows {
-            let plain = self
-                .cipher
+            let plain = cipher
                 .open(&credential_aad(workspace, bundle, &key), &sealed)
                 .map_err(|_| StoreError::Decrypt {
                     what: format!("user_config value {key:?} of bundle {bundle:?}"),
@@ -185,6 +259,7 @@ impl Credentials {
     ) -> Result<(), StoreError> {
         // (key, Some((ciphertext, sensitive))) to store, (key, None) to delete.
         type Row = (String, Option<(Vec<u8>, bool)>);
+        let cipher = self.cipher();
         let sealed: Vec<Row> = changes
             .iter()
             .map(|change| match change {
@@ -195,7 +270,7 @@ impl Credentials {
                 } => (
                     key.clone(),
                     Some((
-                        self.cipher.seal(
+                        cipher.seal(
                             &credential_aad(workspace, bundle, key),
                             value.expose().as_bytes(),
                         ),
@@ -244,6 +319,7 @@ impl Credentials {
     }
 
     pub fn tokens(&self, workspace: &str, bundle: &str) -> Result<Option<TokenSet>, StoreError> {
+        let cipher = self.cipher();
         let sealed: Option<Vec<u8>> = self.store.with(|c| {
             c.query_row(
                 "SELECT value FROM oauth_tokens WHERE workspace = ?1 AND bundle = ?2",
@@ -258,8 +334,7 @@ impl Credentials {
         let decrypt = || StoreError::Decrypt {
             what: format!("OAuth tokens of bundle {bundle:?}"),
         };
-        let plain = self
-            .cipher
+        let plain = cipher
             .open(&token_aad(workspace, bundle), &sealed)
             .map_err(|_| decrypt())?;
         let json: TokenJson = serde_json::from_slice(&plain).map_err(|_| decrypt())?;
@@ -304,7 +379,8 @@ impl Credentials {
             })
             .expect("token JSON serializes"),
         );
-        let sealed = self.cipher.seal(&token_aad(workspace, bundle), &json);
+        let cipher = self.cipher();
+        let sealed = cipher.seal(&token_aad(workspace, bundle), &json);
         let at = crate::clock::unix_secs();
         self.store.with(|c| {
             c.execute(
@@ -420,5 +496,62 @@ mod tests {
         assert!(!err.to_string().contains("secret-a"));
         creds.purge("ws", "b").unwrap();
         assert!(creds.values("ws", "b").unwrap().is_empty());
+    }
+
+    #[test]
+    fn rotation_reseals_everything_or_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let creds = open(dir.path(), 1).unwrap();
+        let set = |value: &str| Change::Set {
+            key: "k".into(),
+            value: Secret::new(value),
+            sensitive: true,
+        };
+        creds.apply("ws", "a", &[set("secret-a")]).unwrap();
+        creds.apply("ws", "b", &[set("secret-b")]).unwrap();
+        let tokens = TokenSet {
+            refresh_token: Some(Secret::new("rt")),
+            ..Default::default()
+        };
+        creds.set_tokens("ws", "a", Some(&tokens)).unwrap();
+
+        let done = creds.rotate(Cipher::from_key(&[2; 32])).unwrap();
+        assert_eq!(
+            done,
+            Resealed {
+                values: 2,
+                token_sets: 1
+            }
+        );
+        assert_eq!(creds.values("ws", "b").unwrap()["k"].expose(), "secret-b");
+        assert_eq!(creds.tokens("ws", "a").unwrap().unwrap(), tokens);
+        // Written after the rotation: under the new key too.
+        creds.apply("ws", "c", &[set("secret-c")]).unwrap();
+        drop(creds);
+        assert!(matches!(
+            open(dir.path(), 1),
+            Err(StoreError::KeyMismatch { .. })
+        ));
+        let creds = open(dir.path(), 2).unwrap();
+        assert_eq!(creds.values("ws", "c").unwrap()["k"].expose(), "secret-c");
+
+        // One value that does not open: nothing changes.
+        creds
+            .store
+            .with(|c| {
+                c.execute(
+                    "UPDATE credentials SET value = x'00' WHERE bundle = 'b'",
+                    [],
+                )
+            })
+            .unwrap();
+        let err = creds.rotate(Cipher::from_key(&[3; 32])).unwrap_err();
+        assert!(err.to_string().contains("bundle \"b\""), "{err}");
+        assert_eq!(creds.values("ws", "a").unwrap()["k"].expose(), "secret-a");
+        drop(creds);
+        assert!(
+            open(dir.path(), 2).is_ok(),
+            "still sealed under the key before"
+        );
     }
 }

@@ -93,10 +93,8 @@ impl Cipher {
             let key = decode_key(&text, &format!("in environment variable {var}"))?;
             return Ok((Cipher::from_key(&key), KeyOrigin::Env(var.clone())));
         }
-        let (path, may_create) = match &config.key_file {
-            Some(p) => (p.clone(), false),
-            None => (state_dir.join(KEY_FILE_NAME), true),
-        };
+        let path = key_path(config, state_dir).expect("key_env handled above");
+        let may_create = config.key_file.is_none();
         match read_key_file(&path) {
             Ok(key) => Ok((Cipher::from_key(&key), KeyOrigin::File(path))),
             Err(KeyError::FileMissing { .. }) if may_create => {
@@ -105,6 +103,12 @@ impl Cipher {
             }
             Err(e) => Err(e),
         }
+    }
+
+    /// The key in a key file (which must be private).
+    pub fn from_file(path: &Path) -> Result<Cipher, KeyError> {
+        let key = read_key_file(path)?;
+        Ok(Cipher::from_key(&key))
     }
 
     pub fn from_key(key: &[u8; KEY_LEN]) -> Cipher {
@@ -154,6 +158,64 @@ impl Cipher {
             .map(Zeroizing::new)
             .map_err(|_| OpenError)
     }
+}
+
+/// The key file in use: `[credentials] key_file`, or the state dir's
+/// default; `None` when the key comes from the environment (`key_env`).
+pub fn key_path(config: &CredentialsConfig, state_dir: &Path) -> Option<PathBuf> {
+    if config.key_env.is_some() {
+        return None;
+    }
+    Some(
+        config
+            .key_file
+            .clone()
+            .unwrap_or_else(|| state_dir.join(KEY_FILE_NAME)),
+    )
+}
+
+/// Where `rotate-key` writes the new key before the stored secrets are
+/// re-sealed with it: `KEY_FILE.new`, next to the key file (same file
+/// system, so the final rename is atomic).
+pub fn pending_key_path(key_path: &Path) -> PathBuf {
+    let mut name = key_path.as_os_str().to_owned();
+    name.push(".new");
+    PathBuf::from(name)
+}
+
+/// Writes a fresh key to `pending` (mode 0600, synced), replacing a
+/// leftover of an earlier attempt, and returns its cipher.
+pub fn write_pending_key(pending: &Path) -> Result<Cipher, KeyError> {
+    match std::fs::remove_file(pending) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => {
+            return Err(KeyError::Io {
+                action: "replace",
+                path: pending.to_path_buf(),
+                source,
+            })
+        }
+    }
+    let key = create_key_file(pending)?;
+    Ok(Cipher::from_key(&key))
+}
+
+/// Makes the pending key the key file (atomic rename, directory synced).
+pub fn promote_pending_key(key_path: &Path) -> Result<(), KeyError> {
+    let pending = pending_key_path(key_path);
+    let io = |source| KeyError::Io {
+        action: "replace",
+        path: key_path.to_path_buf(),
+        source,
+    };
+    std::fs::rename(&pending, key_path).map_err(io)?;
+    if let Some(dir) = key_path.parent() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io)?;
+    }
+    Ok(())
 }
 
 fn decode_key(text: &str, origin: &str) -> Result<Zeroizing<[u8; KEY_LEN]>, KeyError> {

@@ -45,6 +45,14 @@ impl Daemon {
     /// A daemon with the given extra config (TOML placed before the
     /// harness's own `[bundles]` table), started and answering.
     pub fn start_with(extra: &str) -> Daemon {
+        let mut d = Daemon::unlaunched(extra);
+        d.launch();
+        d
+    }
+
+    /// The same daemon's folder and config, not started yet (set `env`,
+    /// then `launch`).
+    pub fn unlaunched(extra: &str) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().canonicalize().unwrap();
         let config = root.join("bundlevisor.toml");
@@ -54,16 +62,14 @@ impl Daemon {
         )
         .unwrap();
         std::fs::create_dir_all(root.join("bundles")).unwrap();
-        let mut d = Daemon {
+        Daemon {
             socket: root.join("run/bv.sock"),
             state: root.join("state"),
             config,
             dir,
             env: Vec::new(),
             child: None,
-        };
-        d.launch();
-        d
+        }
     }
 
     pub fn start() -> Daemon {

@@ -4,6 +4,9 @@
 //! and `auth.complete`: the operator-completed authorization-code + PKCE
 //! flow of a remote bundle.
 //!
+//! `credentials.rotate_key`: a new credential key, every stored secret
+//! re-sealed with it in one transaction.
+//!
 //! Calls on one bundle are serialized by [`Shared::configure_lock`], held
 //! from validation to outcome, so two operators cannot interleave a store
 //! and a respawn.
@@ -19,10 +22,60 @@ use crate::daemon::PendingAuth;
 use crate::manifest::{LoadedManifest, Plan, RemotePlan, UserConfigType};
 use crate::protocol::{
     AuthBeginParams, AuthBeginResult, AuthCompleteParams, BundleResult, ConfigKey, ConfigureParams,
-    ConfigureResult, ErrorKind, RpcError,
+    ConfigureResult, ErrorKind, RotateKeyResult, RpcError,
 };
 use crate::secret::Secret;
 use crate::store::{Change, TokenSet};
+
+/// Replaces the credential key: the new key is written to `KEY_FILE.new`
+/// first, every secret is re-sealed in one transaction, then the new file
+/// replaces the key file. A daemon stopped in between finishes (or undoes)
+/// it at its next start (`daemon::open_credentials`).
+pub(super) async fn rotate_key(ctx: &Ctx) -> Result<Value, RpcError> {
+    use crate::store::crypto;
+    let failed = |message: String| RpcError::new(ErrorKind::KeyRotationFailed, message);
+    let settings = &ctx.shared.config.credentials;
+    let Some(key_path) = crypto::key_path(settings, &ctx.shared.config.state_dir) else {
+        return Err(failed(format!(
+            "the credential key comes from environment variable {} ([credentials] key_env), which the daemon cannot change; to rotate, move the key into a key file ([credentials] key_file) first (docs/operations.md, runbook)",
+            settings.key_env.as_deref().unwrap_or("?")
+        )));
+    };
+    let credentials = ctx.shared.credentials.clone();
+    let result = tokio::task::spawn_blocking(move || {
+        let pending = crypto::pending_key_path(&key_path);
+        let new = crypto::write_pending_key(&pending)
+            .map_err(|e| failed(format!("nothing was changed: {e}")))?;
+        let resealed = match credentials.rotate(new) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = std::fs::remove_file(&pending);
+                return Err(failed(format!(
+                    "nothing was changed (the stored secrets are still sealed with the current key): {e}"
+                )));
+            }
+        };
+        #[cfg(feature = "fault-injection")]
+        if std::env::var("BUNDLEVISOR_FAULT").as_deref() == Ok("rotate_after_commit") {
+            std::process::abort();
+        }
+        crypto::promote_pending_key(&key_path).map_err(|e| {
+            failed(format!(
+                "the secrets are re-sealed with the new key, which is in {}, but it could not replace the key file: {e}; the daemon finishes this at its next start — do not delete that file",
+                pending.display()
+            ))
+        })?;
+        tracing::info!(file = %key_path.display(), values = resealed.values, token_sets = resealed.token_sets, "credential key rotated");
+        Ok(RotateKeyResult {
+            key_file: key_path.display().to_string(),
+            values: resealed.values,
+            token_sets: resealed.token_sets,
+        })
+    })
+    .await
+    .map_err(unavailable)??;
+    to_value(result)
+}
 
 pub(super) async fn configure(
     p: ConfigureParams,

@@ -399,6 +399,7 @@ async fn dispatch(
         }
         method::CONFIGURE => credentials::configure(params(p)?, ctx, out).await,
         method::AUTH_BEGIN => credentials::auth_begin(params(p)?, ctx).await,
+        method::ROTATE_KEY => credentials::rotate_key(ctx).await,
         method::AUTH_COMPLETE => credentials::auth_complete(params(p)?, ctx, out).await,
         method::FILES_PUT => files_put(params(p)?, ctx).await,
         method::FILES_LS => files_ls(params(p)?, ctx).await,
