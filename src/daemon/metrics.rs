@@ -36,11 +36,22 @@ struct Calls {
     sum_secs: f64,
 }
 
+/// Keyed so that a hit is looked up with borrowed names (no allocation on
+/// the request path).
 #[derive(Default)]
 struct Inner {
-    calls: BTreeMap<(String, String), Calls>,
+    /// workspace → bundle → calls.
+    calls: BTreeMap<String, BTreeMap<String, Calls>>,
     host: BTreeMap<String, [u64; HOST_OUTCOMES.len()]>,
-    control: BTreeMap<String, u64>,
+    control: BTreeMap<&'static str, u64>,
+}
+
+/// The entry of `key` in `map`, inserted with a default on first use.
+fn slot<'m, V: Default>(map: &'m mut BTreeMap<String, V>, key: &str) -> &'m mut V {
+    if !map.contains_key(key) {
+        map.insert(key.to_string(), V::default());
+    }
+    map.get_mut(key).expect("inserted above")
 }
 
 #[derive(Default)]
@@ -67,10 +78,7 @@ impl Metrics {
     /// A tool call answered (`ok`: a result without `isError`).
     pub fn tool_call(&self, workspace: &str, bundle: &str, took: Duration, ok: bool) {
         let mut inner = self.lock();
-        let calls = inner
-            .calls
-            .entry((workspace.to_string(), bundle.to_string()))
-            .or_default();
+        let calls = slot(slot(&mut inner.calls, workspace), bundle);
         calls.total += 1;
         calls.errors += u64::from(!ok);
         let secs = took.as_secs_f64();
@@ -87,26 +95,27 @@ impl Metrics {
             .iter()
             .position(|o| *o == outcome)
             .unwrap_or(HOST_OUTCOMES.len() - 1);
-        self.lock().host.entry(workspace.to_string()).or_default()[i] += 1;
+        slot(&mut self.lock().host, workspace)[i] += 1;
     }
 
     /// A request on the control socket; `method` is one the daemon knows
     /// (anything else is counted as `other`, so that clients cannot grow
     /// the label set).
     pub fn control_request(&self, method: &str) {
-        let label = if crate::protocol::method::is_known(method) {
-            method
-        } else {
-            "other"
-        };
-        *self.lock().control.entry(label.to_string()).or_default() += 1;
+        let label = crate::protocol::method::REQUESTS
+            .iter()
+            .find(|m| **m == method)
+            .copied()
+            .unwrap_or("other");
+        *self.lock().control.entry(label).or_default() += 1;
     }
 
     /// Tool calls and errors of a bundle so far (for `status --usage`).
     pub fn calls_of(&self, workspace: &str, bundle: &str) -> (u64, u64) {
         self.lock()
             .calls
-            .get(&(workspace.to_string(), bundle.to_string()))
+            .get(workspace)
+            .and_then(|bundles| bundles.get(bundle))
             .map_or((0, 0), |c| (c.total, c.errors))
     }
 
@@ -197,9 +206,10 @@ impl Metrics {
             .iter()
             .map(|b| (b.workspace.as_str(), b.name.as_str()))
             .collect();
-        let calls: Vec<(&(String, String), &Calls)> = inner
+        let calls: Vec<((&String, &String), &Calls)> = inner
             .calls
             .iter()
+            .flat_map(|(ws, bundles)| bundles.iter().map(move |(b, c)| ((ws, b), c)))
             .filter(|((ws, b), _)| installed.contains(&(ws.as_str(), b.as_str())))
             .collect();
         let name = family(
@@ -414,7 +424,7 @@ mod tests {
         m.tool_call("w", "b", Duration::from_micros(700), true);
         m.tool_call("w", "b", Duration::from_secs(60), false);
         let inner = m.lock();
-        let c = &inner.calls[&("w".to_string(), "b".to_string())];
+        let c = &inner.calls["w"]["b"];
         assert_eq!(c.buckets[1], 1, "0.7 ms is in le=0.001");
         assert_eq!(c.buckets[BUCKETS.len()], 1, "60 s is only in +Inf");
         assert_eq!((c.total, c.errors), (2, 1));

@@ -77,10 +77,6 @@ pub mod method {
         METRICS,
         ROTATE_KEY,
     ];
-
-    pub fn is_known(method: &str) -> bool {
-        REQUESTS.contains(&method)
-    }
 }
 
 pub const DEFAULT_WORKSPACE: &str = "default";
