@@ -132,37 +132,17 @@ fn per_second(
 }
 
 fn watch_table(status: &StatusResult, rates: &HashMap<(String, String), f64>) -> String {
-    let mut rows = vec![[
-        "WORKSPACE",
-        "BUNDLE",
-        "STATE",
-        "PID",
-        "UPTIME",
-        "RESTARTS",
-        "RSS",
-        "CALLS/S",
-        "LAST ERROR",
-    ]
-    .map(String::from)
-    .to_vec()];
-    for b in &status.bundles {
+    let rows = status.bundles.iter().map(|b| {
         let rss = b.usage.as_ref().and_then(|u| u.rss_bytes);
         let rate = rates.get(&(b.workspace.clone(), b.name.clone()));
-        rows.push(vec![
-            b.workspace.clone(),
-            b.name.clone(),
-            b.state.as_str().to_string(),
-            b.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
-            uptime(b.uptime_secs),
-            b.restarts.to_string(),
+        [
             rss.map(|r| format!("{:.1} MiB", r as f64 / 1048576.0))
                 .unwrap_or_else(|| "-".into()),
             rate.map(|r| format!("{r:.1}"))
                 .unwrap_or_else(|| "-".into()),
-            first_line(b.last_error.as_deref()),
-        ]);
-    }
-    aligned(&rows, status.bundles.is_empty())
+        ]
+    });
+    bundle_table(status, ["RSS", "CALLS/S"], rows)
 }
 
 pub(super) fn uptime(secs: Option<u64>) -> String {
@@ -182,29 +162,35 @@ fn first_line(error: Option<&str>) -> String {
 }
 
 fn table(status: &StatusResult) -> String {
-    let mut rows = vec![[
-        "WORKSPACE",
-        "BUNDLE",
-        "STATE",
-        "PID",
-        "UPTIME",
-        "RESTARTS",
-        "TOOLS",
-        "LAST ERROR",
-    ]
-    .map(String::from)
-    .to_vec()];
-    for b in &status.bundles {
-        rows.push(vec![
+    let rows = status.bundles.iter().map(|b| [b.tools.to_string()]);
+    bundle_table(status, ["TOOLS"], rows)
+}
+
+/// One row per bundle: workspace, name, state, pid, uptime, restarts, the
+/// `extra` columns, and the first line of the last error.
+fn bundle_table<const N: usize>(
+    status: &StatusResult,
+    extra: [&str; N],
+    extra_cells: impl Iterator<Item = [String; N]>,
+) -> String {
+    let mut header: Vec<String> = ["WORKSPACE", "BUNDLE", "STATE", "PID", "UPTIME", "RESTARTS"]
+        .map(String::from)
+        .to_vec();
+    header.extend(extra.map(String::from));
+    header.push("LAST ERROR".into());
+    let mut rows = vec![header];
+    for (b, cells) in status.bundles.iter().zip(extra_cells) {
+        let mut row = vec![
             b.workspace.clone(),
             b.name.clone(),
             b.state.as_str().to_string(),
             b.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
             uptime(b.uptime_secs),
             b.restarts.to_string(),
-            b.tools.to_string(),
-            first_line(b.last_error.as_deref()),
-        ]);
+        ];
+        row.extend(cells);
+        row.push(first_line(b.last_error.as_deref()));
+        rows.push(row);
     }
     aligned(&rows, status.bundles.is_empty())
 }

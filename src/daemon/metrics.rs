@@ -124,26 +124,22 @@ impl Metrics {
         let (workspaces, bundles) = board.snapshot();
         let counts = board.counts();
         let mut out = String::with_capacity(4096);
-        let name = family(
-            &mut out,
-            "bundlevisor_uptime_seconds",
-            "gauge",
-            "Seconds since the daemon started.",
-        );
-        sample(&mut out, &name, &[], uptime.as_secs().to_string());
-        let name = family(
-            &mut out,
-            "bundlevisor_resident_memory_bytes",
-            "gauge",
-            "Resident memory of the daemon process.",
-        );
-        sample(
-            &mut out,
-            &name,
-            &[],
-            rss_bytes(std::process::id()).unwrap_or(0).to_string(),
-        );
-
+        let daemon_rss = rss_bytes(std::process::id()).unwrap_or(0);
+        for (name, help, value) in [
+            (
+                "bundlevisor_uptime_seconds",
+                "Seconds since the daemon started.",
+                uptime.as_secs(),
+            ),
+            (
+                "bundlevisor_resident_memory_bytes",
+                "Resident memory of the daemon process.",
+                daemon_rss,
+            ),
+        ] {
+            let name = family(&mut out, name, "gauge", help);
+            sample(&mut out, &name, &[], value.to_string());
+        }
         let name = family(
             &mut out,
             "bundlevisor_bundles",
@@ -154,125 +150,89 @@ impl Metrics {
             let n = bundles.iter().filter(|b| b.state == state).count();
             sample(&mut out, &name, &[("state", state.as_str())], n.to_string());
         }
-
-        let name = family(
+        per_bundle(
             &mut out,
-            "bundlevisor_bundle_restarts_total",
-            "counter",
+            ("bundlevisor_bundle_restarts_total", "counter"),
             "Starts of a bundle after its first one since the daemon started.",
+            counts
+                .iter()
+                .map(|((ws, b), c)| (ws.as_str(), b.as_str(), c.restarts)),
         );
-        for ((ws, b), c) in &counts {
-            sample(
-                &mut out,
-                &name,
-                &[("workspace", ws), ("bundle", b)],
-                c.restarts.to_string(),
-            );
-        }
-        let name = family(
+        per_bundle(
             &mut out,
-            "bundlevisor_bundle_crashes_total",
-            "counter",
+            ("bundlevisor_bundle_crashes_total", "counter"),
             "Exits of a bundle nobody asked for, other than a clean exit (code 0).",
+            counts
+                .iter()
+                .map(|((ws, b), c)| (ws.as_str(), b.as_str(), c.crashes)),
         );
-        for ((ws, b), c) in &counts {
-            sample(
-                &mut out,
-                &name,
-                &[("workspace", ws), ("bundle", b)],
-                c.crashes.to_string(),
-            );
-        }
-
-        let name = family(
+        per_bundle(
             &mut out,
-            "bundlevisor_bundle_resident_memory_bytes",
-            "gauge",
+            ("bundlevisor_bundle_resident_memory_bytes", "gauge"),
             "Resident memory of a running bundle's process.",
+            bundles.iter().filter_map(|b| {
+                let rss = b.pid.and_then(rss_bytes)?;
+                Some((b.workspace.as_str(), b.name.as_str(), rss))
+            }),
         );
-        for b in &bundles {
-            if let Some(rss) = b.pid.and_then(rss_bytes) {
-                sample(
-                    &mut out,
-                    &name,
-                    &[("workspace", &b.workspace), ("bundle", &b.name)],
-                    rss.to_string(),
-                );
-            }
-        }
 
         let inner = self.lock();
-        let installed: Vec<(&str, &str)> = bundles
-            .iter()
-            .map(|b| (b.workspace.as_str(), b.name.as_str()))
-            .collect();
-        let calls: Vec<((&String, &String), &Calls)> = inner
+        let calls: Vec<(&str, &str, &Calls)> = inner
             .calls
             .iter()
-            .flat_map(|(ws, bundles)| bundles.iter().map(move |(b, c)| ((ws, b), c)))
-            .filter(|((ws, b), _)| installed.contains(&(ws.as_str(), b.as_str())))
+            .flat_map(|(ws, bundles)| {
+                bundles
+                    .iter()
+                    .map(move |(b, c)| (ws.as_str(), b.as_str(), c))
+            })
+            .filter(|(ws, b, _)| bundles.iter().any(|x| x.workspace == *ws && x.name == *b))
             .collect();
-        let name = family(
+        per_bundle(
             &mut out,
-            "bundlevisor_tool_calls_total",
-            "counter",
+            ("bundlevisor_tool_calls_total", "counter"),
             "Tool calls answered by a bundle.",
+            calls.iter().map(|(ws, b, c)| (*ws, *b, c.total)),
         );
-        for ((ws, b), c) in &calls {
-            sample(
-                &mut out,
-                &name,
-                &[("workspace", ws), ("bundle", b)],
-                c.total.to_string(),
-            );
-        }
-        let name = family(
+        per_bundle(
             &mut out,
-            "bundlevisor_tool_call_errors_total",
-            "counter",
+            ("bundlevisor_tool_call_errors_total", "counter"),
             "Tool calls that failed, timed out, were refused or returned isError.",
+            calls.iter().map(|(ws, b, c)| (*ws, *b, c.errors)),
         );
-        for ((ws, b), c) in &calls {
-            sample(
-                &mut out,
-                &name,
-                &[("workspace", ws), ("bundle", b)],
-                c.errors.to_string(),
-            );
-        }
         let name = family(
             &mut out,
             "bundlevisor_tool_call_duration_seconds",
             "histogram",
             "Time from a tool call reaching the daemon to its answer.",
         );
-        for ((ws, b), c) in &calls {
+        for (ws, b, c) in &calls {
+            let labels = [("workspace", *ws), ("bundle", *b)];
             let mut cumulative = 0;
-            for (i, le) in BUCKETS.iter().enumerate() {
+            for (i, le) in BUCKETS
+                .iter()
+                .map(f64::to_string)
+                .chain(["+Inf".into()])
+                .enumerate()
+            {
                 cumulative += c.buckets[i];
+                let labels = [labels[0], labels[1], ("le", le.as_str())];
                 sample(
                     &mut out,
                     &format!("{name}_bucket"),
-                    &[("workspace", ws), ("bundle", b), ("le", &le.to_string())],
+                    &labels,
                     cumulative.to_string(),
                 );
             }
             sample(
                 &mut out,
-                &format!("{name}_bucket"),
-                &[("workspace", ws), ("bundle", b), ("le", "+Inf")],
-                c.total.to_string(),
-            );
-            sample(
-                &mut out,
                 &format!("{name}_sum"),
-                &[("workspace", ws), ("bundle", b)],
+                &labels,
                 c.sum_secs.to_string(),
             );
             sample(
                 &mut out,
                 &format!("{name}_count"),
-                &[("workspace", ws), ("bundle", b)],
+                &labels,
                 c.total.to_string(),
             );
         }
@@ -286,15 +246,10 @@ impl Metrics {
         for ws in &workspaces {
             let counts = inner.host.get(ws).copied().unwrap_or_default();
             for (outcome, n) in HOST_OUTCOMES.iter().zip(counts) {
-                sample(
-                    &mut out,
-                    &name,
-                    &[("workspace", ws), ("outcome", outcome)],
-                    n.to_string(),
-                );
+                let labels = [("workspace", ws.as_str()), ("outcome", *outcome)];
+                sample(&mut out, &name, &labels, n.to_string());
             }
         }
-
         let name = family(
             &mut out,
             "bundlevisor_control_requests_total",
@@ -305,6 +260,24 @@ impl Metrics {
             sample(&mut out, &name, &[("method", method)], n.to_string());
         }
         out
+    }
+}
+
+/// A family with one sample per (workspace, bundle).
+fn per_bundle<'a>(
+    out: &mut String,
+    (name, kind): (&str, &str),
+    help: &str,
+    samples: impl Iterator<Item = (&'a str, &'a str, u64)>,
+) {
+    let name = family(out, name, kind, help);
+    for (ws, bundle, value) in samples {
+        sample(
+            out,
+            &name,
+            &[("workspace", ws), ("bundle", bundle)],
+            value.to_string(),
+        );
     }
 }
 
