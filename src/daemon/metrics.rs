@@ -333,15 +333,34 @@ pub fn parse_addr(text: &str) -> Result<SocketAddr, String> {
     })
 }
 
+/// At most this many scrapes are served at once; more connections are
+/// closed at once (a scraper retries).
+const MAX_SCRAPES: usize = 16;
+
 /// Serves `GET /metrics` on `listener` until the task is dropped. One
 /// request per connection; anything else is 404 or 405.
-pub async fn serve_http(listener: TcpListener, render: impl Fn() -> String + Send + 'static) {
+pub async fn serve_http(
+    listener: TcpListener,
+    render: impl Fn() -> String + Send + Sync + 'static,
+) {
+    let render = std::sync::Arc::new(render);
+    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
+        let mut stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors, most likely: let some close first.
+                tracing::warn!("metrics listener: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = permits.clone().try_acquire_owned() else {
             continue;
         };
-        let body = render();
+        let render = render.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             let mut head = Vec::with_capacity(1024);
             let mut buf = [0u8; 1024];
             let read = tokio::time::timeout(Duration::from_secs(5), async {
@@ -361,7 +380,7 @@ pub async fn serve_http(listener: TcpListener, render: impl Fn() -> String + Sen
             let mut words = line.split_whitespace();
             let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
             let (status, content_type, body) = match (method, path.split('?').next()) {
-                ("GET", Some("/metrics")) => ("200 OK", "text/plain; version=0.0.4", body),
+                ("GET", Some("/metrics")) => ("200 OK", "text/plain; version=0.0.4", render()),
                 ("GET", _) => ("404 Not Found", "text/plain", "try /metrics\n".to_string()),
                 _ => (
                     "405 Method Not Allowed",
