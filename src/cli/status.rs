@@ -61,9 +61,13 @@ async fn watch(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError
             _ = ticker.tick() => {}
         }
         let params = StatusParams { usage: true };
-        let status: StatusResult = match client.request(method::STATUS, params, |_| {}).await {
-            Ok(s) => s,
-            Err(e) => break Err(e),
+        // Ctrl-C ends the watch even while the daemon is slow to answer.
+        let status: StatusResult = tokio::select! {
+            _ = interrupt.recv() => break Ok(()),
+            answer = client.request(method::STATUS, params, |_| {}) => match answer {
+                Ok(s) => s,
+                Err(e) => break Err(e),
+            },
         };
         let now = Instant::now();
         let calls: CallCounts = status
