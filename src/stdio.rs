@@ -64,10 +64,8 @@ enum Direction {
 /// An event-loop handle on `fd` for one direction, if it is a pipe or a
 /// socket.
 fn polled(fd: BorrowedFd<'_>, direction: Direction) -> Option<Polled> {
-    let kind = std::fs::File::from(fd.try_clone_to_owned().ok()?)
-        .metadata()
-        .ok()?
-        .file_type();
+    let duplicate = std::fs::File::from(fd.try_clone_to_owned().ok()?);
+    let kind = duplicate.metadata().ok()?.file_type();
     if kind.is_fifo() {
         let mut open = std::fs::OpenOptions::new();
         match direction {
@@ -79,14 +77,13 @@ fn polled(fd: BorrowedFd<'_>, direction: Direction) -> Option<Polled> {
             .ok()
             .map(Polled::Pipe)
     } else if kind.is_socket() {
-        let owned = fd.try_clone_to_owned().ok()?;
         let interest = match direction {
             Direction::Read => tokio::io::Interest::READABLE,
             Direction::Write => tokio::io::Interest::WRITABLE,
         };
-        // SAFETY: the OwnedFd is a fresh duplicate that the AsyncFd owns
-        // and keeps open until it is dropped.
-        let fd = unsafe { AsyncFd::register_with_interest(owned, interest) };
+        // SAFETY: the duplicate is owned by the AsyncFd, which keeps it
+        // open until it is dropped.
+        let fd = unsafe { AsyncFd::register_with_interest(OwnedFd::from(duplicate), interest) };
         fd.ok().map(|fd| Polled::Socket(Socket { fd }))
     } else {
         None

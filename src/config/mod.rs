@@ -120,8 +120,8 @@ pub struct Config {
     pub socket: PathBuf,
     /// Serve `GET /metrics` (Prometheus text) here: `HOST:PORT`, or a bare
     /// port for 127.0.0.1. Off unless set.
-    #[serde(default)]
-    pub metrics_addr: Option<String>,
+    #[serde(default, deserialize_with = "metrics_addr")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Folders whose bundles are installed at start.
     #[serde(default)]
     pub watch: Vec<WatchConfig>,
@@ -420,6 +420,16 @@ impl Default for BundleSettings {
     }
 }
 
+/// `metrics_addr`: `HOST:PORT`, or a bare port for 127.0.0.1.
+fn metrics_addr<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<std::net::SocketAddr>, D::Error> {
+    let text = String::deserialize(d)?;
+    crate::daemon::metrics::parse_addr(&text)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
 impl Config {
     /// Reads, parses and validates a config file; relative paths become
     /// relative to the file's folder.
@@ -469,11 +479,6 @@ impl Config {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let mut problems = Vec::new();
-        if let Some(addr) = &self.metrics_addr {
-            if let Err(e) = crate::daemon::metrics::parse_addr(addr) {
-                problems.push(e);
-            }
-        }
         let hr = &self.host_resources;
         if !(hr.rate_per_sec.is_finite() && hr.rate_per_sec > 0.0) {
             problems.push("host_resources.rate_per_sec must be a positive number".to_string());

@@ -176,6 +176,10 @@ impl Metrics {
             }),
         );
 
+        let installed: std::collections::HashSet<(&str, &str)> = bundles
+            .iter()
+            .map(|b| (b.workspace.as_str(), b.name.as_str()))
+            .collect();
         let inner = self.lock();
         let calls: Vec<(&str, &str, &Calls)> = inner
             .calls
@@ -185,7 +189,7 @@ impl Metrics {
                     .iter()
                     .map(move |(b, c)| (ws.as_str(), b.as_str(), c))
             })
-            .filter(|(ws, b, _)| bundles.iter().any(|x| x.workspace == *ws && x.name == *b))
+            .filter(|(ws, b, _)| installed.contains(&(*ws, *b)))
             .collect();
         per_bundle(
             &mut out,

@@ -83,8 +83,6 @@ pub enum DaemonError {
     Key(#[from] crate::store::crypto::KeyError),
     #[error("actor system: {0}")]
     Actor(String),
-    #[error("{0}")]
-    MetricsAddr(String),
     #[error("cannot serve metrics on {addr} (metrics_addr): {source}")]
     Metrics {
         addr: std::net::SocketAddr,
@@ -349,10 +347,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     tracing::info!(key = %key_origin, "credential key loaded");
     let listener = bind_socket(&config.socket, &config.control)?;
     let socket = config.socket.clone();
-    let metrics_listener = match config.metrics_addr.as_deref().map(metrics::parse_addr) {
+    let metrics_listener = match config.metrics_addr {
         None => None,
-        Some(Err(e)) => return Err(DaemonError::MetricsAddr(e)),
-        Some(Ok(addr)) => {
+        Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
                 .await
                 .map_err(|source| DaemonError::Metrics { addr, source })?;

@@ -107,7 +107,8 @@ struct Slot {
 }
 
 pub struct WorkspaceState {
-    name: String,
+    /// Shared with every host-resources answer (counted per workspace).
+    name: Arc<str>,
     shared: Arc<Shared>,
     bundles: HashMap<String, Slot>,
     files: FileStore,
@@ -230,7 +231,7 @@ impl WorkspaceState {
             }
             FilesOp::Resources { request, reply } => {
                 let requester = host_resources::Requester {
-                    workspace: workspace.clone(),
+                    workspace: workspace.to_string(),
                     bundle: GATEWAY_PRINCIPAL.to_string(),
                 };
                 let _ = reply.send(Ok(host_resources::execute(
@@ -253,7 +254,7 @@ impl WorkspaceState {
         slot: &Slot,
     ) -> Result<ActorRef<BundleMsg>, String> {
         let args = BundleArgs {
-            workspace: self.name.clone(),
+            workspace: self.name.to_string(),
             name: name.to_string(),
             source: slot.source.clone(),
             shared: self.shared.clone(),
@@ -302,7 +303,7 @@ impl Actor for WorkspaceActor {
             .join(format!("{}.jsonl", args.name));
         let audit = AuditLog::start(audit_path, logs.max_bytes, logs.keep);
         Ok(WorkspaceState {
-            name: args.name,
+            name: args.name.into(),
             shared: args.shared,
             bundles: HashMap::new(),
             files,
