@@ -4,10 +4,12 @@ CARGO ?= cargo
 CONFIG ?= config/bundlevisor.toml
 DEMO_BIN := bundles/demo/server/bundlevisor-demo
 # The Python SDK bundle's virtual environment, built from PyPI with the
-# pinned lock file, inside the build tree.
+# pinned lock file, inside the bundle folder (a bundle reads only its own
+# folder, system folders and its interpreter's installation; its uid must
+# reach the interpreter, so the system's Python is preferred).
 PY_BUNDLE := bundles/workspace-reader-py
-PY_ENV := target/py/workspace-reader
-PYTHON ?= python3
+PY_ENV := $(PY_BUNDLE)/.venv
+PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo python3)
 # The MCP Inspector (npm, pinned by tests/inspector/package-lock.json) that
 # tests/inspector.rs drives the gateway with.
 INSPECTOR := target/inspector
@@ -31,7 +33,6 @@ $(PY_ENV)/.installed: $(PY_BUNDLE)/requirements.lock
 	rm -rf $(PY_ENV)
 	$(PYTHON) -m venv $(PY_ENV)
 	$(PY_ENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -r $(PY_BUNDLE)/requirements.lock
-	ln -sfn ../../$(PY_ENV) $(PY_BUNDLE)/.venv
 	touch $@
 
 .PHONY: inspector
@@ -81,4 +82,4 @@ fmt: ## Format the code
 .PHONY: clean
 clean: ## Remove build output and the local state of `make run`
 	$(CARGO) clean
-	rm -rf .bundlevisor $(DEMO_BIN) $(PY_BUNDLE)/.venv $(INSPECTOR)
+	rm -rf .bundlevisor $(DEMO_BIN) $(PY_ENV) $(INSPECTOR)

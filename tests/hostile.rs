@@ -263,10 +263,10 @@ fn a_fork_loop_run_as_an_unprivileged_user_is_capped_and_cleaned_up() {
         },
     );
     assert!(
-        b["sandbox"]["strategy"]
+        b["sandbox"]["isolation"]
             .as_str()
             .unwrap()
-            .contains("user nobody"),
+            .starts_with("user nobody"),
         "{b}"
     );
     for _ in 0..50 {
@@ -318,4 +318,301 @@ fn a_host_resources_flood_is_rate_limited_and_a_neighbour_keeps_its_own_budget()
         assert!(errors > 7500, "the flood was not rate limited: {result}");
     });
     d.ok(&["status"]);
+}
+
+// ---- Issue 15: the sandbox escapes an audit reproduced, each closed. ----
+
+/// Installs a shell-wrapped demo bundle that runs `script` first, and
+/// returns its log once `marker` is in it.
+fn run_probe(d: &Daemon, name: &str, script: &str, marker: &str) -> String {
+    let folder = shell_wrapped_demo(&d.root().join("bundles"), name, script);
+    d.ok(&["install", folder.to_str().unwrap()]);
+    wait_for(
+        Duration::from_secs(20),
+        &format!("{name} to log {marker}"),
+        || {
+            let logs = d.ok(&["logs", name, "-n", "200"]);
+            logs.contains(marker).then_some(logs)
+        },
+    )
+}
+
+/// A Python probe (system Python, readable to every bundle): says
+/// `daemon.hello` on the control socket and prints what came back, tagged
+/// with its first argument.
+fn socket_probe(socket: &std::path::Path) -> String {
+    format!(
+        "import socket,sys\ntag=sys.argv[1]\ntry:\n s=socket.socket(socket.AF_UNIX)\n s.connect({sock:?})\n s.sendall(b'{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"daemon.hello\",\"params\":{{\"protocol\":1}}}}\\n')\n print(tag+'-ANSWER', s.recv(4096).decode(errors='replace').strip(), file=sys.stderr)\nexcept Exception as e:\n print(tag+'-REFUSED', e, file=sys.stderr)\n",
+        sock = socket.display().to_string()
+    )
+}
+
+#[test]
+fn finding_1_a_bundle_and_its_double_forked_grandchild_cannot_drive_the_control_socket() {
+    let d = Daemon::start();
+    neighbour(&d);
+    // Straight from the bundle, and from a grandchild that left the
+    // bundle's session and process tree (setsid + double fork).
+    let script = "P=\"$(dirname \"$0\")/../probe.py\"; /usr/bin/python3 \"$P\" DIRECT; ( setsid /usr/bin/python3 \"$P\" ESCAPED & ) ;";
+    let folder = shell_wrapped_demo(&d.root().join("bundles"), "intruder", script);
+    std::fs::write(folder.join("probe.py"), socket_probe(&d.socket)).unwrap();
+    d.ok(&["install", folder.to_str().unwrap()]);
+    let logs = wait_for(Duration::from_secs(20), "both probes", || {
+        let l = d.ok(&["logs", "intruder", "-n", "200"]);
+        (l.contains("DIRECT-") && l.contains("ESCAPED-")).then_some(l)
+    });
+    for line in logs.lines().filter(|l| l.contains("-ANSWER")) {
+        assert!(
+            line.contains("permission_denied") && !line.contains("\"result\""),
+            "a bundle was answered on the control socket: {line}"
+        );
+    }
+    let b = d.bundle("default", "intruder").unwrap();
+    let isolation = b["sandbox"]["isolation"].as_str().unwrap();
+    if nix::unistd::geteuid().is_root() {
+        assert!(isolation.starts_with("own uid"), "{b}");
+        let uid = b["sandbox"]["uid"].as_u64().unwrap();
+        assert_ne!(uid, 0, "{b}");
+        // The neighbour has a uid of its own.
+        let n = d.bundle("default", "neighbour").unwrap();
+        assert_ne!(n["sandbox"]["uid"], b["sandbox"]["uid"]);
+    }
+    neighbour_answers(&d);
+}
+
+#[test]
+fn finding_2_a_link_out_of_the_bundle_folder_is_refused_at_install() {
+    let d = Daemon::start();
+    neighbour(&d);
+    let folder = demo_bundle_at(&d.root().join("bundles"), "linker");
+    std::os::unix::fs::symlink("/", folder.join("escape")).unwrap();
+    let out = d.cli(&["install", folder.to_str().unwrap()]);
+    assert!(!out.status.success(), "a bundle linking to / was installed");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("escape -> /"), "{err}");
+    assert!(err.contains("read_only_paths"), "the fix is named: {err}");
+    // Nothing of it runs.
+    let b = d.bundle("default", "linker").unwrap();
+    assert!(b["pid"].is_null(), "{b}");
+    // The granted paths are listed, exactly, and hold neither / nor the state dir.
+    let n = d.bundle("default", "neighbour").unwrap();
+    if landlock_available() {
+        let read: Vec<&str> = n["sandbox"]["read"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p.as_str().unwrap())
+            .collect();
+        assert!(!read.is_empty(), "{n}");
+        assert!(!read.contains(&"/"), "{read:?}");
+        let state = d.state.display().to_string();
+        assert!(
+            !read
+                .iter()
+                .any(|p| state.starts_with(p) || p.starts_with(&state)),
+            "{read:?}"
+        );
+        assert!(n["sandbox"]["write"].as_array().unwrap().len() >= 2, "{n}");
+        assert!(n["sandbox"]["landlock_abi"].as_u64().unwrap() >= 1, "{n}");
+    }
+    neighbour_answers(&d);
+}
+
+#[test]
+fn finding_3_a_bare_manifest_does_not_open_its_folder() {
+    use std::os::unix::fs::PermissionsExt;
+    if !landlock_available() {
+        return;
+    }
+    // The operator grants the demo server's folder (the command is /bin/sh).
+    let server_dir = std::path::Path::new(common::DEMO_BIN).parent().unwrap();
+    let d = Daemon::start_with(&format!(
+        "[sandbox]\nread_only_paths = [{:?}]\n",
+        server_dir.display().to_string()
+    ));
+    let dir = d.root().join("loose");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let secret = dir.join("secret.txt");
+    std::fs::write(&secret, "next to the manifest").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut manifest: Value = serde_json::from_str(common::DEMO_MANIFEST).unwrap();
+    manifest["name"] = serde_json::json!("flat");
+    manifest["server"]["mcp_config"]["command"] = serde_json::json!("/bin/sh");
+    manifest["server"]["mcp_config"]["args"] = serde_json::json!([
+        "-c",
+        format!(
+            "if cat '{}' >/dev/null 2>&1; then echo FLAT-READ >&2; else echo FLAT-DENIED >&2; fi; exec \"$0\"",
+            secret.display()
+        ),
+        common::DEMO_BIN
+    ]);
+    let file = dir.join("flat.json");
+    std::fs::write(&file, manifest.to_string()).unwrap();
+    d.ok(&["install", file.to_str().unwrap()]);
+    let logs = wait_for(Duration::from_secs(20), "the flat probe", || {
+        let l = d.ok(&["logs", "flat", "-n", "50"]);
+        l.contains("FLAT-").then_some(l)
+    });
+    assert!(logs.contains("FLAT-DENIED"), "{logs}");
+    let b = d.bundle("default", "flat").unwrap();
+    let dir_text = dir.display().to_string();
+    assert!(
+        !b["sandbox"]["read"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p.as_str().unwrap().starts_with(&dir_text)),
+        "{b}"
+    );
+}
+
+#[test]
+fn finding_4_no_root_no_device_files_and_no_neighbour_environ() {
+    let d = Daemon::start();
+    neighbour(&d);
+    let npid = d.bundle("default", "neighbour").unwrap()["pid"]
+        .as_u64()
+        .unwrap();
+    let script = format!(
+        "if mknod \"$HOME/blk\" b 8 0 2>/dev/null; then echo MKNOD-MADE >&2; else echo MKNOD-DENIED >&2; fi; \
+         if cat /proc/{npid}/environ >/dev/null 2>&1; then echo ENVIRON-READ >&2; else echo ENVIRON-DENIED >&2; fi; \
+         echo \"UID-$(id -u)\" >&2;"
+    );
+    let logs = run_probe(&d, "devmaker", &script, "UID-");
+    assert!(logs.contains("MKNOD-DENIED"), "{logs}");
+    assert!(!d.state.join("sandboxes/default/devmaker/data/blk").exists());
+    if nix::unistd::geteuid().is_root() || landlock_available() {
+        assert!(logs.contains("ENVIRON-DENIED"), "{logs}");
+    }
+    assert!(!logs.contains("UID-0\n"), "a bundle ran as root: {logs}");
+    neighbour_answers(&d);
+}
+
+#[test]
+fn finding_5_a_bundle_cannot_stop_the_daemon_or_a_neighbour() {
+    if !(nix::unistd::geteuid().is_root() || landlock_available()) {
+        return;
+    }
+    let mut d = Daemon::start();
+    neighbour(&d);
+    let npid = d.bundle("default", "neighbour").unwrap()["pid"]
+        .as_u64()
+        .unwrap();
+    // $PPID of the wrapping shell is the daemon.
+    let script = format!(
+        "if kill -STOP $PPID 2>/dev/null; then echo STOPPED-DAEMON >&2; else echo DAEMON-SIGNAL-DENIED >&2; fi; \
+         if kill -STOP {npid} 2>/dev/null; then echo STOPPED-NEIGHBOUR >&2; else echo NEIGHBOUR-SIGNAL-DENIED >&2; fi;"
+    );
+    let folder = shell_wrapped_demo(&d.root().join("bundles"), "stopper", &script);
+    let out = d.cli(&["install", "--no-wait", folder.to_str().unwrap()]);
+    assert!(out.status.success());
+    let log = d.state.join("logs/default/stopper.log");
+    let logs = wait_for(Duration::from_secs(20), "the stopper's verdict", || {
+        let l = std::fs::read_to_string(&log).unwrap_or_default();
+        l.contains("NEIGHBOUR-").then_some(l)
+    });
+    if logs.contains("STOPPED-") {
+        // Let the test clean up before failing.
+        d.signal(nix::sys::signal::Signal::SIGCONT);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(npid as i32),
+            nix::sys::signal::Signal::SIGCONT,
+        );
+        panic!("a bundle stopped the daemon or its neighbour: {logs}");
+    }
+    assert!(logs.contains("DAEMON-SIGNAL-DENIED"), "{logs}");
+    d.wait_state("default", "stopper", "ready");
+    neighbour_answers(&d);
+}
+
+#[test]
+fn finding_6_an_admitted_user_acts_with_its_own_rights() {
+    use std::os::unix::fs::PermissionsExt;
+    const NOBODY: u32 = 65534;
+    if !nix::unistd::geteuid().is_root() {
+        return; // acting as another user needs root
+    }
+    let d = Daemon::start_with(&format!("[control]\nallowed_gids = [{NOBODY}]\n"));
+    let as_nobody = |args: &[&str]| {
+        use std::os::unix::process::CommandExt;
+        std::process::Command::new(common::BIN)
+            .arg("--socket")
+            .arg(&d.socket)
+            .args(args)
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .current_dir("/")
+            .output()
+            .unwrap()
+    };
+    // Root's file, and one that does not exist, get the same answer.
+    let shadow = as_nobody(&["files", "put", "/etc/shadow"]);
+    assert!(!shadow.status.success(), "nobody stored /etc/shadow");
+    let missing = as_nobody(&["files", "put", "/etc/no-such-file-here"]);
+    let (a, b) = (
+        String::from_utf8_lossy(&shadow.stderr).replace("/etc/shadow", "P"),
+        String::from_utf8_lossy(&missing.stderr).replace("/etc/no-such-file-here", "P"),
+    );
+    assert!(a.contains("owned by uid 65534"), "{a}");
+    assert_eq!(a, b, "the answer tells whether a path exists");
+    // Its own file works.
+    let own = d.root().join("mine.txt");
+    std::fs::write(&own, "nobody's note").unwrap();
+    std::fs::set_permissions(&own, std::fs::Permissions::from_mode(0o644)).unwrap();
+    nix::unistd::chown(&own, Some(nix::unistd::Uid::from_raw(NOBODY)), None).unwrap();
+    let put = as_nobody(&["files", "put", own.to_str().unwrap()]);
+    assert!(
+        put.status.success(),
+        "{}",
+        String::from_utf8_lossy(&put.stderr)
+    );
+    // A root-owned bundle folder is not nobody's to install.
+    let folder = demo_bundle_at(&d.root().join("bundles"), "roots");
+    let install = as_nobody(&["install", folder.to_str().unwrap()]);
+    assert!(!install.status.success());
+    assert!(
+        String::from_utf8_lossy(&install.stderr).contains("owned by uid 65534"),
+        "{}",
+        String::from_utf8_lossy(&install.stderr)
+    );
+    assert!(d.bundle("default", "roots").is_none());
+}
+
+#[test]
+fn finding_7_names_on_every_control_method_are_checked() {
+    let d = Daemon::start();
+    // A log file outside the state dir that a path-like workspace reached.
+    let evil = d.root().join("evil");
+    std::fs::create_dir_all(&evil).unwrap();
+    std::fs::write(evil.join("x.log"), "NOT-A-BUNDLE-LOG\n").unwrap();
+    let out = d.cli(&["logs", "-w", "../../evil", "x"]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!text.contains("NOT-A-BUNDLE-LOG"), "{text}");
+    assert!(!out.status.success());
+    assert!(text.contains("workspace"), "{text}");
+    // Every method with a name takes the same check.
+    let mut raw = d.raw();
+    raw.hello();
+    for (i, method) in [
+        "bundle.logs",
+        "bundle.restart",
+        "bundle.tools",
+        "bundle.call",
+        "bundle.uninstall",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let r = raw.request(
+            10 + i as u64,
+            method,
+            serde_json::json!({"workspace": "default", "name": "../x", "tool": "t"}),
+        );
+        assert_eq!(r["error"]["data"]["kind"], "invalid_name", "{method}: {r}");
+    }
 }

@@ -159,7 +159,7 @@ fn a_slow_partial_write_is_rejected_then_installed_when_complete() {
     let d = started();
     let folder = watched(&d).join("slow");
     std::fs::create_dir_all(folder.join("server")).unwrap();
-    std::os::unix::fs::symlink(DEMO_BIN, folder.join("server/bundlevisor-demo")).unwrap();
+    common::place_demo_server(&folder.join("server/bundlevisor-demo"));
     let mut m: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
     m["name"] = json!("slow");
     let text = m.to_string();

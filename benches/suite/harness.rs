@@ -21,13 +21,16 @@ pub fn demo_manifest(name: &str) -> String {
     template.replacen("\"name\": \"demo\"", &format!("\"name\": \"{name}\""), 1)
 }
 
-/// Writes a demo bundle folder `parent/name` (the server is a symlink to
-/// the built demo binary, as an operator's bundle folder would hold it).
+/// Writes a demo bundle folder `parent/name` (the server is a hard link to
+/// the built demo binary: a bundle reads only its own folder).
 pub fn demo_bundle(parent: &Path, name: &str) -> PathBuf {
     let dir = parent.join(name);
     std::fs::create_dir_all(dir.join("server")).unwrap();
     std::fs::write(dir.join("manifest.json"), demo_manifest(name)).unwrap();
-    std::os::unix::fs::symlink(DEMO, dir.join("server/bundlevisor-demo")).unwrap();
+    let server = dir.join("server/bundlevisor-demo");
+    std::fs::hard_link(DEMO, &server)
+        .or_else(|_| std::fs::copy(DEMO, &server).map(|_| ()))
+        .unwrap();
     dir
 }
 

@@ -93,6 +93,10 @@ fn main() {
         let mut rows = Vec::new();
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
+        // Bundles run under uids of their own (root daemon): they must
+        // reach their folders.
+        std::fs::set_permissions(root, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
         for sub in ["watched", "staging", "bundles", "files"] {
             std::fs::create_dir_all(root.join(sub)).unwrap();
         }

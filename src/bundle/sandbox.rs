@@ -3,32 +3,42 @@
 //! - a private folder per (workspace, bundle): `STATE_DIR/sandboxes/WS/NAME`
 //!   with `data/` (the bundle's `HOME` and `BUNDLEVISOR_DATA_DIR`) and
 //!   `tmp/` (its `TMPDIR`);
-//! - `no_new_privs`, always;
-//! - resource limits (open files, processes, address space, CPU time);
-//! - when the daemon runs as root and `[sandbox] user` is set, the bundle
-//!   runs as that user;
-//! - Landlock, where the kernel has it: read (and execute) only system
-//!   folders, the bundle's folder and what it links to, the interpreter it
-//!   runs, and `[sandbox] read_only_paths`; write only its `data/` and
-//!   `tmp/`. No access to the state dir, other bundles or other workspaces.
+//! - a uid that is not the daemon's: when the daemon runs as root, each
+//!   bundle gets its own from `[sandbox] uid_range` (recorded as the owner of
+//!   its `data/` folder), or the one `[sandbox] user`; a daemon that is not
+//!   root runs bundles under its own uid only when the operator opted in
+//!   (`allow_same_uid`) or Landlock denies them the control socket (ABI 9);
+//! - `no_new_privs`, always, and resource limits;
+//! - Landlock, where the kernel has it, from one [`Grants`] value: read and
+//!   execute only system folders, the bundle's own folder, the interpreter
+//!   its command runs and `[sandbox] read_only_paths`; write only its
+//!   `data/` and `tmp/` (never device files); signals and abstract unix
+//!   sockets scoped to the bundle. No grant may cover the daemon's own files.
 //!
-//! [`prepare`] is idempotent: the same bundle always gets the same folder.
-//! What was actually applied is reported in `status` ([`SandboxRecord`]),
-//! including "Landlock unavailable" — never a silent downgrade.
+//! [`prepare`] is idempotent: the same bundle always gets the same folder and
+//! uid. What was actually applied — every granted path and the ABI really
+//! enforced — is reported in `status` ([`SandboxRecord`]), including
+//! "Landlock unavailable": never a silent downgrade.
 
+use std::collections::BTreeSet;
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use landlock::{
-    path_beneath_rules, Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr, ABI,
+    make_bitflags, path_beneath_rules, Access, AccessFs, Ruleset, RulesetAttr, RulesetCreatedAttr,
+    Scope, ABI,
 };
 
-use crate::config::{LandlockMode, SandboxSettings};
+use crate::config::{LandlockMode, SandboxSettings, UidRange};
 use crate::protocol::SandboxRecord;
 
-/// The Landlock ABI this build asks for (best effort below it).
-const WANTED_ABI: ABI = ABI::V5;
+/// The highest Landlock ABI whose rights this build uses (9: connecting to
+/// pathname unix sockets); older kernels enforce what they have.
+const WANTED_ABI: ABI = ABI::V9;
+const WANTED_ABI_NUMBER: u32 = 9;
+/// Signal and abstract-socket scoping arrived in ABI 6.
+const SCOPE_ABI: u32 = 6;
 
 /// `/etc` entries a bundle may read (the rest of `/etc`, `shadow` among it, stays closed).
 const ETC_READABLE: &[&str] = &[
@@ -71,6 +81,9 @@ const SYSTEM_READABLE: &[&str] = &[
 /// Devices a bundle may write.
 const DEVICES_WRITABLE: &[&str] = &["/dev/null", "/dev/zero", "/dev/full"];
 
+/// How deep the bundle folder is searched for links that leave it.
+const LINK_SEARCH_DEPTH: usize = 64;
+
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     #[error("cannot prepare the sandbox folder {path}: {source}")]
@@ -82,6 +95,19 @@ pub enum SandboxError {
     NoSuchUser(String),
     #[error("Landlock is required by [sandbox] landlock = \"required\", but {0}")]
     LandlockRequired(String),
+    #[error("every uid of [sandbox] uid_range {0} belongs to a bundle; widen the range, or purge uninstalled bundles (`bundlevisor uninstall --purge`)")]
+    UidRangeExhausted(UidRange),
+    #[error("this daemon runs as uid {uid}, not root, so it cannot give bundles uids of their own, and {landlock}; a bundle under the daemon's uid could drive the control socket. Run the daemon as root (bundles then get uids from [sandbox] uid_range), or accept the risk with [sandbox] allow_same_uid = true (docs/security.md)")]
+    NoSeparation { uid: u32, landlock: String },
+    #[error("{what} {path} would let the bundle read {protected}, which belongs to the daemon (state, key or control socket); {fix}")]
+    CoversDaemonFiles {
+        what: &'static str,
+        path: PathBuf,
+        protected: PathBuf,
+        fix: &'static str,
+    },
+    #[error("the bundle folder {folder} has links that point outside it and outside every read grant: {links}; a bundle reads only its own folder, system folders, its interpreter and [sandbox] read_only_paths. Copy the files into the bundle folder, or add their location to [sandbox] read_only_paths")]
+    LinksOutside { folder: PathBuf, links: String },
 }
 
 /// Resource limits applied before exec (`None`: not limited).
@@ -99,17 +125,34 @@ pub struct Sandbox {
     pub record: SandboxRecord,
     pub data: PathBuf,
     pub tmp: PathBuf,
-    /// (uid, gid) to run as.
+    /// (uid, gid) to run as; None: the daemon's own.
     pub user: Option<(u32, u32)>,
     pub limits: Limits,
     /// Landlock rules, when enforced.
-    pub landlock: Option<Rules>,
+    pub landlock: Option<Grants>,
 }
 
-#[derive(Debug, Clone)]
-pub struct Rules {
+/// What one bundle may touch: the one value the Landlock ruleset and
+/// `status` are both built from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grants {
+    /// Read and execute, files and folders below.
     pub read: Vec<PathBuf>,
+    /// Read, write, execute (no device files).
     pub write: Vec<PathBuf>,
+}
+
+/// The bundle being sandboxed.
+#[derive(Debug, Clone, Copy)]
+pub struct Target<'a> {
+    pub workspace: &'a str,
+    pub bundle: &'a str,
+    /// The bundle folder; None for a bare manifest file, whose containing
+    /// folder is not the bundle's to read.
+    pub folder: Option<&'a Path>,
+    /// The resolved command and the folder it runs in.
+    pub command: &'a str,
+    pub cwd: &'a Path,
 }
 
 /// The kernel's Landlock ABI version, or why there is none.
@@ -138,47 +181,64 @@ pub fn landlock_abi() -> Result<i64, String> {
     }
 }
 
-fn private_dir(path: &Path, owner: Option<(u32, u32)>) -> Result<bool, SandboxError> {
-    let io = |source| SandboxError::Io {
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> SandboxError + '_ {
+    move |source| SandboxError::Io {
         path: path.to_path_buf(),
         source,
-    };
+    }
+}
+
+fn private_dir(path: &Path, owner: Option<(u32, u32)>) -> Result<bool, SandboxError> {
     let existed = path.is_dir();
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(path)
-        .map_err(io)?;
+        .map_err(io_error(path))?;
     if let Some((uid, gid)) = owner {
         nix::unistd::chown(
             path,
             Some(nix::unistd::Uid::from_raw(uid)),
             Some(nix::unistd::Gid::from_raw(gid)),
         )
-        .map_err(|e| io(std::io::Error::from(e)))?;
+        .map_err(|e| io_error(path)(std::io::Error::from(e)))?;
     }
     Ok(!existed)
 }
 
-/// Canonical targets of the symlinks in `dir` (a few levels down, not
-/// following linked folders): what the bundle's own files point at.
-fn link_targets(dir: &Path, depth: usize, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
+/// Serializes uid allocation: the owner of a bundle's `data/` folder is the
+/// record of its uid, so finding a free one and taking it is one step.
+static UID_ALLOCATION: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The bundle's own uid: the owner of its `data/` folder when that is in the
+/// range already, else the lowest uid of the range no other sandbox owns
+/// (taken by creating and chowning `data/` under the allocation lock).
+fn own_uid(sandboxes: &Path, data: &Path, range: UidRange) -> Result<u32, SandboxError> {
+    let owner = |p: &Path| {
+        std::fs::symlink_metadata(p)
+            .ok()
+            .filter(|m| m.is_dir())
+            .map(|m| m.uid())
+            .filter(|uid| range.contains(*uid))
     };
-    for entry in entries.flatten() {
-        let Ok(kind) = entry.file_type() else {
-            continue;
-        };
-        let path = entry.path();
-        if kind.is_symlink() {
-            if let Ok(target) = path.canonicalize() {
-                out.push(target);
-            }
-        } else if kind.is_dir() && depth > 0 {
-            link_targets(&path, depth - 1, out);
+    if let Some(uid) = owner(data) {
+        return Ok(uid);
+    }
+    let _taken = UID_ALLOCATION.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(uid) = owner(data) {
+        return Ok(uid);
+    }
+    let mut used = BTreeSet::new();
+    for ws in std::fs::read_dir(sandboxes).into_iter().flatten().flatten() {
+        for b in std::fs::read_dir(ws.path()).into_iter().flatten().flatten() {
+            used.extend(owner(&b.path().join("data")));
         }
     }
+    let uid = (range.first..=range.last)
+        .find(|uid| !used.contains(uid))
+        .ok_or(SandboxError::UidRangeExhausted(range))?;
+    private_dir(data, Some((uid, uid)))?;
+    Ok(uid)
 }
 
 /// The installation an executable belongs to: `PREFIX` of `PREFIX/bin/x`
@@ -205,50 +265,215 @@ fn install_prefix(command: &str, cwd: &Path) -> Option<PathBuf> {
     Some(bin.parent().unwrap_or(bin).to_path_buf())
 }
 
-/// Creates (or finds) the bundle's sandbox folder and decides what applies.
-pub fn prepare(
+fn canonical(p: &Path) -> PathBuf {
+    p.canonicalize().unwrap_or_else(|_| p.to_path_buf())
+}
+
+/// The protected path a grant would expose: one it contains, or one it lies in.
+fn covered<'p>(grant: &Path, protected: &'p [PathBuf]) -> Option<&'p PathBuf> {
+    let grant = canonical(grant);
+    protected.iter().find(|p| {
+        let p = canonical(p);
+        p.starts_with(&grant) || grant.starts_with(&p)
+    })
+}
+
+/// Links below `folder` (not following linked folders) whose canonical
+/// target is outside both the folder and `allowed`, as `link -> target`.
+fn links_outside(folder: &Path, allowed: &[PathBuf]) -> Vec<String> {
+    let root = canonical(folder);
+    let mut outside = Vec::new();
+    let mut stack = vec![(folder.to_path_buf(), 0usize)];
+    while let Some((dir, depth)) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            let path = entry.path();
+            if kind.is_symlink() {
+                // A dangling link reaches nothing, so it needs no grant.
+                let Ok(target) = path.canonicalize() else {
+                    continue;
+                };
+                if !target.starts_with(&root) && !allowed.iter().any(|a| target.starts_with(a)) {
+                    outside.push(format!("{} -> {}", path.display(), target.display()));
+                }
+            } else if kind.is_dir() && depth < LINK_SEARCH_DEPTH {
+                stack.push((path, depth + 1));
+            }
+        }
+    }
+    outside.sort();
+    outside
+}
+
+/// What `target` may touch, checked: no grant covers a `protected` path,
+/// and the bundle folder links nowhere else.
+pub fn grants(
     settings: &SandboxSettings,
-    state_dir: &Path,
-    workspace: &str,
-    bundle: &str,
-    bundle_dir: &Path,
-    command: &str,
-) -> Result<Sandbox, SandboxError> {
-    let root_daemon = nix::unistd::geteuid().is_root();
-    let user = match (&settings.user, root_daemon) {
-        (Some(name), true) => {
+    protected: &[PathBuf],
+    target: &Target<'_>,
+    data: &Path,
+    tmp: &Path,
+) -> Result<Grants, SandboxError> {
+    let system: Vec<PathBuf> = SYSTEM_READABLE
+        .iter()
+        .chain(ETC_READABLE)
+        .map(PathBuf::from)
+        .filter(|p| p.exists())
+        .collect();
+    let check = |what, path: &Path, fix| match covered(path, protected) {
+        Some(p) => Err(SandboxError::CoversDaemonFiles {
+            what,
+            path: path.to_path_buf(),
+            protected: p.clone(),
+            fix,
+        }),
+        None => Ok(()),
+    };
+    let mut extra = Vec::new();
+    for p in &settings.read_only_paths {
+        check(
+            "[sandbox] read_only_paths entry",
+            p,
+            "remove it, or name a folder that holds only what bundles need",
+        )?;
+        extra.push(canonical(p));
+    }
+    if let Some(prefix) = install_prefix(target.command, target.cwd) {
+        check(
+            "the installation of the bundle's command",
+            &prefix,
+            "install the program it runs elsewhere, or into the bundle folder",
+        )?;
+        extra.push(prefix);
+    }
+    let mut read = system.clone();
+    if let Some(folder) = target.folder {
+        check(
+            "the bundle folder",
+            folder,
+            "install the bundle from a folder of its own, away from the daemon's files",
+        )?;
+        let allowed: Vec<PathBuf> = system.iter().chain(&extra).cloned().collect();
+        let outside = links_outside(folder, &allowed);
+        if !outside.is_empty() {
+            return Err(SandboxError::LinksOutside {
+                folder: folder.to_path_buf(),
+                links: outside.join(", "),
+            });
+        }
+        read.push(canonical(folder));
+    }
+    read.extend(extra);
+    read.sort();
+    read.dedup();
+    let mut write: Vec<PathBuf> = DEVICES_WRITABLE
+        .iter()
+        .map(PathBuf::from)
+        .filter(|p| p.exists())
+        .collect();
+    write.push(data.to_path_buf());
+    write.push(tmp.to_path_buf());
+    Ok(Grants { read, write })
+}
+
+/// The uid a bundle runs under, and what that means for its isolation.
+fn identity(
+    settings: &SandboxSettings,
+    sandboxes: &Path,
+    data: &Path,
+    landlock: &Result<i64, String>,
+) -> Result<(Option<(u32, u32)>, String), SandboxError> {
+    let me = nix::unistd::geteuid();
+    if me.is_root() {
+        if let Some(name) = &settings.user {
             let u = nix::unistd::User::from_name(name)
                 .ok()
                 .flatten()
+                .filter(|u| !u.uid.is_root())
                 .ok_or_else(|| SandboxError::NoSuchUser(name.clone()))?;
-            Some((u.uid.as_raw(), u.gid.as_raw(), name.clone()))
+            let (uid, gid) = (u.uid.as_raw(), u.gid.as_raw());
+            private_dir(data, Some((uid, gid)))?;
+            return Ok((
+                Some((uid, gid)),
+                format!("user {name} (uid {uid}, shared by every bundle; [sandbox] user)"),
+            ));
         }
-        _ => None,
-    };
-    let owner = user.as_ref().map(|(u, g, _)| (*u, *g));
-    let path = state_dir.join("sandboxes").join(workspace).join(bundle);
-    // The parents stay the daemon's (0700); only the bundle's own folders
-    // belong to the bundle's user, who reaches them by full path (the
-    // parents are made traversable below when a user is set).
+        let uid = own_uid(sandboxes, data, settings.uid_range)?;
+        private_dir(data, Some((uid, uid)))?;
+        return Ok((
+            Some((uid, uid)),
+            format!(
+                "own uid {uid} (from [sandbox] uid_range {})",
+                settings.uid_range
+            ),
+        ));
+    }
+    let landlock_on = settings.landlock != LandlockMode::Off;
+    let abi = landlock.as_ref().ok().copied().unwrap_or(0);
+    private_dir(data, None)?;
+    if landlock_on && abi >= WANTED_ABI_NUMBER as i64 {
+        return Ok((
+            None,
+            format!("same uid as the daemon ({}); Landlock ABI {abi} denies connecting to the control socket", me.as_raw()),
+        ));
+    }
+    if settings.allow_same_uid {
+        return Ok((
+            None,
+            format!(
+                "same uid as the daemon ({}; [sandbox] allow_same_uid): only the control socket's process-ancestry check keeps the bundle off it",
+                me.as_raw()
+            ),
+        ));
+    }
+    Err(SandboxError::NoSeparation {
+        uid: me.as_raw(),
+        landlock: match (landlock_on, landlock) {
+            (false, _) => "Landlock is off ([sandbox] landlock = \"off\")".to_string(),
+            (true, Ok(abi)) => format!(
+                "this kernel's Landlock (ABI {abi}) cannot deny unix-socket connections (ABI {WANTED_ABI_NUMBER} can)"
+            ),
+            (true, Err(why)) => why.clone(),
+        },
+    })
+}
+
+/// Creates (or finds) the bundle's sandbox folder and uid and decides what
+/// applies.
+pub fn prepare(
+    settings: &SandboxSettings,
+    state_dir: &Path,
+    protected: &[PathBuf],
+    target: &Target<'_>,
+) -> Result<Sandbox, SandboxError> {
+    let (workspace, bundle) = (target.workspace, target.bundle);
+    let sandboxes = state_dir.join("sandboxes");
+    let path = sandboxes.join(workspace).join(bundle);
+    // The parents stay the daemon's (0700, made traversable below when the
+    // bundle has a uid of its own); only `data/` and `tmp/` are the bundle's.
     let created = private_dir(&path, None)?;
     let data = path.join("data");
     let tmp = path.join("tmp");
-    private_dir(&data, owner)?;
-    private_dir(&tmp, owner)?;
-    if owner.is_some() {
+    let kernel = landlock_abi();
+    let (user, isolation) = identity(settings, &sandboxes, &data, &kernel)?;
+    private_dir(&tmp, user)?;
+    if user.is_some() {
         // The bundle's user must traverse (not list) down to its folders;
         // everything else in the state dir is 0700/0600.
         use std::os::unix::fs::PermissionsExt;
-        let sandboxes = state_dir.join("sandboxes");
         for p in [state_dir, &sandboxes, &sandboxes.join(workspace), &path] {
-            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o711)).map_err(
-                |source| SandboxError::Io {
-                    path: p.to_path_buf(),
-                    source,
-                },
-            )?;
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o711))
+                .map_err(io_error(p))?;
         }
     }
+    let uid = user
+        .map(|(u, _)| u)
+        .unwrap_or_else(|| nix::unistd::geteuid().as_raw());
 
     let mut parts = vec!["private data dir".to_string(), "no_new_privs".to_string()];
     let limits = Limits {
@@ -258,43 +483,46 @@ pub fn prepare(
         cpu_seconds: Some(settings.max_cpu_seconds).filter(|n| *n > 0),
     };
     parts.push("rlimits".into());
-    if let Some((_, _, name)) = &user {
-        parts.push(format!("user {name}"));
+    if user.is_some() {
+        parts.push(format!("uid {uid}"));
     }
-    let (landlock, landlock_state) = match settings.landlock {
-        LandlockMode::Off => (None, "off ([sandbox] landlock = \"off\")".to_string()),
-        mode => match landlock_abi() {
-            Ok(abi) => {
-                let mut read: Vec<PathBuf> = SYSTEM_READABLE
-                    .iter()
-                    .chain(ETC_READABLE)
-                    .map(PathBuf::from)
-                    .collect();
-                read.push(bundle_dir.to_path_buf());
-                // Links that stay inside the bundle folder need no rule of their own.
-                let mut targets = Vec::new();
-                link_targets(bundle_dir, 3, &mut targets);
-                let canonical_dir = bundle_dir
-                    .canonicalize()
-                    .unwrap_or(bundle_dir.to_path_buf());
-                targets.retain(|t| !t.starts_with(&canonical_dir));
-                read.extend(targets);
-                read.extend(install_prefix(command, bundle_dir));
-                read.extend(settings.read_only_paths.iter().cloned());
-                read.sort();
-                read.dedup();
-                let mut write: Vec<PathBuf> = DEVICES_WRITABLE.iter().map(PathBuf::from).collect();
-                write.push(data.clone());
-                write.push(tmp.clone());
+    let (landlock, landlock_state, abi) = match settings.landlock {
+        LandlockMode::Off => (None, "off ([sandbox] landlock = \"off\")".to_string(), None),
+        mode => match kernel {
+            Ok(kernel) => {
+                let grants = grants(settings, protected, target, &data, &tmp)?;
+                let abi = (kernel as u32).min(WANTED_ABI_NUMBER);
+                let mut enforced = vec!["filesystem"];
+                if abi >= SCOPE_ABI {
+                    enforced.push("signals and abstract unix sockets scoped to the bundle");
+                }
+                if abi >= WANTED_ABI_NUMBER {
+                    enforced.push("no unix-socket connections outside its folders");
+                }
                 parts.push(format!("landlock ABI {abi}"));
-                (Some(Rules { read, write }), format!("enforced (ABI {abi})"))
+                (
+                    Some(grants),
+                    format!("enforced (ABI {abi}): {}", enforced.join("; ")),
+                    Some(abi),
+                )
             }
             Err(why) if mode == LandlockMode::Required => {
                 return Err(SandboxError::LandlockRequired(why))
             }
-            Err(why) => (None, format!("unavailable: {why}")),
+            Err(why) => (None, format!("unavailable: {why}"), None),
         },
     };
+    let shown = |paths: &[PathBuf]| -> Vec<String> {
+        paths.iter().map(|p| p.display().to_string()).collect()
+    };
+    let (read, write) = match &landlock {
+        Some(g) => (shown(&g.read), shown(&g.write)),
+        None => (Vec::new(), Vec::new()),
+    };
+    let mut execute = read.clone();
+    execute.extend(write.iter().cloned());
+    execute.sort();
+    execute.dedup();
     Ok(Sandbox {
         record: SandboxRecord {
             sandbox_id: format!("{workspace}/{bundle}"),
@@ -302,21 +530,30 @@ pub fn prepare(
             strategy: parts.join(" + "),
             landlock: landlock_state,
             created,
+            uid,
+            isolation,
+            landlock_abi: abi,
+            read,
+            write,
+            execute,
         },
         data,
         tmp,
-        user: owner,
+        user,
         limits,
         landlock,
     })
 }
 
-impl Rules {
+impl Grants {
     /// The Landlock ruleset as a file descriptor, to be applied in the child
-    /// (`landlock_restrict_self`) right before exec.
+    /// (`landlock_restrict_self`) right before exec. Best effort below
+    /// [`WANTED_ABI`]: an older kernel enforces the rights it knows.
     pub fn ruleset_fd(&self) -> Result<Option<OwnedFd>, String> {
+        let devices = make_bitflags!(AccessFs::{MakeChar | MakeBlock});
         let created = Ruleset::default()
             .handle_access(AccessFs::from_all(WANTED_ABI))
+            .and_then(|r| r.scope(Scope::AbstractUnixSocket | Scope::Signal))
             .and_then(|r| r.create())
             .and_then(|r| {
                 r.add_rules(path_beneath_rules(
@@ -327,7 +564,7 @@ impl Rules {
             .and_then(|r| {
                 r.add_rules(path_beneath_rules(
                     &self.write,
-                    AccessFs::from_all(WANTED_ABI),
+                    AccessFs::from_all(WANTED_ABI) & !devices,
                 ))
             })
             .map_err(|e| format!("cannot build the Landlock ruleset: {e}"))?;
@@ -366,33 +603,126 @@ pub fn apply_in_child(limits: &Limits, ruleset: Option<&OwnedFd>) -> std::io::Re
 mod tests {
     use super::*;
 
+    fn target<'a>(folder: Option<&'a Path>, command: &'a str) -> Target<'a> {
+        Target {
+            workspace: "ws",
+            bundle: "b",
+            folder,
+            command,
+            cwd: Path::new("/"),
+        }
+    }
+
+    fn settings() -> SandboxSettings {
+        let mut s = SandboxSettings::default();
+        // A test run that is not root still gets a sandbox.
+        s.allow_same_uid = true;
+        s
+    }
+
     #[test]
-    fn the_sandbox_folder_is_created_once_and_found_again() {
+    fn the_sandbox_folder_and_uid_are_created_once_and_found_again() {
         let dir = tempfile::tempdir().unwrap();
-        let settings = SandboxSettings::default();
         let bundle = dir.path().join("b");
         std::fs::create_dir_all(&bundle).unwrap();
-        let a = prepare(&settings, dir.path(), "ws", "b", &bundle, "/bin/sh").unwrap();
+        let state = dir.path().join("state");
+        let t = target(Some(&bundle), "/bin/sh");
+        let a = prepare(&settings(), &state, &[state.clone()], &t).unwrap();
         assert!(a.record.created);
         assert_eq!(a.record.sandbox_id, "ws/b");
         assert!(a.data.is_dir() && a.tmp.is_dir());
-        let b = prepare(&settings, dir.path(), "ws", "b", &bundle, "/bin/sh").unwrap();
+        let b = prepare(&settings(), &state, &[state.clone()], &t).unwrap();
         assert!(!b.record.created);
         assert_eq!(a.record.sandbox_path, b.record.sandbox_path);
+        assert_eq!(a.record.uid, b.record.uid);
         assert!(a.record.strategy.contains("no_new_privs"));
+        if nix::unistd::geteuid().is_root() {
+            assert!(SandboxSettings::default().uid_range.contains(a.record.uid));
+            // A second bundle gets another uid.
+            let other = Target { bundle: "c", ..t };
+            let c = prepare(&settings(), &state, &[state.clone()], &other).unwrap();
+            assert_ne!(c.record.uid, a.record.uid);
+            assert!(
+                a.record.isolation.starts_with("own uid"),
+                "{}",
+                a.record.isolation
+            );
+        }
         match landlock_abi() {
             Ok(_) => {
                 let rules = a.landlock.unwrap();
-                assert!(rules.read.contains(&bundle));
+                assert!(rules.read.contains(&bundle.canonicalize().unwrap()));
                 assert!(rules.write.contains(&a.data));
                 assert!(!rules
                     .read
                     .iter()
                     .any(|p| p == Path::new("/etc") || p == dir.path()));
                 assert!(a.record.landlock.starts_with("enforced"));
+                assert_eq!(a.record.read.len(), rules.read.len());
+                assert!(a.record.landlock_abi.is_some());
             }
             Err(_) => assert!(a.record.landlock.starts_with("unavailable")),
         }
+    }
+
+    #[test]
+    fn links_out_of_the_bundle_folder_grant_nothing_and_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = dir.path().join("b");
+        std::fs::create_dir_all(bundle.join("deep/er")).unwrap();
+        let secret = dir.path().join("secret");
+        std::fs::create_dir_all(&secret).unwrap();
+        // Links inside the folder and into system folders are fine.
+        std::os::unix::fs::symlink(bundle.join("deep"), bundle.join("inside")).unwrap();
+        std::os::unix::fs::symlink("/usr/bin", bundle.join("system")).unwrap();
+        let (data, tmp) = (dir.path().join("d"), dir.path().join("t"));
+        let t = target(Some(&bundle), "/bin/sh");
+        let g = grants(&settings(), &[], &t, &data, &tmp).unwrap();
+        assert!(!g.read.iter().any(|p| p.starts_with(&secret)));
+        // One deep down pointing at `/` is refused, with the link named.
+        std::os::unix::fs::symlink("/", bundle.join("deep/er/escape")).unwrap();
+        let err = grants(&settings(), &[], &t, &data, &tmp).unwrap_err();
+        let text = err.to_string();
+        assert!(matches!(err, SandboxError::LinksOutside { .. }), "{text}");
+        assert!(text.contains("escape -> /"), "{text}");
+        // ... and so is one at a neighbour's secret, unless the operator grants it.
+        std::fs::remove_file(bundle.join("deep/er/escape")).unwrap();
+        std::os::unix::fs::symlink(&secret, bundle.join("s")).unwrap();
+        assert!(grants(&settings(), &[], &t, &data, &tmp).is_err());
+        let mut granted = settings();
+        granted.read_only_paths = vec![secret.clone()];
+        let g = grants(&granted, &[], &t, &data, &tmp).unwrap();
+        assert!(g.read.contains(&secret.canonicalize().unwrap()));
+    }
+
+    #[test]
+    fn a_bare_manifest_grants_no_folder_and_no_grant_covers_the_daemon_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir_all(&state).unwrap();
+        let (data, tmp) = (state.join("d"), state.join("t"));
+        let bare = target(None, "/bin/sh");
+        let g = grants(&settings(), &[state.clone()], &bare, &data, &tmp).unwrap();
+        assert!(!g.read.iter().any(|p| p.starts_with(dir.path())), "{g:?}");
+        // A bundle folder holding the state dir is refused.
+        let t = target(Some(dir.path()), "/bin/sh");
+        let err = grants(&settings(), &[state.clone()], &t, &data, &tmp).unwrap_err();
+        assert!(
+            matches!(err, SandboxError::CoversDaemonFiles { .. }),
+            "{err}"
+        );
+        // So is a command whose installation holds it (PREFIX of PREFIX/bin/x).
+        let bin = dir.path().join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::fs::copy("/bin/sh", bin.join("x")).unwrap();
+        let cmd = bin.join("x");
+        let t = target(None, cmd.to_str().unwrap());
+        let err = grants(&settings(), &[state.clone()], &t, &data, &tmp).unwrap_err();
+        assert!(err.to_string().contains("installation"), "{err}");
+        // And a read_only_paths entry inside the state dir.
+        let mut inside = settings();
+        inside.read_only_paths = vec![state.join("sandboxes")];
+        assert!(grants(&inside, &[state.clone()], &bare, &data, &tmp).is_err());
     }
 
     #[test]

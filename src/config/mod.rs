@@ -88,6 +88,15 @@ pub mod defaults {
     pub fn max_open_files() -> u64 {
         4096
     }
+    /// Bundle uids of a root daemon: above systemd's container range
+    /// (524288–1879048191) and below 2^31, where no distribution or
+    /// container manager allocates.
+    pub fn uid_range() -> super::UidRange {
+        super::UidRange {
+            first: 2_000_000_000,
+            last: 2_000_065_535,
+        }
+    }
     pub fn max_connections() -> usize {
         256
     }
@@ -248,9 +257,20 @@ pub enum LandlockMode {
 pub struct SandboxSettings {
     #[serde(default = "defaults::landlock")]
     pub landlock: LandlockMode,
-    /// When the daemon runs as root: the unprivileged user bundles run as.
+    /// When the daemon runs as root: one unprivileged user every bundle runs
+    /// as (instead of a uid of its own from `uid_range`).
     #[serde(default)]
     pub user: Option<String>,
+    /// When the daemon runs as root: each bundle runs under its own uid (and
+    /// gid) from this range, kept for as long as its sandbox folder exists.
+    #[serde(default = "defaults::uid_range")]
+    pub uid_range: UidRange,
+    /// A daemon that cannot give bundles their own uids (it does not run as
+    /// root) starts them under its own uid only when this is true: a bundle
+    /// then shares the daemon's uid, and only Landlock and the control
+    /// socket's process-ancestry check stand between them (docs/security.md).
+    #[serde(default)]
+    pub allow_same_uid: bool,
     /// Extra paths bundles may read and execute (an interpreter outside /usr).
     #[serde(default)]
     pub read_only_paths: Vec<PathBuf>,
@@ -266,6 +286,43 @@ pub struct SandboxSettings {
     /// RLIMIT_CPU in seconds of CPU time over the process's life (0: not limited).
     #[serde(default)]
     pub max_cpu_seconds: u64,
+}
+
+/// An inclusive range of uids, written `"FIRST-LAST"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UidRange {
+    pub first: u32,
+    pub last: u32,
+}
+
+impl UidRange {
+    pub fn contains(&self, id: u32) -> bool {
+        (self.first..=self.last).contains(&id)
+    }
+}
+
+impl std::fmt::Display for UidRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.first, self.last)
+    }
+}
+
+impl<'de> Deserialize<'de> for UidRange {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        let bad = || {
+            serde::de::Error::custom(format!(
+                "uid_range {text:?} must be \"FIRST-LAST\" with 1000 <= FIRST <= LAST < 4294967295, e.g. \"2000000000-2000065535\""
+            ))
+        };
+        let (a, b) = text.split_once('-').ok_or_else(bad)?;
+        let first: u32 = a.trim().parse().map_err(|_| bad())?;
+        let last: u32 = b.trim().parse().map_err(|_| bad())?;
+        if first < 1000 || first > last || last == u32::MAX {
+            return Err(bad());
+        }
+        Ok(UidRange { first, last })
+    }
 }
 
 impl Default for SandboxSettings {
@@ -519,6 +576,21 @@ impl Config {
                     .to_string(),
             );
         }
+        let range = self.sandbox.uid_range;
+        for uid in &self.control.allowed_uids {
+            if range.contains(*uid) {
+                problems.push(format!(
+                    "control.allowed_uids: {uid} is in sandbox.uid_range {range}, which is for bundles; bundles must never be admitted to the control socket"
+                ));
+            }
+        }
+        for gid in &self.control.allowed_gids {
+            if range.contains(*gid) {
+                problems.push(format!(
+                    "control.allowed_gids: {gid} is in sandbox.uid_range {range} (bundle gids); bundles must never be admitted to the control socket"
+                ));
+            }
+        }
         let mut seen = std::collections::BTreeSet::new();
         for p in &self.profiles {
             if !seen.insert(p.name.as_str()) {
@@ -563,6 +635,16 @@ impl Config {
     /// `state_dir/state.db`
     pub fn db_path(&self) -> PathBuf {
         self.state_dir.join("state.db")
+    }
+
+    /// The daemon's own files that no bundle grant may cover: the state dir
+    /// (database, key, other bundles' sandboxes), the control socket's folder
+    /// and a configured key file.
+    pub fn protected_paths(&self) -> Vec<PathBuf> {
+        let mut paths = vec![self.state_dir.clone()];
+        paths.extend(self.socket.parent().map(Path::to_path_buf));
+        paths.extend(self.credentials.key_file.clone());
+        paths
     }
 
     /// `state_dir/logs/WS/NAME.log`

@@ -1104,16 +1104,26 @@ async fn start(
     // The sandbox of a stdio bundle: created (or found) before each start.
     let sandbox = match &plan {
         Plan::Stdio(launch) => {
-            let (settings, state_dir, ws, bundle, dir, command) = (
+            let (settings, state_dir, protected, ws, bundle, cwd, command) = (
                 shared.config.sandbox.clone(),
                 shared.config.state_dir.clone(),
+                shared.config.protected_paths(),
                 workspace.to_string(),
                 name.to_string(),
                 launch.cwd.clone(),
                 launch.command.clone(),
             );
+            // A bare manifest file's folder is not the bundle's to read.
+            let folder = (!loaded.is_bare()).then(|| loaded.dir.clone());
             let prepared = tokio::task::spawn_blocking(move || {
-                crate::bundle::sandbox::prepare(&settings, &state_dir, &ws, &bundle, &dir, &command)
+                let target = crate::bundle::sandbox::Target {
+                    workspace: &ws,
+                    bundle: &bundle,
+                    folder: folder.as_deref(),
+                    command: &command,
+                    cwd: &cwd,
+                };
+                crate::bundle::sandbox::prepare(&settings, &state_dir, &protected, &target)
             })
             .await
             .map_err(|e| config(format!("sandbox task failed: {e}")))?

@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod policy;
 pub mod supervisor;
 pub mod systemd;
+pub mod trusted;
 pub mod watcher;
 pub mod workspace;
 

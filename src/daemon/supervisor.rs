@@ -93,16 +93,26 @@ struct Found {
 /// those whose content hash differs from `seen`. None when the folder is missing.
 fn scan(dir: &Path, seen: &HashMap<PathBuf, u64>) -> Option<(PathBuf, Vec<Found>)> {
     let dir = dir.canonicalize().ok().filter(|d| d.is_dir())?;
+    let untrusted = super::trusted::folder(&dir).err();
+    if let Some(why) = &untrusted {
+        tracing::error!("{why}; nothing in it is installed or changed until that is fixed");
+    }
     let found = bundle_paths(&dir)
         .into_iter()
         .map(|path| {
             let file = crate::manifest::manifest_file(&path);
-            let text = std::fs::read_to_string(&file)
-                .map_err(|e| format!("cannot read manifest {}: {e}", file.display()));
+            let text = match &untrusted {
+                Some(why) => Err(why.clone()),
+                None => super::trusted::manifest_text(&path, &file),
+            };
             let hash = {
                 use std::hash::{Hash, Hasher};
                 let mut h = std::collections::hash_map::DefaultHasher::new();
-                text.as_deref().unwrap_or("").hash(&mut h);
+                match &text {
+                    Ok(text) => text.hash(&mut h),
+                    // A refusal is seen again until its cause is gone.
+                    Err(why) => ("refused", why).hash(&mut h),
+                }
                 h.finish()
             };
             let manifest = (seen.get(&path) != Some(&hash)).then(|| {
@@ -450,7 +460,14 @@ pub fn bundle_paths(dir: &Path) -> Vec<PathBuf> {
                 p.extension().is_some_and(|e| e == "json")
             }
         })
-        .filter_map(|p| p.canonicalize().ok())
+        // A link stays a path in the folder (and is refused by the scan).
+        .filter_map(|p| {
+            if p.is_symlink() {
+                Some(p)
+            } else {
+                p.canonicalize().ok()
+            }
+        })
         .collect();
     paths.sort();
     paths

@@ -57,6 +57,8 @@ pub type FileWithBytes = (FileRecord, Vec<u8>);
 pub enum FilesOp {
     Put {
         path: PathBuf,
+        /// The name to record (default: the path's last component).
+        filename: Option<String>,
         tags: Vec<String>,
         mime: Option<String>,
         reply: RpcReplyPort<Result<FileRecord, String>>,
@@ -199,13 +201,14 @@ impl WorkspaceState {
         tokio::task::spawn_blocking(move || match op {
             FilesOp::Put {
                 path,
+                filename,
                 tags,
                 mime,
                 reply,
             } => {
                 let _ = reply.send(
                     store
-                        .put(&path, None, tags, mime.as_deref())
+                        .put(&path, filename.as_deref(), tags, mime.as_deref())
                         .map_err(|e| e.to_string()),
                 );
             }

@@ -134,6 +134,14 @@ pub struct LoadedManifest {
     pub dir: PathBuf,
 }
 
+impl LoadedManifest {
+    /// A bare manifest file (`DIR/NAME.json`), not a bundle folder's
+    /// `manifest.json`: its folder is not the bundle's own.
+    pub fn is_bare(&self) -> bool {
+        self.file.file_name() != Some(std::ffi::OsStr::new("manifest.json"))
+    }
+}
+
 /// How to bring a bundle up, with every variable resolved.
 #[derive(Debug, Clone)]
 pub enum Plan {

@@ -182,10 +182,31 @@ pub struct SandboxRecord {
     pub sandbox_path: String,
     /// What was applied, e.g. `private data dir + no_new_privs + rlimits + landlock ABI 7`.
     pub strategy: String,
-    /// `enforced (ABI N)`, `unavailable: <why>`, or `off (...)`.
+    /// `enforced (ABI N): ...`, `unavailable: <why>`, or `off (...)`.
     pub landlock: String,
     /// Whether this start created the folder (false: it existed).
     pub created: bool,
+    /// The uid the bundle runs as.
+    #[serde(default)]
+    pub uid: u32,
+    /// What keeps the bundle off the control socket and away from other
+    /// bundles, e.g. `own uid 2000000003` or `same uid as the daemon
+    /// (allow_same_uid): ...`.
+    #[serde(default)]
+    pub isolation: String,
+    /// The Landlock ABI really enforced (the lower of the kernel's and the
+    /// highest this build uses); absent when Landlock is not applied.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub landlock_abi: Option<u32>,
+    /// Exactly what Landlock lets the bundle read (files and folders below).
+    #[serde(default)]
+    pub read: Vec<String>,
+    /// ... write (create, remove, truncate; never device files).
+    #[serde(default)]
+    pub write: Vec<String>,
+    /// ... execute.
+    #[serde(default)]
+    pub execute: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

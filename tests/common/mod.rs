@@ -55,6 +55,10 @@ impl Daemon {
     pub fn unlaunched(extra: &str) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().canonicalize().unwrap();
+        // Bundles run under uids of their own (root daemon): they must reach
+        // their folders below this one, as under /opt or /srv.
+        std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
         let config = root.join("bundlevisor.toml");
         std::fs::write(
             &config,
@@ -318,14 +322,22 @@ pub fn shell_wrapped_demo(dir: &Path, name: &str, prefix: &str) -> PathBuf {
     write_bundle(dir, name, &manifest)
 }
 
-/// Writes `dir/name/manifest.json` and links the demo server binary in.
+/// Puts the demo server binary at `path`, inside a bundle folder: a hard
+/// link (a copy across filesystems). A symlink out of the bundle folder
+/// would be refused at install, as it grants the bundle nothing.
+pub fn place_demo_server(path: &Path) {
+    if !path.exists() {
+        std::fs::hard_link(DEMO_BIN, path)
+            .or_else(|_| std::fs::copy(DEMO_BIN, path).map(|_| ()))
+            .unwrap();
+    }
+}
+
+/// Writes `dir/name/manifest.json` and puts the demo server binary in.
 pub fn write_bundle(dir: &Path, name: &str, manifest: &Value) -> PathBuf {
     let folder = dir.join(name);
     std::fs::create_dir_all(folder.join("server")).unwrap();
-    let link = folder.join("server/bundlevisor-demo");
-    if !link.exists() {
-        std::os::unix::fs::symlink(DEMO_BIN, &link).unwrap();
-    }
+    place_demo_server(&folder.join("server/bundlevisor-demo"));
     std::fs::write(
         folder.join("manifest.json"),
         serde_json::to_string_pretty(manifest).unwrap(),

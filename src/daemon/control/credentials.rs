@@ -104,6 +104,16 @@ pub(super) async fn configure(
             problems.push(format!("{key} is both set and unset"));
             continue;
         }
+        if let Some(entry) = manifest.user_config.get(key) {
+            use crate::manifest::UserConfigType;
+            let path_kind = matches!(entry.kind, UserConfigType::Directory | UserConfigType::File);
+            // Checked before the value itself, so that an admitted user learns
+            // nothing about paths it does not own (not even whether they exist).
+            if path_kind && !ctx.peer.may_use(std::path::Path::new(raw)) {
+                problems.push(format!("{key}: {}", ctx.peer.not_theirs("path", raw)));
+                continue;
+            }
+        }
         match manifest.check_user_value(key, raw) {
             Ok(value) => changes.push(Change::Set {
                 key: key.clone(),

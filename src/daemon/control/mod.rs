@@ -25,7 +25,6 @@ use super::bundle::{actor_name, BundleMsg, CallError, PendingCall, Respawn};
 use super::supervisor::{DaemonMsg, InstallError};
 use super::workspace::{FilesOp, WorkspaceMsg};
 use super::Shared;
-use crate::config::ControlSettings;
 use crate::lines::{Line, LineReader};
 use crate::manifest::ManifestError;
 use crate::protocol::EventKind;
@@ -40,11 +39,14 @@ use crate::store::Origin;
 
 mod credentials;
 mod gateway;
+mod peer;
 
 #[derive(Clone)]
 struct Ctx {
     daemon: ActorRef<DaemonMsg>,
     shared: Arc<Shared>,
+    /// Who is on the other end of this connection.
+    peer: peer::Peer,
 }
 
 /// Sends lines to the connection's writer task; `closed` is cancelled when
@@ -118,7 +120,11 @@ pub async fn serve(
     let slots = Arc::new(tokio::sync::Semaphore::new(
         shared.config.control.max_connections,
     ));
-    let ctx = Ctx { daemon, shared };
+    let ctx = Ctx {
+        daemon,
+        shared,
+        peer: peer::Peer::daemon(),
+    };
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -155,35 +161,21 @@ pub async fn serve(
     }
 }
 
-/// The peer's credentials (SO_PEERCRED) against the daemon's uid and the
-/// configured `allowed_uids` / `allowed_gids`.
-fn peer_allowed(stream: &UnixStream, control: &ControlSettings) -> Result<(), String> {
+/// The peer's credentials (SO_PEERCRED) against the daemon's uid, the
+/// configured `allowed_uids` / `allowed_gids`, and the bundles (peer.rs).
+fn peer_allowed(stream: &UnixStream, shared: &Shared) -> Result<peer::Peer, String> {
     let cred = stream
         .peer_cred()
         .map_err(|e| format!("cannot read peer credentials: {e}"))?;
-    let me = nix::unistd::geteuid().as_raw();
-    if cred.uid() == me
-        || control.allowed_uids.contains(&cred.uid())
-        || control.allowed_gids.contains(&cred.gid())
-    {
-        Ok(())
-    } else {
-        Err(format!(
-            "uid {} (gid {}, pid {}) is not allowed to control this daemon; it admits uid {me}{}",
-            cred.uid(),
-            cred.gid(),
-            cred.pid()
-                .map(|p| p.to_string())
-                .unwrap_or_else(|| "?".into()),
-            if control.allowed_uids.is_empty() && control.allowed_gids.is_empty() {
-                " only (add the uid to [control] allowed_uids to admit it)".to_string()
-            } else {
-                format!(
-                    ", uids {:?} and gids {:?} ([control])",
-                    control.allowed_uids, control.allowed_gids
-                )
-            }
-        ))
+    match peer::refusal(
+        cred.uid(),
+        cred.gid(),
+        cred.pid(),
+        &shared.config.control,
+        &shared.config.sandbox,
+    ) {
+        None => Ok(peer::Peer { uid: cred.uid() }),
+        Some(why) => Err(why),
     }
 }
 
@@ -206,11 +198,14 @@ async fn refuse(mut stream: UnixStream, error: RpcError) {
     .await;
 }
 
-async fn connection(stream: UnixStream, ctx: Ctx) {
-    if let Err(why) = peer_allowed(&stream, &ctx.shared.config.control) {
-        tracing::warn!("control connection refused: {why}");
-        refuse(stream, RpcError::new(ErrorKind::PermissionDenied, why)).await;
-        return;
+async fn connection(stream: UnixStream, mut ctx: Ctx) {
+    match peer_allowed(&stream, &ctx.shared) {
+        Ok(peer) => ctx.peer = peer,
+        Err(why) => {
+            tracing::warn!("control connection refused: {why}");
+            refuse(stream, RpcError::new(ErrorKind::PermissionDenied, why)).await;
+            return;
+        }
     }
     let (read, mut write) = stream.into_split();
     let (tx, mut rx) = mpsc::channel::<String>(256);
@@ -338,10 +333,26 @@ fn respond(id: Value, result: Result<Value, RpcError>) -> Response {
     }
 }
 
+/// Every method's params: the names in them checked (one rule for every
+/// handler — names become paths and actor names), then deserialized.
 fn params<T: DeserializeOwned>(value: Value) -> Result<T, RpcError> {
     let value = if value.is_null() { json!({}) } else { value };
+    check_names(&value)?;
     serde_json::from_value(value)
         .map_err(|e| RpcError::new(ErrorKind::InvalidParams, format!("invalid params: {e}")))
+}
+
+/// `workspace` and `name` (a bundle or profile) of any request must be
+/// names as `names::check_name` defines them.
+fn check_names(params: &Value) -> Result<(), RpcError> {
+    for (field, what) in [("workspace", "workspace"), ("name", "bundle")] {
+        if let Some(Value::String(value)) = params.get(field) {
+            crate::names::check_name(what, value).map_err(|e| {
+                RpcError::new(ErrorKind::InvalidName, format!("{field}: {e}")).with("field", field)
+            })?;
+        }
+    }
+    Ok(())
 }
 
 fn to_value(v: impl Serialize) -> Result<Value, RpcError> {
@@ -630,8 +641,15 @@ async fn wait_outcome(
 }
 
 async fn install(p: InstallParams, ctx: &Ctx, out: &Outbox) -> Result<Value, RpcError> {
-    let events = ctx.shared.board.subscribe();
     let path = PathBuf::from(&p.path);
+    let manifest = crate::manifest::manifest_file(&path);
+    if !(ctx.peer.may_use(&path) && ctx.peer.may_use(&manifest)) {
+        return Err(RpcError::new(
+            ErrorKind::PermissionDenied,
+            ctx.peer.not_theirs("bundle folder or manifest", &p.path),
+        ));
+    }
+    let events = ctx.shared.board.subscribe();
     let record = ctx
         .daemon
         .call(
@@ -1009,22 +1027,35 @@ fn require_id(p: &FilesParams) -> Result<String, RpcError> {
 }
 
 async fn files_put(p: FilesPutParams, ctx: &Ctx) -> Result<Value, RpcError> {
-    let path = PathBuf::from(&p.path);
-    if !path.is_file() {
-        return Err(RpcError::new(
-            ErrorKind::InvalidParams,
-            format!("{} is not a readable file", p.path),
-        )
-        .with("path", p.path.clone()));
-    }
+    let refused = |message: String| {
+        Err(RpcError::new(ErrorKind::InvalidParams, message).with("path", p.path.clone()))
+    };
+    // Opened here, checked against the peer, and read by the store through
+    // this very descriptor: a path swapped after the check changes nothing.
+    let file = std::fs::File::open(&p.path)
+        .ok()
+        .filter(|f| f.metadata().is_ok_and(|m| m.is_file()));
+    let file = match file {
+        Some(f) if ctx.peer.may_read(&f) => f,
+        Some(_) => return refused(ctx.peer.not_theirs("file", &p.path)),
+        None if !ctx.peer.is_daemon_uid() => return refused(ctx.peer.not_theirs("file", &p.path)),
+        None => return refused(format!("{} is not a readable file", p.path)),
+    };
+    use std::os::fd::AsRawFd;
+    let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    let filename = Path::new(&p.path)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned());
     let (tags, mime) = (p.tags, p.mime);
     let record = files_call(ctx, &p.workspace, |reply| FilesOp::Put {
         path,
+        filename,
         tags,
         mime,
         reply,
     })
     .await?;
+    drop(file);
     to_value(record)
 }
 

@@ -1,0 +1,196 @@
+//! Who is on the other end of a control connection. Besides the uid rule
+//! (the daemon's uid, `allowed_uids`, `allowed_gids`), a peer that is a
+//! bundle is refused whatever its uid: one whose uid is a bundle uid (the
+//! `[sandbox] uid_range`, or the shared `[sandbox] user`), or whose process
+//! descends from the daemon (every bundle process does, unless it
+//! double-forked away — which is why a daemon without uid separation needs
+//! the operator's opt-in; docs/security.md).
+
+use std::path::Path;
+
+use crate::config::{ControlSettings, SandboxSettings};
+
+/// An admitted peer. The daemon acts on paths for it only as far as it
+/// could itself: an admitted user other than the daemon's may name only
+/// files and folders it owns (`files put`, `install`, `configure` of a
+/// `file`/`directory` value), and the answer for one it does not own is the
+/// same whether the path exists or not.
+#[derive(Debug, Clone, Copy)]
+pub struct Peer {
+    pub uid: u32,
+}
+
+impl Peer {
+    /// The daemon itself (tests and in-process callers), or its own uid.
+    pub fn daemon() -> Peer {
+        Peer {
+            uid: nix::unistd::geteuid().as_raw(),
+        }
+    }
+
+    /// Whether the peer runs under the daemon's uid (and so may name any
+    /// path the daemon can read).
+    pub fn is_daemon_uid(&self) -> bool {
+        self.uid == nix::unistd::geteuid().as_raw()
+    }
+
+    /// Whether the peer may have the daemon act on `path`: always for the
+    /// daemon's uid, else only when the file (links followed) is the peer's.
+    pub fn may_use(&self, path: &std::path::Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        self.is_daemon_uid() || std::fs::metadata(path).is_ok_and(|m| m.uid() == self.uid)
+    }
+
+    /// The same check on an opened file (no race with a path swapped after
+    /// the check).
+    pub fn may_read(&self, file: &std::fs::File) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        self.is_daemon_uid() || file.metadata().is_ok_and(|m| m.uid() == self.uid)
+    }
+
+    /// The refusal for a path the peer may not use (says nothing about
+    /// whether it exists).
+    pub fn not_theirs(&self, what: &str, path: &str) -> String {
+        format!(
+            "{path:?} is not a {what} owned by uid {}: an admitted user other than the daemon's may name only its own files and folders (docs/security.md)",
+            self.uid
+        )
+    }
+}
+
+/// The peer's parent, from `/proc/PID/stat` (field 4, after the command
+/// name in parentheses, which may itself hold spaces and parentheses).
+fn parent_of(proc_root: &Path, pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Whether `pid` is a descendant of `ancestor` (bounded walk up the tree).
+pub fn descends_from(proc_root: &Path, pid: i32, ancestor: i32) -> bool {
+    let mut current = pid;
+    for _ in 0..4096 {
+        match parent_of(proc_root, current) {
+            Some(parent) if parent == ancestor => return true,
+            Some(parent) if parent > 1 => current = parent,
+            _ => return false,
+        }
+    }
+    false
+}
+
+/// Why the peer `(uid, gid, pid)` must be refused, or None to admit it.
+pub fn refusal(
+    uid: u32,
+    gid: u32,
+    pid: Option<i32>,
+    control: &ControlSettings,
+    sandbox: &SandboxSettings,
+) -> Option<String> {
+    let who = format!(
+        "uid {uid} (gid {gid}, pid {})",
+        pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into())
+    );
+    if sandbox.uid_range.contains(uid) || sandbox.uid_range.contains(gid) {
+        return Some(format!(
+            "{who} is a bundle's ([sandbox] uid_range {}); bundles may not control the daemon",
+            sandbox.uid_range
+        ));
+    }
+    if let Some(name) = &sandbox.user {
+        let shared = nix::unistd::User::from_name(name).ok().flatten();
+        if shared.is_some_and(|u| u.uid.as_raw() == uid) {
+            return Some(format!(
+                "{who} is [sandbox] user {name:?}, which bundles run as; bundles may not control the daemon"
+            ));
+        }
+    }
+    let me = std::process::id() as i32;
+    match pid {
+        Some(pid) if descends_from(Path::new("/proc"), pid, me) => {
+            return Some(format!(
+                "{who} is a process of a bundle (it descends from the daemon); bundles may not control the daemon"
+            ));
+        }
+        Some(_) => {}
+        None => {
+            return Some(format!(
+                "{who}: the peer's process is unknown, so it cannot be told apart from a bundle"
+            ))
+        }
+    }
+    let daemon_uid = nix::unistd::geteuid().as_raw();
+    if uid == daemon_uid
+        || control.allowed_uids.contains(&uid)
+        || control.allowed_gids.contains(&gid)
+    {
+        return None;
+    }
+    Some(format!(
+        "{who} is not allowed to control this daemon; it admits uid {daemon_uid}{}",
+        if control.allowed_uids.is_empty() && control.allowed_gids.is_empty() {
+            " only (add the uid to [control] allowed_uids to admit it)".to_string()
+        } else {
+            format!(
+                ", uids {:?} and gids {:?} ([control])",
+                control.allowed_uids, control.allowed_gids
+            )
+        }
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_and_a_grandchild_descend_from_this_process_and_init_does_not() {
+        let me = std::process::id() as i32;
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & echo $!; wait"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let grandchild: i32 = line.trim().parse().unwrap();
+        let proc_root = Path::new("/proc");
+        assert!(descends_from(proc_root, child.id() as i32, me));
+        assert!(descends_from(proc_root, grandchild, me));
+        assert!(!descends_from(proc_root, 1, me));
+        assert!(!descends_from(proc_root, me, grandchild));
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(grandchild),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+
+    #[test]
+    fn bundle_uids_are_refused_even_when_listed() {
+        let sandbox = SandboxSettings::default();
+        let control: ControlSettings = toml::from_str("").unwrap();
+        let first = sandbox.uid_range.first;
+        let why = refusal(first, first, Some(1), &control, &sandbox).unwrap();
+        assert!(why.contains("uid_range"), "{why}");
+        // The test process itself is no bundle: its own uid is admitted.
+        let me = nix::unistd::geteuid().as_raw();
+        assert_eq!(refusal(me, me, Some(1), &control, &sandbox), None);
+        // ... but a descendant of the daemon (here: of this process) is not.
+        let child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let why = refusal(me, me, Some(child.id() as i32), &control, &sandbox).unwrap();
+        assert!(why.contains("descends from the daemon"), "{why}");
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(child.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
