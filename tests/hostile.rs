@@ -616,3 +616,146 @@ fn finding_7_names_on_every_control_method_are_checked() {
         assert_eq!(r["error"]["data"]["kind"], "invalid_name", "{method}: {r}");
     }
 }
+
+/// Gives the daemon's folder to `uid`, as an operator gives a service user
+/// its state.
+fn chown_tree(path: &std::path::Path, uid: u32) {
+    let id = Some(nix::unistd::Uid::from_raw(uid));
+    let gid = Some(nix::unistd::Gid::from_raw(uid));
+    nix::unistd::chown(path, id, gid).unwrap();
+    if path.is_dir() && !path.is_symlink() {
+        for e in std::fs::read_dir(path).unwrap() {
+            chown_tree(&e.unwrap().path(), uid);
+        }
+    }
+}
+
+#[test]
+fn finding_1_a_daemon_that_is_not_root_needs_the_opt_in_and_refuses_its_bundles_even_double_forked()
+{
+    // A uid of no user and outside uid_range; switching to it needs root.
+    const SERVICE_UID: u32 = 4242;
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let as_service = |extra: &str| {
+        let mut d = Daemon::unlaunched(extra);
+        d.uid = Some(SERVICE_UID);
+        chown_tree(&d.root(), SERVICE_UID);
+        d.launch();
+        d
+    };
+    // Without the opt-in, a bundle does not start, and the error says why.
+    let d = as_service("");
+    let folder = demo_bundle_at(&d.root().join("bundles"), "shared");
+    chown_tree(&folder, SERVICE_UID);
+    let out = d.cli(&["install", folder.to_str().unwrap()]);
+    assert!(
+        !out.status.success(),
+        "a bundle started under the daemon's uid"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("allow_same_uid"), "{err}");
+    drop(d);
+
+    // With it, the bundle runs under the daemon's uid, and neither it nor
+    // its double-forked grandchild (re-parented to the daemon, its
+    // subreaper) is admitted on the control socket.
+    let d = as_service("[sandbox]\nallow_same_uid = true\n");
+    let script = "P=\"$(dirname \"$0\")/../probe.py\"; /usr/bin/python3 \"$P\" DIRECT; ( setsid /usr/bin/python3 \"$P\" ESCAPED & ) ;";
+    let folder = shell_wrapped_demo(&d.root().join("bundles"), "intruder", script);
+    std::fs::write(folder.join("probe.py"), socket_probe(&d.socket)).unwrap();
+    chown_tree(&folder, SERVICE_UID);
+    d.ok(&["install", folder.to_str().unwrap()]);
+    let logs = wait_for(Duration::from_secs(20), "both probes", || {
+        let l = d.ok(&["logs", "intruder", "-n", "200"]);
+        (l.contains("DIRECT-") && l.contains("ESCAPED-")).then_some(l)
+    });
+    for tag in ["DIRECT-ANSWER", "ESCAPED-ANSWER"] {
+        let line = logs
+            .lines()
+            .find(|l| l.contains(tag))
+            .unwrap_or_else(|| panic!("no {tag}: {logs}"));
+        assert!(
+            line.contains("permission_denied") && line.contains("descends from the daemon"),
+            "{line}"
+        );
+    }
+    let b = d.bundle("default", "intruder").unwrap();
+    assert_eq!(
+        b["sandbox"]["uid"].as_u64(),
+        Some(SERVICE_UID as u64),
+        "{b}"
+    );
+    assert!(
+        b["sandbox"]["isolation"]
+            .as_str()
+            .unwrap()
+            .contains("allow_same_uid"),
+        "{b}"
+    );
+    d.ok(&["uninstall", "intruder"]);
+}
+
+#[test]
+fn finding_8_a_watched_folder_entry_others_can_write_or_that_links_out_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path, m: u32| {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+    };
+    let mut d = Daemon::unlaunched(
+        "watch_debounce = \"50ms\"\n[[watch]]\ndir = \"watched\"\nworkspace = \"default\"\n",
+    );
+    let watched = d.root().join("watched");
+    std::fs::create_dir_all(&watched).unwrap();
+    mode(&watched, 0o755);
+    d.launch();
+    let staging = d.root().join("staging");
+
+    // A bundle folder its group may write: refused, with the fix.
+    let loose = demo_bundle_at(&staging, "loose");
+    mode(&loose, 0o775);
+    std::fs::rename(&loose, watched.join("loose")).unwrap();
+    wait_for(
+        Duration::from_secs(10),
+        "the loose bundle's refusal",
+        || d.log().contains("chmod go-w").then_some(()),
+    );
+    assert!(d.bundle("default", "loose").is_none());
+
+    // A manifest linked to a file elsewhere: refused, its content never shown.
+    let secret = d.root().join("secret.json");
+    std::fs::write(&secret, "{\"name\": \"SECRET-VALUE-815\", \"version\": 7}").unwrap();
+    mode(&secret, 0o600);
+    let linked = staging.join("linked");
+    std::fs::create_dir_all(&linked).unwrap();
+    std::os::unix::fs::symlink(&secret, linked.join("manifest.json")).unwrap();
+    let events = common::events(&d, &["events", "--json"]);
+    std::fs::rename(&linked, watched.join("linked")).unwrap();
+    let seen = events.until("the linked manifest's refusal", |l| {
+        l.contains("manifest_rejected") && l.contains("linked")
+    });
+    let seen = seen.join("\n");
+    assert!(seen.contains("symbolic link"), "{seen}");
+    assert!(!seen.contains("SECRET-VALUE"), "{seen}");
+    assert!(!d.log().contains("SECRET-VALUE"));
+
+    // Once the mode is fixed, the bundle installs.
+    mode(&watched.join("loose"), 0o755);
+    let manifest = watched.join("loose/manifest.json");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(&manifest, text + "\n").unwrap();
+    d.wait_state("default", "loose", "ready");
+
+    // A watched folder anyone may write is not read at all.
+    mode(&watched, 0o777);
+    demo_bundle_at(&watched, "planted");
+    wait_for(Duration::from_secs(10), "the open folder's refusal", || {
+        d.log().contains("writable by every user").then_some(())
+    });
+    assert!(d.bundle("default", "planted").is_none());
+    assert!(
+        d.bundle("default", "loose").is_some(),
+        "a running bundle was removed"
+    );
+}

@@ -11,6 +11,7 @@ pub mod client;
 pub mod connect;
 pub mod guard;
 pub mod logfile;
+pub mod orphans;
 pub mod process;
 pub mod reaper;
 pub mod sandbox;

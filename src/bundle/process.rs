@@ -147,6 +147,7 @@ pub(super) fn spawn(
     }
     let mut child = cmd.spawn().map_err(spawn_error)?;
     let pid = child.id().unwrap_or(0);
+    super::orphans::own(pid);
     let (Some(stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
@@ -252,6 +253,7 @@ impl Lifeline {
                 status = child.wait() => status,
                 Some(grace) = stop_rx.recv() => terminate(&mut child, pid, grace).await,
             };
+            super::orphans::release(pid);
             // Grandchildren may outlive a leader that exited on its own.
             signal_group(pid, Signal::SIGKILL);
             if let Some(r) = &reaper {

@@ -47,6 +47,7 @@ impl Reaper {
             });
         }
         let mut child = cmd.spawn()?;
+        super::orphans::own(child.id());
         let pipe = child.stdin.take();
         Ok(Reaper {
             pipe: Mutex::new(pipe),

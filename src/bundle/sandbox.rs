@@ -614,10 +614,11 @@ mod tests {
     }
 
     fn settings() -> SandboxSettings {
-        let mut s = SandboxSettings::default();
         // A test run that is not root still gets a sandbox.
-        s.allow_same_uid = true;
-        s
+        SandboxSettings {
+            allow_same_uid: true,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -627,11 +628,11 @@ mod tests {
         std::fs::create_dir_all(&bundle).unwrap();
         let state = dir.path().join("state");
         let t = target(Some(&bundle), "/bin/sh");
-        let a = prepare(&settings(), &state, &[state.clone()], &t).unwrap();
+        let a = prepare(&settings(), &state, std::slice::from_ref(&state), &t).unwrap();
         assert!(a.record.created);
         assert_eq!(a.record.sandbox_id, "ws/b");
         assert!(a.data.is_dir() && a.tmp.is_dir());
-        let b = prepare(&settings(), &state, &[state.clone()], &t).unwrap();
+        let b = prepare(&settings(), &state, std::slice::from_ref(&state), &t).unwrap();
         assert!(!b.record.created);
         assert_eq!(a.record.sandbox_path, b.record.sandbox_path);
         assert_eq!(a.record.uid, b.record.uid);
@@ -640,7 +641,7 @@ mod tests {
             assert!(SandboxSettings::default().uid_range.contains(a.record.uid));
             // A second bundle gets another uid.
             let other = Target { bundle: "c", ..t };
-            let c = prepare(&settings(), &state, &[state.clone()], &other).unwrap();
+            let c = prepare(&settings(), &state, std::slice::from_ref(&state), &other).unwrap();
             assert_ne!(c.record.uid, a.record.uid);
             assert!(
                 a.record.isolation.starts_with("own uid"),
@@ -702,11 +703,18 @@ mod tests {
         std::fs::create_dir_all(&state).unwrap();
         let (data, tmp) = (state.join("d"), state.join("t"));
         let bare = target(None, "/bin/sh");
-        let g = grants(&settings(), &[state.clone()], &bare, &data, &tmp).unwrap();
+        let g = grants(
+            &settings(),
+            std::slice::from_ref(&state),
+            &bare,
+            &data,
+            &tmp,
+        )
+        .unwrap();
         assert!(!g.read.iter().any(|p| p.starts_with(dir.path())), "{g:?}");
         // A bundle folder holding the state dir is refused.
         let t = target(Some(dir.path()), "/bin/sh");
-        let err = grants(&settings(), &[state.clone()], &t, &data, &tmp).unwrap_err();
+        let err = grants(&settings(), std::slice::from_ref(&state), &t, &data, &tmp).unwrap_err();
         assert!(
             matches!(err, SandboxError::CoversDaemonFiles { .. }),
             "{err}"
@@ -717,12 +725,12 @@ mod tests {
         std::fs::copy("/bin/sh", bin.join("x")).unwrap();
         let cmd = bin.join("x");
         let t = target(None, cmd.to_str().unwrap());
-        let err = grants(&settings(), &[state.clone()], &t, &data, &tmp).unwrap_err();
+        let err = grants(&settings(), std::slice::from_ref(&state), &t, &data, &tmp).unwrap_err();
         assert!(err.to_string().contains("installation"), "{err}");
         // And a read_only_paths entry inside the state dir.
         let mut inside = settings();
         inside.read_only_paths = vec![state.join("sandboxes")];
-        assert!(grants(&inside, &[state.clone()], &bare, &data, &tmp).is_err());
+        assert!(grants(&inside, std::slice::from_ref(&state), &bare, &data, &tmp).is_err());
     }
 
     #[test]

@@ -362,6 +362,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     };
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
 
+    // Whatever a bundle forks away stays in the daemon's process tree (the
+    // control socket refuses the daemon's descendants).
+    if let Err(e) = crate::bundle::orphans::adopt() {
+        tracing::warn!("cannot become the subreaper of bundle processes ({e}); a bundle's double-forked descendants leave the daemon's process tree");
+    }
+    tokio::spawn(crate::bundle::orphans::reap(shutdown.clone()));
     let reaper = match crate::bundle::reaper::Reaper::spawn(&config.state_dir) {
         Ok(r) => Some(Arc::new(r)),
         Err(e) => {

@@ -38,6 +38,9 @@ pub struct Daemon {
     pub state: PathBuf,
     /// Extra environment of the daemon process.
     pub env: Vec<(String, String)>,
+    /// Run the daemon and the CLI under this uid (and gid) instead of the
+    /// test's own (needs root; the test chowns the folder).
+    pub uid: Option<u32>,
     child: Option<Child>,
 }
 
@@ -72,6 +75,7 @@ impl Daemon {
             config,
             dir,
             env: Vec::new(),
+            uid: None,
             child: None,
         }
     }
@@ -92,7 +96,12 @@ impl Daemon {
             .append(true)
             .open(self.root().join("daemon.log"))
             .unwrap();
-        let child = Command::new(BIN)
+        let mut cmd = Command::new(BIN);
+        if let Some(uid) = self.uid {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(uid);
+        }
+        let child = cmd
             .args(["daemon", "--config"])
             .arg(&self.config)
             .env("RUST_LOG", "info,rmcp=warn")
@@ -121,7 +130,12 @@ impl Daemon {
     }
 
     pub fn cli(&self, args: &[&str]) -> Output {
-        let out = Command::new(BIN)
+        let mut cmd = Command::new(BIN);
+        if let Some(uid) = self.uid {
+            use std::os::unix::process::CommandExt;
+            cmd.uid(uid).gid(uid);
+        }
+        let out = cmd
             .arg("--socket")
             .arg(&self.socket)
             .args(args)

@@ -182,15 +182,13 @@ mod tests {
         let me = nix::unistd::geteuid().as_raw();
         assert_eq!(refusal(me, me, Some(1), &control, &sandbox), None);
         // ... but a descendant of the daemon (here: of this process) is not.
-        let child = std::process::Command::new("sleep")
+        let mut child = std::process::Command::new("sleep")
             .arg("30")
             .spawn()
             .unwrap();
         let why = refusal(me, me, Some(child.id() as i32), &control, &sandbox).unwrap();
+        let _ = child.kill();
+        let _ = child.wait();
         assert!(why.contains("descends from the daemon"), "{why}");
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(child.id() as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        );
     }
 }
