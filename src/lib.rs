@@ -17,6 +17,8 @@
 //! - [`cli`]: the `bundlevisor` command line.
 //! - [`names`]: rules for bundle and workspace names.
 //! - [`oauth`]: the OAuth 2.1 client of remote bundles.
+//! - [`remote_http`]: the network rules of remote bundles (https or
+//!   loopback, same-origin redirects only).
 //! - [`secret`]: secret values and the redactor that masks them.
 //! - [`lines`]: bounded line reading for untrusted streams.
 //! - [`progress`]: spinners and bars on a terminal (indicatif), log lines above them.
@@ -36,6 +38,7 @@ pub mod names;
 pub mod oauth;
 pub mod progress;
 pub mod protocol;
+pub mod remote_http;
 pub mod secret;
 pub mod stdio;
 pub mod store;

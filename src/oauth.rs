@@ -7,7 +7,17 @@
 //!
 //! Nothing here stores or logs a token: callers get [`TokenSet`]s and keep
 //! them in the encrypted store. Error texts carry the server's `error` code
-//! and description, never a request body.
+//! and description, never a request body, and the secrets a request carried
+//! are masked in them.
+//!
+//! Every URL the client fetches or posts to — the challenge's
+//! `resource_metadata`, the advertised authorization servers, the
+//! discovered endpoints — passes the https-or-loopback rule of
+//! [`crate::remote_http::check_url`] before anything is sent; redirects
+//! are never followed. Metadata must belong to the server it was fetched
+//! for: the protected-resource metadata's `resource` is the MCP server's
+//! URL (RFC 9728 §3.3), the authorization-server metadata's `issuer` is the
+//! issuer its URL was built from (RFC 8414 §3.3).
 
 use base64::Engine;
 use chacha20poly1305::aead::rand_core::RngCore;
@@ -16,7 +26,8 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 
 use crate::manifest::{AuthPlan, RemotePlan};
-use crate::secret::Secret;
+use crate::remote_http::UrlRefused;
+use crate::secret::{Redactor, Secret};
 use crate::store::TokenSet;
 
 const PRM_PATH: &str = "/.well-known/oauth-protected-resource";
@@ -38,6 +49,26 @@ pub enum OAuthError {
     Http { url: String, message: String },
     #[error("{0}")]
     Unsupported(String),
+    /// A URL given or discovered fails the https-or-loopback rule.
+    #[error("refused {what} {url}: it {reason}; nothing was sent there")]
+    InsecureUrl {
+        what: &'static str,
+        url: String,
+        reason: UrlRefused,
+    },
+    /// Metadata that does not describe the server it was fetched for
+    /// (RFC 8414 §3.3, RFC 9728 §3.3).
+    #[error("{0}")]
+    Mismatch(String),
+}
+
+/// `url` if it passes the https-or-loopback rule; `what` names it in the error.
+fn checked(what: &'static str, url: &str) -> Result<url::Url, OAuthError> {
+    crate::remote_http::check_url(url).map_err(|reason| OAuthError::InsecureUrl {
+        what,
+        url: url.to_string(),
+        reason,
+    })
 }
 
 /// Where to ask for tokens.
@@ -51,6 +82,9 @@ pub struct Endpoints {
 
 #[derive(Deserialize)]
 struct ResourceMetadata {
+    /// Required by RFC 9728 §2; checked against the MCP server's URL.
+    #[serde(default)]
+    resource: Option<String>,
     #[serde(default)]
     authorization_servers: Vec<String>,
 }
@@ -110,7 +144,8 @@ impl ClientId {
 }
 
 /// A plain HTTP client for OAuth requests: no redirects followed (a token
-/// endpoint that redirects is refused), bounded time.
+/// or registration endpoint that redirects is refused, a metadata URL that
+/// redirects counts as absent), bounded time.
 pub fn http_client() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
@@ -126,10 +161,31 @@ fn http_err(url: &str, e: impl std::fmt::Display) -> OAuthError {
     }
 }
 
+/// An error for a redirect answer (the client follows none), naming where
+/// it pointed.
+fn redirected(url: &str, response: &reqwest::Response) -> OAuthError {
+    let to = response
+        .headers()
+        .get(reqwest::header::LOCATION)
+        .and_then(|l| l.to_str().ok())
+        .unwrap_or("(no location)");
+    http_err(
+        url,
+        format!(
+            "HTTP {} redirect to {to}, which is not followed: OAuth requests go only to the URLs the metadata names",
+            response.status()
+        ),
+    )
+}
+
+/// Fetches JSON metadata; `Ok(None)` when the server has none there (any
+/// answer but 2xx, including a redirect, which is not followed).
 async fn get_json<T: for<'de> Deserialize<'de>>(
     http: &reqwest::Client,
+    what: &'static str,
     url: &str,
 ) -> Result<Option<T>, OAuthError> {
+    checked(what, url)?;
     let response = http
         .get(url)
         .header("accept", "application/json")
@@ -164,6 +220,84 @@ fn well_known(base: &url::Url, suffix: &str) -> String {
     format!("{}{suffix}{path}", base.origin().ascii_serialization())
 }
 
+/// The same resource or issuer identifier: URLs compared after parsing, so
+/// `https://a.example` and `https://a.example/` match but another path,
+/// host, port or scheme does not.
+fn same_identifier(a: &url::Url, b: &str) -> bool {
+    url::Url::parse(b).is_ok_and(|b| &b == a)
+}
+
+/// The authorization server named by the MCP server's protected-resource
+/// metadata (RFC 9728), or its own origin when it publishes none.
+async fn resource_issuer(
+    http: &reqwest::Client,
+    resource: &url::Url,
+    challenge: Option<&str>,
+) -> Result<String, OAuthError> {
+    let origin = url::Url::parse(&resource.origin().ascii_serialization())
+        .map_err(|e| OAuthError::Discovery(format!("{resource}: {e}")))?;
+    // Each candidate with the resource identifiers its metadata may name:
+    // the one the well-known URL was built from (§3.3), and for the
+    // challenge the URL of the request that got the 401 (§3.3, §5).
+    let mut candidates: Vec<(&'static str, String, Vec<&url::Url>)> = Vec::new();
+    if let Some(url) = challenge.and_then(resource_metadata_from_challenge) {
+        candidates.push((
+            "the resource_metadata URL of the server's 401 challenge",
+            url,
+            vec![resource],
+        ));
+    }
+    candidates.push((
+        "the protected-resource metadata URL",
+        well_known(resource, PRM_PATH),
+        vec![resource],
+    ));
+    candidates.push((
+        "the protected-resource metadata URL",
+        format!("{}{PRM_PATH}", resource.origin().ascii_serialization()),
+        vec![resource, &origin],
+    ));
+    let mut tried = Vec::new();
+    for (what, url, identifiers) in candidates {
+        if tried.contains(&url) {
+            continue;
+        }
+        let Some(meta) = get_json::<ResourceMetadata>(http, what, &url).await? else {
+            tried.push(url);
+            continue;
+        };
+        let named = meta.resource.as_deref();
+        if !named.is_some_and(|n| identifiers.iter().any(|id| same_identifier(id, n))) {
+            let named = match named {
+                Some(n) => format!("is for resource {n:?}"),
+                None => "names no resource (required by RFC 9728 §2)".to_string(),
+            };
+            return Err(OAuthError::Mismatch(format!(
+                "the protected-resource metadata at {url} {named}, not {resource} (RFC 9728 §3.3); refusing it and the authorization servers it names — the MCP server or its metadata is misconfigured, or the metadata is not its own"
+            )));
+        }
+        if meta.authorization_servers.is_empty() {
+            tried.push(url);
+            continue;
+        }
+        // Only an authorization server that passes the rule is used.
+        let mut refused = Vec::new();
+        for server in meta.authorization_servers {
+            match checked("the authorization server", &server) {
+                Ok(_) => return Ok(server),
+                Err(e) => refused.push(e.to_string()),
+            }
+        }
+        return Err(OAuthError::Discovery(format!(
+            "the protected-resource metadata at {url} names no usable authorization server: {}",
+            refused.join("; ")
+        )));
+    }
+    // Servers without protected-resource metadata: the MCP server's
+    // origin is its own authorization server (MCP 2025-03-26).
+    Ok(resource.origin().ascii_serialization())
+}
+
 /// Finds the authorization server of the MCP server at `resource`.
 pub async fn discover(
     http: &reqwest::Client,
@@ -171,44 +305,41 @@ pub async fn discover(
     configured_issuer: Option<&str>,
     challenge: Option<&str>,
 ) -> Result<Endpoints, OAuthError> {
-    let resource_url =
-        url::Url::parse(resource).map_err(|e| OAuthError::Discovery(format!("{resource}: {e}")))?;
+    let resource_url = checked("the MCP server URL", resource)?;
     let issuer = match configured_issuer {
         Some(i) => i.to_string(),
-        None => {
-            let mut candidates = Vec::new();
-            if let Some(url) = challenge.and_then(resource_metadata_from_challenge) {
-                candidates.push(url);
-            }
-            candidates.push(well_known(&resource_url, PRM_PATH));
-            candidates.push(format!(
-                "{}{PRM_PATH}",
-                resource_url.origin().ascii_serialization()
-            ));
-            let mut found = None;
-            for url in candidates {
-                if let Some(meta) = get_json::<ResourceMetadata>(http, &url).await? {
-                    found = meta.authorization_servers.into_iter().next();
-                    if found.is_some() {
-                        break;
-                    }
-                }
-            }
-            // Servers without protected-resource metadata: the MCP server's
-            // origin is its own authorization server (MCP 2025-03-26).
-            found.unwrap_or_else(|| resource_url.origin().ascii_serialization())
-        }
+        None => resource_issuer(http, &resource_url, challenge).await?,
     };
-    let issuer_url =
-        url::Url::parse(&issuer).map_err(|e| OAuthError::Discovery(format!("{issuer}: {e}")))?;
+    let issuer_url = checked("the authorization server", &issuer)?;
     for url in [
         well_known(&issuer_url, ASM_PATH),
         well_known(&issuer_url, OIDC_PATH),
         format!("{}{OIDC_PATH}", issuer.trim_end_matches('/')),
     ] {
-        if let Some(meta) = get_json::<ServerMetadata>(http, &url).await? {
+        let what = "the authorization server metadata URL";
+        if let Some(meta) = get_json::<ServerMetadata>(http, what, &url).await? {
+            // RFC 8414 §3.3 (and OpenID Connect Discovery §4.3): the issuer
+            // is the one the metadata URL was built from.
+            match meta.issuer.as_deref() {
+                Some(named) if same_identifier(&issuer_url, named) => {}
+                Some(named) => return Err(OAuthError::Mismatch(format!(
+                    "the authorization server metadata at {url} names issuer {named:?}, not {issuer} (RFC 8414 §3.3); refusing it, so nothing is sent to its endpoints — if {named:?} is the right authorization server, set auth.authorization_server to it in the bundle file"
+                ))),
+                None => return Err(OAuthError::Mismatch(format!(
+                    "the authorization server metadata at {url} names no issuer (required by RFC 8414 §2); refusing it, so nothing is sent to its endpoints"
+                ))),
+            }
+            checked("the token endpoint", &meta.token_endpoint)?;
+            for (what, endpoint) in [
+                ("the authorization endpoint", &meta.authorization_endpoint),
+                ("the registration endpoint", &meta.registration_endpoint),
+            ] {
+                if let Some(endpoint) = endpoint {
+                    checked(what, endpoint)?;
+                }
+            }
             return Ok(Endpoints {
-                issuer: meta.issuer.unwrap_or(issuer),
+                issuer,
                 authorization_endpoint: meta.authorization_endpoint,
                 token_endpoint: meta.token_endpoint,
                 registration_endpoint: meta.registration_endpoint,
@@ -219,6 +350,9 @@ pub async fn discover(
         "no authorization server metadata at {issuer} (tried {ASM_PATH} and {OIDC_PATH})"
     )))
 }
+
+/// Form fields of a token request that are secrets.
+const SECRET_FIELDS: &[&str] = &["client_secret", "refresh_token", "code", "code_verifier"];
 
 /// Posts a token request; `form` holds the grant's own parameters.
 async fn token_request(
@@ -236,29 +370,58 @@ async fn token_request(
     }
     form.push(("resource", resource.to_string()));
     let url = &endpoints.token_endpoint;
-    let response = http
+    checked("the token endpoint", url)?;
+    // What the request carried stays out of any error text about it.
+    let redactor = Redactor::new(
+        form.iter()
+            .filter(|(k, _)| SECRET_FIELDS.contains(k))
+            .map(|(_, v)| Secret::new(v.clone())),
+    );
+    let masked = |e: OAuthError| -> OAuthError {
+        let mask = |t: String| redactor.redact(&t).into_owned();
+        match e {
+            OAuthError::Refused { error, description } => OAuthError::Refused {
+                error: mask(error),
+                description: description.map(mask),
+            },
+            OAuthError::Http { url, message } => OAuthError::Http {
+                url: mask(url),
+                message: mask(message),
+            },
+            other => other,
+        }
+    };
+    let sent = http
         .post(url)
         .header("accept", "application/json")
         .form(&form)
         .send()
-        .await
-        .map_err(|e| http_err(url, e))?;
+        .await;
     for (_, value) in form.iter_mut() {
         zeroize::Zeroize::zeroize(value);
     }
+    let response = sent.map_err(|e| masked(http_err(url, e)))?;
     let status = response.status();
-    let body = response.bytes().await.map_err(|e| http_err(url, e))?;
+    if status.is_redirection() {
+        return Err(masked(redirected(url, &response)));
+    }
+    let body = response
+        .bytes()
+        .await
+        .map_err(|e| masked(http_err(url, e)))?;
     if !status.is_success() {
-        return Err(match serde_json::from_slice::<ErrorResponse>(&body) {
-            Ok(e) => OAuthError::Refused {
-                error: e.error,
-                description: e.error_description,
+        return Err(masked(
+            match serde_json::from_slice::<ErrorResponse>(&body) {
+                Ok(e) => OAuthError::Refused {
+                    error: e.error,
+                    description: e.error_description,
+                },
+                Err(_) => http_err(url, format!("HTTP {status}")),
             },
-            Err(_) => http_err(url, format!("HTTP {status}")),
-        });
+        ));
     }
     let token: TokenResponse = serde_json::from_slice(&body)
-        .map_err(|e| http_err(url, format!("unusable token response: {e}")))?;
+        .map_err(|e| masked(http_err(url, format!("unusable token response: {e}"))))?;
     Ok(TokenSet {
         access_token: Some(Secret::new(token.access_token)),
         refresh_token: token.refresh_token.map(Secret::new),
@@ -396,6 +559,7 @@ pub async fn begin(
                 endpoints.issuer
             ))
         })?;
+        checked("the registration endpoint", &url)?;
         let response = http
             .post(&url)
             .json(&serde_json::json!({
@@ -408,6 +572,9 @@ pub async fn begin(
             .send()
             .await
             .map_err(|e| http_err(&url, e))?;
+        if response.status().is_redirection() {
+            return Err(redirected(&url, &response));
+        }
         if !response.status().is_success() {
             return Err(http_err(
                 &url,
@@ -427,8 +594,7 @@ pub async fn begin(
     }
     let verifier = random_token();
     let state = random_token();
-    let mut url = url::Url::parse(&authorization_endpoint)
-        .map_err(|e| OAuthError::Discovery(format!("authorization endpoint: {e}")))?;
+    let mut url = checked("the authorization endpoint", &authorization_endpoint)?;
     {
         let mut q = url.query_pairs_mut();
         q.append_pair("response_type", "code")
@@ -521,5 +687,122 @@ mod tests {
             well_known(&root, PRM_PATH),
             "http://127.0.0.1:8080/.well-known/oauth-protected-resource"
         );
+    }
+
+    #[test]
+    fn identifiers_match_after_parsing_only() {
+        let a = url::Url::parse("https://as.example").unwrap();
+        assert!(same_identifier(&a, "https://as.example/"));
+        assert!(same_identifier(&a, "HTTPS://AS.example:443"));
+        for other in [
+            "https://as.example/tenant",
+            "http://as.example",
+            "https://as.example:8443",
+            "https://as.example.evil",
+            "",
+        ] {
+            assert!(!same_identifier(&a, other), "{other}");
+        }
+    }
+
+    /// A local server whose protected-resource and authorization-server
+    /// metadata are the given documents; returns its base URL.
+    async fn metadata_server(prm: serde_json::Value, asm: serde_json::Value) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let fill = |v: serde_json::Value| {
+            serde_json::from_str::<serde_json::Value>(&v.to_string().replace("BASE", &base))
+                .unwrap()
+        };
+        let (prm, asm) = (fill(prm), fill(asm));
+        let app = axum::Router::new()
+            .route(
+                "/.well-known/oauth-protected-resource/mcp",
+                axum::routing::get(move || async move { axum::Json(prm) }),
+            )
+            .route(
+                "/.well-known/oauth-authorization-server",
+                axum::routing::get(move || async move { axum::Json(asm) }),
+            );
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        base
+    }
+
+    #[tokio::test]
+    async fn discovery_refuses_what_breaks_the_rules_and_accepts_the_rest() {
+        use serde_json::json;
+        let http = http_client_for_tests();
+        let good_asm = json!({ "issuer": "BASE", "token_endpoint": "BASE/token",
+            "authorization_endpoint": "https://login.example/authorize" });
+        let good_prm = json!({ "resource": "BASE/mcp", "authorization_servers": ["BASE"] });
+
+        let base = metadata_server(good_prm.clone(), good_asm.clone()).await;
+        let found = discover(&http, &format!("{base}/mcp"), None, None)
+            .await
+            .unwrap();
+        assert_eq!(
+            (found.issuer, found.token_endpoint),
+            (base.clone(), format!("{base}/token"))
+        );
+
+        // The first advertised server that passes the rule is used.
+        let base = metadata_server(
+            json!({ "resource": "BASE/mcp",
+                    "authorization_servers": ["http://as.example", "BASE"] }),
+            good_asm.clone(),
+        )
+        .await;
+        let found = discover(&http, &format!("{base}/mcp"), None, None)
+            .await
+            .unwrap();
+        assert_eq!(found.issuer, base);
+
+        let refused = |prm: serde_json::Value, asm: serde_json::Value, expect: &'static str| async move {
+            let base = metadata_server(prm, asm).await;
+            let err = discover(&http_client_for_tests(), &format!("{base}/mcp"), None, None)
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(expect), "{expect:?} not in {err:?}");
+        };
+        refused(
+            json!({ "resource": "BASE/mcp", "authorization_servers": ["http://as.example"] }),
+            good_asm.clone(),
+            "names no usable authorization server: refused the authorization server http://as.example: it must use https",
+        )
+        .await;
+        refused(
+            json!({ "authorization_servers": ["BASE"] }),
+            good_asm.clone(),
+            "names no resource (required by RFC 9728 §2)",
+        )
+        .await;
+        refused(
+            good_prm.clone(),
+            json!({ "issuer": "BASE", "token_endpoint": "http://as.example/token" }),
+            "refused the token endpoint http://as.example/token: it must use https",
+        )
+        .await;
+        refused(
+            good_prm.clone(),
+            json!({ "issuer": "BASE", "token_endpoint": "BASE/token",
+                    "registration_endpoint": "ftp://as.example/register" }),
+            "refused the registration endpoint ftp://as.example/register: it uses unsupported scheme",
+        )
+        .await;
+        refused(
+            good_prm.clone(),
+            json!({ "token_endpoint": "BASE/token" }),
+            "names no issuer (required by RFC 8414 §2)",
+        )
+        .await;
+    }
+
+    fn http_client_for_tests() -> reqwest::Client {
+        reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .build()
+            .unwrap()
     }
 }

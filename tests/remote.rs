@@ -3,6 +3,9 @@
 //! through the one connect function → retry once), host-resources on the
 //! rebuilt session, the `auth` flow through its loopback redirect, boot
 //! reload with the stored token, and `needs_auth` when nothing silent helps.
+//! Then the attacks of docs/security.md ("Remote bundles"): a redirect to
+//! another origin, a challenge pointing at plain-http metadata, an
+//! authorization server with another issuer, metadata for another resource.
 
 mod common;
 #[path = "common/remote.rs"]
@@ -14,7 +17,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{events, nth, wait_for, Daemon, BIN};
-use fixture::Fixture;
+use fixture::{Fixture, Lies};
 use serde_json::{json, Value};
 
 const CLIENT_SECRET: &str = "cs-CANARY-0b6e2d9a";
@@ -307,4 +310,130 @@ fn a_token_known_to_be_expired_is_refreshed_before_use_without_a_401() {
         (refreshes + 1, rejected),
         "the boot reload refreshes the expired token first instead of presenting it"
     );
+}
+
+/// Installs `path` (which must not come up) and returns its status once the
+/// start has failed with a reason.
+fn refused_start(d: &Daemon, path: &std::path::Path, name: &str) -> Value {
+    let out = d.cli(&["install", path.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let b = wait_for(Duration::from_secs(20), "a failed start", || {
+        d.bundle("default", name)
+            .filter(|b| b["last_error"].is_string())
+    });
+    assert_ne!(b["state"], "ready", "{b}");
+    b
+}
+
+fn client_credentials() -> Value {
+    json!({ "auth": {"client_id": "bv-daemon", "client_secret": CLIENT_SECRET} })
+}
+
+#[test]
+fn a_redirect_to_another_origin_is_refused_and_the_bundles_headers_never_go_there() {
+    const API_KEY: &str = "key-CANARY-5f1c0e";
+    let fx = Fixture::start(None);
+    let d = Daemon::start();
+    let path = write_remote(
+        &d,
+        &fx,
+        "moved",
+        json!({ "url": fx.moved_url, "headers": {"X-Api-Key": API_KEY} }),
+    );
+    let b = refused_start(&d, &path, "moved");
+    let error = b["last_error"].as_str().unwrap();
+    let target = format!("{}/mcp", fx.decoy_base);
+    assert!(
+        error.contains(&format!(
+            "{} redirected to {target}, another origin",
+            fx.moved_url
+        )),
+        "{error}"
+    );
+    assert!(!error.contains(API_KEY), "{error}");
+    let decoy = fx.with(|s| s.decoy.clone());
+    assert!(
+        decoy.is_empty(),
+        "the other origin was sent a request: {decoy:#?}"
+    );
+}
+
+#[test]
+fn a_challenge_pointing_at_plain_http_metadata_is_refused_without_a_request() {
+    let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
+    let metadata = "http://attacker.example/.well-known/oauth-protected-resource";
+    fx.lie(Lies {
+        challenge_metadata: Some(metadata.into()),
+        ..Default::default()
+    });
+    // Every request to a non-loopback host goes through the decoy as a
+    // proxy, so a fetch of the attacker's metadata would be seen there.
+    let mut d = Daemon::unlaunched("");
+    d.env.push(("http_proxy".into(), fx.decoy_base.clone()));
+    d.env
+        .push(("no_proxy".into(), "127.0.0.1,localhost".into()));
+    d.launch();
+    let path = write_remote(&d, &fx, "notes", client_credentials());
+    let b = refused_start(&d, &path, "notes");
+    let error = b["last_error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!(
+            "refused the resource_metadata URL of the server's 401 challenge {metadata}: it must use https"
+        )) && error.contains("nothing was sent there"),
+        "{error}"
+    );
+    let decoy = fx.with(|s| s.decoy.clone());
+    assert!(decoy.is_empty(), "the metadata was fetched: {decoy:#?}");
+    assert_eq!(fx.with(|s| s.token_requests), 0);
+    assert_no_leak(&d, &[CLIENT_SECRET.to_string()], &[]);
+}
+
+#[test]
+fn an_authorization_server_naming_another_issuer_never_gets_the_client_secret() {
+    let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
+    fx.lie(Lies {
+        issuer: Some("https://unrelated.example".into()),
+        ..Default::default()
+    });
+    let d = Daemon::start();
+    let path = write_remote(&d, &fx, "notes", client_credentials());
+    let b = refused_start(&d, &path, "notes");
+    let error = b["last_error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!(
+            "names issuer \"https://unrelated.example\", not {} (RFC 8414 §3.3)",
+            fx.base
+        )),
+        "{error}"
+    );
+    // The interactive flow refuses it too, before registering a client.
+    let out = d.cli(&["auth", "notes", "--timeout", "10s"]);
+    assert!(!out.status.success());
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(msg.contains("RFC 8414"), "{msg}");
+    assert_eq!(fx.with(|s| (s.token_requests, s.registrations)), (0, 0));
+    assert_no_leak(&d, &[CLIENT_SECRET.to_string()], &[]);
+}
+
+#[test]
+fn protected_resource_metadata_for_another_resource_is_refused() {
+    let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
+    let other = format!("{}/other-mcp", fx.base);
+    fx.lie(Lies {
+        resource: Some(other.clone()),
+        ..Default::default()
+    });
+    let d = Daemon::start();
+    let path = write_remote(&d, &fx, "notes", client_credentials());
+    let b = refused_start(&d, &path, "notes");
+    let error = b["last_error"].as_str().unwrap();
+    assert!(
+        error.contains(&format!(
+            "is for resource {other:?}, not {} (RFC 9728 §3.3)",
+            fx.mcp_url
+        )),
+        "{error}"
+    );
+    assert!(fx.with(|s| s.resource_metadata_requests) > 0);
+    assert_eq!(fx.with(|s| s.token_requests), 0);
 }

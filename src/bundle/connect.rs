@@ -251,8 +251,12 @@ async fn connect_remote(
     if let Some(token) = &opts.bearer {
         config = config.auth_header(token.expose());
     }
+    // Same-origin redirects only: the bundle's headers and token must not
+    // follow a redirect to a server the bundle file never named.
+    let redirects = crate::remote_http::RedirectGuard::default();
     let http = reqwest::Client::builder()
         .connect_timeout(opts.start_timeout)
+        .redirect(redirects.policy())
         .build()
         .map_err(|e| handshake_error(format!("HTTP client: {e}")))?;
     let transport = StreamableHttpClientTransport::with_client(http, config);
@@ -263,6 +267,9 @@ async fn connect_remote(
         Ok(Ok(ok)) => ok,
         Ok(Err(failure)) => {
             ct.cancel();
+            if let Some(refused) = redirects.refused() {
+                return Err(handshake_error(refused.to_string()));
+            }
             return Err(match failure.unauthorized {
                 Some(challenge) => ConnectError::Unauthorized { challenge },
                 None => handshake_error(format!("{} ({})", failure.message, plan.url)),

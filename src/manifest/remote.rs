@@ -187,28 +187,10 @@ fn auth(
     }
 }
 
-/// `https`, or `http` to a loopback host only: tokens never cross a
-/// network in the clear.
+/// The https-or-loopback rule ([`crate::remote_http::check_url`]): tokens
+/// never cross a network in the clear.
 fn check_url(c: &mut Checker, path: &str, value: &str) {
-    match url::Url::parse(value) {
-        Err(e) => c.problem(path, format!("is not a valid URL: {e}")),
-        Ok(u) => match u.scheme() {
-            "https" => {}
-            "http" if is_loopback(&u) => {}
-            "http" => c.problem(
-                path,
-                "must use https (plain http is allowed only for loopback hosts such as 127.0.0.1)",
-            ),
-            other => c.problem(path, format!("unsupported scheme {other:?}; use https")),
-        },
-    }
-}
-
-fn is_loopback(u: &url::Url) -> bool {
-    match u.host() {
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        Some(url::Host::Domain(d)) => d == "localhost",
-        None => false,
+    if let Err(why) = crate::remote_http::check_url(value) {
+        c.problem(path, why.to_string());
     }
 }

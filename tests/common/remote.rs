@@ -10,6 +10,13 @@
 //! answers 401 with a `resource_metadata` challenge to any request without a
 //! live access token; its `read_file` tool reads a workspace file back
 //! through the daemon's host-resources handlers.
+//!
+//! For the attacks of docs/security.md ("Remote bundles") it can also
+//! answer `/moved` with a 307 to a second listener, the *decoy* (another
+//! origin: same host, another port), which records every request it gets —
+//! also as an HTTP proxy, so a daemon run with `http_proxy` pointing at it
+//! shows any request it makes to a non-loopback host — and it can serve
+//! metadata that lies (see [`Lies`]).
 #![allow(dead_code)]
 
 use std::collections::{HashMap, HashSet};
@@ -53,7 +60,35 @@ pub struct AuthState {
     pub issued: Vec<String>,
     /// `expires_in` of issued access tokens (seconds; 3600 unless set).
     pub expires_in: Option<i64>,
+    /// Every request to `/token`, answered or refused.
+    pub token_requests: u32,
+    /// Requests of the protected-resource metadata.
+    pub resource_metadata_requests: u32,
+    /// What the servers say instead of the truth.
+    pub lies: Lies,
+    /// Every request the decoy (another origin) received.
+    pub decoy: Vec<DecoyRequest>,
     next: u64,
+}
+
+/// Metadata the fixture serves instead of its own (all `None`: the truth).
+#[derive(Default, Clone)]
+pub struct Lies {
+    /// `resource_metadata` of the MCP server's 401 challenge.
+    pub challenge_metadata: Option<String>,
+    /// `resource` of the protected-resource metadata.
+    pub resource: Option<String>,
+    /// `issuer` of the authorization-server metadata.
+    pub issuer: Option<String>,
+}
+
+/// A request that reached the decoy.
+#[derive(Debug, Clone)]
+pub struct DecoyRequest {
+    pub method: String,
+    /// The request target (absolute when it came as a proxy request).
+    pub uri: String,
+    pub headers: Vec<(String, String)>,
 }
 
 impl AuthState {
@@ -69,6 +104,7 @@ impl AuthState {
 struct App {
     base: String,
     mcp_url: String,
+    decoy_base: String,
     state: Arc<Mutex<AuthState>>,
 }
 
@@ -78,6 +114,10 @@ pub struct Fixture {
     pub base: String,
     /// The MCP endpoint (`/mcp`).
     pub mcp_url: String,
+    /// `/moved`: a 307 to the decoy's `/mcp`.
+    pub moved_url: String,
+    /// `http://127.0.0.1:PORT` of the decoy: another origin.
+    pub decoy_base: String,
     pub state: Arc<Mutex<AuthState>>,
     ct: CancellationToken,
 }
@@ -110,11 +150,24 @@ impl Fixture {
             .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
             .unwrap();
         let base = format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port());
+        let decoy = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let decoy_base = format!("http://127.0.0.1:{}", decoy.local_addr().unwrap().port());
         let app = App {
             mcp_url: format!("{base}/mcp"),
             base: base.clone(),
+            decoy_base: decoy_base.clone(),
             state: state.clone(),
         };
+        let stop = ct.clone();
+        let decoy_app = Router::new().fallback(record_decoy).with_state(app.clone());
+        rt.spawn(async move {
+            axum::serve(decoy, decoy_app)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await
+                .unwrap();
+        });
         let mcp = StreamableHttpService::new(
             || Ok(RemoteServer),
             Arc::new(LocalSessionManager::default()),
@@ -131,6 +184,7 @@ impl Fixture {
                 "/.well-known/oauth-authorization-server",
                 get(server_metadata),
             )
+            .route("/moved", axum::routing::any(moved))
             .route("/register", post(register))
             .route("/authorize", get(authorize))
             .route("/token", post(token))
@@ -144,11 +198,18 @@ impl Fixture {
         });
         Fixture {
             rt,
+            moved_url: format!("{base}/moved"),
             mcp_url: app.mcp_url,
             base,
+            decoy_base,
             state,
             ct,
         }
+    }
+
+    /// From now on the servers say these things.
+    pub fn lie(&self, lies: Lies) {
+        self.state.lock().unwrap().lies = lies;
     }
 
     /// Every access token stops working (a revocation or an expiry).
@@ -213,10 +274,15 @@ async fn guard(
     if live {
         return next.run(request).await;
     }
-    let challenge = format!(
-        "Bearer error=\"invalid_token\", resource_metadata=\"{}/.well-known/oauth-protected-resource/mcp\"",
-        app.base
-    );
+    let metadata = app
+        .state
+        .lock()
+        .unwrap()
+        .lies
+        .challenge_metadata
+        .clone()
+        .unwrap_or_else(|| format!("{}/.well-known/oauth-protected-resource/mcp", app.base));
+    let challenge = format!("Bearer error=\"invalid_token\", resource_metadata=\"{metadata}\"");
     (
         StatusCode::UNAUTHORIZED,
         [("www-authenticate", challenge)],
@@ -226,13 +292,17 @@ async fn guard(
 }
 
 async fn resource_metadata(State(app): State<App>) -> Json<Value> {
-    Json(json!({ "resource": app.mcp_url, "authorization_servers": [app.base] }))
+    let mut state = app.state.lock().unwrap();
+    state.resource_metadata_requests += 1;
+    let resource = state.lies.resource.clone().unwrap_or(app.mcp_url);
+    Json(json!({ "resource": resource, "authorization_servers": [app.base] }))
 }
 
 async fn server_metadata(State(app): State<App>) -> Json<Value> {
     let b = &app.base;
+    let issuer = app.state.lock().unwrap().lies.issuer.clone();
     Json(json!({
-        "issuer": b,
+        "issuer": issuer.as_ref().unwrap_or(b),
         "authorization_endpoint": format!("{b}/authorize"),
         "token_endpoint": format!("{b}/token"),
         "registration_endpoint": format!("{b}/register"),
@@ -249,6 +319,35 @@ async fn register(State(app): State<App>, Json(body): Json<Value>) -> Json<Value
     let id = state.mint("client");
     state.clients.insert(id.clone(), None);
     Json(json!({ "client_id": id, "redirect_uris": body["redirect_uris"] }))
+}
+
+/// A temporary redirect to the decoy's `/mcp`: another origin.
+async fn moved(State(app): State<App>) -> Response {
+    (
+        StatusCode::TEMPORARY_REDIRECT,
+        [("location", format!("{}/mcp", app.decoy_base))],
+    )
+        .into_response()
+}
+
+/// The decoy records whatever reaches it and has nothing to give.
+async fn record_decoy(State(app): State<App>, request: axum::extract::Request) -> Response {
+    let headers = request
+        .headers()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect();
+    app.state.lock().unwrap().decoy.push(DecoyRequest {
+        method: request.method().to_string(),
+        uri: request.uri().to_string(),
+        headers,
+    });
+    (StatusCode::NOT_FOUND, "decoy").into_response()
 }
 
 fn oauth_error(error: &str) -> Response {
@@ -285,6 +384,7 @@ async fn token(
     Form(f): Form<HashMap<String, String>>,
 ) -> Response {
     let mut state = app.state.lock().unwrap();
+    state.token_requests += 1;
     if f.get("resource") != Some(&app.mcp_url) {
         return oauth_error("invalid_target");
     }
