@@ -1235,7 +1235,13 @@ async fn connect_with_auth(
     let http = crate::oauth::http_client();
     match crate::oauth::obtain_silently(&http, remote, &stored, challenge.as_deref()).await {
         Err(e) => Err(StartFailure {
-            kind: FailKind::Transient,
+            // A URL or metadata the rules refuse does not get better by
+            // retrying: the operator has to change the bundle or the server.
+            kind: match e {
+                crate::oauth::OAuthError::InsecureUrl { .. }
+                | crate::oauth::OAuthError::Mismatch(_) => FailKind::Config,
+                _ => FailKind::Transient,
+            },
             reason: format!("the remote server wants a new token, and getting one failed: {e}"),
         }),
         Ok(Silent::Interactive(why)) => {
