@@ -21,6 +21,7 @@
 //! - [`lines`]: bounded line reading for untrusted streams.
 //! - [`progress`]: spinners and bars on a terminal (indicatif), log lines above them.
 //! - [`stdio`]: stdin/stdout polled by the event loop (MCP stdio servers).
+//! - [`text`]: bundle-controlled text made safe to show on a terminal.
 
 pub mod bundle;
 pub mod cli;
@@ -39,3 +40,4 @@ pub mod protocol;
 pub mod secret;
 pub mod stdio;
 pub mod store;
+pub mod text;

@@ -14,6 +14,7 @@ use super::{print_json, with_spinner, Client, ClientError};
 use crate::protocol::{
     method, AuthBeginParams, AuthBeginResult, AuthCompleteParams, BundleResult, DEFAULT_WORKSPACE,
 };
+use crate::text::printable_line;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -70,7 +71,7 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         "Open this URL in a browser to authorize {}/{}:",
         args.workspace, args.name
     );
-    println!("{}", begin.authorization_url);
+    println!("{}", printable_line(&begin.authorization_url));
     eprintln!("waiting for the redirect to {redirect_uri} ...");
     let limit = args.timeout.min(Duration::from_secs(begin.expires_in_secs));
     let redirect = tokio::time::timeout(limit, wait_redirect(&listener, &begin.state))
@@ -98,8 +99,8 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
     } else {
         println!(
             "{}/{} authorized: {}",
-            result.bundle.workspace,
-            result.bundle.name,
+            printable_line(&result.bundle.workspace),
+            printable_line(&result.bundle.name),
             result.bundle.state.as_str()
         );
     }
