@@ -19,6 +19,8 @@
 //! - [`oauth`]: the OAuth 2.1 client of remote bundles.
 //! - [`secret`]: secret values and the redactor that masks them.
 //! - [`lines`]: bounded line reading for untrusted streams.
+//! - [`http_listener`]: one-request HTTP connections served with deadlines
+//!   and a cap (the metrics endpoint, the `auth` redirect).
 //! - [`progress`]: spinners and bars on a terminal (indicatif), log lines above them.
 //! - [`stdio`]: stdin/stdout polled by the event loop (MCP stdio servers).
 //! - [`text`]: bundle-controlled text made safe to show on a terminal.
@@ -31,6 +33,7 @@ pub mod daemon;
 pub mod files;
 pub mod gateway;
 pub mod host_resources;
+pub mod http_listener;
 pub mod lines;
 pub mod manifest;
 pub mod names;
