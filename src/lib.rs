@@ -21,8 +21,11 @@
 //!   loopback, same-origin redirects only).
 //! - [`secret`]: secret values and the redactor that masks them.
 //! - [`lines`]: bounded line reading for untrusted streams.
+//! - [`http_listener`]: one-request HTTP connections served with deadlines
+//!   and a cap (the metrics endpoint, the `auth` redirect).
 //! - [`progress`]: spinners and bars on a terminal (indicatif), log lines above them.
 //! - [`stdio`]: stdin/stdout polled by the event loop (MCP stdio servers).
+//! - [`text`]: bundle-controlled text made safe to show on a terminal.
 
 pub mod bundle;
 pub mod cli;
@@ -32,6 +35,7 @@ pub mod daemon;
 pub mod files;
 pub mod gateway;
 pub mod host_resources;
+pub mod http_listener;
 pub mod lines;
 pub mod manifest;
 pub mod names;
@@ -42,3 +46,4 @@ pub mod remote_http;
 pub mod secret;
 pub mod stdio;
 pub mod store;
+pub mod text;

@@ -234,3 +234,54 @@ fn peer_credentials_are_checked_and_the_socket_is_private() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn allowed_uids_alone_admits_that_uid_and_still_refuses_others() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let d = Daemon::start_with("[control]\nallowed_uids = [65534]\n");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    // No ACLs: the socket is open to connect to, its folder can be entered
+    // but not listed, and the peer check decides.
+    assert_eq!(mode(&d.socket), 0o666);
+    assert_eq!(mode(d.socket.parent().unwrap()), 0o711);
+    assert!(
+        d.log()
+            .contains("allowed_uids is set: the control socket is 0666"),
+        "{}",
+        d.log()
+    );
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!(
+            "not root: the other-uid half of this test needs to switch uid (CI runs as root)"
+        );
+        return;
+    }
+    // The test's own temp folder must be enterable (a real socket folder,
+    // /run/bundlevisor, is).
+    std::fs::set_permissions(d.root(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    // A gid that is in no allow list: the uid alone admits.
+    let as_uid = |uid: u32| {
+        std::process::Command::new(BIN)
+            .arg("--socket")
+            .arg(&d.socket)
+            .args(["status", "--json"])
+            .uid(uid)
+            .gid(54321)
+            .output()
+            .unwrap()
+    };
+    let out = as_uid(65534);
+    assert!(
+        out.status.success(),
+        "uid 65534 is in allowed_uids: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = as_uid(65533);
+    assert!(!out.status.success());
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        msg.contains("uid 65533") && msg.contains("not allowed"),
+        "{msg}"
+    );
+}

@@ -230,3 +230,41 @@ fn a_bad_metrics_addr_is_refused_with_the_reason() {
         "{stderr}"
     );
 }
+
+#[test]
+fn a_scrape_is_answered_while_idle_and_trickling_connections_are_open() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let d = Daemon::start_with(&format!("metrics_addr = \"{port}\"\n"));
+    // Connected and silent; then one that sends its head a byte at a time.
+    let idle: Vec<_> = (0..20)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    let mut trickle = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    trickle.write_all(b"GE").unwrap();
+
+    let started = std::time::Instant::now();
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    trickle.write_all(b"T").unwrap();
+    let mut response = String::new();
+    let read = stream.read_to_string(&mut response);
+    assert!(
+        read.is_ok() && response.starts_with("HTTP/1.1 200"),
+        "the scrape was not answered ({read:?}): {response:?}\n{}",
+        d.log()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the scrape waited {:?} behind idle connections",
+        started.elapsed()
+    );
+    scrape(response.split_once("\r\n\r\n").unwrap().1);
+    drop((idle, trickle));
+}

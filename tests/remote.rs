@@ -437,3 +437,118 @@ fn protected_resource_metadata_for_another_resource_is_refused() {
     assert!(fx.with(|s| s.resource_metadata_requests) > 0);
     assert_eq!(fx.with(|s| s.token_requests), 0);
 }
+
+/// A GET over a plain connection, answered within 10 s: (status line and
+/// headers, body).
+fn raw_get(url: &str) -> (String, String) {
+    use std::io::{Read, Write};
+    let url = url::Url::parse(url).unwrap();
+    let target = &url[url::Position::BeforePath..];
+    let mut s = std::net::TcpStream::connect((
+        url.host_str().unwrap(),
+        url.port_or_known_default().unwrap(),
+    ))
+    .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        s,
+        "GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut answer = String::new();
+    if let Err(e) = s.read_to_string(&mut answer) {
+        panic!("no answer from {url} within 10 s ({e}): {answer:?}");
+    }
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    (head.to_string(), body.to_string())
+}
+
+/// What `begin_auth` started: the CLI and the rest of its stdout.
+type Auth = (std::process::Child, BufReader<std::process::ChildStdout>);
+
+/// Starts `bundlevisor auth NAME`; returns it and the authorization URL.
+fn begin_auth(d: &Daemon, name: &str) -> (Auth, url::Url) {
+    let mut child = Command::new(BIN)
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["auth", name, "--timeout", "60s"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.starts_with("http") {
+        line.clear();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "no URL printed");
+    }
+    ((child, stdout), url::Url::parse(line.trim()).unwrap())
+}
+
+fn query(url: &url::Url, key: &str) -> String {
+    url.query_pairs()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_else(|| panic!("no {key} in {url}"))
+}
+
+#[test]
+fn the_auth_redirect_gets_through_idle_connections_and_a_refusal_is_shown_escaped() {
+    let fx = Fixture::start(None);
+    let d = Daemon::start();
+    let path = write_remote(&d, &fx, "notes", json!({}));
+    assert_eq!(
+        d.cli(&["install", path.to_str().unwrap()]).status.code(),
+        Some(1)
+    );
+    d.wait_state("default", "notes", "needs_auth");
+
+    // The authorization server refuses, with a hostile error_description.
+    let ((child, _stdout), url) = begin_auth(&d, "notes");
+    let mut callback = url::Url::parse(&query(&url, "redirect_uri")).unwrap();
+    callback
+        .query_pairs_mut()
+        .append_pair("state", &query(&url, "state"))
+        .append_pair("error", "access_denied")
+        .append_pair("error_description", "no \x1b]0;pwned\x07\rway \u{202e}x");
+    let (head, body) = raw_get(callback.as_str());
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(body.contains("Authorization was refused"), "{body}");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(
+        stderr.contains(r"no \x1b]0;pwned\x07\rway \u{202e}x"),
+        "{stderr}"
+    );
+    for raw in ['\x1b', '\r', '\x07', '\u{202e}'] {
+        assert!(!stderr.contains(raw), "raw {raw:?} in {stderr:?}");
+    }
+
+    // Idle connections and one that trickles do not keep the redirect out.
+    let ((child, mut stdout), url) = begin_auth(&d, "notes");
+    let redirect = url::Url::parse(&query(&url, "redirect_uri")).unwrap();
+    let port = redirect.port().unwrap();
+    let idle: Vec<_> = (0..20)
+        .map(|_| std::net::TcpStream::connect(("127.0.0.1", port)).unwrap())
+        .collect();
+    let mut trickle = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    std::io::Write::write_all(&mut trickle, b"GET /call").unwrap();
+    let (head, _) = raw_get(url.as_str());
+    assert!(head.starts_with("HTTP/1.1 302"), "{head}");
+    let location = head
+        .lines()
+        .find_map(|l| l.strip_prefix("location: "))
+        .unwrap_or_else(|| panic!("no location: {head}"));
+    let (head, body) = raw_get(location);
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(body.contains("Authorization received"), "{body}");
+    let out = child.wait_with_output().unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    assert!(
+        out.status.success() && rest.contains("default/notes authorized: ready"),
+        "{out:?} {rest}"
+    );
+    drop((idle, trickle));
+}

@@ -40,15 +40,24 @@ impl RotatingLog {
         Ok(log)
     }
 
+    /// Opens (or creates) the file `0600` in a `0700` folder; a file or
+    /// folder left open to other users by an older version is tightened.
     async fn reopen(&mut self) -> std::io::Result<()> {
         if let Some(parent) = self.path.parent() {
-            tokio::fs::create_dir_all(parent).await?;
+            tokio::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(parent)
+                .await?;
+            private(parent, 0o700).await?;
         }
         let file = tokio::fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .mode(0o600)
             .open(&self.path)
             .await?;
+        private(&self.path, 0o600).await?;
         self.size = file.metadata().await?.len();
         self.file = Some(file);
         Ok(())
@@ -103,6 +112,16 @@ impl RotatingLog {
     }
 }
 
+/// Sets `mode` on `path` if group or other users have any access to it.
+async fn private(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let now = tokio::fs::metadata(path).await?.permissions().mode();
+    if now & 0o077 != 0 {
+        tokio::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).await?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,5 +161,30 @@ mod tests {
                 .count(),
             5
         );
+    }
+
+    #[tokio::test]
+    async fn logs_are_private_and_an_open_one_is_tightened() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let dir = tempfile::tempdir().unwrap();
+        let new = dir.path().join("audit/w.jsonl");
+        let mut log = RotatingLog::open(&new, 100, 1).await.unwrap();
+        assert_eq!((mode(new.parent().unwrap()), mode(&new)), (0o700, 0o600));
+        for _ in 0..20 {
+            log.append("a line long enough to rotate").await.unwrap();
+        }
+        assert_eq!(mode(&dir.path().join("audit/w.jsonl.1")), 0o600);
+        assert_eq!(mode(&new), 0o600, "the file after a rotation");
+
+        // Left 0644 in a 0755 folder by an older version.
+        let old = dir.path().join("old/w.jsonl");
+        std::fs::create_dir(old.parent().unwrap()).unwrap();
+        std::fs::write(&old, "earlier\n").unwrap();
+        let open = std::fs::Permissions::from_mode;
+        std::fs::set_permissions(old.parent().unwrap(), open(0o755)).unwrap();
+        std::fs::set_permissions(&old, open(0o644)).unwrap();
+        RotatingLog::open(&old, 100, 1).await.unwrap();
+        assert_eq!((mode(old.parent().unwrap()), mode(&old)), (0o700, 0o600));
     }
 }

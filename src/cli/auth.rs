@@ -7,13 +7,14 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 use super::{print_json, with_spinner, Client, ClientError};
+use crate::http_listener::{serve, Limits, Request, Response};
 use crate::protocol::{
     method, AuthBeginParams, AuthBeginResult, AuthCompleteParams, BundleResult, DEFAULT_WORKSPACE,
 };
+use crate::text::printable_line;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -70,7 +71,7 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         "Open this URL in a browser to authorize {}/{}:",
         args.workspace, args.name
     );
-    println!("{}", begin.authorization_url);
+    println!("{}", printable_line(&begin.authorization_url));
     eprintln!("waiting for the redirect to {redirect_uri} ...");
     let limit = args.timeout.min(Duration::from_secs(begin.expires_in_secs));
     let redirect = tokio::time::timeout(limit, wait_redirect(&listener, &begin.state))
@@ -98,8 +99,8 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
     } else {
         println!(
             "{}/{} authorized: {}",
-            result.bundle.workspace,
-            result.bundle.name,
+            printable_line(&result.bundle.workspace),
+            printable_line(&result.bundle.name),
             result.bundle.state.as_str()
         );
     }
@@ -108,42 +109,22 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
 
 /// Serves the loopback listener until a request to `/callback` carries
 /// `state`; anything else (a favicon, a stale tab) gets a 404 and is ignored.
+/// Connections are served concurrently, each with a 5 s deadline for its
+/// request, at most 16 at once (the oldest is closed for a newcomer): a
+/// browser's idle pre-connections or another local user's idle or trickling
+/// connections cannot keep the redirect out.
 async fn wait_redirect(listener: &TcpListener, state: &str) -> Redirect {
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
-        };
-        if let Some(redirect) = answer(stream, state).await {
-            return redirect;
-        }
-    }
+    let limits = Limits {
+        max_connections: 16,
+        ..Limits::default()
+    };
+    let state = state.to_string();
+    serve(listener, limits, move |r| answer(r, &state)).await
 }
 
-async fn answer(mut stream: TcpStream, state: &str) -> Option<Redirect> {
-    let mut buf = vec![0u8; 8192];
-    let mut len = 0;
-    // The request line and headers; the body (none for GET) is not needed.
-    while len < buf.len() {
-        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf[len..]))
-            .await
-            .ok()?
-            .ok()?;
-        if n == 0 {
-            break;
-        }
-        len += n;
-        if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
-            break;
-        }
-    }
-    let head = String::from_utf8_lossy(&buf[..len]);
-    let target = head
-        .lines()
-        .next()
-        .and_then(|l| l.strip_prefix("GET "))
-        .and_then(|l| l.split(' ').next())
-        .unwrap_or("");
-    let parsed = url::Url::parse(&format!("http://127.0.0.1{target}")).ok();
+fn answer(request: &Request, state: &str) -> (Response, Option<Redirect>) {
+    let target = Some(request.target.as_str()).filter(|_| request.method == "GET");
+    let parsed = target.and_then(|t| url::Url::parse(&format!("http://127.0.0.1{t}")).ok());
     let redirect = parsed
         .filter(|u| u.path() == "/callback")
         .map(|u| Redirect {
@@ -162,11 +143,10 @@ async fn answer(mut stream: TcpStream, state: &str) -> Option<Redirect> {
         None => ("404 Not Found", "Not the authorization redirect."),
     };
     let page = format!("<!doctype html><title>bundlevisor</title><p>{body}</p>\n");
-    let response = format!(
-        "HTTP/1.1 {status}\r\ncontent-type: text/html; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{page}",
-        page.len()
-    );
-    let _ = stream.write_all(response.as_bytes()).await;
-    let _ = stream.shutdown().await;
-    redirect
+    let response = Response {
+        status,
+        content_type: "text/html; charset=utf-8",
+        body: page,
+    };
+    (response, redirect)
 }

@@ -7,6 +7,7 @@ use serde_json::Value;
 
 use super::{print_json, Client, ClientError};
 use crate::protocol::{method, CallParams, DEFAULT_WORKSPACE};
+use crate::text::printable;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -54,7 +55,9 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
     if args.json {
         print_json(&result)?;
     } else {
+        // What the bundle returned, escaped (--json has the exact text).
         let text = render(&result);
+        let text = printable(&text);
         if is_error {
             eprintln!("{text}");
         } else {

@@ -11,6 +11,7 @@ use std::str::FromStr;
 use super::{print_json, with_spinner, Client, ClientError};
 use crate::protocol::{method, ConfigureParams, ConfigureResult, DEFAULT_WORKSPACE};
 use crate::secret::Secret;
+use crate::text::printable_line;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -94,8 +95,8 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
     if let Some(b) = &r.bundle {
         println!(
             "{}/{} reconfigured: {} (pid {})",
-            b.workspace,
-            b.name,
+            printable_line(&b.workspace),
+            printable_line(&b.name),
             b.state.as_str(),
             b.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into())
         );
@@ -114,7 +115,7 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
     );
     for k in &r.keys {
         let value = match (&k.value, k.set, k.has_default) {
-            (Some(v), _, _) => v.clone(),
+            (Some(v), _, _) => printable_line(v).into_owned(),
             (None, true, _) => crate::secret::MASK.to_string(),
             (None, false, true) => "(default)".to_string(),
             (None, false, false) if k.required => "(not set: required)".to_string(),
@@ -122,8 +123,8 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         };
         println!(
             "{:<20} {:<10} {:<9} {:<9} {value}",
-            k.key,
-            k.kind,
+            printable_line(&k.key),
+            printable_line(&k.kind),
             if k.required { "yes" } else { "no" },
             if k.sensitive { "yes" } else { "no" },
         );

@@ -1,5 +1,6 @@
 //! `bundlevisor daemon`: load the config, set up logging and signals, run.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -28,10 +29,14 @@ fn init_logging(format: LogFormat) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        // Colours only on a terminal: a journal or a log file gets plain
+        // text, in which a raw ESC can only have come from a bug.
+        .with_ansi(std::io::stderr().is_terminal())
         // Above the boot-reload bar when stderr is a terminal.
         .with_writer(crate::progress::LogWriter);
     match format {
-        LogFormat::Human => builder.init(),
+        // Bundle-controlled fields (stderr lines, error texts) are escaped.
+        LogFormat::Human => builder.fmt_fields(crate::text::PrintableFields).init(),
         LogFormat::Json => builder.json().init(),
     }
 }
@@ -50,7 +55,7 @@ pub fn run(args: &Args) -> ExitCode {
     let config = match config {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", crate::text::printable(&e.to_string()));
             return ExitCode::from(2);
         }
     };
@@ -84,7 +89,7 @@ pub fn run(args: &Args) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
-            eprintln!("error: {e}");
+            eprintln!("error: {}", crate::text::printable(&e));
             ExitCode::from(1)
         }
     }

@@ -5,6 +5,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use super::{Client, ClientError};
 use crate::protocol::{method, LifecycleEvent, Notification};
+use crate::text::{printable, printable_line};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -42,10 +43,15 @@ fn human(e: &LifecycleEvent) -> String {
         .ok()
         .and_then(|v| v.as_str().map(String::from))
         .unwrap_or_default();
-    let mut out = format!("{time} {}/{} {kind}: {}", e.workspace, e.name, e.message);
+    let mut out = format!(
+        "{time} {}/{} {kind}: {}",
+        printable_line(&e.workspace),
+        printable_line(&e.name),
+        printable(&e.message)
+    );
     for line in &e.stderr {
         out.push_str("\n    | ");
-        out.push_str(line);
+        out.push_str(&printable_line(line));
     }
     out
 }

@@ -10,6 +10,7 @@ use crate::protocol::{
     method, FileContent, FileRecord, FilesList, FilesParams, FilesPutParams, DEFAULT_WORKSPACE,
 };
 use crate::protocol::{Checkpoint, Rollback};
+use crate::text::printable_line;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -104,9 +105,9 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
                         "{}  {:>10}  {:<24}  {}  [{}]",
                         f.id,
                         f.size,
-                        f.mime_type,
-                        f.filename,
-                        f.tags.join(",")
+                        printable_line(&f.mime_type),
+                        printable_line(&f.filename),
+                        printable_line(&f.tags.join(","))
                     );
                 }
             }

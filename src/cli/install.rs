@@ -5,6 +5,7 @@ use std::process::ExitCode;
 
 use super::{print_json, with_spinner, Client, ClientError};
 use crate::protocol::{method, BundleResult, InstallParams, DEFAULT_WORKSPACE};
+use crate::text::printable_line;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -27,7 +28,7 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         workspace: args.workspace.clone(),
         no_wait: args.no_wait,
     };
-    let what = format!("installing {}", path.display());
+    let what = format!("installing {}", printable_line(&path.display().to_string()));
     let result: BundleResult = with_spinner(what, async |on_note| {
         client.request(method::INSTALL, params, on_note).await
     })
@@ -38,9 +39,9 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         let b = &result.bundle;
         println!(
             "{}/{} {} is {} (pid {}, {} tools)",
-            b.workspace,
-            b.name,
-            b.version.as_deref().unwrap_or("?"),
+            printable_line(&b.workspace),
+            printable_line(&b.name),
+            printable_line(b.version.as_deref().unwrap_or("?")),
             b.state.as_str(),
             b.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
             b.tools

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use super::{Client, ClientError};
 use crate::protocol::{method, LogLine, LogsParams, LogsResult, DEFAULT_WORKSPACE};
+use crate::text::printable_line;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -33,15 +34,16 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
             }
         })
         .await?;
+    // The bundle's own bytes: escaped, one printed line per captured line.
     for line in r.lines {
-        println!("{line}");
+        println!("{}", printable_line(&line));
     }
     if !args.follow {
         return Ok(ExitCode::SUCCESS);
     }
     let print = |params: serde_json::Value| {
         if let Ok(l) = serde_json::from_value::<LogLine>(params) {
-            println!("{}", l.line);
+            println!("{}", printable_line(&l.line));
         }
     };
     early.into_iter().for_each(print);

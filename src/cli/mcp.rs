@@ -27,6 +27,7 @@ pub fn run(socket: PathBuf, args: &Args) -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .fmt_fields(crate::text::PrintableFields)
         .init();
     // One client, one daemon link: a single thread relays without waking
     // another (docs/performance.md).
@@ -43,7 +44,7 @@ pub fn run(socket: PathBuf, args: &Args) -> ExitCode {
     match runtime.block_on(gateway::serve_stdio(opts)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", crate::text::printable(&e.to_string()));
             ExitCode::from(2)
         }
     }

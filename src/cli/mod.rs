@@ -25,6 +25,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+use crate::text::{printable, printable_line};
+
 pub use client::{Client, ClientError};
 
 /// Default socket when neither --socket nor BUNDLEVISOR_SOCKET is given
@@ -143,7 +145,8 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e}");
+            // Error texts carry what bundles said (stderr, tool errors).
+            eprintln!("error: {}", printable(&e.to_string()));
             match e {
                 ClientError::Rpc(_) => ExitCode::from(1),
                 _ => ExitCode::from(2),
@@ -175,10 +178,10 @@ async fn with_spinner<R>(
         if let Ok(p) = serde_json::from_value::<crate::protocol::Progress>(note.params.clone()) {
             spinner.set_message(format!(
                 "{}/{}: {} ({})",
-                p.workspace,
-                p.name,
+                printable(&p.workspace),
+                printable(&p.name),
                 p.state.as_str(),
-                p.message
+                printable_line(&p.message)
             ));
         }
     };

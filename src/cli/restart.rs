@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use super::{print_json, with_spinner, Client, ClientError};
 use crate::protocol::{method, BundleRef, BundleResult, DEFAULT_WORKSPACE};
+use crate::text::printable_line;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -19,7 +20,11 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         workspace: args.workspace.clone(),
         name: args.name.clone(),
     };
-    let what = format!("restarting {}/{}", args.workspace, args.name);
+    let what = format!(
+        "restarting {}/{}",
+        printable_line(&args.workspace),
+        printable_line(&args.name)
+    );
     let r: BundleResult = with_spinner(what, async |on_note| {
         client.request(method::RESTART, params, on_note).await
     })
@@ -29,8 +34,8 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
     } else {
         println!(
             "{}/{} is {} (pid {})",
-            r.bundle.workspace,
-            r.bundle.name,
+            printable_line(&r.bundle.workspace),
+            printable_line(&r.bundle.name),
             r.bundle.state.as_str(),
             r.bundle
                 .pid

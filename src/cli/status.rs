@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::{print_json, Client, ClientError};
 use crate::protocol::{method, StatusParams, StatusResult};
+use crate::text::printable_line;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -159,9 +160,10 @@ pub(super) fn uptime(secs: Option<u64>) -> String {
     }
 }
 
+/// The first line of an error, escaped (it is often what a bundle said).
 fn first_line(error: Option<&str>) -> String {
     error
-        .map(|e| e.lines().next().unwrap_or("").to_string())
+        .map(|e| printable_line(e.lines().next().unwrap_or("")).into_owned())
         .unwrap_or_else(|| "-".into())
 }
 
@@ -185,8 +187,8 @@ fn bundle_table<const N: usize>(
     let mut rows = vec![header];
     for (b, cells) in status.bundles.iter().zip(extra_cells) {
         let mut row = vec![
-            b.workspace.clone(),
-            b.name.clone(),
+            printable_line(&b.workspace).into_owned(),
+            printable_line(&b.name).into_owned(),
             b.state.as_str().to_string(),
             b.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
             uptime(b.uptime_secs),

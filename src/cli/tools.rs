@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use super::{print_json, Client, ClientError};
 use crate::protocol::{method, ToolsParams, ToolsResult, DEFAULT_WORKSPACE};
+use crate::text::printable_line;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -29,15 +30,20 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         if b.tools.is_empty() {
             println!(
                 "{}/{} ({}): no tools",
-                b.workspace,
-                b.name,
+                printable_line(&b.workspace),
+                printable_line(&b.name),
                 b.state.as_str()
             );
         }
         for t in &b.tools {
             let name = t.get("name").and_then(|v| v.as_str()).unwrap_or("?");
             let desc = t.get("description").and_then(|v| v.as_str()).unwrap_or("");
-            println!("{}/{}\t{}", b.name, name, desc.lines().next().unwrap_or(""));
+            println!(
+                "{}/{}\t{}",
+                printable_line(&b.name),
+                printable_line(name),
+                printable_line(desc.lines().next().unwrap_or(""))
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -12,7 +12,6 @@ use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 use super::board::StatusBoard;
@@ -337,69 +336,38 @@ pub fn parse_addr(text: &str) -> Result<SocketAddr, String> {
     })
 }
 
-/// At most this many scrapes are served at once; more connections are
-/// closed at once (a scraper retries).
-const MAX_SCRAPES: usize = 16;
-
 /// Serves `GET /metrics` on `listener` until the task is dropped. One
-/// request per connection; anything else is 404 or 405.
+/// request per connection; anything else is 404 or 405. Connections are
+/// served concurrently with a 5 s deadline for the request head, at most
+/// 64 at once (the oldest is closed for a newcomer): idle or trickling
+/// connections cannot keep a scrape out.
 pub async fn serve_http(
     listener: TcpListener,
     render: impl Fn() -> String + Send + Sync + 'static,
 ) {
-    let render = std::sync::Arc::new(render);
-    let permits = std::sync::Arc::new(tokio::sync::Semaphore::new(MAX_SCRAPES));
-    loop {
-        let mut stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                // Out of descriptors, most likely: let some close first.
-                tracing::warn!("metrics listener: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
+    use crate::http_listener::{serve, Limits, Response};
+    let answer = move |r: &crate::http_listener::Request| {
+        let response = match (r.method.as_str(), r.path()) {
+            ("GET", "/metrics") => Response {
+                status: "200 OK",
+                content_type: "text/plain; version=0.0.4",
+                body: render(),
+            },
+            ("GET", _) => Response {
+                status: "404 Not Found",
+                content_type: "text/plain",
+                body: "try /metrics\n".to_string(),
+            },
+            _ => Response {
+                status: "405 Method Not Allowed",
+                content_type: "text/plain",
+                body: "GET only\n".to_string(),
+            },
         };
-        let Ok(permit) = permits.clone().try_acquire_owned() else {
-            continue;
-        };
-        let render = render.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let mut head = Vec::with_capacity(1024);
-            let mut buf = [0u8; 1024];
-            let read = tokio::time::timeout(Duration::from_secs(5), async {
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
-                    match stream.read(&mut buf).await {
-                        Ok(0) | Err(_) => return false,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                true
-            })
-            .await;
-            if read != Ok(true) {
-                return;
-            }
-            let line = String::from_utf8_lossy(&head);
-            let mut words = line.split_whitespace();
-            let (method, path) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-            let (status, content_type, body) = match (method, path.split('?').next()) {
-                ("GET", Some("/metrics")) => ("200 OK", "text/plain; version=0.0.4", render()),
-                ("GET", _) => ("404 Not Found", "text/plain", "try /metrics\n".to_string()),
-                _ => (
-                    "405 Method Not Allowed",
-                    "text/plain",
-                    "GET only\n".to_string(),
-                ),
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(response.as_bytes()).await;
-            let _ = stream.shutdown().await;
-        });
-    }
+        (response, None)
+    };
+    let never: std::convert::Infallible = serve(&listener, Limits::default(), answer).await;
+    match never {}
 }
 
 #[cfg(test)]

@@ -150,6 +150,27 @@ fn private_dir(path: &Path) -> Result<(), DaemonError> {
         .map_err(io_err(path))
 }
 
+/// Creates the state dir `0700`, or tightens an existing one that group or
+/// other users can read, write or enter (an older version, a careless
+/// `mkdir`): the database, the credential key, the logs and every
+/// workspace's files are inside. With `[sandbox] user`, bundles' users may
+/// traverse it (`0711`, set by the sandbox) but still not list or write it.
+fn private_state_dir(path: &Path, traversable: bool) -> Result<(), DaemonError> {
+    private_dir(path)?;
+    let mode = std::fs::metadata(path)
+        .map_err(io_err(path))?
+        .permissions()
+        .mode()
+        & 0o777;
+    let allowed = if traversable { 0o711 } else { 0o700 };
+    if mode & !allowed != 0 {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+            .map_err(io_err(path))?;
+        tracing::warn!(state_dir = %path.display(), was = format!("{mode:o}"), "the state dir was open to other users; tightened it to 700");
+    }
+    Ok(())
+}
+
 /// Holds the state-dir lock for the daemon's lifetime (released by the
 /// kernel even on SIGKILL).
 fn lock_state_dir(state_dir: &Path) -> Result<Flock<File>, DaemonError> {
@@ -177,8 +198,9 @@ fn lock_state_dir(state_dir: &Path) -> Result<Flock<File>, DaemonError> {
     }
 }
 
-/// Binds the control socket (mode 0600). A socket left by a crashed daemon
-/// is replaced; a live one is refused.
+/// Binds the control socket (mode 0600; 0660 for `allowed_gids`, 0666 for
+/// `allowed_uids`). A socket left by a crashed daemon is replaced; a live
+/// one is refused.
 fn bind_socket(
     path: &Path,
     control: &crate::config::ControlSettings,
@@ -197,13 +219,16 @@ fn bind_socket(
         }
         Ok(())
     };
+    let mut created_parent = false;
     if let Some(parent) = path.parent() {
         if !parent.exists() {
+            created_parent = true;
             private_dir(parent)?;
             share(parent, 0o710)?;
         } else if let Ok(meta) = std::fs::metadata(parent) {
             let mode = meta.permissions().mode() & 0o777;
-            if mode & 0o007 != 0 {
+            // (With allowed_uids other users must enter it: see below.)
+            if mode & 0o007 != 0 && control.allowed_uids.is_empty() {
                 tracing::warn!(dir = %parent.display(), mode = format!("{mode:o}"), "the control socket's folder is open to every user; the socket itself is not, but prefer a folder only the daemon's user can enter");
             }
         }
@@ -223,7 +248,36 @@ fn bind_socket(
     let listener = UnixListener::bind(path).map_err(io_err(path))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(io_err(path))?;
     share(path, 0o660)?;
+    if !control.allowed_uids.is_empty() {
+        open_to_allowed_uids(path, created_parent)?;
+    }
     Ok(listener)
+}
+
+/// `[control] allowed_uids`: a socket file cannot name other users (no
+/// ACLs here), so the socket becomes `0666` and a folder the daemon created
+/// `0711` (entered by full path, not listed); who may talk to the daemon is
+/// then decided by the peer-credentials check alone, as for any socket.
+fn open_to_allowed_uids(path: &Path, created_parent: bool) -> Result<(), DaemonError> {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(io_err(path))?;
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty());
+    if let (Some(parent), true) = (parent, created_parent) {
+        std::fs::set_permissions(parent, std::fs::Permissions::from_mode(0o711))
+            .map_err(io_err(parent))?;
+    }
+    let enterable = parent
+        .map(|p| {
+            std::fs::metadata(p)
+                .map(|m| m.permissions().mode() & 0o001 != 0)
+                .unwrap_or(false)
+        })
+        .unwrap_or(true);
+    if enterable {
+        tracing::info!(socket = %path.display(), "[control] allowed_uids is set: the control socket is 0666 (its folder 0711) and every connection's peer uid/gid is checked");
+    } else {
+        tracing::warn!(socket = %path.display(), "[control] allowed_uids is set, but other users cannot enter the socket's folder: give it o+x (e.g. 0711), or let the daemon create it");
+    }
+    Ok(())
 }
 
 /// Loads the credential key and checks it against the store, finishing or
@@ -317,7 +371,7 @@ async fn watchdog(every: Duration, daemon: ractor::ActorRef<supervisor::DaemonMs
 /// Runs the daemon until `shutdown` is cancelled, then stops every bundle
 /// (SIGTERM, grace, SIGKILL), removes the socket and returns.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), DaemonError> {
-    private_dir(&config.state_dir)?;
+    private_state_dir(&config.state_dir, config.sandbox.user.is_some())?;
     private_dir(&config.state_dir.join("logs"))?;
     let _lock = lock_state_dir(&config.state_dir)?;
     let db = config.db_path();
