@@ -269,12 +269,13 @@ fn canonical(p: &Path) -> PathBuf {
     p.canonicalize().unwrap_or_else(|_| p.to_path_buf())
 }
 
-/// The protected path a grant would expose: one it contains, or one it lies in.
+/// The protected path a grant would expose: one it contains, or the
+/// protected folder it lies in.
 fn covered<'p>(grant: &Path, protected: &'p [PathBuf]) -> Option<&'p PathBuf> {
     let grant = canonical(grant);
     protected.iter().find(|p| {
         let p = canonical(p);
-        p.starts_with(&grant) || grant.starts_with(&p)
+        p.starts_with(&grant) || (p.is_dir() && grant.starts_with(&p))
     })
 }
 

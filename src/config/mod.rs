@@ -638,11 +638,10 @@ impl Config {
     }
 
     /// The daemon's own files that no bundle grant may cover: the state dir
-    /// (database, key, other bundles' sandboxes), the control socket's folder
-    /// and a configured key file.
+    /// (database, key, other bundles' sandboxes), the control socket and a
+    /// configured key file.
     pub fn protected_paths(&self) -> Vec<PathBuf> {
-        let mut paths = vec![self.state_dir.clone()];
-        paths.extend(self.socket.parent().map(Path::to_path_buf));
+        let mut paths = vec![self.state_dir.clone(), self.socket.clone()];
         paths.extend(self.credentials.key_file.clone());
         paths
     }

@@ -371,7 +371,9 @@ async fn watchdog(every: Duration, daemon: ractor::ActorRef<supervisor::DaemonMs
 /// Runs the daemon until `shutdown` is cancelled, then stops every bundle
 /// (SIGTERM, grace, SIGKILL), removes the socket and returns.
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), DaemonError> {
-    private_state_dir(&config.state_dir, config.sandbox.user.is_some())?;
+    // A root daemon runs bundles under uids of their own, which traverse
+    // (never list) the state dir down to their sandbox folders.
+    private_state_dir(&config.state_dir, nix::unistd::geteuid().is_root())?;
     private_dir(&config.state_dir.join("logs"))?;
     let _lock = lock_state_dir(&config.state_dir)?;
     let db = config.db_path();
