@@ -678,6 +678,30 @@ mod tests {
     use super::*;
 
     #[test]
+    fn uid_ranges_parse_and_bundle_uids_are_never_admitted() {
+        let base = Path::new("/");
+        let c = Config::from_toml("[sandbox]\nuid_range = \"300000-300009\"\n", base).unwrap();
+        assert_eq!(
+            c.sandbox.uid_range,
+            UidRange {
+                first: 300000,
+                last: 300009
+            }
+        );
+        assert!(c.sandbox.uid_range.contains(300009) && !c.sandbox.uid_range.contains(300010));
+        for bad in ["\"5-1\"", "\"0-100\"", "\"abc\"", "\"1000-4294967295\""] {
+            let err = Config::from_toml(&format!("[sandbox]\nuid_range = {bad}\n"), base)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("FIRST-LAST"), "{bad}: {err}");
+        }
+        let err = Config::from_toml("[control]\nallowed_uids = [2000000005]\n[sandbox]\n", base)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("uid_range"), "{err}");
+    }
+
+    #[test]
     fn shipped_example_config_parses_with_documented_values() {
         let text = include_str!("../../config/bundlevisor.toml");
         let config = Config::from_toml(text, Path::new("/srv/bv/config")).unwrap();
@@ -700,10 +724,14 @@ mod tests {
             format!("{:?}", config.control),
             format!("{:?}", defaults.control)
         );
-        assert_eq!(
-            format!("{:?}", config.sandbox),
-            format!("{:?}", defaults.sandbox)
-        );
+        // `allow_same_uid` is the example's one departure (so that `make
+        // run` works as a normal user); the rest are the defaults.
+        assert!(config.sandbox.allow_same_uid && !defaults.sandbox.allow_same_uid);
+        let sandbox = SandboxSettings {
+            allow_same_uid: false,
+            ..config.sandbox.clone()
+        };
+        assert_eq!(format!("{sandbox:?}"), format!("{:?}", defaults.sandbox));
     }
 
     #[test]
