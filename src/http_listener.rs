@@ -13,6 +13,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::net::SocketAddr;
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{AbortHandle, JoinSet};
@@ -69,7 +71,25 @@ where
     T: Send + 'static,
     H: Fn(&Request) -> (Response, Option<T>) + Send + Sync + 'static,
 {
+    serve_admitting(listener, limits, |_, _| Ok(()), handle).await
+}
+
+/// [`serve`], with `admit(peer, local)` deciding first, off the event loop,
+/// whether a connection is served at all (a refused one is closed unread,
+/// and the reason logged).
+pub async fn serve_admitting<T, H, A>(
+    listener: &TcpListener,
+    limits: Limits,
+    admit: A,
+    handle: H,
+) -> T
+where
+    T: Send + 'static,
+    H: Fn(&Request) -> (Response, Option<T>) + Send + Sync + 'static,
+    A: Fn(SocketAddr, SocketAddr) -> Result<(), String> + Send + Sync + 'static,
+{
     let handle = Arc::new(handle);
+    let admit = Arc::new(admit);
     let mut tasks: JoinSet<Option<T>> = JoinSet::new();
     let mut open: VecDeque<AbortHandle> = VecDeque::new();
     loop {
@@ -96,8 +116,21 @@ where
                 oldest.abort();
             }
         }
-        let handle = handle.clone();
-        open.push_back(tasks.spawn(connection(stream, limits, move |r| handle(r))));
+        let (handle, admit) = (handle.clone(), admit.clone());
+        open.push_back(tasks.spawn(async move {
+            let (Ok(peer), Ok(local)) = (stream.peer_addr(), stream.local_addr()) else {
+                return None;
+            };
+            let verdict = tokio::task::spawn_blocking(move || admit(peer, local)).await;
+            match verdict {
+                Ok(Ok(())) => connection(stream, limits, move |r| handle(r)).await,
+                Ok(Err(why)) => {
+                    tracing::warn!(%local, "HTTP connection refused: {why}");
+                    None
+                }
+                Err(_) => None,
+            }
+        }));
     }
 }
 

@@ -759,3 +759,39 @@ fn finding_8_a_watched_folder_entry_others_can_write_or_that_links_out_is_refuse
         "a running bundle was removed"
     );
 }
+
+#[test]
+fn finding_1_a_bundle_cannot_use_the_metrics_listener_either() {
+    use std::io::{Read, Write};
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let d = Daemon::start_with(&format!("metrics_addr = \"{port}\"\n"));
+    let script = format!(
+        "import socket,sys\ntry:\n s=socket.create_connection(('127.0.0.1',{port}))\n s.sendall(b'GET /metrics HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\n d=b''\n while True:\n  c=s.recv(65536)\n  if not c: break\n  d+=c\n print('SCRAPE-'+('GOT' if b'bundlevisor_' in d else 'REFUSED'), file=sys.stderr)\nexcept Exception as e:\n print('SCRAPE-REFUSED', e, file=sys.stderr)\n"
+    );
+    let folder = shell_wrapped_demo(
+        &d.root().join("bundles"),
+        "scraper",
+        "/usr/bin/python3 \"$(dirname \"$0\")/../scrape.py\";",
+    );
+    std::fs::write(folder.join("scrape.py"), script).unwrap();
+    d.ok(&["install", folder.to_str().unwrap()]);
+    let logs = wait_for(Duration::from_secs(20), "the scrape probe", || {
+        let l = d.ok(&["logs", "scraper", "-n", "50"]);
+        l.contains("SCRAPE-").then_some(l)
+    });
+    assert!(
+        logs.contains("SCRAPE-REFUSED"),
+        "a bundle read the metrics: {logs}"
+    );
+    assert!(d.log().contains("HTTP connection refused"), "{}", d.log());
+    // The operator still can.
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    assert!(text.contains("bundlevisor_"), "{text}");
+}

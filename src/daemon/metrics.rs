@@ -344,8 +344,12 @@ pub fn parse_addr(text: &str) -> Result<SocketAddr, String> {
 pub async fn serve_http(
     listener: TcpListener,
     render: impl Fn() -> String + Send + Sync + 'static,
+    admit: impl Fn(std::net::SocketAddr, std::net::SocketAddr) -> Result<(), String>
+        + Send
+        + Sync
+        + 'static,
 ) {
-    use crate::http_listener::{serve, Limits, Response};
+    use crate::http_listener::{serve_admitting, Limits, Response};
     let answer = move |r: &crate::http_listener::Request| {
         let response = match (r.method.as_str(), r.path()) {
             ("GET", "/metrics") => Response {
@@ -366,7 +370,8 @@ pub async fn serve_http(
         };
         (response, None)
     };
-    let never: std::convert::Infallible = serve(&listener, Limits::default(), answer).await;
+    let never: std::convert::Infallible =
+        serve_admitting(&listener, Limits::default(), admit, answer).await;
     match never {}
 }
 

@@ -465,12 +465,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     let metrics_http = metrics_listener.map(|listener| {
         tracing::info!(addr = ?metrics_addr, "serving GET /metrics");
         let shared = shared.clone();
+        let sandbox = shared.config.sandbox.clone();
         tokio_util::task::AbortOnDropHandle::new(tokio::spawn(metrics::serve_http(
             listener,
             move || {
                 shared
                     .metrics
                     .render(&shared.board, shared.started_at.elapsed())
+            },
+            // Bundles may not use the daemon's listeners either.
+            move |peer, ours| match control::tcp_refusal(peer, ours, &sandbox) {
+                None => Ok(()),
+                Some(why) => Err(why),
             },
         )))
     });

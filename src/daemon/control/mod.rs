@@ -41,6 +41,8 @@ mod credentials;
 mod gateway;
 mod peer;
 
+pub use peer::tcp_refusal;
+
 #[derive(Clone)]
 struct Ctx {
     daemon: ActorRef<DaemonMsg>,

@@ -139,6 +139,110 @@ pub fn refusal(
     ))
 }
 
+/// `/proc/net/tcp{,6}`'s spelling of an address: the IP as the kernel's
+/// 32-bit words in host order, then the port, in upper-case hex.
+fn proc_net_address(addr: std::net::SocketAddr) -> String {
+    let ip = match addr.ip() {
+        std::net::IpAddr::V4(v4) => format!("{:08X}", u32::from_ne_bytes(v4.octets())),
+        std::net::IpAddr::V6(v6) => v6
+            .octets()
+            .chunks(4)
+            .map(|w| format!("{:08X}", u32::from_ne_bytes([w[0], w[1], w[2], w[3]])))
+            .collect(),
+    };
+    format!("{ip}:{:04X}", addr.port())
+}
+
+/// The uid and inode of the TCP socket whose local end is `peer` and whose
+/// remote end is `ours`: the client's side of a connection to the daemon.
+fn tcp_owner(
+    proc_root: &Path,
+    peer: std::net::SocketAddr,
+    ours: std::net::SocketAddr,
+) -> Option<(u32, u64)> {
+    let (local, remote) = (proc_net_address(peer), proc_net_address(ours));
+    let table = if peer.is_ipv4() {
+        "net/tcp"
+    } else {
+        "net/tcp6"
+    };
+    let text = std::fs::read_to_string(proc_root.join("self").join(table)).ok()?;
+    text.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        (f.len() > 9 && f[1] == local && f[2] == remote)
+            .then(|| Some((f[7].parse().ok()?, f[9].parse().ok()?)))
+            .flatten()
+    })
+}
+
+/// The daemon's descendants (its children, theirs, ...).
+fn descendants(proc_root: &Path) -> Vec<i32> {
+    let children = |pid: &str| -> Vec<i32> {
+        let tasks = proc_root.join(pid).join("task");
+        std::fs::read_dir(tasks)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
+            .flat_map(|c| {
+                c.split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect::<Vec<i32>>()
+            })
+            .collect()
+    };
+    let mut found = children("self");
+    let mut i = 0;
+    while i < found.len() && found.len() < 1_000_000 {
+        let next = children(&found[i].to_string());
+        found.extend(next);
+        i += 1;
+    }
+    found
+}
+
+/// Whether one of `pids` has the socket `inode` open.
+fn held_by(proc_root: &Path, pids: &[i32], inode: u64) -> bool {
+    let wanted = format!("socket:[{inode}]");
+    pids.iter().any(|pid| {
+        std::fs::read_dir(proc_root.join(pid.to_string()).join("fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == wanted.as_str()))
+    })
+}
+
+/// Why a TCP client of a daemon listener (`ours`) at `peer` must be
+/// refused: its socket belongs to a bundle uid, or a process that descends
+/// from the daemon holds it. None to serve it.
+pub fn tcp_refusal(
+    peer: std::net::SocketAddr,
+    ours: std::net::SocketAddr,
+    sandbox: &SandboxSettings,
+) -> Option<String> {
+    let proc_root = Path::new("/proc");
+    let (uid, inode) = tcp_owner(proc_root, peer, ours)?;
+    if sandbox.uid_range.contains(uid) {
+        return Some(format!(
+            "{peer} is a bundle's socket (uid {uid}, [sandbox] uid_range); bundles may not use the daemon's listeners"
+        ));
+    }
+    if let Some(name) = &sandbox.user {
+        if nix::unistd::User::from_name(name)
+            .ok()
+            .flatten()
+            .is_some_and(|u| u.uid.as_raw() == uid)
+        {
+            return Some(format!(
+                "{peer} belongs to [sandbox] user {name:?}, which bundles run as"
+            ));
+        }
+    }
+    held_by(proc_root, &descendants(proc_root), inode)
+        .then(|| format!("{peer} is held by a process of a bundle (it descends from the daemon)"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,5 +294,43 @@ mod tests {
         let _ = child.kill();
         let _ = child.wait();
         assert!(why.contains("descends from the daemon"), "{why}");
+    }
+
+    #[test]
+    fn a_tcp_client_is_found_in_proc_net_tcp_and_a_child_holding_it_is_refused() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = listener.local_addr().unwrap();
+        let sandbox = SandboxSettings::default();
+        // This process's own client socket: its uid, not a descendant's.
+        let client = std::net::TcpStream::connect(ours).unwrap();
+        let peer = client.local_addr().unwrap();
+        let (uid, inode) = tcp_owner(Path::new("/proc"), peer, ours).unwrap();
+        assert_eq!(uid, nix::unistd::geteuid().as_raw());
+        assert!(inode > 0);
+        assert_eq!(tcp_refusal(peer, ours, &sandbox), None);
+        // A child that connects: refused as a descendant.
+        let mut child = std::process::Command::new("/usr/bin/python3")
+            .args([
+                "-c",
+                &format!(
+                    "import socket,sys,time\ns=socket.create_connection(('127.0.0.1',{}))\nprint(s.getsockname()[1],flush=True)\ntime.sleep(30)",
+                    ours.port()
+                ),
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let port: u16 = line.trim().parse().unwrap();
+        let child_peer = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let why = tcp_refusal(child_peer, ours, &sandbox);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(why.is_some_and(|w| w.contains("descends from the daemon")));
     }
 }
