@@ -391,9 +391,16 @@ fn finding_2_a_link_out_of_the_bundle_folder_is_refused_at_install() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("escape -> /"), "{err}");
     assert!(err.contains("read_only_paths"), "the fix is named: {err}");
-    // Nothing of it runs.
-    let b = d.bundle("default", "linker").unwrap();
-    assert!(b["pid"].is_null(), "{b}");
+    // It is refused before it is recorded: nothing of it runs.
+    assert!(d.bundle("default", "linker").is_none());
+    let mut raw = d.raw();
+    raw.hello();
+    let r = raw.request(
+        2,
+        "bundle.install",
+        serde_json::json!({"path": folder.to_str().unwrap()}),
+    );
+    assert_eq!(r["error"]["data"]["kind"], "sandbox_refused", "{r}");
     // The granted paths are listed, exactly, and hold neither / nor the state dir.
     let n = d.bundle("default", "neighbour").unwrap();
     if landlock_available() {

@@ -382,6 +382,35 @@ pub fn grants(
     Ok(Grants { read, write })
 }
 
+/// The install-time check of a bundle's grants (its folder's links, and
+/// that no grant covers the daemon's files), so that a bundle that could
+/// never start is refused before it is recorded. Skipped when Landlock is
+/// off, and when the command depends on user_config values not set yet
+/// (every start checks again, with the values).
+pub fn check_install(
+    settings: &SandboxSettings,
+    protected: &[PathBuf],
+    loaded: &crate::manifest::LoadedManifest,
+) -> Result<(), SandboxError> {
+    if settings.landlock == LandlockMode::Off {
+        return Ok(());
+    }
+    let no_values = std::collections::BTreeMap::new();
+    let Ok(crate::manifest::Plan::Stdio(launch)) = loaded.manifest.plan(&loaded.dir, &no_values)
+    else {
+        return Ok(());
+    };
+    let target = Target {
+        workspace: "",
+        bundle: &loaded.manifest.name,
+        folder: (!loaded.is_bare()).then_some(loaded.dir.as_path()),
+        command: &launch.command,
+        cwd: &launch.cwd,
+    };
+    let nowhere = Path::new("/nonexistent");
+    grants(settings, protected, &target, nowhere, nowhere).map(|_| ())
+}
+
 /// The uid a bundle runs under, and what that means for its isolation.
 fn identity(
     settings: &SandboxSettings,

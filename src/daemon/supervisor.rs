@@ -12,6 +12,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent
 use super::bundle::{actor_name, BundleMsg};
 use super::workspace::{WorkspaceActor, WorkspaceArgs, WorkspaceMsg};
 use super::Shared;
+use crate::config::SandboxSettings;
 use crate::host_resources::PROVIDED_CAPABILITIES;
 use crate::manifest::{GateRefusal, LoadedManifest, ManifestError};
 use crate::names::check_name;
@@ -31,6 +32,8 @@ pub enum InstallError {
     Manifest(#[from] ManifestError),
     #[error(transparent)]
     Gate(#[from] GateRefusal),
+    #[error(transparent)]
+    Sandbox(#[from] crate::bundle::sandbox::SandboxError),
     #[error("bundle {name:?} is already installed in workspace {workspace:?} (from {source_path}); uninstall it first, or use `bundlevisor restart {name}`")]
     AlreadyInstalled {
         workspace: String,
@@ -91,7 +94,12 @@ struct Found {
 
 /// Reads every bundle of a watched folder, each manifest once; parses only
 /// those whose content hash differs from `seen`. None when the folder is missing.
-fn scan(dir: &Path, seen: &HashMap<PathBuf, u64>) -> Option<(PathBuf, Vec<Found>)> {
+fn scan(
+    dir: &Path,
+    seen: &HashMap<PathBuf, u64>,
+    sandbox: &SandboxSettings,
+    protected: &[PathBuf],
+) -> Option<(PathBuf, Vec<Found>)> {
     let dir = dir.canonicalize().ok().filter(|d| d.is_dir())?;
     let untrusted = super::trusted::folder(&dir).err();
     if let Some(why) = &untrusted {
@@ -118,6 +126,8 @@ fn scan(dir: &Path, seen: &HashMap<PathBuf, u64>) -> Option<(PathBuf, Vec<Found>
             let manifest = (seen.get(&path) != Some(&hash)).then(|| {
                 let loaded = crate::manifest::from_text(file, &text?).map_err(|e| e.to_string())?;
                 crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)
+                    .map_err(|e| e.to_string())?;
+                crate::bundle::sandbox::check_install(sandbox, protected, &loaded)
                     .map_err(|e| e.to_string())?;
                 Ok(loaded)
             });
@@ -203,6 +213,11 @@ impl DaemonState {
             .await
             .map_err(|e| InstallError::Internal(e.to_string()))??;
         crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)?;
+        crate::bundle::sandbox::check_install(
+            &self.shared.config.sandbox,
+            &self.shared.config.protected_paths(),
+            &loaded,
+        )?;
         let record = InstallRecord {
             workspace,
             name: loaded.manifest.name.clone(),
@@ -332,7 +347,10 @@ impl DaemonState {
             return;
         };
         let (dir, seen) = (watch.dir.clone(), self.seen.clone());
-        let Ok(Some((dir, found))) = tokio::task::spawn_blocking(move || scan(&dir, &seen)).await
+        let sandbox = self.shared.config.sandbox.clone();
+        let protected = self.shared.config.protected_paths();
+        let Ok(Some((dir, found))) =
+            tokio::task::spawn_blocking(move || scan(&dir, &seen, &sandbox, &protected)).await
         else {
             tracing::warn!(dir = %watch.dir.display(), "watched folder is missing; its bundles keep running");
             return;

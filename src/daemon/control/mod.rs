@@ -515,6 +515,7 @@ fn install_error(e: InstallError) -> RpcError {
         InstallError::Gate(g) => RpcError::new(ErrorKind::GateRefused, message)
             .with("bundle", g.bundle)
             .with("missing", g.missing),
+        InstallError::Sandbox(_) => RpcError::new(ErrorKind::SandboxRefused, message),
         InstallError::AlreadyInstalled { .. } => {
             RpcError::new(ErrorKind::AlreadyInstalled, message)
         }
