@@ -770,11 +770,7 @@ fn finding_8_a_watched_folder_entry_others_can_write_or_that_links_out_is_refuse
 #[test]
 fn finding_1_a_bundle_cannot_use_the_metrics_listener_either() {
     use std::io::{Read, Write};
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let d = Daemon::start_with(&format!("metrics_addr = \"{port}\"\n"));
     let script = format!(
         "import socket,sys\ntry:\n s=socket.create_connection(('127.0.0.1',{port}))\n s.sendall(b'GET /metrics HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\n d=b''\n while True:\n  c=s.recv(65536)\n  if not c: break\n  d+=c\n print('SCRAPE-'+('GOT' if b'bundlevisor_' in d else 'REFUSED'), file=sys.stderr)\nexcept Exception as e:\n print('SCRAPE-REFUSED', e, file=sys.stderr)\n"

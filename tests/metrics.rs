@@ -174,12 +174,7 @@ fn counters_move_with_installs_crashes_calls_and_host_resources_requests() {
 
 #[test]
 fn metrics_addr_serves_the_same_text_over_http_and_status_names_it() {
-    // A port the kernel picks, then frees for the daemon.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let d = Daemon::start_with(&format!("metrics_addr = \"{port}\"\n"));
     let status: serde_json::Value = serde_json::from_str(&d.ok(&["status", "--json"])).unwrap();
     assert_eq!(
@@ -233,11 +228,7 @@ fn a_bad_metrics_addr_is_refused_with_the_reason() {
 
 #[test]
 fn a_scrape_is_answered_while_idle_and_trickling_connections_are_open() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let d = Daemon::start_with(&format!("metrics_addr = \"{port}\"\n"));
     // Connected and silent; then one that sends its head a byte at a time.
     let idle: Vec<_> = (0..20)

@@ -16,6 +16,15 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_bundlevisor");
 pub const DEMO_BIN: &str = env!("CARGO_BIN_EXE_bundlevisor-demo");
 pub const DEMO_MANIFEST: &str = include_str!("../../bundles/demo/manifest.json");
 
+/// A loopback port the kernel picked, then freed for a daemon to bind.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// Polls `check` every 10 ms until it returns Some, or panics after `limit`.
 pub fn wait_for<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + limit;

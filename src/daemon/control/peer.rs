@@ -247,11 +247,10 @@ pub fn tcp_refusal(
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_child_and_a_grandchild_descend_from_this_process_and_init_does_not() {
-        let me = std::process::id() as i32;
-        let mut child = std::process::Command::new("sh")
-            .args(["-c", "sleep 30 & echo $!; wait"])
+    /// Starts `program` and returns it with the first line it prints.
+    fn first_line(program: &str, args: &[&str]) -> (std::process::Child, String) {
+        let mut child = std::process::Command::new(program)
+            .args(args)
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap();
@@ -261,7 +260,14 @@ mod tests {
             &mut line,
         )
         .unwrap();
-        let grandchild: i32 = line.trim().parse().unwrap();
+        (child, line.trim().to_string())
+    }
+
+    #[test]
+    fn a_child_and_a_grandchild_descend_from_this_process_and_init_does_not() {
+        let me = std::process::id() as i32;
+        let (mut child, line) = first_line("sh", &["-c", "sleep 30 & echo $!; wait"]);
+        let grandchild: i32 = line.parse().unwrap();
         let proc_root = Path::new("/proc");
         assert!(descends_from(proc_root, child.id() as i32, me));
         assert!(descends_from(proc_root, grandchild, me));
@@ -309,24 +315,12 @@ mod tests {
         assert!(inode > 0);
         assert_eq!(tcp_refusal(peer, ours, &sandbox), None);
         // A child that connects: refused as a descendant.
-        let mut child = std::process::Command::new("/usr/bin/python3")
-            .args([
-                "-c",
-                &format!(
-                    "import socket,sys,time\ns=socket.create_connection(('127.0.0.1',{}))\nprint(s.getsockname()[1],flush=True)\ntime.sleep(30)",
-                    ours.port()
-                ),
-            ])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufRead::read_line(
-            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
-            &mut line,
-        )
-        .unwrap();
-        let port: u16 = line.trim().parse().unwrap();
+        let script = format!(
+            "import socket,sys,time\ns=socket.create_connection(('127.0.0.1',{}))\nprint(s.getsockname()[1],flush=True)\ntime.sleep(30)",
+            ours.port()
+        );
+        let (mut child, line) = first_line("/usr/bin/python3", &["-c", &script]);
+        let port: u16 = line.parse().unwrap();
         let child_peer = std::net::SocketAddr::from(([127, 0, 0, 1], port));
         let why = tcp_refusal(child_peer, ours, &sandbox);
         let _ = child.kill();
