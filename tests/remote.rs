@@ -388,17 +388,24 @@ fn a_challenge_pointing_at_plain_http_metadata_is_refused_without_a_request() {
     assert_no_leak(&d, &[CLIENT_SECRET.to_string()], &[]);
 }
 
-#[test]
-fn an_authorization_server_naming_another_issuer_never_gets_the_client_secret() {
+/// A client-credentials bundle against a fixture whose metadata tells
+/// `lies`; its start must fail: the fixture, the daemon and the reason.
+fn lying_start(lies: Lies) -> (Fixture, Daemon, String) {
     let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
-    fx.lie(Lies {
-        issuer: Some("https://unrelated.example".into()),
-        ..Default::default()
-    });
+    fx.lie(lies);
     let d = Daemon::start();
     let path = write_remote(&d, &fx, "notes", client_credentials());
     let b = refused_start(&d, &path, "notes");
-    let error = b["last_error"].as_str().unwrap();
+    let error = b["last_error"].as_str().unwrap().to_string();
+    (fx, d, error)
+}
+
+#[test]
+fn an_authorization_server_naming_another_issuer_never_gets_the_client_secret() {
+    let (fx, d, error) = lying_start(Lies {
+        issuer: Some("https://unrelated.example".into()),
+        ..Default::default()
+    });
     assert!(
         error.contains(&format!(
             "names issuer \"https://unrelated.example\", not {} (RFC 8414 §3.3)",
@@ -417,16 +424,11 @@ fn an_authorization_server_naming_another_issuer_never_gets_the_client_secret() 
 
 #[test]
 fn protected_resource_metadata_for_another_resource_is_refused() {
-    let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
-    let other = format!("{}/other-mcp", fx.base);
-    fx.lie(Lies {
+    let other = "http://127.0.0.1:1/other-mcp".to_string();
+    let (fx, _d, error) = lying_start(Lies {
         resource: Some(other.clone()),
         ..Default::default()
     });
-    let d = Daemon::start();
-    let path = write_remote(&d, &fx, "notes", client_credentials());
-    let b = refused_start(&d, &path, "notes");
-    let error = b["last_error"].as_str().unwrap();
     assert!(
         error.contains(&format!(
             "is for resource {other:?}, not {} (RFC 9728 §3.3)",
