@@ -237,8 +237,30 @@ fn own_uid(sandboxes: &Path, data: &Path, range: UidRange) -> Result<u32, Sandbo
     let uid = (range.first..=range.last)
         .find(|uid| !used.contains(uid))
         .ok_or(SandboxError::UidRangeExhausted(range))?;
+    let existed = data.is_dir();
     private_dir(data, Some((uid, uid)))?;
+    if existed {
+        // A folder an older version (or another uid) filled: the bundle
+        // must own what is in it.
+        give_tree(data, uid)?;
+    }
     Ok(uid)
+}
+
+/// Makes `uid` (and gid) the owner of everything below `dir`, links
+/// themselves rather than what they point at.
+fn give_tree(dir: &Path, uid: u32) -> Result<(), SandboxError> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).map_err(io_error(&d))?.flatten() {
+            let path = entry.path();
+            std::os::unix::fs::lchown(&path, Some(uid), Some(uid)).map_err(io_error(&path))?;
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                stack.push(path);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The installation an executable belongs to: `PREFIX` of `PREFIX/bin/x`
@@ -491,7 +513,13 @@ pub fn prepare(
     let tmp = path.join("tmp");
     let kernel = landlock_abi();
     let (user, isolation) = identity(settings, &sandboxes, &data, &kernel)?;
+    let tmp_owner = std::fs::metadata(&tmp).ok().map(|m| m.uid());
     private_dir(&tmp, user)?;
+    if let (Some((uid, _)), Some(was)) = (user, tmp_owner) {
+        if was != uid {
+            give_tree(&tmp, uid)?;
+        }
+    }
     if user.is_some() {
         // The bundle's user must traverse (not list) down to its folders;
         // everything else in the state dir is 0700/0600.
@@ -693,6 +721,30 @@ mod tests {
                 assert!(a.record.landlock_abi.is_some());
             }
             Err(_) => assert!(a.record.landlock.starts_with("unavailable")),
+        }
+    }
+
+    #[test]
+    fn a_data_folder_left_by_an_older_version_is_handed_to_the_bundles_uid() {
+        if !nix::unistd::geteuid().is_root() {
+            return; // chown needs root
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let data = state.join("sandboxes/ws/old/data");
+        std::fs::create_dir_all(data.join("sub")).unwrap();
+        std::fs::write(data.join("sub/notes.json"), "{}").unwrap();
+        let bundle = dir.path().join("old");
+        std::fs::create_dir_all(&bundle).unwrap();
+        let t = Target {
+            bundle: "old",
+            ..target(Some(&bundle), "/bin/sh")
+        };
+        let sb = prepare(&settings(), &state, &[], &t).unwrap();
+        let uid = sb.record.uid;
+        assert!(settings().uid_range.contains(uid));
+        for p in [data.clone(), data.join("sub"), data.join("sub/notes.json")] {
+            assert_eq!(std::fs::metadata(&p).unwrap().uid(), uid, "{}", p.display());
         }
     }
 
