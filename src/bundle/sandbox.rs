@@ -207,8 +207,11 @@ fn private_dir(path: &Path, owner: Option<(u32, u32)>) -> Result<bool, SandboxEr
 }
 
 /// Serializes uid allocation: the owner of a bundle's `data/` folder is the
-/// record of its uid, so finding a free one and taking it is one step.
-static UID_ALLOCATION: std::sync::Mutex<()> = std::sync::Mutex::new(());
+/// record of its uid, so finding a free one and taking it is one step. Holds
+/// the uids in use under one sandboxes folder, read from the folders once
+/// (a uid freed by deleting a sandbox is reused after a daemon restart).
+static UID_ALLOCATION: std::sync::Mutex<Option<(PathBuf, BTreeSet<u32>)>> =
+    std::sync::Mutex::new(None);
 
 /// The bundle's own uid: the owner of its `data/` folder when that is in the
 /// range already, else the lowest uid of the range no other sandbox owns
@@ -224,19 +227,29 @@ fn own_uid(sandboxes: &Path, data: &Path, range: UidRange) -> Result<u32, Sandbo
     if let Some(uid) = owner(data) {
         return Ok(uid);
     }
-    let _taken = UID_ALLOCATION.lock().unwrap_or_else(|e| e.into_inner());
+    let mut allocation = UID_ALLOCATION.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(uid) = owner(data) {
         return Ok(uid);
     }
-    let mut used = BTreeSet::new();
-    for ws in std::fs::read_dir(sandboxes).into_iter().flatten().flatten() {
-        for b in std::fs::read_dir(ws.path()).into_iter().flatten().flatten() {
-            used.extend(owner(&b.path().join("data")));
+    if allocation
+        .as_ref()
+        .is_none_or(|(root, _)| root != sandboxes)
+    {
+        let mut used = BTreeSet::new();
+        for ws in std::fs::read_dir(sandboxes).into_iter().flatten().flatten() {
+            for b in std::fs::read_dir(ws.path()).into_iter().flatten().flatten() {
+                used.extend(owner(&b.path().join("data")));
+            }
         }
+        *allocation = Some((sandboxes.to_path_buf(), used));
     }
+    let Some((_, used)) = allocation.as_mut() else {
+        unreachable!("filled above");
+    };
     let uid = (range.first..=range.last)
         .find(|uid| !used.contains(uid))
         .ok_or(SandboxError::UidRangeExhausted(range))?;
+    used.insert(uid);
     let existed = data.is_dir();
     private_dir(data, Some((uid, uid)))?;
     if existed {
