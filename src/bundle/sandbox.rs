@@ -93,6 +93,8 @@ pub enum SandboxError {
     },
     #[error("[sandbox] user {0:?} does not exist on this machine")]
     NoSuchUser(String),
+    #[error("[sandbox] user {0:?} is root; bundles never run as root: remove `user` (each bundle then gets a uid of its own from uid_range) or name an unprivileged user")]
+    RootUser(String),
     #[error("Landlock is required by [sandbox] landlock = \"required\", but {0}")]
     LandlockRequired(String),
     #[error("every uid of [sandbox] uid_range {0} belongs to a bundle; widen the range, or purge uninstalled bundles (`bundlevisor uninstall --purge`)")]
@@ -459,8 +461,10 @@ fn identity(
             let u = nix::unistd::User::from_name(name)
                 .ok()
                 .flatten()
-                .filter(|u| !u.uid.is_root())
                 .ok_or_else(|| SandboxError::NoSuchUser(name.clone()))?;
+            if u.uid.is_root() {
+                return Err(SandboxError::RootUser(name.clone()));
+            }
             let (uid, gid) = (u.uid.as_raw(), u.gid.as_raw());
             private_dir(data, Some((uid, gid)))?;
             return Ok((
