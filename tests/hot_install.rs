@@ -255,3 +255,93 @@ fn changes_made_while_the_daemon_was_down_are_reconciled_at_start() {
     );
     assert_eq!(d.bundle_processes().len(), 2);
 }
+
+/// Issue 16, finding 8: a crash restart uses the manifest the bundle runs,
+/// not a refused edit on disk.
+#[test]
+fn a_crash_after_a_refused_edit_restarts_the_running_version() {
+    let d = started();
+    let a = drop_in(&d, "kept");
+    d.wait_state("default", "kept", "ready");
+    edit(&a, |m| m["version"] = json!(5));
+    wait_for(Duration::from_secs(10), "the edit to be refused", || {
+        d.bundle("default", "kept").filter(|b| {
+            b["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("rejected"))
+        })
+    });
+    let before = pid(&d, "kept");
+    let _ = d.cli(&["call", "kept", "crash", "{}"]);
+    let b = wait_for(
+        Duration::from_secs(10),
+        "the bundle back after its crash",
+        || {
+            d.bundle("default", "kept")
+                .filter(|b| b["state"] == "ready" && b["pid"].as_u64() != before)
+        },
+    );
+    assert_eq!(b["version"], "0.1.0", "{b}");
+    assert_eq!(
+        d.ok(&["call", "kept", "echo", r#"{"text":"after"}"#])
+            .trim(),
+        "after"
+    );
+}
+
+/// Issue 16, finding 3: a bundle moved out of the folder and back while its
+/// old process ignores SIGTERM comes back supervised, and the old process's
+/// end (SIGKILL after the grace) does not take the new one off the books.
+#[test]
+fn a_bundle_moved_out_and_back_within_the_grace_stays_supervised() {
+    // The test daemon's stop_grace is 2 s.
+    let d = Daemon::start_with(WATCH);
+    std::fs::create_dir_all(watched(&d)).unwrap();
+    let staging = d.root().join("staging");
+    let built = common::shell_wrapped_demo(&staging, "stubborn", "trap '' TERM;");
+    let target = watched(&d).join("stubborn");
+    std::fs::rename(&built, &target).unwrap();
+    d.wait_state("default", "stubborn", "ready");
+    let old = pid(&d, "stubborn").unwrap();
+
+    let away = d.root().join("away");
+    std::fs::rename(&target, &away).unwrap();
+    wait_for(Duration::from_secs(10), "the uninstall to begin", || {
+        d.log().contains("bundle uninstalled").then_some(())
+    });
+    std::fs::rename(&away, &target).unwrap();
+    // The old process is SIGKILLed 2 s after the SIGTERM it ignores; the
+    // new one starts once it is gone.
+    let b = wait_for(Duration::from_secs(15), "the new process", || {
+        d.bundle("default", "stubborn")
+            .filter(|b| b["state"] == "ready" && b["pid"].as_u64() != Some(old))
+    });
+    let new = b["pid"].as_u64().unwrap();
+    assert!(
+        common::is_zombie(old as u32) || !Path::new(&format!("/proc/{old}")).exists(),
+        "the old process is gone"
+    );
+    // Still listed and served well after the old process's end.
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let b = d.bundle("default", "stubborn");
+        assert_eq!(
+            b.as_ref().and_then(|b| b["pid"].as_u64()),
+            Some(new),
+            "{b:?}"
+        );
+        assert_eq!(
+            d.ok(&["call", "stubborn", "echo", r#"{"text":"here"}"#])
+                .trim(),
+            "here"
+        );
+    }
+    // And an uninstall still takes it (and its process) down.
+    std::fs::remove_dir_all(&target).unwrap();
+    wait_for(Duration::from_secs(15), "the bundle to be gone", || {
+        d.bundle("default", "stubborn").is_none().then_some(())
+    });
+    wait_for(Duration::from_secs(5), "its process to be gone", || {
+        d.bundle_processes().is_empty().then_some(())
+    });
+}

@@ -259,3 +259,41 @@ fn a_scrape_is_answered_while_idle_and_trickling_connections_are_open() {
     scrape(response.split_once("\r\n\r\n").unwrap().1);
     drop((idle, trickle));
 }
+
+/// Issue 16, findings 2 and 10: one restart counter, one meaning — `status`
+/// and the metrics agree during a backoff, and exits during start are
+/// counted as crashes.
+#[test]
+fn status_and_metrics_count_the_same_restarts_and_every_crash() {
+    let d = Daemon::start_with(
+        "[supervision]\nbackoff_initial = \"3s\"\nbackoff_max = \"3s\"\nmax_restarts = 10\n",
+    );
+    // Exits before it ever answers initialize: every start fails.
+    let dying = common::shell_wrapped_demo(&d.root().join("bundles"), "demo", "exit 1;");
+    let out = d.cli(&["install", dying.to_str().unwrap(), "--no-wait"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // First failed start: restarting, in a 3 s backoff.
+    let b = wait_for(Duration::from_secs(10), "the first backoff", || {
+        d.bundle("default", "demo")
+            .filter(|b| b["state"] == "restarting")
+    });
+    let s = metrics(&d);
+    assert_eq!(
+        demo(&s, "bundlevisor_bundle_restarts_total"),
+        b["restarts"].as_f64().unwrap(),
+        "status and metrics disagree during the backoff: {b}"
+    );
+    assert_eq!(demo(&s, "bundlevisor_bundle_crashes_total"), 1.0);
+    // The second failed start, after the backoff.
+    let b = wait_for(Duration::from_secs(10), "the second failed start", || {
+        d.bundle("default", "demo")
+            .filter(|b| b["restarts"] == 1 && b["state"] == "restarting")
+    });
+    let s = metrics(&d);
+    assert_eq!(demo(&s, "bundlevisor_bundle_restarts_total"), 1.0, "{b}");
+    assert_eq!(demo(&s, "bundlevisor_bundle_crashes_total"), 2.0);
+}

@@ -70,8 +70,11 @@ fn a_vanished_bundle_is_failed_at_boot_while_the_others_come_up() {
     assert_eq!(d.bundle("default", "gone").unwrap()["state"], "ready");
 }
 
+/// Issue 16, finding 8: a manifest changed while the daemon was down so
+/// that it no longer passes (the gate here, a half-written file below) is
+/// refused, and the last good version runs, as it would for a live edit.
 #[test]
-fn a_manifest_that_no_longer_passes_the_gate_is_failed_at_boot() {
+fn a_manifest_refused_at_boot_keeps_the_last_good_version_running() {
     let mut d = Daemon::start();
     let b = d.demo_bundle("gated");
     d.ok(&["install", b.to_str().unwrap()]);
@@ -83,12 +86,94 @@ fn a_manifest_that_no_longer_passes_the_gate_is_failed_at_boot() {
         serde_json::json!({"required": true});
     std::fs::write(&path, m.to_string()).unwrap();
     d.launch();
-    let failed = d.wait_state("default", "gated", "failed");
-    assert!(failed["last_error"]
-        .as_str()
-        .unwrap()
-        .contains("ai.nimblebrain/teleport"));
-    assert!(d.bundle_processes().is_empty());
+    let ready = wait_for(Duration::from_secs(10), "the last good version", || {
+        d.bundle("default", "gated")
+            .filter(|b| b["state"] == "ready" && !b["last_error"].is_null())
+    });
+    let why = ready["last_error"].as_str().unwrap();
+    assert!(
+        why.contains("rejected") && why.contains("ai.nimblebrain/teleport"),
+        "{why}"
+    );
+    assert_eq!(
+        d.ok(&["call", "gated", "echo", r#"{"text":"old"}"#]).trim(),
+        "old"
+    );
+}
+
+/// Issue 16, finding 8: a half-written manifest plus an operator restart,
+/// a crash, or a daemon restart runs the last good version.
+#[test]
+fn a_half_written_manifest_never_stops_a_restart() {
+    let mut d = Daemon::start();
+    let b = d.demo_bundle("half");
+    d.ok(&["install", b.to_str().unwrap()]);
+    std::fs::write(b.join("manifest.json"), "{ \"name\": \"half\", \"vers").unwrap();
+    let back = |d: &Daemon, what: &str, old: Option<u64>| {
+        wait_for(Duration::from_secs(10), what, || {
+            d.bundle("default", "half")
+                .filter(|b| b["state"] == "ready" && b["pid"].as_u64() != old)
+        })
+    };
+    let pid = |d: &Daemon| d.bundle("default", "half").unwrap()["pid"].as_u64();
+
+    let old = pid(&d);
+    let out = d.cli(&["restart", "half"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let b1 = back(&d, "the restart", old);
+    assert!(
+        b1["last_error"].as_str().unwrap().contains("rejected"),
+        "{b1}"
+    );
+
+    let old = pid(&d);
+    let _ = d.cli(&["call", "half", "crash", "{}"]);
+    back(&d, "the crash restart", old);
+
+    assert!(d.signal(Signal::SIGTERM).success());
+    d.launch();
+    back(&d, "the boot reload", None);
+    assert_eq!(
+        d.ok(&["call", "half", "echo", r#"{"text":"whole"}"#])
+            .trim(),
+        "whole"
+    );
+}
+
+/// Issue 16, finding 9: installed bundles are listed (as `starting`) from
+/// the first answer the socket gives after a start.
+#[test]
+fn the_first_status_after_a_start_lists_every_install() {
+    let mut d = Daemon::start();
+    let mut names = Vec::new();
+    for i in 0..6 {
+        let name = format!("b{i}");
+        let b = d.demo_bundle(&name);
+        let ws = if i % 2 == 0 { "default" } else { "other" };
+        d.ok(&["install", b.to_str().unwrap(), "-w", ws, "--no-wait"]);
+        names.push(name);
+    }
+    for round in 0..3 {
+        assert!(d.signal(Signal::SIGTERM).success());
+        let first = d.launch_first_status();
+        let listed: Vec<&str> = first["bundles"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(listed.len(), names.len(), "round {round}: {first}");
+        let out = d.cli(&["tools", "b2"]);
+        assert!(
+            out.status.success(),
+            "round {round}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[test]

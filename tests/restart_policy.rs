@@ -165,3 +165,44 @@ fn a_clean_exit_under_on_failure_is_stopped_and_under_always_restarts() {
             .filter(|b| b["state"] == "ready" && b["pid"].as_u64() != Some(old))
     });
 }
+
+/// Issue 16, finding 1: why the daemon killed a session belongs to that
+/// session. An operator restart during a hung bundle's grace period, then a
+/// crash of the new process: the crash is reported as a crash.
+#[test]
+fn a_liveness_kill_never_explains_a_later_sessions_crash() {
+    let d = Daemon::start_with(
+        "[supervision]\nping_interval = \"100ms\"\nping_timeout = \"300ms\"\nping_failures = 2\n",
+    );
+    let b = d.demo_bundle("demo");
+    d.ok(&["install", b.to_str().unwrap()]);
+    let old = pid_of(&d, "demo");
+    kill(Pid::from_raw(old as i32), Signal::SIGSTOP).unwrap();
+    wait_for(
+        Duration::from_secs(10),
+        "the liveness check to give up",
+        || d.log().contains("liveness check failed").then_some(()),
+    );
+    let out = d.cli(&["restart", "demo"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let new = pid_of(&d, "demo");
+    assert_ne!(new, old);
+    let _ = d.cli(&["call", "demo", "crash", "{}"]);
+    wait_for(Duration::from_secs(10), "the crash restart", || {
+        d.bundle("default", "demo")
+            .filter(|b| b["state"] == "ready" && b["pid"].as_u64() != Some(new))
+    });
+    let log = d.log();
+    assert!(
+        log.contains("process exited (exit code 3); restarting"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("; process exit code 3"),
+        "the crash was blamed on the earlier liveness kill:\n{log}"
+    );
+}

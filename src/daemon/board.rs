@@ -2,6 +2,9 @@
 //! BundleActors at each transition and read by the control server without
 //! a round trip through the actor tree. Every transition is also published
 //! as an [`Event`] on a broadcast channel (install and restart wait on it).
+//! The counters (`restarts` in the status, `crashes` beside it) are the
+//! BundleActor's lifecycle's own: the board only keeps what it was told, so
+//! `status` and the metrics cannot disagree.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, RwLock};
@@ -9,7 +12,7 @@ use std::time::Instant;
 
 use tokio::sync::broadcast;
 
-use crate::protocol::{BundleStatus, EventKind, LifecycleEvent};
+use crate::protocol::{BundleStatus, LifecycleEvent};
 
 /// Lifecycle events are published as they happen.
 pub type Event = LifecycleEvent;
@@ -17,23 +20,24 @@ pub type Event = LifecycleEvent;
 struct Entry {
     status: BundleStatus,
     ready_since: Option<Instant>,
+    crashes: u64,
 }
 
 #[derive(Default)]
 struct Inner {
     bundles: BTreeMap<(String, String), Entry>,
     workspaces: BTreeSet<String>,
-    counts: BTreeMap<(String, String), Counts>,
 }
 
 /// What happened to a bundle since the daemon started (for metrics).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Counts {
-    /// Starts after the first one.
+    /// Starts after the first one, except a 401 session rebuild
+    /// (`status.restarts`).
     pub restarts: u64,
-    /// Exits nobody asked for, other than a clean exit (code 0).
+    /// Stops nobody asked for: exits other than code 0, liveness kills,
+    /// failed starts that are retried.
     pub crashes: u64,
-    starts: u64,
 }
 
 #[derive(Clone)]
@@ -52,15 +56,8 @@ impl Default for StatusBoard {
 }
 
 impl StatusBoard {
-    /// Records a bundle's status and publishes the event that led to it.
-    pub fn publish(&self, status: BundleStatus, ready_since: Option<Instant>, event: Event) {
-        self.update(status, ready_since);
-        self.emit(event);
-    }
-
-    /// Records a bundle's status without an event (a detail changed, not
-    /// its state).
-    pub fn update(&self, status: BundleStatus, ready_since: Option<Instant>) {
+    /// Records a bundle's status (its state, or a detail of it, changed).
+    pub fn update(&self, status: BundleStatus, ready_since: Option<Instant>, crashes: u64) {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
         inner.workspaces.insert(status.workspace.clone());
         let key = (status.workspace.clone(), status.name.clone());
@@ -69,26 +66,26 @@ impl StatusBoard {
             Entry {
                 status,
                 ready_since,
+                crashes,
             },
         );
     }
 
-    /// Publishes an event that changes no status (installed, uninstalled,
-    /// manifest_rejected). No subscriber is fine.
+    /// Lists an installed bundle as `starting` unless it is listed already
+    /// (the daemon lists its installs before its socket answers).
+    pub fn expect(&self, status: BundleStatus) {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        inner.workspaces.insert(status.workspace.clone());
+        let key = (status.workspace.clone(), status.name.clone());
+        inner.bundles.entry(key).or_insert(Entry {
+            status,
+            ready_since: None,
+            crashes: 0,
+        });
+    }
+
+    /// Publishes a lifecycle event. No subscriber is fine.
     pub fn emit(&self, event: Event) {
-        if matches!(event.kind, EventKind::Starting | EventKind::Exited) {
-            let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
-            let counts = inner
-                .counts
-                .entry((event.workspace.clone(), event.name.clone()))
-                .or_default();
-            if event.kind == EventKind::Starting {
-                counts.restarts += u64::from(counts.starts > 0);
-                counts.starts += 1;
-            } else if event.exit.as_ref().is_none_or(|e| e.code != Some(0)) {
-                counts.crashes += 1;
-            }
-        }
         let _ = self.events.send(event);
     }
 
@@ -96,18 +93,33 @@ impl StatusBoard {
     pub fn counts(&self) -> BTreeMap<(String, String), Counts> {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
         inner
-            .counts
+            .bundles
             .iter()
-            .filter(|(key, _)| inner.bundles.contains_key(*key))
-            .map(|(k, v)| (k.clone(), *v))
+            .map(|(k, e)| {
+                let counts = Counts {
+                    restarts: u64::from(e.status.restarts),
+                    crashes: e.crashes,
+                };
+                (k.clone(), counts)
+            })
             .collect()
+    }
+
+    /// A bundle's counters as last published, to carry them over to the
+    /// actor that replaces a panicked one.
+    pub fn counters(&self, workspace: &str, name: &str) -> Option<(u32, u64)> {
+        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        inner
+            .bundles
+            .get(&(workspace.to_string(), name.to_string()))
+            .map(|e| (e.status.restarts, e.crashes))
     }
 
     pub fn remove(&self, workspace: &str, name: &str) {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
-        let key = (workspace.to_string(), name.to_string());
-        inner.bundles.remove(&key);
-        inner.counts.remove(&key);
+        inner
+            .bundles
+            .remove(&(workspace.to_string(), name.to_string()));
     }
 
     pub fn add_workspace(&self, workspace: &str) {

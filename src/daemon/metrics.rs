@@ -152,7 +152,7 @@ impl Metrics {
         per_bundle(
             &mut out,
             ("bundlevisor_bundle_restarts_total", "counter"),
-            "Starts of a bundle after its first one since the daemon started.",
+            "Starts of a bundle after its first one since the daemon started (any reason but a 401 session rebuild; status shows the same number).",
             counts
                 .iter()
                 .map(|((ws, b), c)| (ws.as_str(), b.as_str(), c.restarts)),
@@ -160,7 +160,7 @@ impl Metrics {
         per_bundle(
             &mut out,
             ("bundlevisor_bundle_crashes_total", "counter"),
-            "Exits of a bundle nobody asked for, other than a clean exit (code 0).",
+            "Stops of a bundle nobody asked for: exits other than code 0, liveness kills, and failed starts that are retried.",
             counts
                 .iter()
                 .map(|((ws, b), c)| (ws.as_str(), b.as_str(), c.crashes)),

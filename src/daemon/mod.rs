@@ -8,6 +8,7 @@
 pub mod board;
 pub mod bundle;
 pub mod control;
+pub mod lifecycle;
 pub mod metrics;
 pub mod policy;
 pub mod supervisor;
@@ -354,6 +355,24 @@ async fn boot_settled(shared: &Shared) {
     }
 }
 
+/// How an install is listed before its actor has said anything.
+pub fn expected_status(record: &crate::store::InstallRecord) -> crate::protocol::BundleStatus {
+    crate::protocol::BundleStatus {
+        workspace: record.workspace.clone(),
+        name: record.name.clone(),
+        version: None,
+        state: crate::protocol::BundleState::Starting,
+        pid: None,
+        uptime_secs: None,
+        restarts: 0,
+        tools: 0,
+        last_error: None,
+        source: record.source.display().to_string(),
+        sandbox: None,
+        usage: None,
+    }
+}
+
 /// Sends `WATCHDOG=1` every `every`, as long as the actor tree answers.
 async fn watchdog(every: Duration, daemon: ractor::ActorRef<supervisor::DaemonMsg>) {
     let mut ticks = tokio::time::interval(every);
@@ -446,7 +465,17 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         started_at: Instant::now(),
         booted: CancellationToken::new(),
     });
-    let (daemon, daemon_task) = Actor::spawn(Some("daemon".into()), DaemonActor, shared.clone())
+    // Every install is listed (as `starting`) from the first answer the
+    // socket gives: a script polling after a start never sees them gone.
+    let installs = shared.store.call(|s| s.installs()).await?;
+    for record in &installs {
+        shared.board.expect(expected_status(record));
+    }
+    let args = supervisor::DaemonArgs {
+        shared: shared.clone(),
+        installs,
+    };
+    let (daemon, daemon_task) = Actor::spawn(Some("daemon".into()), DaemonActor, args)
         .await
         .map_err(|e| DaemonError::Actor(e.to_string()))?;
     let dirs = shared.config.watch.iter().map(|w| w.dir.clone()).collect();

@@ -46,6 +46,8 @@ pub enum InstallError {
     Watched { name: String, source_path: String },
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error("{0}; nothing was installed, try again")]
+    TimedOut(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -62,10 +64,15 @@ pub enum DaemonMsg {
         name: String,
         reply: RpcReplyPort<Result<(), InstallError>>,
     },
-    /// Reload the stored installs, then reconcile the watched folders.
-    Boot,
+    /// Supervise these stored installs (boot reload, a restarted workspace).
+    Restore(Vec<InstallRecord>),
     /// Reconcile `config.watch[index]` with what its folder holds now.
     Rescan { index: usize },
+    /// A folder's scan is done: reconcile it (the actor's part is a diff;
+    /// installs and uninstalls run in tasks).
+    Scanned { index: usize, scan: Option<Scan> },
+    /// The installs and uninstalls of a folder's reconcile are done.
+    Reconciled { index: usize },
     /// Liveness of the actor tree (the systemd watchdog asks).
     Ping(RpcReplyPort<()>),
     /// The actor of a workspace, created on first use.
@@ -75,12 +82,31 @@ pub enum DaemonMsg {
     },
 }
 
+/// What the DaemonActor starts with.
+pub struct DaemonArgs {
+    pub shared: Arc<Shared>,
+    /// The stored installs, read before the socket answered.
+    pub installs: Vec<InstallRecord>,
+}
+
 pub struct DaemonState {
     shared: Arc<Shared>,
     workspaces: HashMap<String, ActorRef<WorkspaceMsg>>,
     /// Watched bundle path → hash of the manifest last seen there, so a
     /// rescan touches only what changed.
     seen: HashMap<PathBuf, u64>,
+    /// Folders being reconciled; `true`: scan again when done (an event
+    /// arrived meanwhile). A folder is reconciled by one scan at a time.
+    rescans: HashMap<usize, bool>,
+    /// Boot: folders whose first reconcile is not done yet.
+    booting: Option<std::collections::HashSet<usize>>,
+}
+
+/// A watched folder as one scan found it, with the installs recorded then.
+pub struct Scan {
+    dir: PathBuf,
+    found: Vec<Found>,
+    installs: Vec<InstallRecord>,
 }
 
 /// One bundle found in a watched folder.
@@ -141,7 +167,176 @@ fn scan(
     Some((dir, found))
 }
 
+/// How long an install may take before its record is written; past it,
+/// nothing is recorded and the install is refused (a caller that gave up
+/// never finds it done later).
+const INSTALL_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Reads, validates, gates and records an install, then has the workspace
+/// supervise it (undone if that fails). Runs in a task.
+async fn install(
+    shared: Arc<Shared>,
+    ws: ActorRef<WorkspaceMsg>,
+    path: PathBuf,
+    workspace: String,
+    origin: Origin,
+) -> Result<InstallRecord, InstallError> {
+    let checked = tokio::time::timeout(INSTALL_DEADLINE, async {
+        let src = path.clone();
+        let (source, loaded) = tokio::task::spawn_blocking(move || {
+            let source = src.canonicalize().map_err(|e| InstallError::NoSuchPath {
+                path: src.clone(),
+                reason: format!(
+                    "{e}; give a bundle folder containing manifest.json, or a manifest file"
+                ),
+            })?;
+            let loaded = crate::manifest::load(&source)?;
+            Ok::<_, InstallError>((source, loaded))
+        })
+        .await
+        .map_err(|e| InstallError::Internal(e.to_string()))??;
+        crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)?;
+        crate::bundle::sandbox::check_install(
+            &shared.config.sandbox,
+            &shared.config.protected_paths(),
+            &loaded,
+        )?;
+        let record = InstallRecord {
+            workspace,
+            name: loaded.manifest.name.clone(),
+            source,
+            origin,
+            installed_at: crate::clock::unix_secs(),
+        };
+        let rec = record.clone();
+        let inserted = shared
+            .store
+            .call(move |store| {
+                if store.insert(&rec)? {
+                    Ok(Ok(()))
+                } else {
+                    Ok(Err(store.get(&rec.workspace, &rec.name)?.unwrap_or(rec)))
+                }
+            })
+            .await?;
+        match inserted {
+            Ok(()) => Ok((record, loaded)),
+            Err(existing) => Err(InstallError::AlreadyInstalled {
+                workspace: existing.workspace,
+                name: existing.name,
+                source_path: existing.source.display().to_string(),
+            }),
+        }
+    });
+    // The store write is the last step under the deadline: once the record
+    // is written, the install completes.
+    let (record, loaded) = checked.await.map_err(|_| {
+        InstallError::TimedOut(format!(
+            "reading and recording {} took longer than {}",
+            path.display(),
+            humantime::format_duration(INSTALL_DEADLINE)
+        ))
+    })??;
+    tracing::info!(workspace = %record.workspace, bundle = %record.name, source = %record.source.display(), "bundle installed");
+    shared.board.emit(LifecycleEvent::new(
+        &record.workspace,
+        &record.name,
+        EventKind::Installed,
+        BundleState::Starting,
+        format!("installed from {}", record.source.display()),
+    ));
+    if let Err(e) = supervise(&ws, &record, Some(loaded)).await {
+        // Keep the state database in line with what runs.
+        let (w, name) = (record.workspace.clone(), record.name.clone());
+        if let Err(undo) = shared.store.call(move |s| s.remove(&w, &name)).await {
+            tracing::error!(workspace = %record.workspace, bundle = %record.name, "install failed and its record could not be removed: {undo}");
+        }
+        return Err(e);
+    }
+    Ok(record)
+}
+
+/// Has a workspace supervise an install (`manifest`: validated by the install).
+async fn supervise(
+    ws: &ActorRef<WorkspaceMsg>,
+    record: &InstallRecord,
+    manifest: Option<LoadedManifest>,
+) -> Result<(), InstallError> {
+    let (name, source) = (record.name.clone(), record.source.clone());
+    let manifest = manifest.map(Box::new);
+    // A bundle of the same name that is still stopping is waited for.
+    let limit = Duration::from_secs(30);
+    match ws
+        .call(
+            |reply| WorkspaceMsg::Add {
+                name,
+                source,
+                manifest,
+                reply,
+            },
+            Some(limit),
+        )
+        .await
+    {
+        Ok(ractor::rpc::CallResult::Success(r)) => {
+            r.map_err(|e| InstallError::Internal(e.to_string()))
+        }
+        Ok(_) => Err(InstallError::TimedOut(
+            "the workspace did not take the bundle in time".into(),
+        )),
+        Err(e) => Err(InstallError::Internal(format!(
+            "workspace unavailable: {e}"
+        ))),
+    }
+}
+
+/// Removes an install from the store and announces it; true if it was there.
+async fn forget(shared: &Shared, workspace: &str, name: &str) -> Result<(), InstallError> {
+    let (ws, n) = (workspace.to_string(), name.to_string());
+    if !shared.store.call(move |s| s.remove(&ws, &n)).await? {
+        return Err(InstallError::NotInstalled {
+            workspace: workspace.to_string(),
+            name: name.to_string(),
+        });
+    }
+    tracing::info!(workspace = %workspace, bundle = %name, "bundle uninstalled");
+    shared.board.emit(LifecycleEvent::new(
+        workspace,
+        name,
+        EventKind::Uninstalled,
+        BundleState::Stopped,
+        "uninstalled",
+    ));
+    Ok(())
+}
+
+/// An operator's uninstall: refused for bundles that a watched folder
+/// provides (the folder is their source of truth; the next rescan would
+/// bring them back). Answers once the process is gone.
+async fn uninstall(
+    shared: Arc<Shared>,
+    ws: Option<ActorRef<WorkspaceMsg>>,
+    workspace: String,
+    name: String,
+) -> Result<(), InstallError> {
+    let (w, n) = (workspace.clone(), name.clone());
+    let record = shared.store.call(move |s| s.get(&w, &n)).await?;
+    if let Some(record) = record.filter(|r| r.origin == Origin::Watch) {
+        return Err(InstallError::Watched {
+            name: record.name,
+            source_path: record.source.display().to_string(),
+        });
+    }
+    forget(&shared, &workspace, &name).await?;
+    if let Some(ws) = ws {
+        stop_bundle(ws, name).await;
+    }
+    Ok(())
+}
+
 impl DaemonState {
+    /// The actor of workspace `name`, started on first use (its start opens
+    /// the workspace's file store: a few milliseconds, once).
     async fn workspace(
         &mut self,
         myself: &ActorRef<DaemonMsg>,
@@ -166,244 +361,159 @@ impl DaemonState {
         Ok(ws)
     }
 
-    async fn supervise(
-        &mut self,
-        myself: &ActorRef<DaemonMsg>,
-        record: &InstallRecord,
-    ) -> Result<(), InstallError> {
-        let ws = self.workspace(myself, &record.workspace).await?;
-        let (name, source) = (record.name.clone(), record.source.clone());
-        match ws
-            .call(
-                |reply| WorkspaceMsg::Add {
-                    name,
-                    source,
-                    reply,
-                },
-                Some(Duration::from_secs(10)),
-            )
-            .await
-        {
-            Ok(ractor::rpc::CallResult::Success(r)) => r.map_err(InstallError::Internal),
-            Ok(_) => Err(InstallError::Internal(
-                "workspace did not answer in time".into(),
-            )),
-            Err(e) => Err(InstallError::Internal(format!(
-                "workspace unavailable: {e}"
-            ))),
-        }
-    }
-
+    /// Starts an install in a task; `reply` gets its outcome.
     async fn install(
         &mut self,
         myself: &ActorRef<DaemonMsg>,
         path: PathBuf,
         workspace: String,
         origin: Origin,
-    ) -> Result<InstallRecord, InstallError> {
+    ) -> Result<tokio::task::JoinHandle<Result<InstallRecord, InstallError>>, InstallError> {
         check_name("workspace", &workspace).map_err(InstallError::InvalidName)?;
-        let source = path.canonicalize().map_err(|e| InstallError::NoSuchPath {
-            path: path.clone(),
-            reason: format!(
-                "{e}; give a bundle folder containing manifest.json, or a manifest file"
-            ),
-        })?;
-        let src = source.clone();
-        let loaded = tokio::task::spawn_blocking(move || crate::manifest::load(&src))
-            .await
-            .map_err(|e| InstallError::Internal(e.to_string()))??;
-        crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)?;
-        crate::bundle::sandbox::check_install(
-            &self.shared.config.sandbox,
-            &self.shared.config.protected_paths(),
-            &loaded,
-        )?;
-        let record = InstallRecord {
-            workspace,
-            name: loaded.manifest.name.clone(),
-            source,
-            origin,
-            installed_at: crate::clock::unix_secs(),
-        };
-        let rec = record.clone();
-        let inserted = self
-            .shared
-            .store
-            .call(move |store| {
-                if store.insert(&rec)? {
-                    Ok(Ok(()))
-                } else {
-                    Ok(Err(store.get(&rec.workspace, &rec.name)?.unwrap_or(rec)))
+        let ws = self.workspace(myself, &workspace).await?;
+        let shared = self.shared.clone();
+        Ok(tokio::spawn(install(shared, ws, path, workspace, origin)))
+    }
+
+    /// Supervises stored installs; each bundle reads and gates its manifest
+    /// as it starts (a bad one shows as failed with the reason).
+    async fn restore(&mut self, myself: &ActorRef<DaemonMsg>, installs: Vec<InstallRecord>) {
+        for record in installs {
+            match self.workspace(myself, &record.workspace).await {
+                Ok(ws) => {
+                    tokio::spawn(async move {
+                        if let Err(e) = supervise(&ws, &record, None).await {
+                            tracing::error!(workspace = %record.workspace, bundle = %record.name, "cannot supervise the install: {e}");
+                        }
+                    });
                 }
-            })
-            .await?;
-        if let Err(existing) = inserted {
-            return Err(InstallError::AlreadyInstalled {
-                workspace: existing.workspace,
-                name: existing.name,
-                source_path: existing.source.display().to_string(),
-            });
-        }
-        tracing::info!(workspace = %record.workspace, bundle = %record.name, source = %record.source.display(), "bundle installed");
-        self.shared.board.emit(LifecycleEvent::new(
-            &record.workspace,
-            &record.name,
-            EventKind::Installed,
-            BundleState::Starting,
-            format!("installed from {}", record.source.display()),
-        ));
-        if let Err(e) = self.supervise(myself, &record).await {
-            // Keep the state database in line with what runs.
-            let (ws, name) = (record.workspace.clone(), record.name.clone());
-            if let Err(undo) = self.shared.store.call(move |s| s.remove(&ws, &name)).await {
-                tracing::error!(workspace = %record.workspace, bundle = %record.name, "install failed and its record could not be removed: {undo}");
-            }
-            return Err(e);
-        }
-        Ok(record)
-    }
-
-    async fn boot(&mut self, myself: &ActorRef<DaemonMsg>) {
-        let installs = match self.shared.store.call(|s| s.installs()).await {
-            Ok(installs) => installs,
-            Err(e) => {
-                tracing::error!("boot reload: cannot read installs: {e}");
-                Vec::new()
-            }
-        };
-        tracing::info!(bundles = installs.len(), "boot reload");
-        for record in &installs {
-            // Each bundle re-reads and re-gates its manifest as it starts; a
-            // bad one shows as failed with the reason.
-            if let Err(e) = self.supervise(myself, record).await {
-                tracing::error!(workspace = %record.workspace, bundle = %record.name, "boot reload: {e}");
+                Err(e) => {
+                    tracing::error!(workspace = %record.workspace, bundle = %record.name, "{e}")
+                }
             }
         }
-        for index in 0..self.shared.config.watch.len() {
-            self.rescan(myself, index).await;
-        }
-    }
-
-    /// Removes an install from the store and announces it; returns the
-    /// workspace that still has to stop the bundle (the caller waits for it).
-    async fn remove(
-        &mut self,
-        workspace: &str,
-        name: &str,
-    ) -> Result<Option<ActorRef<WorkspaceMsg>>, InstallError> {
-        let (ws, n) = (workspace.to_string(), name.to_string());
-        if !self.shared.store.call(move |s| s.remove(&ws, &n)).await? {
-            return Err(InstallError::NotInstalled {
-                workspace: workspace.to_string(),
-                name: name.to_string(),
-            });
-        }
-        tracing::info!(workspace = %workspace, bundle = %name, "bundle uninstalled");
-        self.shared.board.emit(LifecycleEvent::new(
-            workspace,
-            name,
-            EventKind::Uninstalled,
-            BundleState::Stopped,
-            "uninstalled",
-        ));
-        Ok(self.workspaces.get(workspace).cloned())
-    }
-
-    /// An operator's uninstall: refused for bundles that a watched folder
-    /// provides (the folder is their source of truth; the next rescan would
-    /// bring them back).
-    async fn remove_by_operator(
-        &mut self,
-        workspace: &str,
-        name: &str,
-    ) -> Result<Option<ActorRef<WorkspaceMsg>>, InstallError> {
-        let (ws, n) = (workspace.to_string(), name.to_string());
-        let record = self.shared.store.call(move |s| s.get(&ws, &n)).await?;
-        if let Some(record) = record.filter(|r| r.origin == Origin::Watch) {
-            return Err(InstallError::Watched {
-                name: record.name,
-                source_path: record.source.display().to_string(),
-            });
-        }
-        self.remove(workspace, name).await
     }
 
     /// Uninstalls without waiting for the process to be gone.
-    async fn remove_in_background(&mut self, workspace: &str, name: &str) {
-        match self.remove(workspace, name).await {
-            Ok(Some(ws)) => {
-                tokio::spawn(stop_bundle(ws, name.to_string()));
+    fn remove_in_background(&self, record: &InstallRecord) -> tokio::task::JoinHandle<()> {
+        let (shared, ws) = (
+            self.shared.clone(),
+            self.workspaces.get(&record.workspace).cloned(),
+        );
+        let (workspace, name) = (record.workspace.clone(), record.name.clone());
+        tokio::spawn(async move {
+            match forget(&shared, &workspace, &name).await {
+                Ok(()) => {
+                    if let Some(ws) = ws {
+                        tokio::spawn(stop_bundle(ws, name));
+                    }
+                }
+                Err(e) => tracing::error!(workspace, bundle = name, "uninstall: {e}"),
             }
-            Ok(None) => {}
-            Err(e) => tracing::error!(workspace, bundle = name, "uninstall: {e}"),
-        }
+        })
     }
 
-    /// Reconciles one watched folder: new bundles are installed, changed
-    /// manifests upgrade their bundle (or are rejected while the running
-    /// version keeps running), removed ones are uninstalled.
-    async fn rescan(&mut self, myself: &ActorRef<DaemonMsg>, index: usize) {
+    /// Scans folder `index` in a task (reading a folder and its manifests
+    /// is blocking work); the result comes back as `Scanned`.
+    fn scan(&mut self, myself: &ActorRef<DaemonMsg>, index: usize) {
+        if let Some(again) = self.rescans.get_mut(&index) {
+            *again = true;
+            return;
+        }
         let Some(watch) = self.shared.config.watch.get(index).cloned() else {
             return;
         };
-        let (dir, seen) = (watch.dir.clone(), self.seen.clone());
-        let sandbox = self.shared.config.sandbox.clone();
-        let protected = self.shared.config.protected_paths();
-        let Ok(Some((dir, found))) =
-            tokio::task::spawn_blocking(move || scan(&dir, &seen, &sandbox, &protected)).await
-        else {
-            tracing::warn!(dir = %watch.dir.display(), "watched folder is missing; its bundles keep running");
+        self.rescans.insert(index, false);
+        let (shared, seen, myself) = (self.shared.clone(), self.seen.clone(), myself.clone());
+        tokio::spawn(async move {
+            let sandbox = shared.config.sandbox.clone();
+            let protected = shared.config.protected_paths();
+            let dir = watch.dir.clone();
+            let found =
+                tokio::task::spawn_blocking(move || scan(&dir, &seen, &sandbox, &protected))
+                    .await
+                    .ok()
+                    .flatten();
+            let scan = match found {
+                None => {
+                    tracing::warn!(dir = %watch.dir.display(), "watched folder is missing; its bundles keep running");
+                    None
+                }
+                Some((dir, found)) => match shared.store.call(|s| s.installs()).await {
+                    Ok(installs) => Some(Scan {
+                        dir,
+                        found,
+                        installs,
+                    }),
+                    Err(e) => {
+                        tracing::error!(
+                            "watched folder {}: cannot read installs: {e}",
+                            dir.display()
+                        );
+                        None
+                    }
+                },
+            };
+            let _ = myself.send_message(DaemonMsg::Scanned { index, scan });
+        });
+    }
+
+    /// Reconciles one watched folder with its scan: new bundles are
+    /// installed, changed manifests upgrade their bundle (or are rejected
+    /// while the running version keeps running), removed ones are
+    /// uninstalled. The installs and uninstalls run in tasks; `Reconciled`
+    /// comes back once they are done.
+    async fn reconcile(&mut self, myself: &ActorRef<DaemonMsg>, index: usize, scan: Scan) {
+        let Some(watch) = self.shared.config.watch.get(index).cloned() else {
             return;
         };
-        let installs = match self.shared.store.call(|s| s.installs()).await {
-            Ok(all) => all,
-            Err(e) => {
-                tracing::error!(
-                    "watched folder {}: cannot read installs: {e}",
-                    dir.display()
-                );
-                return;
-            }
-        };
+        let Scan {
+            dir,
+            found,
+            installs,
+        } = scan;
         let here: Vec<InstallRecord> = installs
             .into_iter()
             .filter(|r| r.workspace == watch.workspace && r.source.parent() == Some(dir.as_path()))
             .collect();
+        let mut work = Vec::new();
         for f in found.iter() {
             // `f.manifest` is Some exactly when the content differs from `previous`.
             let previous = self.seen.insert(f.path.clone(), f.hash);
             let record = here.iter().find(|r| r.source == f.path);
             match (record, &f.manifest) {
-                (None, Some(Ok(_))) => match self
-                    .install(
-                        myself,
-                        f.path.clone(),
-                        watch.workspace.clone(),
-                        Origin::Watch,
-                    )
-                    .await
-                {
-                    Ok(_) | Err(InstallError::AlreadyInstalled { .. }) => {}
-                    Err(e) => self.reject(&watch.workspace, &f.path, &e.to_string()),
-                },
+                (None, Some(Ok(_))) => {
+                    let path = f.path.clone();
+                    match self
+                        .install(myself, path.clone(), watch.workspace.clone(), Origin::Watch)
+                        .await
+                    {
+                        Ok(task) => work.push(self.report_install(task, &watch.workspace, path)),
+                        Err(e) => self.reject(&watch.workspace, &f.path, &e.to_string()),
+                    }
+                }
                 (None, Some(Err(reason))) => self.reject(&watch.workspace, &f.path, reason),
                 // First sight of an installed bundle (boot): its start reads this very file.
                 (Some(_), _) if previous.is_none() => {}
                 (Some(record), Some(Ok(loaded))) => {
                     if loaded.manifest.name != record.name {
                         tracing::info!(workspace = %watch.workspace, "watched bundle renamed from {:?} to {:?}", record.name, loaded.manifest.name);
-                        self.remove_in_background(&record.workspace, &record.name)
-                            .await;
-                        if let Err(e) = self
-                            .install(
-                                myself,
-                                f.path.clone(),
-                                watch.workspace.clone(),
-                                Origin::Watch,
-                            )
+                        let removed = self.remove_in_background(record);
+                        let path = f.path.clone();
+                        match self
+                            .install(myself, path.clone(), watch.workspace.clone(), Origin::Watch)
                             .await
                         {
-                            self.reject(&watch.workspace, &f.path, &e.to_string());
+                            Ok(task) => {
+                                let report = self.report_install(task, &watch.workspace, path);
+                                work.push(tokio::spawn(async move {
+                                    let _ = tokio::join!(removed, report);
+                                }));
+                            }
+                            Err(e) => {
+                                work.push(removed);
+                                self.reject(&watch.workspace, &f.path, &e.to_string())
+                            }
                         }
                     } else if let Some(actor) =
                         ActorRef::<BundleMsg>::where_is(actor_name(&record.workspace, &record.name))
@@ -424,28 +534,55 @@ impl DaemonState {
         for record in here.iter().filter(|r| r.origin == Origin::Watch) {
             if !found.iter().any(|f| f.path == record.source) {
                 self.seen.remove(&record.source);
-                self.remove_in_background(&record.workspace, &record.name)
-                    .await;
+                work.push(self.remove_in_background(record));
             }
         }
+        let myself = myself.clone();
+        tokio::spawn(async move {
+            for task in work {
+                let _ = task.await;
+            }
+            let _ = myself.send_message(DaemonMsg::Reconciled { index });
+        });
     }
 
-    /// A watched manifest that is not (yet) installable: logged and announced
-    /// once per content.
-    fn reject(&self, workspace: &str, path: &Path, reason: &str) {
-        let name = path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        tracing::warn!(workspace, path = %path.display(), "watched folder: bundle not installed: {reason}");
-        self.shared.board.emit(LifecycleEvent::new(
-            workspace,
-            &name,
-            EventKind::ManifestRejected,
-            BundleState::Failed,
-            reason,
-        ));
+    /// Awaits a watched install; a refusal is announced like a rejected manifest.
+    fn report_install(
+        &self,
+        task: tokio::task::JoinHandle<Result<InstallRecord, InstallError>>,
+        workspace: &str,
+        path: PathBuf,
+    ) -> tokio::task::JoinHandle<()> {
+        let (shared, workspace) = (self.shared.clone(), workspace.to_string());
+        tokio::spawn(async move {
+            match task.await {
+                Ok(Ok(_)) | Ok(Err(InstallError::AlreadyInstalled { .. })) => {}
+                Ok(Err(e)) => reject(&shared, &workspace, &path, &e.to_string()),
+                Err(e) => reject(&shared, &workspace, &path, &e.to_string()),
+            }
+        })
     }
+
+    fn reject(&self, workspace: &str, path: &Path, reason: &str) {
+        reject(&self.shared, workspace, path, reason)
+    }
+}
+
+/// A watched manifest that is not (yet) installable: logged and announced
+/// once per content.
+fn reject(shared: &Shared, workspace: &str, path: &Path, reason: &str) {
+    let name = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    tracing::warn!(workspace, path = %path.display(), "watched folder: bundle not installed: {reason}");
+    shared.board.emit(LifecycleEvent::new(
+        workspace,
+        &name,
+        EventKind::ManifestRejected,
+        BundleState::Failed,
+        reason,
+    ));
 }
 
 /// Asks a workspace to stop a bundle and waits until its process is gone.
@@ -495,21 +632,34 @@ pub fn bundle_paths(dir: &Path) -> Vec<PathBuf> {
 impl Actor for DaemonActor {
     type Msg = DaemonMsg;
     type State = DaemonState;
-    type Arguments = Arc<Shared>;
+    type Arguments = DaemonArgs;
 
     async fn pre_start(
         &self,
         myself: ActorRef<DaemonMsg>,
-        shared: Arc<Shared>,
+        args: DaemonArgs,
     ) -> Result<DaemonState, ActorProcessingErr> {
-        myself.send_message(DaemonMsg::Boot)?;
+        tracing::info!(bundles = args.installs.len(), "boot reload");
+        myself.send_message(DaemonMsg::Restore(args.installs))?;
+        let folders = args.shared.config.watch.len();
+        for index in 0..folders {
+            myself.send_message(DaemonMsg::Rescan { index })?;
+        }
+        if folders == 0 {
+            args.shared.booted.cancel();
+        }
         Ok(DaemonState {
-            shared,
+            shared: args.shared,
             workspaces: HashMap::new(),
             seen: HashMap::new(),
+            rescans: HashMap::new(),
+            booting: Some((0..folders).collect()),
         })
     }
 
+    /// Every arm returns at once: installs, uninstalls and folder scans run
+    /// in tasks and report back by message or reply port, so the watchdog
+    /// ping, `files` and the gateway never queue behind them.
     async fn handle(
         &self,
         myself: ActorRef<DaemonMsg>,
@@ -517,38 +667,51 @@ impl Actor for DaemonActor {
         st: &mut DaemonState,
     ) -> Result<(), ActorProcessingErr> {
         match msg {
-            DaemonMsg::Boot => {
-                st.boot(&myself).await;
-                st.shared.booted.cancel();
-            }
+            DaemonMsg::Restore(installs) => st.restore(&myself, installs).await,
             DaemonMsg::Install {
                 path,
                 workspace,
                 origin,
                 reply,
-            } => {
-                let _ = reply.send(st.install(&myself, path, workspace, origin).await);
-            }
+            } => match st.install(&myself, path, workspace, origin).await {
+                Ok(task) => {
+                    tokio::spawn(async move {
+                        let result = task
+                            .await
+                            .unwrap_or_else(|e| Err(InstallError::Internal(e.to_string())));
+                        let _ = reply.send(result);
+                    });
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                }
+            },
             DaemonMsg::Uninstall {
                 workspace,
                 name,
                 reply,
-            } => match st.remove_by_operator(&workspace, &name).await {
-                Err(e) => {
-                    let _ = reply.send(Err(e));
-                }
-                // Wait for the process to be gone in a task: the daemon keeps serving meanwhile.
-                Ok(Some(ws)) => {
-                    tokio::spawn(async move {
-                        stop_bundle(ws, name).await;
-                        let _ = reply.send(Ok(()));
-                    });
-                }
-                Ok(None) => {
-                    let _ = reply.send(Ok(()));
-                }
+            } => {
+                let (shared, ws) = (st.shared.clone(), st.workspaces.get(&workspace).cloned());
+                tokio::spawn(async move {
+                    let _ = reply.send(uninstall(shared, ws, workspace, name).await);
+                });
+            }
+            DaemonMsg::Rescan { index } => st.scan(&myself, index),
+            DaemonMsg::Scanned { index, scan } => match scan {
+                Some(scan) => st.reconcile(&myself, index, scan).await,
+                None => myself.send_message(DaemonMsg::Reconciled { index })?,
             },
-            DaemonMsg::Rescan { index } => st.rescan(&myself, index).await,
+            DaemonMsg::Reconciled { index } => {
+                if st.rescans.remove(&index) == Some(true) {
+                    st.scan(&myself, index);
+                } else if let Some(booting) = &mut st.booting {
+                    booting.remove(&index);
+                    if booting.is_empty() {
+                        st.booting = None;
+                        st.shared.booted.cancel();
+                    }
+                }
+            }
             DaemonMsg::Ping(reply) => {
                 let _ = reply.send(());
             }
@@ -578,18 +741,21 @@ impl Actor for DaemonActor {
             if let Some(name) = failed {
                 tracing::error!(workspace = %name, "workspace actor failed: {err}; starting it again");
                 st.workspaces.remove(&name);
-                match st.shared.store.call(|s| s.installs()).await {
-                    Ok(installs) => {
-                        for record in installs.iter().filter(|r| r.workspace == name) {
-                            if let Err(e) = st.supervise(&myself, record).await {
-                                tracing::error!(workspace = %name, bundle = %record.name, "{e}");
-                            }
+                let (shared, myself) = (st.shared.clone(), myself.clone());
+                tokio::spawn(async move {
+                    match shared.store.call(|s| s.installs()).await {
+                        Ok(installs) => {
+                            let mine = installs
+                                .into_iter()
+                                .filter(|r| r.workspace == name)
+                                .collect();
+                            let _ = myself.send_message(DaemonMsg::Restore(mine));
+                        }
+                        Err(e) => {
+                            tracing::error!(workspace = %name, "cannot read installs to restore the workspace's bundles: {e}")
                         }
                     }
-                    Err(e) => {
-                        tracing::error!(workspace = %name, "cannot read installs to restore the workspace's bundles: {e}")
-                    }
-                }
+                });
             }
         }
         Ok(())

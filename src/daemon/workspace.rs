@@ -30,18 +30,32 @@ pub struct WorkspaceArgs {
     pub shared: Arc<Shared>,
 }
 
+/// Why a workspace could not take a bundle.
+#[derive(Debug, thiserror::Error)]
+pub enum AddError {
+    #[error("bundle {name:?} is already supervised in workspace {workspace:?}")]
+    AlreadySupervised { workspace: String, name: String },
+    #[error("cannot start the actor of bundle {name:?}: {reason}")]
+    Actor { name: String, reason: String },
+}
+
 pub enum WorkspaceMsg {
-    /// Start supervising an installed bundle.
+    /// Start supervising an installed bundle (`manifest`: the one the
+    /// install validated). A bundle of that name still stopping (an
+    /// uninstall a moment ago) is waited for first.
     Add {
         name: String,
         source: PathBuf,
-        reply: RpcReplyPort<Result<(), String>>,
+        manifest: Option<Box<crate::manifest::LoadedManifest>>,
+        reply: RpcReplyPort<Result<(), AddError>>,
     },
     /// Stop a bundle (uninstall); replies once its process is gone.
     Remove {
         name: String,
         reply: RpcReplyPort<bool>,
     },
+    /// The actor of an uninstalled bundle has stopped (its process is gone).
+    Removed { name: String },
     /// A bundle's `ai.nimblebrain/resources/*` request.
     Host(HostRequest),
     /// Retry starting a bundle actor whose restart failed.
@@ -105,7 +119,39 @@ impl TryFrom<WorkspaceMsg> for HostRequest {
 struct Slot {
     actor: Option<ActorRef<BundleMsg>>,
     source: PathBuf,
+    /// Counters carried over to the actor that replaces a panicked one.
     restarts: u32,
+    crashes: u64,
+    manifest: Option<Box<crate::manifest::LoadedManifest>>,
+    /// Uninstalled, and its actor is stopping: who waits for that, and an
+    /// install of the same name that waits to start after it.
+    stopping: Option<Stopping>,
+}
+
+struct Stopping {
+    removers: Vec<RpcReplyPort<bool>>,
+    then: Option<Add>,
+}
+
+/// An `Add` waiting for the previous bundle of its name to stop.
+struct Add {
+    source: PathBuf,
+    manifest: Option<Box<crate::manifest::LoadedManifest>>,
+    reply: RpcReplyPort<Result<(), AddError>>,
+}
+
+impl Slot {
+    fn new(add: Add) -> (Slot, RpcReplyPort<Result<(), AddError>>) {
+        let slot = Slot {
+            actor: None,
+            source: add.source,
+            restarts: 0,
+            crashes: 0,
+            manifest: add.manifest,
+            stopping: None,
+        };
+        (slot, add.reply)
+    }
 }
 
 pub struct WorkspaceState {
@@ -254,8 +300,8 @@ impl WorkspaceState {
         &self,
         myself: &ActorRef<WorkspaceMsg>,
         name: &str,
-        slot: &Slot,
-    ) -> Result<ActorRef<BundleMsg>, String> {
+        slot: &mut Slot,
+    ) -> Result<ActorRef<BundleMsg>, AddError> {
         let args = BundleArgs {
             workspace: self.name.to_string(),
             name: name.to_string(),
@@ -263,6 +309,8 @@ impl WorkspaceState {
             shared: self.shared.clone(),
             host_port: myself.get_derived(),
             restarts: slot.restarts,
+            crashes: slot.crashes,
+            manifest: slot.manifest.take(),
         };
         Actor::spawn_linked(
             Some(actor_name(&self.name, name)),
@@ -272,7 +320,21 @@ impl WorkspaceState {
         )
         .await
         .map(|(actor, _)| actor)
-        .map_err(|e| format!("cannot start the actor of bundle {name:?}: {e}"))
+        .map_err(|e| AddError::Actor {
+            name: name.to_string(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Starts supervising `name` with a new slot; answers the install.
+    async fn add(&mut self, myself: &ActorRef<WorkspaceMsg>, name: String, add: Add) {
+        let (mut slot, reply) = Slot::new(add);
+        let result = self.spawn_bundle(myself, &name, &mut slot).await;
+        if let Ok(actor) = &result {
+            slot.actor = Some(actor.clone());
+            self.bundles.insert(name, slot);
+        }
+        let _ = reply.send(result.map(|_| ()));
     }
 }
 
@@ -325,38 +387,51 @@ impl Actor for WorkspaceActor {
             WorkspaceMsg::Add {
                 name,
                 source,
+                manifest,
                 reply,
             } => {
-                if st.bundles.contains_key(&name) {
-                    let _ = reply.send(Err(format!(
-                        "bundle {name:?} is already supervised in workspace {:?}",
-                        st.name
-                    )));
-                    return Ok(());
-                }
-                let mut slot = Slot {
-                    actor: None,
+                let add = Add {
                     source,
-                    restarts: 0,
+                    manifest,
+                    reply,
                 };
-                let result = st.spawn_bundle(&myself, &name, &slot).await;
-                slot.actor = result.as_ref().ok().cloned();
-                if result.is_ok() {
-                    st.bundles.insert(name, slot);
+                match st.bundles.get_mut(&name) {
+                    None => st.add(&myself, name, add).await,
+                    // Uninstalled a moment ago and still stopping: this
+                    // install starts once the old process is gone (two
+                    // actors never share a name, and the old one's exit
+                    // never removes the new one from status).
+                    Some(Slot {
+                        stopping: Some(stopping),
+                        ..
+                    }) if stopping.then.is_none() => stopping.then = Some(add),
+                    Some(_) => {
+                        let _ = add.reply.send(Err(AddError::AlreadySupervised {
+                            workspace: st.name.to_string(),
+                            name,
+                        }));
+                    }
                 }
-                let _ = reply.send(result.map(|_| ()));
             }
             WorkspaceMsg::Remove { name, reply } => {
-                st.buckets.remove(&name);
-                let Some(slot) = st.bundles.remove(&name) else {
+                let Some(slot) = st.bundles.get_mut(&name) else {
                     let _ = reply.send(false);
                     return Ok(());
                 };
-                let board = st.shared.board.clone();
+                if let Some(stopping) = &mut slot.stopping {
+                    stopping.removers.push(reply);
+                    return Ok(());
+                }
+                st.buckets.remove(&name);
+                slot.stopping = Some(Stopping {
+                    removers: vec![reply],
+                    then: None,
+                });
+                let actor = slot.actor.take();
                 let ws = st.name.clone();
                 let limit = st.shared.config.bundles.stop_grace + Duration::from_secs(5);
                 tokio::spawn(async move {
-                    if let Some(actor) = slot.actor {
+                    if let Some(actor) = actor {
                         if let Err(e) = actor
                             .stop_and_wait(Some("uninstall".into()), Some(limit))
                             .await
@@ -364,31 +439,50 @@ impl Actor for WorkspaceActor {
                             tracing::warn!(workspace = %ws, bundle = %name, "bundle actor did not stop in time: {e}");
                         }
                     }
-                    board.remove(&ws, &name);
-                    let _ = reply.send(true);
+                    let _ = myself.send_message(WorkspaceMsg::Removed { name });
                 });
+            }
+            WorkspaceMsg::Removed { name } => {
+                let Some(slot) = st.bundles.remove(&name) else {
+                    return Ok(());
+                };
+                st.shared.board.remove(&st.name, &name);
+                let snapshot =
+                    super::bundle::snapshot_path(&st.shared.config.state_dir, &st.name, &name);
+                let Stopping { removers, then } = slot.stopping.unwrap_or(Stopping {
+                    removers: Vec::new(),
+                    then: None,
+                });
+                if let Some(add) = then {
+                    st.add(&myself, name, add).await;
+                } else {
+                    // The last good manifest goes with the install.
+                    tokio::task::spawn_blocking(move || {
+                        let _ = std::fs::remove_file(snapshot);
+                    });
+                }
+                for reply in removers {
+                    let _ = reply.send(true);
+                }
             }
             WorkspaceMsg::Host(request) => st.host_request(request),
             WorkspaceMsg::Files(op) => st.files_op(op),
             WorkspaceMsg::Respawn { name } => {
-                let Some(slot) = st.bundles.get(&name) else {
+                let Some(mut slot) = st.bundles.remove(&name) else {
                     return Ok(());
                 };
-                if slot.actor.is_some() {
+                if slot.actor.is_some() || slot.stopping.is_some() {
+                    st.bundles.insert(name, slot);
                     return Ok(());
                 }
-                match st.spawn_bundle(&myself, &name, slot).await {
-                    Ok(actor) => {
-                        if let Some(slot) = st.bundles.get_mut(&name) {
-                            slot.actor = Some(actor);
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(workspace = %st.name, bundle = %name, "{e}; retrying");
-                        myself.send_after(Duration::from_millis(200), move || {
-                            WorkspaceMsg::Respawn { name }
-                        });
-                    }
+                let spawned = st.spawn_bundle(&myself, &name, &mut slot).await;
+                slot.actor = spawned.as_ref().ok().cloned();
+                st.bundles.insert(name.clone(), slot);
+                if let Err(e) = spawned {
+                    tracing::warn!(workspace = %st.name, bundle = %name, "{e}; retrying");
+                    myself.send_after(Duration::from_millis(200), move || WorkspaceMsg::Respawn {
+                        name,
+                    });
                 }
             }
         }
@@ -411,7 +505,15 @@ impl Actor for WorkspaceActor {
             if let Some((name, slot)) = failed {
                 tracing::error!(workspace = %st.name, bundle = %name, "bundle actor failed: {err}; starting it again");
                 slot.actor = None;
-                slot.restarts += 1;
+                // The replacement goes on counting where the failed one
+                // stopped; bringing the bundle up again is one restart.
+                let (restarts, crashes) = st
+                    .shared
+                    .board
+                    .counters(&st.name, name)
+                    .unwrap_or((slot.restarts, slot.crashes));
+                slot.restarts = restarts + 1;
+                slot.crashes = crashes;
                 let name = name.clone();
                 myself.send_message(WorkspaceMsg::Respawn { name })?;
             }

@@ -132,6 +132,8 @@ pub struct LoadedManifest {
     pub file: PathBuf,
     /// The bundle folder (`${__dirname}`, and the bundle's cwd).
     pub dir: PathBuf,
+    /// The file's text as validated (kept as the bundle's last good manifest).
+    pub text: std::sync::Arc<str>,
 }
 
 impl LoadedManifest {
@@ -263,6 +265,7 @@ pub fn from_text(file: PathBuf, text: &str) -> Result<LoadedManifest, ManifestEr
         manifest,
         file,
         dir,
+        text: text.into(),
     })
 }
 

@@ -99,6 +99,11 @@ impl Daemon {
 
     /// Starts the daemon process and waits until it answers `status`.
     pub fn launch(&mut self) {
+        self.launch_first_status();
+    }
+
+    /// Starts the daemon process; returns the first `status --json` it answers.
+    pub fn launch_first_status(&mut self) -> Value {
         assert!(self.child.is_none(), "daemon already running");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -126,8 +131,10 @@ impl Daemon {
                 panic!("daemon exited early ({status}):\n{}", self.log());
             }
             let out = self.cli(&["status", "--json"]);
-            out.status.success().then_some(())
-        });
+            out.status
+                .success()
+                .then(|| serde_json::from_slice(&out.stdout).unwrap())
+        })
     }
 
     pub fn pid(&self) -> u32 {

@@ -10,11 +10,12 @@ use rmcp::model::ClientRequest;
 use serde_json::{json, Value};
 
 use super::{bundle_actor, files_call, to_value, unavailable, Ctx};
-use crate::daemon::bundle::{BundleMsg, CallError};
+use crate::daemon::bundle::{Ask, BundleMsg, CallError, PendingCall};
 use crate::daemon::workspace::FilesOp;
 use crate::protocol::{
     ErrorKind, McpParams, ProfileParams, RpcError, WorkspaceResourcesParams, PASSTHROUGH_METHODS,
 };
+use tokio_util::sync::CancellationToken;
 
 /// How long a passed-through request may take.
 const PASSTHROUGH_TIMEOUT: Duration = Duration::from_secs(60);
@@ -36,41 +37,46 @@ pub(super) async fn mcp(p: McpParams) -> Result<Value, RpcError> {
     }))
     .map_err(|e| RpcError::new(ErrorKind::InvalidParams, format!("{}: {e}", p.method)))?;
     let actor = bundle_actor(&p.workspace, &p.name)?;
-    let peer = match actor
-        .call(BundleMsg::Peer, Some(Duration::from_secs(10)))
+    // The one path to a bundle: in-flight guard, timeout, 401 retry.
+    let answer = actor
+        .call(
+            |reply| {
+                BundleMsg::Call(PendingCall {
+                    request: Ask::Mcp(request),
+                    timeout: Some(PASSTHROUGH_TIMEOUT),
+                    cancel: CancellationToken::new(),
+                    progress: None,
+                    reply,
+                })
+            },
+            Some(PASSTHROUGH_TIMEOUT + Duration::from_secs(5)),
+        )
         .await
-        .map_err(unavailable)?
-    {
-        CallResult::Success(Ok(peer)) => peer,
-        CallResult::Success(Err(CallError::NotReady { state, .. })) => {
-            return Err(RpcError::new(
-                ErrorKind::NotReady,
-                format!("bundle {:?} is {}, not ready", p.name, state.as_str()),
-            )
-            .with("state", state.as_str()))
-        }
-        _ => return Err(unavailable("the bundle did not answer")),
-    };
-    let answer = tokio::time::timeout(PASSTHROUGH_TIMEOUT, peer.send_request(request))
-        .await
-        .map_err(|_| {
-            RpcError::new(
+        .map_err(unavailable)?;
+    match answer {
+        CallResult::Success(Ok(result)) => Ok(result),
+        CallResult::Success(Err(CallError::NotReady { state, .. })) => Err(RpcError::new(
+            ErrorKind::NotReady,
+            format!("bundle {:?} is {}, not ready", p.name, state.as_str()),
+        )
+        .with("state", state.as_str())),
+        CallResult::Success(Err(CallError::Timeout(_))) | CallResult::Timeout => {
+            Err(RpcError::new(
                 ErrorKind::Timeout,
                 format!("bundle {:?} did not answer {} in time", p.name, p.method),
-            )
-        })?;
-    match answer {
-        Ok(result) => to_value(result),
-        Err(rmcp::service::ServiceError::McpError(e)) => Err(RpcError::new(
+            ))
+        }
+        CallResult::Success(Err(CallError::Mcp(e))) => Err(RpcError::new(
             ErrorKind::McpError,
             format!("bundle {:?} answered {}: {}", p.name, p.method, e.message),
         )
         .with("mcp_code", e.code.0)
         .with("mcp_data", e.data.unwrap_or(Value::Null))),
-        Err(e) => Err(RpcError::new(
+        CallResult::Success(Err(e)) => Err(RpcError::new(
             ErrorKind::ToolCallFailed,
-            format!("{} to bundle {:?} failed: {e}", p.method, p.name),
+            format!("{} to bundle {:?} failed: {e:?}", p.method, p.name),
         )),
+        CallResult::SenderError => Err(unavailable("the bundle did not answer")),
     }
 }
 

@@ -21,7 +21,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::board::Event;
-use super::bundle::{actor_name, BundleMsg, CallError, PendingCall, Respawn};
+use super::bundle::{actor_name, Ask, BundleMsg, CallError, PendingCall, Respawn};
 use super::supervisor::{DaemonMsg, InstallError};
 use super::workspace::{FilesOp, WorkspaceMsg};
 use super::Shared;
@@ -521,6 +521,7 @@ fn install_error(e: InstallError) -> RpcError {
         }
         InstallError::NotInstalled { .. } => RpcError::new(ErrorKind::BundleNotFound, message),
         InstallError::Watched { .. } => RpcError::new(ErrorKind::WatchedBundle, message),
+        InstallError::TimedOut(_) => RpcError::new(ErrorKind::Timeout, message),
         InstallError::Store(_) | InstallError::Internal(_) => {
             RpcError::new(ErrorKind::Internal, message)
         }
@@ -847,8 +848,10 @@ async fn call_tool(
         let answer = actor.call(
             |reply| {
                 BundleMsg::Call(PendingCall {
-                    tool,
-                    arguments,
+                    request: Ask::Tool {
+                        name: tool,
+                        arguments,
+                    },
                     timeout,
                     cancel,
                     progress,

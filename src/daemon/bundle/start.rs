@@ -1,0 +1,367 @@
+//! A bundle's start, run in a task of its own (never in the actor's
+//! handler): which manifest, the stored values, the launch plan, the
+//! sandbox, then the one connect function — with the OAuth retry of remote
+//! bundles.
+//!
+//! Which manifest: a restart by the policy (or after `configure`/`auth`)
+//! uses the one the bundle runs, an upgrade the validated new one; the
+//! first start, a boot reload and an operator's `restart` read the disk and
+//! fall back to the last good manifest (kept in memory, and in
+//! `STATE_DIR/manifests/WS/NAME.json` across daemon restarts) when the file
+//! is broken, half-written or renames the bundle.
+
+use std::path::{Path, PathBuf};
+
+use crate::bundle::{connect, ConnectError, ConnectOptions, Connection, HostContext};
+use crate::host_resources::PROVIDED_CAPABILITIES;
+use crate::manifest::{LoadedManifest, Plan, PlanError, RemotePlan};
+use crate::oauth::Silent;
+use crate::protocol::SandboxRecord;
+use crate::store::TokenSet;
+
+use super::super::lifecycle::{FailKind, StartFailure};
+use super::super::Shared;
+
+/// Which manifest a start uses.
+pub enum Wanted {
+    /// This one, already validated (the running one, or an upgrade).
+    Exactly(LoadedManifest),
+    /// The file on disk; if it no longer passes, `last_good` (or the copy
+    /// kept in the state dir).
+    FromDisk { last_good: Option<LoadedManifest> },
+}
+
+/// A successful start.
+pub struct Started {
+    pub connection: Connection,
+    /// The manifest the bundle now runs (the last good one from now on).
+    pub manifest: LoadedManifest,
+    /// A remote bundle got a new token on the way (refresh or client credentials).
+    pub reauthorized: bool,
+    /// The manifest on disk was refused, and the last good one runs instead.
+    pub rejected: Option<String>,
+}
+
+/// Where the last good manifest of a bundle is kept across daemon restarts.
+pub fn snapshot_path(state_dir: &Path, workspace: &str, name: &str) -> PathBuf {
+    state_dir
+        .join("manifests")
+        .join(workspace)
+        .join(format!("{name}.json"))
+}
+
+/// Keeps `text` as the bundle's last good manifest (atomically: a crash
+/// leaves the old copy or the new one, never half of one).
+fn save_snapshot(path: &Path, text: &str) -> std::io::Result<()> {
+    if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
+        return Ok(());
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = path.with_extension("json.tmp");
+    {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+/// Why the manifest on disk cannot be used.
+enum Refused {
+    /// There is no manifest any more (the folder is gone): nothing to run.
+    Gone(String),
+    /// It is there but broken, half-written, renamed or gated out: the
+    /// last good one may run instead.
+    Invalid(String),
+}
+
+/// Reads and checks the manifest on disk: valid, still naming this bundle,
+/// and accepted by the install gate.
+fn from_disk(source: &Path, name: &str) -> Result<LoadedManifest, Refused> {
+    let loaded = crate::manifest::load(source).map_err(|e| match &e {
+        crate::manifest::ManifestError::Io { source, .. }
+            if source.kind() == std::io::ErrorKind::NotFound =>
+        {
+            Refused::Gone(e.to_string())
+        }
+        _ => Refused::Invalid(e.to_string()),
+    })?;
+    check(&loaded, name).map_err(Refused::Invalid)?;
+    Ok(loaded)
+}
+
+fn check(loaded: &LoadedManifest, name: &str) -> Result<(), String> {
+    if loaded.manifest.name != name {
+        return Err(format!(
+            "manifest {} now names the bundle {:?}, but it was installed as {name:?}; uninstall and install it again",
+            loaded.file.display(),
+            loaded.manifest.name
+        ));
+    }
+    crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES).map_err(|e| e.to_string())
+}
+
+/// The manifest a start uses, and why the disk's was refused if it was.
+/// Runs on the blocking pool.
+fn choose(
+    wanted: Wanted,
+    source: &Path,
+    name: &str,
+    snapshot: &Path,
+) -> Result<(LoadedManifest, Option<String>), String> {
+    let (loaded, rejected) = match wanted {
+        Wanted::Exactly(m) => (m, None),
+        Wanted::FromDisk { last_good } => match from_disk(source, name) {
+            Ok(m) => (m, None),
+            Err(Refused::Gone(why)) => return Err(why),
+            Err(Refused::Invalid(why)) => {
+                let kept = last_good.or_else(|| {
+                    let text = std::fs::read_to_string(snapshot).ok()?;
+                    let file = crate::manifest::manifest_file(source);
+                    let m = crate::manifest::from_text(file, &text).ok()?;
+                    check(&m, name).ok().map(|()| m)
+                });
+                match kept {
+                    Some(m) => (m, Some(why)),
+                    None => return Err(why),
+                }
+            }
+        },
+    };
+    if rejected.is_none() {
+        if let Err(e) = save_snapshot(snapshot, &loaded.text) {
+            tracing::warn!(bundle = name, file = %snapshot.display(), "cannot keep a copy of the manifest: {e}");
+        }
+    }
+    Ok((loaded, rejected))
+}
+
+/// Chooses the manifest, resolves the launch plan, prepares the sandbox and
+/// connects.
+pub async fn start(
+    shared: &Shared,
+    workspace: &str,
+    name: &str,
+    source: PathBuf,
+    wanted: Wanted,
+    host: HostContext,
+    report_sandbox: impl FnOnce(SandboxRecord),
+) -> Result<Started, StartFailure> {
+    let config = |reason: String| StartFailure {
+        kind: FailKind::Config,
+        reason,
+    };
+    let (loaded, rejected) = {
+        let snapshot = snapshot_path(&shared.config.state_dir, workspace, name);
+        let name = name.to_string();
+        tokio::task::spawn_blocking(move || choose(wanted, &source, &name, &snapshot))
+            .await
+            .map_err(|e| config(format!("manifest reader failed: {e}")))?
+            .map_err(config)?
+    };
+    let manifest = &loaded.manifest;
+    let values = shared
+        .credentials_of(workspace, name, |c, w, n| c.values(w, n))
+        .await
+        .map_err(|e| config(e.to_string()))?;
+    let plan = manifest
+        .plan(&loaded.dir, &values)
+        .map_err(|e| match e {
+            PlanError::MissingConfig(keys) => StartFailure {
+                kind: FailKind::NeedsConfig,
+                reason: format!(
+                    "required user_config value(s) not set: {}; set them with `bundlevisor configure {name} -w {workspace} {}`",
+                    keys.join(", "),
+                    keys.iter().map(|k| format!("{k}=VALUE")).collect::<Vec<_>>().join(" ")
+                ),
+            },
+            other => config(other.to_string()),
+        })?;
+    let _permit = shared
+        .start_permits
+        .acquire()
+        .await
+        .map_err(|_| config("daemon is shutting down".into()))?;
+    // The sandbox of a stdio bundle: created (or found) before each start.
+    let sandbox = match &plan {
+        Plan::Stdio(launch) => {
+            let (settings, state_dir, protected, ws, bundle, cwd, command) = (
+                shared.config.sandbox.clone(),
+                shared.config.state_dir.clone(),
+                shared.config.protected_paths(),
+                workspace.to_string(),
+                name.to_string(),
+                launch.cwd.clone(),
+                launch.command.clone(),
+            );
+            // A bare manifest file's folder is not the bundle's to read.
+            let folder = (!loaded.is_bare()).then(|| loaded.dir.clone());
+            let prepared = tokio::task::spawn_blocking(move || {
+                let target = crate::bundle::sandbox::Target {
+                    workspace: &ws,
+                    bundle: &bundle,
+                    folder: folder.as_deref(),
+                    command: &command,
+                    cwd: &cwd,
+                };
+                crate::bundle::sandbox::prepare(&settings, &state_dir, &protected, &target)
+            })
+            .await
+            .map_err(|e| config(format!("sandbox task failed: {e}")))?
+            .map_err(|e| config(e.to_string()))?;
+            Some(prepared)
+        }
+        Plan::Remote(_) => None,
+    };
+    if let Some(s) = &sandbox {
+        report_sandbox(s.record.clone());
+    }
+    let opts = ConnectOptions {
+        log: crate::bundle::logfile::LogTarget {
+            path: shared.config.log_path(workspace, name),
+            max_bytes: shared.config.logs.max_bytes,
+            keep: shared.config.logs.keep,
+            bus: Some(shared.log_lines.clone()),
+        },
+        start_timeout: shared.config.bundles.start_timeout,
+        stop_grace: shared.config.bundles.stop_grace,
+        host_resources: shared.config.host_resources.clone(),
+        reaper: shared.reaper.clone(),
+        bearer: None,
+        max_message_bytes: shared.config.bundles.max_message_bytes,
+        sandbox,
+    };
+    let (connection, reauthorized) = match &plan {
+        Plan::Stdio(_) => (
+            connect(&plan, host, &opts)
+                .await
+                .map_err(|e| transient(&plan, e))?,
+            false,
+        ),
+        Plan::Remote(remote) => {
+            connect_with_auth(shared, workspace, name, &plan, remote, host, opts).await?
+        }
+    };
+    Ok(Started {
+        connection,
+        manifest: loaded,
+        reauthorized,
+        rejected,
+    })
+}
+
+/// A start failure worth retrying; the text is redacted (a command line or
+/// a stderr line may carry a secret).
+fn transient(plan: &Plan, e: ConnectError) -> StartFailure {
+    StartFailure {
+        kind: FailKind::Transient,
+        reason: plan.redactor().redact(&e.to_string()).into_owned(),
+    }
+}
+
+/// A stored access token this close to its expiry is refreshed before use.
+const EXPIRY_MARGIN_SECS: i64 = 30;
+
+/// Connects a remote bundle with its stored token. On 401: one silent
+/// token attempt (stored refresh token, then client credentials), stored at
+/// once, and one rebuild through the one connect function. When only the
+/// interactive flow can help: `needs_auth`, never a restart loop.
+async fn connect_with_auth(
+    shared: &Shared,
+    workspace: &str,
+    name: &str,
+    plan: &Plan,
+    remote: &RemotePlan,
+    host: HostContext,
+    mut opts: ConnectOptions,
+) -> Result<(Connection, bool), StartFailure> {
+    let stored = {
+        shared
+            .credentials_of(workspace, name, |c, w, n| c.tokens(w, n))
+            .await
+            .map_err(|e| StartFailure {
+                kind: FailKind::Config,
+                reason: e.to_string(),
+            })?
+            .unwrap_or_default()
+    };
+    opts.bearer = stored.access_token.clone();
+    // A token known to have expired is refreshed first: no 401 round trip.
+    let expired = stored.refresh_token.is_some()
+        && stored
+            .expires_at
+            .is_some_and(|at| at <= crate::clock::unix_secs() + EXPIRY_MARGIN_SECS);
+    let challenge = if expired {
+        None
+    } else {
+        match connect(plan, host.clone(), &opts).await {
+            Ok(connection) => return Ok((connection, false)),
+            Err(ConnectError::Unauthorized { challenge }) => challenge,
+            Err(e) => return Err(transient(plan, e)),
+        }
+    };
+    let needs_auth = |why: &str| {
+        StartFailure {
+        kind: FailKind::NeedsAuth,
+        reason: format!(
+            "the remote server {} requires authorization ({why}); run `bundlevisor auth {name} -w {workspace}`",
+            remote.url
+        ),
+    }
+    };
+    let save = |tokens: TokenSet| {
+        shared.credentials_of(workspace, name, move |c, w, n| {
+            c.set_tokens(w, n, Some(&tokens))
+        })
+    };
+    let http = crate::oauth::http_client();
+    match crate::oauth::obtain_silently(&http, remote, &stored, challenge.as_deref()).await {
+        Err(e) => Err(StartFailure {
+            // A URL or metadata the rules refuse does not get better by
+            // retrying: the operator has to change the bundle or the server.
+            kind: match e {
+                crate::oauth::OAuthError::InsecureUrl { .. }
+                | crate::oauth::OAuthError::Mismatch(_) => FailKind::Config,
+                _ => FailKind::Transient,
+            },
+            reason: format!("the remote server wants a new token, and getting one failed: {e}"),
+        }),
+        Ok(Silent::Interactive(why)) => {
+            // Tokens that no longer work are forgotten; a registered client is kept.
+            let keep = TokenSet {
+                client_id: stored.client_id.clone(),
+                client_secret: stored.client_secret.clone(),
+                ..Default::default()
+            };
+            if let Err(e) = save(keep).await {
+                tracing::warn!(
+                    workspace,
+                    bundle = name,
+                    "cannot forget refused tokens: {e}"
+                );
+            }
+            Err(needs_auth(&why))
+        }
+        Ok(Silent::Tokens(tokens)) => {
+            opts.bearer = tokens.access_token.clone();
+            save(tokens).await.map_err(|e| StartFailure {
+                kind: FailKind::Transient,
+                reason: format!("cannot store the new token: {e}"),
+            })?;
+            tracing::info!(
+                workspace,
+                bundle = name,
+                "new token obtained; rebuilding the session"
+            );
+            match connect(plan, host, &opts).await {
+                Ok(connection) => Ok((connection, true)),
+                Err(ConnectError::Unauthorized { .. }) => {
+                    Err(needs_auth("it refused a freshly issued token"))
+                }
+                Err(e) => Err(transient(plan, e)),
+            }
+        }
+    }
+}
