@@ -99,11 +99,39 @@ impl Daemon {
 
     /// Starts the daemon process and waits until it answers `status`.
     pub fn launch(&mut self) {
-        self.launch_first_status();
+        self.spawn_daemon();
+        wait_for(Duration::from_secs(20), "the daemon to answer", || {
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("daemon exited early ({status}):\n{}", self.log());
+            }
+            self.cli(&["status", "--json"])
+                .status
+                .success()
+                .then_some(())
+        });
     }
 
-    /// Starts the daemon process; returns the first `status --json` it answers.
+    /// Starts the daemon process and asks for `status` the moment its
+    /// socket accepts a connection; returns that first answer.
     pub fn launch_first_status(&mut self) -> Value {
+        self.spawn_daemon();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            assert!(Instant::now() < deadline, "the daemon did not answer");
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("daemon exited early ({status}):\n{}", self.log());
+            }
+            if UnixStream::connect(&self.socket).is_ok() {
+                let mut raw = self.raw();
+                raw.hello();
+                let r = raw.request(1, "status", json!({}));
+                return r["result"].clone();
+            }
+            std::thread::yield_now();
+        }
+    }
+
+    fn spawn_daemon(&mut self) {
         assert!(self.child.is_none(), "daemon already running");
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -126,15 +154,6 @@ impl Daemon {
             .spawn()
             .unwrap();
         self.child = Some(child);
-        wait_for(Duration::from_secs(20), "the daemon to answer", || {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("daemon exited early ({status}):\n{}", self.log());
-            }
-            let out = self.cli(&["status", "--json"]);
-            out.status
-                .success()
-                .then(|| serde_json::from_slice(&out.stdout).unwrap())
-        })
     }
 
     pub fn pid(&self) -> u32 {
