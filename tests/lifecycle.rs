@@ -259,3 +259,26 @@ fn an_overlong_stderr_line_is_dropped_without_blocking_the_bundle() {
     );
     assert!(logs.len() < 1000, "the long line reached the log");
 }
+
+/// Issue 16, finding 10: a tool the bundle does not have is `tool_not_found`
+/// (as docs/protocol.md says), not `tool_call_failed`.
+#[test]
+fn an_unknown_tool_is_tool_not_found() {
+    let d = Daemon::start();
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    let mut raw = d.raw();
+    raw.hello();
+    let r = raw.request(
+        1,
+        "bundle.call",
+        serde_json::json!({"name": "demo", "tool": "no_such_tool"}),
+    );
+    assert_eq!(r["error"]["data"]["kind"], "tool_not_found", "{r}");
+    // A tool it has still works on the same connection.
+    let r = raw.request(
+        2,
+        "bundle.call",
+        serde_json::json!({"name": "demo", "tool": "add", "arguments": {"a": 2, "b": 3}}),
+    );
+    assert!(r.get("result").is_some(), "{r}");
+}
