@@ -448,12 +448,12 @@ fn a_call_to_a_restarting_bundle_waits_for_it() {
     );
 
     // A bundle that cannot come back: the call waits (bounded), then fails
-    // with a clear error instead of hanging.
-    let dir = d.root().join("bundles");
-    let mut m: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
-    m["name"] = json!("alpha");
-    m["server"]["mcp_config"]["command"] = json!("/bin/false");
-    write_bundle(&dir, "alpha", &m);
+    // with a clear error instead of hanging. (A restart runs the manifest
+    // the bundle runs, so what breaks is its server program.)
+    let server = d.root().join("bundles/alpha/server/bundlevisor-demo");
+    std::fs::remove_file(&server).unwrap();
+    std::fs::write(&server, "#!/bin/sh\nexit 1\n").unwrap();
+    std::fs::set_permissions(&server, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let quick = Agent::connect(&d, &["--wait-ready", "1s"]);
     assert_eq!(quick.tool_names().len(), 10);
     assert!(quick.call("alpha__crash", json!({"code": 3})).is_err());

@@ -6,9 +6,10 @@
 //! Which manifest: a restart by the policy (or after `configure`/`auth`)
 //! uses the one the bundle runs, an upgrade the validated new one; the
 //! first start, a boot reload and an operator's `restart` read the disk and
-//! fall back to the last good manifest (kept in memory, and in
-//! `STATE_DIR/manifests/WS/NAME.json` across daemon restarts) when the file
-//! is broken, half-written or renames the bundle.
+//! fall back to the last good manifest (kept in memory, and — for MCPB
+//! manifests, which hold no secrets — in `STATE_DIR/manifests/WS/NAME.json`
+//! across daemon restarts) when the file is broken, half-written or renames
+//! the bundle.
 
 use std::path::{Path, PathBuf};
 
@@ -57,7 +58,14 @@ fn save_snapshot(path: &Path, text: &str) -> std::io::Result<()> {
         return Ok(());
     }
     let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
+    // The daemon's alone, like the rest of the state dir.
+    {
+        use std::os::unix::fs::DirBuilderExt;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+    }
     let tmp = path.with_extension("json.tmp");
     {
         use std::io::Write;
@@ -130,7 +138,13 @@ fn choose(
             }
         },
     };
-    if rejected.is_none() {
+    // A remote bundle file may hold a client secret or header values: its
+    // last good version is kept in memory only, never in the clear on disk.
+    let remote = matches!(
+        loaded.manifest.transport,
+        crate::manifest::Transport::Remote(_)
+    );
+    if rejected.is_none() && !remote {
         if let Err(e) = save_snapshot(snapshot, &loaded.text) {
             tracing::warn!(bundle = name, file = %snapshot.display(), "cannot keep a copy of the manifest: {e}");
         }
