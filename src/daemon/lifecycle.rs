@@ -1041,6 +1041,42 @@ mod tests {
         assert!(w.step(Input::Start { generation: g }).is_empty());
     }
 
+    /// The predicates the control server and the gateway use agree with
+    /// the phases they stand for.
+    #[tokio::test(start_paused = true)]
+    async fn state_predicates_agree_with_the_phases() {
+        let phases: Vec<Phase<()>> = vec![
+            Phase::Starting { reauth: false },
+            Phase::Restarting { reauth: true },
+            Phase::Ready {
+                session: (),
+                since: Instant::now(),
+                kill: None,
+            },
+            Phase::Failed { reason: "x".into() },
+            Phase::NeedsConfig { reason: "x".into() },
+            Phase::NeedsAuth { reason: "x".into() },
+            Phase::Stopped { reason: "x".into() },
+        ];
+        for p in &phases {
+            let state = p.state();
+            let coming_up = matches!(p, Phase::Starting { .. } | Phase::Restarting { .. });
+            let down_for_operator = matches!(
+                p,
+                Phase::Failed { .. } | Phase::NeedsConfig { .. } | Phase::NeedsAuth { .. }
+            );
+            assert_eq!(state.is_coming_up(), coming_up, "{state:?}");
+            assert_eq!(state.needs_operator(), down_for_operator, "{state:?}");
+        }
+        let states: std::collections::BTreeSet<_> =
+            phases.iter().map(|p| p.state().as_str()).collect();
+        assert_eq!(
+            states.len(),
+            BundleState::ALL.len(),
+            "every state has a phase"
+        );
+    }
+
     /// The table in docs/ARCHITECTURE.md is the one [`table`] gives.
     #[test]
     fn the_transition_table_in_the_architecture_doc_is_this_one() {

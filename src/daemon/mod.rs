@@ -332,11 +332,8 @@ async fn boot_settled(shared: &Shared) {
         let (_, bundles) = shared.board.snapshot();
         let done = bundles
             .iter()
-            .filter(|b| match b.state {
-                crate::protocol::BundleState::Starting => false,
-                crate::protocol::BundleState::Restarting => b.restarts > 0,
-                _ => true,
-            })
+            // A bundle already retrying (in a backoff) counts as settled.
+            .filter(|b| b.state != crate::protocol::BundleState::Starting)
             .count();
         if let Some(p) = &progress {
             p.set_position(done.min(expected) as u64);

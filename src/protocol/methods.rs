@@ -144,6 +144,20 @@ impl BundleState {
             BundleState::NeedsAuth => "needs_auth",
         }
     }
+
+    /// On its way up (a start runs or is scheduled): worth waiting for.
+    pub fn is_coming_up(self) -> bool {
+        matches!(self, BundleState::Starting | BundleState::Restarting)
+    }
+
+    /// Down until an operator acts (`restart`, `configure`, `auth`, a
+    /// fixed manifest): waiting for it is pointless.
+    pub fn needs_operator(self) -> bool {
+        matches!(
+            self,
+            BundleState::Failed | BundleState::NeedsConfig | BundleState::NeedsAuth
+        )
+    }
 }
 
 /// One bundle's line in `status`.
