@@ -8,6 +8,7 @@
 pub mod board;
 pub mod bundle;
 pub mod control;
+pub mod folder;
 pub mod lifecycle;
 pub mod metrics;
 pub mod policy;

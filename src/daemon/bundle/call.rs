@@ -49,7 +49,7 @@ pub enum Ask {
         arguments: Option<Map<String, Value>>,
     },
     /// A request the gateway passes through unchanged (prompts, resources).
-    Mcp(ClientRequest),
+    Mcp(Box<ClientRequest>),
 }
 
 /// A request on its way to the bundle.
@@ -173,7 +173,7 @@ pub fn spawn(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bundle
                 }
                 ClientRequest::CallToolRequest(rmcp::model::Request::new(params))
             }
-            Ask::Mcp(request) => request.clone(),
+            Ask::Mcp(request) => (**request).clone(),
         };
         let handle = match peer
             .send_cancellable_request(request, PeerRequestOptions::no_options())

@@ -42,7 +42,7 @@ pub(super) async fn mcp(p: McpParams) -> Result<Value, RpcError> {
         .call(
             |reply| {
                 BundleMsg::Call(PendingCall {
-                    request: Ask::Mcp(request),
+                    request: Ask::Mcp(Box::new(request)),
                     timeout: Some(PASSTHROUGH_TIMEOUT),
                     cancel: CancellationToken::new(),
                     progress: None,

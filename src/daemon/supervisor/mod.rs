@@ -1,6 +1,10 @@
-//! DaemonActor: the root of the actor tree. Owns the workspaces, records
-//! installs in the state database, reloads every install at boot, and
-//! restarts a WorkspaceActor that fails (re-adding its bundles).
+//! DaemonActor: the root of the actor tree. Owns the workspaces, reloads
+//! every install at boot, reconciles the watched folders, and restarts a
+//! WorkspaceActor that fails (re-adding its bundles). Its handlers never
+//! wait on slow work: installs, uninstalls and folder scans run in tasks
+//! (`install.rs`, `super::folder`) and report back by message.
+
+mod install;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -10,47 +14,16 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use super::bundle::{actor_name, BundleMsg};
+use super::folder::{scan, Scan};
 use super::workspace::{WorkspaceActor, WorkspaceArgs, WorkspaceMsg};
 use super::Shared;
-use crate::config::SandboxSettings;
-use crate::host_resources::PROVIDED_CAPABILITIES;
-use crate::manifest::{GateRefusal, LoadedManifest, ManifestError};
 use crate::names::check_name;
 use crate::protocol::{BundleState, EventKind, LifecycleEvent};
-use crate::store::{InstallRecord, Origin, StoreError};
+use crate::store::{InstallRecord, Origin};
+pub use install::InstallError;
+use install::{forget, install, stop_bundle, supervise, uninstall};
 
 pub struct DaemonActor;
-
-/// Why an install or uninstall was refused.
-#[derive(Debug, thiserror::Error)]
-pub enum InstallError {
-    #[error("{0}")]
-    InvalidName(String),
-    #[error("nothing to install at {path}: {reason}")]
-    NoSuchPath { path: PathBuf, reason: String },
-    #[error(transparent)]
-    Manifest(#[from] ManifestError),
-    #[error(transparent)]
-    Gate(#[from] GateRefusal),
-    #[error(transparent)]
-    Sandbox(#[from] crate::bundle::sandbox::SandboxError),
-    #[error("bundle {name:?} is already installed in workspace {workspace:?} (from {source_path}); uninstall it first, or use `bundlevisor restart {name}`")]
-    AlreadyInstalled {
-        workspace: String,
-        name: String,
-        source_path: String,
-    },
-    #[error("bundle {name:?} is not installed in workspace {workspace:?}")]
-    NotInstalled { workspace: String, name: String },
-    #[error("bundle {name:?} comes from a watched folder; remove {source_path} from the folder to uninstall it")]
-    Watched { name: String, source_path: String },
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error("{0}; nothing was installed, try again")]
-    TimedOut(String),
-    #[error("{0}")]
-    Internal(String),
-}
 
 pub enum DaemonMsg {
     Install {
@@ -100,238 +73,6 @@ pub struct DaemonState {
     rescans: HashMap<usize, bool>,
     /// Boot: folders whose first reconcile is not done yet.
     booting: Option<std::collections::HashSet<usize>>,
-}
-
-/// A watched folder as one scan found it, with the installs recorded then.
-pub struct Scan {
-    dir: PathBuf,
-    found: Vec<Found>,
-    installs: Vec<InstallRecord>,
-}
-
-/// One bundle found in a watched folder.
-struct Found {
-    path: PathBuf,
-    hash: u64,
-    /// The validated (and gated) manifest; None when its content is the one
-    /// seen last time (nothing to do, so it is not parsed again).
-    manifest: Option<Result<LoadedManifest, String>>,
-}
-
-/// Reads every bundle of a watched folder, each manifest once; parses only
-/// those whose content hash differs from `seen`. None when the folder is missing.
-fn scan(
-    dir: &Path,
-    seen: &HashMap<PathBuf, u64>,
-    sandbox: &SandboxSettings,
-    protected: &[PathBuf],
-) -> Option<(PathBuf, Vec<Found>)> {
-    let dir = dir.canonicalize().ok().filter(|d| d.is_dir())?;
-    let untrusted = super::trusted::folder(&dir).err();
-    if let Some(why) = &untrusted {
-        tracing::error!("{why}; nothing in it is installed or changed until that is fixed");
-    }
-    let found = bundle_paths(&dir)
-        .into_iter()
-        .map(|path| {
-            let file = crate::manifest::manifest_file(&path);
-            let text = match &untrusted {
-                Some(why) => Err(why.clone()),
-                None => super::trusted::manifest_text(&path, &file),
-            };
-            let hash = {
-                use std::hash::{Hash, Hasher};
-                let mut h = std::collections::hash_map::DefaultHasher::new();
-                match &text {
-                    Ok(text) => text.hash(&mut h),
-                    // A refusal is seen again until its cause is gone.
-                    Err(why) => ("refused", why).hash(&mut h),
-                }
-                h.finish()
-            };
-            let manifest = (seen.get(&path) != Some(&hash)).then(|| {
-                let loaded = crate::manifest::from_text(file, &text?).map_err(|e| e.to_string())?;
-                crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)
-                    .map_err(|e| e.to_string())?;
-                crate::bundle::sandbox::check_install(sandbox, protected, &loaded)
-                    .map_err(|e| e.to_string())?;
-                Ok(loaded)
-            });
-            Found {
-                path,
-                hash,
-                manifest,
-            }
-        })
-        .collect();
-    Some((dir, found))
-}
-
-/// How long an install may take before its record is written; past it,
-/// nothing is recorded and the install is refused (a caller that gave up
-/// never finds it done later).
-const INSTALL_DEADLINE: Duration = Duration::from_secs(30);
-
-/// Reads, validates, gates and records an install, then has the workspace
-/// supervise it (undone if that fails). Runs in a task.
-async fn install(
-    shared: Arc<Shared>,
-    ws: ActorRef<WorkspaceMsg>,
-    path: PathBuf,
-    workspace: String,
-    origin: Origin,
-) -> Result<InstallRecord, InstallError> {
-    let checked = tokio::time::timeout(INSTALL_DEADLINE, async {
-        let src = path.clone();
-        let (source, loaded) = tokio::task::spawn_blocking(move || {
-            let source = src.canonicalize().map_err(|e| InstallError::NoSuchPath {
-                path: src.clone(),
-                reason: format!(
-                    "{e}; give a bundle folder containing manifest.json, or a manifest file"
-                ),
-            })?;
-            let loaded = crate::manifest::load(&source)?;
-            Ok::<_, InstallError>((source, loaded))
-        })
-        .await
-        .map_err(|e| InstallError::Internal(e.to_string()))??;
-        crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)?;
-        crate::bundle::sandbox::check_install(
-            &shared.config.sandbox,
-            &shared.config.protected_paths(),
-            &loaded,
-        )?;
-        let record = InstallRecord {
-            workspace,
-            name: loaded.manifest.name.clone(),
-            source,
-            origin,
-            installed_at: crate::clock::unix_secs(),
-        };
-        let rec = record.clone();
-        let inserted = shared
-            .store
-            .call(move |store| {
-                if store.insert(&rec)? {
-                    Ok(Ok(()))
-                } else {
-                    Ok(Err(store.get(&rec.workspace, &rec.name)?.unwrap_or(rec)))
-                }
-            })
-            .await?;
-        match inserted {
-            Ok(()) => Ok((record, loaded)),
-            Err(existing) => Err(InstallError::AlreadyInstalled {
-                workspace: existing.workspace,
-                name: existing.name,
-                source_path: existing.source.display().to_string(),
-            }),
-        }
-    });
-    // The store write is the last step under the deadline: once the record
-    // is written, the install completes.
-    let (record, loaded) = checked.await.map_err(|_| {
-        InstallError::TimedOut(format!(
-            "reading and recording {} took longer than {}",
-            path.display(),
-            humantime::format_duration(INSTALL_DEADLINE)
-        ))
-    })??;
-    tracing::info!(workspace = %record.workspace, bundle = %record.name, source = %record.source.display(), "bundle installed");
-    shared.board.emit(LifecycleEvent::new(
-        &record.workspace,
-        &record.name,
-        EventKind::Installed,
-        BundleState::Starting,
-        format!("installed from {}", record.source.display()),
-    ));
-    if let Err(e) = supervise(&ws, &record, Some(loaded)).await {
-        // Keep the state database in line with what runs.
-        let (w, name) = (record.workspace.clone(), record.name.clone());
-        if let Err(undo) = shared.store.call(move |s| s.remove(&w, &name)).await {
-            tracing::error!(workspace = %record.workspace, bundle = %record.name, "install failed and its record could not be removed: {undo}");
-        }
-        return Err(e);
-    }
-    Ok(record)
-}
-
-/// Has a workspace supervise an install (`manifest`: validated by the install).
-async fn supervise(
-    ws: &ActorRef<WorkspaceMsg>,
-    record: &InstallRecord,
-    manifest: Option<LoadedManifest>,
-) -> Result<(), InstallError> {
-    let (name, source) = (record.name.clone(), record.source.clone());
-    let manifest = manifest.map(Box::new);
-    // A bundle of the same name that is still stopping is waited for.
-    let limit = Duration::from_secs(30);
-    match ws
-        .call(
-            |reply| WorkspaceMsg::Add {
-                name,
-                source,
-                manifest,
-                reply,
-            },
-            Some(limit),
-        )
-        .await
-    {
-        Ok(ractor::rpc::CallResult::Success(r)) => {
-            r.map_err(|e| InstallError::Internal(e.to_string()))
-        }
-        Ok(_) => Err(InstallError::TimedOut(
-            "the workspace did not take the bundle in time".into(),
-        )),
-        Err(e) => Err(InstallError::Internal(format!(
-            "workspace unavailable: {e}"
-        ))),
-    }
-}
-
-/// Removes an install from the store and announces it; true if it was there.
-async fn forget(shared: &Shared, workspace: &str, name: &str) -> Result<(), InstallError> {
-    let (ws, n) = (workspace.to_string(), name.to_string());
-    if !shared.store.call(move |s| s.remove(&ws, &n)).await? {
-        return Err(InstallError::NotInstalled {
-            workspace: workspace.to_string(),
-            name: name.to_string(),
-        });
-    }
-    tracing::info!(workspace = %workspace, bundle = %name, "bundle uninstalled");
-    shared.board.emit(LifecycleEvent::new(
-        workspace,
-        name,
-        EventKind::Uninstalled,
-        BundleState::Stopped,
-        "uninstalled",
-    ));
-    Ok(())
-}
-
-/// An operator's uninstall: refused for bundles that a watched folder
-/// provides (the folder is their source of truth; the next rescan would
-/// bring them back). Answers once the process is gone.
-async fn uninstall(
-    shared: Arc<Shared>,
-    ws: Option<ActorRef<WorkspaceMsg>>,
-    workspace: String,
-    name: String,
-) -> Result<(), InstallError> {
-    let (w, n) = (workspace.clone(), name.clone());
-    let record = shared.store.call(move |s| s.get(&w, &n)).await?;
-    if let Some(record) = record.filter(|r| r.origin == Origin::Watch) {
-        return Err(InstallError::Watched {
-            name: record.name,
-            source_path: record.source.display().to_string(),
-        });
-    }
-    forget(&shared, &workspace, &name).await?;
-    if let Some(ws) = ws {
-        stop_bundle(ws, name).await;
-    }
-    Ok(())
 }
 
 impl DaemonState {
@@ -583,49 +324,6 @@ fn reject(shared: &Shared, workspace: &str, path: &Path, reason: &str) {
         BundleState::Failed,
         reason,
     ));
-}
-
-/// Asks a workspace to stop a bundle and waits until its process is gone.
-async fn stop_bundle(ws: ActorRef<WorkspaceMsg>, name: String) {
-    let _ = ws
-        .call(
-            |r| WorkspaceMsg::Remove { name, reply: r },
-            Some(Duration::from_secs(60)),
-        )
-        .await;
-}
-
-/// Bundles in a watched folder: `DIR/NAME/manifest.json` and `DIR/NAME.json`.
-pub fn bundle_paths(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        tracing::warn!(dir = %dir.display(), "watched folder cannot be read");
-        return Vec::new();
-    };
-    let mut paths: Vec<PathBuf> = entries
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| {
-            !p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
-        })
-        .filter(|p| {
-            if p.is_dir() {
-                p.join("manifest.json").is_file()
-            } else {
-                p.extension().is_some_and(|e| e == "json")
-            }
-        })
-        // A link stays a path in the folder (and is refused by the scan).
-        .filter_map(|p| {
-            if p.is_symlink() {
-                Some(p)
-            } else {
-                p.canonicalize().ok()
-            }
-        })
-        .collect();
-    paths.sort();
-    paths
 }
 
 #[ractor::async_trait]

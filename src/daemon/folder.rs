@@ -1,0 +1,111 @@
+//! Watched folders as one scan sees them: the bundles in a folder
+//! (`DIR/NAME/manifest.json`, `DIR/NAME.json`), each manifest read once,
+//! checked for trust, and parsed only when its content changed. Blocking
+//! work: run on the blocking pool.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::config::SandboxSettings;
+use crate::host_resources::PROVIDED_CAPABILITIES;
+use crate::manifest::LoadedManifest;
+use crate::store::InstallRecord;
+
+/// A watched folder as one scan found it, with the installs recorded then.
+pub struct Scan {
+    pub dir: PathBuf,
+    pub found: Vec<Found>,
+    pub installs: Vec<InstallRecord>,
+}
+
+/// One bundle found in a watched folder.
+pub struct Found {
+    pub path: PathBuf,
+    /// Hash of the manifest's text (or of why it was refused).
+    pub hash: u64,
+    /// The validated (and gated) manifest; None when its content is the one
+    /// seen last time (nothing to do, so it is not parsed again).
+    pub manifest: Option<Result<LoadedManifest, String>>,
+}
+
+/// Reads every bundle of a watched folder, each manifest once; parses only
+/// those whose content hash differs from `seen`. None when the folder is missing.
+pub fn scan(
+    dir: &Path,
+    seen: &HashMap<PathBuf, u64>,
+    sandbox: &SandboxSettings,
+    protected: &[PathBuf],
+) -> Option<(PathBuf, Vec<Found>)> {
+    let dir = dir.canonicalize().ok().filter(|d| d.is_dir())?;
+    let untrusted = super::trusted::folder(&dir).err();
+    if let Some(why) = &untrusted {
+        tracing::error!("{why}; nothing in it is installed or changed until that is fixed");
+    }
+    let found = bundle_paths(&dir)
+        .into_iter()
+        .map(|path| {
+            let file = crate::manifest::manifest_file(&path);
+            let text = match &untrusted {
+                Some(why) => Err(why.clone()),
+                None => super::trusted::manifest_text(&path, &file),
+            };
+            let hash = {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                match &text {
+                    Ok(text) => text.hash(&mut h),
+                    // A refusal is seen again until its cause is gone.
+                    Err(why) => ("refused", why).hash(&mut h),
+                }
+                h.finish()
+            };
+            let manifest = (seen.get(&path) != Some(&hash)).then(|| {
+                let loaded = crate::manifest::from_text(file, &text?).map_err(|e| e.to_string())?;
+                crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)
+                    .map_err(|e| e.to_string())?;
+                crate::bundle::sandbox::check_install(sandbox, protected, &loaded)
+                    .map_err(|e| e.to_string())?;
+                Ok(loaded)
+            });
+            Found {
+                path,
+                hash,
+                manifest,
+            }
+        })
+        .collect();
+    Some((dir, found))
+}
+
+/// Bundles in a watched folder: `DIR/NAME/manifest.json` and `DIR/NAME.json`.
+pub fn bundle_paths(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        tracing::warn!(dir = %dir.display(), "watched folder cannot be read");
+        return Vec::new();
+    };
+    let mut paths: Vec<PathBuf> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| {
+            !p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with('.'))
+        })
+        .filter(|p| {
+            if p.is_dir() {
+                p.join("manifest.json").is_file()
+            } else {
+                p.extension().is_some_and(|e| e == "json")
+            }
+        })
+        // A link stays a path in the folder (and is refused by the scan).
+        .filter_map(|p| {
+            if p.is_symlink() {
+                Some(p)
+            } else {
+                p.canonicalize().ok()
+            }
+        })
+        .collect();
+    paths.sort();
+    paths
+}

@@ -1,0 +1,224 @@
+//! Installs and uninstalls, each run in a task of its own (never in the
+//! DaemonActor's handler): read, validate, gate, record, supervise; forget
+//! and stop.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::ActorRef;
+
+use super::super::workspace::WorkspaceMsg;
+use super::super::Shared;
+use crate::host_resources::PROVIDED_CAPABILITIES;
+use crate::manifest::{GateRefusal, LoadedManifest, ManifestError};
+use crate::protocol::{BundleState, EventKind, LifecycleEvent};
+use crate::store::{InstallRecord, Origin, StoreError};
+
+/// Why an install or uninstall was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("{0}")]
+    InvalidName(String),
+    #[error("nothing to install at {path}: {reason}")]
+    NoSuchPath { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error(transparent)]
+    Gate(#[from] GateRefusal),
+    #[error(transparent)]
+    Sandbox(#[from] crate::bundle::sandbox::SandboxError),
+    #[error("bundle {name:?} is already installed in workspace {workspace:?} (from {source_path}); uninstall it first, or use `bundlevisor restart {name}`")]
+    AlreadyInstalled {
+        workspace: String,
+        name: String,
+        source_path: String,
+    },
+    #[error("bundle {name:?} is not installed in workspace {workspace:?}")]
+    NotInstalled { workspace: String, name: String },
+    #[error("bundle {name:?} comes from a watched folder; remove {source_path} from the folder to uninstall it")]
+    Watched { name: String, source_path: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("{0}; nothing was installed, try again")]
+    TimedOut(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// How long an install may take before its record is written; past it,
+/// nothing is recorded and the install is refused (a caller that gave up
+/// never finds it done later).
+const INSTALL_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Reads, validates, gates and records an install, then has the workspace
+/// supervise it (undone if that fails). Runs in a task.
+pub async fn install(
+    shared: Arc<Shared>,
+    ws: ActorRef<WorkspaceMsg>,
+    path: PathBuf,
+    workspace: String,
+    origin: Origin,
+) -> Result<InstallRecord, InstallError> {
+    let checked = tokio::time::timeout(INSTALL_DEADLINE, async {
+        let src = path.clone();
+        let (source, loaded) = tokio::task::spawn_blocking(move || {
+            let source = src.canonicalize().map_err(|e| InstallError::NoSuchPath {
+                path: src.clone(),
+                reason: format!(
+                    "{e}; give a bundle folder containing manifest.json, or a manifest file"
+                ),
+            })?;
+            let loaded = crate::manifest::load(&source)?;
+            Ok::<_, InstallError>((source, loaded))
+        })
+        .await
+        .map_err(|e| InstallError::Internal(e.to_string()))??;
+        crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)?;
+        crate::bundle::sandbox::check_install(
+            &shared.config.sandbox,
+            &shared.config.protected_paths(),
+            &loaded,
+        )?;
+        let record = InstallRecord {
+            workspace,
+            name: loaded.manifest.name.clone(),
+            source,
+            origin,
+            installed_at: crate::clock::unix_secs(),
+        };
+        let rec = record.clone();
+        let inserted = shared
+            .store
+            .call(move |store| {
+                if store.insert(&rec)? {
+                    Ok(Ok(()))
+                } else {
+                    Ok(Err(store.get(&rec.workspace, &rec.name)?.unwrap_or(rec)))
+                }
+            })
+            .await?;
+        match inserted {
+            Ok(()) => Ok((record, loaded)),
+            Err(existing) => Err(InstallError::AlreadyInstalled {
+                workspace: existing.workspace,
+                name: existing.name,
+                source_path: existing.source.display().to_string(),
+            }),
+        }
+    });
+    // The store write is the last step under the deadline: once the record
+    // is written, the install completes.
+    let (record, loaded) = checked.await.map_err(|_| {
+        InstallError::TimedOut(format!(
+            "reading and recording {} took longer than {}",
+            path.display(),
+            humantime::format_duration(INSTALL_DEADLINE)
+        ))
+    })??;
+    tracing::info!(workspace = %record.workspace, bundle = %record.name, source = %record.source.display(), "bundle installed");
+    shared.board.emit(LifecycleEvent::new(
+        &record.workspace,
+        &record.name,
+        EventKind::Installed,
+        BundleState::Starting,
+        format!("installed from {}", record.source.display()),
+    ));
+    if let Err(e) = supervise(&ws, &record, Some(loaded)).await {
+        // Keep the state database in line with what runs.
+        let (w, name) = (record.workspace.clone(), record.name.clone());
+        if let Err(undo) = shared.store.call(move |s| s.remove(&w, &name)).await {
+            tracing::error!(workspace = %record.workspace, bundle = %record.name, "install failed and its record could not be removed: {undo}");
+        }
+        return Err(e);
+    }
+    Ok(record)
+}
+
+/// Has a workspace supervise an install (`manifest`: validated by the install).
+pub async fn supervise(
+    ws: &ActorRef<WorkspaceMsg>,
+    record: &InstallRecord,
+    manifest: Option<LoadedManifest>,
+) -> Result<(), InstallError> {
+    let (name, source) = (record.name.clone(), record.source.clone());
+    let manifest = manifest.map(Box::new);
+    // A bundle of the same name that is still stopping is waited for.
+    let limit = Duration::from_secs(30);
+    match ws
+        .call(
+            |reply| WorkspaceMsg::Add {
+                name,
+                source,
+                manifest,
+                reply,
+            },
+            Some(limit),
+        )
+        .await
+    {
+        Ok(ractor::rpc::CallResult::Success(r)) => {
+            r.map_err(|e| InstallError::Internal(e.to_string()))
+        }
+        Ok(_) => Err(InstallError::TimedOut(
+            "the workspace did not take the bundle in time".into(),
+        )),
+        Err(e) => Err(InstallError::Internal(format!(
+            "workspace unavailable: {e}"
+        ))),
+    }
+}
+
+/// Removes an install from the store and announces it; true if it was there.
+pub async fn forget(shared: &Shared, workspace: &str, name: &str) -> Result<(), InstallError> {
+    let (ws, n) = (workspace.to_string(), name.to_string());
+    if !shared.store.call(move |s| s.remove(&ws, &n)).await? {
+        return Err(InstallError::NotInstalled {
+            workspace: workspace.to_string(),
+            name: name.to_string(),
+        });
+    }
+    tracing::info!(workspace = %workspace, bundle = %name, "bundle uninstalled");
+    shared.board.emit(LifecycleEvent::new(
+        workspace,
+        name,
+        EventKind::Uninstalled,
+        BundleState::Stopped,
+        "uninstalled",
+    ));
+    Ok(())
+}
+
+/// An operator's uninstall: refused for bundles that a watched folder
+/// provides (the folder is their source of truth; the next rescan would
+/// bring them back). Answers once the process is gone.
+pub async fn uninstall(
+    shared: Arc<Shared>,
+    ws: Option<ActorRef<WorkspaceMsg>>,
+    workspace: String,
+    name: String,
+) -> Result<(), InstallError> {
+    let (w, n) = (workspace.clone(), name.clone());
+    let record = shared.store.call(move |s| s.get(&w, &n)).await?;
+    if let Some(record) = record.filter(|r| r.origin == Origin::Watch) {
+        return Err(InstallError::Watched {
+            name: record.name,
+            source_path: record.source.display().to_string(),
+        });
+    }
+    forget(&shared, &workspace, &name).await?;
+    if let Some(ws) = ws {
+        stop_bundle(ws, name).await;
+    }
+    Ok(())
+}
+
+/// Asks a workspace to stop a bundle and waits until its process is gone.
+pub async fn stop_bundle(ws: ActorRef<WorkspaceMsg>, name: String) {
+    let _ = ws
+        .call(
+            |r| WorkspaceMsg::Remove { name, reply: r },
+            Some(Duration::from_secs(60)),
+        )
+        .await;
+}
