@@ -95,16 +95,22 @@ fn a_crash_loop_trips_the_breaker_while_a_neighbour_keeps_answering() {
     );
 }
 
-#[test]
-fn a_hung_bundle_is_killed_and_restarted_by_the_liveness_check() {
+/// A daemon with a quick liveness check and a demo bundle that hangs (a
+/// stopped process answers nothing); returns the hung process's pid.
+fn hung_bundle() -> (Daemon, u64) {
     let d = Daemon::start_with(
         "[supervision]\nping_interval = \"100ms\"\nping_timeout = \"300ms\"\nping_failures = 2\n",
     );
     let b = d.demo_bundle("demo");
     d.ok(&["install", b.to_str().unwrap()]);
     let old = pid_of(&d, "demo");
-    // A stopped process answers nothing: it hangs.
     kill(Pid::from_raw(old as i32), Signal::SIGSTOP).unwrap();
+    (d, old)
+}
+
+#[test]
+fn a_hung_bundle_is_killed_and_restarted_by_the_liveness_check() {
+    let (d, old) = hung_bundle();
     let back = wait_for(
         Duration::from_secs(20),
         "the hung bundle to be replaced",
@@ -171,13 +177,7 @@ fn a_clean_exit_under_on_failure_is_stopped_and_under_always_restarts() {
 /// crash of the new process: the crash is reported as a crash.
 #[test]
 fn a_liveness_kill_never_explains_a_later_sessions_crash() {
-    let d = Daemon::start_with(
-        "[supervision]\nping_interval = \"100ms\"\nping_timeout = \"300ms\"\nping_failures = 2\n",
-    );
-    let b = d.demo_bundle("demo");
-    d.ok(&["install", b.to_str().unwrap()]);
-    let old = pid_of(&d, "demo");
-    kill(Pid::from_raw(old as i32), Signal::SIGSTOP).unwrap();
+    let (d, old) = hung_bundle();
     wait_for(
         Duration::from_secs(10),
         "the liveness check to give up",

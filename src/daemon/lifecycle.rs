@@ -715,13 +715,6 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    fn sup() -> Supervision {
-        toml::from_str(
-            "backoff_initial = \"50ms\"\nbackoff_max = \"1s\"\nstable_after = \"10s\"\nmax_restarts = 3\nrestart_window = \"30s\"",
-        )
-        .unwrap()
-    }
-
     struct World {
         sup: Supervision,
         policy: RestartPolicy,
@@ -731,7 +724,7 @@ mod tests {
     impl World {
         fn new() -> World {
             World {
-                sup: sup(),
+                sup: super::super::policy::test_supervision(),
                 policy: RestartPolicy::Always,
                 lc: Lifecycle::new(0, 0),
             }

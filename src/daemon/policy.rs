@@ -118,15 +118,22 @@ pub fn backoff(sup: &Supervision, attempt: u32, jitter: f64) -> Duration {
         .min(sup.backoff_max)
 }
 
+/// Supervision settings for the unit tests of restart decisions: fast
+/// backoff, a 10 s stable period, 3 restarts within 30 s.
+#[cfg(test)]
+pub(crate) fn test_supervision() -> Supervision {
+    toml::from_str(
+        "backoff_initial = \"50ms\"\nbackoff_max = \"1s\"\nstable_after = \"10s\"\nmax_restarts = 3\nrestart_window = \"30s\"",
+    )
+    .unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn sup() -> Supervision {
-        toml::from_str(
-            "backoff_initial = \"50ms\"\nbackoff_max = \"1s\"\nstable_after = \"10s\"\nmax_restarts = 3\nrestart_window = \"30s\"",
-        )
-        .unwrap()
+        test_supervision()
     }
 
     fn crash() -> Stop {
