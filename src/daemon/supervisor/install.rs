@@ -46,9 +46,8 @@ pub enum InstallError {
     Internal(String),
 }
 
-/// How long an install may take before its record is written; past it,
-/// nothing is recorded and the install is refused (a caller that gave up
-/// never finds it done later).
+/// How long reading and checking a bundle may take; past it, nothing is
+/// recorded and the install is refused.
 const INSTALL_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Reads, validates, gates and records an install, then has the workspace
@@ -60,62 +59,62 @@ pub async fn install(
     workspace: String,
     origin: Origin,
 ) -> Result<InstallRecord, InstallError> {
-    let checked = tokio::time::timeout(INSTALL_DEADLINE, async {
-        let src = path.clone();
-        let (source, loaded) = tokio::task::spawn_blocking(move || {
-            let source = src.canonicalize().map_err(|e| InstallError::NoSuchPath {
-                path: src.clone(),
-                reason: format!(
-                    "{e}; give a bundle folder containing manifest.json, or a manifest file"
-                ),
-            })?;
-            let loaded = crate::manifest::load(&source)?;
-            Ok::<_, InstallError>((source, loaded))
-        })
-        .await
-        .map_err(|e| InstallError::Internal(e.to_string()))??;
+    // Reading the manifest and walking the bundle folder is blocking work,
+    // under a deadline. Nothing is recorded before it is done, and once the
+    // record is written the install completes: a caller that was told
+    // "timed out" never finds the bundle installed later.
+    let (src, sandbox, protected) = (
+        path.clone(),
+        shared.config.sandbox.clone(),
+        shared.config.protected_paths(),
+    );
+    let checked = tokio::task::spawn_blocking(move || {
+        let source = src.canonicalize().map_err(|e| InstallError::NoSuchPath {
+            path: src.clone(),
+            reason: format!(
+                "{e}; give a bundle folder containing manifest.json, or a manifest file"
+            ),
+        })?;
+        let loaded = crate::manifest::load(&source)?;
         crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)?;
-        crate::bundle::sandbox::check_install(
-            &shared.config.sandbox,
-            &shared.config.protected_paths(),
-            &loaded,
-        )?;
-        let record = InstallRecord {
-            workspace,
-            name: loaded.manifest.name.clone(),
-            source,
-            origin,
-            installed_at: crate::clock::unix_secs(),
-        };
-        let rec = record.clone();
-        let inserted = shared
-            .store
-            .call(move |store| {
-                if store.insert(&rec)? {
-                    Ok(Ok(()))
-                } else {
-                    Ok(Err(store.get(&rec.workspace, &rec.name)?.unwrap_or(rec)))
-                }
-            })
-            .await?;
-        match inserted {
-            Ok(()) => Ok((record, loaded)),
-            Err(existing) => Err(InstallError::AlreadyInstalled {
-                workspace: existing.workspace,
-                name: existing.name,
-                source_path: existing.source.display().to_string(),
-            }),
-        }
+        crate::bundle::sandbox::check_install(&sandbox, &protected, &loaded)?;
+        Ok::<_, InstallError>((source, loaded))
     });
-    // The store write is the last step under the deadline: once the record
-    // is written, the install completes.
-    let (record, loaded) = checked.await.map_err(|_| {
-        InstallError::TimedOut(format!(
-            "reading and recording {} took longer than {}",
-            path.display(),
-            humantime::format_duration(INSTALL_DEADLINE)
-        ))
-    })??;
+    let (source, loaded) = tokio::time::timeout(INSTALL_DEADLINE, checked)
+        .await
+        .map_err(|_| {
+            InstallError::TimedOut(format!(
+                "reading and checking {} took longer than {}",
+                path.display(),
+                humantime::format_duration(INSTALL_DEADLINE)
+            ))
+        })?
+        .map_err(|e| InstallError::Internal(e.to_string()))??;
+    let record = InstallRecord {
+        workspace,
+        name: loaded.manifest.name.clone(),
+        source,
+        origin,
+        installed_at: crate::clock::unix_secs(),
+    };
+    let rec = record.clone();
+    let inserted = shared
+        .store
+        .call(move |store| {
+            if store.insert(&rec)? {
+                Ok(Ok(()))
+            } else {
+                Ok(Err(store.get(&rec.workspace, &rec.name)?.unwrap_or(rec)))
+            }
+        })
+        .await?;
+    if let Err(existing) = inserted {
+        return Err(InstallError::AlreadyInstalled {
+            workspace: existing.workspace,
+            name: existing.name,
+            source_path: existing.source.display().to_string(),
+        });
+    }
     tracing::info!(workspace = %record.workspace, bundle = %record.name, source = %record.source.display(), "bundle installed");
     shared.board.emit(LifecycleEvent::new(
         &record.workspace,
@@ -124,7 +123,7 @@ pub async fn install(
         BundleState::Starting,
         format!("installed from {}", record.source.display()),
     ));
-    if let Err(e) = supervise(&ws, &record, Some(loaded)).await {
+    if let Err(e) = supervise(&shared, &ws, &record, Some(loaded)).await {
         // Keep the state database in line with what runs.
         let (w, name) = (record.workspace.clone(), record.name.clone());
         if let Err(undo) = shared.store.call(move |s| s.remove(&w, &name)).await {
@@ -137,6 +136,7 @@ pub async fn install(
 
 /// Has a workspace supervise an install (`manifest`: validated by the install).
 pub async fn supervise(
+    shared: &Shared,
     ws: &ActorRef<WorkspaceMsg>,
     record: &InstallRecord,
     manifest: Option<LoadedManifest>,
@@ -144,7 +144,7 @@ pub async fn supervise(
     let (name, source) = (record.name.clone(), record.source.clone());
     let manifest = manifest.map(Box::new);
     // A bundle of the same name that is still stopping is waited for.
-    let limit = Duration::from_secs(30);
+    let limit = shared.config.bundles.stop_grace + Duration::from_secs(10);
     match ws
         .call(
             |reply| WorkspaceMsg::Add {

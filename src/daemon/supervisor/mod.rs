@@ -122,8 +122,9 @@ impl DaemonState {
         for record in installs {
             match self.workspace(myself, &record.workspace).await {
                 Ok(ws) => {
+                    let shared = self.shared.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = supervise(&ws, &record, None).await {
+                        if let Err(e) = supervise(&shared, &ws, &record, None).await {
                             tracing::error!(workspace = %record.workspace, bundle = %record.name, "cannot supervise the install: {e}");
                         }
                     });
