@@ -179,14 +179,19 @@ impl BundleActorState {
 
     /// Feeds one input to the lifecycle and runs what it asks for.
     fn step(&mut self, myself: &ActorRef<BundleMsg>, input: Input<Live>) {
-        let sup = self.args.shared.config.supervision.clone();
-        let env = Env {
-            supervision: &sup,
-            policy: sup.restart_for(&self.args.workspace, &self.args.name),
-            jitter: fastrand::f64(),
-        };
-        let effects = self.lc.step(input, Instant::now(), &env);
+        let effects = self.decide(input, fastrand::f64());
         self.run(myself, effects);
+    }
+
+    fn decide(&mut self, input: Input<Live>, jitter: f64) -> Vec<Effect<Live>> {
+        let shared = self.args.shared.clone();
+        let sup = &shared.config.supervision;
+        let env = Env {
+            supervision: sup,
+            policy: sup.restart_for(&self.args.workspace, &self.args.name),
+            jitter,
+        };
+        self.lc.step(input, Instant::now(), &env)
     }
 
     /// Runs the effects of one step; then the status it led to is
@@ -594,13 +599,7 @@ impl Actor for BundleActor {
         myself: ActorRef<BundleMsg>,
         st: &mut BundleActorState,
     ) -> Result<(), ActorProcessingErr> {
-        let sup = st.args.shared.config.supervision.clone();
-        let env = Env {
-            supervision: &sup,
-            policy: sup.restart_for(&st.args.workspace, &st.args.name),
-            jitter: 0.0,
-        };
-        let effects = st.lc.step(Input::Shutdown, Instant::now(), &env);
+        let effects = st.decide(Input::Shutdown, 0.0);
         // The process is stopped here, not in a task: the actor is gone
         // only once its process is.
         let mut rest = Vec::new();
