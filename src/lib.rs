@@ -15,12 +15,14 @@
 //! - [`daemon`]: the actor tree and the control server; [`daemon::run`].
 //! - [`gateway`]: `bundlevisor mcp`, the workspace MCP server.
 //! - [`cli`]: the `bundlevisor` command line.
+//! - [`client`]: the control-socket client the CLI and the gateway share.
 //! - [`names`]: rules for bundle and workspace names.
 //! - [`oauth`]: the OAuth 2.1 client of remote bundles.
 //! - [`remote_http`]: the network rules of remote bundles (https or
 //!   loopback, same-origin redirects only).
 //! - [`secret`]: secret values and the redactor that masks them.
 //! - [`lines`]: bounded line reading for untrusted streams.
+//! - [`logfile`]: size-rotated log files (bundle stderr, the audit log).
 //! - [`http_listener`]: one-request HTTP connections served with deadlines
 //!   and a cap (the metrics endpoint, the `auth` redirect).
 //! - [`progress`]: spinners and bars on a terminal (indicatif), log lines above them.
@@ -29,6 +31,7 @@
 
 pub mod bundle;
 pub mod cli;
+pub mod client;
 pub mod clock;
 pub mod config;
 pub mod daemon;
@@ -37,6 +40,7 @@ pub mod gateway;
 pub mod host_resources;
 pub mod http_listener;
 pub mod lines;
+pub mod logfile;
 pub mod manifest;
 pub mod names;
 pub mod oauth;

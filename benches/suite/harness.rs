@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use bundlevisor::cli::Client;
+use bundlevisor::client::Client;
 use bundlevisor::protocol::{method, EventKind, LifecycleEvent, StatusResult};
 use serde_json::{json, Value};
 use tokio::sync::mpsc;

@@ -34,7 +34,7 @@ mod report;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use bundlevisor::cli::Client;
+use bundlevisor::client::Client;
 use bundlevisor::protocol::{method, BundleState, EventKind};
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::RunningService;

@@ -18,11 +18,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::client::{BundleClient, HostContext};
 use super::guard::{Guarded, Violation};
-use super::logfile::LogTarget;
 use super::process::{self, ExitInfo, Lifeline, SpawnError, StderrTail};
 use super::reaper::Reaper;
 use crate::config::HostResourcesConfig;
 use crate::host_resources::Requester;
+use crate::logfile::LogTarget;
 use crate::manifest::{LaunchPlan, Plan, RemotePlan};
 use crate::secret::Secret;
 

@@ -10,7 +10,6 @@
 pub mod client;
 pub mod connect;
 pub mod guard;
-pub mod logfile;
 pub mod orphans;
 pub mod process;
 pub mod reaper;

@@ -17,9 +17,9 @@ use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::logfile::{LogTarget, RotatingLog};
 use super::reaper::Reaper;
 use crate::lines::{Line, LineReader};
+use crate::logfile::{LogTarget, RotatingLog};
 use crate::manifest::LaunchPlan;
 use crate::protocol::LogLine;
 

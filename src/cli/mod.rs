@@ -4,7 +4,6 @@
 
 mod auth;
 mod call;
-mod client;
 mod completions;
 mod configure;
 mod daemon;
@@ -27,7 +26,7 @@ use clap::{Parser, Subcommand};
 
 use crate::text::{printable, printable_line};
 
-pub use client::{Client, ClientError};
+pub use crate::client::{Client, ClientError};
 
 /// Default socket when neither --socket nor BUNDLEVISOR_SOCKET is given
 /// (the example config's socket, relative to the current folder).

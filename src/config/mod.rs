@@ -482,9 +482,21 @@ fn metrics_addr<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Option<std::net::SocketAddr>, D::Error> {
     let text = String::deserialize(d)?;
-    crate::daemon::metrics::parse_addr(&text)
+    parse_addr(&text)
         .map(Some)
         .map_err(serde::de::Error::custom)
+}
+
+/// `metrics_addr`: a loopback address unless the operator wrote another
+/// host; a bare port means 127.0.0.1.
+pub fn parse_addr(text: &str) -> Result<std::net::SocketAddr, String> {
+    let text = text.trim();
+    if let Ok(port) = text.trim_start_matches(':').parse::<u16>() {
+        return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
+    }
+    text.parse().map_err(|_| {
+        format!("metrics_addr {text:?} is not HOST:PORT (e.g. \"127.0.0.1:9464\") or a port")
+    })
 }
 
 impl Config {

@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -324,18 +323,6 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(pages * page)
 }
 
-/// `metrics_addr`: a loopback address unless the operator wrote another
-/// host; a bare port means 127.0.0.1.
-pub fn parse_addr(text: &str) -> Result<SocketAddr, String> {
-    let text = text.trim();
-    if let Ok(port) = text.trim_start_matches(':').parse::<u16>() {
-        return Ok(SocketAddr::from(([127, 0, 0, 1], port)));
-    }
-    text.parse().map_err(|_| {
-        format!("metrics_addr {text:?} is not HOST:PORT (e.g. \"127.0.0.1:9464\") or a port")
-    })
-}
-
 /// Serves `GET /metrics` on `listener` until the task is dropped. One
 /// request per connection; anything else is 404 or 405. Connections are
 /// served concurrently with a 5 s deadline for the request head, at most
@@ -378,6 +365,7 @@ pub async fn serve_http(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::parse_addr;
 
     #[test]
     fn a_bare_port_is_loopback_and_junk_is_refused() {

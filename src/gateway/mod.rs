@@ -10,7 +10,6 @@
 //! `notifications/tools/list_changed` (and the prompt and resource ones)
 //! when what the agent sees has changed. See docs/gateway.md.
 
-pub mod link;
 pub mod names;
 pub mod server;
 
@@ -20,9 +19,9 @@ use std::time::Duration;
 use rmcp::service::Peer;
 use rmcp::{RoleServer, ServiceExt};
 
+use crate::client::{Link, LinkError};
 use crate::config::Profile;
 use crate::protocol::{method, EventKind, LifecycleEvent, ProfileParams};
-use link::{Link, LinkError};
 pub use server::{Gateway, DEFAULT_WAIT_READY};
 
 #[derive(Debug, thiserror::Error)]
@@ -84,7 +83,7 @@ async fn watch_changes(gateway: Gateway, peer: Peer<RoleServer>, socket: PathBuf
     let mut last = fingerprint(&gateway).await;
     let mut backoff = Duration::from_millis(200);
     loop {
-        let mut client = match crate::cli::Client::connect(&socket).await {
+        let mut client = match crate::client::Client::connect(&socket).await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!("event stream: {e}; retrying in {backoff:?}");

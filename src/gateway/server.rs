@@ -17,8 +17,8 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 use tokio::sync::Mutex;
 
-use super::link::{Link, LinkError};
 use super::names::{self, Entry};
+use crate::client::{Link, LinkError};
 use crate::config::Profile;
 use crate::protocol::{
     method, BundleState, CallParams, ErrorKind, McpParams, ToolsParams, ToolsResult,

@@ -8,7 +8,7 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use super::Requester;
-use crate::bundle::logfile::RotatingLog;
+use crate::logfile::RotatingLog;
 
 /// What a bundle asks to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
-use super::validate::{type_name, Checker};
+use super::check::{type_name, Checker};
 use super::Manifest;
 
 pub const HOST_META_KEY: &str = "ai.nimblebrain/host";

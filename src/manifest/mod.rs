@@ -4,6 +4,7 @@
 //!
 //! The flow is `load` → [`Manifest`] (validated) → [`gate`] → [`Manifest::launch_plan`].
 
+mod check;
 mod host;
 mod remote;
 mod substitute;

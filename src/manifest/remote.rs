@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Map, Value};
 
-use super::validate::{check_variables, string_list, string_map, user_config, Checker};
+use super::check::{check_variables, string_list, string_map, user_config, Checker};
 use super::{HostBlock, Manifest, Transport, HOST_META_KEY};
 
 /// Version shown for a remote bundle whose file gives none.

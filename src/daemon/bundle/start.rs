@@ -233,7 +233,7 @@ pub async fn start(
         report_sandbox(s.record.clone());
     }
     let opts = ConnectOptions {
-        log: crate::bundle::logfile::LogTarget {
+        log: crate::logfile::LogTarget {
             path: shared.config.log_path(workspace, name),
             max_bytes: shared.config.logs.max_bytes,
             keep: shared.config.logs.keep,

@@ -1,5 +1,12 @@
-//! A control-socket client: connects, says hello, sends requests and reads
-//! notifications until the matching response arrives.
+//! The control-socket client that the CLI and the gateway share:
+//! [`Client`] connects, says hello, sends one request at a time and reads
+//! the notifications that arrive before its response; [`Link`] keeps many
+//! requests in flight on one connection (the gateway's calls), routing
+//! `call.progress` to the call that asked.
+
+mod link;
+
+pub use link::{Link, LinkError, Pending};
 
 use std::path::{Path, PathBuf};
 
