@@ -285,3 +285,31 @@ fn allowed_uids_alone_admits_that_uid_and_still_refuses_others() {
         "{msg}"
     );
 }
+
+/// Issue 16, finding 10: every method refuses a param it does not take
+/// (as docs/protocol.md says), including the ones that take none.
+#[test]
+fn every_method_refuses_unknown_params() {
+    let d = Daemon::start();
+    let mut raw = d.raw();
+    raw.hello();
+    let methods = bundlevisor::protocol::method::REQUESTS;
+    assert!(methods.contains(&"metrics") && methods.contains(&"events.subscribe"));
+    for (i, method) in methods.iter().enumerate() {
+        if *method == "daemon.hello" {
+            continue; // answered once per connection, before anything else
+        }
+        let r = raw.request(10 + i as u64, method, json!({"junk": 1}));
+        assert_eq!(kind(&r), "invalid_params", "{method}: {r}");
+        assert!(
+            r["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("unknown field `junk`"),
+            "{method}: {r}"
+        );
+    }
+    // The connection still serves.
+    let r = raw.request(99, "status", json!({}));
+    assert!(r.get("result").is_some(), "{r}");
+}

@@ -167,12 +167,11 @@ fn the_first_status_after_a_start_lists_every_install() {
             .map(|b| b["name"].as_str().unwrap())
             .collect();
         assert_eq!(listed.len(), names.len(), "round {round}: {first}");
-        let out = d.cli(&["tools", "b2"]);
-        assert!(
-            out.status.success(),
-            "round {round}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        // `tools NAME` at once: the bundle, as starting, not "no bundle".
+        let mut raw = d.raw();
+        raw.hello();
+        let r = raw.request(1, "bundle.tools", serde_json::json!({"name": "b2"}));
+        assert!(r.get("result").is_some(), "round {round}: {r}");
     }
 }
 

@@ -150,3 +150,33 @@ fn a_key_from_the_environment_is_not_rotated_and_the_error_says_what_to_do() {
         "{stderr}"
     );
 }
+
+/// Issue 16, finding 10: a rotation with a param the method does not take
+/// is refused and rotates nothing.
+#[test]
+fn a_rotation_with_an_unknown_param_is_refused_and_changes_nothing() {
+    let d = Daemon::start();
+    keyed(&d);
+    let old = std::fs::read(key_file(&d)).unwrap();
+    let mut raw = d.raw();
+    raw.hello();
+    let r = raw.request(
+        1,
+        "credentials.rotate_key",
+        serde_json::json!({"junk": true}),
+    );
+    assert_eq!(r["error"]["data"]["kind"], "invalid_params", "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown field `junk`"),
+        "{r}"
+    );
+    assert_eq!(
+        std::fs::read(key_file(&d)).unwrap(),
+        old,
+        "the key was rotated"
+    );
+    assert!(!pending(&d).exists());
+}

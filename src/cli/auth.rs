@@ -12,7 +12,7 @@ use tokio::net::TcpListener;
 use super::{print_json, with_spinner, Client, ClientError};
 use crate::http_listener::{serve, Limits, Request, Response};
 use crate::protocol::{
-    method, AuthBeginParams, AuthBeginResult, AuthCompleteParams, BundleResult, DEFAULT_WORKSPACE,
+    AuthBeginParams, AuthBeginResult, AuthCompleteParams, BundleResult, DEFAULT_WORKSPACE,
 };
 use crate::text::printable_line;
 
@@ -57,8 +57,7 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         .port();
     let redirect_uri = format!("http://127.0.0.1:{port}/callback");
     let begin: AuthBeginResult = client
-        .request(
-            method::AUTH_BEGIN,
+        .call::<crate::protocol::typed::AuthBegin>(
             AuthBeginParams {
                 workspace: args.workspace.clone(),
                 name: args.name.clone(),
@@ -67,11 +66,12 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
             |_| {},
         )
         .await?;
-    println!(
+    outln!(
         "Open this URL in a browser to authorize {}/{}:",
-        args.workspace, args.name
+        args.workspace,
+        args.name
     );
-    println!("{}", printable_line(&begin.authorization_url));
+    outln!("{}", printable_line(&begin.authorization_url));
     eprintln!("waiting for the redirect to {redirect_uri} ...");
     let limit = args.timeout.min(Duration::from_secs(begin.expires_in_secs));
     let redirect = tokio::time::timeout(limit, wait_redirect(&listener, &begin.state))
@@ -91,13 +91,15 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
     };
     let what = format!("authorizing {}/{}", args.workspace, args.name);
     let result: BundleResult = with_spinner(what, async |on_note| {
-        client.request(method::AUTH_COMPLETE, params, on_note).await
+        client
+            .call::<crate::protocol::typed::AuthComplete>(params, on_note)
+            .await
     })
     .await?;
     if args.json {
         print_json(&result)?;
     } else {
-        println!(
+        outln!(
             "{}/{} authorized: {}",
             printable_line(&result.bundle.workspace),
             printable_line(&result.bundle.name),

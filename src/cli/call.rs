@@ -1,4 +1,4 @@
-//! `bundlevisor call NAME TOOL [JSON_ARGS] [-w WS]`: prints the text of the
+//! `bundlevisor call NAME TOOL [JSON_ARGS] [-w WS] [--wait-ready D]`: prints the text of the
 //! result (or the whole `CallToolResult` with --json); a tool error exits 1.
 
 use std::process::ExitCode;
@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use serde_json::Value;
 
 use super::{print_json, Client, ClientError};
-use crate::protocol::{method, CallParams, DEFAULT_WORKSPACE};
+use crate::protocol::{CallParams, DEFAULT_WORKSPACE};
 use crate::text::printable;
 
 #[derive(clap::Args, Debug)]
@@ -23,6 +23,10 @@ pub struct Args {
     /// Print the MCP CallToolResult JSON.
     #[arg(long)]
     json: bool,
+    /// Wait up to this long for a bundle that is starting or restarting,
+    /// then call it (as the gateway does), e.g. 10s.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    wait_ready: Option<std::time::Duration>,
 }
 
 pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError> {
@@ -45,9 +49,11 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         arguments,
         timeout_ms: args.timeout.map(|t| t.as_millis() as u64),
         progress: false,
-        wait_ready_ms: None,
+        wait_ready_ms: args.wait_ready.map(|t| t.as_millis() as u64),
     };
-    let result: Value = client.request(method::CALL, params, |_| {}).await?;
+    let result: Value = client
+        .call::<crate::protocol::typed::Call>(params, |_| {})
+        .await?;
     let is_error = result
         .get("isError")
         .and_then(Value::as_bool)
@@ -61,7 +67,7 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         if is_error {
             eprintln!("{text}");
         } else {
-            println!("{text}");
+            outln!("{text}");
         }
     }
     Ok(if is_error {

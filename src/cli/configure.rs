@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::str::FromStr;
 
 use super::{print_json, with_spinner, Client, ClientError};
-use crate::protocol::{method, ConfigureParams, ConfigureResult, DEFAULT_WORKSPACE};
+use crate::protocol::{ConfigureParams, ConfigureResult, DEFAULT_WORKSPACE};
 use crate::secret::Secret;
 use crate::text::printable_line;
 
@@ -85,7 +85,9 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
     };
     let what = format!("configuring {}/{}", args.workspace, args.name);
     let r: ConfigureResult = with_spinner(what, async |on_note| {
-        client.request(method::CONFIGURE, params, on_note).await
+        client
+            .call::<crate::protocol::typed::Configure>(params, on_note)
+            .await
     })
     .await?;
     if args.json {
@@ -93,7 +95,7 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         return Ok(ExitCode::SUCCESS);
     }
     if let Some(b) = &r.bundle {
-        println!(
+        outln!(
             "{}/{} reconfigured: {} (pid {})",
             printable_line(&b.workspace),
             printable_line(&b.name),
@@ -103,15 +105,19 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         return Ok(ExitCode::SUCCESS);
     }
     if r.keys.is_empty() {
-        println!(
+        outln!(
             "{}/{} declares no user_config keys",
-            args.workspace, args.name
+            args.workspace,
+            args.name
         );
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
+    outln!(
         "{:<20} {:<10} {:<9} {:<9} VALUE",
-        "KEY", "TYPE", "REQUIRED", "SENSITIVE"
+        "KEY",
+        "TYPE",
+        "REQUIRED",
+        "SENSITIVE"
     );
     for k in &r.keys {
         let value = match (&k.value, k.set, k.has_default) {
@@ -121,7 +127,7 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
             (None, false, false) if k.required => "(not set: required)".to_string(),
             (None, false, false) => "(not set)".to_string(),
         };
-        println!(
+        outln!(
             "{:<20} {:<10} {:<9} {:<9} {value}",
             printable_line(&k.key),
             printable_line(&k.kind),

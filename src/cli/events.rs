@@ -21,13 +21,13 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
             return;
         }
         if json {
-            println!("{}", n.params);
+            outln!("{}", n.params);
         } else if let Ok(e) = serde_json::from_value::<LifecycleEvent>(n.params.clone()) {
-            println!("{}", human(&e));
+            outln!("{}", human(&e));
         }
     };
-    let _: serde_json::Value = client
-        .request(method::EVENTS, serde_json::json!({}), show)
+    client
+        .call::<crate::protocol::typed::Events>(crate::protocol::NoParams {}, show)
         .await?;
     while let Some(n) = client.next_notification().await? {
         show(&n);

@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::{print_json, Client, ClientError};
-use crate::protocol::{
-    method, FileContent, FileRecord, FilesList, FilesParams, FilesPutParams, DEFAULT_WORKSPACE,
-};
 use crate::protocol::{Checkpoint, Rollback};
+use crate::protocol::{
+    FileContent, FileRecord, FilesList, FilesParams, FilesPutParams, DEFAULT_WORKSPACE,
+};
 use crate::text::printable_line;
 
 #[derive(clap::Args, Debug)]
@@ -84,11 +84,13 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
                 tags: tags.clone(),
                 mime: mime.clone(),
             };
-            let record: FileRecord = client.request(method::FILES_PUT, params, |_| {}).await?;
+            let record: FileRecord = client
+                .call::<crate::protocol::typed::FilesPut>(params, |_| {})
+                .await?;
             if *json {
                 print_json(&record)?;
             } else {
-                println!("{}", record.id);
+                outln!("{}", record.id);
             }
         }
         FilesCommand::Ls { workspace, json } => {
@@ -96,12 +98,14 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
                 workspace: workspace.clone(),
                 id: None,
             };
-            let list: FilesList = client.request(method::FILES_LS, params, |_| {}).await?;
+            let list: FilesList = client
+                .call::<crate::protocol::typed::FilesLs>(params, |_| {})
+                .await?;
             if *json {
                 print_json(&list)?;
             } else {
                 for f in &list.files {
-                    println!(
+                    outln!(
                         "{}  {:>10}  {:<24}  {}  [{}]",
                         f.id,
                         f.size,
@@ -122,16 +126,22 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
                 workspace: workspace.clone(),
                 id: Some(id.clone()),
             };
-            let content: FileContent = client.request(method::FILES_GET, params, |_| {}).await?;
+            let content: FileContent = client
+                .call::<crate::protocol::typed::FilesGet>(params, |_| {})
+                .await?;
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(content.base64)
                 .map_err(|e| ClientError::Protocol(format!("bad content from daemon: {e}")))?;
             let written = match output {
                 Some(path) => std::fs::write(path, &bytes)
                     .map_err(|e| format!("cannot write {}: {e}", path.display())),
-                None => std::io::stdout()
-                    .write_all(&bytes)
-                    .map_err(|e| format!("cannot write to stdout: {e}")),
+                None => {
+                    let mut stdout = std::io::stdout().lock();
+                    if let Err(e) = stdout.write_all(&bytes).and_then(|()| stdout.flush()) {
+                        super::exit_on_write_error(&e);
+                    }
+                    Ok(())
+                }
             };
             written.map_err(ClientError::Protocol)?;
         }
@@ -140,8 +150,10 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
                 workspace: workspace.clone(),
                 id: Some(id.clone()),
             };
-            let _: serde_json::Value = client.request(method::FILES_RM, params, |_| {}).await?;
-            println!("{id} removed");
+            client
+                .call::<crate::protocol::typed::FilesRm>(params, |_| {})
+                .await?;
+            outln!("{id} removed");
         }
         FilesCommand::Checkpoint { workspace } => {
             let params = FilesParams {
@@ -149,7 +161,7 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
                 id: None,
             };
             let cp: Checkpoint = client
-                .request(method::FILES_CHECKPOINT, params, |_| {})
+                .call::<crate::protocol::typed::FilesCheckpoint>(params, |_| {})
                 .await?;
             print_json(&cp)?;
         }
@@ -162,7 +174,7 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
                 id: Some(checkpoint_id.clone()),
             };
             let r: Rollback = client
-                .request(method::FILES_ROLLBACK, params, |_| {})
+                .call::<crate::protocol::typed::FilesRollback>(params, |_| {})
                 .await?;
             print_json(&r)?;
         }

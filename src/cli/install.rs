@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use super::{print_json, with_spinner, Client, ClientError};
-use crate::protocol::{method, BundleResult, InstallParams, DEFAULT_WORKSPACE};
+use crate::protocol::{BundleResult, InstallParams, DEFAULT_WORKSPACE};
 use crate::text::printable_line;
 
 #[derive(clap::Args, Debug)]
@@ -30,14 +30,16 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
     };
     let what = format!("installing {}", printable_line(&path.display().to_string()));
     let result: BundleResult = with_spinner(what, async |on_note| {
-        client.request(method::INSTALL, params, on_note).await
+        client
+            .call::<crate::protocol::typed::Install>(params, on_note)
+            .await
     })
     .await?;
     if args.json {
         print_json(&result)?;
     } else {
         let b = &result.bundle;
-        println!(
+        outln!(
             "{}/{} {} is {} (pid {}, {} tools)",
             printable_line(&b.workspace),
             printable_line(&b.name),

@@ -28,7 +28,7 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
     };
     let mut early = Vec::new();
     let r: LogsResult = client
-        .request(method::LOGS, params, |n| {
+        .call::<crate::protocol::typed::Logs>(params, |n| {
             if n.method == method::LOG {
                 early.push(n.params.clone());
             }
@@ -36,14 +36,14 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         .await?;
     // The bundle's own bytes: escaped, one printed line per captured line.
     for line in r.lines {
-        println!("{}", printable_line(&line));
+        outln!("{}", printable_line(&line));
     }
     if !args.follow {
         return Ok(ExitCode::SUCCESS);
     }
     let print = |params: serde_json::Value| {
         if let Ok(l) = serde_json::from_value::<LogLine>(params) {
-            println!("{}", printable_line(&l.line));
+            outln!("{}", printable_line(&l.line));
         }
     };
     early.into_iter().for_each(print);

@@ -27,6 +27,8 @@ pub fn run(socket: PathBuf, args: &Args) -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // The agent usually keeps this in a file: colours only on a terminal.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .fmt_fields(crate::text::PrintableFields)
         .init();
     // One client, one daemon link: a single thread relays without waking

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use super::{print_json, Client, ClientError};
-use crate::protocol::{method, MetricsResult};
+use crate::protocol::MetricsResult;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -15,12 +15,12 @@ pub struct Args {
 
 pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError> {
     let result: MetricsResult = client
-        .request(method::METRICS, serde_json::json!({}), |_| {})
+        .call::<crate::protocol::typed::Metrics>(crate::protocol::NoParams {}, |_| {})
         .await?;
     if args.json {
         print_json(&result)?;
     } else {
-        print!("{}", result.text);
+        out!("{}", result.text);
     }
     Ok(ExitCode::SUCCESS)
 }

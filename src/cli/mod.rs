@@ -2,6 +2,24 @@
 //! other subcommand is a client of its control socket. One file per
 //! subcommand; `anyhow` is used only here, at the edge.
 
+/// `println!` for the CLI's output: a closed pipe (`| head`) ends the
+/// command quietly with exit 0, as Unix tools do, instead of a panic.
+macro_rules! outln {
+    () => {
+        $crate::cli::write_out(format_args!("\n"))
+    };
+    ($($arg:tt)*) => {
+        $crate::cli::write_out(format_args!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// `print!` for the CLI's output (see [`outln!`]).
+macro_rules! out {
+    ($($arg:tt)*) => {
+        $crate::cli::write_out(format_args!($($arg)*))
+    };
+}
+
 mod auth;
 mod call;
 mod completions;
@@ -190,6 +208,25 @@ async fn with_spinner<R>(
 fn print_json(value: &impl serde::Serialize) -> Result<(), ClientError> {
     let text =
         serde_json::to_string_pretty(value).map_err(|e| ClientError::Protocol(e.to_string()))?;
-    println!("{text}");
+    outln!("{text}");
     Ok(())
+}
+
+/// Writes the CLI's output to stdout. A reader that went away (`| head`)
+/// ends the command at once with exit 0; any other write error with exit 2.
+pub(crate) fn write_out(args: std::fmt::Arguments) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    if let Err(e) = stdout.write_fmt(args) {
+        exit_on_write_error(&e);
+    }
+}
+
+/// Ends the process for an error writing stdout: quietly for a closed pipe.
+pub(crate) fn exit_on_write_error(e: &std::io::Error) -> ! {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        std::process::exit(0);
+    }
+    eprintln!("error: cannot write to stdout: {e}");
+    std::process::exit(2);
 }

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use super::{print_json, with_spinner, Client, ClientError};
-use crate::protocol::{method, BundleRef, BundleResult, DEFAULT_WORKSPACE};
+use crate::protocol::{BundleRef, BundleResult, DEFAULT_WORKSPACE};
 use crate::text::printable_line;
 
 #[derive(clap::Args, Debug)]
@@ -26,13 +26,15 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         printable_line(&args.name)
     );
     let r: BundleResult = with_spinner(what, async |on_note| {
-        client.request(method::RESTART, params, on_note).await
+        client
+            .call::<crate::protocol::typed::Restart>(params, on_note)
+            .await
     })
     .await?;
     if args.json {
         print_json(&r)?;
     } else {
-        println!(
+        outln!(
             "{}/{} is {} (pid {})",
             printable_line(&r.bundle.workspace),
             printable_line(&r.bundle.name),

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use super::{print_json, with_spinner, Client, ClientError};
-use crate::protocol::{method, RotateKeyResult};
+use crate::protocol::RotateKeyResult;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -15,18 +15,18 @@ pub struct Args {
 pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError> {
     let result: RotateKeyResult = with_spinner("rotating the credential key".into(), async |n| {
         client
-            .request(method::ROTATE_KEY, serde_json::json!({}), n)
+            .call::<crate::protocol::typed::RotateKey>(crate::protocol::NoParams {}, n)
             .await
     })
     .await?;
     if args.json {
         print_json(&result)?;
     } else {
-        println!(
+        outln!(
             "credential key rotated: {} values and {} OAuth token sets re-sealed; the new key is in {}",
             result.values, result.token_sets, result.key_file
         );
-        println!(
+        outln!(
             "back up the new key now: backups of the state db taken before this need the old key"
         );
     }

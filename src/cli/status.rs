@@ -1,4 +1,4 @@
-//! `bundlevisor status [--json] [--watch [--interval D]]`
+//! `bundlevisor status [-w WS] [--json] [--watch [--interval D]]`
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use super::{print_json, Client, ClientError};
-use crate::protocol::{method, StatusParams, StatusResult};
+use crate::protocol::{StatusParams, StatusResult};
 use crate::text::printable_line;
 
 #[derive(clap::Args, Debug)]
@@ -22,6 +22,9 @@ pub struct Args {
     /// How often --watch refreshes.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     interval: Duration,
+    /// Only this workspace (an error if the daemon knows no such workspace).
+    #[arg(short, long)]
+    workspace: Option<String>,
 }
 
 pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError> {
@@ -29,12 +32,18 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         return watch(client, args).await;
     }
     let status: StatusResult = client
-        .request(method::STATUS, serde_json::json!({}), |_| {})
+        .call::<crate::protocol::typed::Status>(
+            StatusParams {
+                usage: false,
+                workspace: args.workspace.clone(),
+            },
+            |_| {},
+        )
         .await?;
     if args.json {
         print_json(&status)?;
     } else {
-        print!("{}", table(&status));
+        out!("{}", table(&status));
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -61,11 +70,14 @@ async fn watch(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError
             _ = interrupt.recv() => break Ok(()),
             _ = ticker.tick() => {}
         }
-        let params = StatusParams { usage: true };
+        let params = StatusParams {
+            usage: true,
+            workspace: args.workspace.clone(),
+        };
         // Ctrl-C ends the watch even while the daemon is slow to answer.
         let status: StatusResult = tokio::select! {
             _ = interrupt.recv() => break Ok(()),
-            answer = client.request(method::STATUS, params, |_| {}) => match answer {
+            answer = client.call::<crate::protocol::typed::Status>(params, |_| {}) => match answer {
                 Ok(s) => s,
                 Err(e) => break Err(e),
             },

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use super::{print_json, Client, ClientError};
-use crate::protocol::{method, ToolsParams, ToolsResult, DEFAULT_WORKSPACE};
+use crate::protocol::{ToolsParams, ToolsResult, DEFAULT_WORKSPACE};
 use crate::text::printable_line;
 
 #[derive(clap::Args, Debug)]
@@ -21,14 +21,16 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         workspace: args.workspace.clone(),
         name: args.name.clone(),
     };
-    let r: ToolsResult = client.request(method::TOOLS, params, |_| {}).await?;
+    let r: ToolsResult = client
+        .call::<crate::protocol::typed::Tools>(params, |_| {})
+        .await?;
     if args.json {
         print_json(&r)?;
         return Ok(ExitCode::SUCCESS);
     }
     for b in &r.bundles {
         if b.tools.is_empty() {
-            println!(
+            outln!(
                 "{}/{} ({}): no tools",
                 printable_line(&b.workspace),
                 printable_line(&b.name),
@@ -38,7 +40,7 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         for t in &b.tools {
             let name = t.get("name").and_then(|v| v.as_str()).unwrap_or("?");
             let desc = t.get("description").and_then(|v| v.as_str()).unwrap_or("");
-            println!(
+            outln!(
                 "{}/{}\t{}",
                 printable_line(&b.name),
                 printable_line(name),

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use super::{Client, ClientError};
-use crate::protocol::{method, UninstallParams, UninstallResult, DEFAULT_WORKSPACE};
+use crate::protocol::{UninstallParams, UninstallResult, DEFAULT_WORKSPACE};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -21,14 +21,17 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         name: args.name.clone(),
         purge: args.purge,
     };
-    let r: UninstallResult = client.request(method::UNINSTALL, params, |_| {}).await?;
+    let r: UninstallResult = client
+        .call::<crate::protocol::typed::Uninstall>(params, |_| {})
+        .await?;
     if args.purge {
-        println!(
+        outln!(
             "{}/{} uninstalled; its credentials and tokens were deleted",
-            r.workspace, r.name
+            r.workspace,
+            r.name
         );
     } else {
-        println!("{}/{} uninstalled", r.workspace, r.name);
+        outln!("{}/{} uninstalled", r.workspace, r.name);
     }
     Ok(ExitCode::SUCCESS)
 }

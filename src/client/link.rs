@@ -177,6 +177,14 @@ impl Link {
         self.send_on(&conn, method, params, progress)
     }
 
+    /// Sends one request of method `M` and waits for its answer.
+    pub async fn call<M: crate::protocol::Method>(
+        &self,
+        params: M::Params,
+    ) -> Result<M::Result, LinkError> {
+        self.request(M::NAME, params).await
+    }
+
     pub async fn request<P: Serialize, R: DeserializeOwned>(
         &self,
         method: &str,

@@ -16,8 +16,9 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 
+use crate::protocol::typed::Hello;
 use crate::protocol::{
-    method, HelloParams, HelloResult, Incoming, Notification, Request, RpcError, PROTOCOL_VERSION,
+    HelloParams, Incoming, Method, Notification, Request, RpcError, PROTOCOL_VERSION,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -61,7 +62,7 @@ impl Client {
             protocol: PROTOCOL_VERSION,
             client: Some(format!("bundlevisor-cli/{}", env!("CARGO_PKG_VERSION"))),
         };
-        let _: HelloResult = client.request(method::HELLO, hello, |_| {}).await?;
+        client.call::<Hello>(hello, |_| {}).await?;
         Ok(client)
     }
 
@@ -83,6 +84,17 @@ impl Client {
                 return Ok(Some(n));
             }
         }
+    }
+
+    /// Sends one request of method `M` (its params and result types are the
+    /// daemon's, `protocol::typed`); `on_note` sees every notification that
+    /// arrives before the response.
+    pub async fn call<M: Method>(
+        &mut self,
+        params: M::Params,
+        on_note: impl FnMut(&Notification),
+    ) -> Result<M::Result, ClientError> {
+        self.request(M::NAME, params, on_note).await
     }
 
     /// Sends one request; `on_note` sees every notification that arrives

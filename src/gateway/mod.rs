@@ -4,7 +4,9 @@
 //! - [`server`]: the rmcp `ServerHandler` (tools, prompts, resources,
 //!   workspace files, profile filtering, progress and cancellation).
 //! - [`names`]: namespacing (`BUNDLE__TOOL`) and its collision rule.
-//! - [`link`]: the multiplexed connection to the daemon.
+//!
+//! Its connection to the daemon is [`crate::client::Link`] (many requests
+//! in flight) and, for the lifecycle events, a [`crate::client::Client`].
 //!
 //! A watcher follows the daemon's lifecycle events and sends
 //! `notifications/tools/list_changed` (and the prompt and resource ones)
@@ -21,7 +23,8 @@ use rmcp::{RoleServer, ServiceExt};
 
 use crate::client::{Link, LinkError};
 use crate::config::Profile;
-use crate::protocol::{method, EventKind, LifecycleEvent, ProfileParams};
+use crate::protocol::typed::{self, Status};
+use crate::protocol::{EventKind, LifecycleEvent, Method, NoParams, ProfileParams, StatusParams};
 pub use server::{Gateway, DEFAULT_WAIT_READY};
 
 #[derive(Debug, thiserror::Error)]
@@ -45,15 +48,17 @@ pub async fn serve_stdio(opts: Options) -> Result<(), GatewayError> {
     // Fails early (and clearly) when the daemon is not there or the profile is unknown.
     let profile = match &opts.profile {
         Some(name) => Some(
-            link.request::<_, Profile>(method::PROFILE, ProfileParams { name: name.clone() })
+            link.request::<_, Profile>(typed::Profile::NAME, ProfileParams { name: name.clone() })
                 .await?,
         ),
-        None => {
-            link.request::<_, serde_json::Value>(method::STATUS, serde_json::json!({}))
-                .await?;
-            None
-        }
+        None => None,
     };
+    // An unknown workspace is an error, not an empty list of tools.
+    let only = StatusParams {
+        usage: false,
+        workspace: Some(opts.workspace.clone()),
+    };
+    link.call::<Status>(only).await?;
     let gateway = Gateway::new(link, opts.workspace.clone(), profile, opts.wait_ready);
     let service = gateway
         .clone()
@@ -93,7 +98,7 @@ async fn watch_changes(gateway: Gateway, peer: Peer<RoleServer>, socket: PathBuf
             }
         };
         if client
-            .request::<_, serde_json::Value>(method::EVENTS, serde_json::json!({}), |_| {})
+            .call::<typed::Events>(NoParams {}, |_| {})
             .await
             .is_err()
         {

@@ -78,13 +78,10 @@ impl Gateway {
         let result: ToolsResult = self
             .0
             .link
-            .request(
-                method::TOOLS,
-                ToolsParams {
-                    workspace: self.0.workspace.clone(),
-                    name: None,
-                },
-            )
+            .call::<crate::protocol::typed::Tools>(ToolsParams {
+                workspace: self.0.workspace.clone(),
+                name: None,
+            })
             .await
             .map_err(to_mcp)?;
         Ok(result
@@ -187,15 +184,12 @@ impl Gateway {
     ) -> Result<Value, LinkError> {
         self.0
             .link
-            .request(
-                method::MCP,
-                McpParams {
-                    workspace: self.0.workspace.clone(),
-                    name: bundle.to_string(),
-                    method: method_name.to_string(),
-                    params: Some(params),
-                },
-            )
+            .call::<crate::protocol::typed::Mcp>(McpParams {
+                workspace: self.0.workspace.clone(),
+                name: bundle.to_string(),
+                method: method_name.to_string(),
+                params: Some(params),
+            })
             .await
     }
 
@@ -255,14 +249,11 @@ impl Gateway {
         let files: Value = self
             .0
             .link
-            .request(
-                method::WORKSPACE_RESOURCES,
-                WorkspaceResourcesParams {
-                    workspace: self.0.workspace.clone(),
-                    method: "resources/list".into(),
-                    params: None,
-                },
-            )
+            .call::<crate::protocol::typed::WorkspaceResources>(WorkspaceResourcesParams {
+                workspace: self.0.workspace.clone(),
+                method: "resources/list".into(),
+                params: None,
+            })
             .await
             .map_err(to_mcp)?;
         let mut resources: Vec<Value> = files
@@ -496,14 +487,11 @@ impl ServerHandler for Gateway {
         } else {
             self.0
                 .link
-                .request(
-                    method::WORKSPACE_RESOURCES,
-                    WorkspaceResourcesParams {
-                        workspace: self.0.workspace.clone(),
-                        method: "resources/read".into(),
-                        params: Some(json!({ "uri": request.uri })),
-                    },
-                )
+                .call::<crate::protocol::typed::WorkspaceResources>(WorkspaceResourcesParams {
+                    workspace: self.0.workspace.clone(),
+                    method: "resources/read".into(),
+                    params: Some(json!({ "uri": request.uri })),
+                })
                 .await
                 .map_err(to_mcp)?
         };

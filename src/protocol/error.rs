@@ -17,6 +17,8 @@ pub enum ErrorKind {
     ProtocolMismatch,
     PermissionDenied,
     BundleNotFound,
+    /// No bundle was ever installed in that workspace.
+    WorkspaceNotFound,
     AlreadyInstalled,
     /// Uninstall of a bundle that a watched folder provides.
     WatchedBundle,
@@ -78,6 +80,7 @@ impl ErrorKind {
             ErrorKind::ProtocolMismatch => "protocol_mismatch",
             ErrorKind::PermissionDenied => "permission_denied",
             ErrorKind::BundleNotFound => "bundle_not_found",
+            ErrorKind::WorkspaceNotFound => "workspace_not_found",
             ErrorKind::AlreadyInstalled => "already_installed",
             ErrorKind::WatchedBundle => "watched_bundle",
             ErrorKind::InvalidName => "invalid_name",

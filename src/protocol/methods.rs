@@ -241,6 +241,9 @@ pub struct StatusParams {
     /// Add each bundle's `usage` (memory, tool calls).
     #[serde(default)]
     pub usage: bool,
+    /// Only this workspace (`workspace_not_found` if it has no bundles).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
 }
 
 /// What a bundle uses, in `status` with `usage`.
@@ -299,6 +302,7 @@ pub struct BundleRef {
 
 /// `bundle.uninstall`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct UninstallParams {
     #[serde(default = "default_workspace")]
     pub workspace: String,
@@ -312,6 +316,7 @@ pub struct UninstallParams {
 /// `bundle.configure`: set and unset user_config values, then respawn.
 /// With neither, nothing changes and the result lists the keys.
 #[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ConfigureParams {
     #[serde(default = "default_workspace")]
     pub workspace: String,
@@ -338,6 +343,7 @@ impl std::fmt::Debug for ConfigureParams {
 /// authorization server will redirect to `redirect_uri` (a loopback
 /// listener of the CLI).
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AuthBeginParams {
     #[serde(default = "default_workspace")]
     pub workspace: String,
@@ -357,6 +363,7 @@ pub struct AuthBeginResult {
 
 /// `auth.complete`: what the redirect brought back.
 #[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AuthCompleteParams {
     pub state: String,
     #[serde(default)]

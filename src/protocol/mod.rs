@@ -8,10 +8,12 @@
 pub mod error;
 pub mod jsonrpc;
 pub mod methods;
+pub mod typed;
 
 pub use error::{ErrorKind, RpcError};
 pub use jsonrpc::{Incoming, Notification, Request, Response};
 pub use methods::*;
+pub use typed::{Method, NoParams};
 
 /// Major version of the control protocol. A client whose major differs is
 /// refused in `daemon.hello`.

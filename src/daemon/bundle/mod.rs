@@ -101,6 +101,8 @@ pub enum BundleMsg {
         call: Option<PendingCall>,
     },
     Tools(RpcReplyPort<(BundleState, Vec<Value>)>),
+    /// The manifest the bundle runs (None before its first start).
+    Manifest(RpcReplyPort<Option<LoadedManifest>>),
     #[cfg(feature = "fault-injection")]
     Panic,
 }
@@ -584,6 +586,9 @@ impl Actor for BundleActor {
                     })
                     .unwrap_or_default();
                 let _ = reply.send((st.lc.state(), tools));
+            }
+            BundleMsg::Manifest(reply) => {
+                let _ = reply.send(st.manifest.clone());
             }
             #[cfg(feature = "fault-injection")]
             BundleMsg::Panic => panic!(

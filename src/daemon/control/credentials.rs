@@ -14,15 +14,15 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use serde_json::Value;
-
-use super::{bundle_actor, not_found, to_value, unavailable, wait_outcome, Ctx, Outbox};
+use super::ask::{ask, bundle_actor, limit, not_found, unavailable};
+use super::outcome::respawn_and_wait;
+use super::{Ctx, Outbox};
 use crate::daemon::bundle::{BundleMsg, Respawn};
 use crate::daemon::PendingAuth;
 use crate::manifest::{LoadedManifest, Plan, RemotePlan, UserConfigType};
 use crate::protocol::{
     AuthBeginParams, AuthBeginResult, AuthCompleteParams, BundleResult, ConfigKey, ConfigureParams,
-    ConfigureResult, ErrorKind, RotateKeyResult, RpcError,
+    ConfigureResult, ErrorKind, NoParams, RotateKeyResult, RpcError,
 };
 use crate::secret::Secret;
 use crate::store::{Change, TokenSet};
@@ -31,7 +31,7 @@ use crate::store::{Change, TokenSet};
 /// first, every secret is re-sealed in one transaction, then the new file
 /// replaces the key file. A daemon stopped in between finishes (or undoes)
 /// it at its next start (`daemon::open_credentials`).
-pub(super) async fn rotate_key(ctx: &Ctx) -> Result<Value, RpcError> {
+pub(super) async fn rotate_key(_: NoParams, ctx: &Ctx) -> Result<RotateKeyResult, RpcError> {
     use crate::store::crypto;
     let failed = |message: String| RpcError::new(ErrorKind::KeyRotationFailed, message);
     let settings = &ctx.shared.config.credentials;
@@ -74,18 +74,18 @@ pub(super) async fn rotate_key(ctx: &Ctx) -> Result<Value, RpcError> {
     })
     .await
     .map_err(unavailable)??;
-    to_value(result)
+    Ok(result)
 }
 
 pub(super) async fn configure(
     p: ConfigureParams,
     ctx: &Ctx,
     out: &Outbox,
-) -> Result<Value, RpcError> {
+) -> Result<ConfigureResult, RpcError> {
     let actor = bundle_actor(&p.workspace, &p.name)?;
     let lock = ctx.shared.configure_lock(&p.workspace, &p.name);
     let _serialized = lock.lock().await;
-    let loaded = installed_manifest(ctx, &p.workspace, &p.name).await?;
+    let loaded = running_manifest(ctx, &actor, &p.workspace, &p.name).await?;
     let manifest = &loaded.manifest;
     let stored: BTreeSet<String> = {
         ctx.shared
@@ -145,7 +145,7 @@ pub(super) async fn configure(
 
     if changes.is_empty() {
         let keys = describe_keys(ctx, &loaded, &p.workspace, &p.name).await?;
-        return to_value(ConfigureResult { keys, bundle: None });
+        return Ok(ConfigureResult { keys, bundle: None });
     }
     {
         ctx.shared
@@ -156,20 +156,33 @@ pub(super) async fn configure(
             .map_err(internal)?;
     }
     tracing::info!(workspace = %p.workspace, bundle = %p.name, set = ?p.set.keys().collect::<Vec<_>>(), unset = ?p.unset, "user_config changed; respawning");
-    let events = ctx.shared.board.subscribe();
-    actor
-        .call(
-            |r| BundleMsg::Respawn(Respawn::Reconfigured, r),
-            Some(Duration::from_secs(10)),
-        )
-        .await
-        .map_err(unavailable)?;
-    let bundle = wait_outcome(events, ctx, &p.workspace, &p.name, out).await?;
+    let bundle = respawn_and_wait(ctx, out, &p.workspace, &p.name, Respawn::Reconfigured).await?;
     let keys = describe_keys(ctx, &loaded, &p.workspace, &p.name).await?;
-    to_value(ConfigureResult {
+    Ok(ConfigureResult {
         keys,
         bundle: Some(bundle),
     })
+}
+
+/// The manifest a bundle runs (the last good one: a broken file on disk
+/// does not stop `configure`); read from disk before its first start.
+async fn running_manifest(
+    ctx: &Ctx,
+    actor: &ractor::ActorRef<BundleMsg>,
+    workspace: &str,
+    name: &str,
+) -> Result<LoadedManifest, RpcError> {
+    match ask(
+        actor,
+        BundleMsg::Manifest,
+        limit::ANSWER,
+        "the bundle's actor",
+    )
+    .await?
+    {
+        Some(running) => Ok(running),
+        None => installed_manifest(ctx, workspace, name).await,
+    }
 }
 
 /// The manifest of an installed bundle, read from where it was installed.
@@ -278,7 +291,7 @@ async fn stored_tokens(ctx: &Ctx, workspace: &str, name: &str) -> Result<TokenSe
         .unwrap_or_default())
 }
 
-pub(super) async fn auth_begin(p: AuthBeginParams, ctx: &Ctx) -> Result<Value, RpcError> {
+pub(super) async fn auth_begin(p: AuthBeginParams, ctx: &Ctx) -> Result<AuthBeginResult, RpcError> {
     bundle_actor(&p.workspace, &p.name)?;
     let redirect = url::Url::parse(&p.redirect_uri)
         .map_err(|e| RpcError::new(ErrorKind::InvalidParams, format!("redirect_uri: {e}")))?;
@@ -320,14 +333,14 @@ pub(super) async fn auth_begin(p: AuthBeginParams, ctx: &Ctx) -> Result<Value, R
         },
     );
     tracing::info!(workspace = %p.workspace, bundle = %p.name, "authorization flow started");
-    to_value(result)
+    Ok(result)
 }
 
 pub(super) async fn auth_complete(
     p: AuthCompleteParams,
     ctx: &Ctx,
     out: &Outbox,
-) -> Result<Value, RpcError> {
+) -> Result<BundleResult, RpcError> {
     let flow = ctx
         .shared
         .pending_auth
@@ -352,7 +365,7 @@ pub(super) async fn auth_complete(
         .code
         .as_deref()
         .ok_or_else(|| auth_failed("the redirect carried no code"))?;
-    let actor = bundle_actor(&workspace, &name)?;
+    bundle_actor(&workspace, &name)?;
     let lock = ctx.shared.configure_lock(&workspace, &name);
     let _serialized = lock.lock().await;
     let http = crate::oauth::http_client();
@@ -368,14 +381,6 @@ pub(super) async fn auth_complete(
             .map_err(internal)?;
     }
     tracing::info!(workspace = %workspace, bundle = %name, "authorization completed; tokens stored");
-    let events = ctx.shared.board.subscribe();
-    actor
-        .call(
-            |r| BundleMsg::Respawn(Respawn::Authorized, r),
-            Some(Duration::from_secs(10)),
-        )
-        .await
-        .map_err(unavailable)?;
-    let bundle = wait_outcome(events, ctx, &workspace, &name, out).await?;
-    to_value(BundleResult { bundle })
+    let bundle = respawn_and_wait(ctx, out, &workspace, &name, Respawn::Authorized).await?;
+    Ok(BundleResult { bundle })
 }

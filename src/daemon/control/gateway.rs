@@ -9,7 +9,9 @@ use ractor::rpc::CallResult;
 use rmcp::model::ClientRequest;
 use serde_json::{json, Value};
 
-use super::{bundle_actor, files_call, to_value, unavailable, Ctx};
+use super::ask::{bundle_actor, limit, unavailable};
+use super::files::files_call;
+use super::Ctx;
 use crate::daemon::bundle::{Ask, BundleMsg, CallError, PendingCall};
 use crate::daemon::workspace::FilesOp;
 use crate::protocol::{
@@ -49,7 +51,7 @@ pub(super) async fn mcp(p: McpParams) -> Result<Value, RpcError> {
                     reply,
                 })
             },
-            Some(PASSTHROUGH_TIMEOUT + Duration::from_secs(5)),
+            Some(PASSTHROUGH_TIMEOUT + limit::CALL_SLACK),
         )
         .await
         .map_err(unavailable)?;
@@ -109,10 +111,11 @@ pub(super) async fn workspace_resources(
     answer.map_err(mcp_error)
 }
 
-pub(super) fn profile(p: ProfileParams, ctx: &Ctx) -> Result<Value, RpcError> {
+pub(super) async fn profile(p: ProfileParams, ctx: &Ctx) -> Result<Value, RpcError> {
     let profiles = &ctx.shared.config.profiles;
     match profiles.iter().find(|x| x.name == p.name) {
-        Some(found) => to_value(found),
+        Some(found) => serde_json::to_value(found)
+            .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string())),
         None => Err(RpcError::new(
             ErrorKind::InvalidParams,
             format!(

@@ -1,0 +1,216 @@
+//! `bundle.tools` and `bundle.call`: a bundle's tools as its actor lists
+//! them, and a tool call through the actor's one request path, with
+//! progress forwarded, cancellation, and a bounded wait for a bundle that
+//! is on its way up.
+
+use std::time::Duration;
+
+use ractor::rpc::CallResult;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::ask::{ask, bundle_actor, limit, unavailable};
+use super::outcome::wait_ready;
+use super::{Ctx, Outbox};
+use crate::daemon::bundle::{Ask, BundleMsg, CallError, PendingCall};
+use crate::protocol::{
+    method, BundleState, BundleTools, CallParams, CallProgress, ErrorKind, Notification, RpcError,
+    ToolsParams, ToolsResult,
+};
+
+pub(super) async fn tools(p: ToolsParams, ctx: &Ctx) -> Result<ToolsResult, RpcError> {
+    let names: Vec<String> = match &p.name {
+        Some(name) => vec![name.clone()],
+        None => ctx
+            .shared
+            .board
+            .snapshot()
+            .1
+            .into_iter()
+            .filter(|b| b.workspace == p.workspace)
+            .map(|b| b.name)
+            .collect(),
+    };
+    let mut bundles = Vec::new();
+    for name in names {
+        let (state, tools) = match bundle_actor(&p.workspace, &name) {
+            Ok(actor) => {
+                ask(
+                    &actor,
+                    BundleMsg::Tools,
+                    limit::ANSWER,
+                    "the bundle's actor",
+                )
+                .await?
+            }
+            // Installed, and its actor not up yet (a moment after a daemon
+            // start): listed as the board has it, with no tools yet.
+            Err(e) => match ctx.shared.board.get(&p.workspace, &name) {
+                Some(status) => (status.state, Vec::new()),
+                None if p.name.is_some() => return Err(e),
+                None => continue,
+            },
+        };
+        bundles.push(BundleTools {
+            workspace: p.workspace.clone(),
+            name,
+            state,
+            tools,
+        });
+    }
+    Ok(ToolsResult { bundles })
+}
+
+pub(super) async fn call(
+    p: CallParams,
+    ctx: &Ctx,
+    out: &Outbox,
+    id: Value,
+    cancel: &CancellationToken,
+) -> Result<Value, RpcError> {
+    let started = std::time::Instant::now();
+    let answer = call_tool(&p, ctx, out, id, cancel).await;
+    // A call of a bundle that is not installed is not a bundle's call.
+    let unknown = |e: &RpcError| e.data.as_ref().map(|d| d.kind) == Some(ErrorKind::BundleNotFound);
+    if !matches!(&answer, Err(e) if unknown(e)) {
+        let ok = matches!(&answer, Ok(v) if v.get("isError") != Some(&Value::Bool(true)));
+        ctx.shared
+            .metrics
+            .tool_call(&p.workspace, &p.name, started.elapsed(), ok);
+    }
+    answer
+}
+
+async fn call_tool(
+    p: &CallParams,
+    ctx: &Ctx,
+    out: &Outbox,
+    id: Value,
+    cancel: &CancellationToken,
+) -> Result<Value, RpcError> {
+    let actor = bundle_actor(&p.workspace, &p.name)?;
+    let timeout = p.timeout_ms.map(Duration::from_millis);
+    let wait = timeout.unwrap_or(ctx.shared.config.bundles.call_timeout) + limit::CALL_SLACK;
+    let mut waited = false;
+    let result = loop {
+        // Progress goes out in order, ahead of the answer.
+        let (progress, mut progress_rx) = if p.progress {
+            let (tx, rx) = mpsc::channel::<rmcp::model::ProgressNotificationParam>(16);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        let forward = |n: rmcp::model::ProgressNotificationParam| {
+            Notification::new(
+                method::CALL_PROGRESS,
+                CallProgress {
+                    id: id.clone(),
+                    progress: n.progress,
+                    total: n.total,
+                    message: n.message,
+                },
+            )
+        };
+        let (tool, arguments, cancel) = (p.tool.clone(), p.arguments.clone(), cancel.clone());
+        let answer = actor.call(
+            |reply| {
+                BundleMsg::Call(PendingCall {
+                    request: Ask::Tool {
+                        name: tool,
+                        arguments,
+                    },
+                    timeout,
+                    cancel,
+                    progress,
+                    reply,
+                })
+            },
+            Some(wait),
+        );
+        tokio::pin!(answer);
+        let result = loop {
+            tokio::select! {
+                biased;
+                Some(n) = async {
+                    match progress_rx.as_mut() {
+                        Some(rx) => rx.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => out.send(&forward(n)).await,
+                r = &mut answer => break r.map_err(unavailable)?,
+            };
+        };
+        if let Some(rx) = progress_rx.as_mut() {
+            while let Ok(n) = rx.try_recv() {
+                out.send(&forward(n)).await;
+            }
+        }
+        // A bundle on its way up is waited for (bounded), then called once.
+        if let (false, Some(wait), CallResult::Success(Err(CallError::NotReady { state, .. }))) =
+            (waited, p.wait_ready_ms, &result)
+        {
+            if state.is_coming_up() {
+                waited = true;
+                if wait_ready(ctx, &p.workspace, &p.name, Duration::from_millis(wait)).await {
+                    continue;
+                }
+            }
+        }
+        break result;
+    };
+    let name = p.name.clone();
+    match result {
+        CallResult::Success(Ok(value)) => Ok(value),
+        CallResult::Success(Err(CallError::NotReady { state, last_error })) if waited => {
+            Err(RpcError::new(
+                ErrorKind::NotReady,
+                format!(
+                    "bundle {name:?} did not become ready within {} (it is {}{})",
+                    humantime::format_duration(Duration::from_millis(p.wait_ready_ms.unwrap_or(0))),
+                    state.as_str(),
+                    last_error.map(|e| format!("; last error: {e}")).unwrap_or_default()
+                ),
+            )
+            .with("state", state.as_str()))
+        }
+        CallResult::Success(Err(CallError::NotReady { state, last_error })) => Err(RpcError::new(
+            ErrorKind::NotReady,
+            match last_error {
+                Some(e) if state == BundleState::Failed => {
+                    format!("bundle {name:?} is failed ({e}); fix it, then `bundlevisor restart {name}`")
+                }
+                Some(e) => format!("bundle {name:?} is {}, not ready (last error: {e})", state.as_str()),
+                None => format!("bundle {name:?} is {}, not ready", state.as_str()),
+            },
+        )
+        .with("state", state.as_str())),
+        CallResult::Success(Err(CallError::Timeout(t))) => Err(RpcError::new(
+            ErrorKind::Timeout,
+            format!(
+                "tool {:?} of bundle {name:?} did not answer within {}",
+                p.tool,
+                humantime::format_duration(t)
+            ),
+        )),
+        CallResult::Success(Err(CallError::Failed(e))) => Err(RpcError::new(
+            ErrorKind::ToolCallFailed,
+            format!("tool {:?} of bundle {name:?} failed: {e}", p.tool),
+        )),
+        CallResult::Success(Err(CallError::Cancelled)) => Err(RpcError::new(
+            ErrorKind::Cancelled,
+            format!("the call of tool {:?} of bundle {name:?} was cancelled", p.tool),
+        )),
+        CallResult::Success(Err(CallError::NoSuchTool)) => Err(RpcError::new(
+            ErrorKind::ToolNotFound,
+            format!(
+                "bundle {name:?} has no tool {:?} (or the daemon config excludes it); `bundlevisor tools {name}` lists them",
+                p.tool
+            ),
+        )),
+        _ => Err(RpcError::new(
+            ErrorKind::Timeout,
+            format!("bundle {name:?} did not answer in time"),
+        )),
+    }
+}

@@ -1,0 +1,129 @@
+//! `bundle.install`, `bundle.uninstall`, `bundle.restart`: asked of the
+//! DaemonActor (installs, uninstalls) or the bundle's actor (restart), then
+//! the outcome of the start is waited for.
+
+use std::path::PathBuf;
+
+use serde_json::json;
+
+use super::ask::{ask, limit};
+use super::outcome::{respawn_and_wait, wait_outcome};
+use super::{Ctx, Outbox};
+use crate::daemon::bundle::Respawn;
+use crate::daemon::supervisor::{DaemonMsg, InstallError};
+use crate::manifest::ManifestError;
+use crate::protocol::{
+    BundleRef, BundleResult, ErrorKind, InstallParams, RpcError, UninstallParams, UninstallResult,
+};
+use crate::store::Origin;
+
+pub(super) async fn install(
+    p: InstallParams,
+    ctx: &Ctx,
+    out: &Outbox,
+) -> Result<BundleResult, RpcError> {
+    let path = PathBuf::from(&p.path);
+    let manifest = crate::manifest::manifest_file(&path);
+    if !(ctx.peer.may_use(&path) && ctx.peer.may_use(&manifest)) {
+        return Err(RpcError::new(
+            ErrorKind::PermissionDenied,
+            ctx.peer.not_theirs("bundle folder or manifest", &p.path),
+        ));
+    }
+    let events = ctx.shared.board.subscribe();
+    let record = ask(
+        &ctx.daemon,
+        |reply| DaemonMsg::Install {
+            path,
+            workspace: p.workspace.clone(),
+            origin: Origin::Cli,
+            reply,
+        },
+        limit::INSTALL,
+        "the daemon",
+    )
+    .await?
+    .map_err(install_error)?;
+    if p.no_wait {
+        // The bundle's actor may not have published its first status yet.
+        let bundle = ctx
+            .shared
+            .board
+            .get(&record.workspace, &record.name)
+            .unwrap_or_else(|| crate::daemon::expected_status(&record));
+        return Ok(BundleResult { bundle });
+    }
+    let bundle = wait_outcome(events, ctx, &record.workspace, &record.name, out).await?;
+    Ok(BundleResult { bundle })
+}
+
+pub(super) async fn uninstall(p: UninstallParams, ctx: &Ctx) -> Result<UninstallResult, RpcError> {
+    let (workspace, name) = (p.workspace.clone(), p.name.clone());
+    ask(
+        &ctx.daemon,
+        |reply| DaemonMsg::Uninstall {
+            workspace,
+            name,
+            reply,
+        },
+        limit::UNINSTALL,
+        "the uninstall",
+    )
+    .await?
+    .map_err(install_error)?;
+    if p.purge {
+        ctx.shared
+            .credentials_of(&p.workspace, &p.name, |c, w, n| c.purge(w, n))
+            .await
+            .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?;
+        tracing::info!(workspace = %p.workspace, bundle = %p.name, "stored credentials and tokens purged");
+    }
+    Ok(UninstallResult {
+        workspace: p.workspace,
+        name: p.name,
+    })
+}
+
+pub(super) async fn restart(
+    p: BundleRef,
+    ctx: &Ctx,
+    out: &Outbox,
+) -> Result<BundleResult, RpcError> {
+    let bundle = respawn_and_wait(ctx, out, &p.workspace, &p.name, Respawn::Operator).await?;
+    Ok(BundleResult { bundle })
+}
+
+pub(super) fn install_error(e: InstallError) -> RpcError {
+    let message = e.to_string();
+    match e {
+        InstallError::InvalidName(_) => RpcError::new(ErrorKind::InvalidName, message),
+        InstallError::NoSuchPath { path, .. } => RpcError::new(ErrorKind::InvalidParams, message)
+            .with("path", path.display().to_string()),
+        InstallError::Manifest(m) => {
+            let err = RpcError::new(ErrorKind::ManifestInvalid, message);
+            match m {
+                ManifestError::Invalid { problems, .. } => err.with(
+                    "problems",
+                    problems
+                        .iter()
+                        .map(|p| json!({"path": p.path, "message": p.message}))
+                        .collect::<Vec<_>>(),
+                ),
+                _ => err,
+            }
+        }
+        InstallError::Gate(g) => RpcError::new(ErrorKind::GateRefused, message)
+            .with("bundle", g.bundle)
+            .with("missing", g.missing),
+        InstallError::Sandbox(_) => RpcError::new(ErrorKind::SandboxRefused, message),
+        InstallError::AlreadyInstalled { .. } => {
+            RpcError::new(ErrorKind::AlreadyInstalled, message)
+        }
+        InstallError::NotInstalled { .. } => RpcError::new(ErrorKind::BundleNotFound, message),
+        InstallError::Watched { .. } => RpcError::new(ErrorKind::WatchedBundle, message),
+        InstallError::TimedOut(_) => RpcError::new(ErrorKind::Timeout, message),
+        InstallError::Store(_) | InstallError::Internal(_) => {
+            RpcError::new(ErrorKind::Internal, message)
+        }
+    }
+}
