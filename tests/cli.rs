@@ -178,3 +178,33 @@ fn the_daemon_log_has_no_colour_codes_when_it_is_a_file() {
         "colour codes in the log file:\n{log:?}"
     );
 }
+
+/// Issue 16, finding 7: files errors keep their kind; a bad tag is the
+/// caller's mistake (`invalid_params`), not a store failure (`file_error`).
+#[test]
+fn a_bad_tag_is_invalid_params_and_a_missing_file_is_file_not_found() {
+    let d = Daemon::start();
+    let path = d.root().join("note.txt");
+    std::fs::write(&path, "hello").unwrap();
+    let mut raw = d.raw();
+    raw.hello();
+    let r = raw.request(
+        1,
+        "files.put",
+        serde_json::json!({"path": path, "tags": ["bad\u{1}tag"]}),
+    );
+    assert_eq!(r["error"]["data"]["kind"], "invalid_params", "{r}");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("invalid tag"),
+        "{r}"
+    );
+    let r = raw.request(
+        2,
+        "files.get",
+        serde_json::json!({"id": "fl_000000000000000000000000"}),
+    );
+    assert_eq!(r["error"]["data"]["kind"], "file_not_found", "{r}");
+}

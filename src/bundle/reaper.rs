@@ -17,11 +17,28 @@ use std::sync::Mutex;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
+/// Writes each line to the helper's pipe, in order, until the daemon drops
+/// the sender (or the helper is gone).
+fn write_lines(pipe: Option<ChildStdin>, rx: std::sync::mpsc::Receiver<String>) {
+    let Some(mut pipe) = pipe else { return };
+    while let Ok(line) = rx.recv() {
+        if pipe.write_all(line.as_bytes()).is_err() {
+            tracing::warn!(
+                "the reaper helper is gone; bundles' grandchildren may outlive a killed daemon"
+            );
+            return;
+        }
+    }
+}
+
 /// The hidden subcommand that runs the reaper.
 pub const SUBCOMMAND: &str = "__reap";
 
 pub struct Reaper {
-    pipe: Mutex<Option<ChildStdin>>,
+    /// Lines for the helper, written by a thread of their own: a pipe write
+    /// may block, and the daemon's event loop never waits on one.
+    lines: std::sync::mpsc::Sender<String>,
+    writer: Option<std::thread::JoinHandle<()>>,
     child: Mutex<Child>,
 }
 
@@ -49,22 +66,19 @@ impl Reaper {
         let mut child = cmd.spawn()?;
         super::orphans::own(child.id());
         let pipe = child.stdin.take();
+        let (lines, rx) = std::sync::mpsc::channel::<String>();
+        let writer = std::thread::Builder::new()
+            .name("reaper-pipe".into())
+            .spawn(move || write_lines(pipe, rx))?;
         Ok(Reaper {
-            pipe: Mutex::new(pipe),
+            lines,
+            writer: Some(writer),
             child: Mutex::new(child),
         })
     }
 
     fn send(&self, line: String) {
-        let mut pipe = self.pipe.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(p) = pipe.as_mut() {
-            if p.write_all(line.as_bytes()).is_err() {
-                tracing::warn!(
-                    "the reaper helper is gone; bundles' grandchildren may outlive a killed daemon"
-                );
-                *pipe = None;
-            }
-        }
+        let _ = self.lines.send(line);
     }
 
     /// A new bundle process group.
@@ -82,7 +96,14 @@ impl Drop for Reaper {
     fn drop(&mut self) {
         // EOF: the helper kills what is still registered (nothing, after an
         // orderly shutdown) and exits; reap it.
-        self.pipe.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // Dropping the sender ends the writer, which closes the pipe.
+        drop(std::mem::replace(
+            &mut self.lines,
+            std::sync::mpsc::channel().0,
+        ));
+        if let Some(writer) = self.writer.take() {
+            let _ = writer.join();
+        }
         let _ = self.child.lock().unwrap_or_else(|p| p.into_inner()).wait();
     }
 }

@@ -63,9 +63,9 @@ pub async fn run(
         }
     };
     let mut watched: HashSet<PathBuf> = HashSet::new();
-    let mut present: Vec<bool> = dirs.iter().map(|d| d.is_dir()).collect();
+    let mut present = present(&dirs).await;
     for dir in &dirs {
-        arm(&mut watcher, &mut watched, dir);
+        arm(&mut watcher, &mut watched, dir, wanted(dir).await);
     }
     let mut rearm = tokio::time::interval(REARM_EVERY);
     loop {
@@ -75,8 +75,7 @@ pub async fn run(
             _ = shutdown.cancelled() => return,
             Some((i, r)) = rx.recv() => { pending.insert(i); renamed_in = r; }
             _ = rearm.tick() => {
-                for (i, dir) in dirs.iter().enumerate() {
-                    let now = dir.is_dir();
+                for (i, (dir, now)) in dirs.iter().zip(self::present(&dirs).await).enumerate() {
                     if now && !present[i] {
                         tracing::info!(dir = %dir.display(), "watched folder is back; rescanning");
                         pending.insert(i);
@@ -107,7 +106,8 @@ pub async fn run(
             }
         }
         for &i in &pending {
-            arm(&mut watcher, &mut watched, &dirs[i]);
+            let want = wanted(&dirs[i]).await;
+            arm(&mut watcher, &mut watched, &dirs[i], want);
             if daemon.send_message(DaemonMsg::Rescan { index: i }).is_err() {
                 return;
             }
@@ -115,21 +115,46 @@ pub async fn run(
     }
 }
 
-/// Watches `dir` and its immediate subfolders (non-recursively), dropping
-/// watches of subfolders that are gone.
-fn arm(watcher: &mut impl Watcher, watched: &mut HashSet<PathBuf>, dir: &Path) {
-    let mut want: HashSet<PathBuf> = HashSet::new();
-    if dir.is_dir() {
-        want.insert(dir.to_path_buf());
-        if let Ok(entries) = std::fs::read_dir(dir) {
-            want.extend(
-                entries
-                    .filter_map(Result::ok)
-                    .map(|e| e.path())
-                    .filter(|p| p.is_dir()),
-            );
+/// Which of `dirs` exist now (on the blocking pool: the daemon's event
+/// loop never waits on a file system).
+async fn present(dirs: &[PathBuf]) -> Vec<bool> {
+    let dirs = dirs.to_vec();
+    let n = dirs.len();
+    tokio::task::spawn_blocking(move || dirs.iter().map(|d| d.is_dir()).collect())
+        .await
+        .unwrap_or_else(|_| vec![false; n])
+}
+
+/// `dir` and its immediate subfolders, read on the blocking pool.
+async fn wanted(dir: &Path) -> HashSet<PathBuf> {
+    let dir = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let mut want: HashSet<PathBuf> = HashSet::new();
+        if dir.is_dir() {
+            if let Ok(entries) = std::fs::read_dir(&dir) {
+                want.extend(
+                    entries
+                        .filter_map(Result::ok)
+                        .map(|e| e.path())
+                        .filter(|p| p.is_dir()),
+                );
+            }
+            want.insert(dir);
         }
-    }
+        want
+    })
+    .await
+    .unwrap_or_default()
+}
+
+/// Watches `want` (a folder and its immediate subfolders, non-recursively),
+/// dropping watches of subfolders of `dir` that are gone.
+fn arm(
+    watcher: &mut impl Watcher,
+    watched: &mut HashSet<PathBuf>,
+    dir: &Path,
+    want: HashSet<PathBuf>,
+) {
     let stale: Vec<PathBuf> = watched
         .iter()
         .filter(|p| p.starts_with(dir) && !want.contains(*p))

@@ -13,7 +13,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent
 
 use super::bundle::{actor_name, BundleActor, BundleArgs, BundleMsg};
 use super::Shared;
-use crate::files::FileStore;
+use crate::files::{FileError, FileStore};
 use crate::host_resources::access::{project_access, Action, AuditLog};
 use crate::host_resources::rate::TokenBucket;
 use crate::host_resources::{self, HostError, HostRequest};
@@ -75,28 +75,28 @@ pub enum FilesOp {
         filename: Option<String>,
         tags: Vec<String>,
         mime: Option<String>,
-        reply: RpcReplyPort<Result<FileRecord, String>>,
+        reply: RpcReplyPort<Result<FileRecord, FileError>>,
     },
-    List(RpcReplyPort<Result<Vec<FileRecord>, String>>),
+    List(RpcReplyPort<Result<Vec<FileRecord>, FileError>>),
     Get {
         id: String,
-        reply: RpcReplyPort<Result<Option<FileWithBytes>, String>>,
+        reply: RpcReplyPort<Result<Option<FileWithBytes>, FileError>>,
     },
     Remove {
         id: String,
-        reply: RpcReplyPort<Result<bool, String>>,
+        reply: RpcReplyPort<Result<bool, FileError>>,
     },
-    Checkpoint(RpcReplyPort<Result<Checkpoint, String>>),
+    Checkpoint(RpcReplyPort<Result<Checkpoint, FileError>>),
     /// The files as MCP resources (`resources/list`, `resources/read`) for
     /// the gateway: the host-resources resolver's own results, so MIME type
     /// and text/blob are decided in one place.
     Resources {
         request: host_resources::Request,
-        reply: RpcReplyPort<Result<Result<Value, HostError>, String>>,
+        reply: RpcReplyPort<Result<Result<Value, HostError>, FileError>>,
     },
     Rollback {
         checkpoint_id: String,
-        reply: RpcReplyPort<Result<Option<Rollback>, String>>,
+        reply: RpcReplyPort<Result<Option<Rollback>, FileError>>,
     },
 }
 
@@ -252,31 +252,24 @@ impl WorkspaceState {
                 mime,
                 reply,
             } => {
-                let _ = reply.send(
-                    store
-                        .put(&path, filename.as_deref(), tags, mime.as_deref())
-                        .map_err(|e| e.to_string()),
-                );
+                let _ = reply.send(store.put(&path, filename.as_deref(), tags, mime.as_deref()));
             }
             FilesOp::List(reply) => {
-                let _ = reply.send(store.list().map_err(|e| e.to_string()));
+                let _ = reply.send(store.list());
             }
             FilesOp::Get { id, reply } => {
                 let result = match store.get(&id) {
-                    Ok(Some(record)) => store
-                        .read(&id)
-                        .map(|bytes| Some((record, bytes)))
-                        .map_err(|e| e.to_string()),
+                    Ok(Some(record)) => store.read(&id).map(|bytes| Some((record, bytes))),
                     Ok(None) => Ok(None),
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(e),
                 };
                 let _ = reply.send(result);
             }
             FilesOp::Remove { id, reply } => {
-                let _ = reply.send(store.remove(&id).map_err(|e| e.to_string()));
+                let _ = reply.send(store.remove(&id));
             }
             FilesOp::Checkpoint(reply) => {
-                let _ = reply.send(store.checkpoint().map_err(|e| e.to_string()));
+                let _ = reply.send(store.checkpoint());
             }
             FilesOp::Resources { request, reply } => {
                 let requester = host_resources::Requester {
@@ -291,7 +284,7 @@ impl WorkspaceState {
                 checkpoint_id,
                 reply,
             } => {
-                let _ = reply.send(store.rollback(&checkpoint_id).map_err(|e| e.to_string()));
+                let _ = reply.send(store.rollback(&checkpoint_id));
             }
         });
     }

@@ -8,6 +8,7 @@ use ractor::RpcReplyPort;
 use super::ask::{ask, limit, workspace};
 use super::Ctx;
 use crate::daemon::workspace::{FilesOp, WorkspaceMsg};
+use crate::files::FileError;
 use crate::protocol::typed::FileRemoved;
 use crate::protocol::{
     Checkpoint, ErrorKind, FileContent, FileRecord, FilesList, FilesParams, FilesPutParams,
@@ -18,7 +19,7 @@ use crate::protocol::{
 pub(super) async fn files_call<T: Send + 'static>(
     ctx: &Ctx,
     ws: &str,
-    op: impl FnOnce(RpcReplyPort<Result<T, String>>) -> FilesOp,
+    op: impl FnOnce(RpcReplyPort<Result<T, FileError>>) -> FilesOp,
 ) -> Result<T, RpcError> {
     let actor = workspace(ctx, ws).await?;
     ask(
@@ -28,7 +29,14 @@ pub(super) async fn files_call<T: Send + 'static>(
         "the file operation",
     )
     .await?
-    .map_err(|e| RpcError::new(ErrorKind::FileError, e))
+    .map_err(|e| {
+        let kind = match e {
+            // What the caller gave (a tag, an id) is wrong.
+            FileError::BadTag(_) | FileError::BadId(_) => ErrorKind::InvalidParams,
+            FileError::Io { .. } | FileError::Store(_) => ErrorKind::FileError,
+        };
+        RpcError::new(kind, e.to_string())
+    })
 }
 
 fn file_not_found(ws: &str, id: &str) -> RpcError {
