@@ -86,7 +86,6 @@ pub(super) async fn configure(
     let lock = ctx.shared.configure_lock(&p.workspace, &p.name);
     let _serialized = lock.lock().await;
     let loaded = running_manifest(ctx, &actor, &p.workspace, &p.name).await?;
-    let manifest = &loaded.manifest;
     let stored: BTreeSet<String> = {
         ctx.shared
             .credentials_of(&p.workspace, &p.name, move |c, w, n| c.keys(w, n))
@@ -97,39 +96,22 @@ pub(super) async fn configure(
             .collect()
     };
 
-    let mut problems = Vec::new();
-    let mut changes = Vec::new();
-    for (key, raw) in &p.set {
-        if p.unset.contains(key) {
-            problems.push(format!("{key} is both set and unset"));
-            continue;
-        }
-        if let Some(entry) = manifest.user_config.get(key) {
-            use crate::manifest::UserConfigType;
-            let path_kind = matches!(entry.kind, UserConfigType::Directory | UserConfigType::File);
-            // Checked before the value itself, so that an admitted user learns
-            // nothing about paths it does not own (not even whether they exist).
-            if path_kind && !ctx.peer.may_use(std::path::Path::new(raw)) {
-                problems.push(format!("{key}: {}", ctx.peer.not_theirs("path", raw)));
-                continue;
-            }
-        }
-        match manifest.check_user_value(key, raw) {
-            Ok(value) => changes.push(Change::Set {
-                key: key.clone(),
-                value: Secret::new(value),
-                sensitive: manifest.user_config[key].sensitive,
-            }),
-            Err(e) => problems.push(e),
-        }
-    }
-    for key in &p.unset {
-        if manifest.user_config.contains_key(key) || stored.contains(key) {
-            changes.push(Change::Unset(key.clone()));
-        } else {
-            problems.push(format!("{key} is neither a user_config key of bundle {:?} nor stored, so it cannot be unset", p.name));
-        }
-    }
+    // The values' checks look at the file system (a directory must exist,
+    // a path must be the peer's): on the blocking pool.
+    let (problems, changes) = {
+        let (manifest, set, unset, peer, name) = (
+            loaded.manifest.clone(),
+            p.set.clone(),
+            p.unset.clone(),
+            ctx.peer,
+            p.name.clone(),
+        );
+        tokio::task::spawn_blocking(move || {
+            check_changes(&manifest, &set, &unset, &stored, peer, &name)
+        })
+        .await
+        .map_err(internal)?
+    };
     if !problems.is_empty() {
         return Err(RpcError::new(
             ErrorKind::InvalidConfigValue,
@@ -162,6 +144,52 @@ pub(super) async fn configure(
         keys,
         bundle: Some(bundle),
     })
+}
+
+/// Checks `set` and `unset` against the manifest's user_config: every
+/// problem at once, or the changes to store. Blocking.
+fn check_changes(
+    manifest: &crate::manifest::Manifest,
+    set: &std::collections::BTreeMap<String, String>,
+    unset: &[String],
+    stored: &BTreeSet<String>,
+    peer: super::peer::Peer,
+    name: &str,
+) -> (Vec<String>, Vec<Change>) {
+    let mut problems = Vec::new();
+    let mut changes = Vec::new();
+    for (key, raw) in set {
+        if unset.contains(key) {
+            problems.push(format!("{key} is both set and unset"));
+            continue;
+        }
+        if let Some(entry) = manifest.user_config.get(key) {
+            use crate::manifest::UserConfigType;
+            let path_kind = matches!(entry.kind, UserConfigType::Directory | UserConfigType::File);
+            // Checked before the value itself, so that an admitted user learns
+            // nothing about paths it does not own (not even whether they exist).
+            if path_kind && !peer.may_use(std::path::Path::new(raw)) {
+                problems.push(format!("{key}: {}", peer.not_theirs("path", raw)));
+                continue;
+            }
+        }
+        match manifest.check_user_value(key, raw) {
+            Ok(value) => changes.push(Change::Set {
+                key: key.clone(),
+                value: Secret::new(value),
+                sensitive: manifest.user_config[key].sensitive,
+            }),
+            Err(e) => problems.push(e),
+        }
+    }
+    for key in unset {
+        if manifest.user_config.contains_key(key) || stored.contains(key) {
+            changes.push(Change::Unset(key.clone()));
+        } else {
+            problems.push(format!("{key} is neither a user_config key of bundle {:?} nor stored, so it cannot be unset", name));
+        }
+    }
+    (problems, changes)
 }
 
 /// The manifest a bundle runs (the last good one: a broken file on disk

@@ -55,11 +55,18 @@ pub(super) async fn files_put(p: FilesPutParams, ctx: &Ctx) -> Result<FileRecord
     let refused = |message: String| {
         Err(RpcError::new(ErrorKind::InvalidParams, message).with("path", p.path.clone()))
     };
-    // Opened here, checked against the peer, and read by the store through
-    // this very descriptor: a path swapped after the check changes nothing.
-    let file = std::fs::File::open(&p.path)
-        .ok()
-        .filter(|f| f.metadata().is_ok_and(|m| m.is_file()));
+    // Opened here (on the blocking pool), checked against the peer, and read
+    // by the store through this very descriptor: a path swapped after the
+    // check changes nothing.
+    let opened = p.path.clone();
+    let file = tokio::task::spawn_blocking(move || {
+        std::fs::File::open(&opened)
+            .ok()
+            .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
+    })
+    .await
+    .ok()
+    .flatten();
     let file = match file {
         Some(f) if ctx.peer.may_read(&f) => f,
         Some(_) => return refused(ctx.peer.not_theirs("file", &p.path)),

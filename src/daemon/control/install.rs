@@ -23,8 +23,15 @@ pub(super) async fn install(
     out: &Outbox,
 ) -> Result<BundleResult, RpcError> {
     let path = PathBuf::from(&p.path);
-    let manifest = crate::manifest::manifest_file(&path);
-    if !(ctx.peer.may_use(&path) && ctx.peer.may_use(&manifest)) {
+    // File-system checks run on the blocking pool, never on the event loop.
+    let (peer, checked) = (ctx.peer, path.clone());
+    let allowed = tokio::task::spawn_blocking(move || {
+        let manifest = crate::manifest::manifest_file(&checked);
+        peer.may_use(&checked) && peer.may_use(&manifest)
+    })
+    .await
+    .unwrap_or(false);
+    if !allowed {
         return Err(RpcError::new(
             ErrorKind::PermissionDenied,
             ctx.peer.not_theirs("bundle folder or manifest", &p.path),
