@@ -168,18 +168,9 @@ pub struct WorkspaceState {
 /// Files up to this size whose record is cached are read on the event loop:
 /// a read from the page cache costs less than the two thread wake-ups of
 /// the blocking pool. Anything else (lists, larger files, records not yet
-/// known) goes to the blocking pool.
+/// known — the database is never asked on the event loop) goes to the
+/// blocking pool.
 const INLINE_READ_MAX: u64 = 64 * 1024;
-
-fn inline(store: &FileStore, request: &host_resources::Request) -> bool {
-    match request {
-        host_resources::Request::Read { id: Some(id), .. } => store
-            .cached(id)
-            .is_some_and(|record| record.size <= INLINE_READ_MAX),
-        host_resources::Request::Read { id: None, .. } => true,
-        host_resources::Request::List { .. } => false,
-    }
-}
 
 impl WorkspaceState {
     /// Scheme check → access decision (audited) → rate bucket → FileStore
@@ -229,8 +220,10 @@ impl WorkspaceState {
             return;
         }
         let (store, max) = (self.files.clone(), limits.max_read_bytes);
-        if inline(&store, &parsed) {
-            answer(host_resources::execute(&store, max, &requester, parsed));
+        if let Some(result) =
+            host_resources::execute_cached(&store, max, INLINE_READ_MAX, &requester, &parsed)
+        {
+            answer(result);
             return;
         }
         tokio::task::spawn_blocking(move || {

@@ -202,7 +202,6 @@ pub fn execute(
     requester: &Requester,
     request: Request,
 ) -> Result<Value, HostError> {
-    use base64::Engine;
     match request {
         Request::Read { uri, id } => {
             let Some(id) = id else {
@@ -221,23 +220,7 @@ pub fn execute(
                     return Err(HostError::not_found(&uri));
                 }
             };
-            if record.size > max_read_bytes {
-                return Err(HostError {
-                    code: codes::TOO_LARGE,
-                    message: "Response too large".into(),
-                    data: json!({ "uri": uri, "size": record.size, "maxSize": max_read_bytes }),
-                });
-            }
-            let bytes = store.read(&id).map_err(|e| {
-                tracing::error!(workspace = %requester.workspace, bundle = %requester.bundle, %uri, "host-resources read: {e}");
-                HostError::not_found(&uri)
-            })?;
-            let content = if crate::files::mime::is_text_mime(&record.mime_type) {
-                json!({ "uri": uri, "mimeType": record.mime_type, "text": String::from_utf8_lossy(&bytes) })
-            } else {
-                json!({ "uri": uri, "mimeType": record.mime_type, "blob": base64::engine::general_purpose::STANDARD.encode(&bytes) })
-            };
-            Ok(json!({ "contents": [content] }))
+            read_record(store, max_read_bytes, requester, &uri, &id, &record)
         }
         Request::List { mime_type, tags } => {
             let files = store.list().map_err(|e| {
@@ -252,6 +235,66 @@ pub fn execute(
                 .collect();
             Ok(json!({ "resources": resources }))
         }
+    }
+}
+
+/// A read whose record is known: the size limit, then the bytes. Blocking
+/// (the bytes come from the blob file).
+fn read_record(
+    store: &crate::files::FileStore,
+    max_read_bytes: u64,
+    requester: &Requester,
+    uri: &str,
+    id: &str,
+    record: &crate::protocol::FileRecord,
+) -> Result<Value, HostError> {
+    use base64::Engine;
+    if record.size > max_read_bytes {
+        return Err(HostError {
+            code: codes::TOO_LARGE,
+            message: "Response too large".into(),
+            data: json!({ "uri": uri, "size": record.size, "maxSize": max_read_bytes }),
+        });
+    }
+    let bytes = store.read(id).map_err(|e| {
+        tracing::error!(workspace = %requester.workspace, bundle = %requester.bundle, %uri, "host-resources read: {e}");
+        HostError::not_found(uri)
+    })?;
+    let content = if crate::files::mime::is_text_mime(&record.mime_type) {
+        json!({ "uri": uri, "mimeType": record.mime_type, "text": String::from_utf8_lossy(&bytes) })
+    } else {
+        json!({ "uri": uri, "mimeType": record.mime_type, "blob": base64::engine::general_purpose::STANDARD.encode(&bytes) })
+    };
+    Ok(json!({ "contents": [content] }))
+}
+
+/// The request answered without touching the database: a read whose
+/// record is cached (and small enough to read on the caller's thread), or
+/// a uri that names no file. None: it needs the blocking pool.
+pub fn execute_cached(
+    store: &crate::files::FileStore,
+    max_read_bytes: u64,
+    inline_max: u64,
+    requester: &Requester,
+    request: &Request,
+) -> Option<Result<Value, HostError>> {
+    match request {
+        Request::Read { uri, id: None } => {
+            tracing::info!(workspace = %requester.workspace, bundle = %requester.bundle, %uri, "host-resources read: not a file id");
+            Some(Err(HostError::not_found(uri)))
+        }
+        Request::Read { uri, id: Some(id) } => {
+            let record = store.cached(id).filter(|r| r.size <= inline_max)?;
+            Some(read_record(
+                store,
+                max_read_bytes,
+                requester,
+                uri,
+                id,
+                &record,
+            ))
+        }
+        Request::List { .. } => None,
     }
 }
 
@@ -433,5 +476,35 @@ mod tests {
                 .unwrap()
                 .is_empty()
         );
+    }
+
+    /// Issue 16, finding 6: the event loop's path never asks the database:
+    /// a record that is not cached sends the read to the blocking pool.
+    #[test]
+    fn a_cached_read_never_asks_the_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = crate::store::Store::open(&dir.path().join("state.db")).unwrap();
+        let store = crate::files::FileStore::open(dir.path(), "w", db).unwrap();
+        let src = dir.path().join("a.txt");
+        std::fs::write(&src, "hello").unwrap();
+        let record = store.put(&src, None, vec![], None).unwrap();
+        let requester = Requester {
+            workspace: "w".into(),
+            bundle: "b".into(),
+        };
+        let uri = format!("files://{}", record.id);
+        let read = parse(METHOD_READ, Some(&json!({ "uri": uri }))).unwrap();
+        assert!(
+            execute_cached(&store, 1024, 1024, &requester, &read).is_none(),
+            "not cached: the blocking pool's job"
+        );
+        let list = parse(METHOD_LIST, None).unwrap();
+        assert!(execute_cached(&store, 1024, 1024, &requester, &list).is_none());
+        // Once the blocking path has looked the record up, it is served inline.
+        let slow = execute(&store, 1024, &requester, read.clone()).unwrap();
+        let fast = execute_cached(&store, 1024, 1024, &requester, &read).unwrap();
+        assert_eq!(fast.unwrap(), slow);
+        // Too large to read inline: the blocking pool again.
+        assert!(execute_cached(&store, 1024, 2, &requester, &read).is_none());
     }
 }
