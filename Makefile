@@ -13,6 +13,9 @@ PYTHON ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo pyth
 # The MCP Inspector (npm, pinned by tests/inspector/package-lock.json) that
 # tests/inspector.rs drives the gateway with.
 INSPECTOR := target/inspector
+# The official MCPB CLI (npm, pinned by tests/mcpb/package-lock.json) that
+# tests/archives.rs packs real .mcpb archives with.
+MCPB := target/mcpb
 NPM ?= npm
 
 .DEFAULT_GOAL := help
@@ -45,12 +48,22 @@ $(INSPECTOR)/.installed: tests/inspector/package.json tests/inspector/package-lo
 	cd $(INSPECTOR) && $(NPM) ci --no-audit --no-fund --ignore-scripts --loglevel=error
 	touch $@
 
+.PHONY: mcpb
+mcpb: $(MCPB)/.installed ## The pinned official mcpb CLI for the archive tests (npm ci)
+
+$(MCPB)/.installed: tests/mcpb/package.json tests/mcpb/package-lock.json
+	rm -rf $(MCPB)
+	mkdir -p $(MCPB)
+	cp tests/mcpb/package.json tests/mcpb/package-lock.json $(MCPB)/
+	cd $(MCPB) && $(NPM) ci --no-audit --no-fund --ignore-scripts --loglevel=error
+	touch $@
+
 .PHONY: run
 run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is installed)
 	target/release/bundlevisor daemon --config $(CONFIG)
 
 .PHONY: test
-test: pyenv inspector ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle and the MCP Inspector included
+test: pyenv inspector mcpb ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector and the mcpb CLI included
 	$(CARGO) test --all-targets --features fault-injection
 
 .PHONY: bench

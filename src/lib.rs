@@ -2,6 +2,8 @@
 //!
 //! Map of the crate (see docs/ARCHITECTURE.md for the why):
 //!
+//! - [`archive`]: `.mcpb` archives: the hostile-archive rules, unpacked
+//!   once per SHA-256 into the state dir.
 //! - [`protocol`]: control-socket wire types shared by the daemon and the
 //!   CLI (an API boundary: serde types only).
 //! - [`config`]: the daemon's TOML config and its defaults.
@@ -29,6 +31,7 @@
 //! - [`stdio`]: stdin/stdout polled by the event loop (MCP stdio servers).
 //! - [`text`]: bundle-controlled text made safe to show on a terminal.
 
+pub mod archive;
 pub mod bundle;
 pub mod cli;
 pub mod client;

@@ -307,12 +307,15 @@ fn canonical(p: &Path) -> PathBuf {
 }
 
 /// The protected path a grant would expose: one it contains, or the
-/// protected folder it lies in.
+/// protected folder it lies in. An unpacked archive's own folder
+/// (`STATE_DIR/archives/SHA256/…`) lies in the state dir but exposes
+/// nothing of it: it holds that bundle's files only.
 fn covered<'p>(grant: &Path, protected: &'p [PathBuf]) -> Option<&'p PathBuf> {
     let grant = canonical(grant);
     protected.iter().find(|p| {
         let p = canonical(p);
-        p.starts_with(&grant) || (p.is_dir() && grant.starts_with(&p))
+        let unpacked = crate::archive::unpacked_sha(&grant, &crate::archive::root(&p)).is_some();
+        p.starts_with(&grant) || (p.is_dir() && grant.starts_with(&p) && !unpacked)
     })
 }
 

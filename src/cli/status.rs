@@ -270,6 +270,7 @@ mod tests {
                 source: "/b/demo".into(),
                 sandbox: None,
                 usage: None,
+                archive: None,
             }],
         };
         let text = table(&status);

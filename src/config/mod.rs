@@ -13,6 +13,21 @@ pub mod defaults {
     use std::path::PathBuf;
     use std::time::Duration;
 
+    /// `[archives]`: a `.mcpb` file of at most 512 MiB, 50,000 entries,
+    /// 1 GiB unpacked, no entry of 1 MiB or more expanding over 100-fold.
+    pub fn archive_max_bytes() -> u64 {
+        crate::archive::Limits::default().max_archive_bytes
+    }
+    pub fn archive_max_entries() -> u64 {
+        crate::archive::Limits::default().max_entries
+    }
+    pub fn archive_max_unpacked_bytes() -> u64 {
+        crate::archive::Limits::default().max_unpacked_bytes
+    }
+    pub fn archive_max_ratio() -> u64 {
+        crate::archive::Limits::default().max_ratio
+    }
+
     pub fn state_dir() -> PathBuf {
         PathBuf::from(".bundlevisor/state")
     }
@@ -148,6 +163,9 @@ pub struct Config {
     pub control: ControlSettings,
     #[serde(default)]
     pub sandbox: SandboxSettings,
+    /// What a `.mcpb` archive may hold.
+    #[serde(default)]
+    pub archives: ArchiveSettings,
     /// Tools of a bundle that are never registered (not listed, not callable).
     #[serde(default)]
     pub exclude_tools: Vec<ExcludeTools>,
@@ -391,6 +409,43 @@ pub struct CredentialsConfig {
     pub key_file: Option<PathBuf>,
     /// An environment variable holding the base64 key.
     pub key_env: Option<String>,
+}
+
+/// `[archives]`: the limits a `.mcpb` archive is held to before anything
+/// of it is unpacked (a zip bomb is refused, not inflated).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArchiveSettings {
+    #[serde(default = "defaults::archive_max_bytes")]
+    pub max_archive_bytes: u64,
+    #[serde(default = "defaults::archive_max_entries")]
+    pub max_entries: u64,
+    #[serde(default = "defaults::archive_max_unpacked_bytes")]
+    pub max_unpacked_bytes: u64,
+    #[serde(default = "defaults::archive_max_ratio")]
+    pub max_ratio: u64,
+}
+
+impl Default for ArchiveSettings {
+    fn default() -> Self {
+        ArchiveSettings {
+            max_archive_bytes: defaults::archive_max_bytes(),
+            max_entries: defaults::archive_max_entries(),
+            max_unpacked_bytes: defaults::archive_max_unpacked_bytes(),
+            max_ratio: defaults::archive_max_ratio(),
+        }
+    }
+}
+
+impl ArchiveSettings {
+    pub fn limits(&self) -> crate::archive::Limits {
+        crate::archive::Limits {
+            max_archive_bytes: self.max_archive_bytes,
+            max_entries: self.max_entries,
+            max_unpacked_bytes: self.max_unpacked_bytes,
+            max_ratio: self.max_ratio,
+        }
+    }
 }
 
 /// Rotation of the per-bundle stderr logs.

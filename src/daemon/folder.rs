@@ -1,12 +1,13 @@
 //! Watched folders as one scan sees them: the bundles in a folder
-//! (`DIR/NAME/manifest.json`, `DIR/NAME.json`), each manifest read once,
-//! checked for trust, and parsed only when its content changed. Blocking
-//! work: run on the blocking pool.
+//! (`DIR/NAME/manifest.json`, `DIR/NAME.json`, `DIR/NAME.mcpb`), each
+//! manifest (or archive) read once, checked for trust, and parsed (or
+//! unpacked) only when its content changed. Blocking work: run on the
+//! blocking pool.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::config::SandboxSettings;
+use crate::config::Config;
 use crate::host_resources::PROVIDED_CAPABILITIES;
 use crate::manifest::LoadedManifest;
 use crate::store::InstallRecord;
@@ -33,9 +34,9 @@ pub struct Found {
 pub fn scan(
     dir: &Path,
     seen: &HashMap<PathBuf, u64>,
-    sandbox: &SandboxSettings,
-    protected: &[PathBuf],
+    config: &Config,
 ) -> Option<(PathBuf, Vec<Found>)> {
+    let (sandbox, protected) = (&config.sandbox, config.protected_paths());
     let dir = dir.canonicalize().ok().filter(|d| d.is_dir())?;
     let untrusted = super::trusted::folder(&dir).err();
     if let Some(why) = &untrusted {
@@ -44,6 +45,9 @@ pub fn scan(
     let found = bundle_paths(&dir)
         .into_iter()
         .map(|path| {
+            if crate::archive::is_archive(&path) {
+                return archive(path, untrusted.as_deref(), seen, config);
+            }
             let file = crate::manifest::manifest_file(&path);
             let text = match &untrusted {
                 Some(why) => Err(why.clone()),
@@ -63,7 +67,7 @@ pub fn scan(
                 let loaded = crate::manifest::from_text(file, &text?).map_err(|e| e.to_string())?;
                 crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)
                     .map_err(|e| e.to_string())?;
-                crate::bundle::sandbox::check_install(sandbox, protected, &loaded)
+                crate::bundle::sandbox::check_install(sandbox, &protected, &loaded)
                     .map_err(|e| e.to_string())?;
                 Ok(loaded)
             });
@@ -77,7 +81,48 @@ pub fn scan(
     Some((dir, found))
 }
 
-/// Bundles in a watched folder: `DIR/NAME/manifest.json` and `DIR/NAME.json`.
+/// A `.mcpb` in a watched folder: trusted like a manifest, hashed whole
+/// (SHA-256), unpacked and checked only when that hash changed.
+fn archive(
+    path: PathBuf,
+    untrusted: Option<&str>,
+    seen: &HashMap<PathBuf, u64>,
+    config: &Config,
+) -> Found {
+    let hashed = match untrusted {
+        Some(why) => Err(why.to_string()),
+        None => super::trusted::archive(&path).and_then(|()| {
+            crate::archive::sha256(&path)
+                .map_err(|e| format!("cannot read archive {}: {e}", path.display()))
+        }),
+    };
+    let hash = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        match &hashed {
+            Ok(sha) => sha.hash(&mut h),
+            Err(why) => ("refused", why).hash(&mut h),
+        }
+        h.finish()
+    };
+    let manifest = (seen.get(&path) != Some(&hash)).then(|| {
+        hashed?;
+        let loaded = super::source::load(&path, config).map_err(|e| e.to_string())?;
+        crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)
+            .map_err(|e| e.to_string())?;
+        crate::bundle::sandbox::check_install(&config.sandbox, &config.protected_paths(), &loaded)
+            .map_err(|e| e.to_string())?;
+        Ok(loaded)
+    });
+    Found {
+        path,
+        hash,
+        manifest,
+    }
+}
+
+/// Bundles in a watched folder: `DIR/NAME/manifest.json`, `DIR/NAME.json`
+/// and `DIR/NAME.mcpb`.
 pub fn bundle_paths(dir: &Path) -> Vec<PathBuf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         tracing::warn!(dir = %dir.display(), "watched folder cannot be read");
@@ -94,7 +139,7 @@ pub fn bundle_paths(dir: &Path) -> Vec<PathBuf> {
             if p.is_dir() {
                 p.join("manifest.json").is_file()
             } else {
-                p.extension().is_some_and(|e| e == "json")
+                p.extension().is_some_and(|e| e == "json") || crate::archive::is_archive(p)
             }
         })
         // A link stays a path in the folder (and is refused by the scan).

@@ -12,6 +12,7 @@ pub mod folder;
 pub mod lifecycle;
 pub mod metrics;
 pub mod policy;
+pub mod source;
 pub mod supervisor;
 pub mod systemd;
 pub mod trusted;
@@ -368,6 +369,7 @@ pub fn expected_status(record: &crate::store::InstallRecord) -> crate::protocol:
         source: record.source.display().to_string(),
         sandbox: None,
         usage: None,
+        archive: None,
     }
 }
 

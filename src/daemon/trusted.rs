@@ -42,6 +42,23 @@ pub fn folder(dir: &Path) -> Result<(), String> {
     check("watched folder", dir, &meta)
 }
 
+/// Checks a `.mcpb` archive in a watched folder: a regular file (not a
+/// link) that only the daemon's user (or root) may write.
+pub fn archive(path: &Path) -> Result<(), String> {
+    let meta = std::fs::symlink_metadata(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if meta.file_type().is_symlink() {
+        return Err(format!(
+            "{} is a symbolic link; a watched folder takes bundles, not links to them: move or copy the archive in",
+            path.display()
+        ));
+    }
+    if !meta.is_file() {
+        return Err(format!("{} is not a file", path.display()));
+    }
+    check("archive", path, &meta)
+}
+
 /// Reads the manifest of the watched entry `entry` (a bundle folder or a
 /// bare manifest file) after checking the entry, and the manifest itself
 /// through the descriptor it is read from.

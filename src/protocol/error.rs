@@ -17,6 +17,8 @@ pub enum ErrorKind {
     ProtocolMismatch,
     PermissionDenied,
     BundleNotFound,
+    /// A `.mcpb` archive breaks a rule (traversal, links out, a zip bomb…).
+    ArchiveRefused,
     /// No bundle was ever installed in that workspace.
     WorkspaceNotFound,
     AlreadyInstalled,
@@ -80,6 +82,7 @@ impl ErrorKind {
             ErrorKind::ProtocolMismatch => "protocol_mismatch",
             ErrorKind::PermissionDenied => "permission_denied",
             ErrorKind::BundleNotFound => "bundle_not_found",
+            ErrorKind::ArchiveRefused => "archive_refused",
             ErrorKind::WorkspaceNotFound => "workspace_not_found",
             ErrorKind::AlreadyInstalled => "already_installed",
             ErrorKind::WatchedBundle => "watched_bundle",

@@ -185,6 +185,17 @@ pub struct BundleStatus {
     /// Only in `status` with `usage`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// For a bundle installed from a `.mcpb` archive: the archive's SHA-256
+    /// and the folder it was unpacked into (absent otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub archive: Option<ArchiveInfo>,
+}
+
+/// Where an archive-installed bundle runs from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArchiveInfo {
+    pub sha256: String,
+    pub unpacked: String,
 }
 
 /// A bundle's sandbox, as created (idempotently) for its process.

@@ -34,7 +34,7 @@ use crate::protocol::{
 };
 
 pub use call::{Ask, CallError, PendingCall};
-pub use start::{snapshot_path, Started};
+pub use start::{snapshot_files, snapshot_path, Started};
 
 /// Registry name of a bundle's actor.
 pub fn actor_name(workspace: &str, name: &str) -> String {
@@ -164,6 +164,14 @@ impl BundleActorState {
             source: self.args.source.display().to_string(),
             sandbox: self.sandbox.clone(),
             usage: None,
+            archive: self.manifest.as_ref().and_then(|m| {
+                let root = crate::archive::root(&self.args.shared.config.state_dir);
+                let sha256 = crate::archive::unpacked_sha(&m.dir, &root)?;
+                Some(crate::protocol::ArchiveInfo {
+                    sha256,
+                    unpacked: m.dir.display().to_string(),
+                })
+            }),
         }
     }
 

@@ -14,6 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::bundle::{connect, ConnectError, ConnectOptions, Connection, HostContext};
+use crate::config::Config;
 use crate::host_resources::PROVIDED_CAPABILITIES;
 use crate::manifest::{LoadedManifest, Plan, PlanError, RemotePlan};
 use crate::oauth::Silent;
@@ -53,7 +54,14 @@ pub fn snapshot_path(state_dir: &Path, workspace: &str, name: &str) -> PathBuf {
 
 /// Keeps `text` as the bundle's last good manifest (atomically: a crash
 /// leaves the old copy or the new one, never half of one).
-fn save_snapshot(path: &Path, text: &str) -> std::io::Result<()> {
+fn save_snapshot(path: &Path, loaded: &LoadedManifest) -> std::io::Result<()> {
+    // The manifest's text and where it was read (a bundle folder, or the
+    // unpacked copy of an archive, which is then kept while this names it).
+    let text = serde_json::json!({
+        "file": loaded.file,
+        "manifest": &*loaded.text,
+    })
+    .to_string();
     if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
         return Ok(());
     }
@@ -87,14 +95,36 @@ enum Refused {
 
 /// Reads and checks the manifest on disk: valid, still naming this bundle,
 /// and accepted by the install gate.
-fn from_disk(source: &Path, name: &str) -> Result<LoadedManifest, Refused> {
-    let loaded = crate::manifest::load(source).map_err(|e| match &e {
-        crate::manifest::ManifestError::Io { source, .. }
-            if source.kind() == std::io::ErrorKind::NotFound =>
-        {
+/// The last good manifest kept at `path`, validated again.
+fn read_snapshot(path: &Path) -> Option<LoadedManifest> {
+    let kept: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    let file = PathBuf::from(kept.get("file")?.as_str()?);
+    crate::manifest::from_text(file, kept.get("manifest")?.as_str()?).ok()
+}
+
+/// The files the kept last good manifests were read from.
+pub fn snapshot_files(state_dir: &Path) -> Vec<PathBuf> {
+    let root = state_dir.join("manifests");
+    let Ok(workspaces) = std::fs::read_dir(&root) else {
+        return Vec::new();
+    };
+    workspaces
+        .flatten()
+        .filter_map(|ws| std::fs::read_dir(ws.path()).ok())
+        .flat_map(|entries| entries.flatten())
+        .filter_map(|e| read_snapshot(&e.path()))
+        .map(|m| m.file)
+        .collect()
+}
+
+fn from_disk(source: &Path, name: &str, config: &Config) -> Result<LoadedManifest, Refused> {
+    let loaded = super::super::source::load(source, config).map_err(|e| {
+        if e.is_gone() {
             Refused::Gone(e.to_string())
+        } else {
+            Refused::Invalid(e.to_string())
         }
-        _ => Refused::Invalid(e.to_string()),
     })?;
     check(&loaded, name).map_err(Refused::Invalid)?;
     Ok(loaded)
@@ -118,17 +148,16 @@ fn choose(
     source: &Path,
     name: &str,
     snapshot: &Path,
+    config: &Config,
 ) -> Result<(LoadedManifest, Option<String>), String> {
     let (loaded, rejected) = match wanted {
         Wanted::Exactly(m) => (m, None),
-        Wanted::FromDisk { last_good } => match from_disk(source, name) {
+        Wanted::FromDisk { last_good } => match from_disk(source, name, config) {
             Ok(m) => (m, None),
             Err(Refused::Gone(why)) => return Err(why),
             Err(Refused::Invalid(why)) => {
                 let kept = last_good.or_else(|| {
-                    let text = std::fs::read_to_string(snapshot).ok()?;
-                    let file = crate::manifest::manifest_file(source);
-                    let m = crate::manifest::from_text(file, &text).ok()?;
+                    let m = read_snapshot(snapshot)?;
                     check(&m, name).ok().map(|()| m)
                 });
                 match kept {
@@ -145,7 +174,7 @@ fn choose(
         crate::manifest::Transport::Remote(_)
     );
     if rejected.is_none() && !remote {
-        if let Err(e) = save_snapshot(snapshot, &loaded.text) {
+        if let Err(e) = save_snapshot(snapshot, &loaded) {
             tracing::warn!(bundle = name, file = %snapshot.display(), "cannot keep a copy of the manifest: {e}");
         }
     }
@@ -169,8 +198,8 @@ pub async fn start(
     };
     let (loaded, rejected) = {
         let snapshot = snapshot_path(&shared.config.state_dir, workspace, name);
-        let name = name.to_string();
-        tokio::task::spawn_blocking(move || choose(wanted, &source, &name, &snapshot))
+        let (name, settings) = (name.to_string(), shared.config.clone());
+        tokio::task::spawn_blocking(move || choose(wanted, &source, &name, &snapshot, &settings))
             .await
             .map_err(|e| config(format!("manifest reader failed: {e}")))?
             .map_err(config)?

@@ -123,6 +123,10 @@ pub(super) fn install_error(e: InstallError) -> RpcError {
             .with("bundle", g.bundle)
             .with("missing", g.missing),
         InstallError::Sandbox(_) => RpcError::new(ErrorKind::SandboxRefused, message),
+        InstallError::Archive(crate::archive::ArchiveError::Refused { .. }) => {
+            RpcError::new(ErrorKind::ArchiveRefused, message)
+        }
+        InstallError::Archive(_) => RpcError::new(ErrorKind::InvalidParams, message),
         InstallError::AlreadyInstalled { .. } => {
             RpcError::new(ErrorKind::AlreadyInstalled, message)
         }

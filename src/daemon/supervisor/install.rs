@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ractor::ActorRef;
 
+use super::super::source::SourceError;
 use super::super::workspace::WorkspaceMsg;
 use super::super::Shared;
 use crate::host_resources::PROVIDED_CAPABILITIES;
@@ -24,6 +25,8 @@ pub enum InstallError {
     NoSuchPath { path: PathBuf, reason: String },
     #[error(transparent)]
     Manifest(#[from] ManifestError),
+    #[error(transparent)]
+    Archive(#[from] crate::archive::ArchiveError),
     #[error(transparent)]
     Gate(#[from] GateRefusal),
     #[error(transparent)]
@@ -63,10 +66,11 @@ pub async fn install(
     // under a deadline. Nothing is recorded before it is done, and once the
     // record is written the install completes: a caller that was told
     // "timed out" never finds the bundle installed later.
-    let (src, sandbox, protected) = (
+    let (src, sandbox, protected, config) = (
         path.clone(),
         shared.config.sandbox.clone(),
         shared.config.protected_paths(),
+        shared.config.clone(),
     );
     let checked = tokio::task::spawn_blocking(move || {
         let source = src.canonicalize().map_err(|e| InstallError::NoSuchPath {
@@ -75,7 +79,17 @@ pub async fn install(
                 "{e}; give a bundle folder containing manifest.json, or a manifest file"
             ),
         })?;
-        let loaded = crate::manifest::load(&source)?;
+        let loaded = super::super::source::load(&source, &config).map_err(|e| match e {
+            SourceError::Archive(e) => InstallError::Archive(e),
+            SourceError::Manifest(e) => InstallError::Manifest(e),
+        })?;
+        // A CLI install of an archive runs from its unpacked copy: the
+        // downloaded file may go. A watched archive stays the source (the
+        // folder is its source of truth; a change upgrades it).
+        let source = match origin {
+            Origin::Cli if super::super::source::is_archive(&source) => loaded.dir.clone(),
+            _ => source,
+        };
         crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)?;
         crate::bundle::sandbox::check_install(&sandbox, &protected, &loaded)?;
         Ok::<_, InstallError>((source, loaded))

@@ -168,14 +168,11 @@ impl DaemonState {
         self.rescans.insert(index, false);
         let (shared, seen, myself) = (self.shared.clone(), self.seen.clone(), myself.clone());
         tokio::spawn(async move {
-            let sandbox = shared.config.sandbox.clone();
-            let protected = shared.config.protected_paths();
-            let dir = watch.dir.clone();
-            let found =
-                tokio::task::spawn_blocking(move || scan(&dir, &seen, &sandbox, &protected))
-                    .await
-                    .ok()
-                    .flatten();
+            let (dir, config) = (watch.dir.clone(), shared.config.clone());
+            let found = tokio::task::spawn_blocking(move || scan(&dir, &seen, &config))
+                .await
+                .ok()
+                .flatten();
             let scan = match found {
                 None => {
                     tracing::warn!(dir = %watch.dir.display(), "watched folder is missing; its bundles keep running");
@@ -327,6 +324,51 @@ fn reject(shared: &Shared, workspace: &str, path: &Path, reason: &str) {
     ));
 }
 
+/// How long an unpacked archive no install names is kept: a version just
+/// unpacked for an upgrade is not taken from under the start that uses it.
+const ARCHIVE_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Removes, in a task, the unpacked archives nothing runs or names any
+/// more: not an install's source, not a running bundle's, not a kept last
+/// good manifest's.
+fn collect_archives(shared: Arc<Shared>) {
+    tokio::spawn(async move {
+        let Ok(installs) = shared.store.call(|s| s.installs()).await else {
+            return;
+        };
+        let (_, running) = shared.board.snapshot();
+        let state_dir = shared.config.state_dir.clone();
+        let removed = tokio::task::spawn_blocking(move || {
+            let root = crate::archive::root(&state_dir);
+            let mut keep: std::collections::HashSet<String> = installs
+                .iter()
+                .filter_map(|r| crate::archive::unpacked_sha(&r.source, &root))
+                .collect();
+            keep.extend(
+                running
+                    .iter()
+                    .filter_map(|b| b.archive.as_ref())
+                    .map(|a| a.sha256.clone()),
+            );
+            keep.extend(
+                super::bundle::snapshot_files(&state_dir)
+                    .iter()
+                    .filter_map(|f| crate::archive::unpacked_sha(f, &root)),
+            );
+            crate::archive::collect_garbage(&root, &keep, ARCHIVE_GRACE)
+        })
+        .await;
+        match removed {
+            Ok(Ok(0)) | Err(_) => {}
+            Ok(Ok(n)) => tracing::info!(
+                removed = n,
+                "unpacked archives no install runs any more were removed"
+            ),
+            Ok(Err(e)) => tracing::warn!("cannot remove old unpacked archives: {e}"),
+        }
+    });
+}
+
 #[ractor::async_trait]
 impl Actor for DaemonActor {
     type Msg = DaemonMsg;
@@ -392,7 +434,11 @@ impl Actor for DaemonActor {
             } => {
                 let (shared, ws) = (st.shared.clone(), st.workspaces.get(&workspace).cloned());
                 tokio::spawn(async move {
-                    let _ = reply.send(uninstall(shared, ws, workspace, name).await);
+                    let result = uninstall(shared.clone(), ws, workspace, name).await;
+                    if result.is_ok() {
+                        collect_archives(shared);
+                    }
+                    let _ = reply.send(result);
                 });
             }
             DaemonMsg::Rescan { index } => st.scan(&myself, index),
@@ -401,6 +447,7 @@ impl Actor for DaemonActor {
                 None => myself.send_message(DaemonMsg::Reconciled { index })?,
             },
             DaemonMsg::Reconciled { index } => {
+                collect_archives(st.shared.clone());
                 if st.rescans.remove(&index) == Some(true) {
                     st.scan(&myself, index);
                 } else if let Some(booting) = &mut st.booting {

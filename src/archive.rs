@@ -1,0 +1,763 @@
+//! MCPB archives: a `.mcpb` file is a ZIP with `manifest.json` at its root
+//! (what `mcpb pack` makes). An archive is checked entry by entry against
+//! the hostile-archive rules before anything is written, then unpacked once
+//! into `STATE_DIR/archives/SHA256/`: into a temporary folder first, renamed
+//! into place when complete, file modes restored (without setuid, setgid or
+//! sticky bits). Named after the archive's SHA-256, an unpacked version is
+//! never written over: an upgrade lands beside the running one, a version
+//! seen before is there at once, and a CLI install keeps running after the
+//! downloaded file is deleted. Blocking: run on the blocking pool.
+//!
+//! A signature block that `mcpb sign` appends after the ZIP
+//! (`MCPB_SIG_V1` … `MCPB_SIG_END`) is cut off before the ZIP is read.
+
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::path::{Component, Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+/// The file extension of MCPB archives.
+pub const EXTENSION: &str = "mcpb";
+
+/// Where the signature block of a signed archive begins.
+const SIGNATURE_MARKER: &[u8] = b"MCPB_SIG_V1";
+
+/// Entries whose uncompressed size is below this are not held to the
+/// compression-ratio rule (small text compresses well).
+const RATIO_FLOOR: u64 = 1024 * 1024;
+
+/// What an archive may hold (`[archives]` in the daemon config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Size of the `.mcpb` file itself.
+    pub max_archive_bytes: u64,
+    /// Files, folders and links in it.
+    pub max_entries: u64,
+    /// Everything unpacked, together.
+    pub max_unpacked_bytes: u64,
+    /// Unpacked size over compressed size of one entry (of 1 MiB or more).
+    pub max_ratio: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_archive_bytes: 512 * 1024 * 1024,
+            max_entries: 50_000,
+            max_unpacked_bytes: 1024 * 1024 * 1024,
+            max_ratio: 100,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    #[error("cannot read archive {archive}: {source}")]
+    Io {
+        archive: PathBuf,
+        source: std::io::Error,
+    },
+    /// The archive breaks a rule; nothing of it was kept.
+    #[error("archive {archive} is refused: {rule}")]
+    Refused { archive: PathBuf, rule: String },
+    #[error("cannot unpack archive {archive} into {dir}: {source}")]
+    Unpack {
+        archive: PathBuf,
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// An archive, unpacked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unpacked {
+    /// SHA-256 of the `.mcpb` file, in lowercase hex.
+    pub sha256: String,
+    /// `STATE_DIR/archives/SHA256`: the bundle folder.
+    pub dir: PathBuf,
+}
+
+/// Whether `path` names an MCPB archive (by its extension).
+pub fn is_archive(path: &Path) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case(EXTENSION))
+}
+
+/// `STATE_DIR/archives`: where archives are unpacked.
+pub fn root(state_dir: &Path) -> PathBuf {
+    state_dir.join("archives")
+}
+
+/// The SHA-256 of the archive whose unpacked folder is (or contains) `path`.
+pub fn unpacked_sha(path: &Path, root: &Path) -> Option<String> {
+    let rest = path.strip_prefix(root).ok()?;
+    let first = rest.components().next()?.as_os_str().to_str()?;
+    is_sha(first).then(|| first.to_string())
+}
+
+fn is_sha(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// SHA-256 of a file, in lowercase hex.
+pub fn sha256(path: &Path) -> std::io::Result<String> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    std::io::copy(&mut file, &mut hasher)?;
+    Ok(hex(&hasher.finalize()))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Unpacks `archive` below `root` (see the module doc); a version unpacked
+/// before is found, not unpacked again. On any refusal or failure nothing
+/// of it is left on disk.
+pub fn unpack(archive: &Path, root: &Path, limits: &Limits) -> Result<Unpacked, ArchiveError> {
+    let io = |source| ArchiveError::Io {
+        archive: archive.to_path_buf(),
+        source,
+    };
+    let refused = |rule: String| ArchiveError::Refused {
+        archive: archive.to_path_buf(),
+        rule,
+    };
+    create_root(root).map_err(|source| ArchiveError::Unpack {
+        archive: archive.to_path_buf(),
+        dir: root.to_path_buf(),
+        source,
+    })?;
+    // Work on a private copy, hashed as it is made: what is checked and
+    // unpacked is exactly what the hash names, whatever happens to the
+    // original meanwhile.
+    let scratch = Scratch::new(root).map_err(|source| ArchiveError::Unpack {
+        archive: archive.to_path_buf(),
+        dir: root.to_path_buf(),
+        source,
+    })?;
+    let copy = scratch.path.join("archive.mcpb");
+    let sha256 = copy_hashed(archive, &copy, limits.max_archive_bytes).map_err(|e| match e {
+        Copied::Io(e) => io(e),
+        Copied::TooLarge => refused(format!(
+            "it is larger than {} bytes ([archives] max_archive_bytes)",
+            limits.max_archive_bytes
+        )),
+    })?;
+    let dir = root.join(&sha256);
+    if dir.is_dir() {
+        return Ok(Unpacked { sha256, dir });
+    }
+    strip_signature(&copy).map_err(io)?;
+    let file = std::fs::File::open(&copy).map_err(io)?;
+    let mut zip = zip::ZipArchive::new(file).map_err(|e| {
+        refused(format!(
+            "it is not a ZIP archive, or it is truncated ({e}); an MCPB bundle is made with `mcpb pack`"
+        ))
+    })?;
+    let plan = check(&mut zip, limits).map_err(refused)?;
+    let tree = scratch.path.join("tree");
+    extract(&mut zip, &plan, &tree, limits).map_err(|e| match e {
+        Extracted::Rule(rule) => refused(rule),
+        Extracted::Io(source) => ArchiveError::Unpack {
+            archive: archive.to_path_buf(),
+            dir: tree.clone(),
+            source,
+        },
+    })?;
+    set_mode(&tree, 0o755).map_err(io)?;
+    match std::fs::rename(&tree, &dir) {
+        Ok(()) => {}
+        // Another unpack of the same archive got there first: same bytes.
+        Err(_) if dir.is_dir() => {}
+        Err(source) => {
+            return Err(ArchiveError::Unpack {
+                archive: archive.to_path_buf(),
+                dir,
+                source,
+            })
+        }
+    }
+    Ok(Unpacked { sha256, dir })
+}
+
+/// Removes the unpacked archives whose hash is not in `keep` (versions no
+/// install runs any more) and scratch folders an interrupted unpack left,
+/// if untouched for `min_age` (an unpack that a start has not picked up
+/// yet is never taken from under it).
+pub fn collect_garbage(
+    root: &Path,
+    keep: &HashSet<String>,
+    min_age: std::time::Duration,
+) -> std::io::Result<usize> {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return Ok(0);
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        let stale = name.starts_with(".unpack-") || (is_sha(&name) && !keep.contains(&*name));
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age >= min_age);
+        if stale && old {
+            std::fs::remove_dir_all(entry.path())?;
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
+/// The archives folder: traversable by bundles (they run from below it),
+/// listable by nobody else.
+fn create_root(root: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o711)
+        .create(root)
+}
+
+fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+/// A private folder for one unpack, removed (with whatever is in it) when
+/// dropped.
+struct Scratch {
+    path: PathBuf,
+}
+
+impl Scratch {
+    fn new(root: &Path) -> std::io::Result<Scratch> {
+        use std::os::unix::fs::DirBuilderExt;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let path = root.join(format!(".unpack-{}-{nanos}", std::process::id()));
+        std::fs::DirBuilder::new().mode(0o700).create(&path)?;
+        Ok(Scratch { path })
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+enum Copied {
+    Io(std::io::Error),
+    TooLarge,
+}
+
+/// Copies `from` to `to` (at most `max` bytes) and returns its SHA-256.
+fn copy_hashed(from: &Path, to: &Path, max: u64) -> Result<String, Copied> {
+    let source = std::fs::File::open(from).map_err(Copied::Io)?;
+    let meta = source.metadata().map_err(Copied::Io)?;
+    if !meta.is_file() {
+        return Err(Copied::Io(std::io::Error::other("not a regular file")));
+    }
+    let mut out = std::fs::File::create(to).map_err(Copied::Io)?;
+    let mut hasher = Sha256::new();
+    let mut limited = source.take(max + 1);
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut total = 0u64;
+    loop {
+        let n = limited.read(&mut buf).map_err(Copied::Io)?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        if total > max {
+            return Err(Copied::TooLarge);
+        }
+        hasher.update(&buf[..n]);
+        out.write_all(&buf[..n]).map_err(Copied::Io)?;
+    }
+    out.sync_all().map_err(Copied::Io)?;
+    Ok(hex(&hasher.finalize()))
+}
+
+/// Cuts a trailing `MCPB_SIG_V1` signature block off the copy (searched in
+/// the last 1 MiB: a signature is a few kilobytes).
+fn strip_signature(copy: &Path) -> std::io::Result<()> {
+    let bytes = std::fs::read(copy)?;
+    let tail_start = bytes.len().saturating_sub(1024 * 1024);
+    let tail = &bytes[tail_start..];
+    let Some(at) = tail
+        .windows(SIGNATURE_MARKER.len())
+        .rposition(|w| w == SIGNATURE_MARKER)
+    else {
+        return Ok(());
+    };
+    let file = std::fs::OpenOptions::new().write(true).open(copy)?;
+    file.set_len((tail_start + at) as u64)
+}
+
+/// What an entry becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Dir,
+    File,
+    Link,
+}
+
+/// The entries to write, checked: (index, relative path, kind, mode).
+type Plan = Vec<(usize, PathBuf, Kind, u32)>;
+
+/// Every rule that can be checked from the central directory, before
+/// anything is written.
+fn check<R: Read + std::io::Seek>(
+    zip: &mut zip::ZipArchive<R>,
+    limits: &Limits,
+) -> Result<Plan, String> {
+    if zip.len() as u64 > limits.max_entries {
+        return Err(format!(
+            "it holds {} entries, more than {} ([archives] max_entries)",
+            zip.len(),
+            limits.max_entries
+        ));
+    }
+    let mut plan = Vec::with_capacity(zip.len());
+    let mut names: HashSet<String> = HashSet::new();
+    let mut total = 0u64;
+    let mut nested_manifest = None;
+    for i in 0..zip.len() {
+        let entry = zip
+            .by_index_raw(i)
+            .map_err(|e| format!("entry {i} cannot be read: {e}"))?;
+        let raw = entry
+            .name()
+            .map_err(|e| format!("entry {i} has a name that cannot be read: {e}"))?
+            .to_string();
+        let path = entry_path(&raw)?;
+        let folded = path.to_string_lossy().to_lowercase();
+        if !names.insert(folded) {
+            return Err(format!(
+                "{raw:?} is in it twice (names that differ only in case count as the same): an unpacked bundle must not depend on which one wins"
+            ));
+        }
+        let mode = entry.unix_mode().unwrap_or(0);
+        let kind = match mode & 0o170000 {
+            0o040000 => Kind::Dir,
+            0o120000 => Kind::Link,
+            0o100000 => Kind::File,
+            0 if entry.is_dir() => Kind::Dir,
+            0 => Kind::File,
+            _ => {
+                return Err(format!(
+                    "{raw:?} is a device, pipe or socket (mode {mode:o}); a bundle holds files, folders and links"
+                ))
+            }
+        };
+        let size = entry.size();
+        total = total.saturating_add(size);
+        if total > limits.max_unpacked_bytes {
+            return Err(format!(
+                "it unpacks to more than {} bytes ([archives] max_unpacked_bytes)",
+                limits.max_unpacked_bytes
+            ));
+        }
+        let compressed = entry.compressed_size().max(1);
+        if size >= RATIO_FLOOR && size / compressed > limits.max_ratio {
+            return Err(format!(
+                "{raw:?} expands {}-fold ({size} bytes from {compressed}), more than {} ([archives] max_ratio): a zip bomb",
+                size / compressed,
+                limits.max_ratio
+            ));
+        }
+        if path.file_name().is_some_and(|n| n == "manifest.json")
+            && path.parent() != Some(Path::new(""))
+        {
+            nested_manifest.get_or_insert(raw.clone());
+        }
+        plan.push((i, path, kind, mode & 0o777));
+    }
+    if !plan
+        .iter()
+        .any(|(_, p, kind, _)| *kind == Kind::File && p == Path::new("manifest.json"))
+    {
+        return Err(match nested_manifest {
+            Some(found) => format!(
+                "manifest.json is not at its root (found {found:?}); pack the bundle folder's contents, as `mcpb pack` does"
+            ),
+            None => "it has no manifest.json at its root; it is not an MCPB bundle".to_string(),
+        });
+    }
+    Ok(plan)
+}
+
+/// An entry's name as a relative path inside the bundle, or why it cannot be.
+fn entry_path(raw: &str) -> Result<PathBuf, String> {
+    if raw.is_empty() || raw.contains('\0') || raw.contains('\\') {
+        return Err(format!(
+            "entry {raw:?} has an empty name, a NUL or a backslash"
+        ));
+    }
+    let path = Path::new(raw.trim_end_matches('/'));
+    let mut clean = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::Normal(p) => clean.push(p),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                return Err(format!("entry {raw:?} climbs out of the bundle (`..`)"))
+            }
+            Component::RootDir | Component::Prefix(_) => {
+                return Err(format!("entry {raw:?} is an absolute path"))
+            }
+        }
+    }
+    if clean.as_os_str().is_empty() {
+        return Err(format!("entry {raw:?} names no file"));
+    }
+    Ok(clean)
+}
+
+enum Extracted {
+    Rule(String),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for Extracted {
+    fn from(e: std::io::Error) -> Self {
+        Extracted::Io(e)
+    }
+}
+
+/// Writes the checked entries below `tree`. Sizes are enforced on the
+/// bytes actually inflated, not on what the headers claim.
+fn extract<R: Read + std::io::Seek>(
+    zip: &mut zip::ZipArchive<R>,
+    plan: &Plan,
+    tree: &Path,
+    limits: &Limits,
+) -> Result<(), Extracted> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new().mode(0o755).create(tree)?;
+    let mut budget = limits.max_unpacked_bytes;
+    let mut links = Vec::new();
+    for (i, path, kind, mode) in plan {
+        let target = tree.join(path);
+        if let Some(parent) = target.parent() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(parent)?;
+        }
+        let mut entry = zip.by_index(*i).map_err(|e| {
+            Extracted::Rule(format!("entry {} cannot be read: {e}", path.display()))
+        })?;
+        match kind {
+            Kind::Dir => {
+                std::fs::DirBuilder::new()
+                    .recursive(true)
+                    .mode(0o755)
+                    .create(&target)?;
+            }
+            Kind::File => {
+                let mut out = std::fs::File::create(&target)?;
+                let written =
+                    std::io::copy(&mut (&mut entry).take(budget + 1), &mut out).map_err(|e| {
+                        Extracted::Rule(format!("{} cannot be inflated: {e}", path.display()))
+                    })?;
+                if written > budget {
+                    return Err(Extracted::Rule(format!(
+                        "it unpacks to more than {} bytes ([archives] max_unpacked_bytes)",
+                        limits.max_unpacked_bytes
+                    )));
+                }
+                budget -= written;
+                // The owner may always read it; setuid/setgid/sticky never.
+                let mode = if *mode == 0 {
+                    0o644
+                } else {
+                    (mode | 0o400) & 0o755
+                };
+                set_mode(&target, mode)?;
+            }
+            Kind::Link => {
+                let mut text = String::new();
+                (&mut entry)
+                    .take(4096)
+                    .read_to_string(&mut text)
+                    .map_err(|e| {
+                        Extracted::Rule(format!(
+                            "link {} has an unreadable target: {e}",
+                            path.display()
+                        ))
+                    })?;
+                links.push((path.clone(), target, text));
+            }
+        }
+    }
+    // Links last: none can redirect a file written after it.
+    for (path, target, text) in links {
+        if !stays_inside(&path, &text) {
+            return Err(Extracted::Rule(format!(
+                "link {} points outside the bundle (-> {text:?})",
+                path.display()
+            )));
+        }
+        std::os::unix::fs::symlink(&text, &target)?;
+    }
+    Ok(())
+}
+
+/// Whether the link at `path` (relative to the bundle) pointing at `target`
+/// resolves inside the bundle, judged on the names alone.
+fn stays_inside(path: &Path, target: &str) -> bool {
+    let target = Path::new(target);
+    if target.is_absolute() || target.as_os_str().is_empty() {
+        return false;
+    }
+    let mut depth: i64 = path.components().count() as i64 - 1;
+    for part in target.components() {
+        match part {
+            Component::Normal(_) => depth += 1,
+            Component::ParentDir => {
+                depth -= 1;
+                if depth < 0 {
+                    return false;
+                }
+            }
+            Component::CurDir => {}
+            Component::RootDir | Component::Prefix(_) => return false,
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Cursor;
+    use zip::write::SimpleFileOptions;
+
+    /// A ZIP made in memory: (name, unix mode, content).
+    fn zip_of(entries: &[(&str, u32, &[u8])]) -> Vec<u8> {
+        let mut out = zip::ZipWriter::new(Cursor::new(Vec::new()));
+        for (name, mode, bytes) in entries {
+            let options = SimpleFileOptions::default()
+                .compression_method(zip::CompressionMethod::Deflated)
+                .unix_permissions(*mode);
+            if mode & 0o170000 == 0o120000 {
+                out.add_symlink(*name, std::str::from_utf8(bytes).unwrap(), options)
+                    .unwrap();
+            } else if name.ends_with('/') {
+                out.add_directory(*name, options).unwrap();
+            } else {
+                out.start_file(*name, options).unwrap();
+                out.write_all(bytes).unwrap();
+            }
+        }
+        out.finish().unwrap().into_inner()
+    }
+
+    const MANIFEST: (&str, u32, &[u8]) = ("manifest.json", 0o100644, b"{}");
+
+    /// Sets the unix mode (file type included, which the writer masks) of
+    /// entry `name` in the central directory of a ZIP, as a hostile tool
+    /// would write it.
+    fn with_mode(mut bytes: Vec<u8>, name: &str, mode: u32) -> Vec<u8> {
+        let mut i = 0;
+        while i + 46 <= bytes.len() {
+            if bytes[i..i + 4] == [0x50, 0x4b, 0x01, 0x02] {
+                let len = u16::from_le_bytes([bytes[i + 28], bytes[i + 29]]) as usize;
+                if &bytes[i + 46..i + 46 + len] == name.as_bytes() {
+                    bytes[i + 38..i + 42].copy_from_slice(&(mode << 16).to_le_bytes());
+                    return bytes;
+                }
+            }
+            i += 1;
+        }
+        panic!("no entry {name}");
+    }
+
+    fn unpack_bytes(
+        bytes: &[u8],
+        limits: &Limits,
+    ) -> (tempfile::TempDir, Result<Unpacked, ArchiveError>) {
+        let dir = tempfile::tempdir().unwrap();
+        let archive = dir.path().join("b.mcpb");
+        std::fs::write(&archive, bytes).unwrap();
+        let result = unpack(&archive, &dir.path().join("archives"), limits);
+        (dir, result)
+    }
+
+    /// Nothing of a refused archive is left: no folder, no scratch.
+    fn assert_refused(bytes: &[u8], limits: &Limits, rule: &str) {
+        let (dir, result) = unpack_bytes(bytes, limits);
+        match result {
+            Err(ArchiveError::Refused { rule: r, archive }) => {
+                assert!(r.contains(rule), "{r}");
+                assert!(archive.ends_with("b.mcpb"));
+            }
+            other => panic!("expected a refusal for {rule:?}, got {other:?}"),
+        }
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("archives"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "left on disk: {left:?}");
+    }
+
+    #[test]
+    fn a_good_archive_is_unpacked_once_with_its_modes() {
+        let bytes = zip_of(&[
+            MANIFEST,
+            ("server/", 0o040755, b""),
+            ("server/run", 0o100755, b"#!/bin/sh\n"),
+            ("server/data.txt", 0o100600, b"x"),
+            ("server/link", 0o120777, b"run"),
+        ]);
+        let bytes = with_mode(bytes, "server/run", 0o104755);
+        let (dir, result) = unpack_bytes(&bytes, &Limits::default());
+        let unpacked = result.unwrap();
+        let mode = |p: &str| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::symlink_metadata(unpacked.dir.join(p))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o7777
+        };
+        assert_eq!(mode("server/run"), 0o755, "setuid dropped");
+        assert_eq!(mode("server/data.txt"), 0o600);
+        assert_eq!(
+            std::fs::read_link(unpacked.dir.join("server/link")).unwrap(),
+            Path::new("run")
+        );
+        assert_eq!(unpacked.sha256, sha256(&dir.path().join("b.mcpb")).unwrap());
+        assert_eq!(
+            unpacked_sha(&unpacked.dir.join("server"), &dir.path().join("archives")),
+            Some(unpacked.sha256.clone())
+        );
+        // The same archive again: found, not unpacked again.
+        std::fs::write(unpacked.dir.join("marker"), "").unwrap();
+        let again = unpack(
+            &dir.path().join("b.mcpb"),
+            &dir.path().join("archives"),
+            &Limits::default(),
+        )
+        .unwrap();
+        assert_eq!(again, unpacked);
+        assert!(again.dir.join("marker").exists());
+        // Garbage collection keeps what is named.
+        let keep: HashSet<String> = [unpacked.sha256.clone()].into();
+        let root = dir.path().join("archives");
+        let now = std::time::Duration::ZERO;
+        assert_eq!(collect_garbage(&root, &keep, now).unwrap(), 0);
+        let hour = std::time::Duration::from_secs(3600);
+        assert_eq!(
+            collect_garbage(&root, &HashSet::new(), hour).unwrap(),
+            0,
+            "too young"
+        );
+        assert_eq!(collect_garbage(&root, &HashSet::new(), now).unwrap(), 1);
+        assert!(!unpacked.dir.exists());
+    }
+
+    #[test]
+    fn hostile_archives_are_refused_by_rule_and_leave_nothing() {
+        let d = Limits::default();
+        assert_refused(
+            &zip_of(&[MANIFEST, ("../evil", 0o100644, b"x")]),
+            &d,
+            "climbs out",
+        );
+        assert_refused(
+            &zip_of(&[MANIFEST, ("/etc/evil", 0o100644, b"x")]),
+            &d,
+            "absolute",
+        );
+        assert_refused(
+            &zip_of(&[MANIFEST, ("a\\b", 0o100644, b"x")]),
+            &d,
+            "backslash",
+        );
+        assert_refused(
+            &zip_of(&[MANIFEST, ("out", 0o120777, b"../../etc/passwd")]),
+            &d,
+            "points outside",
+        );
+        assert_refused(
+            &zip_of(&[MANIFEST, ("abs", 0o120777, b"/etc/passwd")]),
+            &d,
+            "points outside",
+        );
+        assert_refused(
+            &zip_of(&[MANIFEST, ("Run", 0o100644, b"x"), ("run", 0o100644, b"y")]),
+            &d,
+            "twice",
+        );
+        let device = with_mode(zip_of(&[MANIFEST, ("dev", 0o100644, b"")]), "dev", 0o020644);
+        assert_refused(&device, &d, "device");
+        let fifo = with_mode(
+            zip_of(&[MANIFEST, ("fifo", 0o100644, b"")]),
+            "fifo",
+            0o010644,
+        );
+        assert_refused(&fifo, &d, "device, pipe");
+        assert_refused(
+            &zip_of(&[("sub/manifest.json", 0o100644, b"{}")]),
+            &d,
+            "not at its root",
+        );
+        assert_refused(
+            &zip_of(&[("readme", 0o100644, b"x")]),
+            &d,
+            "no manifest.json",
+        );
+        assert_refused(b"this is no zip at all", &d, "not a ZIP");
+        let good = zip_of(&[MANIFEST, ("a", 0o100644, b"x")]);
+        assert_refused(&good[..good.len() - 30], &d, "not a ZIP");
+        let few = Limits {
+            max_entries: 1,
+            ..d
+        };
+        assert_refused(&good, &few, "max_entries");
+        let zeros = vec![0u8; 4 * 1024 * 1024];
+        let bomb = zip_of(&[MANIFEST, ("zeros", 0o100644, &zeros)]);
+        assert_refused(&bomb, &d, "zip bomb");
+        let small = Limits {
+            max_unpacked_bytes: 1024,
+            max_ratio: 1_000_000,
+            ..d
+        };
+        assert_refused(&bomb, &small, "max_unpacked_bytes");
+        let tiny = Limits {
+            max_archive_bytes: 10,
+            ..d
+        };
+        assert_refused(&good, &tiny, "max_archive_bytes");
+    }
+
+    #[test]
+    fn a_signature_block_after_the_zip_is_cut_off() {
+        let mut bytes = zip_of(&[MANIFEST]);
+        bytes.extend_from_slice(b"MCPB_SIG_V1\x00\x00\x00\x10not-a-real-pkcs7MCPB_SIG_END");
+        let (_dir, result) = unpack_bytes(&bytes, &Limits::default());
+        assert!(result.unwrap().dir.join("manifest.json").is_file());
+    }
+
+    #[test]
+    fn links_are_judged_by_where_they_resolve() {
+        assert!(stays_inside(Path::new("a/b/link"), "../c"));
+        assert!(stays_inside(Path::new("link"), "server/run"));
+        assert!(!stays_inside(Path::new("link"), "../x"));
+        assert!(!stays_inside(Path::new("a/link"), "../../x"));
+        assert!(!stays_inside(Path::new("a/link"), "/x"));
+    }
+}

@@ -1,0 +1,244 @@
+//! `.mcpb` archives made by the official `mcpb` CLI (pinned in
+//! tests/mcpb): installed from the command line and from a watched folder,
+//! upgraded, kept on a broken upgrade, removed; running after the
+//! downloaded file is gone; hostile archives refused with nothing kept.
+
+mod common;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::{wait_for, Daemon, DEMO_BIN, DEMO_MANIFEST};
+use serde_json::{json, Value};
+
+fn mcpb() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/mcpb/node_modules/.bin/mcpb");
+    assert!(
+        path.exists(),
+        "the mcpb CLI is not installed at {}; run `make mcpb` (make test does)",
+        path.display()
+    );
+    path
+}
+
+/// Packs the demo bundle as `NAME` version `version` with the real CLI:
+/// `mcpb pack FOLDER OUT.mcpb`. The server is the demo binary without its
+/// debug info (the archive is then about 4 MB, not 50).
+fn pack(dir: &Path, name: &str, version: &str) -> PathBuf {
+    let folder = dir.join(format!("{name}-{version}"));
+    std::fs::create_dir_all(folder.join("server")).unwrap();
+    let server = folder.join("server/bundlevisor-demo");
+    let stripped = Command::new("strip")
+        .arg("-o")
+        .arg(&server)
+        .arg(DEMO_BIN)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stripped {
+        std::fs::copy(DEMO_BIN, &server).unwrap();
+    }
+    let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    manifest["name"] = json!(name);
+    manifest["version"] = json!(version);
+    std::fs::write(
+        folder.join("manifest.json"),
+        serde_json::to_string_pretty(&manifest).unwrap(),
+    )
+    .unwrap();
+    let out = dir.join(format!("{name}-{version}.mcpb"));
+    let packed = Command::new(mcpb())
+        .arg("pack")
+        .arg(&folder)
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        packed.status.success() && out.is_file(),
+        "mcpb pack failed: {}{}",
+        String::from_utf8_lossy(&packed.stdout),
+        String::from_utf8_lossy(&packed.stderr)
+    );
+    std::fs::remove_dir_all(&folder).unwrap();
+    out
+}
+
+fn sha256(path: &Path) -> String {
+    bundlevisor::archive::sha256(path).unwrap()
+}
+
+fn unpacked(d: &Daemon) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(d.state.join("archives"))
+        .map(|e| {
+            e.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_packed_bundle_installs_from_the_cli_and_outlives_its_file() {
+    let mut d = Daemon::start();
+    let archive = pack(&d.root().join("downloads"), "memo", "1.2.3");
+    let sha = sha256(&archive);
+    let out = d.ok(&["install", archive.to_str().unwrap(), "--json"]);
+    let installed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(installed["bundle"]["state"], "ready", "{installed}");
+    assert_eq!(installed["bundle"]["version"], "1.2.3");
+    let b = d.bundle("default", "memo").unwrap();
+    assert_eq!(b["archive"]["sha256"], sha, "{b}");
+    let dir = PathBuf::from(b["archive"]["unpacked"].as_str().unwrap());
+    assert_eq!(dir, d.state.join("archives").join(&sha));
+    assert!(dir.join("server/bundlevisor-demo").is_file());
+    assert_eq!(
+        d.ok(&["call", "memo", "echo", r#"{"text":"packed"}"#])
+            .trim(),
+        "packed"
+    );
+
+    // The downloaded file goes; restarts and a daemon restart do not care.
+    std::fs::remove_file(&archive).unwrap();
+    let out = d.cli(&["restart", "memo"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(d.signal(nix::sys::signal::Signal::SIGTERM).success());
+    d.launch();
+    let b = d.wait_state("default", "memo", "ready");
+    assert_eq!(b["archive"]["sha256"], sha);
+
+    // Uninstalled, its unpacked copy is no longer named (and is collected
+    // once the grace period has passed, which this test does not wait for).
+    d.ok(&["uninstall", "memo"]);
+    assert!(d.bundle("default", "memo").is_none());
+}
+
+#[test]
+fn a_watched_archive_is_installed_upgraded_kept_when_broken_and_removed() {
+    let d = Daemon::start_with(
+        "watch_debounce = \"50ms\"\n[[watch]]\ndir = \"watched\"\nworkspace = \"default\"\n",
+    );
+    let watched = d.root().join("watched");
+    std::fs::create_dir_all(&watched).unwrap();
+    let staging = d.root().join("staging");
+    let v1 = pack(&staging, "notes", "1.0.0");
+    let v2 = pack(&staging, "notes", "2.0.0");
+    let target = watched.join("notes.mcpb");
+
+    // Dropped in (renamed into place, as a download tool finishes).
+    std::fs::copy(&v1, staging.join("copy")).unwrap();
+    std::fs::rename(staging.join("copy"), &target).unwrap();
+    let b = wait_for(Duration::from_secs(30), "v1 ready", || {
+        d.bundle("default", "notes")
+            .filter(|b| b["state"] == "ready" && b["version"] == "1.0.0")
+    });
+    assert_eq!(b["archive"]["sha256"], sha256(&v1));
+    assert_eq!(b["source"], target.display().to_string());
+
+    // A new file: upgraded, unpacked beside the running version.
+    std::fs::copy(&v2, staging.join("copy")).unwrap();
+    std::fs::rename(staging.join("copy"), &target).unwrap();
+    let b = wait_for(Duration::from_secs(30), "v2 ready", || {
+        d.bundle("default", "notes")
+            .filter(|b| b["state"] == "ready" && b["version"] == "2.0.0")
+    });
+    assert_eq!(b["archive"]["sha256"], sha256(&v2));
+    let both = unpacked(&d);
+    assert!(
+        both.contains(&sha256(&v1)) && both.contains(&sha256(&v2)),
+        "{both:?}"
+    );
+    let pid = b["pid"].as_u64();
+
+    // A broken file: refused, the running version keeps running.
+    let bytes = std::fs::read(&v2).unwrap();
+    let mut broken = std::fs::File::create(staging.join("copy")).unwrap();
+    broken.write_all(&bytes[..bytes.len() / 2]).unwrap();
+    drop(broken);
+    std::fs::rename(staging.join("copy"), &target).unwrap();
+    let b = wait_for(Duration::from_secs(30), "the refusal in status", || {
+        d.bundle("default", "notes").filter(|b| {
+            b["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("rejected"))
+        })
+    });
+    let why = b["last_error"].as_str().unwrap();
+    assert!(
+        why.contains("notes.mcpb") && why.contains("not a ZIP archive, or it is truncated"),
+        "{why}"
+    );
+    assert_eq!(
+        (b["state"].as_str(), b["pid"].as_u64()),
+        (Some("ready"), pid)
+    );
+    assert_eq!(
+        d.ok(&["call", "notes", "echo", r#"{"text":"still v2"}"#])
+            .trim(),
+        "still v2"
+    );
+
+    // Removed: uninstalled, its process gone.
+    std::fs::remove_file(&target).unwrap();
+    wait_for(Duration::from_secs(30), "the uninstall", || {
+        d.bundle("default", "notes").is_none().then_some(())
+    });
+    wait_for(Duration::from_secs(10), "its process to be gone", || {
+        d.bundle_processes().is_empty().then_some(())
+    });
+}
+
+/// A ZIP made by hand (as a hostile tool would): `entries` of (name, bytes).
+fn hand_made_zip(path: &Path, entries: &[(&str, &[u8])]) {
+    let mut zip = zip::ZipWriter::new(std::fs::File::create(path).unwrap());
+    for (name, bytes) in entries {
+        zip.start_file(*name, zip::write::SimpleFileOptions::default())
+            .unwrap();
+        zip.write_all(bytes).unwrap();
+    }
+    zip.finish().unwrap();
+}
+
+#[test]
+fn a_hostile_archive_is_refused_by_name_and_rule_and_nothing_is_kept() {
+    let d = Daemon::start();
+    let cases: [(&str, &[(&str, &[u8])], &str); 3] = [
+        (
+            "climb.mcpb",
+            &[("manifest.json", b"{}"), ("../../escaped", b"x")],
+            "climbs out of the bundle",
+        ),
+        (
+            "nested.mcpb",
+            &[("bundle/manifest.json", b"{}")],
+            "manifest.json is not at its root",
+        ),
+        (
+            "twice.mcpb",
+            &[("manifest.json", b"{}"), ("MANIFEST.json", b"{}")],
+            "twice",
+        ),
+    ];
+    for (file, entries, rule) in cases {
+        let path = d.root().join(file);
+        hand_made_zip(&path, entries);
+        let mut raw = d.raw();
+        raw.hello();
+        let r = raw.request(1, "bundle.install", json!({ "path": path }));
+        assert_eq!(r["error"]["data"]["kind"], "archive_refused", "{file}: {r}");
+        let message = r["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(file) && message.contains(rule),
+            "{file}: {message}"
+        );
+        assert!(unpacked(&d).is_empty(), "{file} left {:?}", unpacked(&d));
+    }
+    assert!(!d.root().join("escaped").exists());
+    assert!(d.status()["bundles"].as_array().unwrap().is_empty());
+}
