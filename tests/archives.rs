@@ -194,8 +194,11 @@ fn a_watched_archive_is_installed_upgraded_kept_when_broken_and_removed() {
     });
 }
 
-/// A ZIP made by hand (as a hostile tool would): `entries` of (name, bytes).
-fn hand_made_zip(path: &Path, entries: &[(&str, &[u8])]) {
+/// Entries of a hand-made ZIP: (name, bytes).
+type Entries<'a> = &'a [(&'a str, &'a [u8])];
+
+/// A ZIP made by hand (as a hostile tool would).
+fn hand_made_zip(path: &Path, entries: Entries) {
     let mut zip = zip::ZipWriter::new(std::fs::File::create(path).unwrap());
     for (name, bytes) in entries {
         zip.start_file(*name, zip::write::SimpleFileOptions::default())
@@ -208,7 +211,7 @@ fn hand_made_zip(path: &Path, entries: &[(&str, &[u8])]) {
 #[test]
 fn a_hostile_archive_is_refused_by_name_and_rule_and_nothing_is_kept() {
     let d = Daemon::start();
-    let cases: [(&str, &[(&str, &[u8])], &str); 3] = [
+    let cases: [(&str, Entries, &str); 3] = [
         (
             "climb.mcpb",
             &[("manifest.json", b"{}"), ("../../escaped", b"x")],
