@@ -345,3 +345,84 @@ fn a_bundle_moved_out_and_back_within_the_grace_stays_supervised() {
         d.bundle_processes().is_empty().then_some(())
     });
 }
+
+/// Issue 17, point 5: a bundle folder copied in piece by piece (manifest
+/// first, the server later) is not started until its entry point is there
+/// and its files have been quiet for the debounce.
+#[test]
+fn a_bundle_folder_still_arriving_waits_until_it_is_complete() {
+    let d = Daemon::start_with(
+        "watch_debounce = \"300ms\"\n[[watch]]\ndir = \"watched\"\nworkspace = \"default\"\n",
+    );
+    std::fs::create_dir_all(watched(&d)).unwrap();
+    let folder = watched(&d).join("slow");
+    std::fs::create_dir_all(&folder).unwrap();
+    let mut m: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    m["name"] = json!("slow");
+    std::fs::write(folder.join("manifest.json"), m.to_string()).unwrap();
+    wait_for(
+        Duration::from_secs(10),
+        "the scan to wait for the entry point",
+        || {
+            d.log()
+                .contains("watched bundle not complete yet: its entry point")
+                .then_some(())
+        },
+    );
+    assert!(
+        d.bundle("default", "slow").is_none(),
+        "installed half-copied"
+    );
+
+    // The server arrives (a copy, written now).
+    std::fs::create_dir_all(folder.join("server")).unwrap();
+    std::fs::copy(DEMO_BIN, folder.join("server/bundlevisor-demo")).unwrap();
+    let written = Instant::now();
+    d.wait_state("default", "slow", "ready");
+    assert!(
+        written.elapsed() >= Duration::from_millis(300),
+        "started {:?} after the last write, before the debounce",
+        written.elapsed()
+    );
+    let log = d.log();
+    assert!(!log.contains("bundle failed"), "{log}");
+}
+
+/// Issue 17, point 5: a watched bundle that crash-looped into `failed`
+/// while its files were still arriving is retried when they change (here
+/// a file deep in the bundle, which raises no event on the folder).
+#[test]
+fn a_failed_watched_bundle_is_retried_when_its_files_change() {
+    let d = Daemon::start_with(&format!(
+        "{WATCH}[supervision]\nmax_restarts = 1\nbackoff_initial = \"10ms\"\n"
+    ));
+    std::fs::create_dir_all(watched(&d)).unwrap();
+    let staging = d.root().join("staging");
+    let built = demo_bundle_at(&staging, "fixme");
+    let server = built.join("server/bundlevisor-demo");
+    std::fs::remove_file(&server).unwrap();
+    std::fs::write(&server, "#!/bin/sh\nexit 1\n").unwrap();
+    std::fs::set_permissions(&server, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let target = watched(&d).join("fixme");
+    std::fs::rename(&built, &target).unwrap();
+    let failed = d.wait_state("default", "fixme", "failed");
+    assert!(
+        failed["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("crash loop"),
+        "{failed}"
+    );
+
+    // The real server is copied over the broken one.
+    let server = target.join("server/bundlevisor-demo");
+    std::fs::remove_file(&server).unwrap();
+    std::fs::copy(DEMO_BIN, &server).unwrap();
+    d.wait_state("default", "fixme", "ready");
+    assert!(d.log().contains("the files of a failed bundle changed"));
+    assert_eq!(
+        d.ok(&["call", "fixme", "echo", r#"{"text":"fixed"}"#])
+            .trim(),
+        "fixed"
+    );
+}

@@ -27,15 +27,94 @@ pub struct Found {
     /// The validated (and gated) manifest; None when its content is the one
     /// seen last time (nothing to do, so it is not parsed again).
     pub manifest: Option<Result<LoadedManifest, String>>,
+    /// A bundle folder still arriving (its entry point is missing, or files
+    /// below it were written less than the debounce ago): why, and it is
+    /// looked at again later instead of being installed half-copied.
+    pub settling: Option<String>,
+    /// A fingerprint of every file below a bundle folder (newest change,
+    /// count), taken for the bundles asked about: a failed one is retried
+    /// when it changes.
+    pub tree: Option<u64>,
+}
+
+/// What a scan needs to know besides the folder.
+pub struct Ask<'a> {
+    pub seen: &'a HashMap<PathBuf, u64>,
+    pub config: &'a Config,
+    /// How long a bundle folder's files must have been quiet.
+    pub quiet: std::time::Duration,
+    /// Bundle folders whose tree is fingerprinted (failed bundles).
+    pub trees: &'a std::collections::HashSet<PathBuf>,
+}
+
+/// Entries walked at most to fingerprint a tree (a huge tree is judged on
+/// its first entries).
+const TREE_WALK_MAX: usize = 200_000;
+
+/// The newest change time below `dir` and how many entries there are
+/// (links not followed).
+fn walk(dir: &Path) -> (std::time::SystemTime, usize) {
+    let mut newest = std::time::UNIX_EPOCH;
+    let mut count = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            count += 1;
+            if count > TREE_WALK_MAX {
+                return (newest, count);
+            }
+            let Ok(meta) = entry.path().symlink_metadata() else {
+                continue;
+            };
+            if let Ok(t) = meta.modified() {
+                newest = newest.max(t);
+            }
+            if meta.is_dir() {
+                stack.push(entry.path());
+            }
+        }
+    }
+    (newest, count)
+}
+
+fn fingerprint(dir: &Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let (newest, count) = walk(dir);
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (newest, count).hash(&mut h);
+    h.finish()
+}
+
+/// Why a new or changed bundle folder is not complete yet, if it is not.
+fn still_arriving(loaded: &LoadedManifest, quiet: std::time::Duration) -> Option<String> {
+    if let crate::manifest::Transport::Stdio(server) = &loaded.manifest.transport {
+        let entry = loaded.dir.join(&server.entry_point);
+        if !entry.exists() {
+            return Some(format!(
+                "its entry point {} is not there yet",
+                entry.display()
+            ));
+        }
+    }
+    let (newest, _) = walk(&loaded.dir);
+    let age = newest.elapsed().unwrap_or_default();
+    (age < quiet).then(|| {
+        format!(
+            "files below {} were written {} ago (waiting for {} of quiet)",
+            loaded.dir.display(),
+            humantime::format_duration(std::time::Duration::from_millis(age.as_millis() as u64)),
+            humantime::format_duration(quiet)
+        )
+    })
 }
 
 /// Reads every bundle of a watched folder, each manifest once; parses only
 /// those whose content hash differs from `seen`. None when the folder is missing.
-pub fn scan(
-    dir: &Path,
-    seen: &HashMap<PathBuf, u64>,
-    config: &Config,
-) -> Option<(PathBuf, Vec<Found>)> {
+pub fn scan(dir: &Path, ask: &Ask) -> Option<(PathBuf, Vec<Found>)> {
+    let (seen, config) = (ask.seen, ask.config);
     let (sandbox, protected) = (&config.sandbox, config.protected_paths());
     let dir = dir.canonicalize().ok().filter(|d| d.is_dir())?;
     let untrusted = super::trusted::folder(&dir).err();
@@ -71,10 +150,19 @@ pub fn scan(
                     .map_err(|e| e.to_string())?;
                 Ok(loaded)
             });
+            // A folder (not a bare manifest) is complete when its entry
+            // point is there and nothing below it changed for a while.
+            let settling = match &manifest {
+                Some(Ok(loaded)) if !loaded.is_bare() => still_arriving(loaded, ask.quiet),
+                _ => None,
+            };
+            let tree = (path.is_dir() && ask.trees.contains(&path)).then(|| fingerprint(&path));
             Found {
                 path,
                 hash,
                 manifest,
+                settling,
+                tree,
             }
         })
         .collect();
@@ -118,6 +206,8 @@ fn archive(
         path,
         hash,
         manifest,
+        settling: None,
+        tree: None,
     }
 }
 

@@ -116,6 +116,8 @@ pub enum Why {
     Authorized,
     /// A watched manifest changed and passed validation.
     Upgrade { version: String },
+    /// The files of a failed watched bundle changed.
+    FilesChanged,
 }
 
 impl Why {
@@ -133,6 +135,10 @@ impl Why {
             Why::Upgrade { version } => (
                 EventKind::Upgrading,
                 format!("manifest changed (version {version}): restarting with it"),
+            ),
+            Why::FilesChanged => (
+                EventKind::Restarting,
+                "the bundle's files changed: starting it again".into(),
             ),
         }
     }
@@ -697,7 +703,7 @@ pub fn table() -> Vec<Row> {
         ),
         row(
             "any",
-            "`restart`, upgrade, `configure`, `auth`",
+            "`restart`, upgrade, `configure`, `auth`, a failed watched bundle's files changed",
             "restarting (breaker cleared)",
         ),
         row(

@@ -92,6 +92,9 @@ pub enum BundleMsg {
     Upgrade(Box<LoadedManifest>),
     /// The manifest changed but was refused: keep running, say why.
     ManifestRejected(String),
+    /// The files of a failed watched bundle changed: start it again (from
+    /// the manifest on disk, breaker cleared).
+    Retry,
     /// A request to the bundle (a tool call or a passed-through MCP request).
     Call(PendingCall),
     /// A remote server answered 401 on the session of `generation` (to a
@@ -562,6 +565,10 @@ impl Actor for BundleActor {
                 st.step(&myself, Input::Respawn(Why::Upgrade { version }));
             }
             BundleMsg::ManifestRejected(reason) => st.step(&myself, Input::Rejected(reason)),
+            BundleMsg::Retry => {
+                st.reread = true;
+                st.step(&myself, Input::Respawn(Why::FilesChanged));
+            }
             BundleMsg::Call(call) => {
                 let excluded = st
                     .args

@@ -73,7 +73,13 @@ pub struct DaemonState {
     rescans: HashMap<usize, bool>,
     /// Boot: folders whose first reconcile is not done yet.
     booting: Option<std::collections::HashSet<usize>>,
+    /// Fingerprints of failed watched bundles' files (a change retries them).
+    trees: HashMap<PathBuf, u64>,
 }
+
+/// How often a folder with a bundle still arriving, or a failed bundle, is
+/// looked at again (file writes deep in a bundle raise no event).
+const RECHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl DaemonState {
     /// The actor of workspace `name`, started on first use (its start opens
@@ -167,12 +173,28 @@ impl DaemonState {
         };
         self.rescans.insert(index, false);
         let (shared, seen, myself) = (self.shared.clone(), self.seen.clone(), myself.clone());
+        // Failed bundles of this folder: their files are fingerprinted, so
+        // a fix copied in retries them.
+        let (_, statuses) = self.shared.board.snapshot();
+        let trees: std::collections::HashSet<PathBuf> = statuses
+            .iter()
+            .filter(|b| b.workspace == watch.workspace && b.state == BundleState::Failed)
+            .map(|b| PathBuf::from(&b.source))
+            .collect();
         tokio::spawn(async move {
             let (dir, config) = (watch.dir.clone(), shared.config.clone());
-            let found = tokio::task::spawn_blocking(move || scan(&dir, &seen, &config))
-                .await
-                .ok()
-                .flatten();
+            let found = tokio::task::spawn_blocking(move || {
+                let ask = super::folder::Ask {
+                    seen: &seen,
+                    config: &config,
+                    quiet: config.watch_debounce,
+                    trees: &trees,
+                };
+                scan(&dir, &ask)
+            })
+            .await
+            .ok()
+            .flatten();
             let scan = match found {
                 None => {
                     tracing::warn!(dir = %watch.dir.display(), "watched folder is missing; its bundles keep running");
@@ -216,7 +238,34 @@ impl DaemonState {
             .filter(|r| r.workspace == watch.workspace && r.source.parent() == Some(dir.as_path()))
             .collect();
         let mut work = Vec::new();
+        // Look again later: a bundle still arriving, or a failed one whose
+        // files are watched for a fix.
+        let mut again = false;
         for f in found.iter() {
+            if let Some(why) = &f.settling {
+                // Not taken yet: the next scan parses it again.
+                tracing::info!(workspace = %watch.workspace, path = %f.path.display(), "watched bundle not complete yet: {why}");
+                again = true;
+                continue;
+            }
+            if let Some(tree) = f.tree {
+                again = true;
+                let before = self.trees.insert(f.path.clone(), tree);
+                let record = here.iter().find(|r| r.source == f.path);
+                if let (Some(before), Some(record)) = (before, record) {
+                    if before != tree {
+                        if let Some(actor) = ActorRef::<BundleMsg>::where_is(actor_name(
+                            &record.workspace,
+                            &record.name,
+                        )) {
+                            tracing::info!(workspace = %record.workspace, bundle = %record.name, "the files of a failed bundle changed: starting it again");
+                            let _ = actor.send_message(BundleMsg::Retry);
+                        }
+                    }
+                }
+            } else {
+                self.trees.remove(&f.path);
+            }
             // `f.manifest` is Some exactly when the content differs from `previous`.
             let previous = self.seen.insert(f.path.clone(), f.hash);
             let record = here.iter().find(|r| r.source == f.path);
@@ -276,6 +325,10 @@ impl DaemonState {
                 work.push(self.remove_in_background(record));
             }
         }
+        if again {
+            let wait = self.shared.config.watch_debounce.max(RECHECK_EVERY);
+            myself.send_after(wait, move || DaemonMsg::Rescan { index });
+        }
         let myself = myself.clone();
         tokio::spawn(async move {
             for task in work {
@@ -322,6 +375,32 @@ fn reject(shared: &Shared, workspace: &str, path: &Path, reason: &str) {
         BundleState::Failed,
         reason,
     ));
+}
+
+/// A bundle that fails in a watched folder gets its folder looked at: from
+/// then on its files are fingerprinted, and a fix copied in retries it.
+fn follow_failures(shared: Arc<Shared>, myself: ActorRef<DaemonMsg>) {
+    if shared.config.watch.is_empty() {
+        return;
+    }
+    let mut events = shared.board.subscribe();
+    tokio::spawn(async move {
+        loop {
+            match events.recv().await {
+                Ok(e) if e.kind == EventKind::Failed => {
+                    for (index, watch) in shared.config.watch.iter().enumerate() {
+                        if watch.workspace == e.workspace
+                            && myself.send_message(DaemonMsg::Rescan { index }).is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+                _ => {}
+            }
+        }
+    });
 }
 
 /// How long an unpacked archive no install names is kept: a version just
@@ -389,12 +468,14 @@ impl Actor for DaemonActor {
         if folders == 0 {
             args.shared.booted.cancel();
         }
+        follow_failures(args.shared.clone(), myself.clone());
         Ok(DaemonState {
             shared: args.shared,
             workspaces: HashMap::new(),
             seen: HashMap::new(),
             rescans: HashMap::new(),
             booting: Some((0..folders).collect()),
+            trees: HashMap::new(),
         })
     }
 
