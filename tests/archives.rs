@@ -245,3 +245,67 @@ fn a_hostile_archive_is_refused_by_name_and_rule_and_nothing_is_kept() {
     assert!(!d.root().join("escaped").exists());
     assert!(d.status()["bundles"].as_array().unwrap().is_empty());
 }
+
+/// A small HTTP server (the registry fixture) that answers every request
+/// with `bytes`; returns the archive's URL.
+fn registry(bytes: Vec<u8>) -> String {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
+                head.push(byte[0]);
+            }
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n",
+                bytes.len()
+            );
+            let _ = stream.write_all(answer.as_bytes());
+            let _ = stream.write_all(&bytes);
+        }
+    });
+    format!("http://{addr}/bundles/memo-1.0.0.mcpb")
+}
+
+/// Issue 17, point 6: install by URL, checked against its SHA-256.
+#[test]
+fn an_archive_is_installed_from_a_url_only_when_its_hash_matches() {
+    let d = Daemon::start();
+    let archive = pack(&d.root().join("build"), "fetched", "1.0.0");
+    let sha = sha256(&archive);
+    let url = registry(std::fs::read(&archive).unwrap());
+
+    let out = d.cli(&["install", &url]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("needs --sha256"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let wrong = "0".repeat(64);
+    let out = d.cli(&["install", &url, "--sha256", &wrong]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("has SHA-256 {sha}, not the expected {wrong}"))
+            && err.contains("nothing was installed"),
+        "{err}"
+    );
+    assert!(d.bundle("default", "fetched").is_none());
+    assert!(unpacked(&d).is_empty(), "{:?}", unpacked(&d));
+
+    let out = d.ok(&["install", &url, "--sha256", &sha.to_uppercase(), "--json"]);
+    let installed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(installed["bundle"]["state"], "ready", "{installed}");
+    assert_eq!(installed["bundle"]["archive"]["sha256"], sha);
+    // Installed from its unpacked copy: the download itself is gone.
+    let source = installed["bundle"]["source"].as_str().unwrap();
+    assert!(
+        source.starts_with(d.state.join("archives").to_str().unwrap()),
+        "{source}"
+    );
+}

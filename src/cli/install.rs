@@ -1,4 +1,5 @@
-//! `bundlevisor install PATH [-w WS]`: waits until the bundle is ready.
+//! `bundlevisor install PATH|URL [--sha256 HEX] [-w WS]`: waits until the
+//! bundle is ready. A URL is downloaded by the CLI first (`download.rs`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -9,8 +10,13 @@ use crate::text::printable_line;
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// A bundle folder (with manifest.json) or a manifest file.
+    /// A bundle folder (with manifest.json), a manifest file, a `.mcpb`
+    /// archive, or the https URL of one (with --sha256).
     path: PathBuf,
+    /// The archive's SHA-256 (hex), required to install from a URL: the
+    /// download is installed only if it matches.
+    #[arg(long)]
+    sha256: Option<String>,
     #[arg(short, long, default_value = DEFAULT_WORKSPACE)]
     workspace: String,
     /// Return once the install is recorded, without waiting for ready.
@@ -21,8 +27,23 @@ pub struct Args {
 }
 
 pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError> {
+    let arg = args.path.to_string_lossy().into_owned();
+    // Deleted once the daemon has installed (unpacked) it.
+    let downloaded = if super::download::is_url(&arg) {
+        Some(super::download::fetch(&arg, args.sha256.as_deref()).await?)
+    } else {
+        if args.sha256.is_some() {
+            return Err(ClientError::Usage(
+                "--sha256 checks a download: give the archive's URL, or drop --sha256 for a local path".into(),
+            ));
+        }
+        None
+    };
     // The daemon resolves the path, so make it absolute here.
-    let path = std::path::absolute(&args.path).unwrap_or_else(|_| args.path.clone());
+    let path = match &downloaded {
+        Some(d) => d.path.clone(),
+        None => std::path::absolute(&args.path).unwrap_or_else(|_| args.path.clone()),
+    };
     let params = InstallParams {
         path: path.display().to_string(),
         workspace: args.workspace.clone(),
@@ -35,6 +56,7 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
             .await
     })
     .await?;
+    drop(downloaded);
     if args.json {
         print_json(&result)?;
     } else {

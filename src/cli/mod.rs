@@ -25,6 +25,7 @@ mod call;
 mod completions;
 mod configure;
 mod daemon;
+mod download;
 mod events;
 mod files;
 mod install;
