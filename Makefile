@@ -24,8 +24,20 @@ NPM ?= npm
 help: ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
+# Debian packages the build and the tests need: OpenSSL's headers (archive
+# signatures), pkg-config to find them, the openssl CLI (test certificates)
+# and binutils (strip). Installed with apt-get when missing.
+SYSDEPS := libssl-dev pkg-config openssl binutils
+
+.PHONY: sysdeps
+sysdeps: ## Debian packages the build and tests need, installed with apt-get when missing
+	@if command -v dpkg >/dev/null; then \
+	  missing=""; for p in $(SYSDEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then echo "apt-get install$$missing"; apt-get update -qq && apt-get install -y -qq $$missing; fi; \
+	fi
+
 .PHONY: build
-build: pyenv ## Build the release binaries, place the demo bundle's server, build the Python bundle's venv
+build: sysdeps pyenv ## Build the release binaries, place the demo bundle's server, build the Python bundle's venv
 	$(CARGO) build --release --bins
 	install -D -m 0755 target/release/bundlevisor-demo $(DEMO_BIN)
 
@@ -63,7 +75,7 @@ run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is
 	target/release/bundlevisor daemon --config $(CONFIG)
 
 .PHONY: test
-test: pyenv inspector mcpb ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector and the mcpb CLI included
+test: sysdeps pyenv inspector mcpb ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector and the mcpb CLI included
 	$(CARGO) test --all-targets --features fault-injection
 
 .PHONY: bench

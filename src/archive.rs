@@ -9,7 +9,11 @@
 //! downloaded file is deleted. Blocking: run on the blocking pool.
 //!
 //! A signature block that `mcpb sign` appends after the ZIP
-//! (`MCPB_SIG_V1` … `MCPB_SIG_END`) is cut off before the ZIP is read.
+//! (`MCPB_SIG_V1`, length, PKCS#7 DER, `MCPB_SIG_END`) is verified with
+//! OpenSSL against `[bundles] trusted_certs` under `[bundles] signatures`
+//! (both layouts the CLI has produced: with and without the end-of-central-
+//! directory comment length patched to cover the block), then cut off
+//! before the ZIP is read.
 
 use std::collections::HashSet;
 use std::io::{Read, Write};
@@ -20,8 +24,176 @@ use sha2::{Digest, Sha256};
 /// The file extension of MCPB archives.
 pub const EXTENSION: &str = "mcpb";
 
-/// Where the signature block of a signed archive begins.
+/// Where the signature block of a signed archive begins and ends: header,
+/// the PKCS#7 (DER) length as 4 bytes little-endian, the PKCS#7, footer.
 const SIGNATURE_MARKER: &[u8] = b"MCPB_SIG_V1";
+const SIGNATURE_END: &[u8] = b"MCPB_SIG_END";
+
+/// How `mcpb sign` signatures are held (`[bundles] signatures`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SignaturePolicy {
+    /// Not checked.
+    Off,
+    /// Checked and shown; a missing or untrusted signature is logged.
+    #[default]
+    Warn,
+    /// An unsigned or untrusted archive is refused.
+    Require,
+}
+
+/// What the signature of an archive said.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+pub enum Signature {
+    /// `[bundles] signatures = "off"`.
+    NotChecked,
+    Unsigned,
+    /// Valid, and chains to a trusted certificate.
+    Signed {
+        signer: String,
+    },
+    /// Valid, but its certificate chains to none of `trusted_certs`.
+    Untrusted {
+        signer: String,
+        reason: String,
+    },
+}
+
+/// The policy and the certificates signatures must chain to.
+#[derive(Debug, Clone, Default)]
+pub struct Trust {
+    pub policy: SignaturePolicy,
+    pub anchors: Vec<PathBuf>,
+}
+
+/// The certificates of a PEM file (one or more), or why they cannot be read.
+pub fn load_certs(path: &Path) -> Result<Vec<openssl::x509::X509>, String> {
+    let pem = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let certs = openssl::x509::X509::stack_from_pem(&pem)
+        .map_err(|e| format!("{} is not a PEM certificate: {e}", path.display()))?;
+    if certs.is_empty() {
+        return Err(format!("{} holds no certificate", path.display()));
+    }
+    Ok(certs)
+}
+
+/// Splits a signed archive into the ZIP it signs and the PKCS#7 (DER).
+fn signature_block(bytes: &[u8]) -> Option<(usize, &[u8])> {
+    if !bytes.ends_with(SIGNATURE_END) {
+        return None;
+    }
+    let end = bytes.len() - SIGNATURE_END.len();
+    let start = bytes[..end]
+        .windows(SIGNATURE_MARKER.len())
+        .rposition(|w| w == SIGNATURE_MARKER)?;
+    let len_at = start + SIGNATURE_MARKER.len();
+    let len = u32::from_le_bytes(bytes.get(len_at..len_at + 4)?.try_into().ok()?) as usize;
+    let der = bytes.get(len_at + 4..len_at + 4 + len)?;
+    (len_at + 4 + len == end).then_some((start, der))
+}
+
+/// The ZIP with its end-of-central-directory comment length set to what
+/// really follows the record: older `mcpb sign` releases patched it to
+/// cover the signature block. None when it needs no fixing.
+fn unpatched(zip: &[u8]) -> Option<Vec<u8>> {
+    let floor = zip.len().saturating_sub(22 + 65_535);
+    let at = (floor..zip.len().saturating_sub(21))
+        .rev()
+        .find(|&i| zip[i..i + 4] == [0x50, 0x4b, 0x05, 0x06])?;
+    let stored = u16::from_le_bytes([zip[at + 20], zip[at + 21]]) as usize;
+    let real = zip.len() - (at + 22);
+    (stored != real && real <= u16::MAX as usize).then(|| {
+        let mut fixed = zip.to_vec();
+        fixed[at + 20..at + 22].copy_from_slice(&(real as u16).to_le_bytes());
+        fixed
+    })
+}
+
+/// Checks the signature of `signed_zip` (the archive without its
+/// signature block) against `trust`. Err: the rule it breaks.
+fn verify(signed_zip: &[u8], der: Option<&[u8]>, trust: &Trust) -> Result<Signature, String> {
+    use openssl::pkcs7::{Pkcs7, Pkcs7Flags};
+    use openssl::stack::Stack;
+    use openssl::x509::store::X509StoreBuilder;
+    if trust.policy == SignaturePolicy::Off {
+        return Ok(Signature::NotChecked);
+    }
+    let Some(der) = der else {
+        return match trust.policy {
+            SignaturePolicy::Require => Err(
+                "it is not signed, and [bundles] signatures = \"require\"; sign it with `mcpb sign`".to_string(),
+            ),
+            _ => Ok(Signature::Unsigned),
+        };
+    };
+    let p7 = Pkcs7::from_der(der)
+        .map_err(|e| format!("its signature block is not a PKCS#7 signature ({e})"))?;
+    let none = Stack::new().map_err(|e| e.to_string())?;
+    let signer = p7
+        .signers(&none, Pkcs7Flags::empty())
+        .ok()
+        .and_then(|certs| certs.iter().next().map(subject))
+        .unwrap_or_else(|| "an unknown signer".to_string());
+    // First the signature itself (either layout), then whom it chains to.
+    let empty = X509StoreBuilder::new().map_err(|e| e.to_string())?.build();
+    let fixed = unpatched(signed_zip);
+    let contents: Vec<&[u8]> = std::iter::once(signed_zip)
+        .chain(fixed.as_deref())
+        .collect();
+    let content = contents
+        .iter()
+        .copied()
+        .find(|c| {
+            p7.verify(&none, &empty, Some(c), None, Pkcs7Flags::BINARY | Pkcs7Flags::NOVERIFY)
+                .is_ok()
+        })
+        .ok_or_else(|| {
+            format!("its signature (by {signer}) does not match its contents: the archive was changed after it was signed")
+        })?;
+    let mut store = X509StoreBuilder::new().map_err(|e| e.to_string())?;
+    for path in &trust.anchors {
+        for cert in load_certs(path)? {
+            store.add_cert(cert).map_err(|e| e.to_string())?;
+        }
+    }
+    let store = store.build();
+    match p7.verify(&none, &store, Some(content), None, Pkcs7Flags::BINARY) {
+        Ok(()) => Ok(Signature::Signed { signer }),
+        Err(e) => {
+            let reason = format!("its certificate chains to none of [bundles] trusted_certs ({e})");
+            match trust.policy {
+                SignaturePolicy::Require => Err(format!("it is signed by {signer}, but {reason}")),
+                _ => Ok(Signature::Untrusted { signer, reason }),
+            }
+        }
+    }
+}
+
+/// A certificate's subject as `CN=…, O=…`.
+fn subject(cert: &openssl::x509::X509Ref) -> String {
+    cert.subject_name()
+        .entries()
+        .filter_map(|e| {
+            let key = e.object().nid().short_name().ok()?;
+            let value = e.data().to_string().ok()?;
+            Some(format!("{key}={value}"))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Where the signature of an unpacked archive is kept (beside its folder).
+pub fn signature_file(root: &Path, sha256: &str) -> PathBuf {
+    root.join(format!("{sha256}.signature.json"))
+}
+
+/// The signature recorded for the archive unpacked at `dir`.
+pub fn recorded_signature(dir: &Path) -> Option<Signature> {
+    let sha = dir.file_name()?.to_str()?;
+    let root = dir.parent()?;
+    serde_json::from_slice(&std::fs::read(signature_file(root, sha)).ok()?).ok()
+}
 
 /// Entries whose uncompressed size is below this are not held to the
 /// compression-ratio rule (small text compresses well).
@@ -76,6 +248,7 @@ pub struct Unpacked {
     pub sha256: String,
     /// `STATE_DIR/archives/SHA256`: the bundle folder.
     pub dir: PathBuf,
+    pub signature: Signature,
 }
 
 /// Whether `path` names an MCPB archive (by its extension).
@@ -117,7 +290,12 @@ fn hex(bytes: &[u8]) -> String {
 /// Unpacks `archive` below `root` (see the module doc); a version unpacked
 /// before is found, not unpacked again. On any refusal or failure nothing
 /// of it is left on disk.
-pub fn unpack(archive: &Path, root: &Path, limits: &Limits) -> Result<Unpacked, ArchiveError> {
+pub fn unpack(
+    archive: &Path,
+    root: &Path,
+    limits: &Limits,
+    trust: &Trust,
+) -> Result<Unpacked, ArchiveError> {
     let io = |source| ArchiveError::Io {
         archive: archive.to_path_buf(),
         source,
@@ -147,11 +325,44 @@ pub fn unpack(archive: &Path, root: &Path, limits: &Limits) -> Result<Unpacked, 
             limits.max_archive_bytes
         )),
     })?;
+    // The signature is checked on every install and start, before anything
+    // is unpacked (or an earlier unpack is used): the policy may have changed.
+    let signature = {
+        let bytes = std::fs::read(&copy).map_err(io)?;
+        let (zip_len, der) = match signature_block(&bytes) {
+            Some((at, der)) => (at, Some(der)),
+            None => (bytes.len(), None),
+        };
+        let signature = verify(&bytes[..zip_len], der, trust).map_err(refused)?;
+        // What is unzipped is the ZIP alone, its comment length as written
+        // before signing.
+        let zip = &bytes[..zip_len];
+        let fixed = unpatched(zip);
+        if der.is_some() || fixed.is_some() {
+            std::fs::write(&copy, fixed.as_deref().unwrap_or(zip)).map_err(io)?;
+        }
+        signature
+    };
+    if !matches!(signature, Signature::Signed { .. } | Signature::NotChecked) {
+        tracing::warn!(archive = %archive.display(), "archive signature: {signature:?}");
+    }
+    // What the signature said is kept beside the unpacked folder, once the
+    // archive is accepted (a refused one leaves nothing).
+    let record = |sha256: &str| {
+        let _ = std::fs::write(
+            signature_file(root, sha256),
+            serde_json::to_vec(&signature).unwrap_or_default(),
+        );
+    };
     let dir = root.join(&sha256);
     if dir.is_dir() {
-        return Ok(Unpacked { sha256, dir });
+        record(&sha256);
+        return Ok(Unpacked {
+            sha256,
+            dir,
+            signature,
+        });
     }
-    strip_signature(&copy).map_err(io)?;
     let file = std::fs::File::open(&copy).map_err(io)?;
     let mut zip = zip::ZipArchive::new(file).map_err(|e| {
         refused(format!(
@@ -181,7 +392,12 @@ pub fn unpack(archive: &Path, root: &Path, limits: &Limits) -> Result<Unpacked, 
             })
         }
     }
-    Ok(Unpacked { sha256, dir })
+    record(&sha256);
+    Ok(Unpacked {
+        sha256,
+        dir,
+        signature,
+    })
 }
 
 /// Removes the unpacked archives whose hash is not in `keep` (versions no
@@ -209,6 +425,7 @@ pub fn collect_garbage(
             .is_some_and(|age| age >= min_age);
         if stale && old {
             std::fs::remove_dir_all(entry.path())?;
+            let _ = std::fs::remove_file(signature_file(root, &name));
             removed += 1;
         }
     }
@@ -286,22 +503,6 @@ fn copy_hashed(from: &Path, to: &Path, max: u64) -> Result<String, Copied> {
     }
     out.sync_all().map_err(Copied::Io)?;
     Ok(hex(&hasher.finalize()))
-}
-
-/// Cuts a trailing `MCPB_SIG_V1` signature block off the copy (searched in
-/// the last 1 MiB: a signature is a few kilobytes).
-fn strip_signature(copy: &Path) -> std::io::Result<()> {
-    let bytes = std::fs::read(copy)?;
-    let tail_start = bytes.len().saturating_sub(1024 * 1024);
-    let tail = &bytes[tail_start..];
-    let Some(at) = tail
-        .windows(SIGNATURE_MARKER.len())
-        .rposition(|w| w == SIGNATURE_MARKER)
-    else {
-        return Ok(());
-    };
-    let file = std::fs::OpenOptions::new().write(true).open(copy)?;
-    file.set_len((tail_start + at) as u64)
 }
 
 /// What an entry becomes.
@@ -591,7 +792,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let archive = dir.path().join("b.mcpb");
         std::fs::write(&archive, bytes).unwrap();
-        let result = unpack(&archive, &dir.path().join("archives"), limits);
+        let result = unpack(
+            &archive,
+            &dir.path().join("archives"),
+            limits,
+            &Trust::default(),
+        );
         (dir, result)
     }
 
@@ -650,6 +856,7 @@ mod tests {
             &dir.path().join("b.mcpb"),
             &dir.path().join("archives"),
             &Limits::default(),
+            &Trust::default(),
         )
         .unwrap();
         assert_eq!(again, unpacked);
@@ -745,11 +952,46 @@ mod tests {
     }
 
     #[test]
-    fn a_signature_block_after_the_zip_is_cut_off() {
+    fn a_signature_block_is_checked_then_cut_off() {
         let mut bytes = zip_of(&[MANIFEST]);
-        bytes.extend_from_slice(b"MCPB_SIG_V1\x00\x00\x00\x10not-a-real-pkcs7MCPB_SIG_END");
+        bytes.extend_from_slice(b"MCPB_SIG_V1\x10\x00\x00\x00not-a-real-pkcs7MCPB_SIG_END");
+        assert_eq!(
+            signature_block(&bytes).map(|(_, der)| der),
+            Some(&b"not-a-real-pkcs7"[..])
+        );
+        // Checked: not a signature at all.
+        assert_refused(&bytes, &Limits::default(), "not a PKCS#7 signature");
+        // Not checked: cut off, and the ZIP before it unpacked.
+        let dir = tempfile::tempdir().unwrap();
+        let archive = dir.path().join("b.mcpb");
+        std::fs::write(&archive, &bytes).unwrap();
+        let off = Trust {
+            policy: SignaturePolicy::Off,
+            anchors: Vec::new(),
+        };
+        let unpacked = unpack(
+            &archive,
+            &dir.path().join("archives"),
+            &Limits::default(),
+            &off,
+        )
+        .unwrap();
+        assert!(unpacked.dir.join("manifest.json").is_file());
+        assert_eq!(unpacked.signature, Signature::NotChecked);
+    }
+
+    #[test]
+    fn an_unsigned_archive_is_refused_only_when_signatures_are_required() {
+        let bytes = zip_of(&[MANIFEST]);
         let (_dir, result) = unpack_bytes(&bytes, &Limits::default());
-        assert!(result.unwrap().dir.join("manifest.json").is_file());
+        assert_eq!(result.unwrap().signature, Signature::Unsigned);
+        let require = Trust {
+            policy: SignaturePolicy::Require,
+            anchors: Vec::new(),
+        };
+        assert!(verify(&bytes, None, &require)
+            .unwrap_err()
+            .contains("not signed"));
     }
 
     #[test]

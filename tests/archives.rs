@@ -309,3 +309,201 @@ fn an_archive_is_installed_from_a_url_only_when_its_hash_matches() {
         "{source}"
     );
 }
+
+/// Runs `openssl ARGS` in `dir`.
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A throw-away CA, a publisher certificate it issued, and a rogue
+/// self-signed one, made with the openssl CLI in `dir`.
+fn certificates(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let key = ["-newkey", "rsa:2048", "-nodes", "-days", "2"];
+    openssl(
+        dir,
+        &[
+            &["req", "-x509"][..],
+            &key,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-subj",
+                "/CN=Test CA",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        dir,
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "publisher.key",
+            "-out",
+            "publisher.csr",
+            "-subj",
+            "/CN=Bundle Publisher/O=Example",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "publisher.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "publisher.pem",
+            "-days",
+            "2",
+        ],
+    );
+    openssl(
+        dir,
+        &[
+            &["req", "-x509"][..],
+            &key,
+            &[
+                "-keyout",
+                "rogue.key",
+                "-out",
+                "rogue.pem",
+                "-subj",
+                "/CN=Rogue",
+            ],
+        ]
+        .concat(),
+    );
+}
+
+/// `mcpb sign FILE --cert CERT --key KEY` on a copy of `archive`.
+fn signed(archive: &Path, certs: &Path, who: &str, out: &Path) -> PathBuf {
+    std::fs::copy(archive, out).unwrap();
+    let status = Command::new(mcpb())
+        .arg("sign")
+        .arg(out)
+        .arg("--cert")
+        .arg(certs.join(format!("{who}.pem")))
+        .arg("--key")
+        .arg(certs.join(format!("{who}.key")))
+        .output()
+        .unwrap();
+    assert!(
+        status.status.success(),
+        "mcpb sign: {}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    out.to_path_buf()
+}
+
+fn install_error(d: &Daemon, path: &Path) -> String {
+    let mut raw = d.raw();
+    raw.hello();
+    let r = raw.request(1, "bundle.install", json!({ "path": path }));
+    assert_eq!(r["error"]["data"]["kind"], "archive_refused", "{r}");
+    r["error"]["message"].as_str().unwrap().to_string()
+}
+
+/// Issue 17, point 4: signatures made by `mcpb sign`, verified against the
+/// operator's trust anchors, in both layouts the CLI has produced.
+#[test]
+fn signatures_are_required_verified_and_shown() {
+    let root = tempfile::tempdir().unwrap();
+    let certs = root.path().join("certs");
+    certificates(&certs);
+    let d = Daemon::start_with(&format!(
+        "[bundles]\nsignatures = \"require\"\ntrusted_certs = [\"{}\"]\n",
+        certs.join("ca.pem").display()
+    ));
+    let work = d.root().join("work");
+    let archive = pack(&work, "sealed", "1.0.0");
+
+    // Signed by the publisher the CA vouches for: installed, and shown.
+    let good = signed(&archive, &certs, "publisher", &work.join("good.mcpb"));
+    let out = d.ok(&["install", good.to_str().unwrap(), "--json"]);
+    let b: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(b["bundle"]["state"], "ready", "{b}");
+    assert_eq!(b["bundle"]["archive"]["signature"], "signed");
+    let signer = b["bundle"]["archive"]["signer"].as_str().unwrap();
+    assert!(signer.contains("CN=Bundle Publisher"), "{signer}");
+    d.ok(&["uninstall", "sealed"]);
+
+    // The older layout: the end-of-central-directory comment length
+    // patched to cover the signature block.
+    let mut bytes = std::fs::read(&good).unwrap();
+    let zip_len = bytes
+        .windows(11)
+        .rposition(|w| w == b"MCPB_SIG_V1")
+        .unwrap();
+    let eocd = bytes[..zip_len]
+        .windows(4)
+        .rposition(|w| w == [0x50, 0x4b, 0x05, 0x06])
+        .unwrap();
+    let covered = (bytes.len() - (eocd + 22)) as u16;
+    bytes[eocd + 20..eocd + 22].copy_from_slice(&covered.to_le_bytes());
+    let patched = work.join("patched.mcpb");
+    std::fs::write(&patched, &bytes).unwrap();
+    let out = d.ok(&["install", patched.to_str().unwrap(), "--json"]);
+    let b: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(b["bundle"]["archive"]["signature"], "signed", "{b}");
+    d.ok(&["uninstall", "sealed"]);
+
+    // Refused before anything is unpacked: unsigned, tampered, untrusted.
+    let before = unpacked(&d);
+    let why = install_error(&d, &archive);
+    assert!(why.contains("not signed"), "{why}");
+    let mut tampered = std::fs::read(&good).unwrap();
+    tampered[200] ^= 0xff;
+    let tampered_path = work.join("tampered.mcpb");
+    std::fs::write(&tampered_path, &tampered).unwrap();
+    let why = install_error(&d, &tampered_path);
+    assert!(why.contains("does not match its contents"), "{why}");
+    let rogue = signed(&archive, &certs, "rogue", &work.join("rogue.mcpb"));
+    let why = install_error(&d, &rogue);
+    assert!(
+        why.contains("signed by CN=Rogue") && why.contains("trusted_certs"),
+        "{why}"
+    );
+    let after: Vec<String> = unpacked(&d)
+        .into_iter()
+        .filter(|n| !n.ends_with(".signature.json"))
+        .collect();
+    let before: Vec<String> = before
+        .into_iter()
+        .filter(|n| !n.ends_with(".signature.json"))
+        .collect();
+    assert_eq!(after, before, "a refused archive was unpacked");
+}
+
+/// With `signatures = "warn"` (the default) an unsigned archive installs
+/// and says so; a signature that does not match is still refused.
+#[test]
+fn an_unsigned_archive_installs_under_warn_and_says_so() {
+    let d = Daemon::start();
+    let work = d.root().join("work");
+    let archive = pack(&work, "plain", "1.0.0");
+    let out = d.ok(&["install", archive.to_str().unwrap(), "--json"]);
+    let b: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(b["bundle"]["archive"]["signature"], "unsigned", "{b}");
+    assert!(b["bundle"]["archive"]["signer"].is_null());
+}

@@ -518,6 +518,16 @@ pub struct BundleSettings {
     /// anything that is not a JSON-RPC message) stops and restarts it.
     #[serde(default = "defaults::max_message_bytes")]
     pub max_message_bytes: usize,
+    /// What an archive's `mcpb sign` signature must be: `off` (not
+    /// checked), `warn` (checked, shown in `status`, a missing or untrusted
+    /// one logged), `require` (an unsigned or untrusted archive is refused
+    /// before anything of it is unpacked). A signature that does not match
+    /// its archive is refused unless `off`.
+    #[serde(default)]
+    pub signatures: crate::archive::SignaturePolicy,
+    /// PEM files of the certificates a signature must chain to.
+    #[serde(default)]
+    pub trusted_certs: Vec<PathBuf>,
 }
 
 impl Default for BundleSettings {
@@ -528,6 +538,8 @@ impl Default for BundleSettings {
             stop_grace: defaults::stop_grace(),
             max_concurrent_starts: defaults::max_concurrent_starts(),
             max_message_bytes: defaults::max_message_bytes(),
+            signatures: Default::default(),
+            trusted_certs: Vec::new(),
         }
     }
 }
@@ -597,6 +609,9 @@ impl Config {
         if let Some(key_file) = &mut config.credentials.key_file {
             *key_file = normalize(&base.join(&*key_file));
         }
+        for cert in &mut config.bundles.trusted_certs {
+            *cert = normalize(&base.join(&*cert));
+        }
         config.validate()?;
         Ok(config)
     }
@@ -633,6 +648,18 @@ impl Config {
         }
         if self.bundles.max_message_bytes < 1024 {
             problems.push("bundles.max_message_bytes must be at least 1024".to_string());
+        }
+        if self.bundles.signatures == crate::archive::SignaturePolicy::Require
+            && self.bundles.trusted_certs.is_empty()
+        {
+            problems.push(
+                "bundles.signatures = \"require\" needs bundles.trusted_certs (PEM files of the certificates signatures must chain to); without them no archive would install".to_string(),
+            );
+        }
+        for cert in &self.bundles.trusted_certs {
+            if let Err(e) = crate::archive::load_certs(cert) {
+                problems.push(format!("bundles.trusted_certs: {e}"));
+            }
         }
         if self.bundles.max_concurrent_starts == 0 {
             problems.push("bundles.max_concurrent_starts must be at least 1".to_string());

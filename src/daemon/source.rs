@@ -33,7 +33,11 @@ impl SourceError {
 pub fn load(source: &Path, config: &Config) -> Result<LoadedManifest, SourceError> {
     if archive::is_archive(source) {
         let root = archive::root(&config.state_dir);
-        let unpacked = archive::unpack(source, &root, &config.archives.limits())?;
+        let trust = archive::Trust {
+            policy: config.bundles.signatures,
+            anchors: config.bundles.trusted_certs.clone(),
+        };
+        let unpacked = archive::unpack(source, &root, &config.archives.limits(), &trust)?;
         return Ok(crate::manifest::load(&unpacked.dir)?);
     }
     Ok(crate::manifest::load(source)?)

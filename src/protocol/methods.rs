@@ -196,6 +196,11 @@ pub struct BundleStatus {
 pub struct ArchiveInfo {
     pub sha256: String,
     pub unpacked: String,
+    /// `not_checked`, `unsigned`, `signed` or `untrusted` (docs/manifest.md).
+    pub signature: String,
+    /// The signing certificate's subject, when signed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signer: Option<String>,
 }
 
 /// A bundle's sandbox, as created (idempotently) for its process.

@@ -72,11 +72,18 @@ impl Daemon {
         std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
         let config = root.join("bundlevisor.toml");
-        std::fs::write(
-            &config,
-            format!("state_dir = \"state\"\nsocket = \"run/bv.sock\"\n{extra}\n[bundles]\nstop_grace = \"2s\"\nstart_timeout = \"20s\"\n"),
-        )
-        .unwrap();
+        // The test defaults of [bundles], in the caller's own table if it
+        // has one (a table may be written once).
+        let defaults = "stop_grace = \"2s\"\nstart_timeout = \"20s\"\n";
+        let text = if extra.contains("[bundles]\n") {
+            let extra = extra.replacen("[bundles]\n", &format!("[bundles]\n{defaults}"), 1);
+            format!("state_dir = \"state\"\nsocket = \"run/bv.sock\"\n{extra}\n")
+        } else {
+            format!(
+                "state_dir = \"state\"\nsocket = \"run/bv.sock\"\n{extra}\n[bundles]\n{defaults}"
+            )
+        };
+        std::fs::write(&config, text).unwrap();
         std::fs::create_dir_all(root.join("bundles")).unwrap();
         Daemon {
             socket: root.join("run/bv.sock"),

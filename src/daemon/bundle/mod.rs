@@ -143,6 +143,8 @@ pub struct BundleActorState {
     reread: bool,
     /// The sandbox of the current generation (stdio bundles).
     sandbox: Option<SandboxRecord>,
+    /// The archive the bundle runs from, if it came as one.
+    archive: Option<crate::protocol::ArchiveInfo>,
     /// The start in progress (aborted if dropped).
     start_task: Option<AbortOnDropHandle<()>>,
     /// Calls waiting for the session rebuilt after a 401, each with
@@ -167,14 +169,7 @@ impl BundleActorState {
             source: self.args.source.display().to_string(),
             sandbox: self.sandbox.clone(),
             usage: None,
-            archive: self.manifest.as_ref().and_then(|m| {
-                let root = crate::archive::root(&self.args.shared.config.state_dir);
-                let sha256 = crate::archive::unpacked_sha(&m.dir, &root)?;
-                Some(crate::protocol::ArchiveInfo {
-                    sha256,
-                    unpacked: m.dir.display().to_string(),
-                })
-            }),
+            archive: self.archive.clone(),
         }
     }
 
@@ -372,6 +367,7 @@ impl BundleActorState {
             let Started {
                 connection,
                 manifest,
+                archive,
                 reauthorized,
                 rejected: refused,
             } = *started;
@@ -388,6 +384,7 @@ impl BundleActorState {
                 .collect();
             if generation == self.lc.generation() {
                 self.manifest = Some(manifest);
+                self.archive = archive;
                 rejected = refused;
                 watch_exit(observer, connection.stderr, myself.clone(), generation);
             }
@@ -493,6 +490,7 @@ impl Actor for BundleActor {
             next_manifest,
             reread: false,
             sandbox: None,
+            archive: None,
             start_task: None,
             queued: Vec::new(),
         })

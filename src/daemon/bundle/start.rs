@@ -38,10 +38,31 @@ pub struct Started {
     pub connection: Connection,
     /// The manifest the bundle now runs (the last good one from now on).
     pub manifest: LoadedManifest,
+    /// The archive it was unpacked from, with what its signature said.
+    pub archive: Option<crate::protocol::ArchiveInfo>,
     /// A remote bundle got a new token on the way (refresh or client credentials).
     pub reauthorized: bool,
     /// The manifest on disk was refused, and the last good one runs instead.
     pub rejected: Option<String>,
+}
+
+/// The archive a bundle folder was unpacked from, and its signature.
+fn archive_info(loaded: &LoadedManifest, state_dir: &Path) -> Option<crate::protocol::ArchiveInfo> {
+    use crate::archive::Signature;
+    let root = crate::archive::root(state_dir);
+    let sha256 = crate::archive::unpacked_sha(&loaded.dir, &root)?;
+    let (signature, signer) = match crate::archive::recorded_signature(&loaded.dir) {
+        Some(Signature::NotChecked) | None => ("not_checked", None),
+        Some(Signature::Unsigned) => ("unsigned", None),
+        Some(Signature::Signed { signer }) => ("signed", Some(signer)),
+        Some(Signature::Untrusted { signer, .. }) => ("untrusted", Some(signer)),
+    };
+    Some(crate::protocol::ArchiveInfo {
+        sha256,
+        unpacked: loaded.dir.display().to_string(),
+        signature: signature.to_string(),
+        signer,
+    })
 }
 
 /// Where the last good manifest of a bundle is kept across daemon restarts.
@@ -196,13 +217,17 @@ pub async fn start(
         kind: FailKind::Config,
         reason,
     };
-    let (loaded, rejected) = {
+    let (loaded, rejected, archive) = {
         let snapshot = snapshot_path(&shared.config.state_dir, workspace, name);
         let (name, settings) = (name.to_string(), shared.config.clone());
-        tokio::task::spawn_blocking(move || choose(wanted, &source, &name, &snapshot, &settings))
-            .await
-            .map_err(|e| config(format!("manifest reader failed: {e}")))?
-            .map_err(config)?
+        tokio::task::spawn_blocking(move || {
+            let (loaded, rejected) = choose(wanted, &source, &name, &snapshot, &settings)?;
+            let archive = archive_info(&loaded, &settings.state_dir);
+            Ok::<_, String>((loaded, rejected, archive))
+        })
+        .await
+        .map_err(|e| config(format!("manifest reader failed: {e}")))?
+        .map_err(config)?
     };
     let manifest = &loaded.manifest;
     let values = shared
@@ -290,6 +315,7 @@ pub async fn start(
     Ok(Started {
         connection,
         manifest: loaded,
+        archive,
         reauthorized,
         rejected,
     })
