@@ -495,15 +495,55 @@ fn signatures_are_required_verified_and_shown() {
     assert_eq!(after, before, "a refused archive was unpacked");
 }
 
-/// With `signatures = "warn"` (the default) an unsigned archive installs
-/// and says so; a signature that does not match is still refused.
+/// With `signatures = "warn"` (the default) an unsigned or untrusted
+/// archive installs and says so, a signature that does not match is still
+/// refused; with `"off"` nothing is checked.
 #[test]
-fn an_unsigned_archive_installs_under_warn_and_says_so() {
+fn signatures_under_warn_and_off() {
+    let root = tempfile::tempdir().unwrap();
+    let certs = root.path().join("certs");
+    certificates(&certs);
+    let work = root.path().join("work");
+    let plain = pack(&work, "plain", "1.0.0");
+    let rogue = signed(
+        &pack(&work, "rogue", "1.0.0"),
+        &certs,
+        "rogue",
+        &work.join("rogue-signed.mcpb"),
+    );
+    let good = signed(
+        &pack(&work, "broken", "1.0.0"),
+        &certs,
+        "publisher",
+        &work.join("good.mcpb"),
+    );
+    let mut bytes = std::fs::read(&good).unwrap();
+    // A byte of the signature value changed: the ZIP is intact, the
+    // signature no longer matches it.
+    let at = bytes.len() - "MCPB_SIG_END".len() - 10;
+    bytes[at] ^= 0xff;
+    let tampered = work.join("tampered.mcpb");
+    std::fs::write(&tampered, &bytes).unwrap();
+
     let d = Daemon::start();
-    let work = d.root().join("work");
-    let archive = pack(&work, "plain", "1.0.0");
-    let out = d.ok(&["install", archive.to_str().unwrap(), "--json"]);
-    let b: Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(b["bundle"]["archive"]["signature"], "unsigned", "{b}");
-    assert!(b["bundle"]["archive"]["signer"].is_null());
+    let install = |d: &Daemon, path: &Path| -> Value {
+        let out = d.ok(&["install", path.to_str().unwrap(), "--json"]);
+        serde_json::from_str::<Value>(&out).unwrap()["bundle"]["archive"].clone()
+    };
+    let a = install(&d, &plain);
+    assert_eq!(
+        (a["signature"].as_str(), a["signer"].as_str()),
+        (Some("unsigned"), None),
+        "{a}"
+    );
+    let a = install(&d, &rogue);
+    assert_eq!(a["signature"], "untrusted", "{a}");
+    assert_eq!(a["signer"], "CN=Rogue");
+    let why = install_error(&d, &tampered);
+    assert!(why.contains("does not match its contents"), "{why}");
+    drop(d);
+
+    let d = Daemon::start_with("[bundles]\nsignatures = \"off\"\n");
+    let a = install(&d, &tampered);
+    assert_eq!(a["signature"], "not_checked", "{a}");
 }
