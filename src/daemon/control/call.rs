@@ -208,9 +208,16 @@ async fn call_tool(
                 p.tool
             ),
         )),
-        _ => Err(RpcError::new(
+        CallResult::Success(Err(CallError::Mcp(e))) => Err(RpcError::new(
+            ErrorKind::McpError,
+            format!("tool {:?} of bundle {name:?}: {}", p.tool, e.message),
+        )
+        .with("mcp_code", e.code.0)
+        .with("mcp_data", e.data.unwrap_or(Value::Null))),
+        CallResult::Timeout => Err(RpcError::new(
             ErrorKind::Timeout,
             format!("bundle {name:?} did not answer in time"),
         )),
+        CallResult::SenderError => Err(unavailable(format!("bundle {name:?} went away"))),
     }
 }
