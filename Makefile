@@ -53,22 +53,16 @@ $(PY_ENV)/.installed: $(PY_BUNDLE)/requirements.lock
 .PHONY: inspector
 inspector: $(INSPECTOR)/.installed ## The pinned MCP Inspector CLI for the gateway test (npm ci)
 
-$(INSPECTOR)/.installed: tests/inspector/package.json tests/inspector/package-lock.json
-	rm -rf $(INSPECTOR)
-	mkdir -p $(INSPECTOR)
-	cp tests/inspector/package.json tests/inspector/package-lock.json $(INSPECTOR)/
-	cd $(INSPECTOR) && $(NPM) ci --no-audit --no-fund --ignore-scripts --loglevel=error
+# An npm tool pinned by tests/NAME/package-lock.json, installed into target/NAME.
+target/%/.installed: tests/%/package.json tests/%/package-lock.json
+	rm -rf target/$*
+	mkdir -p target/$*
+	cp tests/$*/package.json tests/$*/package-lock.json target/$*/
+	cd target/$* && $(NPM) ci --no-audit --no-fund --ignore-scripts --loglevel=error
 	touch $@
 
 .PHONY: mcpb
 mcpb: $(MCPB)/.installed ## The pinned official mcpb CLI for the archive tests (npm ci)
-
-$(MCPB)/.installed: tests/mcpb/package.json tests/mcpb/package-lock.json
-	rm -rf $(MCPB)
-	mkdir -p $(MCPB)
-	cp tests/mcpb/package.json tests/mcpb/package-lock.json $(MCPB)/
-	cd $(MCPB) && $(NPM) ci --no-audit --no-fund --ignore-scripts --loglevel=error
-	touch $@
 
 .PHONY: run
 run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is installed)
