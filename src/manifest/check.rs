@@ -118,7 +118,7 @@ pub(super) fn check_variables(
     match variables(s) {
         Ok(names) => {
             for name in names {
-                let known = matches!(name, "__dirname" | "HOME" | "/")
+                let known = super::substitute::BUILTIN.contains(&name)
                     || name
                         .strip_prefix("user_config.")
                         .is_some_and(|k| user_config.contains_key(k));

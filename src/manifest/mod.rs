@@ -303,10 +303,19 @@ impl Manifest {
         let mut values = BTreeMap::new();
         let mut sensitive = Vec::new();
         let mut missing = Vec::new();
+        let home = std::env::var("HOME").unwrap_or_default();
+        // A default may use the built-in variables (`${HOME}/memory.jsonl`);
+        // an operator's value is taken as given.
+        let builtins = SubstitutionVars {
+            dirname: dir.to_string_lossy().into_owned(),
+            home: home.clone(),
+            user_config: BTreeMap::new(),
+        };
         for (key, entry) in &self.user_config {
             let value = match (user_values.get(key), &entry.default) {
                 (Some(v), _) => v.expose().to_string(),
-                (None, Some(default)) => value_to_string(default),
+                (None, Some(default)) => substitute(&value_to_string(default), &builtins)
+                    .map_err(|e| PlanError::Substitution(format!("the default of {key}: {e}")))?,
                 (None, None) if entry.required => {
                     missing.push(key.clone());
                     continue;
@@ -323,7 +332,7 @@ impl Manifest {
         }
         let vars = SubstitutionVars {
             dirname: dir.to_string_lossy().into_owned(),
-            home: std::env::var("HOME").unwrap_or_default(),
+            home,
             user_config: values,
         };
         let redactor = Redactor::new(sensitive);

@@ -10,7 +10,9 @@ pub struct SubstitutionVars {
     pub user_config: BTreeMap<String, String>,
 }
 
-/// Replaces `${__dirname}`, `${HOME}`, `${/}` and `${user_config.KEY}`.
+/// Replaces `${__dirname}`, `${HOME}`, `${DESKTOP}`, `${DOCUMENTS}`,
+/// `${DOWNLOADS}` (those folders of `${HOME}`), `${/}` and
+/// `${pathSeparator}` (`/` here) and `${user_config.KEY}`.
 /// Anything else inside `${...}`, or an unclosed `${`, is an error.
 pub fn substitute(input: &str, vars: &SubstitutionVars) -> Result<String, String> {
     let mut out = String::with_capacity(input.len());
@@ -23,7 +25,7 @@ pub fn substitute(input: &str, vars: &SubstitutionVars) -> Result<String, String
         };
         let name = &after[..end];
         match lookup(name, vars) {
-            Some(value) => out.push_str(value),
+            Some(value) => out.push_str(&value),
             None => return Err(unknown_variable(name)),
         }
         rest = &after[end + 1..];
@@ -47,21 +49,43 @@ pub(crate) fn variables(input: &str) -> Result<Vec<&str>, String> {
     Ok(names)
 }
 
-fn lookup<'a>(name: &str, vars: &'a SubstitutionVars) -> Option<&'a str> {
+fn lookup<'a>(name: &str, vars: &'a SubstitutionVars) -> Option<std::borrow::Cow<'a, str>> {
+    use std::borrow::Cow;
+    let in_home =
+        |folder: &str| Cow::Owned(format!("{}/{folder}", vars.home.trim_end_matches('/')));
     match name {
-        "__dirname" => Some(&vars.dirname),
-        "HOME" => Some(&vars.home),
-        "/" => Some("/"),
+        "__dirname" => Some(Cow::Borrowed(&vars.dirname)),
+        "HOME" => Some(Cow::Borrowed(&vars.home)),
+        "DESKTOP" => Some(in_home("Desktop")),
+        "DOCUMENTS" => Some(in_home("Documents")),
+        "DOWNLOADS" => Some(in_home("Downloads")),
+        "/" | "pathSeparator" => Some(Cow::Borrowed("/")),
         _ => name
             .strip_prefix("user_config.")
             .and_then(|key| vars.user_config.get(key))
-            .map(String::as_str),
+            .map(|v| Cow::Borrowed(v.as_str())),
     }
 }
 
+/// The variables every manifest may use, besides `${user_config.KEY}`.
+pub(crate) const BUILTIN: &[&str] = &[
+    "__dirname",
+    "HOME",
+    "DESKTOP",
+    "DOCUMENTS",
+    "DOWNLOADS",
+    "/",
+    "pathSeparator",
+];
+
 pub(crate) fn unknown_variable(name: &str) -> String {
     format!(
-        "unknown variable ${{{name}}}; known: ${{__dirname}}, ${{HOME}}, ${{/}}, ${{user_config.KEY}}"
+        "unknown variable ${{{name}}}; known: {}, ${{user_config.KEY}}",
+        BUILTIN
+            .iter()
+            .map(|b| format!("${{{b}}}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     )
 }
 

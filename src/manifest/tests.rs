@@ -287,3 +287,104 @@ fn remote_bundle_problems_are_all_reported() {
     let ok = json!({"name": "local", "url": "http://127.0.0.1:9/mcp"}).to_string();
     assert!(parse(&ok).is_ok());
 }
+
+/// Issue 18, point 1: every version the official CLI validates.
+#[test]
+fn every_version_the_mcpb_cli_validates_is_accepted() {
+    for field in ["manifest_version", "dxt_version"] {
+        for version in ["0.1", "0.2", "0.3", "0.4"] {
+            let mut v = minimal();
+            let obj = v.as_object_mut().unwrap();
+            obj.remove("manifest_version");
+            obj.insert(field.into(), json!(version));
+            assert_eq!(
+                parse(&v.to_string()).unwrap().manifest_version,
+                version,
+                "{field} {version}"
+            );
+        }
+    }
+    let mut v = minimal();
+    v["dxt_version"] = json!("0.2");
+    let p = problems(v);
+    assert_eq!(p[0].path, "$.dxt_version");
+    assert!(
+        p[0].message.contains("manifest_version is \"0.3\""),
+        "{p:?}"
+    );
+}
+
+/// Issue 18, point 1: this platform's override replaces command, args and
+/// env field by field; another platform's is checked and not applied.
+#[test]
+fn the_platform_override_of_this_host_is_applied_field_by_field() {
+    let mut v = minimal();
+    v["server"]["mcp_config"]["env"] = json!({"K": "base"});
+    v["server"]["mcp_config"]["platform_overrides"] = json!({
+        "linux": {"args": ["--linux"]},
+        "win32": {"command": "m.exe", "env": {"K": "win"}}
+    });
+    let m = parse(&v.to_string()).unwrap();
+    let plan = stdio(m.plan(Path::new("/b"), &BTreeMap::new()).unwrap());
+    assert_eq!(plan.command, "/b/bin/m", "not overridden on linux");
+    assert_eq!(plan.args, vec!["--linux".to_string()]);
+    assert_eq!(plan.env["K"], "base");
+    v["server"]["mcp_config"]["platform_overrides"]["darwin"] = json!({"cmd": "x"});
+    let p = problems(v);
+    assert_eq!(
+        p[0].path,
+        "$.server.mcp_config.platform_overrides.darwin.cmd"
+    );
+}
+
+/// Issue 18, point 1: a bundle for other platforms is refused, saying what
+/// it needs and what this host is.
+#[test]
+fn a_bundle_for_other_platforms_is_refused() {
+    let mut v = minimal();
+    v["compatibility"] = json!({"platforms": ["darwin", "win32"], "runtimes": {"node": ">=18"}});
+    let p = problems(v.clone());
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0].path, "$.compatibility.platforms");
+    assert_eq!(
+        p[0].message,
+        "the bundle runs on darwin, win32; this host is linux"
+    );
+    v["compatibility"]["platforms"] = json!(["darwin", "linux"]);
+    parse(&v.to_string()).unwrap();
+    v["compatibility"]["runtimes"] = json!({"ruby": "3"});
+    assert_eq!(problems(v)[0].path, "$.compatibility.runtimes.ruby");
+}
+
+/// Issue 18, point 2: every substitution variable of the spec, also inside
+/// a user_config default.
+#[test]
+fn every_spec_variable_is_substituted_also_in_defaults() {
+    let mut v = minimal();
+    v["user_config"] = json!({
+        "memory": {"type": "string", "title": "Memory file", "default": "${HOME}/memory.jsonl"}
+    });
+    v["server"]["mcp_config"]["args"] = json!([
+        "${DOCUMENTS}${pathSeparator}x",
+        "${DESKTOP}",
+        "${DOWNLOADS}",
+        "--memory=${user_config.memory}"
+    ]);
+    let m = parse(&v.to_string()).unwrap();
+    let plan = stdio(m.plan(Path::new("/b"), &BTreeMap::new()).unwrap());
+    let home = std::env::var("HOME").unwrap_or_default();
+    let home = home.trim_end_matches('/');
+    assert_eq!(
+        plan.args,
+        vec![
+            format!("{home}/Documents/x"),
+            format!("{home}/Desktop"),
+            format!("{home}/Downloads"),
+            format!("--memory={home}/memory.jsonl"),
+        ]
+    );
+    // An operator's value is taken as given.
+    let values = BTreeMap::from([("memory".to_string(), Secret::new("${HOME}".to_string()))]);
+    let plan = stdio(m.plan(Path::new("/b"), &values).unwrap());
+    assert_eq!(plan.args[3], "--memory=${HOME}");
+}

@@ -9,8 +9,20 @@ use super::check::{check_variables, string_list, string_map, type_name, user_con
 use super::host::{self, HOST_META_KEY};
 use super::{Manifest, Problem, Server, ServerType, Transport, UserConfigEntry};
 
-const MANIFEST_VERSIONS: &[&str] = &["0.2", "0.3", "0.4"];
-const DXT_VERSIONS: &[&str] = &["0.1", "0.2"];
+/// Every version the official `mcpb` CLI validates (its schemas v0.1–v0.4
+/// take either field, with the same value).
+const MANIFEST_VERSIONS: &[&str] = &["0.1", "0.2", "0.3", "0.4"];
+const DXT_VERSIONS: &[&str] = MANIFEST_VERSIONS;
+
+/// This host's name in `compatibility.platforms` and `platform_overrides`
+/// (Node's `process.platform`, which the MCPB spec uses).
+pub(super) fn this_platform() -> &'static str {
+    match std::env::consts::OS {
+        "macos" => "darwin",
+        "windows" => "win32",
+        other => other,
+    }
+}
 
 pub(super) fn validate(value: &Value) -> Result<Manifest, Vec<Problem>> {
     let mut c = Checker {
@@ -43,6 +55,7 @@ pub(super) fn validate(value: &Value) -> Result<Manifest, Vec<Problem>> {
     let author_name = c
         .object(root, "author", "$", true)
         .and_then(|author| c.string(author, "name", "$.author", true));
+    compatibility(&mut c, root);
     let user_config = user_config(&mut c, root);
     let server = c
         .object(root, "server", "$", true)
@@ -83,6 +96,16 @@ pub(super) fn validate(value: &Value) -> Result<Manifest, Vec<Problem>> {
 }
 
 fn manifest_version(c: &mut Checker, root: &Map<String, Value>) -> Option<String> {
+    if let (Some(Value::String(m)), Some(Value::String(d))) =
+        (root.get("manifest_version"), root.get("dxt_version"))
+    {
+        if m != d {
+            c.problem(
+                "$.dxt_version",
+                format!("is {d:?} but manifest_version is {m:?}; give one of them (dxt_version is the older name)"),
+            );
+        }
+    }
     if root.contains_key("manifest_version") {
         let v = c.string(root, "manifest_version", "$", true)?;
         if MANIFEST_VERSIONS.contains(&v.as_str()) {
@@ -118,6 +141,38 @@ fn manifest_version(c: &mut Checker, root: &Map<String, Value>) -> Option<String
     }
 }
 
+/// `compatibility.platforms`: a bundle made for other platforms is refused
+/// here, with what it needs and what this host is. (`runtimes` is read
+/// but not checked yet; `claude_desktop` does not apply to this host.)
+fn compatibility(c: &mut Checker, root: &Map<String, Value>) {
+    let Some(compat) = c.object(root, "compatibility", "$", false) else {
+        return;
+    };
+    if compat.contains_key("platforms") {
+        let platforms = string_list(c, compat, "platforms", "$.compatibility");
+        if !platforms.is_empty() && !platforms.iter().any(|p| p == this_platform()) {
+            c.problem(
+                "$.compatibility.platforms",
+                format!(
+                    "the bundle runs on {}; this host is {}",
+                    platforms.join(", "),
+                    this_platform()
+                ),
+            );
+        }
+    }
+    if let Some(runtimes) = c.object(compat, "runtimes", "$.compatibility", false) {
+        for key in runtimes.keys() {
+            if !matches!(key.as_str(), "node" | "python") {
+                c.problem(
+                    format!("$.compatibility.runtimes.{key}"),
+                    "is not a runtime the MCPB spec names (node, python)",
+                );
+            }
+        }
+    }
+}
+
 fn server(
     c: &mut Checker,
     obj: &Map<String, Value>,
@@ -141,9 +196,45 @@ fn server(
     let mcp = c.object(obj, "mcp_config", "$.server", true);
     let (command, args, env) = match mcp {
         Some(mcp) => {
-            let command = c.string(mcp, "command", "$.server.mcp_config", true);
-            let args = string_list(c, mcp, "args", "$.server.mcp_config");
-            let env = string_map(c, mcp, "env", "$.server.mcp_config");
+            let mut command = c.string(mcp, "command", "$.server.mcp_config", true);
+            let mut args = string_list(c, mcp, "args", "$.server.mcp_config");
+            let mut env = string_map(c, mcp, "env", "$.server.mcp_config");
+            // `platform_overrides.PLATFORM` replaces command, args and env
+            // field by field on that platform; every entry is checked.
+            if let Some(overrides) =
+                c.object(mcp, "platform_overrides", "$.server.mcp_config", false)
+            {
+                for (platform, entry) in overrides {
+                    let path = format!("$.server.mcp_config.platform_overrides.{platform}");
+                    let Value::Object(entry) = entry else {
+                        c.problem(
+                            &path,
+                            format!("must be an object, found {}", type_name(entry)),
+                        );
+                        continue;
+                    };
+                    for key in entry.keys() {
+                        if !matches!(key.as_str(), "command" | "args" | "env") {
+                            c.problem(
+                                format!("{path}.{key}"),
+                                "is not a field of an override (command, args, env)",
+                            );
+                        }
+                    }
+                    let o_command = c.string(entry, "command", &path, false);
+                    let o_args = entry
+                        .contains_key("args")
+                        .then(|| string_list(c, entry, "args", &path));
+                    let o_env = entry
+                        .contains_key("env")
+                        .then(|| string_map(c, entry, "env", &path));
+                    if platform == this_platform() {
+                        command = o_command.or(command);
+                        args = o_args.unwrap_or(args);
+                        env = o_env.unwrap_or(env);
+                    }
+                }
+            }
             (command, args, env)
         }
         None => (None, Vec::new(), BTreeMap::new()),
