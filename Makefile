@@ -53,7 +53,9 @@ $(PY_ENV)/.installed: $(PY_BUNDLE)/requirements.lock
 .PHONY: inspector
 inspector: $(INSPECTOR)/.installed ## The pinned MCP Inspector CLI for the gateway test (npm ci)
 
-# An npm tool pinned by tests/NAME/package-lock.json, installed into target/NAME.
+# An npm tool pinned by tests/NAME/package-lock.json, installed into target/NAME
+# (kept: make would delete it as an intermediate of the servers' manifests).
+.PRECIOUS: target/%/.installed
 target/%/.installed: tests/%/package.json tests/%/package-lock.json
 	rm -rf target/$*
 	mkdir -p target/$*
@@ -64,12 +66,22 @@ target/%/.installed: tests/%/package.json tests/%/package-lock.json
 .PHONY: mcpb
 mcpb: $(MCPB)/.installed ## The pinned official mcpb CLI for the archive tests (npm ci)
 
+# Real third-party MCP servers as test bundles: each pinned by
+# tests/servers/NAME/package-lock.json, with its manifest.json beside it.
+SERVERS := filesystem
+
+.PHONY: servers
+servers: $(SERVERS:%=target/servers/%/manifest.json) ## Real MCP servers (pinned npm packages) as test bundles
+
+target/servers/%/manifest.json: tests/servers/%/manifest.json target/servers/%/.installed
+	cp $< $@
+
 .PHONY: run
 run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is installed)
 	target/release/bundlevisor daemon --config $(CONFIG)
 
 .PHONY: test
-test: sysdeps pyenv inspector mcpb ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector and the mcpb CLI included
+test: sysdeps pyenv inspector mcpb servers ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector and the mcpb CLI included
 	$(CARGO) test --all-targets --features fault-injection
 
 .PHONY: bench

@@ -469,6 +469,7 @@ mod tests {
             args: vec!["-c".into(), script.into()],
             env: BTreeMap::from([("BUNDLE_OWN".to_string(), "yes".to_string())]),
             cwd: std::env::temp_dir(),
+            paths: Vec::new(),
             redactor: Default::default(),
         }
     }

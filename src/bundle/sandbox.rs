@@ -155,6 +155,9 @@ pub struct Target<'a> {
     /// The resolved command and the folder it runs in.
     pub command: &'a str,
     pub cwd: &'a Path,
+    /// The directories and files the operator configured for it
+    /// (user_config values): granted read-write.
+    pub configured: &'a [PathBuf],
 }
 
 /// The kernel's Landlock ABI version, or why there is none.
@@ -419,6 +422,16 @@ pub fn grants(
         .collect();
     write.push(data.to_path_buf());
     write.push(tmp.to_path_buf());
+    for p in target.configured {
+        check(
+            "the configured path",
+            p,
+            "configure a folder or file of its own, away from the daemon's files",
+        )?;
+        write.push(canonical(p));
+    }
+    write.sort();
+    write.dedup();
     Ok(Grants { read, write })
 }
 
@@ -446,6 +459,7 @@ pub fn check_install(
         folder: (!loaded.is_bare()).then_some(loaded.dir.as_path()),
         command: &launch.command,
         cwd: &launch.cwd,
+        configured: &[],
     };
     let nowhere = Path::new("/nonexistent");
     grants(settings, protected, &target, nowhere, nowhere).map(|_| ())
@@ -688,6 +702,7 @@ mod tests {
             folder,
             command,
             cwd: Path::new("/"),
+            configured: &[],
         }
     }
 

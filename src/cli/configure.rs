@@ -1,4 +1,5 @@
-//! `bundlevisor configure NAME [-w WS] KEY=VALUE... [--unset KEY]...`:
+//! `bundlevisor configure NAME [-w WS] KEY=VALUE... [--unset KEY]...`
+//! (a key declared `multiple` takes several: `KEY=a KEY=b`, or a JSON array):
 //! stores user_config values (encrypted) and respawns the bundle; waits for
 //! the outcome. Without changes it lists the bundle's keys. `KEY=-` reads
 //! the value from stdin, which keeps a secret out of the shell history and
@@ -51,7 +52,9 @@ impl FromStr for Assignment {
 
 pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError> {
     let usage = |m: String| ClientError::Usage(m);
-    let mut set = std::collections::BTreeMap::new();
+    // A key given more than once carries all its values, as a JSON array
+    // (for `multiple` keys; the daemon refuses it for the others).
+    let mut given: std::collections::BTreeMap<String, Vec<String>> = Default::default();
     let mut stdin_used = false;
     for a in &args.set {
         let value = if a.value.expose() == "-" {
@@ -73,10 +76,19 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         } else {
             a.value.expose().to_string()
         };
-        if set.insert(a.key.clone(), value).is_some() {
-            return Err(usage(format!("{} is given twice", a.key)));
-        }
+        given.entry(a.key.clone()).or_default().push(value);
     }
+    let set = given
+        .into_iter()
+        .map(|(key, mut values)| {
+            let value = if values.len() == 1 {
+                values.remove(0)
+            } else {
+                serde_json::to_string(&values).unwrap_or_default()
+            };
+            (key, value)
+        })
+        .collect();
     let params = ConfigureParams {
         workspace: args.workspace.clone(),
         name: args.name.clone(),

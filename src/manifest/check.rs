@@ -235,12 +235,30 @@ pub(super) fn user_config(
         let description = c.string(entry, "description", &path, false);
         let required = c.boolean(entry, "required", &path).unwrap_or(false);
         let sensitive = c.boolean(entry, "sensitive", &path).unwrap_or(false);
+        let multiple = c.boolean(entry, "multiple", &path).unwrap_or(false);
+        let bound = |c: &mut Checker, name: &str| match entry.get(name) {
+            None | Some(Value::Null) => None,
+            Some(Value::Number(n)) => n.as_f64(),
+            Some(other) => {
+                c.problem(
+                    format!("{path}.{name}"),
+                    format!("must be a number, found {}", type_name(other)),
+                );
+                None
+            }
+        };
+        let (min, max) = (bound(c, "min"), bound(c, "max"));
         let default = entry.get("default").filter(|v| !v.is_null()).cloned();
         if let (Some(kind), Some(default)) = (kind, &default) {
-            let fits = match kind {
-                UserConfigType::Number => default.is_number(),
-                UserConfigType::Boolean => default.is_boolean(),
-                _ => default.is_string() || default.is_array(),
+            let one = |v: &Value| match kind {
+                UserConfigType::Number => v.is_number(),
+                UserConfigType::Boolean => v.is_boolean(),
+                _ => v.is_string(),
+            };
+            let fits = match default {
+                Value::Array(items) if multiple => items.iter().all(one),
+                Value::Array(items) => kind == UserConfigType::String && items.iter().all(one),
+                other => one(other),
             };
             if !fits {
                 c.problem(
@@ -259,6 +277,9 @@ pub(super) fn user_config(
                     required,
                     default,
                     sensitive,
+                    multiple,
+                    min,
+                    max,
                 },
             );
         }

@@ -90,6 +90,12 @@ pub struct UserConfigEntry {
     pub required: bool,
     pub default: Option<Value>,
     pub sensitive: bool,
+    /// Takes several values (`configure NAME KEY=a KEY=b`); an argument
+    /// that is exactly `${user_config.KEY}` becomes one argument per value.
+    pub multiple: bool,
+    /// Bounds of a number.
+    pub min: Option<f64>,
+    pub max: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -200,6 +206,9 @@ pub struct LaunchPlan {
     pub args: Vec<String>,
     pub env: BTreeMap<String, String>,
     pub cwd: PathBuf,
+    /// The `directory` and `file` values the operator configured: the
+    /// sandbox grants them read-write (a default grants nothing).
+    pub paths: Vec<PathBuf>,
     /// Masks the bundle's sensitive user_config values in its stderr and
     /// in every error message about it.
     pub redactor: Redactor,
@@ -311,21 +320,40 @@ impl Manifest {
             home: home.clone(),
             user_config: BTreeMap::new(),
         };
+        // The values of `multiple` keys, one per item.
+        let mut lists: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut paths = Vec::new();
         for (key, entry) in &self.user_config {
-            let value = match (user_values.get(key), &entry.default) {
-                (Some(v), _) => v.expose().to_string(),
-                (None, Some(default)) => substitute(&value_to_string(default), &builtins)
-                    .map_err(|e| PlanError::Substitution(format!("the default of {key}: {e}")))?,
+            let expand = |v: &Value| {
+                substitute(&value_to_string(v), &builtins)
+                    .map_err(|e| PlanError::Substitution(format!("the default of {key}: {e}")))
+            };
+            let items: Vec<String> = match (user_values.get(key), &entry.default) {
+                (Some(v), _) if entry.multiple => stored_items(v.expose()),
+                (Some(v), _) => vec![v.expose().to_string()],
+                (None, Some(Value::Array(items))) if entry.multiple => {
+                    items.iter().map(expand).collect::<Result<_, _>>()?
+                }
+                (None, Some(default)) => vec![expand(default)?],
                 (None, None) if entry.required => {
                     missing.push(key.clone());
                     continue;
                 }
-                (None, None) => String::new(),
+                (None, None) if entry.multiple => Vec::new(),
+                (None, None) => vec![String::new()],
             };
             if entry.sensitive {
-                sensitive.push(Secret::new(value.clone()));
+                sensitive.extend(items.iter().cloned().map(Secret::new));
             }
-            values.insert(key.clone(), value);
+            let is_path = matches!(entry.kind, UserConfigType::Directory | UserConfigType::File);
+            if is_path && user_values.contains_key(key) {
+                paths.extend(items.iter().filter(|i| !i.is_empty()).map(PathBuf::from));
+            }
+            // Inside a longer string, several values are joined by commas.
+            values.insert(key.clone(), items.join(","));
+            if entry.multiple {
+                lists.insert(key.clone(), items);
+            }
         }
         if !missing.is_empty() {
             return Err(PlanError::MissingConfig(missing));
@@ -370,19 +398,28 @@ impl Manifest {
                 }));
             }
         };
+        let mut args = Vec::with_capacity(server.args.len());
+        for a in &server.args {
+            // Exactly `${user_config.KEY}` of a multiple key: one argument per value.
+            let whole = a
+                .strip_prefix("${user_config.")
+                .and_then(|k| k.strip_suffix('}'))
+                .and_then(|k| lists.get(k));
+            match whole {
+                Some(items) => args.extend(items.iter().cloned()),
+                None => args.push(sub(a)?),
+            }
+        }
         Ok(Plan::Stdio(LaunchPlan {
             command: sub(&server.command)?,
-            args: server
-                .args
-                .iter()
-                .map(|a| sub(a))
-                .collect::<Result<_, _>>()?,
+            args,
             env: server
                 .env
                 .iter()
                 .map(|(k, v)| Ok((k.clone(), sub(v)?)))
                 .collect::<Result<_, PlanError>>()?,
             cwd: dir.to_path_buf(),
+            paths,
             redactor,
         }))
     }
@@ -412,10 +449,47 @@ impl Manifest {
                 format!("{raw:?}")
             }
         };
+        let items = stored_items(raw);
+        if entry.multiple {
+            let checked = items
+                .iter()
+                .map(|item| self.check_one(key, entry, item, &shown))
+                .collect::<Result<Vec<_>, _>>()?;
+            return Ok(serde_json::to_string(&checked).unwrap_or_default());
+        }
+        if items.len() > 1 && raw.trim_start().starts_with('[') {
+            return Err(format!(
+                "{key} takes one value, got {} (only keys declared \"multiple\": true take several)",
+                items.len()
+            ));
+        }
+        self.check_one(key, entry, raw, &shown)
+    }
+
+    /// Checks one value of `key` (an item of a multiple key, or its value).
+    fn check_one(
+        &self,
+        key: &str,
+        entry: &UserConfigEntry,
+        raw: &str,
+        shown: &dyn Fn(&str) -> String,
+    ) -> Result<String, String> {
         match entry.kind {
             UserConfigType::String => Ok(raw.to_string()),
             UserConfigType::Number => match raw.trim().parse::<f64>() {
-                Ok(n) if n.is_finite() => Ok(raw.trim().to_string()),
+                Ok(n) if n.is_finite() => {
+                    let low = entry.min.filter(|min| n < *min);
+                    let high = entry.max.filter(|max| n > *max);
+                    match (low, high) {
+                        (Some(min), _) => {
+                            Err(format!("{key} must be at least {min}, got {}", shown(raw)))
+                        }
+                        (_, Some(max)) => {
+                            Err(format!("{key} must be at most {max}, got {}", shown(raw)))
+                        }
+                        _ => Ok(raw.trim().to_string()),
+                    }
+                }
                 _ => Err(format!("{key} must be a number, got {}", shown(raw))),
             },
             UserConfigType::Boolean => match raw.trim().to_ascii_lowercase().as_str() {
@@ -448,6 +522,12 @@ impl Manifest {
             }
         }
     }
+}
+
+/// The items of a stored `multiple` value: a JSON array of strings (what
+/// `configure` stores), or one value.
+pub fn stored_items(stored: &str) -> Vec<String> {
+    serde_json::from_str::<Vec<String>>(stored).unwrap_or_else(|_| vec![stored.to_string()])
 }
 
 fn value_to_string(value: &Value) -> String {

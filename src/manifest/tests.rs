@@ -388,3 +388,76 @@ fn every_spec_variable_is_substituted_also_in_defaults() {
     let plan = stdio(m.plan(Path::new("/b"), &values).unwrap());
     assert_eq!(plan.args[3], "--memory=${HOME}");
 }
+
+/// Issue 18, point 3: `multiple` values, array defaults, `min`/`max`.
+#[test]
+fn multiple_values_expand_into_arguments_and_numbers_keep_their_bounds() {
+    let mut v = minimal();
+    v["user_config"] = json!({
+        "dirs": {"type": "directory", "title": "Dirs", "multiple": true, "default": ["${HOME}/a", "/b"]},
+        "n": {"type": "number", "title": "N", "min": 1, "max": 10, "default": 5}
+    });
+    v["server"]["mcp_config"]["args"] = json!([
+        "${user_config.dirs}",
+        "--all=${user_config.dirs}",
+        "-n",
+        "${user_config.n}"
+    ]);
+    let m = parse(&v.to_string()).unwrap();
+    let home = std::env::var("HOME").unwrap_or_default();
+    let plan = stdio(m.plan(Path::new("/b"), &BTreeMap::new()).unwrap());
+    let a = format!("{}/a", home.trim_end_matches('/'));
+    assert_eq!(
+        plan.args,
+        vec![
+            a.clone(),
+            "/b".into(),
+            format!("--all={a},/b"),
+            "-n".into(),
+            "5".into()
+        ]
+    );
+    assert!(plan.paths.is_empty(), "a default grants nothing");
+
+    // Configured: several values, each checked; stored as a JSON array.
+    let dir = tempfile::tempdir().unwrap();
+    let (x, y) = (dir.path().join("x"), dir.path().join("y"));
+    std::fs::create_dir_all(&x).unwrap();
+    std::fs::create_dir_all(&y).unwrap();
+    let given = serde_json::to_string(&[&x, &y]).unwrap();
+    let stored = m.check_user_value("dirs", &given).unwrap();
+    assert_eq!(
+        stored_items(&stored),
+        vec![x.display().to_string(), y.display().to_string()]
+    );
+    let missing = serde_json::to_string(&[x.clone(), dir.path().join("nope")]).unwrap();
+    assert!(m
+        .check_user_value("dirs", &missing)
+        .unwrap_err()
+        .contains("existing directory"));
+    let values = BTreeMap::from([("dirs".to_string(), Secret::new(stored))]);
+    let plan = stdio(m.plan(Path::new("/b"), &values).unwrap());
+    assert_eq!(
+        &plan.args[..2],
+        &[x.display().to_string(), y.display().to_string()]
+    );
+    assert_eq!(
+        plan.paths,
+        vec![x.clone(), y.clone()],
+        "configured paths are granted"
+    );
+
+    assert!(m
+        .check_user_value("n", "0")
+        .unwrap_err()
+        .contains("at least 1"));
+    assert!(m
+        .check_user_value("n", "11")
+        .unwrap_err()
+        .contains("at most 10"));
+    assert_eq!(m.check_user_value("n", "7").unwrap(), "7");
+    assert!(m
+        .check_user_value("n", "[\"1\",\"2\"]")
+        .unwrap_err()
+        .contains("takes one value"));
+}

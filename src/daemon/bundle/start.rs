@@ -264,6 +264,7 @@ pub async fn start(
                 launch.cwd.clone(),
                 launch.command.clone(),
             );
+            let configured = launch.paths.clone();
             // A bare manifest file's folder is not the bundle's to read.
             let folder = (!loaded.is_bare()).then(|| loaded.dir.clone());
             let prepared = tokio::task::spawn_blocking(move || {
@@ -273,6 +274,7 @@ pub async fn start(
                     folder: folder.as_deref(),
                     command: &command,
                     cwd: &cwd,
+                    configured: &configured,
                 };
                 crate::bundle::sandbox::prepare(&settings, &state_dir, &protected, &target)
             })

@@ -1,0 +1,112 @@
+//! Real third-party MCP servers, pinned and built by `make servers`, run
+//! unmodified as bundles: the official filesystem server with two
+//! configured directories (a `multiple` user_config value, granted by the
+//! sandbox read-write).
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::Daemon;
+use serde_json::Value;
+
+fn server(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("target/servers")
+        .join(name);
+    assert!(
+        dir.join("manifest.json").is_file() && dir.join("node_modules").is_dir(),
+        "the {name} server is not built at {}; run `make servers` (make test does)",
+        dir.display()
+    );
+    dir
+}
+
+/// The text of a tool result, and whether it is an error.
+fn call(d: &Daemon, tool: &str, args: Value) -> (String, bool) {
+    let out = d.cli(&["call", "filesystem", tool, &args.to_string(), "--json"]);
+    let result: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{tool}: {}", String::from_utf8_lossy(&out.stderr)));
+    let text = result["content"]
+        .as_array()
+        .map(|c| {
+            c.iter()
+                .filter_map(|p| p["text"].as_str())
+                .collect::<Vec<_>>()
+                .join("\n")
+        })
+        .unwrap_or_default();
+    (text, result["isError"] == true)
+}
+
+/// Issue 18: `@modelcontextprotocol/server-filesystem` with two configured
+/// directories reads in one, writes in the other, and refuses a path
+/// outside both.
+#[test]
+fn the_official_filesystem_server_works_in_two_configured_directories() {
+    let d = Daemon::start();
+    let root = d.root().join("data");
+    let (docs, out, secret) = (root.join("docs"), root.join("out"), root.join("secret"));
+    for dir in [&docs, &out, &secret] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    std::fs::write(docs.join("hello.txt"), "hello from docs").unwrap();
+    std::fs::write(secret.join("key.txt"), "do not read").unwrap();
+    // The bundle runs under a uid of its own: the folder it writes is open
+    // to it, as an operator would chown it.
+    std::fs::set_permissions(&out, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+
+    let bundle = server("filesystem");
+    let installed = d.cli(&["install", bundle.to_str().unwrap()]);
+    assert!(
+        !installed.status.success(),
+        "installed without its directories"
+    );
+    assert_eq!(
+        d.bundle("default", "filesystem").unwrap()["state"],
+        "needs_config"
+    );
+
+    let set_docs = format!("allowed_directories={}", docs.display());
+    let set_out = format!("allowed_directories={}", out.display());
+    let configured = d.cli(&["configure", "filesystem", &set_docs, &set_out]);
+    assert!(
+        configured.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&configured.stdout),
+        String::from_utf8_lossy(&configured.stderr)
+    );
+    let b = d.wait_state("default", "filesystem", "ready");
+    let write = b["sandbox"]["write"].as_array().unwrap();
+    for dir in [&docs, &out] {
+        assert!(
+            write.iter().any(|p| p == dir.to_str().unwrap()),
+            "{} not granted: {write:?}",
+            dir.display()
+        );
+    }
+
+    let (text, error) = call(
+        &d,
+        "read_text_file",
+        serde_json::json!({"path": docs.join("hello.txt")}),
+    );
+    assert!(!error && text.contains("hello from docs"), "{text}");
+    let (text, error) = call(
+        &d,
+        "write_file",
+        serde_json::json!({"path": out.join("new.txt"), "content": "written by the server"}),
+    );
+    assert!(!error, "{text}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("new.txt")).unwrap(),
+        "written by the server"
+    );
+    let (text, error) = call(
+        &d,
+        "read_text_file",
+        serde_json::json!({"path": secret.join("key.txt")}),
+    );
+    assert!(error, "read outside the configured directories: {text}");
+    assert!(!text.contains("do not read"), "{text}");
+}
