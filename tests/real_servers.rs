@@ -110,3 +110,41 @@ fn the_official_filesystem_server_works_in_two_configured_directories() {
     assert!(error, "read outside the configured directories: {text}");
     assert!(!text.contains("do not read"), "{text}");
 }
+
+/// Issue 18, point 4: `[sandbox] pass_env` passes chosen daemon variables
+/// (a proxy) through the scrub, and `read_write_paths` is granted; nothing
+/// else is loosened.
+#[test]
+fn pass_env_and_read_write_paths_reach_the_bundle_and_nothing_else() {
+    let mut d = Daemon::unlaunched(
+        "[sandbox]\npass_env = [\"HTTPS_PROXY\"]\nread_write_paths = [\"shared\"]\n",
+    );
+    std::fs::create_dir_all(d.root().join("shared")).unwrap();
+    d.env
+        .push(("HTTPS_PROXY".into(), "http://proxy.example:3128".into()));
+    d.env.push(("SECRET_TOKEN".into(), "never-passed".into()));
+    d.launch();
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    let env = |name: &str| {
+        d.ok(&[
+            "call",
+            "demo",
+            "env",
+            &serde_json::json!({ "name": name }).to_string(),
+        ])
+        .trim()
+        .to_string()
+    };
+    assert_eq!(env("HTTPS_PROXY"), "http://proxy.example:3128");
+    assert_eq!(env("SECRET_TOKEN"), "(unset)");
+    let b = d.bundle("default", "demo").unwrap();
+    let shared = d.root().join("shared");
+    assert!(
+        b["sandbox"]["write"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p == shared.to_str().unwrap()),
+        "{b}"
+    );
+}

@@ -117,6 +117,11 @@ pub(super) fn spawn(
     let mut limits = super::sandbox::Limits::default();
     let mut ruleset = None;
     if let Some(sb) = sandbox {
+        for name in &sb.pass_env {
+            if let (false, Ok(value)) = (plan.env.contains_key(name), std::env::var(name)) {
+                cmd.env(name, value);
+            }
+        }
         cmd.env("BUNDLEVISOR_DATA_DIR", &sb.data)
             .env("HOME", &sb.data)
             .env("TMPDIR", &sb.tmp);

@@ -132,6 +132,8 @@ pub struct Sandbox {
     pub limits: Limits,
     /// Landlock rules, when enforced.
     pub landlock: Option<Grants>,
+    /// `[sandbox] pass_env`: daemon variables passed through the scrub.
+    pub pass_env: Vec<String>,
 }
 
 /// What one bundle may touch: the one value the Landlock ruleset and
@@ -430,6 +432,14 @@ pub fn grants(
         )?;
         write.push(canonical(p));
     }
+    for p in &settings.read_write_paths {
+        check(
+            "[sandbox] read_write_paths entry",
+            p,
+            "remove it, or name a folder of its own",
+        )?;
+        write.push(canonical(p));
+    }
     write.sort();
     write.dedup();
     Ok(Grants { read, write })
@@ -634,6 +644,7 @@ pub fn prepare(
         user,
         limits,
         landlock,
+        pass_env: settings.pass_env.clone(),
     })
 }
 

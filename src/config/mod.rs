@@ -292,6 +292,15 @@ pub struct SandboxSettings {
     /// Extra paths bundles may read and execute (an interpreter outside /usr).
     #[serde(default)]
     pub read_only_paths: Vec<PathBuf>,
+    /// Extra paths every bundle may read and write (a shared scratch
+    /// folder); a bundle's own configured directories are granted anyway.
+    #[serde(default)]
+    pub read_write_paths: Vec<PathBuf>,
+    /// Variables of the daemon's environment passed through the scrub to
+    /// every bundle (a proxy, a private CA: `HTTPS_PROXY`, `NO_PROXY`,
+    /// `SSL_CERT_FILE`, `NODE_EXTRA_CA_CERTS`); a manifest's own `env` wins.
+    #[serde(default)]
+    pub pass_env: Vec<String>,
     /// RLIMIT_NOFILE (0: not limited).
     #[serde(default = "defaults::max_open_files")]
     pub max_open_files: u64,
@@ -606,6 +615,9 @@ impl Config {
         for p in &mut config.sandbox.read_only_paths {
             *p = normalize(&base.join(&*p));
         }
+        for p in &mut config.sandbox.read_write_paths {
+            *p = normalize(&base.join(&*p));
+        }
         if let Some(key_file) = &mut config.credentials.key_file {
             *key_file = normalize(&base.join(&*key_file));
         }
@@ -669,6 +681,16 @@ impl Config {
                 "credentials: set key_file or key_env, not both (the key has one source)"
                     .to_string(),
             );
+        }
+        for name in &self.sandbox.pass_env {
+            let ok = !name.is_empty()
+                && !name.starts_with(|c: char| c.is_ascii_digit())
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !ok {
+                problems.push(format!(
+                    "sandbox.pass_env: {name:?} is not an environment variable name"
+                ));
+            }
         }
         let range = self.sandbox.uid_range;
         for uid in &self.control.allowed_uids {
