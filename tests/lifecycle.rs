@@ -140,7 +140,11 @@ fn crashed_bundle_under_restart_never_stays_failed_until_restarted() {
     let out = d.cli(&["call", "demo", "crash", r#"{"code":4}"#]);
     assert!(!out.status.success());
     let failed = d.wait_state("default", "demo", "failed");
-    assert_eq!(failed["last_error"], "process exited (exit code 4)");
+    // The exit and the bundle's own last words (issue 18: a useful last_error).
+    assert_eq!(
+        failed["last_error"],
+        "process exited (exit code 4): demo: crashing on request with exit code 4"
+    );
     assert!(failed["pid"].is_null());
     assert!(d.bundle_processes().is_empty());
 

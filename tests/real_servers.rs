@@ -148,3 +148,23 @@ fn pass_env_and_read_write_paths_reach_the_bundle_and_nothing_else() {
         "{b}"
     );
 }
+
+/// Issue 18, point 6: a Node.js crash is reported by its exception line,
+/// not by the runtime's closing banner (`Node.js v20…`).
+#[test]
+fn a_node_crash_is_reported_by_its_exception() {
+    let d = Daemon::start_with("[supervision]\nmax_restarts = 1\nbackoff_initial = \"10ms\"\n");
+    let b = common::shell_wrapped_demo(
+        &d.root().join("bundles"),
+        "throws",
+        "node -e 'throw new TypeError(\"boom\")' || exit 1;",
+    );
+    let out = d.cli(&["install", b.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("TypeError: boom"), "{err}");
+    let failed = d.wait_state("default", "throws", "failed");
+    let why = failed["last_error"].as_str().unwrap();
+    assert!(why.contains("TypeError: boom"), "{why}");
+    assert!(!why.ends_with("Node.js v20.20.2"), "{why}");
+}

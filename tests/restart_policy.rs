@@ -198,7 +198,9 @@ fn a_liveness_kill_never_explains_a_later_sessions_crash() {
     });
     let log = d.log();
     assert!(
-        log.contains("process exited (exit code 3); restarting"),
+        log.contains(
+            "process exited (exit code 3): demo: crashing on request with exit code 3; restarting"
+        ),
         "{log}"
     );
     assert!(

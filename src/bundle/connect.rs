@@ -76,7 +76,7 @@ fn stderr_hint(line: &Option<String>) -> String {
     match line {
         Some(l) => {
             let cut: String = l.chars().take(200).collect();
-            format!("; last stderr line: {cut}")
+            format!("; stderr: {cut}")
         }
         None => String::new(),
     }
@@ -339,5 +339,5 @@ fn connected(
 /// The last stderr line of a process that was just stopped.
 async fn last_stderr(tail: &StderrTail) -> Option<String> {
     tail.drained(Duration::from_millis(500)).await;
-    tail.last()
+    super::process::telling_line(&tail.lines())
 }

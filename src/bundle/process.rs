@@ -29,6 +29,38 @@ pub const ENV_ALLOWLIST: &[&str] = &[
     "PATH", "HOME", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "USER", "LOGNAME",
 ];
 
+/// The stderr line that says most about why a process died: the last
+/// exception line (`TypeError: …`, `ModuleNotFoundError: …`, `Error
+/// [ERR_…]: …`), else the last line that is neither a stack frame nor a
+/// runtime's banner (Node prints `Node.js v20…` last).
+pub fn telling_line(lines: &[String]) -> Option<String> {
+    let exception = |l: &str| {
+        let Some((name, rest)) = l.split_once(": ") else {
+            return false;
+        };
+        let name = name.split_once(" [").map_or(name, |(n, _)| n);
+        !rest.is_empty()
+            && !name.contains(char::is_whitespace)
+            && name
+                .rsplit('.')
+                .next()
+                .is_some_and(|n| n == "Error" || n.ends_with("Error") || n.ends_with("Exception"))
+    };
+    let noise = |l: &str| {
+        l.is_empty()
+            || l.starts_with("at ")
+            || l.starts_with("File \"")
+            || l.starts_with("Node.js v")
+            || l.starts_with("Traceback ")
+            || l == "^"
+    };
+    let trimmed = || lines.iter().rev().map(|l| l.trim());
+    trimmed()
+        .find(|l| exception(l))
+        .or_else(|| trimmed().find(|l| !noise(l)))
+        .map(str::to_string)
+}
+
 /// Longest stderr line kept; longer lines are cut.
 const MAX_STDERR_LINE: usize = 16 * 1024;
 /// Stderr lines remembered for error messages.
@@ -587,5 +619,34 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         false
+    }
+
+    #[test]
+    fn the_telling_line_of_a_crash_is_its_exception() {
+        let lines = |text: &str| text.lines().map(str::to_string).collect::<Vec<_>>();
+        let node = lines(
+            "/srv/b/index.js:3\n    throw new TypeError(\"boom\");\n    ^\n\nTypeError: boom\n    at Object.<anonymous> (/srv/b/index.js:3:11)\n    at node:internal/main:1:1\n\nNode.js v20.20.2",
+        );
+        assert_eq!(telling_line(&node).as_deref(), Some("TypeError: boom"));
+        let missing = lines("node:internal/modules/cjs/loader:1\nError: Cannot find module '/x.js'\n    at Module._resolveFilename\n{\n  code: 'MODULE_NOT_FOUND'\n}\n\nNode.js v20.20.2");
+        assert_eq!(
+            telling_line(&missing).as_deref(),
+            Some("Error: Cannot find module '/x.js'")
+        );
+        let python = lines("Traceback (most recent call last):\n  File \"/srv/b/server.py\", line 1, in <module>\n    import fastmcp\nModuleNotFoundError: No module named 'fastmcp'");
+        assert_eq!(
+            telling_line(&python).as_deref(),
+            Some("ModuleNotFoundError: No module named 'fastmcp'")
+        );
+        let esm = lines("Error [ERR_MODULE_NOT_FOUND]: Cannot find package 'zod'\n    at packageResolve\nNode.js v20.20.2");
+        assert_eq!(
+            telling_line(&esm).as_deref(),
+            Some("Error [ERR_MODULE_NOT_FOUND]: Cannot find package 'zod'")
+        );
+        assert_eq!(
+            telling_line(&lines("starting\nport 80 in use\n")).as_deref(),
+            Some("port 80 in use")
+        );
+        assert_eq!(telling_line(&[]), None);
     }
 }

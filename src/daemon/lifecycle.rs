@@ -439,7 +439,12 @@ impl<S> Lifecycle<S> {
                     None if exit.pid.is_none() => {
                         Stop::Failure("the remote session ended (connection closed)".into())
                     }
-                    None => Stop::Failure(format!("process exited ({})", exit.text)),
+                    None => {
+                        Stop::Failure(match crate::bundle::process::telling_line(&exit.stderr) {
+                            Some(line) => format!("process exited ({}): {line}", exit.text),
+                            None => format!("process exited ({})", exit.text),
+                        })
+                    }
                 };
                 if matches!(stop, Stop::Failure(_)) {
                     self.crashes += 1;
@@ -824,7 +829,11 @@ mod tests {
         assert_eq!((w.lc.restarts(), w.lc.crashes()), (0, 1));
         w.due();
         assert_eq!(w.lc.restarts(), 1);
-        assert_eq!(w.lc.last_error(), Some("process exited (exit code 3)"));
+        // The crash's most telling stderr line comes with it.
+        assert_eq!(
+            w.lc.last_error(),
+            Some("process exited (exit code 3): last words")
+        );
     }
 
     #[tokio::test(start_paused = true)]
