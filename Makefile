@@ -68,7 +68,7 @@ mcpb: $(MCPB)/.installed ## The pinned official mcpb CLI for the archive tests (
 
 # Real third-party MCP servers as test bundles: each pinned by
 # tests/servers/NAME/package-lock.json, with its manifest.json beside it.
-SERVERS := filesystem
+SERVERS := filesystem memory
 
 .PHONY: servers
 servers: $(SERVERS:%=target/servers/%/manifest.json) ## Real MCP servers (pinned npm packages) as test bundles

@@ -168,3 +168,38 @@ fn a_node_crash_is_reported_by_its_exception() {
     assert!(why.contains("TypeError: boom"), "{why}");
     assert!(!why.ends_with("Node.js v20.20.2"), "{why}");
 }
+
+/// Issue 18, point 2: `@modelcontextprotocol/server-memory` with its
+/// default `${HOME}/memory.jsonl` keeps what it learned across a daemon
+/// restart: `${HOME}` is the bundle's own writable home.
+#[test]
+fn the_official_memory_server_keeps_its_graph_in_its_default_file() {
+    let mut d = Daemon::start();
+    let bundle = server("memory");
+    d.ok(&["install", bundle.to_str().unwrap()]);
+    let created = d.cli(&[
+        "call",
+        "memory",
+        "create_entities",
+        &serde_json::json!({"entities": [
+            {"name": "Ada", "entityType": "person", "observations": ["wrote the first program"]}
+        ]})
+        .to_string(),
+        "--json",
+    ]);
+    let result: Value = serde_json::from_slice(&created.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&created.stderr)));
+    assert_ne!(result["isError"], true, "{result}");
+    let file = d.state.join("sandboxes/default/memory/data/memory.jsonl");
+    assert!(
+        std::fs::read_to_string(&file).is_ok_and(|t| t.contains("Ada")),
+        "{} holds no Ada",
+        file.display()
+    );
+
+    assert!(d.signal(nix::sys::signal::Signal::SIGTERM).success());
+    d.launch();
+    d.wait_state("default", "memory", "ready");
+    let graph = d.ok(&["call", "memory", "read_graph", "{}"]);
+    assert!(graph.contains("wrote the first program"), "{graph}");
+}

@@ -162,6 +162,16 @@ pub struct Target<'a> {
     pub configured: &'a [PathBuf],
 }
 
+/// A bundle's private folder: its `HOME`, its `${HOME}` and
+/// `BUNDLEVISOR_DATA_DIR`, kept across restarts.
+pub fn data_dir(state_dir: &Path, workspace: &str, bundle: &str) -> PathBuf {
+    state_dir
+        .join("sandboxes")
+        .join(workspace)
+        .join(bundle)
+        .join("data")
+}
+
 /// The kernel's Landlock ABI version, or why there is none.
 pub fn landlock_abi() -> Result<i64, String> {
     // landlock_create_ruleset(NULL, 0, LANDLOCK_CREATE_RULESET_VERSION)
@@ -550,6 +560,7 @@ pub fn prepare(
     let (workspace, bundle) = (target.workspace, target.bundle);
     let sandboxes = state_dir.join("sandboxes");
     let path = sandboxes.join(workspace).join(bundle);
+    debug_assert_eq!(path.join("data"), data_dir(state_dir, workspace, bundle));
     // The parents stay the daemon's (0700, made traversable below when the
     // bundle has a uid of its own); only `data/` and `tmp/` are the bundle's.
     let created = private_dir(&path, None)?;

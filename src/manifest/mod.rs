@@ -309,10 +309,26 @@ impl Manifest {
         dir: &Path,
         user_values: &BTreeMap<String, Secret>,
     ) -> Result<Plan, PlanError> {
+        self.plan_with_home(dir, user_values, None)
+    }
+
+    /// [`plan`](Self::plan) with `${HOME}` (and `${DESKTOP}`, …) set to the
+    /// bundle's own home: its sandbox `data/` folder, which is also its
+    /// process's `HOME`, so a default like `${HOME}/memory.jsonl` names a
+    /// file it may write. None: the daemon's `HOME` (install-time checks).
+    pub fn plan_with_home(
+        &self,
+        dir: &Path,
+        user_values: &BTreeMap<String, Secret>,
+        home: Option<&Path>,
+    ) -> Result<Plan, PlanError> {
         let mut values = BTreeMap::new();
         let mut sensitive = Vec::new();
         let mut missing = Vec::new();
-        let home = std::env::var("HOME").unwrap_or_default();
+        let home = match home {
+            Some(h) => h.to_string_lossy().into_owned(),
+            None => std::env::var("HOME").unwrap_or_default(),
+        };
         // A default may use the built-in variables (`${HOME}/memory.jsonl`);
         // an operator's value is taken as given.
         let builtins = SubstitutionVars {

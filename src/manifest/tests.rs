@@ -461,3 +461,26 @@ fn multiple_values_expand_into_arguments_and_numbers_keep_their_bounds() {
         .unwrap_err()
         .contains("takes one value"));
 }
+
+/// Issue 18, point 2: `${HOME}` is the home the bundle is given (its
+/// sandbox data folder), also inside defaults.
+#[test]
+fn home_is_the_bundles_own_when_given() {
+    let mut v = minimal();
+    v["user_config"] = json!({
+        "memory": {"type": "string", "title": "Memory file", "default": "${HOME}/memory.jsonl"}
+    });
+    v["server"]["mcp_config"]["env"] =
+        json!({"MEMORY_FILE_PATH": "${user_config.memory}", "DOCS": "${DOCUMENTS}"});
+    let m = parse(&v.to_string()).unwrap();
+    let home = Path::new("/state/sandboxes/ws/m/data");
+    let plan = stdio(
+        m.plan_with_home(Path::new("/b"), &BTreeMap::new(), Some(home))
+            .unwrap(),
+    );
+    assert_eq!(
+        plan.env["MEMORY_FILE_PATH"],
+        "/state/sandboxes/ws/m/data/memory.jsonl"
+    );
+    assert_eq!(plan.env["DOCS"], "/state/sandboxes/ws/m/data/Documents");
+}

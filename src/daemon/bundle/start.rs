@@ -234,8 +234,10 @@ pub async fn start(
         .credentials_of(workspace, name, |c, w, n| c.values(w, n))
         .await
         .map_err(|e| config(e.to_string()))?;
+    // `${HOME}` is the bundle's own home (its sandbox data folder).
+    let home = crate::bundle::sandbox::data_dir(&shared.config.state_dir, workspace, name);
     let plan = manifest
-        .plan(&loaded.dir, &values)
+        .plan_with_home(&loaded.dir, &values, Some(&home))
         .map_err(|e| match e {
             PlanError::MissingConfig(keys) => StartFailure {
                 kind: FailKind::NeedsConfig,
