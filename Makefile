@@ -70,8 +70,19 @@ mcpb: $(MCPB)/.installed ## The pinned official mcpb CLI for the archive tests (
 # tests/servers/NAME/package-lock.json, with its manifest.json beside it.
 SERVERS := filesystem memory
 
+# Python servers: a virtual environment pinned by tests/servers/NAME/requirements.lock.
+PY_SERVERS := time
+
 .PHONY: servers
-servers: $(SERVERS:%=target/servers/%/manifest.json) ## Real MCP servers (pinned npm packages) as test bundles
+servers: $(SERVERS:%=target/servers/%/manifest.json) $(PY_SERVERS:%=target/servers/%/.venv/.installed) ## Real MCP servers (pinned npm and PyPI packages) as test bundles
+
+target/servers/%/.venv/.installed: tests/servers/%/requirements.lock tests/servers/%/manifest.json
+	rm -rf target/servers/$*/.venv
+	mkdir -p target/servers/$*
+	$(PYTHON) -m venv target/servers/$*/.venv
+	target/servers/$*/.venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
+	cp tests/servers/$*/manifest.json target/servers/$*/manifest.json
+	touch $@
 
 target/servers/%/manifest.json: tests/servers/%/manifest.json target/servers/%/.installed
 	cp $< $@

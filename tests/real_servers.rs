@@ -15,7 +15,8 @@ fn server(name: &str) -> PathBuf {
         .join("target/servers")
         .join(name);
     assert!(
-        dir.join("manifest.json").is_file() && dir.join("node_modules").is_dir(),
+        dir.join("manifest.json").is_file()
+            && (dir.join("node_modules").is_dir() || dir.join(".venv").is_dir()),
         "the {name} server is not built at {}; run `make servers` (make test does)",
         dir.display()
     );
@@ -202,4 +203,29 @@ fn the_official_memory_server_keeps_its_graph_in_its_default_file() {
     d.wait_state("default", "memory", "ready");
     let graph = d.ok(&["call", "memory", "read_graph", "{}"]);
     assert!(graph.contains("wrote the first program"), "{graph}");
+}
+
+/// Issue 18: `mcp-server-time` from PyPI, pinned, runs as a python bundle.
+#[test]
+fn the_official_time_server_runs_as_a_python_bundle() {
+    let d = Daemon::start();
+    let bundle = server("time");
+    d.ok(&["install", bundle.to_str().unwrap()]);
+    let now = d.ok(&[
+        "call",
+        "time",
+        "get_current_time",
+        r#"{"timezone":"Europe/Paris"}"#,
+    ]);
+    assert!(
+        now.contains("Europe/Paris") && now.contains("datetime"),
+        "{now}"
+    );
+    let converted = d.ok(&[
+        "call",
+        "time",
+        "convert_time",
+        r#"{"source_timezone":"UTC","time":"12:00","target_timezone":"Asia/Tokyo"}"#,
+    ]);
+    assert!(converted.contains("21:00"), "{converted}");
 }
