@@ -131,3 +131,20 @@ fn a_bundle_that_cannot_start_fails_install_with_the_reason() {
     );
     assert_eq!(b["restarts"], 5);
 }
+
+/// Issue 18, point 1: the entry point must be in the bundle folder.
+#[test]
+fn a_bundle_without_its_entry_point_is_refused_at_install() {
+    let d = Daemon::start();
+    let folder = d.demo_bundle("partial");
+    std::fs::remove_file(folder.join("server/bundlevisor-demo")).unwrap();
+    let mut raw = d.raw();
+    raw.hello();
+    let r = raw.request(1, "bundle.install", json!({"path": folder}));
+    assert_eq!(r["error"]["data"]["kind"], "manifest_invalid", "{r}");
+    assert_eq!(
+        r["error"]["data"]["problems"][0]["path"], "$.server.entry_point",
+        "{r}"
+    );
+    assert!(d.bundle("default", "partial").is_none());
+}

@@ -144,6 +144,28 @@ pub struct LoadedManifest {
 }
 
 impl LoadedManifest {
+    /// A bundle folder's `server.entry_point` must be in it (a bare
+    /// manifest file and a remote bundle have none to check).
+    pub fn check_entry_point(&self) -> Result<(), ManifestError> {
+        let Transport::Stdio(server) = &self.manifest.transport else {
+            return Ok(());
+        };
+        let entry = self.dir.join(&server.entry_point);
+        if self.is_bare() || entry.exists() {
+            return Ok(());
+        }
+        Err(ManifestError::Invalid {
+            path: self.file.clone(),
+            problems: vec![Problem {
+                path: "$.server.entry_point".into(),
+                message: format!(
+                    "{} is not in the bundle folder; install the bundle whole (what `mcpb pack` packs)",
+                    entry.display()
+                ),
+            }],
+        })
+    }
+
     /// A bare manifest file (`DIR/NAME.json`), not a bundle folder's
     /// `manifest.json`: its folder is not the bundle's own.
     pub fn is_bare(&self) -> bool {

@@ -91,6 +91,7 @@ pub async fn install(
             _ => source,
         };
         crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)?;
+        loaded.check_entry_point()?;
         crate::bundle::sandbox::check_install(&sandbox, &protected, &loaded)?;
         Ok::<_, InstallError>((source, loaded))
     });
