@@ -148,3 +148,30 @@ fn a_bundle_without_its_entry_point_is_refused_at_install() {
     );
     assert!(d.bundle("default", "partial").is_none());
 }
+
+/// Issue 18, point 1: `compatibility.runtimes` is checked against the
+/// runtime on the daemon's PATH before anything is started.
+#[test]
+fn a_runtime_range_the_host_does_not_meet_is_refused_at_install() {
+    let d = Daemon::start();
+    let mut manifest: serde_json::Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    manifest["name"] = json!("picky");
+    manifest["compatibility"] = json!({"runtimes": {"node": ">=999"}});
+    let folder = write_bundle(&d.root().join("bundles"), "picky", &manifest);
+    let mut raw = d.raw();
+    raw.hello();
+    let r = raw.request(1, "bundle.install", json!({"path": folder}));
+    assert_eq!(r["error"]["data"]["kind"], "manifest_invalid", "{r}");
+    let problem = &r["error"]["data"]["problems"][0];
+    assert_eq!(problem["path"], "$.compatibility.runtimes.node", "{r}");
+    let message = problem["message"].as_str().unwrap();
+    assert!(
+        message.contains("requires node >=999") && message.contains("on the daemon's PATH is"),
+        "{message}"
+    );
+    assert!(d.bundle_processes().is_empty());
+
+    manifest["compatibility"] = json!({"runtimes": {"node": ">=1"}});
+    let folder = write_bundle(&d.root().join("bundles"), "picky", &manifest);
+    d.ok(&["install", folder.to_str().unwrap()]);
+}

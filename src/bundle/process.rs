@@ -61,6 +61,45 @@ pub fn telling_line(lines: &[String]) -> Option<String> {
         .map(str::to_string)
 }
 
+/// The version the runtime `program` on the daemon's `PATH` reports
+/// (`node --version` → `20.20.2`, `python3 --version` → `3.11.2`), or why
+/// there is none. Blocking (a short-lived probe, waited for here).
+pub fn runtime_version(program: &str) -> Result<semver::Version, String> {
+    let mut cmd = std::process::Command::new(program);
+    cmd.arg("--version")
+        .env_clear()
+        .envs(std::env::var("PATH").map(|p| ("PATH", p)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let child = cmd
+        .spawn()
+        .map_err(|e| format!("there is no {program} on the daemon's PATH ({e})"))?;
+    let pid = child.id();
+    super::orphans::own(pid);
+    let out = child.wait_with_output();
+    super::orphans::release(pid);
+    let out = out.map_err(|e| format!("`{program} --version` failed: {e}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    parse_version(&text).ok_or_else(|| format!("`{program} --version` said {:?}", text.trim()))
+}
+
+/// The first `X.Y[.Z]` in a `--version` answer (`v20.20.2`, `Python 3.11.2`).
+fn parse_version(text: &str) -> Option<semver::Version> {
+    text.split(|c: char| c.is_whitespace() || c == 'v')
+        .find_map(|word| {
+            let mut parts = word.split('.').map(|p| p.parse::<u64>().ok());
+            let major = parts.next()??;
+            let minor = parts.next()??;
+            let patch = parts.next().flatten().unwrap_or(0);
+            Some(semver::Version::new(major, minor, patch))
+        })
+}
+
 /// Longest stderr line kept; longer lines are cut.
 const MAX_STDERR_LINE: usize = 16 * 1024;
 /// Stderr lines remembered for error messages.
@@ -648,5 +687,24 @@ mod tests {
             Some("port 80 in use")
         );
         assert_eq!(telling_line(&[]), None);
+    }
+
+    #[test]
+    fn runtime_versions_are_read_from_what_they_print() {
+        assert_eq!(
+            parse_version("v20.20.2\n"),
+            Some(semver::Version::new(20, 20, 2))
+        );
+        assert_eq!(
+            parse_version("Python 3.11\n"),
+            Some(semver::Version::new(3, 11, 0))
+        );
+        assert_eq!(parse_version("no version here"), None);
+        // A program that is not there says so.
+        let missing = runtime_version("bundlevisor-no-such-runtime").unwrap_err();
+        assert!(
+            missing.contains("no bundlevisor-no-such-runtime on the daemon's PATH"),
+            "{missing}"
+        );
     }
 }

@@ -129,6 +129,9 @@ pub struct Manifest {
     pub transport: Transport,
     pub user_config: BTreeMap<String, UserConfigEntry>,
     pub host: Option<HostBlock>,
+    /// `compatibility.runtimes`: `node` / `python` and the version range the
+    /// one on the daemon's `PATH` must satisfy (checked at install).
+    pub runtimes: BTreeMap<String, semver::VersionReq>,
 }
 
 /// A manifest together with where it was read from.

@@ -141,6 +141,7 @@ pub(super) fn validate(c: &mut Checker, root: &Map<String, Value>) -> Option<Man
         }),
         user_config,
         host,
+        runtimes: Default::default(),
     })
 }
 

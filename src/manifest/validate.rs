@@ -55,7 +55,7 @@ pub(super) fn validate(value: &Value) -> Result<Manifest, Vec<Problem>> {
     let author_name = c
         .object(root, "author", "$", true)
         .and_then(|author| c.string(author, "name", "$.author", true));
-    compatibility(&mut c, root);
+    let runtimes = compatibility(&mut c, root);
     let user_config = user_config(&mut c, root);
     let server = c
         .object(root, "server", "$", true)
@@ -90,6 +90,7 @@ pub(super) fn validate(value: &Value) -> Result<Manifest, Vec<Problem>> {
             transport: Transport::Stdio(server),
             user_config,
             host,
+            runtimes,
         }),
         _ => Err(c.problems),
     }
@@ -144,9 +145,13 @@ fn manifest_version(c: &mut Checker, root: &Map<String, Value>) -> Option<String
 /// `compatibility.platforms`: a bundle made for other platforms is refused
 /// here, with what it needs and what this host is. (`runtimes` is read
 /// but not checked yet; `claude_desktop` does not apply to this host.)
-fn compatibility(c: &mut Checker, root: &Map<String, Value>) {
+fn compatibility(
+    c: &mut Checker,
+    root: &Map<String, Value>,
+) -> BTreeMap<String, semver::VersionReq> {
+    let mut ranges = BTreeMap::new();
     let Some(compat) = c.object(root, "compatibility", "$", false) else {
-        return;
+        return ranges;
     };
     if compat.contains_key("platforms") {
         let platforms = string_list(c, compat, "platforms", "$.compatibility");
@@ -162,15 +167,33 @@ fn compatibility(c: &mut Checker, root: &Map<String, Value>) {
         }
     }
     if let Some(runtimes) = c.object(compat, "runtimes", "$.compatibility", false) {
-        for key in runtimes.keys() {
+        for (key, range) in runtimes {
+            let path = format!("$.compatibility.runtimes.{key}");
             if !matches!(key.as_str(), "node" | "python") {
+                c.problem(path, "is not a runtime the MCPB spec names (node, python)");
+                continue;
+            }
+            let Value::String(text) = range else {
                 c.problem(
-                    format!("$.compatibility.runtimes.{key}"),
-                    "is not a runtime the MCPB spec names (node, python)",
+                    path,
+                    format!("must be a string, found {}", type_name(range)),
                 );
+                continue;
+            };
+            match semver::VersionReq::parse(&text.replace(' ', ",").replace(",,", ",")) {
+                Ok(req) => {
+                    ranges.insert(key.clone(), req);
+                }
+                Err(e) => c.problem(
+                    path,
+                    format!(
+                        "{text:?} is not a version range ({e}), e.g. \">=18\" or \">=3.10,<4\""
+                    ),
+                ),
             }
         }
     }
+    ranges
 }
 
 fn server(

@@ -92,6 +92,7 @@ pub async fn install(
         };
         crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)?;
         loaded.check_entry_point()?;
+        check_runtimes(&loaded)?;
         crate::bundle::sandbox::check_install(&sandbox, &protected, &loaded)?;
         Ok::<_, InstallError>((source, loaded))
     });
@@ -147,6 +148,37 @@ pub async fn install(
         return Err(e);
     }
     Ok(record)
+}
+
+/// `compatibility.runtimes`: the node / python on the daemon's `PATH` must
+/// satisfy the manifest's range. Blocking (runs `--version`).
+fn check_runtimes(loaded: &LoadedManifest) -> Result<(), ManifestError> {
+    let problems: Vec<crate::manifest::Problem> = loaded
+        .manifest
+        .runtimes
+        .iter()
+        .filter_map(|(runtime, range)| {
+            let program = if runtime == "node" { "node" } else { "python3" };
+            let why = match crate::bundle::process::runtime_version(program) {
+                Ok(found) if range.matches(&found) => return None,
+                Ok(found) => format!(
+                    "the bundle requires {runtime} {range}; the {program} on the daemon's PATH is {found}"
+                ),
+                Err(e) => format!("the bundle requires {runtime} {range}, but {e}"),
+            };
+            Some(crate::manifest::Problem {
+                path: format!("$.compatibility.runtimes.{runtime}"),
+                message: why,
+            })
+        })
+        .collect();
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(ManifestError::Invalid {
+        path: loaded.file.clone(),
+        problems,
+    })
 }
 
 /// Has a workspace supervise an install (`manifest`: validated by the install).
