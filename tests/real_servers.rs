@@ -229,3 +229,54 @@ fn the_official_time_server_runs_as_a_python_bundle() {
     ]);
     assert!(converted.contains("21:00"), "{converted}");
 }
+
+/// Issue 18, point 4: `[[sandbox.bundle]] configured_read_only` grants one
+/// bundle's configured directories read-only — the kernel (Landlock), not
+/// the server, refuses the write.
+#[test]
+fn one_bundles_configured_directories_can_be_read_only() {
+    let d = Daemon::start_with(
+        "[sandbox]\n[[sandbox.bundle]]\nbundle = \"filesystem\"\nconfigured_read_only = true\n",
+    );
+    let docs = d.root().join("docs");
+    std::fs::create_dir_all(&docs).unwrap();
+    std::fs::set_permissions(&docs, std::os::unix::fs::PermissionsExt::from_mode(0o777)).unwrap();
+    std::fs::write(docs.join("a.txt"), "readable").unwrap();
+    let bundle = server("filesystem");
+    let _ = d.cli(&["install", bundle.to_str().unwrap()]);
+    let set = format!("allowed_directories={}", docs.display());
+    d.ok(&["configure", "filesystem", &set]);
+    let b = d.wait_state("default", "filesystem", "ready");
+    let dir = docs.to_str().unwrap();
+    assert!(
+        b["sandbox"]["read"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p == dir),
+        "{b}"
+    );
+    assert!(
+        !b["sandbox"]["write"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p == dir),
+        "{b}"
+    );
+
+    let (text, error) = call(
+        &d,
+        "read_text_file",
+        serde_json::json!({"path": docs.join("a.txt")}),
+    );
+    assert!(!error && text.contains("readable"), "{text}");
+    // The folder is writable by anyone (0777), so only Landlock stops this.
+    let (text, error) = call(
+        &d,
+        "write_file",
+        serde_json::json!({"path": docs.join("b.txt"), "content": "no"}),
+    );
+    assert!(error, "{text}");
+    assert!(!docs.join("b.txt").exists());
+}

@@ -390,8 +390,13 @@ pub fn grants(
         }),
         None => Ok(()),
     };
+    let own = settings.for_bundle(target.workspace, target.bundle);
     let mut extra = Vec::new();
-    for p in &settings.read_only_paths {
+    for p in settings
+        .read_only_paths
+        .iter()
+        .chain(own.into_iter().flat_map(|o| &o.read_only_paths))
+    {
         check(
             "[sandbox] read_only_paths entry",
             p,
@@ -434,15 +439,25 @@ pub fn grants(
         .collect();
     write.push(data.to_path_buf());
     write.push(tmp.to_path_buf());
+    let configured_read_only = own.is_some_and(|o| o.configured_read_only);
+    let mut configured_read = Vec::new();
     for p in target.configured {
         check(
             "the configured path",
             p,
             "configure a folder or file of its own, away from the daemon's files",
         )?;
-        write.push(canonical(p));
+        if configured_read_only {
+            configured_read.push(canonical(p));
+        } else {
+            write.push(canonical(p));
+        }
     }
-    for p in &settings.read_write_paths {
+    for p in settings
+        .read_write_paths
+        .iter()
+        .chain(own.into_iter().flat_map(|o| &o.read_write_paths))
+    {
         check(
             "[sandbox] read_write_paths entry",
             p,
@@ -452,6 +467,10 @@ pub fn grants(
     }
     write.sort();
     write.dedup();
+    let mut read = read;
+    read.extend(configured_read);
+    read.sort();
+    read.dedup();
     Ok(Grants { read, write })
 }
 
@@ -655,7 +674,17 @@ pub fn prepare(
         user,
         limits,
         landlock,
-        pass_env: settings.pass_env.clone(),
+        pass_env: settings
+            .pass_env
+            .iter()
+            .chain(
+                settings
+                    .for_bundle(workspace, bundle)
+                    .into_iter()
+                    .flat_map(|o| &o.pass_env),
+            )
+            .cloned()
+            .collect(),
     })
 }
 

@@ -249,6 +249,33 @@ impl Supervision {
     }
 }
 
+/// `[[sandbox.bundle]]`: what one bundle gets beyond every bundle's grants.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxOverride {
+    #[serde(default = "defaults::workspace")]
+    pub workspace: String,
+    pub bundle: String,
+    #[serde(default)]
+    pub read_only_paths: Vec<PathBuf>,
+    #[serde(default)]
+    pub read_write_paths: Vec<PathBuf>,
+    #[serde(default)]
+    pub pass_env: Vec<String>,
+    /// Its configured `directory`/`file` values are granted read-only.
+    #[serde(default)]
+    pub configured_read_only: bool,
+}
+
+impl SandboxSettings {
+    /// The override of one bundle, if any.
+    pub fn for_bundle(&self, workspace: &str, bundle: &str) -> Option<&SandboxOverride> {
+        self.bundles
+            .iter()
+            .find(|o| o.workspace == workspace && o.bundle == bundle)
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SupervisionOverride {
@@ -301,6 +328,10 @@ pub struct SandboxSettings {
     /// `SSL_CERT_FILE`, `NODE_EXTRA_CA_CERTS`); a manifest's own `env` wins.
     #[serde(default)]
     pub pass_env: Vec<String>,
+    /// Per-bundle additions (`[[sandbox.bundle]]`): more paths and
+    /// variables for one bundle, or its configured directories read-only.
+    #[serde(default, rename = "bundle")]
+    pub bundles: Vec<SandboxOverride>,
     /// RLIMIT_NOFILE (0: not limited).
     #[serde(default = "defaults::max_open_files")]
     pub max_open_files: u64,
@@ -618,6 +649,11 @@ impl Config {
         for p in &mut config.sandbox.read_write_paths {
             *p = normalize(&base.join(&*p));
         }
+        for o in &mut config.sandbox.bundles {
+            for p in o.read_only_paths.iter_mut().chain(&mut o.read_write_paths) {
+                *p = normalize(&base.join(&*p));
+            }
+        }
         if let Some(key_file) = &mut config.credentials.key_file {
             *key_file = normalize(&base.join(&*key_file));
         }
@@ -682,7 +718,12 @@ impl Config {
                     .to_string(),
             );
         }
-        for name in &self.sandbox.pass_env {
+        for name in self
+            .sandbox
+            .pass_env
+            .iter()
+            .chain(self.sandbox.bundles.iter().flat_map(|o| &o.pass_env))
+        {
             let ok = !name.is_empty()
                 && !name.starts_with(|c: char| c.is_ascii_digit())
                 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
