@@ -467,7 +467,6 @@ pub fn grants(
     }
     write.sort();
     write.dedup();
-    let mut read = read;
     read.extend(configured_read);
     read.sort();
     read.dedup();
