@@ -280,3 +280,55 @@ fn one_bundles_configured_directories_can_be_read_only() {
     assert!(error, "{text}");
     assert!(!docs.join("b.txt").exists());
 }
+
+/// Issue 18 with issue 15's rule: an admitted user other than the
+/// daemon's may configure only directories it owns — each value of a
+/// `multiple` key is checked.
+#[test]
+fn each_configured_directory_must_be_the_admitted_users_own() {
+    const NOBODY: u32 = 65534;
+    if !nix::unistd::geteuid().is_root() {
+        return; // acting as another user needs root
+    }
+    let d = Daemon::start_with(&format!("[control]\nallowed_gids = [{NOBODY}]\n"));
+    let _ = d.cli(&["install", server("filesystem").to_str().unwrap()]);
+    let (mine, also_mine, theirs) = (
+        d.root().join("mine"),
+        d.root().join("also-mine"),
+        d.root().join("theirs"),
+    );
+    for dir in [&mine, &also_mine, &theirs] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    for dir in [&mine, &also_mine] {
+        nix::unistd::chown(dir, Some(nix::unistd::Uid::from_raw(NOBODY)), None).unwrap();
+    }
+    let as_nobody = |dirs: &[&PathBuf]| {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new(common::BIN);
+        cmd.arg("--socket")
+            .arg(&d.socket)
+            .args(["configure", "filesystem"]);
+        for dir in dirs {
+            cmd.arg(format!("allowed_directories={}", dir.display()));
+        }
+        cmd.uid(NOBODY)
+            .gid(NOBODY)
+            .current_dir("/")
+            .output()
+            .unwrap()
+    };
+    let refused = as_nobody(&[&mine, &theirs]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        err.contains(theirs.to_str().unwrap()) && err.contains("owned by uid 65534"),
+        "{err}"
+    );
+    let ok = as_nobody(&[&mine, &also_mine]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+}

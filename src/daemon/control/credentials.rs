@@ -168,8 +168,17 @@ fn check_changes(
             let path_kind = matches!(entry.kind, UserConfigType::Directory | UserConfigType::File);
             // Checked before the value itself, so that an admitted user learns
             // nothing about paths it does not own (not even whether they exist).
-            if path_kind && !peer.may_use(std::path::Path::new(raw)) {
-                problems.push(format!("{key}: {}", peer.not_theirs("path", raw)));
+            // Each value of a `multiple` key is a path of its own.
+            let items = if entry.multiple {
+                crate::manifest::stored_items(raw)
+            } else {
+                vec![raw.clone()]
+            };
+            if let Some(foreign) = items
+                .iter()
+                .find(|item| path_kind && !peer.may_use(std::path::Path::new(item.as_str())))
+            {
+                problems.push(format!("{key}: {}", peer.not_theirs("path", foreign)));
                 continue;
             }
         }
