@@ -1,6 +1,7 @@
 //! Tidy checks: invariants of docs/ARCHITECTURE.md that the compiler does
 //! not see, checked on the source text.
 
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
@@ -87,48 +88,7 @@ fn every_module_is_on_the_crate_map_and_in_the_architecture_doc() {
     }
 }
 
-/// Paths named in `text` below `prefix` (`crate::` or `super::`): the first
-/// segment of each, including every member of a `prefix{a, b::c}` group.
-fn named_after(text: &str, prefix: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut rest = text;
-    while let Some(i) = rest.find(prefix) {
-        rest = &rest[i + prefix.len()..];
-        if let Some(group) = rest.strip_prefix('{') {
-            // Top-level members of the group: split on commas at depth 0.
-            let mut depth = 0;
-            let mut member = String::new();
-            for ch in group.chars() {
-                match ch {
-                    '{' => depth += 1,
-                    '}' if depth == 0 => break,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => {
-                        out.push(first_segment(&member));
-                        member.clear();
-                        continue;
-                    }
-                    _ => {}
-                }
-                member.push(ch);
-            }
-            out.push(first_segment(&member));
-        } else {
-            out.push(first_segment(rest));
-        }
-    }
-    out.retain(|s| !s.is_empty() && s != "self");
-    out
-}
-
-fn first_segment(path: &str) -> String {
-    path.trim_start()
-        .chars()
-        .take_while(|c| c.is_alphanumeric() || *c == '_')
-        .collect()
-}
-
-/// The library's files, each with its code (test modules left out).
+/// The library's files (not the binary, not test modules), each with its code.
 fn library() -> Vec<(String, String)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
@@ -147,19 +107,527 @@ fn library() -> Vec<(String, String)> {
         .collect()
 }
 
-/// A directed graph's cycles: each strongly connected component with more
-/// than one node (Tarjan's algorithm).
-fn cycles(
-    graph: &std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
-) -> Vec<Vec<String>> {
+// ---------------------------------------------------------------------------
+// Imports, read from the source text.
+//
+// A file's code is first blanked of comments and string and char literals
+// (a path in a message or a doc comment is not an import). Every path that
+// starts with `crate::`, `super::` or `self::` (or, in a `use`, with a child
+// module's name) is then read as a tree — `use crate::{a, b::{c, d}}` over
+// any number of lines is four paths — and made absolute: `super::` against
+// the module the code is in (the file's module path, plus any inline
+// `mod name { .. }` around it). A path that lands on a name the module
+// imports (`pub use host::HostBlock` in `manifest/mod.rs`, then
+// `super::HostBlock` in a child) follows that import, so a re-export hides
+// no edge. The module that holds the named item is what the path depends on.
+
+/// `code` with comments and string and char literals replaced by spaces
+/// (newlines kept, so line numbers still hold).
+fn blank(code: &str) -> String {
+    let b = code.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let blank_byte = |c: u8| if c == b'\n' { b'\n' } else { b' ' };
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let mut i = 0;
+    while i < b.len() {
+        let c = b[i];
+        let next = b.get(i + 1).copied();
+        // Line comment.
+        if c == b'/' && next == Some(b'/') {
+            while i < b.len() && b[i] != b'\n' {
+                out.push(b' ');
+                i += 1;
+            }
+            continue;
+        }
+        // Block comment (they nest).
+        if c == b'/' && next == Some(b'*') {
+            let mut depth = 0;
+            while i < b.len() {
+                if b[i] == b'/' && b.get(i + 1) == Some(&b'*') {
+                    depth += 1;
+                    out.extend_from_slice(b"  ");
+                    i += 2;
+                } else if b[i] == b'*' && b.get(i + 1) == Some(&b'/') {
+                    depth -= 1;
+                    out.extend_from_slice(b"  ");
+                    i += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    out.push(blank_byte(b[i]));
+                    i += 1;
+                }
+            }
+            continue;
+        }
+        let after_ident = i > 0 && ident(b[i - 1]);
+        // Raw string: r"..", r#".."#, br"..".
+        if !after_ident && (c == b'r' || (c == b'b' && next == Some(b'r'))) {
+            let mut j = i + if c == b'b' { 2 } else { 1 };
+            let mut hashes = 0;
+            while b.get(j) == Some(&b'#') {
+                hashes += 1;
+                j += 1;
+            }
+            if b.get(j) == Some(&b'"') {
+                let close: Vec<u8> = std::iter::once(b'"')
+                    .chain(std::iter::repeat_n(b'#', hashes))
+                    .collect();
+                let end = b[j + 1..]
+                    .windows(close.len())
+                    .position(|w| w == close.as_slice())
+                    .map_or(b.len(), |p| j + 1 + p + close.len());
+                out.extend(b[i..end].iter().map(|&c| blank_byte(c)));
+                i = end;
+                continue;
+            }
+        }
+        // String (or byte string: its `b` was copied as an identifier).
+        if c == b'"' {
+            out.push(b' ');
+            i += 1;
+            while i < b.len() {
+                match b[i] {
+                    b'\\' => {
+                        out.push(b' ');
+                        if let Some(&e) = b.get(i + 1) {
+                            out.push(blank_byte(e));
+                        }
+                        i += 2;
+                    }
+                    b'"' => {
+                        out.push(b' ');
+                        i += 1;
+                        break;
+                    }
+                    other => {
+                        out.push(blank_byte(other));
+                        i += 1;
+                    }
+                }
+            }
+            continue;
+        }
+        // Char literal ('x', '\n', '\u{..}', a multi-byte char); a lifetime
+        // ('a) is code.
+        if c == b'\'' {
+            let end = if next == Some(b'\\') {
+                b[i + 2..]
+                    .iter()
+                    .position(|&c| c == b'\'')
+                    .map(|p| i + 2 + p + 1)
+            } else {
+                let len = match next {
+                    Some(n) if n >= 0xF0 => 4,
+                    Some(n) if n >= 0xE0 => 3,
+                    Some(n) if n >= 0xC0 => 2,
+                    _ => 1,
+                };
+                (b.get(i + 1 + len) == Some(&b'\'')).then_some(i + 2 + len)
+            };
+            if let Some(end) = end {
+                out.extend(b[i..end].iter().map(|_| b' '));
+                i = end;
+                continue;
+            }
+        }
+        out.push(c);
+        i += 1;
+    }
+    String::from_utf8(out).expect("only ASCII bytes were replaced, by spaces")
+}
+
+/// The module path of a file under src/: `daemon/control/mod.rs` and
+/// `daemon/control.rs` are `daemon::control`, `lib.rs` is the crate root.
+fn module_of(rel: &str) -> Vec<String> {
+    let rel = rel.trim_end_matches(".rs");
+    let mut path: Vec<String> = rel.split('/').map(str::to_string).collect();
+    if matches!(path.last().map(String::as_str), Some("mod" | "lib")) {
+        path.pop();
+    }
+    path
+}
+
+/// One path a file names, as written.
+#[derive(Debug, Clone)]
+struct Named {
+    /// Absolute, from the crate root (`super::`/`self::` resolved).
+    path: Vec<String>,
+    /// The name it binds, for a `use` (its alias or last segment).
+    binds: Option<String>,
+    line: usize,
+    /// The module the code is in (inline modules included).
+    within: Vec<String>,
+}
+
+fn is_ident(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_'
+}
+
+fn skip_ws(b: &[u8], mut p: usize) -> usize {
+    while p < b.len() && b[p].is_ascii_whitespace() {
+        p += 1;
+    }
+    p
+}
+
+fn read_ident(b: &[u8], p: usize) -> (String, usize) {
+    let mut q = p;
+    if b[q..].starts_with(b"r#") {
+        q += 2;
+    }
+    let start = q;
+    while q < b.len() && is_ident(b[q]) {
+        q += 1;
+    }
+    if q == start {
+        return (String::new(), p);
+    }
+    (String::from_utf8_lossy(&b[start..q]).into_owned(), q)
+}
+
+/// One path of a path tree.
+struct Leaf {
+    segments: Vec<String>,
+    alias: Option<String>,
+    /// Where its own part starts (a group member's line is its own).
+    at: usize,
+}
+
+impl Leaf {
+    fn new(segments: Vec<String>, alias: Option<String>, at: usize) -> Leaf {
+        Leaf {
+            segments,
+            alias,
+            at,
+        }
+    }
+}
+
+/// A path tree at `p`: segments joined by `::`, a `{..}` group (nested,
+/// over lines) or `*` at the end, an optional `as alias`. Each leaf comes
+/// back as its segments, its alias and where its own part starts.
+fn path_tree(b: &[u8], mut p: usize) -> (Vec<Leaf>, usize) {
+    let mut segments = Vec::new();
+    let start = skip_ws(b, p);
+    loop {
+        p = skip_ws(b, p);
+        match b.get(p) {
+            Some(b'{') => {
+                p += 1;
+                let mut leaves = Vec::new();
+                loop {
+                    p = skip_ws(b, p);
+                    match b.get(p) {
+                        None => break,
+                        Some(b'}') => {
+                            p += 1;
+                            break;
+                        }
+                        Some(b',') => p += 1,
+                        Some(_) => {
+                            let (members, q) = path_tree(b, p);
+                            if q == p {
+                                p += 1; // not a path: step over it
+                            } else {
+                                p = q;
+                            }
+                            for leaf in members {
+                                let mut path = segments.clone();
+                                path.extend(leaf.segments);
+                                leaves.push(Leaf {
+                                    segments: path,
+                                    ..leaf
+                                });
+                            }
+                        }
+                    }
+                }
+                return (leaves, p);
+            }
+            Some(b'*') => {
+                segments.push("*".to_string());
+                return (vec![Leaf::new(segments, None, start)], p + 1);
+            }
+            _ => {}
+        }
+        let (segment, q) = read_ident(b, p);
+        if segment.is_empty() {
+            break;
+        }
+        segments.push(segment);
+        p = skip_ws(b, q);
+        if b[p..].starts_with(b"::") {
+            p += 2;
+            continue;
+        }
+        let (word, q) = read_ident(b, p);
+        if word == "as" {
+            let q = skip_ws(b, q);
+            let (alias, q) = read_ident(b, q);
+            return (vec![Leaf::new(segments, Some(alias), start)], q);
+        }
+        break;
+    }
+    if segments.is_empty() {
+        return (Vec::new(), p);
+    }
+    (vec![Leaf::new(segments, None, start)], p)
+}
+
+/// Every crate path named in `code` (already blanked), made absolute.
+/// `module` is the file's module path, `modules` every module of the crate
+/// (a `use` may start with a child module's name), `root` the crate's name
+/// as written (`crate` in the library, `bundlevisor` in tests and benches).
+fn named_paths(
+    code: &str,
+    module: &[String],
+    modules: &BTreeSet<Vec<String>>,
+    root: &str,
+) -> Vec<Named> {
+    let b = code.as_bytes();
+    let mut out = Vec::new();
+    // Inline modules around the cursor: (name, brace depth inside it).
+    let mut inline: Vec<(String, usize)> = Vec::new();
+    let mut pending_mod: Option<String> = None;
+    let (mut depth, mut line, mut p) = (0usize, 1usize, 0usize);
+    while p < b.len() {
+        let c = b[p];
+        match c {
+            b'\n' => line += 1,
+            b'{' => {
+                depth += 1;
+                if let Some(name) = pending_mod.take() {
+                    inline.push((name, depth));
+                }
+            }
+            b'}' => {
+                if inline.last().is_some_and(|(_, d)| *d == depth) {
+                    inline.pop();
+                }
+                depth = depth.saturating_sub(1);
+            }
+            b';' => pending_mod = None,
+            _ => {}
+        }
+        if !is_ident(c) || (p > 0 && is_ident(b[p - 1])) {
+            p += 1;
+            continue;
+        }
+        let (word, q) = read_ident(b, p);
+        let within: Vec<String> = module
+            .iter()
+            .cloned()
+            .chain(inline.iter().map(|(n, _)| n.clone()))
+            .collect();
+        let is_use = word == "use";
+        let starts_path = [root, "super", "self"].contains(&word.as_str())
+            && b[skip_ws(b, q)..].starts_with(b"::");
+        if word == "mod" {
+            let (name, r) = read_ident(b, skip_ws(b, q));
+            if b.get(skip_ws(b, r)) == Some(&b'{') {
+                pending_mod = Some(name);
+            }
+            p = r.max(q);
+            continue;
+        }
+        if !is_use && !starts_path {
+            p = q;
+            continue;
+        }
+        let tree_at = if is_use { skip_ws(b, q) } else { p };
+        let (leaves, end) = path_tree(b, tree_at);
+        for Leaf {
+            mut segments,
+            alias,
+            at,
+        } in leaves
+        {
+            if segments.last().is_some_and(|s| s == "self") {
+                segments.pop();
+            }
+            let Some(first) = segments.first().cloned() else {
+                continue;
+            };
+            let absolute: Vec<String> = if first == root {
+                segments[1..].to_vec()
+            } else if first == "super" {
+                let ups = segments.iter().take_while(|s| *s == "super").count();
+                let mut base = within.clone();
+                base.truncate(base.len().saturating_sub(ups));
+                base.extend(segments[ups..].iter().cloned());
+                base
+            } else if first == "self" {
+                within.iter().chain(&segments[1..]).cloned().collect()
+            } else {
+                let mut child = within.clone();
+                child.push(first.clone());
+                if !(is_use && modules.contains(&child)) {
+                    continue; // another crate, or a local item
+                }
+                within.iter().chain(&segments).cloned().collect()
+            };
+            let binds = if is_use {
+                alias.or_else(|| absolute.last().filter(|s| *s != "*").cloned())
+            } else {
+                None
+            };
+            out.push(Named {
+                path: absolute,
+                binds,
+                line: line + b[p..at.max(p)].iter().filter(|&&c| c == b'\n').count(),
+                within: within.clone(),
+            });
+        }
+        // Lines the tree spanned.
+        line += b[p..end.max(p)].iter().filter(|&&c| c == b'\n').count();
+        p = end.max(q);
+    }
+    out
+}
+
+/// The library's sources as the import checks read them.
+struct Crate {
+    /// (path under src/, blanked code, module path)
+    files: Vec<(String, String, Vec<String>)>,
+    modules: BTreeSet<Vec<String>>,
+    /// Names each module binds with `use`: (module, name) → absolute path.
+    uses: BTreeMap<(Vec<String>, String), Vec<String>>,
+}
+
+/// What a path depends on, with where it was named (for messages).
+struct Import {
+    file: String,
+    line: usize,
+    /// The module holding the named item.
+    target: Vec<String>,
+    written: String,
+}
+
+impl Crate {
+    fn new(files: Vec<(String, String)>) -> Crate {
+        let files: Vec<(String, String, Vec<String>)> = files
+            .into_iter()
+            .map(|(rel, code)| {
+                let module = module_of(&rel);
+                (rel, blank(&code), module)
+            })
+            .collect();
+        let mut modules = BTreeSet::new();
+        for (_, _, module) in &files {
+            for n in 0..=module.len() {
+                modules.insert(module[..n].to_vec());
+            }
+        }
+        let mut uses = BTreeMap::new();
+        for (_, code, module) in &files {
+            for named in named_paths(code, module, &modules, "crate") {
+                if let Some(name) = named.binds {
+                    uses.insert((named.within, name), named.path);
+                }
+            }
+        }
+        Crate {
+            files,
+            modules,
+            uses,
+        }
+    }
+
+    /// The module that holds the item `path` names: the longest known
+    /// module prefix, after following the `use`s of the modules on the way.
+    fn holder(&self, path: &[String]) -> Vec<String> {
+        let mut path = path.to_vec();
+        let mut k = 0;
+        let mut hops = 0;
+        while k < path.len() {
+            let mut next = path[..k].to_vec();
+            next.push(path[k].clone());
+            if self.modules.contains(&next) {
+                k += 1;
+                continue;
+            }
+            let key = (path[..k].to_vec(), path[k].clone());
+            match self.uses.get(&key) {
+                Some(target) if hops < 16 && *target != path[..=k] => {
+                    hops += 1;
+                    let mut followed = target.clone();
+                    followed.extend(path[k + 1..].iter().cloned());
+                    path = followed;
+                    k = 0;
+                }
+                _ => break,
+            }
+        }
+        path.truncate(k);
+        path
+    }
+
+    /// Every crate path each file names, with the module holding its item.
+    fn imports(&self) -> Vec<Import> {
+        let mut out = Vec::new();
+        for (rel, code, module) in &self.files {
+            for named in named_paths(code, module, &self.modules, "crate") {
+                out.push(Import {
+                    file: rel.clone(),
+                    line: named.line,
+                    target: self.holder(&named.path),
+                    written: named.path.join("::"),
+                });
+            }
+        }
+        out
+    }
+}
+
+type Graph = BTreeMap<String, BTreeMap<String, String>>;
+
+/// The dependency graph of the children of `parent` (the crate root: the
+/// top-level modules): node → dependency → where it was first named.
+/// The parent's own items are not a node: it declares its children.
+fn graph_below(krate: &Crate, parent: &[&str]) -> Graph {
+    let parent: Vec<String> = parent.iter().map(|s| s.to_string()).collect();
+    let child = |module: &[String]| -> Option<String> {
+        (module.len() > parent.len() && module.starts_with(&parent))
+            .then(|| module[parent.len()].clone())
+    };
+    let mut graph = Graph::new();
+    for (_, _, module) in &krate.files {
+        if let Some(node) = child(module) {
+            graph.entry(node).or_default();
+        }
+    }
+    for import in krate.imports() {
+        let from = module_of(&import.file);
+        let (Some(from), Some(to)) = (child(&from), child(&import.target)) else {
+            continue;
+        };
+        if from != to {
+            graph.entry(from).or_default().entry(to).or_insert_with(|| {
+                format!(
+                    "src/{}:{} names {}",
+                    import.file, import.line, import.written
+                )
+            });
+        }
+    }
+    graph
+}
+
+/// The cycles of `graph`: for each strongly connected component with more
+/// than one node (Tarjan), its members and one shortest cycle through its
+/// first member, each step with the line that makes it.
+fn cycles(graph: &Graph) -> Vec<String> {
     struct T<'a> {
-        g: &'a std::collections::BTreeMap<String, std::collections::BTreeSet<String>>,
-        index: std::collections::HashMap<&'a str, usize>,
-        low: std::collections::HashMap<&'a str, usize>,
+        g: &'a Graph,
+        index: HashMap<&'a str, usize>,
+        low: HashMap<&'a str, usize>,
         stack: Vec<&'a str>,
-        on: std::collections::HashSet<&'a str>,
+        on: HashSet<&'a str>,
         next: usize,
-        out: Vec<Vec<String>>,
+        out: Vec<Vec<&'a str>>,
     }
     fn visit<'a>(t: &mut T<'a>, v: &'a str) {
         t.index.insert(v, t.next);
@@ -167,7 +635,7 @@ fn cycles(
         t.next += 1;
         t.stack.push(v);
         t.on.insert(v);
-        for w in t.g.get(v).into_iter().flatten() {
+        for w in t.g[v].keys() {
             let w = w.as_str();
             if !t.g.contains_key(w) {
                 continue;
@@ -185,7 +653,7 @@ fn cycles(
             let mut scc = Vec::new();
             while let Some(w) = t.stack.pop() {
                 t.on.remove(w);
-                scc.push(w.to_string());
+                scc.push(w);
                 if w == v {
                     break;
                 }
@@ -198,10 +666,10 @@ fn cycles(
     }
     let mut t = T {
         g: graph,
-        index: Default::default(),
-        low: Default::default(),
+        index: HashMap::new(),
+        low: HashMap::new(),
         stack: Vec::new(),
-        on: Default::default(),
+        on: HashSet::new(),
         next: 0,
         out: Vec::new(),
     };
@@ -210,132 +678,363 @@ fn cycles(
             visit(&mut t, v);
         }
     }
+    let shortest_cycle_through = |start: &str, scc: &[&str]| -> Vec<String> {
+        // Breadth-first from `start` back to it, inside the component.
+        let mut came_from: HashMap<&str, &str> = HashMap::new();
+        let mut queue = std::collections::VecDeque::from([start]);
+        'search: while let Some(v) = queue.pop_front() {
+            for w in graph[v].keys().map(String::as_str) {
+                if !scc.contains(&w) {
+                    continue;
+                }
+                if w == start {
+                    came_from.insert(start, v);
+                    break 'search;
+                }
+                if !came_from.contains_key(w) {
+                    came_from.insert(w, v);
+                    queue.push_back(w);
+                }
+            }
+        }
+        let mut nodes = Vec::new();
+        let mut to = start;
+        loop {
+            let from = came_from[to];
+            nodes.push(from.to_string());
+            to = from;
+            if to == start {
+                break;
+            }
+        }
+        nodes.reverse();
+        nodes
+    };
     t.out
+        .iter()
+        .map(|scc| {
+            // One shortest cycle through each member, each printed once.
+            let mut seen: BTreeSet<Vec<String>> = BTreeSet::new();
+            let mut text = format!("{{{}}}:", scc.join(", "));
+            for start in scc {
+                let nodes = shortest_cycle_through(start, scc);
+                let mut key = nodes.clone();
+                let first = (0..key.len()).min_by_key(|&i| &key[i]).unwrap();
+                key.rotate_left(first);
+                if !seen.insert(key) {
+                    continue;
+                }
+                text.push_str(&format!("\n  {} → {}", nodes.join(" → "), nodes[0]));
+                for (i, from) in nodes.iter().enumerate() {
+                    let to = &nodes[(i + 1) % nodes.len()];
+                    text.push_str(&format!("\n    {from} → {to}: {}", graph[from][to]));
+                }
+            }
+            text
+        })
+        .collect()
+}
+
+/// Files under protocol/ that name anything outside it.
+fn protocol_boundary_breaches(krate: &Crate) -> Vec<String> {
+    krate
+        .imports()
+        .into_iter()
+        .filter(|i| {
+            i.file.starts_with("protocol/")
+                && i.target.first().map(String::as_str) != Some("protocol")
+        })
+        .map(|i| format!("src/{}:{} names {}", i.file, i.line, i.written))
+        .collect()
+}
+
+/// Files outside cli/ that name the cli module.
+fn cli_importers(krate: &Crate) -> Vec<String> {
+    krate
+        .imports()
+        .into_iter()
+        .filter(|i| {
+            !i.file.starts_with("cli/") && i.target.first().map(String::as_str) == Some("cli")
+        })
+        .map(|i| format!("src/{}:{} names {}", i.file, i.line, i.written))
+        .collect()
+}
+
+/// Where an MCP client is built outside bundle/connect.rs: rmcp's client
+/// constructors and transports, a `ClientHandler` implemented outside
+/// bundle/client.rs, or a `.serve(` in a file that names a client role or
+/// handler (rmcp implements `ClientHandler` for `()` and `ClientInfo`).
+fn mcp_client_builders(files: &[(String, String)]) -> Vec<String> {
+    let constructors = [
+        "serve_client",
+        "StreamableHttpClientTransport",
+        "SseClientTransport",
+        "TokioChildProcess",
+        "BundleClient::new",
+    ];
+    let client_side = [
+        "RoleClient",
+        "ClientHandler",
+        "ClientInfo",
+        "BundleClient",
+        "().serve",
+    ];
+    let mut out = Vec::new();
+    for (rel, code) in files {
+        if rel == "bundle/connect.rs" {
+            continue;
+        }
+        let code = blank(code);
+        for (n, line) in code.lines().enumerate() {
+            let at = format!("src/{rel}:{}", n + 1);
+            for c in constructors.iter().filter(|c| line.contains(*c)) {
+                out.push(format!("{at}: {c}"));
+            }
+            if line.contains("impl")
+                && line.contains("ClientHandler for")
+                && rel != "bundle/client.rs"
+            {
+                out.push(format!("{at}: a second ClientHandler"));
+            }
+        }
+        let serves = code.contains(".serve(") || code.contains("serve_with_ct(");
+        if let Some(side) = client_side.iter().find(|s| code.contains(*s)) {
+            if serves {
+                out.push(format!("src/{rel}: serves a client ({side})"));
+            }
+        }
+    }
+    out
 }
 
 #[test]
 fn top_level_modules_import_each_other_without_cycles() {
-    let mut graph: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
-        Default::default();
-    for (rel, text) in library() {
-        if rel == "lib.rs" {
-            continue;
-        }
-        let module = first_segment(&rel);
-        let deps = graph.entry(module.clone()).or_default();
-        deps.extend(
-            named_after(&text, "crate::")
-                .into_iter()
-                .filter(|d| *d != module),
-        );
-    }
+    let krate = Crate::new(library());
+    let graph = graph_below(&krate, &[]);
     assert!(graph.len() > 15, "{graph:?}");
     assert!(
-        graph["daemon"].contains("config"),
-        "the parser sees imports"
+        graph["daemon"].contains_key("config"),
+        "the parser sees imports: {graph:?}"
     );
     let found = cycles(&graph);
     assert!(
         found.is_empty(),
-        "top-level modules that import each other (each group is a cycle): {found:?}"
+        "top-level modules that import each other (docs/ARCHITECTURE.md, \"No import cycles\"):\n{}",
+        found.join("\n")
     );
 }
 
 #[test]
-fn the_manifest_checker_is_shared_without_cycles() {
-    let mut graph: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> =
-        Default::default();
-    for (rel, text) in library() {
-        let Some(file) = rel.strip_prefix("manifest/") else {
-            continue;
-        };
-        let module = file.trim_end_matches(".rs").to_string();
-        let deps = graph.entry(module.clone()).or_default();
-        let mut named = named_after(&text, "super::");
-        named.extend(named_after(&text, "crate::manifest::"));
-        deps.extend(named.into_iter().filter(|d| *d != module));
-    }
+fn the_manifest_modules_import_each_other_without_cycles() {
+    let krate = Crate::new(library());
+    let graph = graph_below(&krate, &["manifest"]);
     assert!(
-        graph.contains_key("check") && graph.contains_key("validate"),
-        "{graph:?}"
+        graph.contains_key("validate") && graph.values().any(|deps| !deps.is_empty()),
+        "the parser sees manifest/: {graph:?}"
     );
     let found = cycles(&graph);
     assert!(
         found.is_empty(),
-        "manifest/ modules that import each other: {found:?}"
+        "manifest/ modules that import each other (share a checker module instead):\n{}",
+        found.join("\n")
     );
 }
 
 #[test]
 fn protocol_imports_nothing_from_the_crate() {
-    for (rel, text) in library() {
-        if !rel.starts_with("protocol/") {
-            continue;
-        }
-        let outside: Vec<String> = named_after(&text, "crate::")
-            .into_iter()
-            .filter(|m| m != "protocol")
-            .collect();
-        assert!(
-            outside.is_empty() && !text.contains("super::super"),
-            "src/{rel} imports {outside:?}: protocol/ is an API boundary (serde types only)"
-        );
-    }
+    let krate = Crate::new(library());
+    let breaches = protocol_boundary_breaches(&krate);
+    assert!(
+        breaches.is_empty(),
+        "protocol/ is an API boundary (serde types only), yet:\n{}",
+        breaches.join("\n")
+    );
 }
 
 #[test]
 fn only_the_binary_imports_the_cli() {
-    for (rel, text) in library() {
-        if rel.starts_with("cli/") || rel == "lib.rs" {
-            continue;
-        }
-        assert!(
-            !named_after(&text, "crate::").iter().any(|m| m == "cli"),
-            "src/{rel} imports cli: only src/bin/ may (the control client is crate::client)"
-        );
-    }
+    let krate = Crate::new(library());
+    let importers = cli_importers(&krate);
+    assert!(
+        importers.is_empty(),
+        "only src/bin/ may import cli (the control client is crate::client), yet:\n{}",
+        importers.join("\n")
+    );
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut others = Vec::new();
     sources(&root.join("benches"), &mut others);
     sources(&root.join("tests"), &mut others);
+    let no_modules = BTreeSet::new();
     for file in others.iter().filter(|f| !f.ends_with("tidy.rs")) {
-        let text = std::fs::read_to_string(file).unwrap();
-        assert!(
-            !named_after(&text, "bundlevisor::")
-                .iter()
-                .any(|m| m == "cli"),
-            "{} imports the cli module",
-            file.display()
-        );
+        let code = blank(&std::fs::read_to_string(file).unwrap());
+        for named in named_paths(&code, &[], &no_modules, "bundlevisor") {
+            assert!(
+                named.path.first().map(String::as_str) != Some("cli"),
+                "{}:{} imports the cli module",
+                file.display(),
+                named.line
+            );
+        }
     }
 }
 
 #[test]
 fn the_mcp_client_is_built_only_in_bundle_connect() {
-    let builders = [
-        "serve_client",
-        "StreamableHttpClientTransport",
-        "TokioChildProcess",
-        "BundleClient::new(",
-    ];
-    let mut seen_in_connect = false;
-    for (rel, text) in library() {
-        let found: Vec<&str> = builders
-            .iter()
-            .copied()
-            .filter(|b| text.contains(b))
-            .collect();
-        if rel == "bundle/connect.rs" {
-            seen_in_connect = !found.is_empty();
-            continue;
-        }
-        assert!(
-            found.is_empty(),
-            "src/{rel} builds an MCP client ({found:?}): only bundle/connect.rs may, so every bundle gets the host-resources handlers"
-        );
-    }
+    let files = library();
+    let found = mcp_client_builders(&files);
     assert!(
-        seen_in_connect,
+        found.is_empty(),
+        "an MCP client built outside bundle/connect.rs (only it may, so every bundle gets the host-resources handlers):\n{}",
+        found.join("\n")
+    );
+    let connect = &files
+        .iter()
+        .find(|(rel, _)| rel == "bundle/connect.rs")
+        .unwrap()
+        .1;
+    assert!(
+        blank(connect).contains("serve_client"),
         "bundle/connect.rs no longer builds the client?"
+    );
+}
+
+/// The checks above against sources made up to break each invariant: each
+/// check must see the breach (so none of them passes by reading nothing).
+#[test]
+fn each_check_sees_what_it_checks() {
+    let krate = |files: &[(&str, &str)]| {
+        Crate::new(
+            files
+                .iter()
+                .map(|(rel, code)| (rel.to_string(), code.to_string()))
+                .collect(),
+        )
+    };
+    // A cycle through a multi-line nested group and a `super::super::`.
+    let k = krate(&[
+        ("lib.rs", "pub mod a; pub mod b; pub mod c;"),
+        ("a.rs", "use crate::{\n    c::X,\n    b::{\n        inner::{Y, Z},\n    },\n};"),
+        ("b/mod.rs", "pub mod inner;"),
+        ("b/inner/mod.rs", "pub mod deep;"),
+        ("b/inner/deep.rs", "fn f() { super::super::super::a::g() }"),
+        ("c.rs", "// crate::a::g in a comment\nconst S: &str = \"crate::a::g\";\nconst C: char = '{';\nfn f<'a>(x: &'a str) {}"),
+    ]);
+    let graph = graph_below(&k, &[]);
+    assert_eq!(
+        graph["c"].len(),
+        0,
+        "comments and literals are not imports: {graph:?}"
+    );
+    let found = cycles(&graph);
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(found[0].starts_with("{a, b}:"), "{}", found[0]);
+    assert!(
+        found[0].contains("a → b: src/a.rs:4 names b::inner::Y"),
+        "{}",
+        found[0]
+    );
+    assert!(
+        found[0].contains("b → a: src/b/inner/deep.rs:1 names a::g"),
+        "{}",
+        found[0]
+    );
+    // `super::` in an inline module is its parent, not the crate root.
+    let k = krate(&[
+        ("lib.rs", "pub mod config; pub mod daemon;"),
+        (
+            "config.rs",
+            "pub mod defaults {\n    pub fn d() -> super::daemon::X { todo!() }\n}",
+        ),
+        ("daemon.rs", "use crate::config::defaults;"),
+    ]);
+    assert!(cycles(&graph_below(&k, &[])).is_empty());
+    // A sibling reached through the parent's re-export.
+    let k = krate(&[
+        (
+            "manifest/mod.rs",
+            "mod host;\nmod validate;\npub use host::{gate, HostBlock as Block};",
+        ),
+        ("manifest/validate.rs", "use super::Block;"),
+        ("manifest/host.rs", "fn f() { super::validate::run() }"),
+    ]);
+    let found = cycles(&graph_below(&k, &["manifest"]));
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert!(
+        found[0].contains("validate → host: src/manifest/validate.rs:1 names manifest::Block"),
+        "{}",
+        found[0]
+    );
+    // protocol/ reaching out, however it is written.
+    let k = krate(&[
+        ("protocol/mod.rs", "pub mod methods;\nuse super::daemon;"),
+        (
+            "protocol/methods.rs",
+            "use super::super::store::Row;\nuse crate::protocol::X;",
+        ),
+        ("daemon.rs", ""),
+        ("store.rs", ""),
+    ]);
+    let breaches = protocol_boundary_breaches(&k);
+    assert_eq!(breaches.len(), 2, "{breaches:?}");
+    assert!(
+        breaches[1].contains("src/protocol/methods.rs:1 names store::Row"),
+        "{breaches:?}"
+    );
+    // The cli, through a group.
+    let k = krate(&[
+        ("cli/mod.rs", "pub fn main() {}"),
+        ("gateway/mod.rs", "use crate::{client, cli::{self}};"),
+        ("client.rs", ""),
+    ]);
+    assert_eq!(
+        cli_importers(&k),
+        vec!["src/gateway/mod.rs:1 names cli".to_string()]
+    );
+    // A second MCP client: rmcp's `()` handler served, a handler of our own,
+    // a transport; a server's `.serve(` is no client.
+    let files: Vec<(String, String)> = [
+        ("bundle/connect.rs", "serve_client_with_ct(client, t, ct)"),
+        ("daemon/probe.rs", "let peer = ().serve(transport).await?;"),
+        ("gateway/client.rs", "impl ClientHandler for Mine {}"),
+        (
+            "oauth.rs",
+            "let t = rmcp::transport::StreamableHttpClientTransport::from_uri(u);",
+        ),
+        (
+            "gateway/mod.rs",
+            "impl ServerHandler for Gateway {}\nlet s = Gateway.serve(stdio()).await;",
+        ),
+        (
+            "bundle/client.rs",
+            "impl ClientHandler for BundleClient {} // serve_client",
+        ),
+    ]
+    .iter()
+    .map(|(rel, code)| (rel.to_string(), code.to_string()))
+    .collect();
+    let found = mcp_client_builders(&files);
+    assert!(
+        found
+            .iter()
+            .any(|f| f.starts_with("src/daemon/probe.rs: serves a client")),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|f| f.starts_with("src/gateway/client.rs:1: a second ClientHandler")),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .any(|f| f.starts_with("src/oauth.rs:1: StreamableHttpClientTransport")),
+        "{found:?}"
+    );
+    assert!(
+        !found
+            .iter()
+            .any(|f| f.contains("gateway/mod.rs") || f.contains("bundle/client.rs")),
+        "{found:?}"
     );
 }
