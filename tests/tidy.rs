@@ -15,13 +15,59 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// A file's code without its `#[cfg(test)]` module (tests may spawn).
+/// A file's code without its `#[cfg(test)]` modules (tests may spawn and
+/// import anything), wherever they stand; lines are kept, so line numbers
+/// still hold.
 fn code(path: &Path) -> String {
-    let text = std::fs::read_to_string(path).unwrap();
-    match text.find("#[cfg(test)]\nmod tests") {
-        Some(i) => text[..i].to_string(),
-        None => text,
+    without_test_modules(&std::fs::read_to_string(path).unwrap())
+}
+
+fn without_test_modules(text: &str) -> String {
+    // Found on the blanked text (same byte offsets), so a brace or a
+    // `#[cfg(test)]` in a string or a comment misleads nothing.
+    let blanked = blank(text);
+    let b = blanked.as_bytes();
+    let mut out = text.as_bytes().to_vec();
+    let mut from = 0;
+    while let Some(i) = blanked[from..].find("#[cfg(test)]").map(|i| from + i) {
+        from = i + 1;
+        let after = skip_ws(b, i + "#[cfg(test)]".len());
+        let (word, q) = read_ident(b, after);
+        if word != "mod" {
+            continue; // a test-only item: kept
+        }
+        let (_, q) = read_ident(b, skip_ws(b, q));
+        let q = skip_ws(b, q);
+        let end = match b.get(q) {
+            Some(b'{') => {
+                let mut depth = 0;
+                let mut k = q;
+                while k < b.len() {
+                    match b[k] {
+                        b'{' => depth += 1,
+                        b'}' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                    k += 1;
+                }
+                k + 1
+            }
+            _ => q + 1, // `mod tests;`: its file is left out by name
+        };
+        let end = end.min(out.len());
+        for c in &mut out[i..end] {
+            if *c != b'\n' {
+                *c = b' ';
+            }
+        }
+        from = end;
     }
+    String::from_utf8(out).unwrap_or_else(|_| blanked.clone())
 }
 
 #[test]
@@ -937,6 +983,14 @@ fn each_check_sees_what_it_checks() {
         found[0].contains("b → a: src/b/inner/deep.rs:1 names a::g"),
         "{}",
         found[0]
+    );
+    // A test module, wherever it stands, is no part of the code checked.
+    let text = "fn a() {}\n#[cfg(test)]\nmod tests {\n    fn t() { let s = \"}\"; std::process::Command::new(\"x\"); }\n}\nfn b() { crate::x::y() }\n";
+    let kept = without_test_modules(text);
+    assert_eq!(kept.lines().count(), text.lines().count());
+    assert!(
+        !kept.contains("Command") && kept.contains("fn a()") && kept.contains("crate::x::y()"),
+        "{kept}"
     );
     // `super::` in an inline module is its parent, not the crate root.
     let k = krate(&[
