@@ -887,6 +887,23 @@ fn the_manifest_modules_import_each_other_without_cycles() {
 }
 
 #[test]
+fn the_control_handlers_import_each_other_without_cycles() {
+    // ask.rs is what every handler shares; a handler file never needs another.
+    let krate = Crate::new(library());
+    let graph = graph_below(&krate, &["daemon", "control"]);
+    assert!(
+        graph.contains_key("ask") && graph.values().any(|deps| !deps.is_empty()),
+        "the parser sees daemon/control/: {graph:?}"
+    );
+    let found = cycles(&graph);
+    assert!(
+        found.is_empty(),
+        "daemon/control/ modules that import each other (move the shared part into ask.rs):\n{}",
+        found.join("\n")
+    );
+}
+
+#[test]
 fn protocol_imports_nothing_from_the_crate() {
     let krate = Crate::new(library());
     let breaches = protocol_boundary_breaches(&krate);

@@ -6,11 +6,13 @@ use std::time::Duration;
 
 use ractor::rpc::CallResult;
 use ractor::{ActorRef, RpcReplyPort};
+use serde_json::json;
 
 use super::Ctx;
 use crate::daemon::bundle::{actor_name, BundleMsg};
-use crate::daemon::supervisor::DaemonMsg;
+use crate::daemon::supervisor::{DaemonMsg, InstallError};
 use crate::daemon::workspace::WorkspaceMsg;
+use crate::manifest::ManifestError;
 use crate::protocol::{ErrorKind, RpcError};
 
 /// How long the control server waits for an actor, by what it asks.
@@ -88,5 +90,46 @@ pub(super) async fn workspace(ctx: &Ctx, name: &str) -> Result<ActorRef<Workspac
         "the daemon",
     )
     .await?
-    .map_err(super::install::install_error)
+    .map_err(install_error)
+}
+
+/// An install, uninstall or workspace refusal of the DaemonActor, by its
+/// stable kind.
+pub(super) fn install_error(e: InstallError) -> RpcError {
+    let message = e.to_string();
+    match e {
+        InstallError::InvalidName(_) => RpcError::new(ErrorKind::InvalidName, message),
+        InstallError::NoSuchPath { path, .. } => RpcError::new(ErrorKind::InvalidParams, message)
+            .with("path", path.display().to_string()),
+        InstallError::Manifest(m) => {
+            let err = RpcError::new(ErrorKind::ManifestInvalid, message);
+            match m {
+                ManifestError::Invalid { problems, .. } => err.with(
+                    "problems",
+                    problems
+                        .iter()
+                        .map(|p| json!({"path": p.path, "message": p.message}))
+                        .collect::<Vec<_>>(),
+                ),
+                _ => err,
+            }
+        }
+        InstallError::Gate(g) => RpcError::new(ErrorKind::GateRefused, message)
+            .with("bundle", g.bundle)
+            .with("missing", g.missing),
+        InstallError::Sandbox(_) => RpcError::new(ErrorKind::SandboxRefused, message),
+        InstallError::Archive(crate::archive::ArchiveError::Refused { .. }) => {
+            RpcError::new(ErrorKind::ArchiveRefused, message)
+        }
+        InstallError::Archive(_) => RpcError::new(ErrorKind::InvalidParams, message),
+        InstallError::AlreadyInstalled { .. } => {
+            RpcError::new(ErrorKind::AlreadyInstalled, message)
+        }
+        InstallError::NotInstalled { .. } => RpcError::new(ErrorKind::BundleNotFound, message),
+        InstallError::Watched { .. } => RpcError::new(ErrorKind::WatchedBundle, message),
+        InstallError::TimedOut(_) => RpcError::new(ErrorKind::Timeout, message),
+        InstallError::Store(_) | InstallError::Internal(_) => {
+            RpcError::new(ErrorKind::Internal, message)
+        }
+    }
 }

@@ -4,14 +4,11 @@
 
 use std::path::PathBuf;
 
-use serde_json::json;
-
-use super::ask::{ask, limit};
+use super::ask::{ask, install_error, limit};
 use super::outcome::{respawn_and_wait, wait_outcome};
 use super::{Ctx, Outbox};
 use crate::daemon::bundle::Respawn;
-use crate::daemon::supervisor::{DaemonMsg, InstallError};
-use crate::manifest::ManifestError;
+use crate::daemon::supervisor::DaemonMsg;
 use crate::protocol::{
     BundleRef, BundleResult, ErrorKind, InstallParams, RpcError, UninstallParams, UninstallResult,
 };
@@ -98,43 +95,4 @@ pub(super) async fn restart(
 ) -> Result<BundleResult, RpcError> {
     let bundle = respawn_and_wait(ctx, out, &p.workspace, &p.name, Respawn::Operator).await?;
     Ok(BundleResult { bundle })
-}
-
-pub(super) fn install_error(e: InstallError) -> RpcError {
-    let message = e.to_string();
-    match e {
-        InstallError::InvalidName(_) => RpcError::new(ErrorKind::InvalidName, message),
-        InstallError::NoSuchPath { path, .. } => RpcError::new(ErrorKind::InvalidParams, message)
-            .with("path", path.display().to_string()),
-        InstallError::Manifest(m) => {
-            let err = RpcError::new(ErrorKind::ManifestInvalid, message);
-            match m {
-                ManifestError::Invalid { problems, .. } => err.with(
-                    "problems",
-                    problems
-                        .iter()
-                        .map(|p| json!({"path": p.path, "message": p.message}))
-                        .collect::<Vec<_>>(),
-                ),
-                _ => err,
-            }
-        }
-        InstallError::Gate(g) => RpcError::new(ErrorKind::GateRefused, message)
-            .with("bundle", g.bundle)
-            .with("missing", g.missing),
-        InstallError::Sandbox(_) => RpcError::new(ErrorKind::SandboxRefused, message),
-        InstallError::Archive(crate::archive::ArchiveError::Refused { .. }) => {
-            RpcError::new(ErrorKind::ArchiveRefused, message)
-        }
-        InstallError::Archive(_) => RpcError::new(ErrorKind::InvalidParams, message),
-        InstallError::AlreadyInstalled { .. } => {
-            RpcError::new(ErrorKind::AlreadyInstalled, message)
-        }
-        InstallError::NotInstalled { .. } => RpcError::new(ErrorKind::BundleNotFound, message),
-        InstallError::Watched { .. } => RpcError::new(ErrorKind::WatchedBundle, message),
-        InstallError::TimedOut(_) => RpcError::new(ErrorKind::Timeout, message),
-        InstallError::Store(_) | InstallError::Internal(_) => {
-            RpcError::new(ErrorKind::Internal, message)
-        }
-    }
 }
