@@ -42,9 +42,14 @@ fn usage(message: String) -> ClientError {
 /// Downloads `url` (https, or http to a loopback address) and checks it
 /// against `sha256` (lowercase or uppercase hex).
 pub async fn fetch(url: &str, sha256: Option<&str>) -> Result<Downloaded, ClientError> {
+    // A URL may carry a token (user info, a signed query): messages and the
+    // progress bar show it without them.
+    let shown = url::Url::parse(url)
+        .map(|u| without_secrets(&u))
+        .unwrap_or_else(|_| "the URL given".to_string());
     let Some(expected) = sha256.map(str::to_ascii_lowercase) else {
         return Err(usage(format!(
-            "installing from {url} needs --sha256 HEX: the archive's SHA-256, as the registry lists it (a download is installed only if it matches)"
+            "installing from {shown} needs --sha256 HEX: the archive's SHA-256, as the registry lists it (a download is installed only if it matches)"
         )));
     };
     if expected.len() != 64 || !expected.bytes().all(|b| b.is_ascii_hexdigit()) {
@@ -61,10 +66,10 @@ pub async fn fetch(url: &str, sha256: Option<&str>) -> Result<Downloaded, Client
         .send()
         .await
         .and_then(|r| r.error_for_status())
-        .map_err(|e| usage(format!("cannot download {url}: {e}")))?;
+        .map_err(|e| usage(format!("cannot download {shown}: {}", e.without_url())))?;
     if response.content_length().is_some_and(|n| n > MAX_DOWNLOAD) {
         return Err(usage(format!(
-            "{url} is larger than {MAX_DOWNLOAD} bytes; download it yourself and install the file"
+            "{shown} is larger than {MAX_DOWNLOAD} bytes; download it yourself and install the file"
         )));
     }
     let dir = private_dir()
@@ -82,19 +87,22 @@ pub async fn fetch(url: &str, sha256: Option<&str>) -> Result<Downloaded, Client
         ClientError::Protocol(format!("cannot write {}: {e}", downloaded.path.display()))
     })?;
     let bar = match response.content_length() {
-        Some(len) => crate::progress::bar(len, format!("downloading {url}")),
-        None => crate::progress::spinner(format!("downloading {url}")),
+        Some(len) => crate::progress::bar(len, format!("downloading {shown}")),
+        None => crate::progress::spinner(format!("downloading {shown}")),
     };
     let mut hasher = Sha256::new();
     let mut total = 0u64;
-    while let Some(chunk) = response
-        .chunk()
-        .await
-        .map_err(|e| usage(format!("download of {url} broke off: {e}")))?
-    {
+    while let Some(chunk) = response.chunk().await.map_err(|e| {
+        usage(format!(
+            "download of {shown} broke off: {}",
+            e.without_url()
+        ))
+    })? {
         total += chunk.len() as u64;
         if total > MAX_DOWNLOAD {
-            return Err(usage(format!("{url} is larger than {MAX_DOWNLOAD} bytes")));
+            return Err(usage(format!(
+                "{shown} is larger than {MAX_DOWNLOAD} bytes"
+            )));
         }
         hasher.update(&chunk);
         file.write_all(&chunk).map_err(|e| {
@@ -113,10 +121,20 @@ pub async fn fetch(url: &str, sha256: Option<&str>) -> Result<Downloaded, Client
         .collect();
     if got != expected {
         return Err(usage(format!(
-            "the archive downloaded from {url} has SHA-256 {got}, not the expected {expected}; nothing was installed"
+            "the archive downloaded from {shown} has SHA-256 {got}, not the expected {expected}; nothing was installed"
         )));
     }
     Ok(downloaded)
+}
+
+/// `url` without user info and query, for messages.
+fn without_secrets(url: &url::Url) -> String {
+    let mut shown = url.clone();
+    let _ = shown.set_username("");
+    let _ = shown.set_password(None);
+    shown.set_query(None);
+    shown.set_fragment(None);
+    shown.to_string()
 }
 
 /// A folder of its own for one download (the daemon reads the file from it).
@@ -132,4 +150,13 @@ fn private_dir() -> std::io::Result<PathBuf> {
     ));
     std::fs::DirBuilder::new().mode(0o711).create(&dir)?;
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_url_is_shown_without_its_credentials() {
+        let url = url::Url::parse("https://user:tok3n@reg.example/b/x.mcpb?sig=s3cret#f").unwrap();
+        assert_eq!(super::without_secrets(&url), "https://reg.example/b/x.mcpb");
+    }
 }

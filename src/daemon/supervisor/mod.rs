@@ -75,7 +75,12 @@ pub struct DaemonState {
     booting: Option<std::collections::HashSet<usize>>,
     /// Fingerprints of failed watched bundles' files (a change retries them).
     trees: HashMap<PathBuf, u64>,
+    /// When unpacked archives were last collected.
+    last_collect: Option<std::time::Instant>,
 }
+
+/// How often reconciles may collect unpacked archives nothing names.
+const COLLECT_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// How often a folder with a bundle still arriving, or a failed bundle, is
 /// looked at again (file writes deep in a bundle raise no event).
@@ -476,6 +481,7 @@ impl Actor for DaemonActor {
             rescans: HashMap::new(),
             booting: Some((0..folders).collect()),
             trees: HashMap::new(),
+            last_collect: None,
         })
     }
 
@@ -528,7 +534,13 @@ impl Actor for DaemonActor {
                 None => myself.send_message(DaemonMsg::Reconciled { index })?,
             },
             DaemonMsg::Reconciled { index } => {
-                collect_archives(st.shared.clone());
+                // At most once a minute: a folder with a failed bundle is
+                // rescanned every second, and collecting reads the store.
+                let due = st.last_collect.is_none_or(|t| t.elapsed() >= COLLECT_EVERY);
+                if due {
+                    st.last_collect = Some(std::time::Instant::now());
+                    collect_archives(st.shared.clone());
+                }
                 if st.rescans.remove(&index) == Some(true) {
                     st.scan(&myself, index);
                 } else if let Some(booting) = &mut st.booting {
