@@ -547,3 +547,41 @@ fn signatures_under_warn_and_off() {
     let a = install(&d, &tampered);
     assert_eq!(a["signature"], "not_checked", "{a}");
 }
+
+/// A real third-party server, packed by the official CLI: the pinned
+/// `@modelcontextprotocol/server-memory` folder (`make servers`) as a
+/// `.mcpb`, installed and used.
+#[test]
+fn a_third_party_server_packed_by_mcpb_installs_and_serves() {
+    let folder = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/servers/memory");
+    assert!(
+        folder.join("manifest.json").is_file(),
+        "the memory server is not built; run `make servers` (make test does)"
+    );
+    let d = Daemon::start();
+    let archive = d.root().join("memory.mcpb");
+    let packed = Command::new(mcpb())
+        .arg("pack")
+        .arg(&folder)
+        .arg(&archive)
+        .output()
+        .unwrap();
+    assert!(
+        packed.status.success(),
+        "mcpb pack: {}",
+        String::from_utf8_lossy(&packed.stderr)
+    );
+    let out = d.ok(&["install", archive.to_str().unwrap(), "--json"]);
+    let b: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(b["bundle"]["state"], "ready", "{b}");
+    assert_eq!(b["bundle"]["archive"]["sha256"], sha256(&archive));
+    let created = d.ok(&[
+        "call",
+        "memory",
+        "create_entities",
+        r#"{"entities":[{"name":"Grace","entityType":"person","observations":["found a moth"]}]}"#,
+    ]);
+    assert!(created.contains("Grace"), "{created}");
+    let graph = d.ok(&["call", "memory", "read_graph", "{}"]);
+    assert!(graph.contains("found a moth"), "{graph}");
+}
