@@ -73,6 +73,18 @@ SERVERS := filesystem memory
 # Python servers: a virtual environment pinned by tests/servers/NAME/requirements.lock.
 PY_SERVERS := time
 
+# uv (PyPI, pinned by tests/uv/requirements.lock), for the uv bundle tests.
+UV := target/uv
+
+.PHONY: uv
+uv: $(UV)/.installed ## The pinned uv for the uv bundle tests (pip, from PyPI)
+
+$(UV)/.installed: tests/uv/requirements.lock
+	rm -rf $(UV)
+	$(PYTHON) -m venv $(UV)/venv
+	$(UV)/venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
+	touch $@
+
 .PHONY: servers
 servers: $(SERVERS:%=target/servers/%/manifest.json) $(PY_SERVERS:%=target/servers/%/.venv/.installed) ## Real MCP servers (pinned npm and PyPI packages) as test bundles
 
@@ -92,7 +104,7 @@ run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is
 	target/release/bundlevisor daemon --config $(CONFIG)
 
 .PHONY: test
-test: sysdeps pyenv inspector mcpb servers ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector and the mcpb CLI included
+test: sysdeps pyenv inspector mcpb servers uv ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector and the mcpb CLI included
 	$(CARGO) test --all-targets --features fault-injection
 
 .PHONY: bench

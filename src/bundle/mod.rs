@@ -14,6 +14,7 @@ pub mod orphans;
 pub mod process;
 pub mod reaper;
 pub mod sandbox;
+pub mod uv;
 
 pub use client::HostContext;
 pub use connect::{connect, ConnectError, ConnectOptions, Connection};

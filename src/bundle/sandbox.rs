@@ -160,6 +160,9 @@ pub struct Target<'a> {
     /// The directories and files the operator configured for it
     /// (user_config values): granted read-write.
     pub configured: &'a [PathBuf],
+    /// The environment the daemon built for it (a uv bundle's, in its
+    /// sandbox folder): granted read-only.
+    pub environment: Option<&'a Path>,
 }
 
 /// A bundle's private folder: its `HOME`, its `${HOME}` and
@@ -412,6 +415,8 @@ pub fn grants(
         )?;
         extra.push(prefix);
     }
+    // Made by the daemon for this bundle alone (its own sandbox folder).
+    extra.extend(target.environment.map(canonical));
     let mut read = system.clone();
     if let Some(folder) = target.folder {
         check(
@@ -498,6 +503,7 @@ pub fn check_install(
         command: &launch.command,
         cwd: &launch.cwd,
         configured: &[],
+        environment: None,
     };
     let nowhere = Path::new("/nonexistent");
     grants(settings, protected, &target, nowhere, nowhere).map(|_| ())
@@ -753,6 +759,7 @@ mod tests {
             command,
             cwd: Path::new("/"),
             configured: &[],
+            environment: None,
         }
     }
 

@@ -28,6 +28,21 @@ pub mod defaults {
         crate::archive::Limits::default().max_ratio
     }
 
+    /// `[uv]`: `uv` and `python3` from the daemon's `PATH`, a build of at
+    /// most 10 minutes, the system's certificate store.
+    pub fn uv_command() -> PathBuf {
+        PathBuf::from("uv")
+    }
+    pub fn uv_python() -> PathBuf {
+        PathBuf::from("python3")
+    }
+    pub fn uv_timeout() -> Duration {
+        Duration::from_secs(600)
+    }
+    pub fn uv_system_certs() -> bool {
+        true
+    }
+
     pub fn state_dir() -> PathBuf {
         PathBuf::from(".bundlevisor/state")
     }
@@ -166,6 +181,9 @@ pub struct Config {
     /// What a `.mcpb` archive may hold.
     #[serde(default)]
     pub archives: ArchiveSettings,
+    /// `[uv]`: how the environments of `uv` bundles are built.
+    #[serde(default)]
+    pub uv: UvSettings,
     /// Tools of a bundle that are never registered (not listed, not callable).
     #[serde(default)]
     pub exclude_tools: Vec<ExcludeTools>,
@@ -488,6 +506,49 @@ impl ArchiveSettings {
     }
 }
 
+/// `[uv]`: the environments of `server.type = "uv"` bundles (MCPB 0.4),
+/// built by the daemon once per bundle version (docs/manifest.md, "uv bundles").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UvSettings {
+    /// The uv program (a path, or a name looked up on the daemon's `PATH`).
+    #[serde(default = "defaults::uv_command")]
+    pub command: PathBuf,
+    /// The Python the environments are made with (a path, or a name on the
+    /// daemon's `PATH`). It must be readable by the bundles' uids: a
+    /// system Python, not one under a user's home.
+    #[serde(default = "defaults::uv_python")]
+    pub python: PathBuf,
+    /// uv's download cache, shared by every bundle. Default: `STATE_DIR/uv-cache`.
+    #[serde(default)]
+    pub cache_dir: Option<PathBuf>,
+    /// A build that takes longer is stopped and the bundle fails.
+    #[serde(default = "defaults::uv_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Build packages that have no wheel from source. Off: only wheels are
+    /// installed, so no code of the bundle's dependencies runs at install
+    /// (a build backend runs with the daemon's privileges).
+    #[serde(default)]
+    pub build_from_source: bool,
+    /// Trust the system's certificate store (a registry behind a TLS proxy
+    /// or a private CA); off: uv's built-in roots only.
+    #[serde(default = "defaults::uv_system_certs")]
+    pub system_certs: bool,
+}
+
+impl Default for UvSettings {
+    fn default() -> Self {
+        UvSettings {
+            command: defaults::uv_command(),
+            python: defaults::uv_python(),
+            cache_dir: None,
+            timeout: defaults::uv_timeout(),
+            build_from_source: false,
+            system_certs: defaults::uv_system_certs(),
+        }
+    }
+}
+
 /// Rotation of the per-bundle stderr logs.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -660,6 +721,16 @@ impl Config {
         for cert in &mut config.bundles.trusted_certs {
             *cert = normalize(&base.join(&*cert));
         }
+        // `[uv]` programs: a path is relative to the file, a bare name is
+        // looked up on the daemon's PATH.
+        for program in [&mut config.uv.command, &mut config.uv.python] {
+            if program.components().count() > 1 {
+                *program = normalize(&base.join(&*program));
+            }
+        }
+        if let Some(cache) = &mut config.uv.cache_dir {
+            *cache = normalize(&base.join(&*cache));
+        }
         config.validate()?;
         Ok(config)
     }
@@ -690,6 +761,9 @@ impl Config {
         }
         if self.control.max_connections == 0 {
             problems.push("control.max_connections must be at least 1".to_string());
+        }
+        if self.uv.timeout.is_zero() {
+            problems.push("uv.timeout must be above 0".to_string());
         }
         if self.control.handshake_timeout.is_zero() {
             problems.push("control.handshake_timeout must be above 0".to_string());
@@ -797,6 +871,14 @@ impl Config {
     /// The daemon's own files that no bundle grant may cover: the state dir
     /// (database, key, other bundles' sandboxes), the control socket and a
     /// configured key file.
+    /// uv's download cache (`[uv] cache_dir`, default `STATE_DIR/uv-cache`).
+    pub fn uv_cache(&self) -> PathBuf {
+        self.uv
+            .cache_dir
+            .clone()
+            .unwrap_or_else(|| self.state_dir.join("uv-cache"))
+    }
+
     pub fn protected_paths(&self) -> Vec<PathBuf> {
         let mut paths = vec![self.state_dir.clone(), self.socket.clone()];
         paths.extend(self.credentials.key_file.clone());

@@ -65,6 +65,10 @@ pub enum PlanError {
     Substitution(String),
 }
 
+/// The command of a uv bundle without `mcp_config`: the Python of the
+/// environment the daemon built for it (`python ${__dirname}/ENTRY_POINT`).
+pub const UV_PYTHON: &str = "python";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ServerType {
     Node,
@@ -153,19 +157,36 @@ impl LoadedManifest {
         let Transport::Stdio(server) = &self.manifest.transport else {
             return Ok(());
         };
-        let entry = self.dir.join(&server.entry_point);
-        if self.is_bare() || entry.exists() {
+        if self.is_bare() {
             return Ok(());
         }
-        Err(ManifestError::Invalid {
-            path: self.file.clone(),
-            problems: vec![Problem {
+        let mut problems = Vec::new();
+        let entry = self.dir.join(&server.entry_point);
+        if !entry.exists() {
+            problems.push(Problem {
                 path: "$.server.entry_point".into(),
                 message: format!(
                     "{} is not in the bundle folder; install the bundle whole (what `mcpb pack` packs)",
                     entry.display()
                 ),
-            }],
+            });
+        }
+        let project = self.dir.join("pyproject.toml");
+        if server.kind == ServerType::Uv && !project.is_file() {
+            problems.push(Problem {
+                path: "$.server.type".into(),
+                message: format!(
+                    "a uv bundle declares its dependencies in pyproject.toml, and {} is missing; add it (MCPB 0.4, examples/hello-world-uv)",
+                    project.display()
+                ),
+            });
+        }
+        if problems.is_empty() {
+            return Ok(());
+        }
+        Err(ManifestError::Invalid {
+            path: self.file.clone(),
+            problems,
         })
     }
 

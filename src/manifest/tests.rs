@@ -484,3 +484,34 @@ fn home_is_the_bundles_own_when_given() {
     );
     assert_eq!(plan.env["DOCS"], "/state/sandboxes/ws/m/data/Documents");
 }
+
+/// Issue 18, point 5: a uv bundle may leave its launch to the host (MCPB
+/// 0.4): `python ${__dirname}/ENTRY_POINT`, in the environment the daemon
+/// builds. Other types still need `mcp_config`, and uv needs 0.4.
+#[test]
+fn a_uv_bundle_without_mcp_config_runs_its_entry_point_with_python() {
+    let mut m = minimal();
+    m["manifest_version"] = json!("0.4");
+    m["server"] = json!({"type": "uv", "entry_point": "src/server.py"});
+    let parsed = parse(&m.to_string()).unwrap();
+    let plan = stdio(parsed.plan(Path::new("/b"), &BTreeMap::new()).unwrap());
+    assert_eq!(plan.command, UV_PYTHON);
+    assert_eq!(plan.args, vec!["/b/src/server.py".to_string()]);
+
+    m["manifest_version"] = json!("0.3");
+    let found = problems(m.clone());
+    assert!(
+        found
+            .iter()
+            .any(|p| p.path == "$.server.type" && p.message.contains("0.4")),
+        "{found:?}"
+    );
+
+    m["manifest_version"] = json!("0.4");
+    m["server"]["type"] = json!("python");
+    let found = problems(m);
+    assert!(
+        found.iter().any(|p| p.path == "$.server.mcp_config"),
+        "{found:?}"
+    );
+}

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use super::check::{check_variables, string_list, string_map, type_name, user_config, Checker};
 use super::host::{self, HOST_META_KEY};
-use super::{Manifest, Problem, Server, ServerType, Transport, UserConfigEntry};
+use super::{Manifest, Problem, Server, ServerType, Transport, UserConfigEntry, UV_PYTHON};
 
 /// Every version the official `mcpb` CLI validates (its schemas v0.1–v0.4
 /// take either field, with the same value).
@@ -60,6 +60,15 @@ pub(super) fn validate(value: &Value) -> Result<Manifest, Vec<Problem>> {
     let server = c
         .object(root, "server", "$", true)
         .and_then(|s| server(&mut c, s, &user_config));
+    if let (Some(version), Some(s)) = (&manifest_version, &server) {
+        // uv arrived in 0.4; the official CLI refuses it in older manifests.
+        if s.kind == ServerType::Uv && matches!(version.as_str(), "0.1" | "0.2" | "0.3") {
+            c.problem(
+                "$.server.type",
+                format!("\"uv\" needs manifest_version \"0.4\" or later, and this manifest is {version:?}; set \"manifest_version\": \"0.4\""),
+            );
+        }
+    }
     let host = root
         .get("_meta")
         .and_then(|meta| meta.get(HOST_META_KEY))
@@ -216,7 +225,10 @@ fn server(
         None => None,
     };
     let entry_point = c.string(obj, "entry_point", "$.server", true);
-    let mcp = c.object(obj, "mcp_config", "$.server", true);
+    // A uv bundle may leave its launch to the host (MCPB 0.4): it then runs
+    // `python ENTRY_POINT` in the environment the daemon built for it.
+    let host_managed = kind == Some(ServerType::Uv) && !obj.contains_key("mcp_config");
+    let mcp = c.object(obj, "mcp_config", "$.server", !host_managed);
     let (command, args, env) = match mcp {
         Some(mcp) => {
             let mut command = c.string(mcp, "command", "$.server.mcp_config", true);
@@ -260,6 +272,14 @@ fn server(
             }
             (command, args, env)
         }
+        None if host_managed => (
+            Some(UV_PYTHON.to_string()),
+            entry_point
+                .iter()
+                .map(|e| format!("${{__dirname}}/{e}"))
+                .collect(),
+            BTreeMap::new(),
+        ),
         None => (None, Vec::new(), BTreeMap::new()),
     };
     if let Some(cmd) = &command {

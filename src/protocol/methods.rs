@@ -586,6 +586,9 @@ pub struct Progress {
 pub enum EventKind {
     Installed,
     Starting,
+    /// A start is building what the bundle needs before it runs (a uv
+    /// bundle's Python environment); `message` is the builder's last line.
+    Preparing,
     Ready,
     /// The process exited (`exit` says how; `stderr` has its last lines).
     Exited,

@@ -236,7 +236,7 @@ pub async fn start(
         .map_err(|e| config(e.to_string()))?;
     // `${HOME}` is the bundle's own home (its sandbox data folder).
     let home = crate::bundle::sandbox::data_dir(&shared.config.state_dir, workspace, name);
-    let plan = manifest
+    let mut plan = manifest
         .plan_with_home(&loaded.dir, &values, Some(&home))
         .map_err(|e| match e {
             PlanError::MissingConfig(keys) => StartFailure {
@@ -249,6 +249,14 @@ pub async fn start(
             },
             other => config(other.to_string()),
         })?;
+    // A uv bundle runs in the environment built for its version (built
+    // now if there is none yet: after an install or an upgrade).
+    let environment = match &mut plan {
+        Plan::Stdio(launch) if is_uv(manifest) => {
+            Some(uv_environment(shared, workspace, name, &loaded, launch).await?)
+        }
+        _ => None,
+    };
     let _permit = shared
         .start_permits
         .acquire()
@@ -267,6 +275,7 @@ pub async fn start(
                 launch.command.clone(),
             );
             let configured = launch.paths.clone();
+            let environment = environment.clone();
             // A bare manifest file's folder is not the bundle's to read.
             let folder = (!loaded.is_bare()).then(|| loaded.dir.clone());
             let prepared = tokio::task::spawn_blocking(move || {
@@ -277,6 +286,7 @@ pub async fn start(
                     command: &command,
                     cwd: &cwd,
                     configured: &configured,
+                    environment: environment.as_deref(),
                 };
                 crate::bundle::sandbox::prepare(&settings, &state_dir, &protected, &target)
             })
@@ -323,6 +333,100 @@ pub async fn start(
         reauthorized,
         rejected,
     })
+}
+
+fn is_uv(manifest: &crate::manifest::Manifest) -> bool {
+    matches!(&manifest.transport, crate::manifest::Transport::Stdio(s) if s.kind == crate::manifest::ServerType::Uv)
+}
+
+/// Finds or builds a uv bundle's environment (each line uv prints is a
+/// `preparing` event) and points the launch at it: `python` is its Python,
+/// `uv` the daemon's uv, which finds it through `UV_PROJECT_ENVIRONMENT`
+/// and never syncs. A build that fails is `failed`, not retried: the
+/// operator fixes the bundle, the index or the network, then restarts it.
+async fn uv_environment(
+    shared: &Shared,
+    workspace: &str,
+    name: &str,
+    loaded: &LoadedManifest,
+    launch: &mut crate::manifest::LaunchPlan,
+) -> Result<PathBuf, StartFailure> {
+    use crate::protocol::{BundleState, EventKind, LifecycleEvent};
+    let settings = &shared.config.uv;
+    let pass_env: Vec<String> = shared
+        .config
+        .sandbox
+        .pass_env
+        .iter()
+        .chain(
+            shared
+                .config
+                .sandbox
+                .for_bundle(workspace, name)
+                .into_iter()
+                .flat_map(|o| &o.pass_env),
+        )
+        .cloned()
+        .collect();
+    let project = crate::bundle::uv::Project {
+        state_dir: &shared.config.state_dir,
+        workspace,
+        bundle: name,
+        folder: &loaded.dir,
+        pass_env: &pass_env,
+    };
+    let progress = |line: &str| {
+        shared.board.emit(LifecycleEvent::new(
+            workspace,
+            name,
+            EventKind::Preparing,
+            BundleState::Starting,
+            line,
+        ));
+    };
+    let env = crate::bundle::uv::ensure(settings, &shared.config.uv_cache(), &project, progress)
+        .await
+        .map_err(|e| StartFailure {
+            kind: FailKind::Config,
+            reason: launch.redactor.redact(&e.to_string()).into_owned(),
+        })?;
+    if env.built {
+        tracing::info!(workspace, bundle = name, env = %env.dir.display(), "built the bundle's Python environment");
+    }
+    let bin = env.dir.join("bin");
+    match launch.command.as_str() {
+        crate::manifest::UV_PYTHON | "python3" => {
+            launch.command = bin.join("python").to_string_lossy().into_owned();
+        }
+        "uv" => {
+            if let Some(uv) = crate::bundle::uv::uv_program(settings) {
+                launch.command = uv.to_string_lossy().into_owned();
+            }
+        }
+        _ => {}
+    }
+    let path = std::env::var("PATH").unwrap_or_default();
+    let tmp = crate::bundle::sandbox::data_dir(&shared.config.state_dir, workspace, name)
+        .with_file_name("tmp");
+    for (key, value) in [
+        ("VIRTUAL_ENV", env.dir.to_string_lossy().into_owned()),
+        (
+            "UV_PROJECT_ENVIRONMENT",
+            env.dir.to_string_lossy().into_owned(),
+        ),
+        ("UV_NO_SYNC", "1".into()),
+        ("UV_OFFLINE", "1".into()),
+        ("UV_NO_CONFIG", "1".into()),
+        ("UV_PYTHON_DOWNLOADS", "never".into()),
+        (
+            "UV_CACHE_DIR",
+            tmp.join("uv-cache").to_string_lossy().into_owned(),
+        ),
+        ("PATH", format!("{}:{path}", bin.display())),
+    ] {
+        launch.env.entry(key.to_string()).or_insert(value);
+    }
+    Ok(env.dir)
 }
 
 /// A start failure worth retrying; the text is redacted (a command line or

@@ -77,8 +77,10 @@ pub(super) async fn wait_outcome(
 ) -> Result<BundleStatus, RpcError> {
     let settings = &ctx.shared.config.bundles;
     let limit = settings.start_timeout + settings.stop_grace + Duration::from_secs(5);
-    let deadline = tokio::time::Instant::now() + limit;
+    let begun = tokio::time::Instant::now();
+    let mut deadline = begun + limit;
     let mut started = false;
+    let mut preparing = false;
     loop {
         let event = match tokio::time::timeout_at(deadline, events.recv()).await {
             Err(_) => {
@@ -86,7 +88,7 @@ pub(super) async fn wait_outcome(
                     ErrorKind::Timeout,
                     format!(
                         "bundle {name:?} did not become ready within {}; see `bundlevisor status` and `bundlevisor logs {name}`",
-                        humantime::format_duration(limit)
+                        humantime::format_duration(Duration::from_secs(begun.elapsed().as_secs()))
                     ),
                 ))
             }
@@ -110,6 +112,11 @@ pub(super) async fn wait_outcome(
         out.progress(&event).await;
         match event.kind {
             EventKind::Starting => started = true,
+            // Building the environment has a deadline of its own.
+            EventKind::Preparing if !preparing => {
+                preparing = true;
+                deadline = tokio::time::Instant::now() + ctx.shared.config.uv.timeout + limit;
+            }
             EventKind::Ready if started => {
                 return ctx
                     .shared

@@ -92,7 +92,7 @@ pub async fn install(
         };
         crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)?;
         loaded.check_entry_point()?;
-        check_runtimes(&loaded)?;
+        check_runtimes(&loaded, &config.uv)?;
         crate::bundle::sandbox::check_install(&sandbox, &protected, &loaded)?;
         Ok::<_, InstallError>((source, loaded))
     });
@@ -151,27 +151,50 @@ pub async fn install(
 }
 
 /// `compatibility.runtimes`: the node / python on the daemon's `PATH` must
-/// satisfy the manifest's range. Blocking (runs `--version`).
-fn check_runtimes(loaded: &LoadedManifest) -> Result<(), ManifestError> {
-    let problems: Vec<crate::manifest::Problem> = loaded
+/// satisfy the manifest's range (for a uv bundle: the `[uv] python` its
+/// environment is made with), and a uv bundle needs uv. Blocking (runs
+/// `--version`).
+fn check_runtimes(
+    loaded: &LoadedManifest,
+    uv: &crate::config::UvSettings,
+) -> Result<(), ManifestError> {
+    use crate::manifest::{Problem, ServerType, Transport};
+    let is_uv =
+        matches!(&loaded.manifest.transport, Transport::Stdio(s) if s.kind == ServerType::Uv);
+    let mut problems: Vec<Problem> = loaded
         .manifest
         .runtimes
         .iter()
         .filter_map(|(runtime, range)| {
-            let program = if runtime == "node" { "node" } else { "python3" };
-            let why = match crate::bundle::process::runtime_version(program) {
+            let program = match runtime.as_str() {
+                "node" => "node".to_string(),
+                _ if is_uv => uv.python.display().to_string(),
+                _ => "python3".to_string(),
+            };
+            let why = match crate::bundle::process::runtime_version(&program) {
                 Ok(found) if range.matches(&found) => return None,
                 Ok(found) => format!(
                     "the bundle requires {runtime} {range}; the {program} on the daemon's PATH is {found}"
                 ),
                 Err(e) => format!("the bundle requires {runtime} {range}, but {e}"),
             };
-            Some(crate::manifest::Problem {
+            Some(Problem {
                 path: format!("$.compatibility.runtimes.{runtime}"),
                 message: why,
             })
         })
         .collect();
+    if is_uv {
+        let program = uv.command.display().to_string();
+        if let Err(e) = crate::bundle::process::runtime_version(&program) {
+            problems.push(Problem {
+                path: "$.server.type".into(),
+                message: format!(
+                    "a uv bundle's environment is built with uv, but {e}; install uv (`pip install uv`), or set [uv] command to its path"
+                ),
+            });
+        }
+    }
     if problems.is_empty() {
         return Ok(());
     }

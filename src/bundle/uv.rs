@@ -1,0 +1,454 @@
+//! The Python environments of uv bundles (MCPB 0.4 `server.type = "uv"`).
+//!
+//! A uv bundle ships `pyproject.toml` (and perhaps `uv.lock`), not its
+//! dependencies. The daemon builds its environment with uv, once per
+//! version: in `STATE_DIR/sandboxes/WS/NAME/env/KEY`, where `KEY` is a
+//! digest of the project files and the Python it is made with. A start
+//! finds the environment by its key and builds nothing; a changed
+//! `pyproject.toml` or `uv.lock` (an upgrade) or another Python gets a new
+//! one, and the old ones are removed once it is complete.
+//!
+//! - The bundle folder is never written: uv runs with
+//!   `UV_PROJECT_ENVIRONMENT` (a locked project: `uv sync --frozen`) or
+//!   `uv pip install -r pyproject.toml` into a `uv venv`.
+//! - Only wheels are installed unless `[uv] build_from_source`: no code of
+//!   the bundle's dependencies runs with the daemon's privileges.
+//! - uv sees a scrubbed environment: `PATH`, its own settings, and the
+//!   `[sandbox] pass_env` variables (proxy, index and CA variables).
+//! - An environment is complete when its stamp file is there (written
+//!   last); an unfinished one is removed and built again.
+//! - Its files are made readable (not writable) by the bundle's uid;
+//!   Landlock grants the bundle read access to it, nothing more.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::config::UvSettings;
+
+/// The file that marks a complete environment (written last).
+const STAMP: &str = ".bundlevisor-env";
+/// uv output lines kept while it runs, and shown in an error message.
+const KEPT: usize = 64;
+const TAIL: usize = 8;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UvError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot prepare the environment folder {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cannot run uv ({program}): {source}; install uv, or set [uv] command to its path")]
+    NoUv {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("the Python for uv environments ([uv] python = {python:?}) is not there: {reason}")]
+    NoPython { python: String, reason: String },
+    #[error("building the Python environment failed (`{step}`): {detail}; once the bundle's pyproject.toml, the index or the network is fixed, `bundlevisor restart` builds it again")]
+    Failed { step: String, detail: String },
+    #[error(
+        "building the Python environment took longer than {limit}; it was stopped ([uv] timeout)"
+    )]
+    TimedOut { limit: String },
+}
+
+/// Where a bundle's environments live: `STATE_DIR/sandboxes/WS/NAME/env`.
+pub fn env_root(state_dir: &Path, workspace: &str, bundle: &str) -> PathBuf {
+    crate::bundle::sandbox::data_dir(state_dir, workspace, bundle).with_file_name("env")
+}
+
+/// A program given as a bare name, found on the daemon's `PATH`.
+fn find_program(program: &Path) -> Option<PathBuf> {
+    if program.components().count() > 1 {
+        return program.is_file().then(|| program.to_path_buf());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+}
+
+/// The uv program `[uv] command` names, resolved (for a bundle whose
+/// `mcp_config` runs `uv`).
+pub fn uv_program(settings: &UvSettings) -> Option<PathBuf> {
+    find_program(&settings.command)
+}
+
+/// The environment's key: the project files, the Python (resolved) and
+/// whether sources may be built.
+fn key(bundle: &Path, python: &Path, settings: &UvSettings) -> Result<String, UvError> {
+    use sha2::{Digest, Sha256};
+    let read = |name: &str| {
+        let path = bundle.join(name);
+        match std::fs::read(&path) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && name == "uv.lock" => Ok(None),
+            Err(source) => Err(UvError::Read { path, source }),
+        }
+    };
+    let mut digest = Sha256::new();
+    for part in [read("pyproject.toml")?, read("uv.lock")?] {
+        let part = part.unwrap_or_default();
+        digest.update((part.len() as u64).to_le_bytes());
+        digest.update(&part);
+    }
+    digest.update(python.as_os_str().as_encoded_bytes());
+    digest.update([u8::from(settings.build_from_source)]);
+    let hex: String = digest
+        .finalize()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok(hex)
+}
+
+/// What [`ensure`] needs to know about the bundle.
+pub struct Project<'a> {
+    pub state_dir: &'a Path,
+    pub workspace: &'a str,
+    pub bundle: &'a str,
+    /// The bundle folder (holds `pyproject.toml`, perhaps `uv.lock`).
+    pub folder: &'a Path,
+    /// Daemon variables uv may see (`[sandbox] pass_env`, global and the bundle's).
+    pub pass_env: &'a [String],
+}
+
+/// A ready environment.
+#[derive(Debug, Clone)]
+pub struct Env {
+    /// `…/env/KEY`: `bin/python` runs the bundle.
+    pub dir: PathBuf,
+    /// Built by this call (false: an existing one was found).
+    pub built: bool,
+}
+
+/// Finds the bundle's environment, or builds it, telling `progress` what
+/// uv says on the way.
+pub async fn ensure(
+    settings: &UvSettings,
+    cache: &Path,
+    project: &Project<'_>,
+    mut progress: impl FnMut(&str),
+) -> Result<Env, UvError> {
+    let uv = find_program(&settings.command).ok_or_else(|| UvError::NoUv {
+        program: settings.command.display().to_string(),
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, "not found"),
+    })?;
+    let python = find_program(&settings.python)
+        .and_then(|p| p.canonicalize().ok())
+        .ok_or_else(|| UvError::NoPython {
+            python: settings.python.display().to_string(),
+            reason: "not found (a path, or a name on the daemon's PATH)".into(),
+        })?;
+    let root = env_root(project.state_dir, project.workspace, project.bundle);
+    let key = key(project.folder, &python, settings)?;
+    let dir = root.join(&key);
+    if dir.join(STAMP).is_file() {
+        return Ok(Env { dir, built: false });
+    }
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| UvError::Io { path, source }
+    };
+    {
+        use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+        // The sandbox folder stays private; `env/` only lets the bundle's
+        // uid pass through to its environment.
+        let parent = root.parent().unwrap_or(&root);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(parent)
+            .map_err(io(parent))?;
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(&root)
+            .map_err(io(&root))?;
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o711))
+            .map_err(io(&root))?;
+        if dir.exists() {
+            // An unfinished build (the daemon stopped during it).
+            std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+        }
+    }
+    progress(&format!(
+        "building the Python environment with uv (once per version) in {}",
+        dir.display()
+    ));
+    let run = Runner {
+        uv: &uv,
+        settings,
+        cache,
+        project,
+        cwd: &root,
+    };
+    let build = async {
+        let folder = project.folder.to_string_lossy().into_owned();
+        let target = dir.to_string_lossy().into_owned();
+        let python = python.to_string_lossy().into_owned();
+        if project.folder.join("uv.lock").is_file() {
+            run.step(
+                &[
+                    "sync",
+                    "--frozen",
+                    "--no-dev",
+                    "--no-install-project",
+                    "--project",
+                    &folder,
+                    "--python",
+                    &python,
+                ],
+                Some(&dir),
+                &mut progress,
+            )
+            .await
+        } else {
+            run.step(&["venv", "--python", &python, &target], None, &mut progress)
+                .await?;
+            let env_python = dir.join("bin/python").to_string_lossy().into_owned();
+            let requirements = project
+                .folder
+                .join("pyproject.toml")
+                .to_string_lossy()
+                .into_owned();
+            run.step(
+                &[
+                    "pip",
+                    "install",
+                    "--python",
+                    &env_python,
+                    "-r",
+                    &requirements,
+                ],
+                None,
+                &mut progress,
+            )
+            .await
+        }
+    };
+    match tokio::time::timeout(settings.timeout, build).await {
+        Ok(result) => result?,
+        Err(_) => {
+            return Err(UvError::TimedOut {
+                limit: humantime::format_duration(settings.timeout).to_string(),
+            })
+        }
+    }
+    let finished = dir.clone();
+    tokio::task::spawn_blocking(move || finish(&finished, &key))
+        .await
+        .map_err(|e| UvError::Io {
+            path: dir.clone(),
+            source: std::io::Error::other(e),
+        })??;
+    progress("the Python environment is ready");
+    Ok(Env { dir, built: true })
+}
+
+/// Makes the environment readable by the bundle's uid, writes the stamp
+/// and removes the environments of earlier versions.
+fn finish(dir: &Path, key: &str) -> Result<(), UvError> {
+    use std::os::unix::fs::PermissionsExt;
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| UvError::Io { path, source }
+    };
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).map_err(io(&d))?;
+        for entry in std::fs::read_dir(&d).map_err(io(&d))?.flatten() {
+            let path = entry.path();
+            let Ok(kind) = entry.file_type() else {
+                continue;
+            };
+            if kind.is_dir() {
+                stack.push(path);
+            } else if kind.is_file() {
+                use std::os::unix::fs::MetadataExt;
+                let mode = entry.metadata().map_err(io(&path))?.mode();
+                // Readable by all; executable where it was; never writable
+                // but by the daemon.
+                let readable = (mode & 0o755) | 0o444 | if mode & 0o100 != 0 { 0o111 } else { 0 };
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(readable))
+                    .map_err(io(&path))?;
+            }
+        }
+    }
+    std::fs::write(dir.join(STAMP), format!("{key}\n")).map_err(io(dir))?;
+    let root = dir.parent().unwrap_or(dir);
+    for old in std::fs::read_dir(root).map_err(io(root))?.flatten() {
+        if old.path() != dir {
+            if let Err(e) = std::fs::remove_dir_all(old.path()) {
+                tracing::warn!(path = %old.path().display(), "cannot remove an earlier environment: {e}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs uv steps for one build.
+struct Runner<'a> {
+    uv: &'a Path,
+    settings: &'a UvSettings,
+    cache: &'a Path,
+    project: &'a Project<'a>,
+    cwd: &'a Path,
+}
+
+impl Runner<'_> {
+    /// One uv command; every line it prints goes to `progress`, the last
+    /// ones (from its `error:` line on) into the failure.
+    async fn step(
+        &self,
+        args: &[&str],
+        project_env: Option<&Path>,
+        progress: &mut impl FnMut(&str),
+    ) -> Result<(), UvError> {
+        let mut cmd = tokio::process::Command::new(self.uv);
+        cmd.args(args)
+            .env_clear()
+            .envs(std::env::var_os("PATH").map(|p| ("PATH", p)))
+            .env("UV_CACHE_DIR", self.cache)
+            .env("UV_PYTHON_DOWNLOADS", "never")
+            .env("UV_NO_CONFIG", "1")
+            .env("UV_NO_PROGRESS", "1")
+            .env("NO_COLOR", "1")
+            .current_dir(self.cwd)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .process_group(0)
+            .kill_on_drop(true);
+        if !self.settings.build_from_source {
+            cmd.env("UV_NO_BUILD", "1");
+        }
+        if self.settings.system_certs {
+            cmd.env("UV_SYSTEM_CERTS", "1").env("UV_NATIVE_TLS", "1");
+        }
+        if let Some(env) = project_env {
+            cmd.env("UV_PROJECT_ENVIRONMENT", env);
+        }
+        for name in self.project.pass_env {
+            if let Some(value) = std::env::var_os(name) {
+                cmd.env(name, value);
+            }
+        }
+        let shown = format!("uv {}", args.first().copied().unwrap_or_default());
+        let mut child = cmd.spawn().map_err(|source| UvError::NoUv {
+            program: self.uv.display().to_string(),
+            source,
+        })?;
+        let pid = child.id().unwrap_or(0);
+        super::orphans::own(pid);
+        // Its whole group dies with this step if the start is abandoned.
+        let _group = GroupGuard(pid);
+        let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
+            unreachable!("both pipes were requested");
+        };
+        let mut out = BufReader::new(out).lines();
+        let mut err = BufReader::new(err).lines();
+        let mut tail: std::collections::VecDeque<String> = std::collections::VecDeque::new();
+        let (mut out_open, mut err_open) = (true, true);
+        while out_open || err_open {
+            let line = tokio::select! {
+                l = out.next_line(), if out_open => l.ok().flatten().or_else(|| { out_open = false; None }),
+                l = err.next_line(), if err_open => l.ok().flatten().or_else(|| { err_open = false; None }),
+            };
+            let Some(line) = line else { continue };
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
+            }
+            progress(line);
+            if tail.len() == KEPT {
+                tail.pop_front();
+            }
+            tail.push_back(line.to_string());
+        }
+        let status = child.wait().await;
+        super::orphans::release(pid);
+        let status = status.map_err(|source| UvError::NoUv {
+            program: self.uv.display().to_string(),
+            source,
+        })?;
+        if status.success() {
+            return Ok(());
+        }
+        // What uv said from its last `error:` line on, else its last lines.
+        let lines: Vec<String> = tail.into();
+        let from = lines
+            .iter()
+            .rposition(|l| l.starts_with("error:"))
+            .unwrap_or(lines.len().saturating_sub(TAIL));
+        let detail = match &lines[from..] {
+            [] => format!("uv {}", super::process::ExitInfo::from(status)),
+            said => said
+                .iter()
+                .take(TAIL)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(" / "),
+        };
+        Err(UvError::Failed {
+            step: shown,
+            detail,
+        })
+    }
+}
+
+/// SIGKILLs a process group when dropped (a build cut short by a timeout,
+/// an uninstall or a shutdown leaves nothing running).
+struct GroupGuard(u32);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if self.0 > 0 {
+            let _ = nix::sys::signal::killpg(
+                nix::unistd::Pid::from_raw(self.0 as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_changes_with_the_project_files_and_the_python() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = UvSettings::default();
+        std::fs::write(dir.path().join("pyproject.toml"), "[project]\nname='a'\n").unwrap();
+        let python = Path::new("/usr/bin/python3");
+        let first = key(dir.path(), python, &settings).unwrap();
+        assert_eq!(first, key(dir.path(), python, &settings).unwrap());
+        std::fs::write(dir.path().join("uv.lock"), "version = 1\n").unwrap();
+        let locked = key(dir.path(), python, &settings).unwrap();
+        assert_ne!(first, locked);
+        assert_ne!(
+            locked,
+            key(dir.path(), Path::new("/opt/python3"), &settings).unwrap()
+        );
+        let building = UvSettings {
+            build_from_source: true,
+            ..UvSettings::default()
+        };
+        assert_ne!(locked, key(dir.path(), python, &building).unwrap());
+        std::fs::remove_file(dir.path().join("pyproject.toml")).unwrap();
+        assert!(matches!(
+            key(dir.path(), python, &settings),
+            Err(UvError::Read { .. })
+        ));
+    }
+}

@@ -1,0 +1,5 @@
+"""mcp-server-time, unmodified: the uv bundle's entry point runs its main."""
+
+from mcp_server_time import main
+
+main()
