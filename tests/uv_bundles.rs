@@ -8,6 +8,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use common::Daemon;
 use serde_json::Value;
@@ -243,4 +244,80 @@ fn a_failed_resolution_is_a_clear_failure_and_a_missing_uv_is_refused() {
     assert!(!out.status.success());
     assert!(said.contains("[uv] command"), "{said}");
     assert!(without.bundle("default", "time-uv").is_none());
+}
+
+/// Issue 18, point 5, and "a broken bundle never takes down the running
+/// version": a watched uv bundle's upgrade is built while the running
+/// version serves; one whose dependencies cannot be resolved is rejected
+/// and the running version keeps running; a good one replaces it.
+#[test]
+fn a_watched_uv_upgrade_is_built_before_the_running_version_stops() {
+    let d = Daemon::start_with(&format!(
+        "watch_debounce = \"50ms\"\n[[watch]]\ndir = \"watched\"\nworkspace = \"default\"\n{}",
+        uv_config()
+    ));
+    let watched = d.root().join("watched");
+    std::fs::create_dir_all(&watched).unwrap();
+    // Made beside the folder and renamed in whole, as a deploy tool does.
+    let staged = time_uv(&d.root().join("staging"), "clock", |_| {});
+    std::fs::rename(&staged, watched.join("clock")).unwrap();
+    let folder = watched.join("clock");
+    let d = &d;
+    let ready = |version: &'static str| {
+        move || {
+            d.bundle("default", "clock")
+                .filter(|b| b["state"] == "ready" && b["version"] == version)
+        }
+    };
+    let b = common::wait_for(Duration::from_secs(60), "v1 ready", ready("2026.10.19"));
+    let pid = b["pid"].as_u64().unwrap();
+    let first = environments(d, "clock");
+
+    // v2 depends on a package the index does not have.
+    let set_version = |version: &str| {
+        let file = folder.join("manifest.json");
+        let mut m: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+        m["version"] = Value::from(version);
+        let tmp = folder.join("manifest.json.tmp");
+        std::fs::write(&tmp, serde_json::to_string_pretty(&m).unwrap()).unwrap();
+        std::fs::rename(tmp, file).unwrap();
+    };
+    let project = std::fs::read_to_string(folder.join("pyproject.toml")).unwrap();
+    std::fs::remove_file(folder.join("uv.lock")).unwrap();
+    std::fs::write(
+        folder.join("pyproject.toml"),
+        project.replace(
+            "\"mcp-server-time==2026.10.19\"",
+            "\"mcp-server-time==2026.10.19\", \"bundlevisor-no-such-package-zz==1.0\"",
+        ),
+    )
+    .unwrap();
+    set_version("2.0.0");
+    let b = common::wait_for(Duration::from_secs(60), "the rejection", || {
+        d.bundle("default", "clock").filter(|b| {
+            b["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains("bundlevisor-no-such-package-zz"))
+        })
+    });
+    let why = b["last_error"].as_str().unwrap();
+    assert!(why.contains("the running version keeps running"), "{why}");
+    assert_eq!(b["state"], "ready");
+    assert_eq!(b["version"], "2026.10.19");
+    assert_eq!(b["pid"].as_u64(), Some(pid));
+    assert!(current_time(d, "clock").contains("datetime"));
+
+    // v3 is fine: built, then it replaces v1, whose environment goes.
+    std::fs::write(
+        folder.join("pyproject.toml"),
+        project.replace("2026.10.19\"\n", "3\"\n"),
+    )
+    .unwrap();
+    set_version("3.0.0");
+    let b = common::wait_for(Duration::from_secs(120), "v3 ready", ready("3.0.0"));
+    assert_ne!(b["pid"].as_u64(), Some(pid));
+    assert!(current_time(d, "clock").contains("datetime"));
+    let now = environments(d, "clock");
+    assert_eq!(now.len(), 1, "{now:?}");
+    assert_ne!(now, first);
 }

@@ -6,7 +6,7 @@
 //! digest of the project files and the Python it is made with. A start
 //! finds the environment by its key and builds nothing; a changed
 //! `pyproject.toml` or `uv.lock` (an upgrade) or another Python gets a new
-//! one, and the old ones are removed once it is complete.
+//! one, and the old ones are removed by the first start that runs in it.
 //!
 //! - The bundle folder is never written: uv runs with
 //!   `UV_PROJECT_ENVIRONMENT` (a locked project: `uv sync --frozen`) or
@@ -255,8 +255,7 @@ pub async fn ensure(
     Ok(Env { dir, built: true })
 }
 
-/// Makes the environment readable by the bundle's uid, writes the stamp
-/// and removes the environments of earlier versions.
+/// Makes the environment readable by the bundle's uid and writes the stamp.
 fn finish(dir: &Path, key: &str) -> Result<(), UvError> {
     use std::os::unix::fs::PermissionsExt;
     let io = |path: &Path| {
@@ -284,16 +283,24 @@ fn finish(dir: &Path, key: &str) -> Result<(), UvError> {
             }
         }
     }
-    std::fs::write(dir.join(STAMP), format!("{key}\n")).map_err(io(dir))?;
-    let root = dir.parent().unwrap_or(dir);
-    for old in std::fs::read_dir(root).map_err(io(root))?.flatten() {
-        if old.path() != dir {
-            if let Err(e) = std::fs::remove_dir_all(old.path()) {
-                tracing::warn!(path = %old.path().display(), "cannot remove an earlier environment: {e}");
+    std::fs::write(dir.join(STAMP), format!("{key}\n")).map_err(io(dir))
+}
+
+impl Env {
+    /// Removes the bundle's other environments (earlier versions'), once
+    /// nothing runs in them: called by a start, after the old process stopped.
+    pub fn remove_others(&self) {
+        let Some(root) = self.dir.parent() else {
+            return;
+        };
+        for old in std::fs::read_dir(root).into_iter().flatten().flatten() {
+            if old.path() != self.dir {
+                if let Err(e) = std::fs::remove_dir_all(old.path()) {
+                    tracing::warn!(path = %old.path().display(), "cannot remove an earlier environment: {e}");
+                }
             }
         }
     }
-    Ok(())
 }
 
 /// Runs uv steps for one build.

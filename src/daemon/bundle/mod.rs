@@ -90,6 +90,8 @@ pub enum BundleMsg {
     Respawn(Respawn, RpcReplyPort<()>),
     /// The manifest changed and passed validation: restart with it.
     Upgrade(Box<LoadedManifest>),
+    /// The environment of an upgrade (a uv bundle's) is built: restart with it.
+    Prepared(Box<LoadedManifest>),
     /// The manifest changed but was refused: keep running, say why.
     ManifestRejected(String),
     /// The files of a failed watched bundle changed: start it again (from
@@ -147,6 +149,9 @@ pub struct BundleActorState {
     archive: Option<crate::protocol::ArchiveInfo>,
     /// The start in progress (aborted if dropped).
     start_task: Option<AbortOnDropHandle<()>>,
+    /// The environment of an upgrade being built while the running
+    /// version serves (aborted if dropped: a newer upgrade, an uninstall).
+    preparing: Option<AbortOnDropHandle<()>>,
     /// Calls waiting for the session rebuilt after a 401, each with
     /// whether it may still be retried after another 401.
     queued: Vec<(PendingCall, bool)>,
@@ -305,6 +310,39 @@ impl BundleActorState {
             }
             _ => tracing::debug!(workspace = %ws, bundle = %bundle, kind = ?note.kind, "{message}"),
         }
+    }
+
+    /// Restarts with the validated new manifest.
+    fn upgrade(&mut self, myself: &ActorRef<BundleMsg>, manifest: LoadedManifest) {
+        let version = manifest.manifest.version.clone();
+        self.next_manifest = Some(manifest);
+        self.step(myself, Input::Respawn(Why::Upgrade { version }));
+    }
+
+    /// Builds the environment of a uv bundle's new version while the
+    /// running one serves: the restart comes once it is built, and a build
+    /// that fails rejects the upgrade (the running version keeps running).
+    fn prepare_upgrade(&mut self, myself: &ActorRef<BundleMsg>, manifest: LoadedManifest) {
+        let shared = self.args.shared.clone();
+        let (workspace, name) = (self.args.workspace.clone(), self.args.name.clone());
+        let myself = myself.clone();
+        self.preparing = Some(AbortOnDropHandle::new(tokio::spawn(async move {
+            let built = start::build_uv_environment(
+                &shared,
+                &workspace,
+                &name,
+                &manifest,
+                BundleState::Ready,
+            )
+            .await;
+            let _ = myself.send_message(match built {
+                Ok(_) => BundleMsg::Prepared(Box::new(manifest)),
+                Err(e) => BundleMsg::ManifestRejected(format!(
+                    "version {} of the bundle cannot run: {e}",
+                    manifest.manifest.version
+                )),
+            });
+        })));
     }
 
     /// Starts the task that brings generation `generation` up. Held by the
@@ -492,6 +530,7 @@ impl Actor for BundleActor {
             sandbox: None,
             archive: None,
             start_task: None,
+            preparing: None,
             queued: Vec::new(),
         })
     }
@@ -558,9 +597,16 @@ impl Actor for BundleActor {
                 let _ = reply.send(());
             }
             BundleMsg::Upgrade(manifest) => {
-                let version = manifest.manifest.version.clone();
-                st.next_manifest = Some(*manifest);
-                st.step(&myself, Input::Respawn(Why::Upgrade { version }));
+                st.preparing = None;
+                if start::is_uv(&manifest.manifest) && st.lc.state() == BundleState::Ready {
+                    st.prepare_upgrade(&myself, *manifest);
+                } else {
+                    st.upgrade(&myself, *manifest);
+                }
+            }
+            BundleMsg::Prepared(manifest) => {
+                st.preparing = None;
+                st.upgrade(&myself, *manifest);
             }
             BundleMsg::ManifestRejected(reason) => st.step(&myself, Input::Rejected(reason)),
             BundleMsg::Retry => {

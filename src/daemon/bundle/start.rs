@@ -335,33 +335,27 @@ pub async fn start(
     })
 }
 
-fn is_uv(manifest: &crate::manifest::Manifest) -> bool {
+pub(super) fn is_uv(manifest: &crate::manifest::Manifest) -> bool {
     matches!(&manifest.transport, crate::manifest::Transport::Stdio(s) if s.kind == crate::manifest::ServerType::Uv)
 }
 
-/// Finds or builds a uv bundle's environment (each line uv prints is a
-/// `preparing` event) and points the launch at it: `python` is its Python,
-/// `uv` the daemon's uv, which finds it through `UV_PROJECT_ENVIRONMENT`
-/// and never syncs. A build that fails is `failed`, not retried: the
-/// operator fixes the bundle, the index or the network, then restarts it.
-async fn uv_environment(
+/// Finds or builds the environment of the uv bundle `loaded` (each line uv
+/// prints is a `preparing` event, with the bundle in `state`). Used by a
+/// start, and ahead of an upgrade while the running version serves.
+pub(super) async fn build_uv_environment(
     shared: &Shared,
     workspace: &str,
     name: &str,
     loaded: &LoadedManifest,
-    launch: &mut crate::manifest::LaunchPlan,
-) -> Result<PathBuf, StartFailure> {
-    use crate::protocol::{BundleState, EventKind, LifecycleEvent};
-    let settings = &shared.config.uv;
-    let pass_env: Vec<String> = shared
-        .config
-        .sandbox
+    state: crate::protocol::BundleState,
+) -> Result<crate::bundle::uv::Env, crate::bundle::uv::UvError> {
+    use crate::protocol::{EventKind, LifecycleEvent};
+    let sandbox = &shared.config.sandbox;
+    let pass_env: Vec<String> = sandbox
         .pass_env
         .iter()
         .chain(
-            shared
-                .config
-                .sandbox
+            sandbox
                 .for_bundle(workspace, name)
                 .into_iter()
                 .flat_map(|o| &o.pass_env),
@@ -380,26 +374,52 @@ async fn uv_environment(
             workspace,
             name,
             EventKind::Preparing,
-            BundleState::Starting,
+            state,
             line,
         ));
     };
-    let env = crate::bundle::uv::ensure(settings, &shared.config.uv_cache(), &project, progress)
+    let env = crate::bundle::uv::ensure(
+        &shared.config.uv,
+        &shared.config.uv_cache(),
+        &project,
+        progress,
+    )
+    .await?;
+    if env.built {
+        tracing::info!(workspace, bundle = name, env = %env.dir.display(), "built the bundle's Python environment");
+    }
+    Ok(env)
+}
+
+/// Points a uv bundle's launch at its environment (built now if there is
+/// none yet: after an install or an upgrade): `python` is its Python, `uv`
+/// the daemon's uv, which finds it through `UV_PROJECT_ENVIRONMENT` and
+/// never syncs. A build that fails is `failed`, not retried: the operator
+/// fixes the bundle, the index or the network, then restarts it.
+async fn uv_environment(
+    shared: &Shared,
+    workspace: &str,
+    name: &str,
+    loaded: &LoadedManifest,
+    launch: &mut crate::manifest::LaunchPlan,
+) -> Result<PathBuf, StartFailure> {
+    let state = crate::protocol::BundleState::Starting;
+    let env = build_uv_environment(shared, workspace, name, loaded, state)
         .await
         .map_err(|e| StartFailure {
             kind: FailKind::Config,
             reason: launch.redactor.redact(&e.to_string()).into_owned(),
         })?;
-    if env.built {
-        tracing::info!(workspace, bundle = name, env = %env.dir.display(), "built the bundle's Python environment");
-    }
+    // The previous version's process has stopped: its environment may go.
+    let cleanup = env.clone();
+    let _ = tokio::task::spawn_blocking(move || cleanup.remove_others()).await;
     let bin = env.dir.join("bin");
     match launch.command.as_str() {
         crate::manifest::UV_PYTHON | "python3" => {
             launch.command = bin.join("python").to_string_lossy().into_owned();
         }
         "uv" => {
-            if let Some(uv) = crate::bundle::uv::uv_program(settings) {
+            if let Some(uv) = crate::bundle::uv::uv_program(&shared.config.uv) {
                 launch.command = uv.to_string_lossy().into_owned();
             }
         }
