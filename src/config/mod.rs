@@ -133,6 +133,13 @@ pub mod defaults {
     pub fn handshake_timeout() -> Duration {
         Duration::from_secs(5)
     }
+    /// `[control]`: 64 requests in flight per connection, 4 MiB of unread output.
+    pub fn max_in_flight() -> usize {
+        64
+    }
+    pub fn max_output_bytes() -> usize {
+        4 * 1024 * 1024
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -421,9 +428,19 @@ pub struct ControlSettings {
     /// Connections served at once; more are refused with a clear error.
     #[serde(default = "defaults::max_connections")]
     pub max_connections: usize,
-    /// A client must send `daemon.hello` within this long.
+    /// A client must have completed `daemon.hello` this long after it
+    /// connected, whatever it sends meanwhile.
     #[serde(default = "defaults::handshake_timeout", with = "humantime_serde")]
     pub handshake_timeout: Duration,
+    /// Requests of one connection being handled at once; the daemon reads
+    /// no further from it until one is answered.
+    #[serde(default = "defaults::max_in_flight")]
+    pub max_in_flight: usize,
+    /// Answers and notifications waiting for a client that does not read,
+    /// in bytes (besides the one being written); past it the client is cut
+    /// off, with the reason logged.
+    #[serde(default = "defaults::max_output_bytes")]
+    pub max_output_bytes: usize,
 }
 
 impl Default for ControlSettings {
@@ -764,6 +781,12 @@ impl Config {
         }
         if self.uv.timeout.is_zero() {
             problems.push("uv.timeout must be above 0".to_string());
+        }
+        if self.control.max_in_flight == 0 {
+            problems.push("control.max_in_flight must be at least 1".to_string());
+        }
+        if self.control.max_output_bytes < 64 * 1024 {
+            problems.push("control.max_output_bytes must be at least 65536".to_string());
         }
         if self.control.handshake_timeout.is_zero() {
             problems.push("control.handshake_timeout must be above 0".to_string());

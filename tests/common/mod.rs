@@ -461,6 +461,22 @@ impl Raw {
         let r = self.request(0, "daemon.hello", json!({"protocol": 1}));
         assert!(r.get("result").is_some(), "{r}");
     }
+
+    /// The socket, for a writer of its own.
+    pub fn stream(&self) -> UnixStream {
+        self.stream.try_clone().unwrap()
+    }
+}
+
+/// The daemon's resident memory (`VmRSS`) in bytes.
+pub fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 /// A CLI process whose stdout lines arrive on a channel.

@@ -60,16 +60,69 @@ struct Ctx {
 /// the client has gone, which ends its subscriptions.
 #[derive(Clone)]
 struct Outbox {
-    tx: mpsc::Sender<String>,
+    tx: mpsc::UnboundedSender<String>,
     closed: CancellationToken,
+    /// What waits for the client: bytes queued for the writer (not the
+    /// line it is writing), held under `[control] max_output_bytes`.
+    queue: Arc<Backlog>,
+}
+
+/// The output a client has not taken yet, and the cut-off when it grows
+/// past the cap.
+struct Backlog {
+    bytes: std::sync::atomic::AtomicUsize,
+    cap: usize,
+    /// Cancelled when the client is cut off: the writer and the reader stop.
+    cut: CancellationToken,
+    peer: String,
+}
+
+impl Backlog {
+    /// Takes `n` bytes into the queue, or cuts the client off (once, with
+    /// the reason logged) when the queue is already at the cap.
+    fn take(&self, n: usize) -> bool {
+        use std::sync::atomic::Ordering;
+        if self.cut.is_cancelled() {
+            return false;
+        }
+        let before = self.bytes.fetch_add(n, Ordering::SeqCst);
+        if before < self.cap {
+            return true;
+        }
+        self.bytes.fetch_sub(n, Ordering::SeqCst);
+        if !self.cut.is_cancelled() {
+            self.cut.cancel();
+            tracing::warn!(
+                peer = %self.peer,
+                queued = before,
+                "control client cut off: it does not read its answers ({before} bytes waiting, [control] max_output_bytes = {})",
+                self.cap
+            );
+        }
+        false
+    }
+
+    fn taken(&self, n: usize) {
+        self.bytes.fetch_sub(n, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl Outbox {
-    /// Returns false once the connection is gone.
+    /// Returns false once the connection is gone (or cut off).
     async fn send(&self, message: &impl Serialize) -> bool {
-        match serde_json::to_string(message) {
-            Ok(line) => self.tx.send(line).await.is_ok(),
-            Err(_) => true,
+        let Ok(line) = serde_json::to_string(message) else {
+            return true;
+        };
+        if !self.queue.take(line.len()) {
+            self.closed.cancel();
+            return false;
+        }
+        let n = line.len();
+        if self.tx.send(line).is_ok() {
+            true
+        } else {
+            self.queue.taken(n);
+            false
         }
     }
 
@@ -117,6 +170,42 @@ impl Outbox {
     }
 }
 
+/// Connection slots: `max_connections` in all, of which the last is only
+/// for the daemon's own uid (and root), so that other allowed users can
+/// never lock the operator out.
+struct Slots {
+    all: Arc<tokio::sync::Semaphore>,
+    others: Arc<tokio::sync::Semaphore>,
+}
+
+/// A held connection slot (both permits, for a peer that is not the operator).
+struct Slot(
+    #[allow(dead_code)] tokio::sync::OwnedSemaphorePermit,
+    #[allow(dead_code)] Option<tokio::sync::OwnedSemaphorePermit>,
+);
+
+impl Slots {
+    fn new(max: usize) -> Slots {
+        Slots {
+            all: Arc::new(tokio::sync::Semaphore::new(max)),
+            others: Arc::new(tokio::sync::Semaphore::new(max.saturating_sub(1))),
+        }
+    }
+
+    /// A slot for a peer of uid `uid` (None: unknown), if one is free to it.
+    fn take(&self, uid: Option<u32>) -> Option<Slot> {
+        let me = nix::unistd::geteuid().as_raw();
+        let operator = uid.is_some_and(|u| u == me || u == 0);
+        let other = if operator {
+            None
+        } else {
+            Some(self.others.clone().try_acquire_owned().ok()?)
+        };
+        let all = self.all.clone().try_acquire_owned().ok()?;
+        Some(Slot(all, other))
+    }
+}
+
 /// Accepts connections until `shutdown` is cancelled.
 pub async fn serve(
     listener: UnixListener,
@@ -124,9 +213,7 @@ pub async fn serve(
     shared: Arc<Shared>,
     shutdown: CancellationToken,
 ) {
-    let slots = Arc::new(tokio::sync::Semaphore::new(
-        shared.config.control.max_connections,
-    ));
+    let slots = Slots::new(shared.config.control.max_connections);
     let ctx = Ctx {
         daemon,
         shared,
@@ -137,7 +224,8 @@ pub async fn serve(
             _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    let uid = stream.peer_cred().ok().map(|c| c.uid());
+                    let Some(slot) = slots.take(uid) else {
                         let max = ctx.shared.config.control.max_connections;
                         tracing::warn!(max, "control connection refused: too many connections");
                         tokio::spawn(refuse(
@@ -170,10 +258,7 @@ pub async fn serve(
 
 /// The peer's credentials (SO_PEERCRED) against the daemon's uid, the
 /// configured `allowed_uids` / `allowed_gids`, and the bundles (peer.rs).
-fn peer_allowed(stream: &UnixStream, shared: &Shared) -> Result<peer::Peer, String> {
-    let cred = stream
-        .peer_cred()
-        .map_err(|e| format!("cannot read peer credentials: {e}"))?;
+fn peer_allowed(cred: tokio::net::unix::UCred, shared: &Shared) -> Result<peer::Peer, String> {
     match peer::refusal(
         cred.uid(),
         cred.gid(),
@@ -206,7 +291,20 @@ async fn refuse(mut stream: UnixStream, error: RpcError) {
 }
 
 async fn connection(stream: UnixStream, mut ctx: Ctx) {
-    match peer_allowed(&stream, &ctx.shared) {
+    let settings = ctx.shared.config.control.clone();
+    // The handshake deadline runs from the connection, whatever it sends.
+    let deadline = tokio::time::Instant::now() + settings.handshake_timeout;
+    // The peer check walks /proc: off the event loop.
+    let allowed = match stream.peer_cred() {
+        Err(e) => Err(format!("cannot read peer credentials: {e}")),
+        Ok(cred) => {
+            let shared = ctx.shared.clone();
+            tokio::task::spawn_blocking(move || peer_allowed(cred, &shared))
+                .await
+                .unwrap_or_else(|e| Err(format!("the peer check failed: {e}")))
+        }
+    };
+    match allowed {
         Ok(peer) => ctx.peer = peer,
         Err(why) => {
             tracing::warn!("control connection refused: {why}");
@@ -215,43 +313,78 @@ async fn connection(stream: UnixStream, mut ctx: Ctx) {
         }
     }
     let (read, mut write) = stream.into_split();
-    let (tx, mut rx) = mpsc::channel::<String>(256);
-    let writer = tokio::spawn(async move {
-        while let Some(mut line) = rx.recv().await {
-            line.push('\n');
-            if write.write_all(line.as_bytes()).await.is_err() {
-                break;
-            }
-        }
+    // Unbounded in lines, bounded in bytes (`Backlog`).
+    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+    let queue = Arc::new(Backlog {
+        bytes: Default::default(),
+        cap: settings.max_output_bytes,
+        cut: CancellationToken::new(),
+        peer: format!("uid {}", ctx.peer.uid),
     });
+    let writer = {
+        let queue = queue.clone();
+        tokio::spawn(async move {
+            loop {
+                let mut line = tokio::select! {
+                    _ = queue.cut.cancelled() => break,
+                    line = rx.recv() => match line {
+                        Some(line) => line,
+                        None => break,
+                    },
+                };
+                queue.taken(line.len());
+                line.push('\n');
+                let written = tokio::select! {
+                    _ = queue.cut.cancelled() => false,
+                    r = write.write_all(line.as_bytes()) => r.is_ok(),
+                };
+                if !written {
+                    break;
+                }
+            }
+        })
+    };
     let out = Outbox {
         tx,
         closed: CancellationToken::new(),
+        queue: queue.clone(),
     };
     let mut lines = LineReader::new(BufReader::new(read), MAX_REQUEST_BYTES);
     let mut greeted = false;
     // Requests in flight on this connection, by id, for `cancel`.
     let in_flight: Arc<std::sync::Mutex<HashMap<String, CancellationToken>>> = Arc::default();
-    let handshake = ctx.shared.config.control.handshake_timeout;
+    // At most `max_in_flight` requests are handled at once: the next line
+    // is read only when a permit is free.
+    let permits = Arc::new(tokio::sync::Semaphore::new(settings.max_in_flight));
     loop {
-        let next = if greeted {
-            lines.next_line().await
-        } else {
-            match tokio::time::timeout(handshake, lines.next_line()).await {
-                Ok(line) => line,
-                Err(_) => {
-                    let e = RpcError::new(
-                        ErrorKind::HelloRequired,
-                        format!(
-                            "no {} within {}; closing the connection",
-                            method::HELLO,
-                            humantime::format_duration(handshake)
-                        ),
-                    );
-                    out.send(&Response::err(Value::Null, e)).await;
-                    break;
+        let permit = tokio::select! {
+            _ = queue.cut.cancelled() => break,
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let next = tokio::select! {
+            _ = queue.cut.cancelled() => break,
+            next = async {
+                if greeted {
+                    Some(lines.next_line().await)
+                } else {
+                    tokio::time::timeout_at(deadline, lines.next_line()).await.ok()
                 }
-            }
+            } => next,
+        };
+        let Some(next) = next else {
+            let e = RpcError::new(
+                ErrorKind::HelloRequired,
+                format!(
+                    "no {} within {} of connecting; closing the connection",
+                    method::HELLO,
+                    humantime::format_duration(settings.handshake_timeout)
+                ),
+            );
+            out.send(&Response::err(Value::Null, e)).await;
+            break;
         };
         let line = match next {
             Ok(Line::Text(line)) => line,
@@ -330,6 +463,8 @@ async fn connection(stream: UnixStream, mut ctx: Ctx) {
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&key);
             out.send(&respond(id, result)).await;
+            // The answer is queued: the connection may read its next request.
+            drop(permit);
         });
     }
     out.closed.cancel();

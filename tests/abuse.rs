@@ -1,0 +1,164 @@
+//! Issue 19: clients that try to exhaust the control plane. Each flood
+//! keeps the daemon's memory under a stated bound, and `status` answers
+//! throughout.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::process::CommandExt;
+use std::time::{Duration, Instant};
+
+use common::{rss, wait_for, Daemon};
+
+/// The daemon's resident memory may grow by at most this much under a flood
+/// (its answers queued for one client are capped at 4 MiB).
+const FLOOD_GROWTH: u64 = 64 * 1024 * 1024;
+
+/// A client that pipelines `status` requests and never reads the answers:
+/// the daemon stops reading it once 64 requests are in flight, cuts it off
+/// once 4 MiB of answers wait for it, says why in its log, and stays small.
+#[test]
+fn a_client_that_pipelines_without_reading_is_bounded_and_cut_off() {
+    let d = Daemon::start();
+    for name in ["a", "b", "c"] {
+        d.ok(&["install", d.demo_bundle(name).to_str().unwrap()]);
+    }
+    let before = rss(d.pid());
+    let mut client = d.raw();
+    client.hello();
+    let mut stream = client.stream();
+    stream
+        .set_write_timeout(Some(Duration::from_secs(2)))
+        .unwrap();
+    let writer = std::thread::spawn(move || {
+        let line = b"{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"status\",\"params\":{}}\n";
+        let mut sent = 0u64;
+        // 200,000 requests, or until the daemon stops taking them.
+        for _ in 0..200_000 {
+            if stream.write_all(line).is_err() {
+                break;
+            }
+            sent += 1;
+        }
+        sent
+    });
+    let mut peak = before;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !writer.is_finished() && Instant::now() < deadline {
+        peak = peak.max(rss(d.pid()));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sent = writer.join().unwrap();
+    peak = peak.max(rss(d.pid()));
+    eprintln!(
+        "pipelined flood: {sent} requests written; daemon RSS {} KiB before, peak {} KiB",
+        before / 1024,
+        peak / 1024
+    );
+    assert!(
+        peak < before + FLOOD_GROWTH,
+        "the daemon grew from {before} to {peak} bytes"
+    );
+    wait_for(Duration::from_secs(10), "the cut-off in the log", || {
+        d.log().contains("control client cut off").then_some(())
+    });
+    // The connection is closed: what is left to read ends.
+    let mut rest = Vec::new();
+    let _ = client.reader.read_to_end(&mut rest);
+    assert!(d.ok(&["status"]).contains("a"));
+    // What the flood took is given back once the client is gone.
+    wait_for(Duration::from_secs(10), "the memory back", || {
+        (rss(d.pid()) < before + FLOOD_GROWTH / 2).then_some(())
+    });
+}
+
+/// Clients that never say `daemon.hello` but keep sending something are
+/// closed at the handshake deadline all the same: they cannot hold the
+/// connection slots and lock the operator out.
+#[test]
+fn chatty_clients_that_never_say_hello_are_closed_at_the_deadline() {
+    let d = Daemon::start_with("[control]\nmax_connections = 16\nhandshake_timeout = \"1s\"\n");
+    let before = rss(d.pid());
+    let mut chatty: Vec<_> = (0..16).map(|_| d.raw()).collect();
+    let started = Instant::now();
+    let talkers: Vec<_> = chatty
+        .iter()
+        .map(|c| {
+            let mut s = c.stream();
+            std::thread::spawn(move || {
+                // "x" every 200 ms, well inside the deadline each time.
+                for _ in 0..50 {
+                    if s.write_all(b"x\n").is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            })
+        })
+        .collect();
+    for c in &mut chatty {
+        let mut rest = String::new();
+        c.reader.read_to_string(&mut rest).unwrap();
+        assert!(rest.contains("hello_required"), "{rest}");
+    }
+    let closed_after = started.elapsed();
+    assert!(
+        closed_after < Duration::from_secs(5),
+        "closed only after {closed_after:?}"
+    );
+    assert!(d.ok(&["status"]).contains("bundles") || d.cli(&["status"]).status.success());
+    let peak = rss(d.pid());
+    eprintln!(
+        "chatty pre-hello clients: closed after {closed_after:?}; daemon RSS {} KiB before, {} KiB after",
+        before / 1024,
+        peak / 1024
+    );
+    assert!(peak < before + FLOOD_GROWTH);
+    for t in talkers {
+        t.join().unwrap();
+    }
+}
+
+/// Another allowed user that opens every connection it can never locks the
+/// operator (the daemon's own uid) out: the last slot is the operator's.
+#[test]
+fn other_users_cannot_take_the_operators_last_connection_slot() {
+    let d = Daemon::start_with("[control]\nallowed_uids = [4242]\nmax_connections = 4\n");
+    let socket = d.root().join("run/bv.sock");
+    let script = r#"
+import json, socket, sys, time
+held, refused = [], 0
+for _ in range(4):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(sys.argv[1])
+    s.sendall(b'{"jsonrpc":"2.0","id":0,"method":"daemon.hello","params":{"protocol":1}}\n')
+    answer = json.loads(s.makefile().readline())
+    if "result" in answer:
+        held.append(s)
+    else:
+        refused += 1
+print(len(held), refused, flush=True)
+sys.stdin.read()
+"#;
+    let mut other = std::process::Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&socket)
+        .uid(4242)
+        .gid(4242)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(other.stdout.as_mut().unwrap()),
+        &mut said,
+    )
+    .unwrap();
+    assert_eq!(said.trim(), "3 1", "uid 4242 held/refused");
+    // All its connections are still open, and the operator gets in.
+    assert!(d.cli(&["status"]).status.success());
+    drop(other.stdin.take());
+    other.wait().unwrap();
+}
