@@ -61,7 +61,7 @@ fn the_mcp_inspector_lists_calls_and_reads_through_the_gateway() {
         names.contains(&"alpha__echo") && names.contains(&"beta__add"),
         "{names:?}"
     );
-    assert_eq!(names.len(), 20);
+    assert_eq!(names.len(), 22);
 
     let result = inspect(
         &d,

@@ -66,7 +66,10 @@ fn in_a_terminal_it_redraws_in_place_and_ctrl_c_ends_it() {
         t.contains("\x1b[?25l"),
         "the cursor is hidden while watching"
     );
-    assert!(t.contains("CALLS/S") && t.contains("RSS"), "{t}");
+    assert!(
+        t.contains("CALLS/S") && t.contains("MEMORY") && t.contains("CPU"),
+        "{t}"
+    );
 
     input.write_all(b"\x03").unwrap();
     let status = wait_exit(

@@ -175,7 +175,8 @@ async fn connect_stdio(
         &requester.bundle,
         plan.redactor.clone(),
     );
-    let lifeline = Lifeline::watch(spawned.child, spawned.pid, opts.reaper.clone());
+    let cgroup = opts.sandbox.as_ref().and_then(|s| s.cgroup.clone());
+    let lifeline = Lifeline::watch(spawned.child, spawned.pid, opts.reaper.clone(), cgroup);
     let ct = CancellationToken::new();
     let violation = Violation::new(plan.redactor.clone());
     let stdout = Guarded::new(spawned.stdout, opts.max_message_bytes, violation.clone());

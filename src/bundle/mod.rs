@@ -7,6 +7,7 @@
 //! constructs a bundle's MCP client, and it cannot be called without a
 //! [`client::HostContext`].
 
+pub mod cgroup;
 pub mod client;
 pub mod connect;
 pub mod guard;

@@ -20,6 +20,17 @@ use nix::unistd::Pid;
 /// Pids the daemon spawned and whose owners wait for them.
 static OWNED: Mutex<Option<HashSet<u32>>> = Mutex::new(None);
 
+/// Held (shared) from a spawn until its pid is [`own`]ed, and (exclusive)
+/// by a reaping pass: a child that exits at once is never reaped in the
+/// moment between its spawn and its registration, which would leave its
+/// owner's `wait` with ECHILD.
+static SPAWNING: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+/// Hold the result across `spawn()` and [`own`].
+pub fn spawning() -> std::sync::RwLockReadGuard<'static, ()> {
+    SPAWNING.read().unwrap_or_else(|e| e.into_inner())
+}
+
 fn owned<T>(f: impl FnOnce(&mut HashSet<u32>) -> T) -> T {
     let mut set = OWNED.lock().unwrap_or_else(|e| e.into_inner());
     f(set.get_or_insert_with(HashSet::new))
@@ -60,6 +71,7 @@ fn children() -> Vec<u32> {
 
 /// Reaps every exited child that no owner waits for; returns how many.
 pub fn reap_adopted() -> usize {
+    let _no_spawn_in_between = SPAWNING.write().unwrap_or_else(|e| e.into_inner());
     let mut reaped = 0;
     for pid in children() {
         if owned(|s| s.contains(&pid)) {

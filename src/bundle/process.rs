@@ -72,11 +72,13 @@ pub fn runtime_version(program: &str) -> Result<semver::Version, String> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    let spawning = super::orphans::spawning();
     let child = cmd
         .spawn()
         .map_err(|e| format!("there is no {program} on the daemon's PATH ({e})"))?;
     let pid = child.id();
     super::orphans::own(pid);
+    drop(spawning);
     let out = child.wait_with_output();
     super::orphans::release(pid);
     let out = out.map_err(|e| format!("`{program} --version` failed: {e}"))?;
@@ -110,6 +112,8 @@ const STDERR_TAIL: usize = 20;
 pub struct ExitInfo {
     pub code: Option<i32>,
     pub signal: Option<i32>,
+    /// The kernel's OOM killer struck in the bundle's cgroup.
+    pub oom_killed: bool,
 }
 
 impl From<std::process::ExitStatus> for ExitInfo {
@@ -118,12 +122,16 @@ impl From<std::process::ExitStatus> for ExitInfo {
         ExitInfo {
             code: status.code(),
             signal: status.signal(),
+            oom_killed: false,
         }
     }
 }
 
 impl fmt::Display for ExitInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.oom_killed {
+            f.write_str("killed by the kernel's OOM killer: the bundle reached its memory limit (memory_max); ")?;
+        }
         match (self.code, self.signal) {
             (Some(code), _) => write!(f, "exit code {code}"),
             (None, Some(sig)) => match Signal::try_from(sig) {
@@ -187,6 +195,10 @@ pub(super) fn spawn(
         .kill_on_drop(false);
     let mut limits = super::sandbox::Limits::default();
     let mut ruleset = None;
+    let mut user = None;
+    // The cgroup.procs files the child joins (kept open here until the
+    // spawn returns; close-on-exec in the child).
+    let mut cgroup_files = Vec::new();
     if let Some(sb) = sandbox {
         for name in &sb.pass_env {
             if let (false, Ok(value)) = (plan.env.contains_key(name), std::env::var(name)) {
@@ -196,8 +208,11 @@ pub(super) fn spawn(
         cmd.env("BUNDLEVISOR_DATA_DIR", &sb.data)
             .env("HOME", &sb.data)
             .env("TMPDIR", &sb.tmp);
-        if let Some((uid, gid)) = sb.user {
-            cmd.uid(uid).gid(gid);
+        // Dropped in the child, after it joined its cgroup (the daemon's
+        // uid may write cgroup.procs; the bundle's may not).
+        user = sb.user;
+        if let Some(cg) = &sb.cgroup {
+            cgroup_files = cg.procs_files().map_err(&spawn_error)?;
         }
         limits = sb.limits;
         if let Some(rules) = &sb.landlock {
@@ -207,12 +222,32 @@ pub(super) fn spawn(
         }
     }
     let daemon_pid = std::process::id() as i32;
+    let join: Vec<i32> = cgroup_files
+        .iter()
+        .map(std::os::fd::AsRawFd::as_raw_fd)
+        .collect();
     // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe system calls (setsid, prctl, getppid, setrlimit,
-    // landlock_restrict_self, _exit).
+    // async-signal-safe system calls (setsid, write, setgroups, setgid,
+    // setuid, prctl, getppid, setrlimit, landlock_restrict_self, _exit).
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(std::io::Error::from)?;
+            // Into the bundle's cgroup before anything of it runs: every
+            // descendant, setsid or not, is in it from here on.
+            for fd in &join {
+                if nix::libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if let Some((uid, gid)) = user {
+                if nix::libc::setgroups(0, std::ptr::null()) != 0
+                    || nix::libc::setgid(gid) != 0
+                    || nix::libc::setuid(uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            // After the uid change, which would clear it.
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
             // The daemon may have died between fork and prctl.
             if nix::unistd::getppid().as_raw() != daemon_pid {
@@ -221,9 +256,12 @@ pub(super) fn spawn(
             super::sandbox::apply_in_child(&limits, ruleset.as_ref())
         });
     }
+    let spawning = super::orphans::spawning();
     let mut child = cmd.spawn().map_err(spawn_error)?;
+    drop(cgroup_files);
     let pid = child.id().unwrap_or(0);
     super::orphans::own(pid);
+    drop(spawning);
     let (Some(stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
     else {
@@ -249,12 +287,18 @@ fn signal_group(pgid: u32, signal: Signal) {
 struct KillGuard {
     pgid: u32,
     exited: Arc<AtomicBool>,
+    cgroup: Option<Arc<super::cgroup::BundleCgroup>>,
 }
 
 impl Drop for KillGuard {
     fn drop(&mut self) {
         if !self.exited.load(Ordering::SeqCst) {
             signal_group(self.pgid, Signal::SIGKILL);
+            // What left the group: the watcher removes the cgroup once the
+            // leader is reaped.
+            if let Some(cg) = &self.cgroup {
+                cg.kill();
+            }
         }
     }
 }
@@ -290,6 +334,7 @@ impl ProcessObserver {
             Err(_) => ExitInfo {
                 code: None,
                 signal: Some(Signal::SIGKILL as i32),
+                oom_killed: false,
             },
         }
     }
@@ -316,10 +361,16 @@ enum Guard {
 impl Lifeline {
     /// Takes ownership of `child` and watches it in a task. The group is
     /// registered with `reaper` while it may be alive.
-    pub fn watch(mut child: Child, pid: u32, reaper: Option<Arc<Reaper>>) -> Lifeline {
+    pub fn watch(
+        mut child: Child,
+        pid: u32,
+        reaper: Option<Arc<Reaper>>,
+        cgroup: Option<Arc<super::cgroup::BundleCgroup>>,
+    ) -> Lifeline {
         if let Some(r) = &reaper {
-            r.track(pid);
+            r.track(pid, cgroup.as_deref().and_then(|c| c.path()));
         }
+        let killer = cgroup.clone();
         let (stop_tx, mut stop_rx) = mpsc::unbounded_channel::<Duration>();
         let (exit_tx, exit_rx) = watch::channel(None);
         let exited = Arc::new(AtomicBool::new(false));
@@ -330,19 +381,30 @@ impl Lifeline {
                 Some(grace) = stop_rx.recv() => terminate(&mut child, pid, grace).await,
             };
             super::orphans::release(pid);
-            // Grandchildren may outlive a leader that exited on its own.
+            // Grandchildren may outlive a leader that exited on its own;
+            // the cgroup holds the ones that left its group (setsid).
             signal_group(pid, Signal::SIGKILL);
+            let oom_killed = match cgroup {
+                Some(cg) => tokio::task::spawn_blocking(move || cg.finish())
+                    .await
+                    .unwrap_or(false),
+                None => false,
+            };
             if let Some(r) = &reaper {
                 r.forget(pid);
             }
             flag.store(true, Ordering::SeqCst);
             let info = match status {
-                Ok(s) => ExitInfo::from(s),
+                Ok(s) => ExitInfo {
+                    oom_killed,
+                    ..ExitInfo::from(s)
+                },
                 Err(e) => {
                     tracing::warn!(pid, error = %e, "waiting for a bundle process failed");
                     ExitInfo {
                         code: None,
                         signal: None,
+                        oom_killed: false,
                     }
                 }
             };
@@ -354,7 +416,11 @@ impl Lifeline {
                 stop_tx,
                 exit_rx,
             },
-            _guard: Arc::new(Guard::Process(KillGuard { pgid: pid, exited })),
+            _guard: Arc::new(Guard::Process(KillGuard {
+                pgid: pid,
+                exited,
+                cgroup: killer,
+            })),
         }
     }
 
@@ -373,6 +439,7 @@ impl Lifeline {
             let _ = exit_tx.send(Some(ExitInfo {
                 code: None,
                 signal: None,
+                oom_killed: false,
             }));
         });
         Lifeline {
@@ -557,12 +624,13 @@ mod tests {
     #[tokio::test]
     async fn exit_is_seen_and_reports_the_code() {
         let s = spawn(&plan("exit 7"), None).unwrap();
-        let life = Lifeline::watch(s.child, s.pid, None);
+        let life = Lifeline::watch(s.child, s.pid, None, None);
         assert_eq!(
             life.wait().await,
             ExitInfo {
                 code: Some(7),
-                signal: None
+                signal: None,
+                oom_killed: false,
             }
         );
         assert_eq!(life.wait().await.to_string(), "exit code 7");
@@ -577,7 +645,7 @@ mod tests {
             p = pidfile.display()
         );
         let s = spawn(&plan(&script), None).unwrap();
-        let life = Lifeline::watch(s.child, s.pid, None);
+        let life = Lifeline::watch(s.child, s.pid, None, None);
         let grandchild = poll_file(&pidfile).await;
         assert!(alive(grandchild));
         let exit = life.stop(Duration::from_millis(200)).await;
@@ -592,7 +660,7 @@ mod tests {
     async fn dropping_the_lifeline_kills_the_group() {
         let s = spawn(&plan("while :; do sleep 1; done"), None).unwrap();
         let pid = s.pid;
-        let life = Lifeline::watch(s.child, s.pid, None);
+        let life = Lifeline::watch(s.child, s.pid, None, None);
         let observer = life.observer();
         drop(life);
         assert_eq!(observer.wait().await.signal, Some(Signal::SIGKILL as i32));

@@ -1,16 +1,17 @@
 //! The reaper: a small helper process (the daemon binary re-executed as
 //! `bundlevisor __reap`) in a session of its own. The daemon tells it, over
-//! a pipe, which process groups are alive (`+PGID` / `-PGID` lines). When the
-//! pipe reaches EOF — the daemon exited, even by SIGKILL — it SIGKILLs every
-//! group still registered and exits.
+//! a pipe, which process groups are alive (`+PGID [CGROUP]` / `-PGID`
+//! lines). When the pipe reaches EOF — the daemon exited, even by SIGKILL —
+//! it SIGKILLs every group still registered, and kills its cgroup (what
+//! left the group with `setsid`), and exits.
 //!
 //! Why: `PR_SET_PDEATHSIG` takes down a bundle's leader with the daemon, but
 //! not the grandchildren the bundle started (`npx` → `node`); without the
 //! reaper they would be orphaned when the daemon is killed.
 
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Mutex;
 
@@ -63,8 +64,10 @@ impl Reaper {
                     .map_err(std::io::Error::from)
             });
         }
+        let spawning = super::orphans::spawning();
         let mut child = cmd.spawn()?;
         super::orphans::own(child.id());
+        drop(spawning);
         let pipe = child.stdin.take();
         let (lines, rx) = std::sync::mpsc::channel::<String>();
         let writer = std::thread::Builder::new()
@@ -81,12 +84,15 @@ impl Reaper {
         let _ = self.lines.send(line);
     }
 
-    /// A new bundle process group.
-    pub fn track(&self, pgid: u32) {
-        self.send(format!("+{pgid}\n"));
+    /// A new bundle process group, and the cgroup that holds its tree.
+    pub fn track(&self, pgid: u32, cgroup: Option<&Path>) {
+        match cgroup {
+            Some(cg) => self.send(format!("+{pgid} {}\n", cg.display())),
+            None => self.send(format!("+{pgid}\n")),
+        }
     }
 
-    /// A group that is gone.
+    /// A group that is gone (with its cgroup).
     pub fn forget(&self, pgid: u32) {
         self.send(format!("-{pgid}\n"));
     }
@@ -111,10 +117,15 @@ impl Drop for Reaper {
 /// Body of `bundlevisor __reap`: reads the registrations from stdin until
 /// EOF, then kills the groups left.
 pub fn run() -> std::process::ExitCode {
-    let mut groups = BTreeSet::new();
+    // pgid → the cgroup of its bundle, if it has one.
+    let mut groups: BTreeMap<i32, Option<PathBuf>> = BTreeMap::new();
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
-        let (op, pgid) = line.split_at(line.len().min(1));
+        let (op, rest) = line.split_at(line.len().min(1));
+        let (pgid, cgroup) = match rest.split_once(' ') {
+            Some((pgid, cg)) => (pgid, Some(PathBuf::from(cg))),
+            None => (rest, None),
+        };
         let Ok(pgid) = pgid.parse::<i32>() else {
             continue;
         };
@@ -123,7 +134,7 @@ pub fn run() -> std::process::ExitCode {
         }
         match op {
             "+" => {
-                groups.insert(pgid);
+                groups.insert(pgid, cgroup);
             }
             "-" => {
                 groups.remove(&pgid);
@@ -131,8 +142,31 @@ pub fn run() -> std::process::ExitCode {
             _ => {}
         }
     }
-    for pgid in groups {
+    for (pgid, cgroup) in groups {
         let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+        // Descendants that left the group (setsid) are in the cgroup.
+        if let Some(cg) = cgroup {
+            if std::fs::write(cg.join("cgroup.kill"), "1").is_err() {
+                kill_listed(&cg);
+            }
+        }
     }
     std::process::ExitCode::SUCCESS
+}
+
+/// SIGKILLs every process a (cgroup v1) cgroup lists, until it is empty.
+fn kill_listed(cgroup: &Path) {
+    for _ in 0..16 {
+        let listed = std::fs::read_to_string(cgroup.join("cgroup.procs")).unwrap_or_default();
+        let pids: Vec<i32> = listed
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        if pids.is_empty() {
+            return;
+        }
+        for pid in pids {
+            let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
 }

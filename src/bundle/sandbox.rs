@@ -134,6 +134,8 @@ pub struct Sandbox {
     pub landlock: Option<Grants>,
     /// `[sandbox] pass_env`: daemon variables passed through the scrub.
     pub pass_env: Vec<String>,
+    /// The bundle's cgroup, which its process joins before it runs.
+    pub cgroup: Option<std::sync::Arc<super::cgroup::BundleCgroup>>,
 }
 
 /// What one bundle may touch: the one value the Landlock ruleset and
@@ -673,6 +675,9 @@ pub fn prepare(
             read,
             write,
             execute,
+            containment: String::new(),
+            cgroup: None,
+            limits: Vec::new(),
         },
         data,
         tmp,
@@ -690,7 +695,42 @@ pub fn prepare(
             )
             .cloned()
             .collect(),
+        cgroup: None,
     })
+}
+
+impl Sandbox {
+    /// Puts the bundle in its cgroup (made empty, with its limits), or says
+    /// why it runs in a process group only.
+    pub fn contain(
+        &mut self,
+        cgroups: &super::cgroup::Cgroups,
+        settings: &SandboxSettings,
+        workspace: &str,
+        bundle: &str,
+    ) -> Result<(), super::cgroup::CgroupError> {
+        let limits = settings.cgroup_limits(workspace, bundle);
+        let cgroup = cgroups.create(workspace, bundle, limits)?;
+        self.record.containment = cgroups.containment.clone();
+        if let Some(cg) = &cgroup {
+            self.record.cgroup = cg.path().map(|p| p.display().to_string());
+            self.record.limits = cg.limits.clone();
+            self.record.strategy.push_str(" + cgroup");
+        } else {
+            let asked = [
+                limits.memory_max.map(|_| "memory_max"),
+                limits.pids_max.map(|_| "pids_max"),
+                limits.cpu_max.map(|_| "cpu_max"),
+            ];
+            self.record.limits = asked
+                .into_iter()
+                .flatten()
+                .map(|l| format!("{l}: not in force (no cgroup)"))
+                .collect();
+        }
+        self.cgroup = cgroup.map(std::sync::Arc::new);
+        Ok(())
+    }
 }
 
 impl Grants {

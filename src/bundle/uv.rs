@@ -351,12 +351,14 @@ impl Runner<'_> {
             }
         }
         let shown = format!("uv {}", args.first().copied().unwrap_or_default());
+        let spawning = super::orphans::spawning();
         let mut child = cmd.spawn().map_err(|source| UvError::NoUv {
             program: self.uv.display().to_string(),
             source,
         })?;
         let pid = child.id().unwrap_or(0);
         super::orphans::own(pid);
+        drop(spawning);
         // Its whole group dies with this step if the start is abandoned.
         let _group = GroupGuard(pid);
         let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {

@@ -61,6 +61,7 @@ async fn watch(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError
     let mut ticker = tokio::time::interval(args.interval.max(Duration::from_millis(50)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut before: Option<(Instant, CallCounts)> = None;
+    let mut cpu_before: Option<(Instant, CallCounts)> = None;
     let mut out = std::io::stdout();
     if tty {
         let _ = write!(out, "{HIDE_CURSOR}");
@@ -93,6 +94,17 @@ async fn watch(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError
             .collect();
         let rates = per_second(before.as_ref(), now, &calls);
         before = Some((now, calls));
+        // CPU time of each bundle's tree (µs), as a share of one CPU.
+        let cpu: CallCounts = status
+            .bundles
+            .iter()
+            .filter_map(|b| {
+                let usec = b.usage.as_ref()?.cpu_usec?;
+                Some(((b.workspace.clone(), b.name.clone()), usec))
+            })
+            .collect();
+        let cpu_share = per_second(cpu_before.as_ref(), now, &cpu);
+        cpu_before = Some((now, cpu));
         let text = if args.json {
             serde_json::to_string(&status).map_err(|e| ClientError::Protocol(e.to_string()))? + "\n"
         } else {
@@ -104,7 +116,7 @@ async fn watch(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError
                 status.bundles.len(),
                 humantime::format_duration(args.interval)
             );
-            format!("{heading}\n\n{}", watch_table(&status, &rates))
+            format!("{heading}\n\n{}", watch_table(&status, &rates, &cpu_share))
         };
         let written = if tty {
             write!(out, "{REDRAW}{text}")
@@ -148,18 +160,33 @@ fn per_second(
         .collect()
 }
 
-fn watch_table(status: &StatusResult, rates: &HashMap<(String, String), f64>) -> String {
+/// Memory of each bundle's whole tree (its cgroup; its own RSS without
+/// one), its CPU use as a share of one CPU, and its calls per second.
+fn watch_table(
+    status: &StatusResult,
+    rates: &HashMap<(String, String), f64>,
+    cpu: &HashMap<(String, String), f64>,
+) -> String {
     let rows = status.bundles.iter().map(|b| {
-        let rss = b.usage.as_ref().and_then(|u| u.rss_bytes);
-        let rate = rates.get(&(b.workspace.clone(), b.name.clone()));
+        let key = (b.workspace.clone(), b.name.clone());
+        let memory = b
+            .usage
+            .as_ref()
+            .and_then(|u| u.memory_bytes.or(u.rss_bytes));
         [
-            rss.map(|r| format!("{:.1} MiB", r as f64 / 1048576.0))
+            memory
+                .map(|r| format!("{:.1} MiB", r as f64 / 1048576.0))
                 .unwrap_or_else(|| "-".into()),
-            rate.map(|r| format!("{r:.1}"))
+            cpu.get(&key)
+                .map(|usec_per_sec| format!("{:.0}%", usec_per_sec / 1e4))
+                .unwrap_or_else(|| "-".into()),
+            rates
+                .get(&key)
+                .map(|r| format!("{r:.1}"))
                 .unwrap_or_else(|| "-".into()),
         ]
     });
-    bundle_table(status, ["RSS", "CALLS/S"], rows)
+    bundle_table(status, ["MEMORY", "CPU", "CALLS/S"], rows)
 }
 
 pub(super) fn uptime(secs: Option<u64>) -> String {

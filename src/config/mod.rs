@@ -115,6 +115,9 @@ pub mod defaults {
     pub fn landlock() -> super::LandlockMode {
         super::LandlockMode::Auto
     }
+    pub fn cgroups() -> super::LandlockMode {
+        super::LandlockMode::Auto
+    }
     pub fn max_open_files() -> u64 {
         4096
     }
@@ -290,9 +293,36 @@ pub struct SandboxOverride {
     /// Its configured `directory`/`file` values are granted read-only.
     #[serde(default)]
     pub configured_read_only: bool,
+    /// Its own cgroup limits, instead of `[sandbox]`'s (0: not limited).
+    #[serde(default)]
+    pub memory_max: Option<u64>,
+    #[serde(default)]
+    pub pids_max: Option<u64>,
+    #[serde(default)]
+    pub cpu_max: Option<f64>,
+}
+
+/// The cgroup limits of one bundle (None: not limited).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CgroupLimits {
+    pub memory_max: Option<u64>,
+    pub pids_max: Option<u64>,
+    pub cpu_max: Option<f64>,
 }
 
 impl SandboxSettings {
+    /// `[sandbox]` limits, with the bundle's own `[[sandbox.bundle]]` ones first.
+    pub fn cgroup_limits(&self, workspace: &str, bundle: &str) -> CgroupLimits {
+        let own = self.for_bundle(workspace, bundle);
+        CgroupLimits {
+            memory_max: Some(own.and_then(|o| o.memory_max).unwrap_or(self.memory_max))
+                .filter(|n| *n > 0),
+            pids_max: Some(own.and_then(|o| o.pids_max).unwrap_or(self.pids_max))
+                .filter(|n| *n > 0),
+            cpu_max: Some(own.and_then(|o| o.cpu_max).unwrap_or(self.cpu_max)).filter(|c| *c > 0.0),
+        }
+    }
+
     /// The override of one bundle, if any.
     pub fn for_bundle(&self, workspace: &str, bundle: &str) -> Option<&SandboxOverride> {
         self.bundles
@@ -369,6 +399,25 @@ pub struct SandboxSettings {
     /// RLIMIT_CPU in seconds of CPU time over the process's life (0: not limited).
     #[serde(default)]
     pub max_cpu_seconds: u64,
+    /// Whether each bundle runs in a cgroup of its own (docs/security.md,
+    /// "Containment"): `auto` where one is writable (said loudly when not),
+    /// `required` (a bundle does not start without it), `off`.
+    #[serde(default = "defaults::cgroups")]
+    pub cgroups: LandlockMode,
+    /// Where the bundles' cgroups are made (a cgroup v2 folder). Default:
+    /// the daemon's own cgroup when it is delegated (`Delegate=yes`), or
+    /// `bundlevisor/` at the top of the hierarchy when the daemon is there.
+    #[serde(default)]
+    pub cgroup_root: Option<PathBuf>,
+    /// cgroup limits of every bundle's whole process tree, where the
+    /// controllers are there (0: not limited): `memory.max` in bytes,
+    /// `pids.max`, and `cpu.max` in CPUs (1.5 = one and a half).
+    #[serde(default)]
+    pub memory_max: u64,
+    #[serde(default)]
+    pub pids_max: u64,
+    #[serde(default)]
+    pub cpu_max: f64,
 }
 
 /// An inclusive range of uids, written `"FIRST-LAST"`.
@@ -724,6 +773,9 @@ impl Config {
         for p in &mut config.sandbox.read_only_paths {
             *p = normalize(&base.join(&*p));
         }
+        if let Some(root) = &mut config.sandbox.cgroup_root {
+            *root = normalize(&base.join(&*root));
+        }
         for p in &mut config.sandbox.read_write_paths {
             *p = normalize(&base.join(&*p));
         }
@@ -778,6 +830,15 @@ impl Config {
         }
         if self.control.max_connections == 0 {
             problems.push("control.max_connections must be at least 1".to_string());
+        }
+        let cpus = std::iter::once(self.sandbox.cpu_max)
+            .chain(self.sandbox.bundles.iter().filter_map(|o| o.cpu_max));
+        for cpu in cpus {
+            if !(cpu.is_finite() && cpu >= 0.0) {
+                problems.push(format!(
+                    "sandbox cpu_max {cpu} is not a number of CPUs (e.g. 0.5, 2; 0: not limited)"
+                ));
+            }
         }
         if self.uv.timeout.is_zero() {
             problems.push("uv.timeout must be above 0".to_string());

@@ -784,6 +784,7 @@ mod tests {
             status: ExitStatus {
                 code: Some(code),
                 signal: None,
+                oom_killed: false,
             },
             text: format!("exit code {code}"),
             pid: Some(42),

@@ -17,6 +17,9 @@ use super::board::StatusBoard;
 use crate::host_resources::{codes as code, HostError};
 use crate::protocol::BundleState;
 
+/// A bundle's tree from its cgroup: memory (bytes), CPU time (µs).
+type TreeUsage = (Option<u64>, Option<u64>);
+
 /// Upper bounds (seconds) of the tool-call latency histogram.
 const BUCKETS: [f64; 14] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
@@ -42,6 +45,8 @@ struct Inner {
     calls: BTreeMap<String, BTreeMap<String, Calls>>,
     host: BTreeMap<String, [u64; HOST_OUTCOMES.len()]>,
     control: BTreeMap<&'static str, u64>,
+    /// workspace → bundle → exits the OOM killer caused.
+    oom: BTreeMap<String, BTreeMap<String, u64>>,
 }
 
 /// The entry of `key` in `map`, inserted with a default on first use.
@@ -108,6 +113,11 @@ impl Metrics {
         *self.lock().control.entry(label).or_default() += 1;
     }
 
+    /// A bundle's process tree was killed by the OOM killer (its memory_max).
+    pub fn oom_killed(&self, workspace: &str, bundle: &str) {
+        *slot(slot(&mut self.lock().oom, workspace), bundle) += 1;
+    }
+
     /// Tool calls and errors of a bundle so far (for `status --usage`).
     pub fn calls_of(&self, workspace: &str, bundle: &str) -> (u64, u64) {
         self.lock()
@@ -118,7 +128,12 @@ impl Metrics {
     }
 
     /// Everything, as Prometheus text.
-    pub fn render(&self, board: &StatusBoard, uptime: Duration) -> String {
+    pub fn render(
+        &self,
+        board: &StatusBoard,
+        uptime: Duration,
+        cgroups: &crate::bundle::cgroup::Cgroups,
+    ) -> String {
         let (workspaces, bundles) = board.snapshot();
         let counts = board.counts();
         let mut out = String::with_capacity(4096);
@@ -174,6 +189,32 @@ impl Metrics {
             }),
         );
 
+        // The whole tree of each running bundle, from its cgroup.
+        let usage: Vec<(&str, &str, TreeUsage)> = bundles
+            .iter()
+            .filter(|b| b.pid.is_some())
+            .map(|b| {
+                let usage = cgroups.usage(&b.workspace, &b.name);
+                (b.workspace.as_str(), b.name.as_str(), usage)
+            })
+            .collect();
+        per_bundle(
+            &mut out,
+            ("bundlevisor_bundle_memory_bytes", "gauge"),
+            "Memory of a running bundle's whole process tree (its cgroup).",
+            usage
+                .iter()
+                .filter_map(|(ws, b, (memory, _))| Some((*ws, *b, (*memory)?))),
+        );
+        per_bundle(
+            &mut out,
+            ("bundlevisor_bundle_cpu_seconds_total", "counter"),
+            "CPU time of a running bundle's whole process tree (its cgroup), since it started.",
+            usage
+                .iter()
+                .filter_map(|(ws, b, (_, cpu))| Some((*ws, *b, (*cpu)? as f64 / 1e6))),
+        );
+
         let installed: std::collections::HashSet<(&str, &str)> = bundles
             .iter()
             .map(|b| (b.workspace.as_str(), b.name.as_str()))
@@ -189,6 +230,20 @@ impl Metrics {
             })
             .filter(|(ws, b, _)| installed.contains(&(*ws, *b)))
             .collect();
+        per_bundle(
+            &mut out,
+            ("bundlevisor_bundle_oom_kills_total", "counter"),
+            "Exits of a bundle caused by the kernel's OOM killer at its memory_max.",
+            inner
+                .oom
+                .iter()
+                .flat_map(|(ws, bundles)| {
+                    bundles
+                        .iter()
+                        .map(move |(b, n)| (ws.as_str(), b.as_str(), *n))
+                })
+                .filter(|(ws, b, _)| installed.contains(&(*ws, *b))),
+        );
         per_bundle(
             &mut out,
             ("bundlevisor_tool_calls_total", "counter"),
@@ -266,11 +321,11 @@ impl Metrics {
 }
 
 /// A family with one sample per (workspace, bundle).
-fn per_bundle<'a>(
+fn per_bundle<'a, V: std::fmt::Display>(
     out: &mut String,
     (name, kind): (&str, &str),
     help: &str,
-    samples: impl Iterator<Item = (&'a str, &'a str, u64)>,
+    samples: impl Iterator<Item = (&'a str, &'a str, V)>,
 ) {
     let name = family(out, name, kind, help);
     for (ws, bundle, value) in samples {

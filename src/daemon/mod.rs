@@ -63,6 +63,8 @@ pub struct Shared {
     pub log_lines: tokio::sync::broadcast::Sender<crate::protocol::LogLine>,
     /// Kills bundle groups left behind if the daemon is killed.
     pub reaper: Option<Arc<crate::bundle::reaper::Reaper>>,
+    /// Where each bundle's cgroup goes, and what containment is in force.
+    pub cgroups: Arc<crate::bundle::cgroup::Cgroups>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -443,6 +445,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         tracing::warn!("cannot become the subreaper of bundle processes ({e}); a bundle's double-forked descendants leave the daemon's process tree");
     }
     tokio::spawn(crate::bundle::orphans::reap(shutdown.clone()));
+    // Each bundle's cgroup: found (and an earlier daemon's leftovers
+    // removed) before anything is spawned, said loudly when there is none.
+    let cgroups = {
+        let (settings, state_dir) = (config.sandbox.clone(), config.state_dir.clone());
+        tokio::task::spawn_blocking(move || {
+            crate::bundle::cgroup::Cgroups::detect(&settings, &state_dir)
+        })
+        .await
+        .unwrap_or_else(|e| crate::bundle::cgroup::Cgroups::none(&e.to_string()))
+    };
+    if cgroups.available() {
+        tracing::info!("containment: {}", cgroups.containment);
+    } else {
+        tracing::warn!("containment: {}", cgroups.containment);
+    }
     let reaper = match crate::bundle::reaper::Reaper::spawn(&config.state_dir) {
         Ok(r) => Some(Arc::new(r)),
         Err(e) => {
@@ -452,6 +469,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     };
     let shared = Arc::new(Shared {
         reaper,
+        cgroups: Arc::new(cgroups),
         log_lines: tokio::sync::broadcast::channel(4096).0,
         start_permits: Semaphore::new(config.bundles.max_concurrent_starts),
         config: Arc::new(config),
@@ -500,7 +518,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
             move || {
                 shared
                     .metrics
-                    .render(&shared.board, shared.started_at.elapsed())
+                    .render(&shared.board, shared.started_at.elapsed(), &shared.cgroups)
             },
             // Bundles may not use the daemon's listeners either.
             move |peer, ours| match control::tcp_refusal(peer, ours, &sandbox) {
@@ -535,6 +553,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     let _ = control.await;
     let _ = watcher.await;
     let _ = std::fs::remove_file(&socket);
+    // Every bundle has stopped and its cgroup is gone: the folders above go too.
+    let cgroups = shared.cgroups.clone();
+    let _ = tokio::task::spawn_blocking(move || cgroups.remove_all()).await;
     tracing::info!("daemon stopped");
     Ok(())
 }

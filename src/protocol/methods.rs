@@ -237,6 +237,18 @@ pub struct SandboxRecord {
     /// ... execute.
     #[serde(default)]
     pub execute: Vec<String>,
+    /// What holds the bundle's whole process tree, e.g. `cgroup v2
+    /// (…/WS/NAME, killed with cgroup.kill); limits from memory (v1), …`,
+    /// or `process group only: …` where no cgroup is writable.
+    #[serde(default)]
+    pub containment: String,
+    /// The bundle's cgroup, when it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cgroup: Option<String>,
+    /// The cgroup limits in force (`memory.max 67108864`, `pids.max 64`,
+    /// `cpu.max 0.5 CPUs`), and those asked for that are not, with why.
+    #[serde(default)]
+    pub limits: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -267,6 +279,13 @@ pub struct StatusParams {
 pub struct Usage {
     /// Resident memory of its process (absent when not running or remote).
     pub rss_bytes: Option<u64>,
+    /// Memory of its whole process tree, from its cgroup (absent without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    /// CPU time of its whole process tree since it started, in
+    /// microseconds, from its cgroup (absent without one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_usec: Option<u64>,
     /// Tool calls answered since the daemon started, and how many failed.
     pub calls: u64,
     pub errors: u64,
@@ -616,6 +635,10 @@ pub enum EventKind {
 pub struct ExitStatus {
     pub code: Option<i32>,
     pub signal: Option<i32>,
+    /// The kernel's OOM killer struck in the bundle's cgroup (its
+    /// `memory_max`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub oom_killed: bool,
 }
 
 /// One lifecycle event, as streamed by `events.subscribe` (and printed by

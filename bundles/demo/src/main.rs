@@ -64,6 +64,12 @@ struct CrashArgs {
     code: Option<i32>,
 }
 
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+struct HogArgs {
+    /// Mebibytes to allocate and touch.
+    mib: usize,
+}
+
 #[derive(Deserialize, schemars::JsonSchema)]
 struct EnvArgs {
     /// Name of the environment variable.
@@ -213,6 +219,22 @@ impl Demo {
         let code = args.code.unwrap_or(3);
         eprintln!("demo: crashing on request with exit code {code}");
         std::process::exit(code);
+    }
+
+    #[tool(description = "Allocate and touch MIB mebibytes and keep them (tests memory limits)")]
+    async fn hog(
+        &self,
+        Parameters(args): Parameters<HogArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let mut held = Vec::with_capacity(args.mib);
+        for _ in 0..args.mib {
+            held.push(vec![1u8; 1024 * 1024]);
+        }
+        let total: usize = held.iter().map(Vec::len).sum();
+        std::mem::forget(held);
+        Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+            "holding {total} bytes"
+        ))]))
     }
 
     #[tool(description = "Read a workspace file through ai.nimblebrain/resources/read")]

@@ -566,10 +566,17 @@ impl Actor for BundleActor {
                 stderr,
             } => {
                 let live = st.lc.session().filter(|_| generation == st.lc.generation());
+                if exit.oom_killed {
+                    st.args
+                        .shared
+                        .metrics
+                        .oom_killed(&st.args.workspace, &st.args.name);
+                }
                 let exit = Exit {
                     status: ExitStatus {
                         code: exit.code,
                         signal: exit.signal,
+                        oom_killed: exit.oom_killed,
                     },
                     text: exit.to_string(),
                     pid: live.and_then(|l| l.lifeline.pid()),

@@ -275,6 +275,7 @@ pub async fn start(
                 launch.command.clone(),
             );
             let configured = launch.paths.clone();
+            let cgroups = shared.cgroups.clone();
             let environment = environment.clone();
             // A bare manifest file's folder is not the bundle's to read.
             let folder = (!loaded.is_bare()).then(|| loaded.dir.clone());
@@ -288,11 +289,17 @@ pub async fn start(
                     configured: &configured,
                     environment: environment.as_deref(),
                 };
-                crate::bundle::sandbox::prepare(&settings, &state_dir, &protected, &target)
+                let mut sandbox =
+                    crate::bundle::sandbox::prepare(&settings, &state_dir, &protected, &target)
+                        .map_err(|e| e.to_string())?;
+                sandbox
+                    .contain(&cgroups, &settings, &ws, &bundle)
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>(sandbox)
             })
             .await
             .map_err(|e| config(format!("sandbox task failed: {e}")))?
-            .map_err(|e| config(e.to_string()))?;
+            .map_err(config)?;
             Some(prepared)
         }
         Plan::Remote(_) => None,
@@ -317,9 +324,14 @@ pub async fn start(
     };
     let (connection, reauthorized) = match &plan {
         Plan::Stdio(_) => (
-            connect(&plan, host, &opts)
-                .await
-                .map_err(|e| transient(&plan, e))?,
+            connect(&plan, host, &opts).await.map_err(|e| {
+                if let ConnectError::Exited { exit, .. } = &e {
+                    if exit.oom_killed {
+                        shared.metrics.oom_killed(workspace, name);
+                    }
+                }
+                transient(&plan, e)
+            })?,
             false,
         ),
         Plan::Remote(remote) => {

@@ -38,7 +38,13 @@ pub(super) async fn status(p: StatusParams, ctx: &Ctx) -> Result<StatusResult, R
     if p.usage {
         for b in &mut bundles {
             let (calls, errors) = ctx.shared.metrics.calls_of(&b.workspace, &b.name);
+            let (memory_bytes, cpu_usec) = match b.pid {
+                Some(_) => ctx.shared.cgroups.usage(&b.workspace, &b.name),
+                None => (None, None),
+            };
             b.usage = Some(Usage {
+                memory_bytes,
+                cpu_usec,
                 rss_bytes: b.pid.and_then(crate::daemon::metrics::rss_bytes),
                 calls,
                 errors,
@@ -90,10 +96,11 @@ pub(super) fn no_workspace(ctx: &Ctx, ws: &str) -> RpcError {
 
 pub(super) async fn metrics(_: NoParams, ctx: &Ctx) -> Result<MetricsResult, RpcError> {
     Ok(MetricsResult {
-        text: ctx
-            .shared
-            .metrics
-            .render(&ctx.shared.board, ctx.shared.started_at.elapsed()),
+        text: ctx.shared.metrics.render(
+            &ctx.shared.board,
+            ctx.shared.started_at.elapsed(),
+            &ctx.shared.cgroups,
+        ),
     })
 }
 
