@@ -72,8 +72,24 @@ fn setsid_and_double_forked_descendants_die_on_restart_uninstall_and_daemon_sigt
     assert!(!instance.exists(), "{} is left", instance.display());
 }
 
+/// The daemon's reaper helper (`bundlevisor __reap STATE_DIR`).
+fn reaper_of(d: &Daemon) -> u32 {
+    let state = d.root().join("state");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                let c = String::from_utf8_lossy(&c);
+                c.contains("__reap") && c.contains(state.to_str().unwrap())
+            })
+        })
+        .expect("the daemon's reaper")
+}
+
 #[test]
-fn a_sigkilled_daemons_bundles_die_by_the_reaper_and_its_cgroups_go_at_the_next_start() {
+fn a_sigkilled_daemons_bundles_and_cgroups_are_removed_by_the_reaper() {
     let mut d = Daemon::start();
     let bundle = shell_wrapped_demo(&d.root().join("src"), "escaper", ESCAPE);
     d.ok(&["install", bundle.to_str().unwrap()]);
@@ -83,14 +99,34 @@ fn a_sigkilled_daemons_bundles_die_by_the_reaper_and_its_cgroups_go_at_the_next_
         .unwrap()
         .to_string();
     d.signal(Signal::SIGKILL);
-    // The reaper kills the group and the cgroup: the setsid ones too.
+    // The reaper kills the group and the cgroup (the setsid ones too), and
+    // removes the cgroup with its workspace and instance folders.
     wait_escapees(&d.root(), 0, "no escapee after the daemon was killed");
-    assert!(
-        Path::new(&cgroup).exists(),
-        "the killed daemon could not remove it"
-    );
-    // The next start empties and removes what the killed one left, then
-    // starts the bundle afresh.
+    let instance = Path::new(&cgroup)
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    wait_for(Duration::from_secs(10), "the cgroups removed", || {
+        (!instance.exists()).then_some(())
+    });
+}
+
+/// Daemon and reaper both SIGKILLed (an OOM kill of the whole unit, say):
+/// the setsid escapees survive in the bundle's cgroup, and the next start
+/// kills them and removes it before it starts the bundle afresh.
+#[test]
+fn the_next_start_removes_what_a_killed_daemon_and_reaper_left() {
+    let mut d = Daemon::start();
+    let bundle = shell_wrapped_demo(&d.root().join("src"), "escaper", ESCAPE);
+    d.ok(&["install", bundle.to_str().unwrap()]);
+    wait_escapees(&d.root(), 3, "the three escapees");
+    let reaper = reaper_of(&d);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(reaper as i32), Signal::SIGKILL).unwrap();
+    let survivors = escapees(&d.root());
+    d.signal(Signal::SIGKILL);
+    assert_eq!(escapees(&d.root()), survivors, "nothing killed them");
     d.launch();
     d.wait_state("default", "escaper", "ready");
     assert!(
@@ -99,7 +135,10 @@ fn a_sigkilled_daemons_bundles_die_by_the_reaper_and_its_cgroups_go_at_the_next_
         "{}",
         d.log()
     );
-    wait_escapees(&d.root(), 3, "the new generation's escapees");
+    wait_for(Duration::from_secs(15), "only the new generation", || {
+        let now = escapees(&d.root());
+        (now.len() == 3 && now.iter().all(|p| !survivors.contains(p))).then_some(())
+    });
 }
 
 #[test]
@@ -243,5 +282,96 @@ fn status_shows_the_whole_trees_memory_and_cpu_from_the_cgroup() {
     assert!(
         metrics.contains("bundlevisor_bundle_memory_bytes{workspace=\"default\",bundle=\"busy\"}"),
         "{metrics}"
+    );
+}
+
+/// The cgroup v2 mount of this host (`/sys/fs/cgroup` or, on a hybrid
+/// host, `/sys/fs/cgroup/unified`).
+fn v2_mount() -> std::path::PathBuf {
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let point = mounts
+        .lines()
+        .find(|l| {
+            l.split(" - ")
+                .nth(1)
+                .is_some_and(|r| r.starts_with("cgroup2 "))
+        })
+        .and_then(|l| l.split(' ').nth(4))
+        .expect("a cgroup v2 hierarchy is mounted");
+    std::path::PathBuf::from(point)
+}
+
+/// Under systemd with `Delegate=yes` the daemon starts in a cgroup of its
+/// own: it moves itself into `OWN/daemon` and puts bundles below
+/// `OWN/bundlevisor`. `[sandbox] cgroup_root` puts them where it says.
+#[test]
+fn bundles_go_below_a_delegated_cgroup_or_the_configured_root() {
+    let own = v2_mount().join(format!("bv-test-{}", std::process::id()));
+    std::fs::create_dir_all(&own).unwrap();
+    let mut d = Daemon::unlaunched("");
+    d.cgroup = Some(own.clone());
+    d.launch();
+    let daemon_cgroup = std::fs::read_to_string(format!("/proc/{}/cgroup", d.pid())).unwrap();
+    let own_name = own.file_name().unwrap().to_str().unwrap();
+    assert!(
+        daemon_cgroup.contains(&format!("0::/{own_name}/daemon")),
+        "{daemon_cgroup}"
+    );
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    let cgroup = d.bundle("default", "demo").unwrap()["sandbox"]["cgroup"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        cgroup.starts_with(own.join("bundlevisor").to_str().unwrap())
+            && cgroup.contains("/default/demo/g"),
+        "{cgroup}"
+    );
+    assert!(d.signal(Signal::SIGTERM).success());
+    assert!(!Path::new(&cgroup).exists());
+    for leftover in ["daemon", "bundlevisor"] {
+        let _ = std::fs::remove_dir_all(own.join(leftover));
+        let _ = std::fs::remove_dir(own.join(leftover));
+    }
+    std::fs::remove_dir(&own).unwrap();
+
+    let root = v2_mount().join(format!("bv-root-{}", std::process::id()));
+    let d = Daemon::start_with(&format!(
+        "[sandbox]\ncgroup_root = \"{}\"\n",
+        root.display()
+    ));
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    let cgroup = d.bundle("default", "demo").unwrap()["sandbox"]["cgroup"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(cgroup.starts_with(root.to_str().unwrap()), "{cgroup}");
+    // Killed: its reaper kills the bundle and removes every folder of it.
+    drop(d);
+    let instance = Path::new(&cgroup).ancestors().nth(3).unwrap().to_path_buf();
+    wait_for(
+        Duration::from_secs(10),
+        "the killed daemon's cgroups removed",
+        || (!instance.exists()).then_some(()),
+    );
+    std::fs::remove_dir(&root).unwrap();
+}
+
+/// `[sandbox] cgroups = "off"`: process groups only, and `status` says
+/// what that means and which limits are not in force.
+#[test]
+fn without_a_cgroup_status_says_so() {
+    let d = Daemon::start_with("[sandbox]\ncgroups = \"off\"\npids_max = 10\n");
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    let b = d.bundle("default", "demo").unwrap();
+    let containment = b["sandbox"]["containment"].as_str().unwrap();
+    assert!(
+        containment.starts_with("process group only") && containment.contains("setsid"),
+        "{containment}"
+    );
+    assert!(b["sandbox"]["cgroup"].is_null(), "{b:#}");
+    assert_eq!(
+        b["sandbox"]["limits"],
+        serde_json::json!(["pids_max: not in force (no cgroup)"])
     );
 }

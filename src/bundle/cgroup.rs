@@ -154,7 +154,9 @@ impl Cgroups {
             v2: None,
             v2_controllers: Vec::new(),
             v1: BTreeMap::new(),
-            containment: format!("process group only: {why}"),
+            containment: format!(
+                "process group only: {why}; a bundle's descendants that leave its process group (setsid) can outlive it"
+            ),
             mode: LandlockMode::Off,
         }
     }
@@ -236,6 +238,15 @@ impl Cgroups {
         cgroups
     }
 
+    /// The daemon's folders of bundle cgroups (`ROOT/INSTANCE` in each hierarchy).
+    pub fn folders(&self) -> Vec<&Path> {
+        self.v2
+            .iter()
+            .chain(self.v1.values())
+            .map(PathBuf::as_path)
+            .collect()
+    }
+
     /// Whether bundles get a cgroup at all.
     pub fn available(&self) -> bool {
         self.v2.is_some() || !self.v1.is_empty()
@@ -247,11 +258,18 @@ impl Cgroups {
         for base in self.v2.iter().chain(self.v1.values()) {
             for ws in std::fs::read_dir(base).into_iter().flatten().flatten() {
                 for b in std::fs::read_dir(ws.path()).into_iter().flatten().flatten() {
-                    let cg = BundleCgroup::at(self, &ws.file_name(), &b.file_name());
-                    let killed = cg.kill();
-                    cg.wait_empty(EMPTY_WITHIN);
-                    cg.remove();
-                    tracing::warn!(cgroup = %b.path().display(), killed, "removed {why}");
+                    let bundle = BundleCgroup::of(self, &ws.file_name(), &b.file_name());
+                    for leaf in std::fs::read_dir(b.path()).into_iter().flatten().flatten() {
+                        if !leaf.file_type().is_ok_and(|t| t.is_dir()) {
+                            continue;
+                        }
+                        let cg = bundle.with_leaf(&leaf.file_name());
+                        let killed = cg.kill();
+                        cg.wait_empty(EMPTY_WITHIN);
+                        cg.remove();
+                        tracing::warn!(cgroup = %leaf.path().display(), killed, "removed {why}");
+                    }
+                    bundle.remove();
                 }
                 let _ = std::fs::remove_dir(ws.path());
             }
@@ -267,49 +285,57 @@ impl Cgroups {
         }
     }
 
-    /// The cgroup of a bundle, made empty and ready, with its limits.
+    /// A new cgroup for one start of a bundle (`…/WS/NAME/gN`), below the
+    /// bundle's folder, which carries its limits. Each start has its own:
+    /// the end of an earlier one (killing and removing its cgroup) never
+    /// touches the next.
     pub fn create(
         &self,
         workspace: &str,
         bundle: &str,
         limits: CgroupLimits,
     ) -> Result<Option<BundleCgroup>, CgroupError> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static STARTS: AtomicU64 = AtomicU64::new(1);
         if !self.available() {
             if self.mode == LandlockMode::Required {
                 return Err(CgroupError::Required(self.containment.clone()));
             }
             return Ok(None);
         }
-        let mut cg = BundleCgroup::at(
-            self,
-            std::ffi::OsStr::new(workspace),
-            std::ffi::OsStr::new(bundle),
-        );
-        // A cgroup still holding processes (a restart racing a slow exit).
-        if cg.kill() > 0 {
-            cg.wait_empty(EMPTY_WITHIN);
-        }
         let io = |path: &Path| {
             let path = path.to_path_buf();
             move |source| CgroupError::Io { path, source }
         };
-        if let Some(dir) = &cg.v2 {
+        let bundle_dirs = BundleCgroup::of(
+            self,
+            std::ffi::OsStr::new(workspace),
+            std::ffi::OsStr::new(bundle),
+        );
+        if let Some(dir) = &bundle_dirs.v2 {
             let ws = dir.parent().unwrap_or(dir);
-            std::fs::create_dir_all(dir).map_err(io(dir))?;
+            std::fs::create_dir_all(ws).map_err(io(ws))?;
             let mut notes = Vec::new();
             enable(ws, &mut notes);
         }
-        for dir in cg.v1.values() {
+        for dir in bundle_dirs.v2.iter().chain(bundle_dirs.v1.values()) {
             std::fs::create_dir_all(dir).map_err(io(dir))?;
         }
-        cg.limits = cg.apply(limits);
+        let limits = bundle_dirs.apply(limits);
+        let leaf = format!("g{}", STARTS.fetch_add(1, Ordering::Relaxed));
+        let mut cg = bundle_dirs.with_leaf(std::ffi::OsStr::new(&leaf));
+        for dir in cg.dirs() {
+            std::fs::create_dir(&dir).map_err(io(&dir))?;
+        }
+        cg.limits = limits;
+        cg.oom_before = cg.oom_kills();
         Ok(Some(cg))
     }
 
     /// A bundle's memory (whole tree, bytes) and CPU time (microseconds),
     /// from its cgroup; None where there is no cgroup or no controller.
     pub fn usage(&self, workspace: &str, bundle: &str) -> (Option<u64>, Option<u64>) {
-        let cg = BundleCgroup::at(
+        let cg = BundleCgroup::of(
             self,
             std::ffi::OsStr::new(workspace),
             std::ffi::OsStr::new(bundle),
@@ -389,18 +415,25 @@ fn describe(
     }
 }
 
-/// One bundle's cgroup (its folder in each hierarchy).
+/// One start's cgroup: its leaf folder in each hierarchy, below the
+/// bundle's folder (limits, usage and the OOM count are the bundle's).
 #[derive(Debug, Clone)]
 pub struct BundleCgroup {
+    /// `…/WS/NAME` in v2, and in each v1 hierarchy.
     v2: Option<PathBuf>,
-    v2_controllers: Vec<&'static str>,
     v1: BTreeMap<&'static str, PathBuf>,
+    v2_controllers: Vec<&'static str>,
+    /// The start's folder below them (`gN`); empty: the bundle's folder itself.
+    leaf: std::ffi::OsString,
+    /// OOM kills in the bundle's folder when this start began.
+    oom_before: u64,
     /// The limits in force, and the ones asked for that are not (`status`).
     pub limits: Vec<String>,
 }
 
 impl BundleCgroup {
-    fn at(
+    /// The bundle's folders (no start's leaf).
+    fn of(
         cgroups: &Cgroups,
         workspace: &std::ffi::OsStr,
         bundle: &std::ffi::OsStr,
@@ -413,19 +446,35 @@ impl BundleCgroup {
                 .iter()
                 .map(|(c, b)| (*c, b.join(workspace).join(bundle)))
                 .collect(),
+            leaf: Default::default(),
+            oom_before: 0,
             limits: Vec::new(),
         }
     }
 
-    /// The folder shown in `status` (the v2 one, else the first v1 one).
-    pub fn path(&self) -> Option<&Path> {
-        self.v2
-            .as_deref()
-            .or_else(|| self.v1.values().next().map(PathBuf::as_path))
+    fn with_leaf(&self, leaf: &std::ffi::OsStr) -> BundleCgroup {
+        BundleCgroup {
+            leaf: leaf.to_os_string(),
+            ..self.clone()
+        }
     }
 
-    /// Where controller `c`'s files are: the v2 folder if it is enabled
-    /// there, else its v1 folder.
+    /// The start's folders in every hierarchy (the processes are there).
+    pub fn dirs(&self) -> Vec<PathBuf> {
+        self.v2
+            .iter()
+            .chain(self.v1.values())
+            .map(|d| d.join(&self.leaf))
+            .collect()
+    }
+
+    /// The folder shown in `status` (the v2 one, else the first v1 one).
+    pub fn path(&self) -> Option<PathBuf> {
+        self.dirs().into_iter().next()
+    }
+
+    /// Where controller `c`'s files are for the bundle: its v2 folder if
+    /// `c` is enabled there, else its v1 folder.
     fn dir_of(&self, c: &str) -> Option<(&Path, bool)> {
         if self.v2_controllers.contains(&c) {
             return self.v2.as_deref().map(|p| (p, true));
@@ -489,9 +538,8 @@ impl BundleCgroup {
     /// The `cgroup.procs` files a new process joins, opened for writing:
     /// the child writes `0` to each before it execs.
     pub fn procs_files(&self) -> std::io::Result<Vec<OwnedFd>> {
-        self.v2
+        self.dirs()
             .iter()
-            .chain(self.v1.values())
             .map(|dir| {
                 let file = std::fs::OpenOptions::new()
                     .write(true)
@@ -503,9 +551,8 @@ impl BundleCgroup {
 
     fn pids(&self) -> Vec<i32> {
         let mut pids: Vec<i32> = self
-            .v2
+            .dirs()
             .iter()
-            .chain(self.v1.values())
             .filter_map(|d| read(&d.join("cgroup.procs")))
             .flat_map(|t| {
                 t.lines()
@@ -528,7 +575,7 @@ impl BundleCgroup {
         let killed_all = self
             .v2
             .as_ref()
-            .is_some_and(|d| write(&d.join("cgroup.kill"), "1").is_ok());
+            .is_some_and(|d| write(&d.join(&self.leaf).join("cgroup.kill"), "1").is_ok());
         if !killed_all {
             // No cgroup.kill: each pid, again while new ones appear (a
             // fork between the read and the kill).
@@ -553,7 +600,8 @@ impl BundleCgroup {
         let deadline = Instant::now() + limit;
         loop {
             let empty = match &self.v2 {
-                Some(d) => keyed(&d.join("cgroup.events"), "populated").is_none_or(|n| n == 0),
+                Some(d) => keyed(&d.join(&self.leaf).join("cgroup.events"), "populated")
+                    .is_none_or(|n| n == 0),
                 None => self.pids().is_empty(),
             };
             if empty {
@@ -566,11 +614,15 @@ impl BundleCgroup {
         }
     }
 
-    /// Processes the kernel's OOM killer killed in this cgroup so far.
+    /// Processes the kernel's OOM killer killed so far: in the bundle's
+    /// folder (v2 counts its whole subtree there), or in the start's (v1
+    /// counts them where the victim was).
     pub fn oom_kills(&self) -> u64 {
         match self.dir_of("memory") {
             Some((d, true)) => keyed(&d.join("memory.events"), "oom_kill").unwrap_or(0),
-            Some((d, false)) => keyed(&d.join("memory.oom_control"), "oom_kill").unwrap_or(0),
+            Some((d, false)) => {
+                keyed(&d.join(&self.leaf).join("memory.oom_control"), "oom_kill").unwrap_or(0)
+            }
             None => 0,
         }
     }
@@ -598,18 +650,18 @@ impl BundleCgroup {
         Some(ns / 1000)
     }
 
-    /// Removes the (empty) cgroup folders.
+    /// Removes the (empty) cgroup folders of the start.
     pub fn remove(&self) {
-        for dir in self.v2.iter().chain(self.v1.values()) {
+        for dir in self.dirs() {
             let _ = std::fs::remove_dir(dir);
         }
     }
 
-    /// After the bundle's leader exited: kills what is left of its tree,
-    /// waits for it to go, and removes the cgroup; says whether the OOM
-    /// killer struck. Blocking.
+    /// After the bundle's leader exited: kills what is left of the start's
+    /// tree, waits for it to go, and removes its cgroup; says whether the
+    /// OOM killer struck meanwhile. Blocking.
     pub fn finish(&self) -> bool {
-        let oom = self.oom_kills() > 0;
+        let oom = self.oom_kills() > self.oom_before;
         self.kill();
         if !self.wait_empty(EMPTY_WITHIN) {
             tracing::warn!(cgroup = ?self.path(), "a bundle cgroup did not empty after cgroup.kill");

@@ -368,7 +368,7 @@ impl Lifeline {
         cgroup: Option<Arc<super::cgroup::BundleCgroup>>,
     ) -> Lifeline {
         if let Some(r) = &reaper {
-            r.track(pid, cgroup.as_deref().and_then(|c| c.path()));
+            r.track(pid, cgroup.as_deref().map(|c| c.dirs()).unwrap_or_default());
         }
         let killer = cgroup.clone();
         let (stop_tx, mut stop_rx) = mpsc::unbounded_channel::<Duration>();

@@ -84,12 +84,20 @@ impl Reaper {
         let _ = self.lines.send(line);
     }
 
-    /// A new bundle process group, and the cgroup that holds its tree.
-    pub fn track(&self, pgid: u32, cgroup: Option<&Path>) {
-        match cgroup {
-            Some(cg) => self.send(format!("+{pgid} {}\n", cg.display())),
-            None => self.send(format!("+{pgid}\n")),
+    /// A new bundle process group, and the folders of the cgroup that
+    /// holds its tree (tab-separated on the line).
+    pub fn track(&self, pgid: u32, cgroup: Vec<PathBuf>) {
+        let dirs: Vec<String> = cgroup.iter().map(|d| d.display().to_string()).collect();
+        match dirs.is_empty() {
+            true => self.send(format!("+{pgid}\n")),
+            false => self.send(format!("+{pgid} {}\n", dirs.join("\t"))),
         }
+    }
+
+    /// A folder of bundle cgroups (the daemon's instance folder in one
+    /// hierarchy): removed, with its empty workspace folders, at the end.
+    pub fn track_folder(&self, folder: &Path) {
+        self.send(format!("*{}\n", folder.display()));
     }
 
     /// A group that is gone (with its cgroup).
@@ -117,14 +125,19 @@ impl Drop for Reaper {
 /// Body of `bundlevisor __reap`: reads the registrations from stdin until
 /// EOF, then kills the groups left.
 pub fn run() -> std::process::ExitCode {
-    // pgid → the cgroup of its bundle, if it has one.
-    let mut groups: BTreeMap<i32, Option<PathBuf>> = BTreeMap::new();
+    // pgid → the folders of its bundle's cgroup.
+    let mut groups: BTreeMap<i32, Vec<PathBuf>> = BTreeMap::new();
+    let mut folders = Vec::new();
     for line in std::io::stdin().lock().lines() {
         let Ok(line) = line else { break };
         let (op, rest) = line.split_at(line.len().min(1));
+        if op == "*" {
+            folders.push(PathBuf::from(rest));
+            continue;
+        }
         let (pgid, cgroup) = match rest.split_once(' ') {
-            Some((pgid, cg)) => (pgid, Some(PathBuf::from(cg))),
-            None => (rest, None),
+            Some((pgid, dirs)) => (pgid, dirs.split('\t').map(PathBuf::from).collect()),
+            None => (rest, Vec::new()),
         };
         let Ok(pgid) = pgid.parse::<i32>() else {
             continue;
@@ -142,16 +155,46 @@ pub fn run() -> std::process::ExitCode {
             _ => {}
         }
     }
-    for (pgid, cgroup) in groups {
-        let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+    for (pgid, dirs) in &groups {
+        let _ = killpg(Pid::from_raw(*pgid), Signal::SIGKILL);
         // Descendants that left the group (setsid) are in the cgroup.
-        if let Some(cg) = cgroup {
-            if std::fs::write(cg.join("cgroup.kill"), "1").is_err() {
-                kill_listed(&cg);
+        let killed = dirs
+            .iter()
+            .any(|d| std::fs::write(d.join("cgroup.kill"), "1").is_ok());
+        if !killed {
+            for d in dirs {
+                kill_listed(d);
             }
         }
     }
+    // The emptied cgroups go, and their workspace and instance folders when
+    // nothing else is in them.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    for dir in groups.values().flatten() {
+        while std::fs::read_to_string(dir.join("cgroup.procs")).is_ok_and(|p| !p.trim().is_empty())
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let _ = std::fs::remove_dir(dir);
+    }
+    for folder in folders {
+        remove_empty(&folder, 4);
+    }
     std::process::ExitCode::SUCCESS
+}
+
+/// Removes the cgroup folders below `dir` and `dir` itself, deepest first;
+/// one that still holds a process stays.
+fn remove_empty(dir: &Path, depth: usize) {
+    if depth > 0 {
+        for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                remove_empty(&entry.path(), depth - 1);
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
 }
 
 /// SIGKILLs every process a (cgroup v1) cgroup lists, until it is empty.

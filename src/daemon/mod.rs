@@ -461,7 +461,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         tracing::warn!("containment: {}", cgroups.containment);
     }
     let reaper = match crate::bundle::reaper::Reaper::spawn(&config.state_dir) {
-        Ok(r) => Some(Arc::new(r)),
+        Ok(r) => {
+            for folder in cgroups.folders() {
+                r.track_folder(folder);
+            }
+            Some(Arc::new(r))
+        }
         Err(e) => {
             tracing::warn!("cannot start the reaper helper ({e}); a bundle's grandchildren may outlive a killed daemon");
             None

@@ -50,6 +50,8 @@ pub struct Daemon {
     /// Run the daemon and the CLI under this uid (and gid) instead of the
     /// test's own (needs root; the test chowns the folder).
     pub uid: Option<u32>,
+    /// Start the daemon in this cgroup (v2 folder) instead of the test's.
+    pub cgroup: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -92,6 +94,7 @@ impl Daemon {
             dir,
             env: Vec::new(),
             uid: None,
+            cgroup: None,
             child: None,
         }
     }
@@ -149,6 +152,25 @@ impl Daemon {
         if let Some(uid) = self.uid {
             use std::os::unix::process::CommandExt;
             cmd.uid(uid).gid(uid);
+        }
+        if let Some(cgroup) = &self.cgroup {
+            // The daemon starts in this cgroup, as systemd starts a unit in its own.
+            use std::os::unix::process::CommandExt;
+            let procs =
+                std::ffi::CString::new(cgroup.join("cgroup.procs").as_os_str().as_encoded_bytes())
+                    .unwrap();
+            // SAFETY: open, write and close are async-signal-safe; the
+            // path was allocated before the fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let fd = nix::libc::open(procs.as_ptr(), nix::libc::O_WRONLY);
+                    if fd < 0 || nix::libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    nix::libc::close(fd);
+                    Ok(())
+                });
+            }
         }
         let child = cmd
             .args(["daemon", "--config"])

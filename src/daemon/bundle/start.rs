@@ -307,6 +307,9 @@ pub async fn start(
     if let Some(s) = &sandbox {
         report_sandbox(s.record.clone());
     }
+    // Removed if the start fails (a process that ran is reaped from it by
+    // its watcher; one that never ran leaves it empty).
+    let cgroup = sandbox.as_ref().and_then(|s| s.cgroup.clone());
     let opts = ConnectOptions {
         log: crate::logfile::LogTarget {
             path: shared.config.log_path(workspace, name),
@@ -323,17 +326,20 @@ pub async fn start(
         sandbox,
     };
     let (connection, reauthorized) = match &plan {
-        Plan::Stdio(_) => (
-            connect(&plan, host, &opts).await.map_err(|e| {
+        Plan::Stdio(_) => match connect(&plan, host, &opts).await {
+            Ok(connection) => (connection, false),
+            Err(e) => {
                 if let ConnectError::Exited { exit, .. } = &e {
                     if exit.oom_killed {
                         shared.metrics.oom_killed(workspace, name);
                     }
                 }
-                transient(&plan, e)
-            })?,
-            false,
-        ),
+                if let Some(cg) = cgroup {
+                    let _ = tokio::task::spawn_blocking(move || cg.finish()).await;
+                }
+                return Err(transient(&plan, e));
+            }
+        },
         Plan::Remote(remote) => {
             connect_with_auth(shared, workspace, name, &plan, remote, host, opts).await?
         }
