@@ -6,7 +6,7 @@
 //! descendant, whatever it does, so a bundle is stopped by killing its
 //! cgroup (`cgroup.kill`), and its whole tree is limited and measured.
 //!
-//! - Layout: `ROOT/INSTANCE/WS/NAME`, `INSTANCE` a digest of the state dir
+//! - Layout: `ROOT/INSTANCE/WS/NAME/gN`, `INSTANCE` a digest of the state dir
 //!   (several daemons share a machine, and each cleans up only its own).
 //!   `ROOT` is `[sandbox] cgroup_root`, or the daemon's own cgroup when it
 //!   was delegated to it (the daemon moves itself into `OWN/daemon`, so
