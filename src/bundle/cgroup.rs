@@ -402,11 +402,11 @@ fn describe(
     };
     match (v2, v1.values().next()) {
         (Some(base), _) => format!(
-            "cgroup v2 ({}/WS/NAME, killed with cgroup.kill); {limits}{why}",
+            "cgroup v2 ({}/WS/NAME/gN, killed with cgroup.kill); {limits}{why}",
             base.display()
         ),
         (None, Some(base)) => format!(
-            "cgroup v1 ({}/WS/NAME, every process in it killed); {limits}{why}",
+            "cgroup v1 ({}/WS/NAME/gN, every process in it killed); {limits}{why}",
             base.display()
         ),
         (None, None) => format!(
