@@ -388,6 +388,31 @@ fn a_bundle_folder_still_arriving_waits_until_it_is_complete() {
     assert!(!log.contains("bundle failed"), "{log}");
 }
 
+/// A complete bundle folder renamed into the watched folder (the
+/// documented way) is taken at once: its files were written before it
+/// arrived, so neither the debounce nor the quiet period applies (they are
+/// for folders written in place).
+#[test]
+fn a_bundle_folder_renamed_in_whole_is_taken_at_once() {
+    let mut d = Daemon::unlaunched(
+        "watch_debounce = \"5s\"\n[[watch]]\ndir = \"watched\"\nworkspace = \"default\"\n",
+    );
+    std::fs::create_dir_all(watched(&d)).unwrap();
+    d.launch();
+    // Written just now, then moved in.
+    let built = demo_bundle_at(&d.root().join("staging"), "quick");
+    let moved = Instant::now();
+    std::fs::rename(&built, watched(&d).join("quick")).unwrap();
+    d.wait_state("default", "quick", "ready");
+    assert!(
+        moved.elapsed() < Duration::from_secs(4),
+        "ready {:?} after the rename: it waited for the quiet period\n{}",
+        moved.elapsed(),
+        d.log()
+    );
+    assert!(!d.log().contains("not complete yet"), "{}", d.log());
+}
+
 /// Issue 17, point 5: a watched bundle that crash-looped into `failed`
 /// while its files were still arriving is retried when they change (here
 /// a file deep in the bundle, which raises no event on the folder).

@@ -45,6 +45,9 @@ pub struct Ask<'a> {
     pub quiet: std::time::Duration,
     /// Bundle folders whose tree is fingerprinted (failed bundles).
     pub trees: &'a std::collections::HashSet<PathBuf>,
+    /// Names of entries a rename brought into the folder since the last
+    /// scan: complete when they arrived, so no quiet period applies.
+    pub arrived: &'a std::collections::BTreeSet<std::ffi::OsString>,
 }
 
 /// Entries walked at most to fingerprint a tree (a huge tree is judged on
@@ -89,7 +92,11 @@ fn fingerprint(dir: &Path) -> u64 {
 }
 
 /// Why a new or changed bundle folder is not complete yet, if it is not.
-fn still_arriving(loaded: &LoadedManifest, quiet: std::time::Duration) -> Option<String> {
+fn still_arriving(
+    loaded: &LoadedManifest,
+    quiet: std::time::Duration,
+    moved_in: bool,
+) -> Option<String> {
     if let crate::manifest::Transport::Stdio(server) = &loaded.manifest.transport {
         let entry = loaded.dir.join(&server.entry_point);
         if !entry.exists() {
@@ -98,6 +105,10 @@ fn still_arriving(loaded: &LoadedManifest, quiet: std::time::Duration) -> Option
                 entry.display()
             ));
         }
+    }
+    // Renamed in whole (the documented way): written before it arrived.
+    if moved_in {
+        return None;
     }
     let (newest, _) = walk(&loaded.dir);
     let age = newest.elapsed().unwrap_or_default();
@@ -153,7 +164,10 @@ pub fn scan(dir: &Path, ask: &Ask) -> Option<(PathBuf, Vec<Found>)> {
             // A folder (not a bare manifest) is complete when its entry
             // point is there and nothing below it changed for a while.
             let settling = match &manifest {
-                Some(Ok(loaded)) if !loaded.is_bare() => still_arriving(loaded, ask.quiet),
+                Some(Ok(loaded)) if !loaded.is_bare() => {
+                    let moved_in = path.file_name().is_some_and(|n| ask.arrived.contains(n));
+                    still_arriving(loaded, ask.quiet, moved_in)
+                }
                 _ => None,
             };
             let tree = (path.is_dir() && ask.trees.contains(&path)).then(|| fingerprint(&path));

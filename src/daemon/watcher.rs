@@ -36,8 +36,8 @@ pub async fn run(
     if dirs.is_empty() {
         return;
     }
-    // (folder index, whether the event was a rename into place)
-    let (tx, mut rx) = mpsc::unbounded_channel::<(usize, bool)>();
+    // (folder index, the entry of the folder a rename brought, if any)
+    let (tx, mut rx) = mpsc::unbounded_channel::<(usize, Option<std::ffi::OsString>)>();
     let roots = dirs.clone();
     let handler = move |res: notify::Result<notify::Event>| {
         let Ok(event) = res else { return };
@@ -45,13 +45,21 @@ pub async fn run(
         if matches!(event.kind, EventKind::Access(_)) {
             return;
         }
-        let renamed_in = matches!(
-            event.kind,
-            EventKind::Modify(ModifyKind::Name(RenameMode::To | RenameMode::Both))
-        );
+        // The destination of a rename: the last path of the event.
+        let renamed_to = match event.kind {
+            EventKind::Modify(ModifyKind::Name(RenameMode::To | RenameMode::Both)) => {
+                event.paths.last()
+            }
+            _ => None,
+        };
         for (i, root) in roots.iter().enumerate() {
             if event.paths.iter().any(|p| p.starts_with(root)) || event.paths.is_empty() {
-                let _ = tx.send((i, renamed_in));
+                // The folder's own entry it brought (a bundle folder or file).
+                let arrived = renamed_to
+                    .and_then(|p| p.strip_prefix(root).ok())
+                    .and_then(|rel| rel.components().next())
+                    .map(|c| c.as_os_str().to_os_string());
+                let _ = tx.send((i, arrived));
             }
         }
     };
@@ -70,10 +78,19 @@ pub async fn run(
     let mut rearm = tokio::time::interval(REARM_EVERY);
     loop {
         let mut pending = BTreeSet::new();
+        // Per folder, the entries renamed into it.
+        let mut arrived: std::collections::BTreeMap<usize, Vec<std::ffi::OsString>> =
+            Default::default();
+        let mut note = |pending: &mut BTreeSet<usize>,
+                        (i, a): (usize, Option<std::ffi::OsString>)| {
+            pending.insert(i);
+            arrived.entry(i).or_default().extend(a.clone());
+            a.is_some()
+        };
         let mut renamed_in = false;
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            Some((i, r)) = rx.recv() => { pending.insert(i); renamed_in = r; }
+            Some(e) = rx.recv() => renamed_in = note(&mut pending, e),
             _ = rearm.tick() => {
                 for (i, (dir, now)) in dirs.iter().zip(self::present(&dirs).await).enumerate() {
                     if now && !present[i] {
@@ -94,21 +111,25 @@ pub async fn run(
         // the folder or file it brought is complete and is taken at once.
         loop {
             if renamed_in {
-                while let Ok((i, _)) = rx.try_recv() {
-                    pending.insert(i);
+                while let Ok(e) = rx.try_recv() {
+                    note(&mut pending, e);
                 }
                 break;
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                Some((i, r)) = rx.recv() => { pending.insert(i); renamed_in = r; }
+                Some(e) = rx.recv() => renamed_in |= note(&mut pending, e),
                 _ = tokio::time::sleep(debounce) => break,
             }
         }
         for &i in &pending {
             let want = wanted(&dirs[i]).await;
             arm(&mut watcher, &mut watched, &dirs[i], want);
-            if daemon.send_message(DaemonMsg::Rescan { index: i }).is_err() {
+            let arrived = arrived.remove(&i).unwrap_or_default();
+            if daemon
+                .send_message(DaemonMsg::Rescan { index: i, arrived })
+                .is_err()
+            {
                 return;
             }
         }

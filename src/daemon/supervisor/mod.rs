@@ -40,7 +40,11 @@ pub enum DaemonMsg {
     /// Supervise these stored installs (boot reload, a restarted workspace).
     Restore(Vec<InstallRecord>),
     /// Reconcile `config.watch[index]` with what its folder holds now.
-    Rescan { index: usize },
+    Rescan {
+        index: usize,
+        /// Entries a rename brought into it (complete when they arrived).
+        arrived: Vec<std::ffi::OsString>,
+    },
     /// A folder's scan is done: reconcile it (the actor's part is a diff;
     /// installs and uninstalls run in tasks).
     Scanned { index: usize, scan: Option<Scan> },
@@ -71,6 +75,8 @@ pub struct DaemonState {
     /// Folders being reconciled; `true`: scan again when done (an event
     /// arrived meanwhile). A folder is reconciled by one scan at a time.
     rescans: HashMap<usize, bool>,
+    /// Per folder: entries renamed into it that its next scan has to know.
+    arrived: HashMap<usize, std::collections::BTreeSet<std::ffi::OsString>>,
     /// Boot: folders whose first reconcile is not done yet.
     booting: Option<std::collections::HashSet<usize>>,
     /// Fingerprints of failed watched bundles' files (a change retries them).
@@ -177,6 +183,7 @@ impl DaemonState {
             return;
         };
         self.rescans.insert(index, false);
+        let arrived = self.arrived.remove(&index).unwrap_or_default();
         let (shared, seen, myself) = (self.shared.clone(), self.seen.clone(), myself.clone());
         // Failed bundles of this folder: their files are fingerprinted, so
         // a fix copied in retries them.
@@ -194,6 +201,7 @@ impl DaemonState {
                     config: &config,
                     quiet: config.watch_debounce,
                     trees: &trees,
+                    arrived: &arrived,
                 };
                 scan(&dir, &ask)
             })
@@ -246,11 +254,12 @@ impl DaemonState {
         // Look again later: a bundle still arriving, or a failed one whose
         // files are watched for a fix.
         let mut again = false;
+        let mut settling = false;
         for f in found.iter() {
             if let Some(why) = &f.settling {
                 // Not taken yet: the next scan parses it again.
                 tracing::info!(workspace = %watch.workspace, path = %f.path.display(), "watched bundle not complete yet: {why}");
-                again = true;
+                settling = true;
                 continue;
             }
             if let Some(tree) = f.tree {
@@ -330,9 +339,18 @@ impl DaemonState {
                 work.push(self.remove_in_background(record));
             }
         }
-        if again {
-            let wait = self.shared.config.watch_debounce.max(RECHECK_EVERY);
-            myself.send_after(wait, move || DaemonMsg::Rescan { index });
+        // A bundle still arriving is looked at once its files may have
+        // been quiet long enough; a failed one's files every second.
+        let wait = match (settling, again) {
+            (true, _) => Some(self.shared.config.watch_debounce),
+            (false, true) => Some(self.shared.config.watch_debounce.max(RECHECK_EVERY)),
+            (false, false) => None,
+        };
+        if let Some(wait) = wait {
+            myself.send_after(wait, move || DaemonMsg::Rescan {
+                index,
+                arrived: Vec::new(),
+            });
         }
         let myself = myself.clone();
         tokio::spawn(async move {
@@ -395,7 +413,12 @@ fn follow_failures(shared: Arc<Shared>, myself: ActorRef<DaemonMsg>) {
                 Ok(e) if e.kind == EventKind::Failed => {
                     for (index, watch) in shared.config.watch.iter().enumerate() {
                         if watch.workspace == e.workspace
-                            && myself.send_message(DaemonMsg::Rescan { index }).is_err()
+                            && myself
+                                .send_message(DaemonMsg::Rescan {
+                                    index,
+                                    arrived: Vec::new(),
+                                })
+                                .is_err()
                         {
                             return;
                         }
@@ -468,7 +491,10 @@ impl Actor for DaemonActor {
         myself.send_message(DaemonMsg::Restore(args.installs))?;
         let folders = args.shared.config.watch.len();
         for index in 0..folders {
-            myself.send_message(DaemonMsg::Rescan { index })?;
+            myself.send_message(DaemonMsg::Rescan {
+                index,
+                arrived: Vec::new(),
+            })?;
         }
         if folders == 0 {
             args.shared.booted.cancel();
@@ -479,6 +505,7 @@ impl Actor for DaemonActor {
             workspaces: HashMap::new(),
             seen: HashMap::new(),
             rescans: HashMap::new(),
+            arrived: HashMap::new(),
             booting: Some((0..folders).collect()),
             trees: HashMap::new(),
             last_collect: None,
@@ -528,7 +555,10 @@ impl Actor for DaemonActor {
                     let _ = reply.send(result);
                 });
             }
-            DaemonMsg::Rescan { index } => st.scan(&myself, index),
+            DaemonMsg::Rescan { index, arrived } => {
+                st.arrived.entry(index).or_default().extend(arrived);
+                st.scan(&myself, index)
+            }
             DaemonMsg::Scanned { index, scan } => match scan {
                 Some(scan) => st.reconcile(&myself, index, scan).await,
                 None => myself.send_message(DaemonMsg::Reconciled { index })?,
