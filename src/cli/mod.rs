@@ -35,6 +35,7 @@ mod metrics;
 mod restart;
 mod rotate_key;
 mod status;
+mod token;
 mod tools;
 mod uninstall;
 
@@ -99,6 +100,8 @@ enum Command {
     RotateKey(rotate_key::Args),
     /// Workspace files that bundles read through host-resources.
     Files(files::Args),
+    /// Access tokens of the HTTP gateway: create (shown once), ls, revoke.
+    Token(token::Args),
     /// Serve a workspace's bundles as one MCP server on stdio (for agents).
     Mcp(mcp::Args),
     /// Print shell completions (bash, zsh, fish, elvish, powershell).
@@ -157,6 +160,7 @@ pub fn main() -> ExitCode {
             Command::Events(a) => events::run(&mut client, a).await,
             Command::Metrics(a) => metrics::run(&mut client, a).await,
             Command::RotateKey(a) => rotate_key::run(&mut client, a).await,
+            Command::Token(a) => token::run(&mut client, a).await,
             Command::Files(a) => files::run(&mut client, a).await,
         }
     });

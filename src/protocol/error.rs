@@ -55,6 +55,10 @@ pub enum ErrorKind {
     /// `credentials.rotate_key` could not replace the key (the message says
     /// what was left as it was).
     KeyRotationFailed,
+    /// `token.revoke` of a name or id no token has.
+    TokenNotFound,
+    /// `token.create` with a name another token has.
+    TokenExists,
 }
 
 impl ErrorKind {
@@ -106,6 +110,8 @@ impl ErrorKind {
             ErrorKind::McpError => "mcp_error",
             ErrorKind::TooManyConnections => "too_many_connections",
             ErrorKind::KeyRotationFailed => "key_rotation_failed",
+            ErrorKind::TokenNotFound => "token_not_found",
+            ErrorKind::TokenExists => "token_exists",
             ErrorKind::Internal => "internal",
         }
     }

@@ -48,6 +48,10 @@ pub mod method {
     pub const METRICS: &str = "metrics";
     /// Replace the credential encryption key, re-sealing every stored secret.
     pub const ROTATE_KEY: &str = "credentials.rotate_key";
+    /// Access tokens of the HTTP gateway: make one (shown once), list, revoke.
+    pub const TOKEN_CREATE: &str = "token.create";
+    pub const TOKEN_LIST: &str = "token.list";
+    pub const TOKEN_REVOKE: &str = "token.revoke";
 
     /// Every request method the daemon serves.
     pub const REQUESTS: &[&str] = &[
@@ -76,6 +80,9 @@ pub mod method {
         EVENTS,
         METRICS,
         ROTATE_KEY,
+        TOKEN_CREATE,
+        TOKEN_LIST,
+        TOKEN_REVOKE,
     ];
 }
 
@@ -289,6 +296,66 @@ pub struct Usage {
     /// Tool calls answered since the daemon started, and how many failed.
     pub calls: u64,
     pub errors: u64,
+}
+
+/// `token.create`: a token for one workspace (and one of its profiles).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenCreateParams {
+    pub workspace: String,
+    /// A `[[profile]]` of the daemon's config the token is limited to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// The token's name (unique); default `token-ID`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Seconds until it expires; never when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_secs: Option<u64>,
+}
+
+/// A token as listed: never its text or digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenInfo {
+    pub id: String,
+    pub name: String,
+    pub workspace: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// Unix seconds.
+    pub created_at: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<i64>,
+    /// Past its expiry (it no longer admits anyone).
+    #[serde(default)]
+    pub expired: bool,
+}
+
+/// `token.create`'s answer: the token's text, shown this once.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenCreated {
+    #[serde(flatten)]
+    pub info: TokenInfo,
+    pub token: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenListParams {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Tokens {
+    pub tokens: Vec<TokenInfo>,
+}
+
+/// `token.revoke`: the token's name or id.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRevokeParams {
+    pub name: String,
 }
 
 /// What `credentials.rotate_key` did.

@@ -92,6 +92,9 @@ methods! {
     DebugPanic = method::DEBUG_PANIC, BundleRef => Done;
     Events = method::EVENTS, NoParams => Subscribed;
     RotateKey = method::ROTATE_KEY, NoParams => RotateKeyResult;
+    TokenCreate = method::TOKEN_CREATE, TokenCreateParams => TokenCreated;
+    TokenList = method::TOKEN_LIST, TokenListParams => Tokens;
+    TokenRevoke = method::TOKEN_REVOKE, TokenRevokeParams => TokenInfo;
 }
 
 #[cfg(test)]

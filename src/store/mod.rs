@@ -11,11 +11,13 @@ use rusqlite::{params, Connection, OptionalExtension};
 
 pub mod credentials;
 pub mod crypto;
+pub mod tokens;
 
 pub use credentials::{Change, Credentials, StoredKey, TokenSet};
+pub use tokens::{AccessToken, NewToken};
 
 /// Newest schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -186,6 +188,24 @@ impl Store {
                      value BLOB NOT NULL
                  );
                  PRAGMA user_version = 4;
+                 COMMIT;",
+            )
+            .map_err(err)?;
+        }
+        if version < 5 {
+            // Access tokens of the HTTP gateway: only their SHA-256 is kept.
+            conn.execute_batch(
+                "BEGIN;
+                 CREATE TABLE IF NOT EXISTS access_tokens (
+                     id         TEXT PRIMARY KEY,
+                     name       TEXT NOT NULL UNIQUE,
+                     workspace  TEXT NOT NULL,
+                     profile    TEXT,
+                     hash       BLOB NOT NULL UNIQUE,
+                     created_at INTEGER NOT NULL,
+                     expires_at INTEGER
+                 );
+                 PRAGMA user_version = 5;
                  COMMIT;",
             )
             .map_err(err)?;

@@ -8,7 +8,8 @@
 //! the clients share; [`dispatch`] deserializes the params of that type
 //! (unknown params refused, names checked) and hands them to the method's
 //! handler, one file per request family: `status.rs`, `install.rs`,
-//! `call.rs`, `logs.rs`, `files.rs`, `gateway.rs`, `credentials.rs`.
+//! `call.rs`, `logs.rs`, `files.rs`, `gateway.rs`, `credentials.rs`,
+//! `tokens.rs`.
 //! Actors are asked one way, with named timeouts (`ask.rs`); the
 //! respawn-and-wait of `restart`, `configure` and `auth` is `outcome.rs`.
 
@@ -46,6 +47,7 @@ mod logs;
 mod outcome;
 mod peer;
 mod status;
+mod tokens;
 
 pub use peer::tcp_refusal;
 #[derive(Clone)]
@@ -553,6 +555,9 @@ async fn dispatch(
         m::RotateKey::NAME => {
             handle::<m::RotateKey, _>(p, |p| credentials::rotate_key(p, ctx)).await
         }
+        m::TokenCreate::NAME => handle::<m::TokenCreate, _>(p, |p| tokens::create(p, ctx)).await,
+        m::TokenList::NAME => handle::<m::TokenList, _>(p, |p| tokens::list(p, ctx)).await,
+        m::TokenRevoke::NAME => handle::<m::TokenRevoke, _>(p, |p| tokens::revoke(p, ctx)).await,
         m::FilesPut::NAME => handle::<m::FilesPut, _>(p, |p| files::files_put(p, ctx)).await,
         m::FilesLs::NAME => handle::<m::FilesLs, _>(p, |p| files::files_ls(p, ctx)).await,
         m::FilesGet::NAME => handle::<m::FilesGet, _>(p, |p| files::files_get(p, ctx)).await,
