@@ -194,6 +194,9 @@ pub struct Config {
     /// `[uv]`: how the environments of `uv` bundles are built.
     #[serde(default)]
     pub uv: UvSettings,
+    /// `[http]`: the gateway over streamable HTTP (off unless `listen`).
+    #[serde(default)]
+    pub http: HttpSettings,
     /// Tools of a bundle that are never registered (not listed, not callable).
     #[serde(default)]
     pub exclude_tools: Vec<ExcludeTools>,
@@ -615,6 +618,36 @@ impl Default for UvSettings {
     }
 }
 
+/// `[http]`: the MCP gateway served by the daemon over streamable HTTP,
+/// `/mcp/WS` and `/mcp/WS/PROFILE`, for agents holding an access token
+/// (docs/gateway.md, "Over HTTP").
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    /// `HOST:PORT` (or a port: loopback). Off when absent.
+    #[serde(default, deserialize_with = "http_listen")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Serve plain HTTP beyond loopback (behind a TLS-terminating proxy).
+    #[serde(default)]
+    pub insecure: bool,
+    /// Browser origins allowed to call (`https://app.example`); a request
+    /// with any other `Origin` is refused (DNS-rebinding protection).
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// Largest request body, in bytes (0: the default, 4 MiB).
+    #[serde(default)]
+    pub max_body_bytes: usize,
+}
+
+fn http_listen<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Option<std::net::SocketAddr>, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_addr(&text)
+        .map(Some)
+        .map_err(|e| serde::de::Error::custom(e.replace("metrics_addr", "http.listen")))
+}
+
 /// Rotation of the per-bundle stderr logs.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -837,6 +870,13 @@ impl Config {
             if !(cpu.is_finite() && cpu >= 0.0) {
                 problems.push(format!(
                     "sandbox cpu_max {cpu} is not a number of CPUs (e.g. 0.5, 2; 0: not limited)"
+                ));
+            }
+        }
+        if let Some(addr) = self.http.listen {
+            if !addr.ip().is_loopback() && !self.http.insecure {
+                problems.push(format!(
+                    "http.listen {addr} is not a loopback address: agents' tokens would cross the network in the clear. Listen on 127.0.0.1 behind a TLS-terminating proxy, or set http.insecure = true if that proxy is in front of it"
                 ));
             }
         }

@@ -9,6 +9,7 @@ pub mod board;
 pub mod bundle;
 pub mod control;
 pub mod folder;
+pub mod http;
 pub mod lifecycle;
 pub mod metrics;
 pub mod policy;
@@ -91,6 +92,11 @@ pub enum DaemonError {
     Actor(String),
     #[error("cannot serve metrics on {addr} (metrics_addr): {source}")]
     Metrics {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot listen on [http] listen = {addr}: {source}")]
+    Http {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
@@ -438,6 +444,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         }
     };
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let http_listener = match config.http.listen {
+        None => None,
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| DaemonError::Http { addr, source })?,
+        ),
+    };
 
     // Whatever a bundle forks away stays in the daemon's process tree (the
     // control socket refuses the daemon's descendants).
@@ -532,6 +546,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
             },
         )))
     });
+    let http_gateway = http_listener.map(|listener| {
+        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(http::serve(
+            listener,
+            shared.clone(),
+            shutdown.clone(),
+        )))
+    });
     tracing::info!(socket = %socket.display(), pid = std::process::id(), "daemon listening");
 
     tokio::select! {
@@ -554,6 +575,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     shared.start_permits.close();
     daemon.stop(Some("shutdown".into()));
     drop(metrics_http);
+    drop(http_gateway);
     let _ = daemon_task.await;
     let _ = control.await;
     let _ = watcher.await;

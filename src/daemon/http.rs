@@ -1,0 +1,314 @@
+//! The gateway over streamable HTTP (`[http] listen`; docs/gateway.md,
+//! "Over HTTP"): `/mcp/WS` and `/mcp/WS/PROFILE` serve a workspace (or one
+//! of its profiles) as one MCP server to agents that hold an access token.
+//!
+//! - One implementation for both transports: each HTTP session is the same
+//!   [`Gateway`] that `bundlevisor mcp` serves on stdio, served by rmcp's
+//!   streamable HTTP server (both protocol revisions, `Mcp-Session-Id`, the
+//!   GET stream, `Host`/`Origin` validation, the body cap).
+//! - Admission: `Authorization: Bearer TOKEN` of a token made with
+//!   `bundlevisor token create` (looked up by its SHA-256). None, or one
+//!   that is unknown, revoked or expired: 401 with `WWW-Authenticate`
+//!   naming the RFC 9728 protected-resource metadata. A token of another
+//!   workspace or profile: 403, the same answer whether that workspace
+//!   exists or not.
+//! - A token's text never reaches a log line or an error.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use axum::{Json, Router};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+use super::Shared;
+use crate::client::Link;
+use crate::gateway::{Gateway, DEFAULT_WAIT_READY};
+
+/// The request body cap when `[http] max_body_bytes` is 0.
+const DEFAULT_MAX_BODY: usize = 4 * 1024 * 1024;
+
+type Endpoint = StreamableHttpService<Gateway, LocalSessionManager>;
+/// (workspace, profile) of an endpoint.
+type EndpointKey = (String, Option<String>);
+
+struct App {
+    shared: Arc<Shared>,
+    /// `http://LISTEN`: the resource URLs in the metadata and challenges.
+    base: String,
+    addr: SocketAddr,
+    /// One rmcp service (its sessions) per (workspace, profile).
+    endpoints: Mutex<HashMap<EndpointKey, Arc<Endpoint>>>,
+    shutdown: CancellationToken,
+}
+
+/// Serves until `shutdown`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+) {
+    let addr = listener
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
+    let app = Arc::new(App {
+        shared,
+        base: format!("http://{addr}"),
+        addr,
+        endpoints: Mutex::default(),
+        shutdown: shutdown.clone(),
+    });
+    let router = Router::new()
+        .route("/mcp/{workspace}", any(workspace_endpoint))
+        .route("/mcp/{workspace}/{profile}", any(profile_endpoint))
+        .route(
+            "/.well-known/oauth-protected-resource/mcp/{workspace}",
+            get(workspace_metadata),
+        )
+        .route(
+            "/.well-known/oauth-protected-resource/mcp/{workspace}/{profile}",
+            get(profile_metadata),
+        )
+        .with_state(app);
+    tracing::info!(%addr, "MCP gateway listening over HTTP (/mcp/WORKSPACE)");
+    let router = router.into_make_service_with_connect_info::<SocketAddr>();
+    let served = axum::serve(listener, router)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await;
+    if let Err(e) = served {
+        tracing::error!("the HTTP gateway stopped: {e}");
+    }
+}
+
+async fn workspace_endpoint(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path(workspace): Path<String>,
+    request: Request,
+) -> Response {
+    endpoint(app, peer, workspace, None, request).await
+}
+
+async fn profile_endpoint(
+    State(app): State<Arc<App>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Path((workspace, profile)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    endpoint(app, peer, workspace, Some(profile), request).await
+}
+
+fn resource_path(workspace: &str, profile: Option<&str>) -> String {
+    match profile {
+        Some(p) => format!("/mcp/{workspace}/{p}"),
+        None => format!("/mcp/{workspace}"),
+    }
+}
+
+/// RFC 9728: what this resource is and how to present a token for it.
+fn metadata(app: &App, workspace: &str, profile: Option<&str>) -> Response {
+    if crate::names::check_name("workspace", workspace).is_err()
+        || profile.is_some_and(|p| crate::names::check_name("profile", p).is_err())
+    {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    Json(serde_json::json!({
+        "resource": format!("{}{}", app.base, resource_path(workspace, profile)),
+        "bearer_methods_supported": ["header"],
+        "resource_name": "bundlevisor MCP gateway",
+        "resource_documentation": "https://github.com/nimblebrain/bundlevisor/blob/main/docs/gateway.md",
+    }))
+    .into_response()
+}
+
+async fn workspace_metadata(
+    State(app): State<Arc<App>>,
+    Path(workspace): Path<String>,
+) -> Response {
+    metadata(&app, &workspace, None)
+}
+
+async fn profile_metadata(
+    State(app): State<Arc<App>>,
+    Path((workspace, profile)): Path<(String, String)>,
+) -> Response {
+    metadata(&app, &workspace, Some(&profile))
+}
+
+/// The bearer token of a request, if it sent one.
+fn bearer(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then(|| token.trim().to_string())
+}
+
+/// 401: no usable token. Says where the resource's metadata is.
+fn unauthorized(app: &App, workspace: &str, profile: Option<&str>, sent: bool) -> Response {
+    let metadata = format!(
+        "{}/.well-known/oauth-protected-resource{}",
+        app.base,
+        resource_path(workspace, profile)
+    );
+    let mut challenge = format!("Bearer resource_metadata=\"{metadata}\"");
+    if sent {
+        challenge.push_str(
+            ", error=\"invalid_token\", error_description=\"the token is unknown, revoked or expired\"",
+        );
+    }
+    let mut response = (
+        StatusCode::UNAUTHORIZED,
+        Json(serde_json::json!({
+            "error": if sent { "invalid_token" } else { "unauthorized" },
+            "error_description": if sent {
+                "the token is unknown, revoked or expired; `bundlevisor token create` makes one"
+            } else {
+                "send an access token as `Authorization: Bearer TOKEN` (`bundlevisor token create`)"
+            },
+        })),
+    )
+        .into_response();
+    if let Ok(value) = HeaderValue::from_str(&challenge) {
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, value);
+    }
+    response
+}
+
+/// 403: the token is valid, but not for this endpoint. The same answer
+/// whatever the endpoint is, so it tells nothing about other workspaces.
+fn forbidden() -> Response {
+    let mut response = (
+        StatusCode::FORBIDDEN,
+        Json(serde_json::json!({
+            "error": "insufficient_scope",
+            "error_description": "this token is not valid for this endpoint",
+        })),
+    )
+        .into_response();
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer error=\"insufficient_scope\""),
+    );
+    response
+}
+
+async fn endpoint(
+    app: Arc<App>,
+    peer: SocketAddr,
+    workspace: String,
+    profile: Option<String>,
+    request: Request,
+) -> Response {
+    // Bundles may not use the daemon's listeners (looked up in /proc).
+    let (ours, sandbox) = (app.addr, app.shared.config.sandbox.clone());
+    let refused =
+        tokio::task::spawn_blocking(move || super::control::tcp_refusal(peer, ours, &sandbox))
+            .await
+            .unwrap_or_else(|e| Some(e.to_string()));
+    if let Some(why) = refused {
+        tracing::warn!(%peer, "HTTP gateway request refused: {why}");
+        return StatusCode::FORBIDDEN.into_response();
+    }
+    if crate::names::check_name("workspace", &workspace).is_err()
+        || profile
+            .as_deref()
+            .is_some_and(|p| crate::names::check_name("profile", p).is_err())
+    {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    let Some(text) = bearer(request.headers()) else {
+        return unauthorized(&app, &workspace, profile.as_deref(), false);
+    };
+    let now = crate::clock::unix_secs();
+    let found = app
+        .shared
+        .store
+        .call(move |s| s.token_by_text(&text, now))
+        .await;
+    let token = match found {
+        Ok(Some(token)) => token,
+        Ok(None) => return unauthorized(&app, &workspace, profile.as_deref(), true),
+        Err(e) => {
+            tracing::error!("cannot check an access token: {e}");
+            return StatusCode::SERVICE_UNAVAILABLE.into_response();
+        }
+    };
+    // A token of a profile reaches that profile only; one without, any.
+    let allowed =
+        token.workspace == workspace && (token.profile.is_none() || token.profile == profile);
+    if !allowed {
+        tracing::warn!(token = %token.name, "access token refused for an endpoint it is not valid for");
+        return forbidden();
+    }
+    let the_profile = match &profile {
+        None => None,
+        Some(name) => match app.shared.config.profiles.iter().find(|p| &p.name == name) {
+            Some(p) => Some(p.clone()),
+            None => {
+                return (
+                    StatusCode::NOT_FOUND,
+                    Json(serde_json::json!({
+                        "error": "not_found",
+                        "error_description": format!("there is no profile {name:?} in the daemon's config"),
+                    })),
+                )
+                    .into_response()
+            }
+        },
+    };
+    let service = app.endpoint(&workspace, the_profile);
+    service.handle(request).await.into_response()
+}
+
+impl App {
+    /// The rmcp service of a (workspace, profile): each of its sessions is
+    /// a [`Gateway`] on the daemon's own control socket.
+    fn endpoint(&self, workspace: &str, profile: Option<crate::config::Profile>) -> Arc<Endpoint> {
+        let key = (
+            workspace.to_string(),
+            profile.as_ref().map(|p| p.name.clone()),
+        );
+        let mut endpoints = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
+        endpoints
+            .entry(key)
+            .or_insert_with(|| {
+                let settings = &self.shared.config.http;
+                let socket = self.shared.config.socket.clone();
+                let workspace = workspace.to_string();
+                let mut config = StreamableHttpServerConfig::default()
+                    .with_cancellation_token(self.shutdown.child_token())
+                    .with_max_request_body_bytes(match settings.max_body_bytes {
+                        0 => DEFAULT_MAX_BODY,
+                        n => n,
+                    })
+                    .with_allowed_origins(settings.allowed_origins.clone())
+                    .enforce_origin_validation();
+                if settings.listen.is_some_and(|a| !a.ip().is_loopback()) {
+                    // Behind a proxy, the Host is the proxy's; tokens guard it.
+                    config = config.disable_allowed_hosts();
+                }
+                Arc::new(StreamableHttpService::new(
+                    move || {
+                        Ok(Gateway::new(
+                            Link::new(socket.clone()),
+                            workspace.clone(),
+                            profile.clone(),
+                            DEFAULT_WAIT_READY,
+                        ))
+                    },
+                    Arc::new(LocalSessionManager::default()),
+                    config,
+                ))
+            })
+            .clone()
+    }
+}

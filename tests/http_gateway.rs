@@ -1,0 +1,158 @@
+//! Issue 20 (first part): the gateway served by the daemon over streamable
+//! HTTP, with rmcp's streamable HTTP client as the agent: `/mcp/WS` and
+//! `/mcp/WS/PROFILE`, admitted by access token (401 with the RFC 9728
+//! metadata, 403 for another workspace or profile, revocation).
+
+mod common;
+
+use common::{free_port, Daemon};
+use rmcp::model::CallToolRequestParams;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::ServiceExt;
+use serde_json::{json, Value};
+
+fn daemon() -> (Daemon, String) {
+    let port = free_port();
+    let d = Daemon::start_with(&format!(
+        "[http]\nlisten = \"127.0.0.1:{port}\"\n[[profile]]\nname = \"echo-only\"\nexclude_tools = [\"demo__add\"]\n"
+    ));
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    (d, format!("http://127.0.0.1:{port}"))
+}
+
+fn token(d: &Daemon, args: &[&str]) -> String {
+    let mut all = vec!["token", "create"];
+    all.extend_from_slice(args);
+    d.ok(&all).trim().to_string()
+}
+
+/// An initialize over plain HTTP: the status and headers of the answer.
+async fn raw_initialize(
+    url: &str,
+    token: Option<&str>,
+) -> (u16, reqwest::header::HeaderMap, String) {
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json")
+        .body(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "1"}}})
+            .to_string(),
+        );
+    if let Some(t) = token {
+        request = request.bearer_auth(t);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    (status, headers, response.text().await.unwrap_or_default())
+}
+
+async fn agent(
+    url: &str,
+    token: &str,
+) -> Result<rmcp::service::RunningService<rmcp::RoleClient, ()>, String> {
+    let config = StreamableHttpClientTransportConfig::with_uri(url.to_string()).auth_header(token);
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    ().serve(transport).await.map_err(|e| e.to_string())
+}
+
+fn text_of(result: &rmcp::model::CallToolResult) -> String {
+    serde_json::to_value(&result.content)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["text"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_with_a_token_lists_and_calls_over_http() {
+    let (d, base) = daemon();
+    let url = format!("{base}/mcp/default");
+    let t = token(&d, &["--name", "agent"]);
+
+    let agent = agent(&url, &t).await.unwrap();
+    let tools = agent.list_all_tools().await.unwrap();
+    let names: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
+    assert!(names.contains(&"demo__echo".to_string()), "{names:?}");
+    let mut args = serde_json::Map::new();
+    args.insert("text".into(), Value::from("over http"));
+    let result = agent
+        .call_tool(CallToolRequestParams::new("demo__echo").with_arguments(args))
+        .await
+        .unwrap();
+    assert!(text_of(&result).contains("over http"), "{result:?}");
+    agent.cancel().await.unwrap();
+    assert!(!d.log().contains(&t), "the token is in the log");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_valid_token_the_answer_is_401_with_the_resource_metadata() {
+    let (d, base) = daemon();
+    let url = format!("{base}/mcp/default");
+
+    let (status, headers, _) = raw_initialize(&url, None).await;
+    assert_eq!(status, 401);
+    let challenge = headers["www-authenticate"].to_str().unwrap().to_string();
+    let metadata = format!("{base}/.well-known/oauth-protected-resource/mcp/default");
+    assert!(
+        challenge.starts_with("Bearer ")
+            && challenge.contains(&format!("resource_metadata=\"{metadata}\"")),
+        "{challenge}"
+    );
+    let doc: Value = reqwest::get(&metadata).await.unwrap().json().await.unwrap();
+    assert_eq!(doc["resource"], url);
+    assert_eq!(doc["bearer_methods_supported"], json!(["header"]));
+
+    let (status, headers, body) = raw_initialize(&url, Some("bvt_not-a-token")).await;
+    assert_eq!(status, 401, "{body}");
+    assert!(headers["www-authenticate"]
+        .to_str()
+        .unwrap()
+        .contains("invalid_token"));
+
+    // Revoked: refused from then on.
+    let t = token(&d, &["--name", "short-lived"]);
+    let (status, _, body) = raw_initialize(&url, Some(&t)).await;
+    assert_eq!(status, 200, "{body}");
+    d.ok(&["token", "revoke", "short-lived"]);
+    let (status, _, _) = raw_initialize(&url, Some(&t)).await;
+    assert_eq!(status, 401);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_reaches_only_its_workspace_and_profile() {
+    let (d, base) = daemon();
+    let elsewhere = token(&d, &["-w", "other"]);
+    // Another workspace, existing or not: the same 403, nothing more.
+    let (known, _, known_body) =
+        raw_initialize(&format!("{base}/mcp/default"), Some(&elsewhere)).await;
+    let (unknown, _, unknown_body) =
+        raw_initialize(&format!("{base}/mcp/no-such-ws"), Some(&elsewhere)).await;
+    assert_eq!((known, unknown), (403, 403));
+    assert_eq!(known_body, unknown_body);
+    assert!(known_body.contains("insufficient_scope"), "{known_body}");
+
+    // A profile's token: that profile only, with its filter.
+    let limited = token(&d, &["--profile", "echo-only"]);
+    let (status, _, _) = raw_initialize(&format!("{base}/mcp/default"), Some(&limited)).await;
+    assert_eq!(status, 403);
+    let agent = agent(&format!("{base}/mcp/default/echo-only"), &limited)
+        .await
+        .unwrap();
+    let names: Vec<String> = agent
+        .list_all_tools()
+        .await
+        .unwrap()
+        .iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert!(names.contains(&"demo__echo".to_string()), "{names:?}");
+    assert!(!names.contains(&"demo__add".to_string()), "{names:?}");
+    agent.cancel().await.unwrap();
+}
