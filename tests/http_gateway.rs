@@ -156,3 +156,54 @@ async fn a_token_reaches_only_its_workspace_and_profile() {
     assert!(!names.contains(&"demo__add".to_string()), "{names:?}");
     agent.cancel().await.unwrap();
 }
+
+/// What the agent was told (the tools list changed).
+#[derive(Clone, Default)]
+struct Recorder(std::sync::Arc<std::sync::atomic::AtomicUsize>);
+
+impl rmcp::ClientHandler for Recorder {
+    async fn on_tool_list_changed(
+        &self,
+        _context: rmcp::service::NotificationContext<rmcp::RoleClient>,
+    ) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// The same `list_changed` as on stdio: a bundle installed while the agent
+/// is connected is announced on its session's stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_agent_is_told_when_the_tools_change() {
+    let (d, base) = daemon();
+    let t = token(&d, &[]);
+    let config =
+        StreamableHttpClientTransportConfig::with_uri(format!("{base}/mcp/default")).auth_header(t);
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    let seen = Recorder::default();
+    let agent = seen.clone().serve(transport).await.unwrap();
+    let before = agent.list_all_tools().await.unwrap().len();
+    let second = d.demo_bundle("second");
+    let installing = tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_bundlevisor"))
+            .arg("--socket")
+            .arg(d.root().join("run/bv.sock"))
+            .arg("install")
+            .arg(&second)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        d
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while seen.0.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no tools/list_changed"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let _d = installing.await.unwrap();
+    let after = agent.list_all_tools().await.unwrap().len();
+    assert!(after > before, "{before} → {after}");
+    agent.cancel().await.unwrap();
+}

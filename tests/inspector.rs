@@ -103,3 +103,50 @@ fn the_mcp_inspector_lists_calls_and_reads_through_the_gateway() {
     );
     assert_eq!(read["contents"][0]["mimeType"], file["mimeType"]);
 }
+
+/// Issue 20, point 6 (first client): the Inspector CLI over streamable
+/// HTTP, with a token, lists and calls through the daemon's HTTP endpoint.
+#[test]
+fn the_mcp_inspector_lists_and_calls_over_http() {
+    let port = common::free_port();
+    let d = Daemon::start_with(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"));
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    let token = d.ok(&["token", "create"]).trim().to_string();
+    let url = format!("http://127.0.0.1:{port}/mcp/default");
+    let run = |args: &[&str]| -> Value {
+        let out = Command::new(inspector())
+            .arg("--cli")
+            .args(["--transport", "http", "--server-url", &url])
+            .args(["--header", &format!("Authorization: Bearer {token}")])
+            .args(args)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "inspector {args:?} failed: {}\n{stdout}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+    };
+    let listed = run(&["--method", "tools/list"]);
+    let names: Vec<&str> = listed["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert!(names.contains(&"demo__echo"), "{names:?}");
+    let called = run(&[
+        "--method",
+        "tools/call",
+        "--tool-name",
+        "demo__echo",
+        "--tool-arg",
+        "text=through the inspector",
+    ]);
+    assert!(
+        called.to_string().contains("through the inspector"),
+        "{called}"
+    );
+}

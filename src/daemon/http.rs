@@ -303,7 +303,8 @@ impl App {
                             workspace.clone(),
                             profile.clone(),
                             DEFAULT_WAIT_READY,
-                        ))
+                        )
+                        .notifying_changes(socket.clone()))
                     },
                     Arc::new(LocalSessionManager::default()),
                     config,

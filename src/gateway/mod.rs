@@ -59,19 +59,13 @@ pub async fn serve_stdio(opts: Options) -> Result<(), GatewayError> {
         workspace: Some(opts.workspace.clone()),
     };
     link.call::<Status>(only).await?;
-    let gateway = Gateway::new(link, opts.workspace.clone(), profile, opts.wait_ready);
+    let gateway = Gateway::new(link, opts.workspace.clone(), profile, opts.wait_ready)
+        .notifying_changes(opts.socket);
     let service = gateway
-        .clone()
         .serve(crate::stdio::stdio())
         .await
         .map_err(|e| GatewayError::Session(e.to_string()))?;
-    let watcher = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(watch_changes(
-        gateway,
-        service.peer().clone(),
-        opts.socket,
-    )));
     let _ = service.waiting().await;
-    drop(watcher);
     Ok(())
 }
 
@@ -84,7 +78,7 @@ async fn fingerprint(gateway: &Gateway) -> Option<(String, String)> {
 
 /// Follows lifecycle events (reconnecting when the daemon restarts) and
 /// tells the client when its lists changed.
-async fn watch_changes(gateway: Gateway, peer: Peer<RoleServer>, socket: PathBuf) {
+pub(crate) async fn watch_changes(gateway: Gateway, peer: Peer<RoleServer>, socket: PathBuf) {
     let mut last = fingerprint(&gateway).await;
     let mut backoff = Duration::from_millis(200);
     loop {

@@ -36,6 +36,9 @@ pub struct Inner {
     /// Exposed tool and prompt names of the last listing → their origin.
     tools: Mutex<BTreeMap<String, Entry>>,
     prompts: Mutex<BTreeMap<String, Entry>>,
+    /// The control socket whose lifecycle events turn into `list_changed`
+    /// notifications once the client has initialized (both transports).
+    events: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone)]
@@ -55,7 +58,17 @@ impl Gateway {
             wait_ready,
             tools: Mutex::default(),
             prompts: Mutex::default(),
+            events: None,
         }))
+    }
+
+    /// Tells the client when its lists change, following the lifecycle
+    /// events of the daemon at `socket` for as long as the session lives.
+    pub fn notifying_changes(mut self, socket: std::path::PathBuf) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.0) {
+            inner.events = Some(socket);
+        }
+        self
     }
 
     fn bundle_allowed(&self, bundle: &str) -> bool {
@@ -320,6 +333,29 @@ fn decode<T: serde::de::DeserializeOwned>(value: Value, what: &str) -> Result<T,
 }
 
 impl ServerHandler for Gateway {
+    async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
+        let Some(socket) = self.0.events.clone() else {
+            return;
+        };
+        let (gateway, peer) = (self.clone(), context.peer);
+        tokio::spawn(async move {
+            // Ends with the session: the watcher holds the gateway, so
+            // nothing else would stop it.
+            let closed = {
+                let peer = peer.clone();
+                async move {
+                    while !peer.is_transport_closed() {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            };
+            tokio::select! {
+                _ = super::watch_changes(gateway, peer, socket) => {}
+                _ = closed => {}
+            }
+        });
+    }
+
     fn get_info(&self) -> ServerConfig {
         let mut capabilities = ServerCapabilities::builder()
             .enable_tools()
