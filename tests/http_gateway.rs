@@ -207,3 +207,27 @@ async fn an_http_agent_is_told_when_the_tools_change() {
     assert!(after > before, "{before} → {after}");
     agent.cancel().await.unwrap();
 }
+
+/// Each token has its own request rate: beyond it, 429 with `Retry-After`,
+/// and another token is not held up by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_beyond_its_rate_gets_429_with_retry_after() {
+    let port = free_port();
+    let d = Daemon::start_with(&format!(
+        "[http]\nlisten = \"127.0.0.1:{port}\"\nrate_per_sec = 0.5\nburst = 2\n"
+    ));
+    let url = format!("http://127.0.0.1:{port}/mcp/default");
+    let busy = token(&d, &[]);
+    for _ in 0..2 {
+        let (status, _, body) = raw_initialize(&url, Some(&busy)).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let (status, headers, body) = raw_initialize(&url, Some(&busy)).await;
+    assert_eq!(status, 429, "{body}");
+    let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=2).contains(&retry), "Retry-After {retry}");
+    assert!(body.contains("rate_per_sec"), "{body}");
+    let other = token(&d, &[]);
+    let (status, _, _) = raw_initialize(&url, Some(&other)).await;
+    assert_eq!(status, 200);
+}

@@ -30,6 +30,13 @@ pub mod defaults {
 
     /// `[uv]`: `uv` and `python3` from the daemon's `PATH`, a build of at
     /// most 10 minutes, the system's certificate store.
+    /// `[http]`: each token 50 requests a second, bursts of 200.
+    pub fn http_rate_per_sec() -> f64 {
+        50.0
+    }
+    pub fn http_burst() -> u32 {
+        200
+    }
     pub fn uv_command() -> PathBuf {
         PathBuf::from("uv")
     }
@@ -621,7 +628,7 @@ impl Default for UvSettings {
 /// `[http]`: the MCP gateway served by the daemon over streamable HTTP,
 /// `/mcp/WS` and `/mcp/WS/PROFILE`, for agents holding an access token
 /// (docs/gateway.md, "Over HTTP").
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpSettings {
     /// `HOST:PORT` (or a port: loopback). Off when absent.
@@ -637,6 +644,18 @@ pub struct HttpSettings {
     /// Largest request body, in bytes (0: the default, 4 MiB).
     #[serde(default)]
     pub max_body_bytes: usize,
+    /// Requests per second one token may make (a bucket of `burst`);
+    /// beyond it, 429 with `Retry-After`.
+    #[serde(default = "defaults::http_rate_per_sec")]
+    pub rate_per_sec: f64,
+    #[serde(default = "defaults::http_burst")]
+    pub burst: u32,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        toml::from_str("").expect("http defaults parse")
+    }
 }
 
 fn http_listen<'de, D: serde::Deserializer<'de>>(
@@ -872,6 +891,13 @@ impl Config {
                     "sandbox cpu_max {cpu} is not a number of CPUs (e.g. 0.5, 2; 0: not limited)"
                 ));
             }
+        }
+        if !(self.http.rate_per_sec.is_finite() && self.http.rate_per_sec > 0.0)
+            || self.http.burst == 0
+        {
+            problems.push(
+                "http.rate_per_sec must be a positive number and http.burst at least 1".to_string(),
+            );
         }
         if let Some(addr) = self.http.listen {
             if !addr.ip().is_loopback() && !self.http.insecure {

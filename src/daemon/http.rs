@@ -12,6 +12,8 @@
 //!   naming the RFC 9728 protected-resource metadata. A token of another
 //!   workspace or profile: 403, the same answer whether that workspace
 //!   exists or not.
+//! - Each token may make `[http] rate_per_sec` requests a second (a bucket
+//!   of `burst`); beyond, 429 with `Retry-After`.
 //! - A token's text never reaches a log line or an error.
 
 use std::collections::HashMap;
@@ -45,6 +47,8 @@ struct App {
     addr: SocketAddr,
     /// One rmcp service (its sessions) per (workspace, profile).
     endpoints: Mutex<HashMap<EndpointKey, Arc<Endpoint>>>,
+    /// Each token's request bucket, by token id.
+    buckets: Mutex<HashMap<String, crate::host_resources::rate::TokenBucket>>,
     shutdown: CancellationToken,
 }
 
@@ -62,6 +66,7 @@ pub async fn serve(
         base: format!("http://{addr}"),
         addr,
         endpoints: Mutex::default(),
+        buckets: Mutex::default(),
         shutdown: shutdown.clone(),
     });
     let router = Router::new()
@@ -249,6 +254,9 @@ async fn endpoint(
         tracing::warn!(token = %token.name, "access token refused for an endpoint it is not valid for");
         return forbidden();
     }
+    if let Err(wait_ms) = app.take(&token.id) {
+        return too_many(&app, wait_ms);
+    }
     let the_profile = match &profile {
         None => None,
         Some(name) => match app.shared.config.profiles.iter().find(|p| &p.name == name) {
@@ -269,7 +277,44 @@ async fn endpoint(
     service.handle(request).await.into_response()
 }
 
+/// 429: the token made more requests than `[http] rate_per_sec` allows.
+fn too_many(app: &App, wait_ms: u64) -> Response {
+    let secs = wait_ms.div_ceil(1000).max(1);
+    let mut response = (
+        StatusCode::TOO_MANY_REQUESTS,
+        Json(serde_json::json!({
+            "error": "rate_limited",
+            "error_description": format!(
+                "this token may make {} requests a second ([http] rate_per_sec); retry in {secs} s",
+                app.shared.config.http.rate_per_sec
+            ),
+        })),
+    )
+        .into_response();
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+    response
+}
+
 impl App {
+    /// One request of the token `id` from its bucket, or the wait in ms.
+    fn take(&self, id: &str) -> Result<(), u64> {
+        let settings = &self.shared.config.http;
+        let now = tokio::time::Instant::now();
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        buckets
+            .entry(id.to_string())
+            .or_insert_with(|| {
+                crate::host_resources::rate::TokenBucket::new(
+                    settings.rate_per_sec,
+                    settings.burst,
+                    now,
+                )
+            })
+            .take(now)
+    }
+
     /// The rmcp service of a (workspace, profile): each of its sessions is
     /// a [`Gateway`] on the daemon's own control socket.
     fn endpoint(&self, workspace: &str, profile: Option<crate::config::Profile>) -> Arc<Endpoint> {
