@@ -231,3 +231,27 @@ async fn a_token_beyond_its_rate_gets_429_with_retry_after() {
     let (status, _, _) = raw_initialize(&url, Some(&other)).await;
     assert_eq!(status, 200);
 }
+
+/// An endpoint keeps at most `[http] max_sessions` sessions: a new one
+/// beyond gets 503 with `Retry-After` (the daemon's control connections
+/// stay bounded).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_per_endpoint_are_bounded() {
+    let port = free_port();
+    let d = Daemon::start_with(&format!(
+        "[http]\nlisten = \"127.0.0.1:{port}\"\nmax_sessions = 2\n"
+    ));
+    let url = format!("http://127.0.0.1:{port}/mcp/default");
+    let t = token(&d, &[]);
+    for _ in 0..2 {
+        let (status, headers, body) = raw_initialize(&url, Some(&t)).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(headers.contains_key("mcp-session-id"));
+    }
+    let (status, headers, body) = raw_initialize(&url, Some(&t)).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        headers.contains_key("retry-after") && body.contains("max_sessions"),
+        "{body}"
+    );
+}

@@ -37,6 +37,9 @@ pub mod defaults {
     pub fn http_burst() -> u32 {
         200
     }
+    pub fn http_max_sessions() -> usize {
+        64
+    }
     pub fn uv_command() -> PathBuf {
         PathBuf::from("uv")
     }
@@ -650,6 +653,10 @@ pub struct HttpSettings {
     pub rate_per_sec: f64,
     #[serde(default = "defaults::http_burst")]
     pub burst: u32,
+    /// Sessions one endpoint keeps at once (each holds two control-socket
+    /// connections); a new one beyond gets 503 with `Retry-After`.
+    #[serde(default = "defaults::http_max_sessions")]
+    pub max_sessions: usize,
 }
 
 impl Default for HttpSettings {

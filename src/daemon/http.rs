@@ -45,8 +45,8 @@ struct App {
     /// `http://LISTEN`: the resource URLs in the metadata and challenges.
     base: String,
     addr: SocketAddr,
-    /// One rmcp service (its sessions) per (workspace, profile).
-    endpoints: Mutex<HashMap<EndpointKey, Arc<Endpoint>>>,
+    /// One rmcp service (and its sessions) per (workspace, profile).
+    endpoints: Mutex<HashMap<EndpointKey, (Arc<Endpoint>, Arc<LocalSessionManager>)>>,
     /// Each token's request bucket, by token id.
     buckets: Mutex<HashMap<String, crate::host_resources::rate::TokenBucket>>,
     shutdown: CancellationToken,
@@ -273,7 +273,28 @@ async fn endpoint(
             }
         },
     };
-    let service = app.endpoint(&workspace, the_profile);
+    let (service, sessions) = app.endpoint(&workspace, the_profile);
+    // A new session (a request without one) only while there is room:
+    // each holds two control-socket connections while it lives.
+    let opens_session = !request.headers().contains_key("mcp-session-id")
+        && request.method() == axum::http::Method::POST;
+    let max = app.shared.config.http.max_sessions;
+    if opens_session && sessions.sessions.read().await.len() >= max {
+        let mut response = (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({
+                "error": "too_many_sessions",
+                "error_description": format!(
+                    "this endpoint has its maximum of {max} sessions ([http] max_sessions); an idle one ends after 5 minutes"
+                ),
+            })),
+        )
+            .into_response();
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("30"));
+        return response;
+    }
     service.handle(request).await.into_response()
 }
 
@@ -317,7 +338,11 @@ impl App {
 
     /// The rmcp service of a (workspace, profile): each of its sessions is
     /// a [`Gateway`] on the daemon's own control socket.
-    fn endpoint(&self, workspace: &str, profile: Option<crate::config::Profile>) -> Arc<Endpoint> {
+    fn endpoint(
+        &self,
+        workspace: &str,
+        profile: Option<crate::config::Profile>,
+    ) -> (Arc<Endpoint>, Arc<LocalSessionManager>) {
         let key = (
             workspace.to_string(),
             profile.as_ref().map(|p| p.name.clone()),
@@ -341,7 +366,8 @@ impl App {
                     // Behind a proxy, the Host is the proxy's; tokens guard it.
                     config = config.disable_allowed_hosts();
                 }
-                Arc::new(StreamableHttpService::new(
+                let sessions = Arc::new(LocalSessionManager::default());
+                let service = Arc::new(StreamableHttpService::new(
                     move || {
                         Ok(Gateway::new(
                             Link::new(socket.clone()),
@@ -351,9 +377,10 @@ impl App {
                         )
                         .notifying_changes(socket.clone()))
                     },
-                    Arc::new(LocalSessionManager::default()),
+                    sessions.clone(),
                     config,
-                ))
+                ));
+                (service, sessions)
             })
             .clone()
     }
