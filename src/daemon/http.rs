@@ -39,6 +39,8 @@ const DEFAULT_MAX_BODY: usize = 4 * 1024 * 1024;
 type Endpoint = StreamableHttpService<Gateway, LocalSessionManager>;
 /// (workspace, profile) of an endpoint.
 type EndpointKey = (String, Option<String>);
+/// An endpoint's rmcp service and the sessions it keeps.
+type Served = (Arc<Endpoint>, Arc<LocalSessionManager>);
 
 struct App {
     shared: Arc<Shared>,
@@ -46,7 +48,7 @@ struct App {
     base: String,
     addr: SocketAddr,
     /// One rmcp service (and its sessions) per (workspace, profile).
-    endpoints: Mutex<HashMap<EndpointKey, (Arc<Endpoint>, Arc<LocalSessionManager>)>>,
+    endpoints: Mutex<HashMap<EndpointKey, Served>>,
     /// Each token's request bucket, by token id.
     buckets: Mutex<HashMap<String, crate::host_resources::rate::TokenBucket>>,
     shutdown: CancellationToken,
@@ -338,11 +340,7 @@ impl App {
 
     /// The rmcp service of a (workspace, profile): each of its sessions is
     /// a [`Gateway`] on the daemon's own control socket.
-    fn endpoint(
-        &self,
-        workspace: &str,
-        profile: Option<crate::config::Profile>,
-    ) -> (Arc<Endpoint>, Arc<LocalSessionManager>) {
+    fn endpoint(&self, workspace: &str, profile: Option<crate::config::Profile>) -> Served {
         let key = (
             workspace.to_string(),
             profile.as_ref().map(|p| p.name.clone()),
