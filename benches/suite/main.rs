@@ -100,7 +100,15 @@ fn main() {
         for sub in ["watched", "staging", "bundles", "files"] {
             std::fs::create_dir_all(root.join(sub)).unwrap();
         }
-        let d = BenchDaemon::start(root, Some(CONFIG)).await;
+        // The HTTP gateway on a port of its own (the gateway scenario).
+        let http_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap();
+        let config = format!(
+            "{CONFIG}[http]\nlisten = \"127.0.0.1:{http_port}\"\nrate_per_sec = 1000000.0\nburst = 1000000\n"
+        );
+        let d = BenchDaemon::start(root, Some(&config)).await;
         let mut tap = EventTap::start(&d).await;
         let mut ctl = d.connect().await;
 
@@ -125,7 +133,7 @@ fn main() {
         }
         if wanted("gateway") {
             eprintln!("gateway…");
-            rows.extend(gateway(&d, &mut ctl).await);
+            rows.extend(gateway(&d, &mut ctl, http_port).await);
         }
         d.stop();
         if wanted("boot") {
@@ -381,7 +389,7 @@ async fn echo_calls(
 }
 
 /// An `echo` call directly to the bundle and through `bundlevisor mcp`.
-async fn gateway(d: &BenchDaemon, ctl: &mut Client) -> Vec<Row> {
+async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> {
     let n = scaled(2000);
     let dir = harness::demo_bundle(&d.root.join("bundles"), "gw");
     call(ctl, method::INSTALL, json!({"path": dir})).await;
@@ -398,20 +406,38 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client) -> Vec<Row> {
     let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
     let client = rmcp::ServiceExt::serve((), io).await.expect("initialize");
     let (_relays, relayed) = floors::relayed_start(2).await;
+    // An agent over streamable HTTP, with a token.
+    let made = call(ctl, method::TOKEN_CREATE, json!({"workspace": "default"})).await;
+    let token = made["token"].as_str().expect("a token").to_string();
+    let http = {
+        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+        let config = StreamableHttpClientTransportConfig::with_uri(format!(
+            "http://127.0.0.1:{http_port}/mcp/default"
+        ))
+        .auth_header(token);
+        let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
+            reqwest::Client::new(),
+            config,
+        );
+        rmcp::ServiceExt::serve((), transport)
+            .await
+            .expect("initialize over HTTP")
+    };
     let (mut got, mut floor, mut relay) = (Vec::new(), Vec::new(), Vec::new());
-    let mut control = Vec::new();
+    let (mut control, mut over_http) = (Vec::new(), Vec::new());
     let args = json!({"name": "gw", "tool": "echo", "arguments": {"text": "ping"}});
     for _ in 0..ROUNDS {
         floor.extend(echo_calls(&direct, "echo", n / ROUNDS).await);
         relay.extend(echo_calls(&relayed, "echo", n / ROUNDS).await);
         got.extend(echo_calls(&client, "gw__echo", n / ROUNDS).await);
+        over_http.extend(echo_calls(&http, "gw__echo", n / ROUNDS).await);
         for _ in 0..n / ROUNDS {
             let start = Instant::now();
             call(ctl, method::CALL, args.clone()).await;
             control.push(start.elapsed());
         }
     }
-    for c in [client, direct, relayed] {
+    for c in [client, direct, relayed, http] {
         let _ = c.cancel().await;
     }
     let floor = summarize(floor);
@@ -422,6 +448,14 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client) -> Vec<Row> {
             Some(floor),
         )
         .target(Target::OverFloorAtMost(Duration::from_micros(100))),
+        // The daemon's own HTTP endpoint (issue 20: the same Gateway,
+        // still on the daemon's control socket inside).
+        Row::latency(
+            "gateway: echo via the daemon's HTTP endpoint",
+            summarize(over_http),
+            Some(floor),
+        )
+        .target(Target::OverFloorAtMost(Duration::from_micros(50))),
         // What two more processes in the path cost on this machine when
         // they do nothing but copy lines: the bound of any out-of-process
         // relay (docs/performance.md).

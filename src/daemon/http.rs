@@ -37,6 +37,51 @@ use crate::gateway::{Gateway, DEFAULT_WAIT_READY};
 const DEFAULT_MAX_BODY: usize = 4 * 1024 * 1024;
 
 type Endpoint = StreamableHttpService<Gateway, LocalSessionManager>;
+
+/// The client of one TCP connection, and (once looked up, for the whole
+/// connection) why it is refused, if it is: a bundle's socket.
+#[derive(Clone)]
+struct Peer {
+    addr: SocketAddr,
+    refusal: Arc<tokio::sync::OnceCell<Option<String>>>,
+}
+
+/// The gateway's listener: every connection without Nagle's delay (small
+/// request/answer exchanges; 40 ms a call with it).
+struct NoDelay(tokio::net::TcpListener);
+
+impl axum::serve::Listener for NoDelay {
+    type Io = tokio::net::TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.0.accept().await {
+                Ok((stream, addr)) => {
+                    let _ = stream.set_nodelay(true);
+                    return (stream, addr);
+                }
+                Err(e) => {
+                    tracing::warn!("HTTP gateway accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.0.local_addr()
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, NoDelay>> for Peer {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, NoDelay>) -> Self {
+        Peer {
+            addr: *stream.remote_addr(),
+            refusal: Arc::default(),
+        }
+    }
+}
 /// (workspace, profile) of an endpoint.
 type EndpointKey = (String, Option<String>);
 /// An endpoint's rmcp service and the sessions it keeps.
@@ -84,8 +129,8 @@ pub async fn serve(
         )
         .with_state(app);
     tracing::info!(%addr, "MCP gateway listening over HTTP (/mcp/WORKSPACE)");
-    let router = router.into_make_service_with_connect_info::<SocketAddr>();
-    let served = axum::serve(listener, router)
+    let router = router.into_make_service_with_connect_info::<Peer>();
+    let served = axum::serve(NoDelay(listener), router)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await;
     if let Err(e) = served {
@@ -95,7 +140,7 @@ pub async fn serve(
 
 async fn workspace_endpoint(
     State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(peer): ConnectInfo<Peer>,
     Path(workspace): Path<String>,
     request: Request,
 ) -> Response {
@@ -104,7 +149,7 @@ async fn workspace_endpoint(
 
 async fn profile_endpoint(
     State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(peer): ConnectInfo<Peer>,
     Path((workspace, profile)): Path<(String, String)>,
     request: Request,
 ) -> Response {
@@ -210,19 +255,28 @@ fn forbidden() -> Response {
 
 async fn endpoint(
     app: Arc<App>,
-    peer: SocketAddr,
+    peer: Peer,
     workspace: String,
     profile: Option<String>,
     request: Request,
 ) -> Response {
-    // Bundles may not use the daemon's listeners (looked up in /proc).
-    let (ours, sandbox) = (app.addr, app.shared.config.sandbox.clone());
-    let refused =
-        tokio::task::spawn_blocking(move || super::control::tcp_refusal(peer, ours, &sandbox))
-            .await
-            .unwrap_or_else(|e| Some(e.to_string()));
+    // Bundles may not use the daemon's listeners: looked up in /proc once
+    // per connection (a scan of every process's sockets), off the loop.
+    let refused = peer
+        .refusal
+        .get_or_init(|| {
+            let (addr, ours, sandbox) = (peer.addr, app.addr, app.shared.config.sandbox.clone());
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    super::control::tcp_refusal(addr, ours, &sandbox)
+                })
+                .await
+                .unwrap_or_else(|e| Some(e.to_string()))
+            }
+        })
+        .await;
     if let Some(why) = refused {
-        tracing::warn!(%peer, "HTTP gateway request refused: {why}");
+        tracing::warn!(peer = %peer.addr, "HTTP gateway request refused: {why}");
         return StatusCode::FORBIDDEN.into_response();
     }
     if crate::names::check_name("workspace", &workspace).is_err()
