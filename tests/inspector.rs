@@ -23,12 +23,16 @@ fn inspector() -> PathBuf {
 
 /// `mcp-inspector --cli bundlevisor mcp ... ARGS`, parsed as JSON.
 fn inspect(d: &Daemon, args: &[&str]) -> Value {
+    let socket = d.socket.to_str().unwrap();
+    let mut all = vec![BIN, "--socket", socket, "mcp"];
+    all.extend_from_slice(args);
+    inspector_json(&all)
+}
+
+/// `mcp-inspector --cli ARGS`, parsed as JSON.
+fn inspector_json(args: &[&str]) -> Value {
     let out = Command::new(inspector())
         .arg("--cli")
-        .arg(BIN)
-        .arg("--socket")
-        .arg(&d.socket)
-        .arg("mcp")
         .args(args)
         .output()
         .unwrap();
@@ -113,21 +117,18 @@ fn the_mcp_inspector_lists_and_calls_over_http() {
     d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
     let token = d.ok(&["token", "create"]).trim().to_string();
     let url = format!("http://127.0.0.1:{port}/mcp/default");
+    let header = format!("Authorization: Bearer {token}");
     let run = |args: &[&str]| -> Value {
-        let out = Command::new(inspector())
-            .arg("--cli")
-            .args(["--transport", "http", "--server-url", &url])
-            .args(["--header", &format!("Authorization: Bearer {token}")])
-            .args(args)
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "inspector {args:?} failed: {}\n{stdout}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+        let mut all = vec![
+            "--transport",
+            "http",
+            "--server-url",
+            &url,
+            "--header",
+            &header,
+        ];
+        all.extend_from_slice(args);
+        inspector_json(&all)
     };
     let listed = run(&["--method", "tools/list"]);
     let names: Vec<&str> = listed["tools"]
