@@ -255,3 +255,45 @@ async fn sessions_per_endpoint_are_bounded() {
         "{body}"
     );
 }
+
+/// A daemon restart ends the 2025-11-25 sessions: the old session id gets
+/// 404 (the spec's signal to initialize again), and a new session works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_daemon_restart_an_old_session_gets_404() {
+    let (mut d, base) = daemon();
+    let url = format!("{base}/mcp/default");
+    let t = token(&d, &[]);
+    let (status, headers, body) = raw_initialize(&url, Some(&t)).await;
+    assert_eq!(status, 200, "{body}");
+    let session = headers["mcp-session-id"].to_str().unwrap().to_string();
+    let list = |session: String| {
+        let (url, t) = (url.clone(), t.clone());
+        async move {
+            reqwest::Client::new()
+                .post(&url)
+                .bearer_auth(&t)
+                .header("Accept", "application/json, text/event-stream")
+                .header("Content-Type", "application/json")
+                .header("Mcp-Session-Id", session)
+                .header("MCP-Protocol-Version", "2025-11-25")
+                .body(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}).to_string())
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    assert_eq!(list(session.clone()).await, 200, "the session works before");
+    let d = tokio::task::spawn_blocking(move || {
+        assert!(d.signal(nix::sys::signal::Signal::SIGTERM).success());
+        d.launch();
+        d
+    })
+    .await
+    .unwrap();
+    assert_eq!(list(session).await, 404);
+    let (status, _, body) = raw_initialize(&url, Some(&t)).await;
+    assert_eq!(status, 200, "{body}");
+    drop(d);
+}
