@@ -297,3 +297,95 @@ async fn after_a_daemon_restart_an_old_session_gets_404() {
     assert_eq!(status, 200, "{body}");
     drop(d);
 }
+
+/// `[http] tls_cert`/`tls_key`: HTTPS with the operator's certificate (made
+/// here by the openssl CLI); plain HTTP on that port gets nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_serves_https_with_the_configured_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args([
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+        ])
+        // A server certificate, not a CA (rustls refuses a CA as the leaf).
+        .args(["-addext", "basicConstraints=critical,CA:FALSE"])
+        .args(["-addext", "extendedKeyUsage=serverAuth"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("the openssl CLI (make sysdeps installs it)");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let port = free_port();
+    let d = Daemon::start_with(&format!(
+        "[http]\nlisten = \"127.0.0.1:{port}\"\ntls_cert = \"{}\"\ntls_key = \"{}\"\n",
+        cert.display(),
+        key.display()
+    ));
+    let t = token(&d, &[]);
+    let client = reqwest::Client::builder()
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(&std::fs::read(&cert).unwrap()).unwrap(),
+        )
+        .build()
+        .unwrap();
+    let answer = client
+        .post(format!("https://127.0.0.1:{port}/mcp/default"))
+        .bearer_auth(&t)
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json")
+        .body(
+            json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {},
+                "clientInfo": {"name": "tls", "version": "1"}}})
+            .to_string(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status().as_u16(), 200);
+    let plain = raw_initialize_result(&format!("http://127.0.0.1:{port}/mcp/default"), &t).await;
+    assert!(plain.is_err() || plain.is_ok_and(|s| s != 200));
+
+    // Half a TLS identity is refused at start, saying what is missing.
+    let config = dir.path().join("half.toml");
+    std::fs::write(
+        &config,
+        format!("state_dir = \"s\"\nsocket = \"s.sock\"\n[http]\nlisten = \"127.0.0.1:{}\"\ntls_cert = \"{}\"\n", free_port(), cert.display()),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bundlevisor"))
+        .args(["daemon", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains("tls_cert and http.tls_key go together"),
+        "{said}"
+    );
+}
+
+async fn raw_initialize_result(url: &str, token: &str) -> Result<u16, reqwest::Error> {
+    reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .header("Content-Type", "application/json")
+        .body("{}")
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+}

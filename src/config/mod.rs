@@ -640,6 +640,11 @@ pub struct HttpSettings {
     /// Serve plain HTTP beyond loopback (behind a TLS-terminating proxy).
     #[serde(default)]
     pub insecure: bool,
+    /// PEM certificate chain and private key: serve HTTPS (rustls).
+    #[serde(default)]
+    pub tls_cert: Option<PathBuf>,
+    #[serde(default)]
+    pub tls_key: Option<PathBuf>,
     /// Browser origins allowed to call (`https://app.example`); a request
     /// with any other `Origin` is refused (DNS-rebinding protection).
     #[serde(default)]
@@ -856,6 +861,12 @@ impl Config {
                 *program = normalize(&base.join(&*program));
             }
         }
+        for pem in [&mut config.http.tls_cert, &mut config.http.tls_key]
+            .into_iter()
+            .flatten()
+        {
+            *pem = normalize(&base.join(&*pem));
+        }
         if let Some(cache) = &mut config.uv.cache_dir {
             *cache = normalize(&base.join(&*cache));
         }
@@ -906,10 +917,17 @@ impl Config {
                 "http.rate_per_sec must be a positive number and http.burst at least 1".to_string(),
             );
         }
+        let tls = self.http.tls_cert.is_some() || self.http.tls_key.is_some();
+        if self.http.tls_cert.is_some() != self.http.tls_key.is_some() {
+            problems.push(
+                "http.tls_cert and http.tls_key go together: give both (PEM files) or neither"
+                    .to_string(),
+            );
+        }
         if let Some(addr) = self.http.listen {
-            if !addr.ip().is_loopback() && !self.http.insecure {
+            if !addr.ip().is_loopback() && !self.http.insecure && !tls {
                 problems.push(format!(
-                    "http.listen {addr} is not a loopback address: agents' tokens would cross the network in the clear. Listen on 127.0.0.1 behind a TLS-terminating proxy, or set http.insecure = true if that proxy is in front of it"
+                    "http.listen {addr} is not a loopback address: agents' tokens would cross the network in the clear. Give http.tls_cert and http.tls_key, listen on 127.0.0.1, or set http.insecure = true behind a TLS-terminating proxy"
                 ));
             }
         }

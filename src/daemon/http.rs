@@ -99,18 +99,134 @@ struct App {
     shutdown: CancellationToken,
 }
 
-/// Serves until `shutdown`.
+/// The TLS settings of `[http] tls_cert` / `tls_key`, or None for plain
+/// HTTP; an error says which file is wrong and how.
+pub fn tls_config(
+    settings: &crate::config::HttpSettings,
+) -> Result<Option<Arc<tokio_rustls::rustls::ServerConfig>>, String> {
+    use rustls_pki_types::pem::PemObject;
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+    let (Some(cert), Some(key)) = (&settings.tls_cert, &settings.tls_key) else {
+        return Ok(None);
+    };
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect())
+        .map_err(|e| {
+            format!(
+                "http.tls_cert {}: {e} (a PEM certificate chain)",
+                cert.display()
+            )
+        })?;
+    if certs.is_empty() {
+        return Err(format!(
+            "http.tls_cert {} holds no PEM certificate",
+            cert.display()
+        ));
+    }
+    let private = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| format!("http.tls_key {}: {e} (a PEM private key)", key.display()))?;
+    let config = tokio_rustls::rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(certs, private)
+        .map_err(|e| {
+            format!(
+                "http.tls_cert {} and http.tls_key {} do not make a TLS identity: {e}",
+                cert.display(),
+                key.display()
+            )
+        })?;
+    Ok(Some(Arc::new(config)))
+}
+
+/// HTTPS: each TLS handshake runs in a task of its own (a slow client holds
+/// up nobody, and one that stalls is dropped after 10 s); finished streams
+/// are handed to axum.
+struct Tls {
+    ready: tokio::sync::mpsc::Receiver<(
+        tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+        SocketAddr,
+    )>,
+    local: SocketAddr,
+}
+
+impl Tls {
+    fn start(
+        listener: tokio::net::TcpListener,
+        config: Arc<tokio_rustls::rustls::ServerConfig>,
+        shutdown: CancellationToken,
+    ) -> Tls {
+        let local = listener
+            .local_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
+        let (tx, ready) = tokio::sync::mpsc::channel(64);
+        let acceptor = tokio_rustls::TlsAcceptor::from(config);
+        tokio::spawn(async move {
+            let mut plain = NoDelay(listener);
+            loop {
+                let (stream, addr) = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    accepted = axum::serve::Listener::accept(&mut plain) => accepted,
+                };
+                let (acceptor, tx) = (acceptor.clone(), tx.clone());
+                tokio::spawn(async move {
+                    let handshake = tokio::time::timeout(
+                        std::time::Duration::from_secs(10),
+                        acceptor.accept(stream),
+                    );
+                    match handshake.await {
+                        Ok(Ok(tls)) => {
+                            let _ = tx.send((tls, addr)).await;
+                        }
+                        Ok(Err(e)) => tracing::debug!(%addr, "TLS handshake failed: {e}"),
+                        Err(_) => tracing::debug!(%addr, "TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        Tls { ready, local }
+    }
+}
+
+impl axum::serve::Listener for Tls {
+    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.ready.recv().await {
+            Some(ready) => ready,
+            // The acceptor stopped (shutdown): nothing more comes.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Tls>> for Peer {
+    fn connect_info(stream: axum::serve::IncomingStream<'_, Tls>) -> Self {
+        Peer {
+            addr: *stream.remote_addr(),
+            refusal: Arc::default(),
+        }
+    }
+}
+
+/// Serves until `shutdown` (HTTPS when `tls` is given).
 pub async fn serve(
     listener: tokio::net::TcpListener,
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
 ) {
     let addr = listener
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let app = Arc::new(App {
         shared,
-        base: format!("http://{addr}"),
+        base: format!("{scheme}://{addr}"),
         addr,
         endpoints: Mutex::default(),
         buckets: Mutex::default(),
@@ -128,11 +244,21 @@ pub async fn serve(
             get(profile_metadata),
         )
         .with_state(app);
-    tracing::info!(%addr, "MCP gateway listening over HTTP (/mcp/WORKSPACE)");
+    tracing::info!(%addr, scheme, "MCP gateway listening (/mcp/WORKSPACE)");
     let router = router.into_make_service_with_connect_info::<Peer>();
-    let served = axum::serve(NoDelay(listener), router)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await;
+    let stop = shutdown.clone();
+    let served = match tls {
+        Some(config) => {
+            axum::serve(Tls::start(listener, config, shutdown.clone()), router)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await
+        }
+        None => {
+            axum::serve(NoDelay(listener), router)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await
+        }
+    };
     if let Err(e) = served {
         tracing::error!("the HTTP gateway stopped: {e}");
     }

@@ -95,6 +95,8 @@ pub enum DaemonError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("cannot serve HTTPS: {0}")]
+    Tls(String),
     #[error("cannot listen on [http] listen = {addr}: {source}")]
     Http {
         addr: std::net::SocketAddr,
@@ -444,6 +446,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         }
     };
     let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let http_tls = http::tls_config(&config.http).map_err(DaemonError::Tls)?;
     let http_listener = match config.http.listen {
         None => None,
         Some(addr) => Some(
@@ -549,6 +552,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     let http_gateway = http_listener.map(|listener| {
         tokio_util::task::AbortOnDropHandle::new(tokio::spawn(http::serve(
             listener,
+            http_tls,
             shared.clone(),
             shutdown.clone(),
         )))
