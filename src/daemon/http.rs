@@ -14,6 +14,10 @@
 //!   exists or not.
 //! - Each token may make `[http] rate_per_sec` requests a second (a bucket
 //!   of `burst`); beyond, 429 with `Retry-After`.
+//! - At most `[http] max_sessions` sessions per endpoint (503 beyond).
+//! - Bundles are refused (the `/proc` check of the metrics listener, once
+//!   per TCP connection); `TCP_NODELAY` on every connection; HTTPS with
+//!   `tls_cert`/`tls_key` (rustls, each handshake in a task of its own).
 //! - A token's text never reaches a log line or an error.
 
 use std::collections::HashMap;
