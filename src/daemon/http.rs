@@ -304,7 +304,6 @@ fn metadata(app: &App, workspace: &str, profile: Option<&str>) -> Response {
         "resource": format!("{}{}", app.base, resource_path(workspace, profile)),
         "bearer_methods_supported": ["header"],
         "resource_name": "bundlevisor MCP gateway",
-        "resource_documentation": "https://github.com/nimblebrain/bundlevisor/blob/main/docs/gateway.md",
     }))
     .into_response()
 }
