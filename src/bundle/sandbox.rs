@@ -684,17 +684,7 @@ pub fn prepare(
         user,
         limits,
         landlock,
-        pass_env: settings
-            .pass_env
-            .iter()
-            .chain(
-                settings
-                    .for_bundle(workspace, bundle)
-                    .into_iter()
-                    .flat_map(|o| &o.pass_env),
-            )
-            .cloned()
-            .collect(),
+        pass_env: settings.pass_env_for(workspace, bundle),
         cgroup: None,
     })
 }

@@ -186,6 +186,7 @@ pub async fn ensure(
         dir.display()
     ));
     let run = Runner {
+        redactor: &credentials(project.pass_env),
         uv: &uv,
         settings,
         cache,
@@ -304,7 +305,32 @@ impl Env {
 }
 
 /// Runs uv steps for one build.
+/// The credentials in the passed variables (`UV_INDEX_URL=https://user:
+/// token@…`, `HTTPS_PROXY=http://user:pw@…`): masked in what uv prints
+/// before it becomes an event or a failure reason.
+fn credentials(pass_env: &[String]) -> crate::secret::Redactor {
+    let secrets = pass_env
+        .iter()
+        .filter_map(|name| std::env::var(name).ok())
+        .flat_map(|value| {
+            value
+                .split_whitespace()
+                .filter_map(|word| url::Url::parse(word).ok())
+                .flat_map(|url| {
+                    let user = url.username().to_string();
+                    let password = url.password().map(str::to_string);
+                    [Some(user), password]
+                })
+                .flatten()
+                .filter(|part| part.len() >= 3)
+                .collect::<Vec<_>>()
+        })
+        .map(crate::secret::Secret::new);
+    crate::secret::Redactor::new(secrets)
+}
+
 struct Runner<'a> {
+    redactor: &'a crate::secret::Redactor,
     uv: &'a Path,
     settings: &'a UvSettings,
     cache: &'a Path,
@@ -378,6 +404,8 @@ impl Runner<'_> {
             if line.is_empty() {
                 continue;
             }
+            let line = self.redactor.redact(line);
+            let line = line.as_ref();
             progress(line);
             if tail.len() == KEPT {
                 tail.pop_front();
@@ -433,6 +461,22 @@ impl Drop for GroupGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn index_and_proxy_credentials_are_masked() {
+        std::env::set_var(
+            "BV_TEST_UV_INDEX",
+            "https://robot:s3cr3t-t0ken@pypi.internal.example/simple",
+        );
+        let redactor = credentials(&["BV_TEST_UV_INDEX".into(), "BV_TEST_UNSET".into()]);
+        let said = "error: Failed to fetch: `https://robot:s3cr3t-t0ken@pypi.internal.example/simple/mcp/`";
+        let shown = redactor.redact(said);
+        assert!(
+            !shown.contains("s3cr3t-t0ken") && !shown.contains("robot"),
+            "{shown}"
+        );
+        assert!(shown.contains("pypi.internal.example"), "{shown}");
+    }
 
     #[test]
     fn the_key_changes_with_the_project_files_and_the_python() {

@@ -324,6 +324,20 @@ pub struct CgroupLimits {
 }
 
 impl SandboxSettings {
+    /// The daemon variables a bundle (and the uv build of its environment)
+    /// gets through the scrub: `[sandbox] pass_env`, then its own.
+    pub fn pass_env_for(&self, workspace: &str, bundle: &str) -> Vec<String> {
+        self.pass_env
+            .iter()
+            .chain(
+                self.for_bundle(workspace, bundle)
+                    .into_iter()
+                    .flat_map(|o| &o.pass_env),
+            )
+            .cloned()
+            .collect()
+    }
+
     /// `[sandbox]` limits, with the bundle's own `[[sandbox.bundle]]` ones first.
     pub fn cgroup_limits(&self, workspace: &str, bundle: &str) -> CgroupLimits {
         let own = self.for_bundle(workspace, bundle);
@@ -676,7 +690,7 @@ fn http_listen<'de, D: serde::Deserializer<'de>>(
     let text = String::deserialize(d)?;
     parse_addr(&text)
         .map(Some)
-        .map_err(|e| serde::de::Error::custom(e.replace("metrics_addr", "http.listen")))
+        .map_err(|e| serde::de::Error::custom(format!("http.listen {e}")))
 }
 
 /// Rotation of the per-bundle stderr logs.
@@ -782,19 +796,19 @@ fn metrics_addr<'de, D: serde::Deserializer<'de>>(
     let text = String::deserialize(d)?;
     parse_addr(&text)
         .map(Some)
-        .map_err(serde::de::Error::custom)
+        .map_err(|e| serde::de::Error::custom(format!("metrics_addr {e}")))
 }
 
-/// `metrics_addr`: a loopback address unless the operator wrote another
-/// host; a bare port means 127.0.0.1.
+/// A listen address (`metrics_addr`, `http.listen`): loopback unless the
+/// operator wrote another host; a bare port means 127.0.0.1. The error
+/// starts with the value (the caller names the setting).
 pub fn parse_addr(text: &str) -> Result<std::net::SocketAddr, String> {
     let text = text.trim();
     if let Ok(port) = text.trim_start_matches(':').parse::<u16>() {
         return Ok(std::net::SocketAddr::from(([127, 0, 0, 1], port)));
     }
-    text.parse().map_err(|_| {
-        format!("metrics_addr {text:?} is not HOST:PORT (e.g. \"127.0.0.1:9464\") or a port")
-    })
+    text.parse()
+        .map_err(|_| format!("{text:?} is not HOST:PORT (e.g. \"127.0.0.1:9464\") or a port"))
 }
 
 impl Config {

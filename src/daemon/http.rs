@@ -50,6 +50,16 @@ struct Peer {
     refusal: Arc<tokio::sync::OnceCell<Option<String>>>,
 }
 
+impl Peer {
+    /// A new connection: not looked up yet.
+    fn at(addr: SocketAddr) -> Peer {
+        Peer {
+            addr,
+            refusal: Arc::default(),
+        }
+    }
+}
+
 /// The gateway's listener: every connection without Nagle's delay (small
 /// request/answer exchanges; 40 ms a call with it).
 struct NoDelay(tokio::net::TcpListener);
@@ -80,10 +90,7 @@ impl axum::serve::Listener for NoDelay {
 
 impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, NoDelay>> for Peer {
     fn connect_info(stream: axum::serve::IncomingStream<'_, NoDelay>) -> Self {
-        Peer {
-            addr: *stream.remote_addr(),
-            refusal: Arc::default(),
-        }
+        Peer::at(*stream.remote_addr())
     }
 }
 /// (workspace, profile) of an endpoint.
@@ -210,10 +217,7 @@ impl axum::serve::Listener for Tls {
 
 impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Tls>> for Peer {
     fn connect_info(stream: axum::serve::IncomingStream<'_, Tls>) -> Self {
-        Peer {
-            addr: *stream.remote_addr(),
-            refusal: Arc::default(),
-        }
+        Peer::at(*stream.remote_addr())
     }
 }
 

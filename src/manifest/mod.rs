@@ -346,6 +346,11 @@ pub fn parse(text: &str) -> Result<Manifest, ParseFailure> {
 }
 
 impl Manifest {
+    /// A `server.type = "uv"` bundle: the daemon builds its environment.
+    pub fn is_uv(&self) -> bool {
+        matches!(&self.transport, Transport::Stdio(s) if s.kind == ServerType::Uv)
+    }
+
     /// Resolves how to bring up a bundle living in `dir`, with the stored
     /// `user_values` taking precedence over the manifest's defaults. A
     /// required key with neither is [`PlanError::MissingConfig`]: the bundle

@@ -605,7 +605,7 @@ impl Actor for BundleActor {
             }
             BundleMsg::Upgrade(manifest) => {
                 st.preparing = None;
-                if start::is_uv(&manifest.manifest) && st.lc.state() == BundleState::Ready {
+                if manifest.manifest.is_uv() && st.lc.state() == BundleState::Ready {
                     st.prepare_upgrade(&myself, *manifest);
                 } else {
                     st.upgrade(&myself, *manifest);

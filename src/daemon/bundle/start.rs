@@ -252,7 +252,7 @@ pub async fn start(
     // A uv bundle runs in the environment built for its version (built
     // now if there is none yet: after an install or an upgrade).
     let environment = match &mut plan {
-        Plan::Stdio(launch) if is_uv(manifest) => {
+        Plan::Stdio(launch) if manifest.is_uv() => {
             Some(uv_environment(shared, workspace, name, &loaded, launch).await?)
         }
         _ => None,
@@ -353,10 +353,6 @@ pub async fn start(
     })
 }
 
-pub(super) fn is_uv(manifest: &crate::manifest::Manifest) -> bool {
-    matches!(&manifest.transport, crate::manifest::Transport::Stdio(s) if s.kind == crate::manifest::ServerType::Uv)
-}
-
 /// Finds or builds the environment of the uv bundle `loaded` (each line uv
 /// prints is a `preparing` event, with the bundle in `state`). Used by a
 /// start, and ahead of an upgrade while the running version serves.
@@ -368,18 +364,7 @@ pub(super) async fn build_uv_environment(
     state: crate::protocol::BundleState,
 ) -> Result<crate::bundle::uv::Env, crate::bundle::uv::UvError> {
     use crate::protocol::{EventKind, LifecycleEvent};
-    let sandbox = &shared.config.sandbox;
-    let pass_env: Vec<String> = sandbox
-        .pass_env
-        .iter()
-        .chain(
-            sandbox
-                .for_bundle(workspace, name)
-                .into_iter()
-                .flat_map(|o| &o.pass_env),
-        )
-        .cloned()
-        .collect();
+    let pass_env = shared.config.sandbox.pass_env_for(workspace, name);
     let project = crate::bundle::uv::Project {
         state_dir: &shared.config.state_dir,
         workspace,

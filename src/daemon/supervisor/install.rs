@@ -158,9 +158,8 @@ fn check_runtimes(
     loaded: &LoadedManifest,
     uv: &crate::config::UvSettings,
 ) -> Result<(), ManifestError> {
-    use crate::manifest::{Problem, ServerType, Transport};
-    let is_uv =
-        matches!(&loaded.manifest.transport, Transport::Stdio(s) if s.kind == ServerType::Uv);
+    use crate::manifest::Problem;
+    let is_uv = loaded.manifest.is_uv();
     let mut problems: Vec<Problem> = loaded
         .manifest
         .runtimes
