@@ -425,6 +425,27 @@ fn profiles_and_registration_exclusions_hide_and_refuse() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("configured: limited"));
 }
 
+/// The call right after a crash may reach the bundle actor before it has
+/// learned of the exit (the session's transport is closed, the status board
+/// still says ready): it must wait for the restart all the same, however
+/// the two race.
+#[test]
+fn a_call_right_after_a_crash_waits_for_the_restart() {
+    let d = Daemon::start_with(
+        "[supervision]\nbackoff_initial = \"1ms\"\nbackoff_max = \"1ms\"\nmax_restarts = 100\n",
+    );
+    install_demos(&d, &["alpha"]);
+    let agent = Agent::connect(&d, &[]);
+    for round in 0..25 {
+        assert!(agent.call("alpha__crash", json!({"code": 3})).is_err());
+        assert_eq!(
+            agent.call("alpha__echo", json!({"text": "back"})),
+            Ok("alpha:back".to_string()),
+            "round {round}"
+        );
+    }
+}
+
 #[test]
 fn a_call_to_a_restarting_bundle_waits_for_it() {
     let d = Daemon::start();

@@ -92,8 +92,12 @@ async fn call_tool(
     let actor = bundle_actor(&p.workspace, &p.name)?;
     let timeout = p.timeout_ms.map(Duration::from_millis);
     let wait = timeout.unwrap_or(ctx.shared.config.bundles.call_timeout) + limit::CALL_SLACK;
-    let mut waited = false;
+    // Subscribed before each call that may wait: the bundle's way back to
+    // ready cannot be missed.
+    let wait_ready_for = p.wait_ready_ms.map(Duration::from_millis);
+    let mut deadline = None;
     let result = loop {
+        let mut events = wait_ready_for.map(|_| ctx.shared.board.subscribe());
         // Progress goes out in order, ahead of the answer.
         let (progress, mut progress_rx) = if p.progress {
             let (tx, rx) = mpsc::channel::<rmcp::model::ProgressNotificationParam>(16);
@@ -146,13 +150,17 @@ async fn call_tool(
                 out.send(&forward(n)).await;
             }
         }
-        // A bundle on its way up is waited for (bounded), then called once.
-        if let (false, Some(wait), CallResult::Success(Err(CallError::NotReady { state, .. }))) =
-            (waited, p.wait_ready_ms, &result)
+        // A bundle on its way up is waited for (bounded by one deadline),
+        // then called again.
+        if let (
+            Some(wait),
+            Some(events),
+            CallResult::Success(Err(CallError::NotReady { state, .. })),
+        ) = (wait_ready_for, events.as_mut(), &result)
         {
             if state.is_coming_up() {
-                waited = true;
-                if wait_ready(ctx, &p.workspace, &p.name, Duration::from_millis(wait)).await {
+                let until = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + wait);
+                if wait_ready(ctx, events, &p.workspace, &p.name, until).await {
                     continue;
                 }
             }
@@ -162,7 +170,7 @@ async fn call_tool(
     let name = p.name.clone();
     match result {
         CallResult::Success(Ok(value)) => Ok(value),
-        CallResult::Success(Err(CallError::NotReady { state, last_error })) if waited => {
+        CallResult::Success(Err(CallError::NotReady { state, last_error })) if deadline.is_some() => {
             Err(RpcError::new(
                 ErrorKind::NotReady,
                 format!(

@@ -34,19 +34,35 @@ pub(super) async fn respawn_and_wait(
     wait_outcome(events, ctx, workspace, name, out).await
 }
 
-/// Waits (at most `limit`) until the bundle is ready; false if it is not by then.
-pub(super) async fn wait_ready(ctx: &Ctx, workspace: &str, name: &str, limit: Duration) -> bool {
-    let mut events = ctx.shared.board.subscribe();
-    let deadline = tokio::time::Instant::now() + limit;
+/// Waits (until `deadline`) for the bundle to become ready, after a call
+/// was refused because it was not. `events` was subscribed before that
+/// call, so the transition to ready cannot be missed — and the board,
+/// which may still show the ready state of a session that just ended (the
+/// bundle actor learns of the exit a moment after the call sees the closed
+/// transport), is only consulted when events were lost.
+pub(super) async fn wait_ready(
+    ctx: &Ctx,
+    events: &mut broadcast::Receiver<Event>,
+    workspace: &str,
+    name: &str,
+    deadline: tokio::time::Instant,
+) -> bool {
     loop {
-        match ctx.shared.board.get(workspace, name).map(|s| s.state) {
-            Some(BundleState::Ready) => return true,
-            Some(state) if state.is_coming_up() => {}
-            _ => return false,
-        }
-        match tokio::time::timeout_at(deadline, events.recv()).await {
+        let state = match tokio::time::timeout_at(deadline, events.recv()).await {
             Err(_) | Ok(Err(broadcast::error::RecvError::Closed)) => return false,
-            Ok(_) => {}
+            Ok(Ok(e)) if e.workspace == workspace && e.name == name => e.state,
+            Ok(Ok(_)) => continue,
+            Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
+                match ctx.shared.board.get(workspace, name) {
+                    Some(s) => s.state,
+                    None => return false,
+                }
+            }
+        };
+        match state {
+            BundleState::Ready => return true,
+            s if s.is_coming_up() => {}
+            _ => return false,
         }
     }
 }
