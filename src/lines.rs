@@ -29,6 +29,11 @@ impl<R: AsyncBufRead + Unpin> LineReader<R> {
         }
     }
 
+    /// The stream, with what was read ahead and not yet returned.
+    pub fn into_inner(self) -> R {
+        self.inner
+    }
+
     pub async fn next_line(&mut self) -> std::io::Result<Line> {
         self.buf.clear();
         let mut too_long = false;

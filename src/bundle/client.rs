@@ -1,15 +1,31 @@
 //! The MCP client handler of a bundle connection. It advertises the
 //! `ai.nimblebrain/host-resources` extension in `initialize` and forwards the
 //! bundle's `ai.nimblebrain/resources/*` requests to its WorkspaceActor.
+//!
+//! It also declares `sampling`, `elicitation` and `roots`, and passes the
+//! bundle's requests of those kinds (and its log messages) to the agent
+//! whose call the bundle is serving ([`Callers`]): the one agent with calls
+//! in flight on this connection. A request that arrives outside any agent's
+//! call, while calls of several agents are in flight, or for a capability
+//! the agent did not declare, gets an MCP error at once.
 
+// Sampling, roots and logging are deprecated by SEP-2577 in the newest
+// revision; bundles speak 2025-11-25, where they are the spec.
+#![allow(deprecated)]
+
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use ractor::DerivedActorRef;
 use rmcp::handler::client::progress::ProgressDispatcher;
 use rmcp::model::ProgressNotificationParam;
 use rmcp::model::{
-    ClientCapabilities, ClientConfig, CustomRequest, CustomResult, ErrorCode, Implementation,
-    ProtocolVersion, RequestMetaObject,
+    ClientCapabilities, ClientConfig, ClientResult, CreateMessageRequest,
+    CreateMessageRequestParams, CreateMessageResult, CustomRequest, CustomResult, ElicitRequest,
+    ElicitRequestParams, ElicitResult, ErrorCode, Implementation, ListRootsRequest,
+    ListRootsResult, LoggingMessageNotification, LoggingMessageNotificationParam, ProtocolVersion,
+    RequestMetaObject, ServerNotification, ServerRequest,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ClientHandler, ErrorData, RoleClient};
@@ -50,17 +66,119 @@ impl HostContext {
     }
 }
 
+/// The agent a call comes from, as the bundle's own requests reach it: an
+/// MCP client of the gateway (either transport).
+pub trait Agent: Send + Sync {
+    /// What the agent declared at initialize.
+    fn capabilities(&self) -> ClientCapabilities;
+    /// A request to the agent (sampling, elicitation, roots).
+    fn request(
+        &self,
+        request: ServerRequest,
+    ) -> BoxFuture<'static, Result<ClientResult, ErrorData>>;
+    /// A notification to the agent (log messages).
+    fn notify(&self, notification: ServerNotification) -> BoxFuture<'static, ()>;
+}
+
+/// The agents whose calls are in flight on one bundle connection, each
+/// entry held by its call ([`CallerGuard`]).
+#[derive(Clone, Default)]
+pub struct Callers(Arc<Mutex<Vec<Caller>>>);
+
+/// A call in flight (its id) and its agent.
+type Caller = (u64, Arc<dyn Agent>);
+
+/// Removes its call's entry from [`Callers`] when the call ends.
+pub struct CallerGuard {
+    callers: Callers,
+    id: u64,
+}
+
+impl Drop for CallerGuard {
+    fn drop(&mut self) {
+        let mut list = self.callers.0.lock().unwrap_or_else(|e| e.into_inner());
+        list.retain(|(id, _)| *id != self.id);
+    }
+}
+
+fn same(a: &Arc<dyn Agent>, b: &Arc<dyn Agent>) -> bool {
+    std::ptr::eq(Arc::as_ptr(a) as *const (), Arc::as_ptr(b) as *const ())
+}
+
+impl Callers {
+    /// Records a call of `agent` until the guard is dropped.
+    pub fn enter(&self, agent: Arc<dyn Agent>) -> CallerGuard {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((id, agent));
+        CallerGuard {
+            callers: self.clone(),
+            id,
+        }
+    }
+
+    /// The one agent with calls in flight, or why there is none to ask.
+    fn sole(&self) -> Result<Arc<dyn Agent>, String> {
+        let list = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let Some((_, first)) = list.first() else {
+            return Err("no agent's call is in flight on this bundle: bundlevisor passes sampling, elicitation and roots requests only to the agent whose tool call the bundle is serving".into());
+        };
+        if list.iter().any(|(_, a)| !same(a, first)) {
+            return Err("calls of several agents are in flight on this bundle, and the request does not say which one it belongs to: bundlevisor does not guess".into());
+        }
+        Ok(first.clone())
+    }
+
+    /// Passes a request of the bundle to the sole calling agent, if it
+    /// declared the capability (`declared`, named `what`).
+    async fn forward(
+        &self,
+        what: &str,
+        declared: impl Fn(&ClientCapabilities) -> bool,
+        request: ServerRequest,
+    ) -> Result<ClientResult, ErrorData> {
+        let agent = self
+            .sole()
+            .map_err(|why| ErrorData::new(ErrorCode::INVALID_REQUEST, why, None))?;
+        if !declared(&agent.capabilities()) {
+            return Err(ErrorData::new(
+                ErrorCode::INVALID_REQUEST,
+                format!("the agent that made this call did not declare the {what} capability"),
+                None,
+            ));
+        }
+        agent.request(request).await
+    }
+}
+
+/// The answer of an agent that is not the kind asked for.
+fn unexpected(what: &str) -> ErrorData {
+    ErrorData::internal_error(
+        format!("the agent answered {what} with something else"),
+        None,
+    )
+}
+
 /// The rmcp client handler of one bundle connection.
 pub(super) struct BundleClient {
     host: HostContext,
     config: ClientConfig,
     /// Routes the bundle's `notifications/progress` to the call that asked.
     progress: ProgressDispatcher,
+    /// The agents whose calls the bundle is serving.
+    callers: Callers,
 }
 
 impl BundleClient {
     pub(super) fn new(host: HostContext, extension: Map<String, Value>) -> Self {
-        let mut capabilities = ClientCapabilities::default();
+        let mut capabilities = ClientCapabilities::builder()
+            .enable_sampling()
+            .enable_elicitation()
+            .enable_roots()
+            .build();
         capabilities.extensions = Some([(host_resources::EXTENSION.to_string(), extension)].into());
         let config = ClientConfig::new(
             capabilities,
@@ -71,11 +189,16 @@ impl BundleClient {
             host,
             config,
             progress: ProgressDispatcher::new(),
+            callers: Callers::default(),
         }
     }
 
     pub(super) fn progress(&self) -> ProgressDispatcher {
         self.progress.clone()
+    }
+
+    pub(super) fn callers(&self) -> Callers {
+        self.callers.clone()
     }
 }
 
@@ -90,6 +213,76 @@ impl ClientHandler for BundleClient {
         _context: rmcp::service::NotificationContext<RoleClient>,
     ) {
         self.progress.handle_notification(params).await;
+    }
+
+    async fn create_message(
+        &self,
+        params: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        let request = ServerRequest::CreateMessageRequest(CreateMessageRequest::new(params));
+        match self
+            .callers
+            .forward("sampling", |c| c.sampling.is_some(), request)
+            .await?
+        {
+            ClientResult::CreateMessageResult(r) => Ok(*r),
+            _ => Err(unexpected("sampling/createMessage")),
+        }
+    }
+
+    async fn create_elicitation(
+        &self,
+        params: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        let request = ServerRequest::ElicitRequest(ElicitRequest::new(params));
+        match self
+            .callers
+            .forward("elicitation", |c| c.elicitation.is_some(), request)
+            .await?
+        {
+            ClientResult::ElicitResult(r) => Ok(r),
+            _ => Err(unexpected("elicitation/create")),
+        }
+    }
+
+    async fn list_roots(
+        &self,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ListRootsResult, ErrorData> {
+        let request = ServerRequest::ListRootsRequest(ListRootsRequest::default());
+        match self
+            .callers
+            .forward("roots", |c| c.roots.is_some(), request)
+            .await?
+        {
+            ClientResult::ListRootsResult(r) => Ok(r),
+            _ => Err(unexpected("roots/list")),
+        }
+    }
+
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _context: rmcp::service::NotificationContext<RoleClient>,
+    ) {
+        // To the agent whose call is in flight; otherwise only the log.
+        match self.callers.sole() {
+            Ok(agent) => {
+                let note = ServerNotification::LoggingMessageNotification(
+                    LoggingMessageNotification::new(params),
+                );
+                agent.notify(note).await;
+            }
+            Err(_) => tracing::debug!(
+                workspace = %self.host.requester.workspace,
+                bundle = %self.host.requester.bundle,
+                level = ?params.level,
+                "log message of the bundle outside an agent's call: {}",
+                params.data
+            ),
+        }
     }
 
     async fn on_custom_request(

@@ -92,6 +92,9 @@ pub struct Connection {
     pub lifeline: Lifeline,
     /// Subscribe a call's progress token here to receive its progress.
     pub progress: ProgressDispatcher,
+    /// The agents whose calls the bundle serves (its sampling, elicitation
+    /// and roots requests go to them).
+    pub callers: crate::bundle::client::Callers,
     /// Set when the bundle broke the transport rules (overlong or non-JSON
     /// output) and its stream was cut: the reason it stopped.
     pub violation: Violation,
@@ -313,6 +316,7 @@ fn connected(
 ) -> Connection {
     let peer = service.peer().clone();
     let progress = service.service().progress();
+    let callers = service.service().callers();
     let server = service
         .peer()
         .peer_info()
@@ -332,6 +336,7 @@ fn connected(
         server,
         lifeline,
         progress,
+        callers,
         violation,
         stderr,
     }

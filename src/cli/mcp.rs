@@ -1,13 +1,13 @@
 //! `bundlevisor mcp [-w WS] [--profile P]`: the workspace's bundles as one
-//! MCP server on stdin/stdout (docs/gateway.md). Logs go to stderr only;
-//! stdout carries MCP.
+//! MCP server on stdin/stdout (docs/gateway.md). The daemon serves the
+//! session; this process relays the agent's stdio to it
+//! ([`crate::client::relay`]). Logs go to stderr only; stdout carries MCP.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::gateway::{self, Options, DEFAULT_WAIT_READY};
-use crate::protocol::DEFAULT_WORKSPACE;
+use crate::protocol::{AttachParams, DEFAULT_WORKSPACE};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -31,19 +31,19 @@ pub fn run(socket: PathBuf, args: &Args) -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .fmt_fields(crate::text::PrintableFields)
         .init();
-    // One client, one daemon link: a single thread relays without waking
-    // another (docs/performance.md).
+    // One agent, one daemon connection: a single thread relays without
+    // waking another (docs/performance.md).
     let runtime = match super::runtime(tokio::runtime::Builder::new_current_thread()) {
         Ok(rt) => rt,
         Err(code) => return code,
     };
-    let opts = Options {
-        socket,
+    let params = AttachParams {
         workspace: args.workspace.clone(),
         profile: args.profile.clone(),
-        wait_ready: args.wait_ready.unwrap_or(DEFAULT_WAIT_READY),
+        wait_ready_ms: args.wait_ready.map(|d| d.as_millis() as u64),
+        resume: None,
     };
-    match runtime.block_on(gateway::serve_stdio(opts)) {
+    match runtime.block_on(crate::client::relay::relay(&socket, params)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", crate::text::printable(&e.to_string()));

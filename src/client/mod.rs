@@ -1,12 +1,9 @@
-//! The control-socket client that the CLI and the gateway share:
-//! [`Client`] connects, says hello, sends one request at a time and reads
-//! the notifications that arrive before its response; [`Link`] keeps many
-//! requests in flight on one connection (the gateway's calls), routing
-//! `call.progress` to the call that asked.
+//! The control-socket client of the CLI: [`Client`] connects, says hello,
+//! sends one request at a time and reads the notifications that arrive
+//! before its response; [`relay`] is `bundlevisor mcp`, the agent's stdio
+//! relayed to a gateway session the daemon serves.
 
-mod link;
-
-pub use link::{Link, LinkError, Pending};
+pub mod relay;
 
 use std::path::{Path, PathBuf};
 
@@ -64,6 +61,12 @@ impl Client {
         };
         client.call::<Hello>(hello, |_| {}).await?;
         Ok(client)
+    }
+
+    /// The connection, once it carries something else (`gateway.attach`),
+    /// with what was read ahead.
+    pub fn into_parts(self) -> (BufReader<OwnedReadHalf>, OwnedWriteHalf) {
+        (self.lines.into_inner(), self.write)
     }
 
     /// The next notification (responses are skipped); None when the daemon

@@ -34,8 +34,7 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
-use crate::client::Link;
-use crate::gateway::{Gateway, DEFAULT_WAIT_READY};
+use crate::gateway::{Backend, Gateway, DEFAULT_WAIT_READY};
 
 /// The request body cap when `[http] max_body_bytes` is 0.
 const DEFAULT_MAX_BODY: usize = 4 * 1024 * 1024;
@@ -99,6 +98,8 @@ type EndpointKey = (String, Option<String>);
 type Served = (Arc<Endpoint>, Arc<LocalSessionManager>);
 
 struct App {
+    /// What every gateway session asks of the daemon (in-process).
+    backend: Arc<dyn Backend>,
     shared: Arc<Shared>,
     /// `http://LISTEN`: the resource URLs in the metadata and challenges.
     base: String,
@@ -225,6 +226,7 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Tls>
 pub async fn serve(
     listener: tokio::net::TcpListener,
     tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    backend: Arc<dyn Backend>,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
 ) {
@@ -233,6 +235,7 @@ pub async fn serve(
         .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
     let scheme = if tls.is_some() { "https" } else { "http" };
     let app = Arc::new(App {
+        backend,
         shared,
         base: format!("{scheme}://{addr}"),
         addr,
@@ -463,8 +466,7 @@ async fn endpoint(
         },
     };
     let (service, sessions) = app.endpoint(&workspace, the_profile);
-    // A new session (a request without one) only while there is room:
-    // each holds two control-socket connections while it lives.
+    // A new session (a request without one) only while there is room.
     let opens_session = !request.headers().contains_key("mcp-session-id")
         && request.method() == axum::http::Method::POST;
     let max = app.shared.config.http.max_sessions;
@@ -537,7 +539,7 @@ impl App {
             .entry(key)
             .or_insert_with(|| {
                 let settings = &self.shared.config.http;
-                let socket = self.shared.config.socket.clone();
+                let backend = self.backend.clone();
                 let workspace = workspace.to_string();
                 let mut config = StreamableHttpServerConfig::default()
                     .with_cancellation_token(self.shutdown.child_token())
@@ -555,12 +557,11 @@ impl App {
                 let service = Arc::new(StreamableHttpService::new(
                     move || {
                         Ok(Gateway::new(
-                            Link::new(socket.clone()),
+                            backend.clone(),
                             workspace.clone(),
                             profile.clone(),
                             DEFAULT_WAIT_READY,
-                        )
-                        .notifying_changes(socket.clone()))
+                        ))
                     },
                     sessions.clone(),
                     config,

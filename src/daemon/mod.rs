@@ -553,6 +553,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         tokio_util::task::AbortOnDropHandle::new(tokio::spawn(http::serve(
             listener,
             http_tls,
+            control::backend(daemon.clone(), shared.clone()),
             shared.clone(),
             shutdown.clone(),
         )))

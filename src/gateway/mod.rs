@@ -1,12 +1,16 @@
-//! `bundlevisor mcp`: one MCP server (stdio) per workspace that aggregates
-//! its bundles, bridged to the daemon over the control socket.
+//! The workspace gateway: one MCP server per workspace (and profile) that
+//! aggregates its bundles. The daemon serves it in-process on both
+//! transports — its HTTP endpoint, and the stdio of `bundlevisor mcp`,
+//! whose connection the daemon takes over (`gateway.attach`).
 //!
 //! - [`server`]: the rmcp `ServerHandler` (tools, prompts, resources,
-//!   workspace files, profile filtering, progress and cancellation).
+//!   workspace files, profile filtering, progress, cancellation, and the
+//!   bundles' sampling, elicitation, roots and log messages passed to the
+//!   agent whose call they serve).
 //! - [`names`]: namespacing (`BUNDLE__TOOL`) and its collision rule.
 //!
-//! Its connection to the daemon is [`crate::client::Link`] (many requests
-//! in flight) and, for the lifecycle events, a [`crate::client::Client`].
+//! What it asks of the daemon is a [`Backend`]: the daemon implements it
+//! with direct calls to its actors, so no request crosses a socket twice.
 //!
 //! A watcher follows the daemon's lifecycle events and sends
 //! `notifications/tools/list_changed` (and the prompt and resource ones)
@@ -15,58 +19,46 @@
 pub mod names;
 pub mod server;
 
-use std::path::PathBuf;
-use std::time::Duration;
+use std::sync::Arc;
 
+use futures::future::BoxFuture;
+use rmcp::model::ProgressNotificationParam;
 use rmcp::service::Peer;
-use rmcp::{RoleServer, ServiceExt};
+use rmcp::RoleServer;
+use serde_json::Value;
+use tokio::sync::{broadcast, mpsc};
+use tokio_util::sync::CancellationToken;
 
-use crate::client::{Link, LinkError};
-use crate::config::Profile;
-use crate::protocol::typed::{self, Status};
-use crate::protocol::{EventKind, LifecycleEvent, Method, NoParams, ProfileParams, StatusParams};
+use crate::bundle::client::Agent;
+use crate::protocol::{
+    CallParams, EventKind, LifecycleEvent, McpParams, RpcError, ToolsParams, ToolsResult,
+    WorkspaceResourcesParams,
+};
 pub use server::{Gateway, DEFAULT_WAIT_READY};
 
-#[derive(Debug, thiserror::Error)]
-pub enum GatewayError {
-    #[error(transparent)]
-    Link(#[from] LinkError),
-    #[error("MCP session with the client failed: {0}")]
-    Session(String),
-}
-
-pub struct Options {
-    pub socket: PathBuf,
-    pub workspace: String,
-    pub profile: Option<String>,
-    pub wait_ready: Duration,
-}
-
-/// Serves the gateway on stdin/stdout until the client closes it.
-pub async fn serve_stdio(opts: Options) -> Result<(), GatewayError> {
-    let link = Link::new(opts.socket.clone());
-    // Fails early (and clearly) when the daemon is not there or the profile is unknown.
-    let profile = match &opts.profile {
-        Some(name) => Some(
-            link.request::<_, Profile>(typed::Profile::NAME, ProfileParams { name: name.clone() })
-                .await?,
-        ),
-        None => None,
-    };
-    // An unknown workspace is an error, not an empty list of tools.
-    let only = StatusParams {
-        usage: false,
-        workspace: Some(opts.workspace.clone()),
-    };
-    link.call::<Status>(only).await?;
-    let gateway = Gateway::new(link, opts.workspace.clone(), profile, opts.wait_ready)
-        .notifying_changes(opts.socket);
-    let service = gateway
-        .serve(crate::stdio::stdio())
-        .await
-        .map_err(|e| GatewayError::Session(e.to_string()))?;
-    let _ = service.waiting().await;
-    Ok(())
+/// What the gateway asks of the daemon: the same requests (and errors) as
+/// the control methods of the same names, without a socket between.
+pub trait Backend: Send + Sync + 'static {
+    /// `bundle.tools`.
+    fn tools(&self, p: ToolsParams) -> BoxFuture<'_, Result<ToolsResult, RpcError>>;
+    /// `bundle.mcp`.
+    fn mcp(&self, p: McpParams) -> BoxFuture<'_, Result<Value, RpcError>>;
+    /// `workspace.resources`.
+    fn workspace_resources(
+        &self,
+        p: WorkspaceResourcesParams,
+    ) -> BoxFuture<'_, Result<Value, RpcError>>;
+    /// `bundle.call`, on behalf of `agent`: progress to `progress` (in
+    /// order, before the answer), cancelled by `cancel`.
+    fn call(
+        &self,
+        p: CallParams,
+        progress: Option<mpsc::Sender<ProgressNotificationParam>>,
+        cancel: CancellationToken,
+        agent: Option<Arc<dyn Agent>>,
+    ) -> BoxFuture<'_, Result<Value, RpcError>>;
+    /// The daemon's lifecycle events from now on.
+    fn events(&self) -> broadcast::Receiver<LifecycleEvent>;
 }
 
 /// What the agent sees, as comparable text: the exposed tools, and the set
@@ -76,40 +68,23 @@ async fn fingerprint(gateway: &Gateway) -> Option<(String, String)> {
     Some((serde_json::to_string(&tools).ok()?, ready.join(",")))
 }
 
-/// Follows lifecycle events (reconnecting when the daemon restarts) and
-/// tells the client when its lists changed.
-pub(crate) async fn watch_changes(gateway: Gateway, peer: Peer<RoleServer>, socket: PathBuf) {
+/// Follows the daemon's lifecycle events and tells the client when its
+/// lists changed.
+pub(crate) async fn watch_changes(gateway: Gateway, peer: Peer<RoleServer>) {
+    let mut events = gateway.0.backend.events();
     let mut last = fingerprint(&gateway).await;
-    let mut backoff = Duration::from_millis(200);
     loop {
-        let mut client = match crate::client::Client::connect(&socket).await {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!("event stream: {e}; retrying in {backoff:?}");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(10));
-                continue;
+        match events.recv().await {
+            Ok(event) => {
+                if event.workspace != gateway.0.workspace || !changes_lists(event.kind) {
+                    continue;
+                }
             }
-        };
-        if client
-            .call::<typed::Events>(NoParams {}, |_| {})
-            .await
-            .is_err()
-        {
-            continue;
+            // Some were missed: whatever they changed is checked.
+            Err(broadcast::error::RecvError::Lagged(_)) => {}
+            Err(broadcast::error::RecvError::Closed) => return,
         }
-        backoff = Duration::from_millis(200);
-        // Whatever changed while not subscribed.
         check(&gateway, &peer, &mut last).await;
-        while let Ok(Some(note)) = client.next_notification().await {
-            let Ok(event) = serde_json::from_value::<LifecycleEvent>(note.params) else {
-                continue;
-            };
-            if event.workspace != gateway.0.workspace || !changes_lists(event.kind) {
-                continue;
-            }
-            check(&gateway, &peer, &mut last).await;
-        }
     }
 }
 

@@ -2,26 +2,32 @@
 //! resources under namespaced names (see [`super::names`]), plus the
 //! workspace's files as `files://` resources, filtered by a profile.
 
+// Logging is deprecated by SEP-2577 in the newest revision; agents of
+// 2025-11-25 use it.
+#![allow(deprecated)]
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, GetPromptRequestParams,
-    GetPromptResponse, GetPromptResult, Implementation, ListPromptsResult, ListResourcesResult,
-    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ReadResourceRequestParams,
-    ReadResourceResponse, ReadResourceResult, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientResult,
+    GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation, ListPromptsResult,
+    ListResourcesResult, ListToolsResult, LoggingLevel, PaginatedRequestParams,
+    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    ServerCapabilities, ServerConfig, ServerNotification, ServerRequest, SetLevelRequestParams,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Value};
 use tokio::sync::Mutex;
 
 use super::names::{self, Entry};
-use crate::client::{Link, LinkError};
+use super::Backend;
+use crate::bundle::client::Agent;
 use crate::config::Profile;
 use crate::protocol::{
-    method, BundleState, CallParams, ErrorKind, McpParams, ToolsParams, ToolsResult,
+    BundleState, CallParams, ErrorKind, McpParams, RpcError, ToolsParams, ToolsResult,
     WorkspaceResourcesParams,
 };
 
@@ -29,16 +35,18 @@ use crate::protocol::{
 pub const DEFAULT_WAIT_READY: Duration = Duration::from_secs(10);
 
 pub struct Inner {
-    pub link: Link,
+    pub backend: Arc<dyn Backend>,
     pub workspace: String,
     pub profile: Option<Profile>,
     pub wait_ready: Duration,
     /// Exposed tool and prompt names of the last listing → their origin.
     tools: Mutex<BTreeMap<String, Entry>>,
     prompts: Mutex<BTreeMap<String, Entry>>,
-    /// The control socket whose lifecycle events turn into `list_changed`
-    /// notifications once the client has initialized (both transports).
-    events: Option<std::path::PathBuf>,
+    /// The agent of this session, as the bundles' requests reach it (one
+    /// per session: the bundles tell agents apart by it).
+    agent: std::sync::OnceLock<Arc<dyn Agent>>,
+    /// The least severe log level the agent wants (`logging/setLevel`).
+    log_level: Arc<std::sync::Mutex<Option<LoggingLevel>>>,
 }
 
 #[derive(Clone)]
@@ -46,29 +54,56 @@ pub struct Gateway(pub Arc<Inner>);
 
 impl Gateway {
     pub fn new(
-        link: Link,
+        backend: Arc<dyn Backend>,
         workspace: String,
         profile: Option<Profile>,
         wait_ready: Duration,
     ) -> Self {
         Gateway(Arc::new(Inner {
-            link,
+            backend,
             workspace,
             profile,
             wait_ready,
             tools: Mutex::default(),
             prompts: Mutex::default(),
-            events: None,
+            agent: std::sync::OnceLock::new(),
+            log_level: Arc::default(),
         }))
     }
 
-    /// Tells the client when its lists change, following the lifecycle
-    /// events of the daemon at `socket` for as long as the session lives.
-    pub fn notifying_changes(mut self, socket: std::path::PathBuf) -> Self {
-        if let Some(inner) = Arc::get_mut(&mut self.0) {
-            inner.events = Some(socket);
-        }
-        self
+    /// Tells the agent when its lists change, for as long as its session
+    /// lives.
+    pub fn watch(&self, peer: Peer<RoleServer>) {
+        let gateway = self.clone();
+        tokio::spawn(async move {
+            // Ends with the session: the watcher holds the gateway, so
+            // nothing else would stop it.
+            let closed = {
+                let peer = peer.clone();
+                async move {
+                    while !peer.is_transport_closed() {
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    }
+                }
+            };
+            tokio::select! {
+                _ = super::watch_changes(gateway, peer) => {}
+                _ = closed => {}
+            }
+        });
+    }
+
+    /// This session's agent, for the bundles its calls reach.
+    fn agent(&self, peer: &Peer<RoleServer>) -> Arc<dyn Agent> {
+        self.0
+            .agent
+            .get_or_init(|| {
+                Arc::new(PeerAgent {
+                    peer: peer.clone(),
+                    log_level: self.0.log_level.clone(),
+                })
+            })
+            .clone()
     }
 
     fn bundle_allowed(&self, bundle: &str) -> bool {
@@ -90,8 +125,8 @@ impl Gateway {
     async fn bundles(&self) -> Result<Vec<(String, BundleState, Vec<Value>)>, ErrorData> {
         let result: ToolsResult = self
             .0
-            .link
-            .call::<crate::protocol::typed::Tools>(ToolsParams {
+            .backend
+            .tools(ToolsParams {
                 workspace: self.0.workspace.clone(),
                 name: None,
             })
@@ -194,10 +229,10 @@ impl Gateway {
         bundle: &str,
         method_name: &str,
         params: Value,
-    ) -> Result<Value, LinkError> {
+    ) -> Result<Value, RpcError> {
         self.0
-            .link
-            .call::<crate::protocol::typed::Mcp>(McpParams {
+            .backend
+            .mcp(McpParams {
                 workspace: self.0.workspace.clone(),
                 name: bundle.to_string(),
                 method: method_name.to_string(),
@@ -261,8 +296,8 @@ impl Gateway {
     pub async fn resource_catalog(&self) -> Result<Vec<Value>, ErrorData> {
         let files: Value = self
             .0
-            .link
-            .call::<crate::protocol::typed::WorkspaceResources>(WorkspaceResourcesParams {
+            .backend
+            .workspace_resources(WorkspaceResourcesParams {
                 workspace: self.0.workspace.clone(),
                 method: "resources/list".into(),
                 params: None,
@@ -296,33 +331,86 @@ impl Gateway {
 }
 
 /// A daemon error as an MCP error.
-fn to_mcp(e: LinkError) -> ErrorData {
-    match e {
-        LinkError::Rpc(rpc) => {
-            let kind = rpc.data.as_ref().map(|d| d.kind);
-            let details = rpc
-                .data
-                .as_ref()
-                .map(|d| d.details.clone())
-                .unwrap_or_default();
-            match kind {
-                Some(ErrorKind::McpError) => ErrorData::new(
-                    rmcp::model::ErrorCode(
-                        details
-                            .get("mcp_code")
-                            .and_then(Value::as_i64)
-                            .unwrap_or(-32603) as i32,
-                    ),
-                    rpc.message,
-                    details.get("mcp_data").cloned().filter(|d| !d.is_null()),
-                ),
-                Some(
-                    ErrorKind::ToolNotFound | ErrorKind::InvalidParams | ErrorKind::BundleNotFound,
-                ) => ErrorData::invalid_params(rpc.message, None),
-                _ => ErrorData::internal_error(rpc.message, Some(json!({ "kind": kind }))),
+fn to_mcp(rpc: RpcError) -> ErrorData {
+    let kind = rpc.data.as_ref().map(|d| d.kind);
+    let details = rpc
+        .data
+        .as_ref()
+        .map(|d| d.details.clone())
+        .unwrap_or_default();
+    match kind {
+        Some(ErrorKind::McpError) => ErrorData::new(
+            rmcp::model::ErrorCode(
+                details
+                    .get("mcp_code")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(-32603) as i32,
+            ),
+            rpc.message,
+            details.get("mcp_data").cloned().filter(|d| !d.is_null()),
+        ),
+        Some(ErrorKind::ToolNotFound | ErrorKind::InvalidParams | ErrorKind::BundleNotFound) => {
+            ErrorData::invalid_params(rpc.message, None)
+        }
+        _ => ErrorData::internal_error(rpc.message, Some(json!({ "kind": kind }))),
+    }
+}
+
+/// An agent of the gateway as the bundles' client: their requests go to
+/// its session, their log messages too (at the level it asked for).
+struct PeerAgent {
+    peer: Peer<RoleServer>,
+    log_level: Arc<std::sync::Mutex<Option<LoggingLevel>>>,
+}
+
+impl Agent for PeerAgent {
+    fn capabilities(&self) -> ClientCapabilities {
+        self.peer
+            .peer_info()
+            .map(|info| info.capabilities.clone())
+            .unwrap_or_default()
+    }
+
+    fn request(
+        &self,
+        request: ServerRequest,
+    ) -> futures::future::BoxFuture<'static, Result<ClientResult, ErrorData>> {
+        let peer = self.peer.clone();
+        Box::pin(async move {
+            peer.send_request(request).await.map_err(|e| match e {
+                rmcp::service::ServiceError::McpError(e) => e,
+                other => {
+                    ErrorData::internal_error(format!("the agent did not answer: {other}"), None)
+                }
+            })
+        })
+    }
+
+    fn notify(&self, notification: ServerNotification) -> futures::future::BoxFuture<'static, ()> {
+        if let ServerNotification::LoggingMessageNotification(n) = &notification {
+            let wanted = *self.log_level.lock().unwrap_or_else(|e| e.into_inner());
+            if wanted.is_some_and(|min| severity(n.params.level) < severity(min)) {
+                return Box::pin(async {});
             }
         }
-        other => ErrorData::internal_error(other.to_string(), None),
+        let peer = self.peer.clone();
+        Box::pin(async move {
+            let _ = peer.send_notification(notification).await;
+        })
+    }
+}
+
+/// RFC 5424 order, least severe first.
+fn severity(level: LoggingLevel) -> u8 {
+    match level {
+        LoggingLevel::Debug => 0,
+        LoggingLevel::Info => 1,
+        LoggingLevel::Notice => 2,
+        LoggingLevel::Warning => 3,
+        LoggingLevel::Error => 4,
+        LoggingLevel::Critical => 5,
+        LoggingLevel::Alert => 6,
+        LoggingLevel::Emergency => 7,
     }
 }
 
@@ -334,38 +422,19 @@ fn decode<T: serde::de::DeserializeOwned>(value: Value, what: &str) -> Result<T,
 
 impl ServerHandler for Gateway {
     async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
-        let Some(socket) = self.0.events.clone() else {
-            return;
-        };
-        let (gateway, peer) = (self.clone(), context.peer);
-        tokio::spawn(async move {
-            // Ends with the session: the watcher holds the gateway, so
-            // nothing else would stop it.
-            let closed = {
-                let peer = peer.clone();
-                async move {
-                    while !peer.is_transport_closed() {
-                        tokio::time::sleep(Duration::from_millis(500)).await;
-                    }
-                }
-            };
-            tokio::select! {
-                _ = super::watch_changes(gateway, peer, socket) => {}
-                _ = closed => {}
-            }
-        });
+        self.watch(context.peer);
     }
 
     fn get_info(&self) -> ServerConfig {
-        let mut capabilities = ServerCapabilities::builder()
+        let capabilities = ServerCapabilities::builder()
             .enable_tools()
             .enable_tool_list_changed()
             .enable_prompts()
             .enable_prompts_list_changed()
             .enable_resources()
             .enable_resources_list_changed()
+            .enable_logging()
             .build();
-        capabilities.logging = None;
         ServerConfig::new(capabilities)
             .with_server_info(Implementation::new("bundlevisor", env!("CARGO_PKG_VERSION")))
             .with_instructions(format!(
@@ -411,45 +480,46 @@ impl ServerHandler for Gateway {
             progress: token.is_some(),
             wait_ready_ms: Some(self.0.wait_ready.as_millis() as u64),
         };
-        let mut pending = self
-            .0
-            .link
-            .start(method::CALL, params, token.is_some())
-            .await
-            .map_err(to_mcp)?;
-        let id = pending.id;
         // Progress is forwarded in order, ahead of the answer.
-        let mut progress = std::mem::replace(
-            &mut pending.progress,
-            tokio::sync::mpsc::unbounded_channel().1,
-        );
-        let notify = |p: crate::protocol::CallProgress| {
-            let token = token.clone();
+        let (progress, mut reports) = match &token {
+            Some(_) => {
+                let (tx, rx) = tokio::sync::mpsc::channel(16);
+                (Some(tx), Some(rx))
+            }
+            None => (None, None),
+        };
+        let agent = self.agent(&context.peer);
+        let answer = self
+            .0
+            .backend
+            .call(params, progress, context.ct.clone(), Some(agent));
+        tokio::pin!(answer);
+        let notify = |mut note: ProgressNotificationParam| {
             let peer = context.peer.clone();
+            let token = token.clone();
             async move {
                 if let Some(token) = token {
-                    let mut note = ProgressNotificationParam::new(token, p.progress);
-                    note.total = p.total;
-                    note.message = p.message;
+                    note.progress_token = token;
                     let _ = peer.notify_progress(note).await;
                 }
             }
         };
-        let answer = pending.answer::<Value>();
-        tokio::pin!(answer);
         let answer = loop {
             tokio::select! {
                 biased;
-                Some(p) = progress.recv() => notify(p).await,
+                Some(p) = async {
+                    match reports.as_mut() {
+                        Some(rx) => rx.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => notify(p).await,
                 a = &mut answer => break a,
-                _ = context.ct.cancelled() => {
-                    self.0.link.cancel(id).await;
-                    return Err(ErrorData::internal_error("the call was cancelled", None));
-                }
             }
         };
-        while let Ok(p) = progress.try_recv() {
-            notify(p).await;
+        if let Some(rx) = reports.as_mut() {
+            while let Ok(p) = rx.try_recv() {
+                notify(p).await;
+            }
         }
         let result: CallToolResult = decode(answer.map_err(to_mcp)?, "tool result")?;
         Ok(result.into())
@@ -495,6 +565,15 @@ impl ServerHandler for Gateway {
         Ok(ListResourcesResult::with_all_items(resources))
     }
 
+    async fn set_level(
+        &self,
+        request: SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        *self.0.log_level.lock().unwrap_or_else(|e| e.into_inner()) = Some(request.level);
+        Ok(())
+    }
+
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
@@ -522,8 +601,8 @@ impl ServerHandler for Gateway {
             answer
         } else {
             self.0
-                .link
-                .call::<crate::protocol::typed::WorkspaceResources>(WorkspaceResourcesParams {
+                .backend
+                .workspace_resources(WorkspaceResourcesParams {
                     workspace: self.0.workspace.clone(),
                     method: "resources/read".into(),
                     params: Some(json!({ "uri": request.uri })),

@@ -23,6 +23,9 @@ pub mod method {
     pub const CANCEL: &str = "cancel";
     pub const WORKSPACE_RESOURCES: &str = "workspace.resources";
     pub const PROFILE: &str = "gateway.profile";
+    /// The connection becomes a gateway session: after the answer, it
+    /// carries MCP (stdio framing) between the agent and the daemon.
+    pub const ATTACH: &str = "gateway.attach";
     /// Notification: progress of a `bundle.call` that asked for it.
     pub const CALL_PROGRESS: &str = "call.progress";
     pub const AUTH_BEGIN: &str = "auth.begin";
@@ -83,6 +86,7 @@ pub mod method {
         TOKEN_CREATE,
         TOKEN_LIST,
         TOKEN_REVOKE,
+        ATTACH,
     ];
 }
 
@@ -623,6 +627,24 @@ pub struct WorkspaceResourcesParams {
     pub method: String,
     #[serde(default)]
     pub params: Option<Value>,
+}
+
+/// `gateway.attach`: the rest of the connection is an MCP session of the
+/// workspace's gateway (as `bundlevisor mcp` serves it on stdio).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachParams {
+    #[serde(default = "default_workspace")]
+    pub workspace: String,
+    #[serde(default)]
+    pub profile: Option<String>,
+    /// How long a call waits for a bundle that is starting or restarting.
+    #[serde(default)]
+    pub wait_ready_ms: Option<u64>,
+    /// The `initialize` params of a session the agent began with a daemon
+    /// that has since restarted: served as already initialized.
+    #[serde(default)]
+    pub resume: Option<Value>,
 }
 
 /// `gateway.profile`.

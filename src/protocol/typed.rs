@@ -81,6 +81,8 @@ methods! {
     WorkspaceResources = method::WORKSPACE_RESOURCES, WorkspaceResourcesParams => Value;
     /// The result is the `[[profile]]` table of the daemon's config.
     Profile = method::PROFILE, ProfileParams => Value;
+    /// Answered once the session is ready; MCP follows on the connection.
+    Attach = method::ATTACH, AttachParams => Done;
     AuthBegin = method::AUTH_BEGIN, AuthBeginParams => AuthBeginResult;
     AuthComplete = method::AUTH_COMPLETE, AuthCompleteParams => BundleResult;
     FilesPut = method::FILES_PUT, FilesPutParams => FileRecord;

@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::BundleMsg;
+use crate::bundle::client::{Agent, Callers};
 use crate::protocol::BundleState;
 
 /// Why a request could not be answered by the bundle.
@@ -61,6 +62,9 @@ pub struct PendingCall {
     pub cancel: CancellationToken,
     /// Where the bundle's progress notifications for this call go.
     pub progress: Option<mpsc::Sender<ProgressNotificationParam>>,
+    /// The agent the call comes from: the bundle's sampling, elicitation
+    /// and roots requests during the call go to it.
+    pub agent: Option<Arc<dyn Agent>>,
     pub reply: RpcReplyPort<Result<Value, CallError>>,
 }
 
@@ -147,6 +151,7 @@ pub struct Lane {
     pub peer: Peer<RoleClient>,
     pub in_flight: InFlightGuard,
     pub progress: ProgressDispatcher,
+    pub callers: Callers,
     /// The session's generation (a 401 names it).
     pub generation: u64,
     pub timeout: Duration,
@@ -161,9 +166,12 @@ pub fn spawn(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bundle
             peer,
             in_flight,
             progress: dispatcher,
+            callers,
             generation,
             timeout,
         } = lane;
+        // The agent is the bundle's client for as long as the call runs.
+        let caller = call.agent.clone().map(|agent| callers.enter(agent));
         let timeout = call.timeout.unwrap_or(timeout);
         let request = match &call.request {
             Ask::Tool { name, arguments } => {
@@ -239,7 +247,7 @@ pub fn spawn(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bundle
             Some(Ok(Err(e))) => Err(answer_error(&call.request, e)),
             Some(Ok(Ok(result))) => answer(&call.request, result),
         };
-        drop(in_flight);
+        drop((in_flight, caller));
         let _ = call.reply.send(result);
     });
 }

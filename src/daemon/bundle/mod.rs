@@ -131,6 +131,7 @@ pub struct Live {
     _pinger: Option<AbortOnDropHandle<()>>,
     in_flight: call::InFlight,
     progress: ProgressDispatcher,
+    callers: crate::bundle::client::Callers,
     violation: crate::bundle::guard::Violation,
 }
 
@@ -438,6 +439,7 @@ impl BundleActorState {
                 tools,
                 in_flight: call::InFlight::default(),
                 progress: connection.progress,
+                callers: connection.callers,
                 violation: connection.violation,
             };
             (live, reauthorized)
@@ -473,6 +475,7 @@ impl BundleActorState {
                     peer: live.peer.clone(),
                     in_flight: live.in_flight.enter(),
                     progress: live.progress.clone(),
+                    callers: live.callers.clone(),
                     generation: self.lc.generation(),
                     timeout: self.args.shared.config.bundles.call_timeout,
                 };

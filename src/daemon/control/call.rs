@@ -3,9 +3,11 @@
 //! progress forwarded, cancellation, and a bounded wait for a bundle that
 //! is on its way up.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
+use rmcp::model::ProgressNotificationParam;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -13,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::ask::{ask, bundle_actor, limit, unavailable};
 use super::outcome::wait_ready;
 use super::{Ctx, Outbox};
+use crate::bundle::client::Agent;
 use crate::daemon::bundle::{Ask, BundleMsg, CallError, PendingCall};
 use crate::protocol::{
     method, BundleState, BundleTools, CallParams, CallProgress, ErrorKind, Notification, RpcError,
@@ -62,6 +65,9 @@ pub(super) async fn tools(p: ToolsParams, ctx: &Ctx) -> Result<ToolsResult, RpcE
     Ok(ToolsResult { bundles })
 }
 
+/// `bundle.call` on the control socket: the bundle's progress goes out as
+/// `call.progress` notifications of request `id`, in order, ahead of the
+/// answer.
 pub(super) async fn call(
     p: CallParams,
     ctx: &Ctx,
@@ -69,8 +75,57 @@ pub(super) async fn call(
     id: Value,
     cancel: &CancellationToken,
 ) -> Result<Value, RpcError> {
+    let (progress, mut reports) = if p.progress {
+        let (tx, rx) = mpsc::channel::<ProgressNotificationParam>(16);
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
+    let forward = |n: ProgressNotificationParam| {
+        Notification::new(
+            method::CALL_PROGRESS,
+            CallProgress {
+                id: id.clone(),
+                progress: n.progress,
+                total: n.total,
+                message: n.message,
+            },
+        )
+    };
+    let answer = call_bundle(&p, ctx, progress, cancel, None);
+    tokio::pin!(answer);
+    let result = loop {
+        tokio::select! {
+            biased;
+            Some(n) = async {
+                match reports.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => { out.send(&forward(n)).await; }
+            r = &mut answer => break r,
+        };
+    };
+    if let Some(rx) = reports.as_mut() {
+        while let Ok(n) = rx.try_recv() {
+            out.send(&forward(n)).await;
+        }
+    }
+    result
+}
+
+/// A tool call through the bundle's actor, counted in the metrics: on
+/// behalf of `agent` (the gateway's), with the bundle's progress sent to
+/// `progress`.
+pub(super) async fn call_bundle(
+    p: &CallParams,
+    ctx: &Ctx,
+    progress: Option<mpsc::Sender<ProgressNotificationParam>>,
+    cancel: &CancellationToken,
+    agent: Option<Arc<dyn Agent>>,
+) -> Result<Value, RpcError> {
     let started = std::time::Instant::now();
-    let answer = call_tool(&p, ctx, out, id, cancel).await;
+    let answer = call_tool(p, ctx, progress, cancel, agent).await;
     // A call of a bundle that is not installed is not a bundle's call.
     let unknown = |e: &RpcError| e.data.as_ref().map(|d| d.kind) == Some(ErrorKind::BundleNotFound);
     if !matches!(&answer, Err(e) if unknown(e)) {
@@ -85,9 +140,9 @@ pub(super) async fn call(
 async fn call_tool(
     p: &CallParams,
     ctx: &Ctx,
-    out: &Outbox,
-    id: Value,
+    progress: Option<mpsc::Sender<ProgressNotificationParam>>,
     cancel: &CancellationToken,
+    agent: Option<Arc<dyn Agent>>,
 ) -> Result<Value, RpcError> {
     let actor = bundle_actor(&p.workspace, &p.name)?;
     let timeout = p.timeout_ms.map(Duration::from_millis);
@@ -98,58 +153,27 @@ async fn call_tool(
     let mut deadline = None;
     let result = loop {
         let mut events = wait_ready_for.map(|_| ctx.shared.board.subscribe());
-        // Progress goes out in order, ahead of the answer.
-        let (progress, mut progress_rx) = if p.progress {
-            let (tx, rx) = mpsc::channel::<rmcp::model::ProgressNotificationParam>(16);
-            (Some(tx), Some(rx))
-        } else {
-            (None, None)
-        };
-        let forward = |n: rmcp::model::ProgressNotificationParam| {
-            Notification::new(
-                method::CALL_PROGRESS,
-                CallProgress {
-                    id: id.clone(),
-                    progress: n.progress,
-                    total: n.total,
-                    message: n.message,
+        let (tool, arguments) = (p.tool.clone(), p.arguments.clone());
+        let (cancel, progress, agent) = (cancel.clone(), progress.clone(), agent.clone());
+        let result = actor
+            .call(
+                |reply| {
+                    BundleMsg::Call(PendingCall {
+                        request: Ask::Tool {
+                            name: tool,
+                            arguments,
+                        },
+                        timeout,
+                        cancel,
+                        progress,
+                        agent,
+                        reply,
+                    })
                 },
+                Some(wait),
             )
-        };
-        let (tool, arguments, cancel) = (p.tool.clone(), p.arguments.clone(), cancel.clone());
-        let answer = actor.call(
-            |reply| {
-                BundleMsg::Call(PendingCall {
-                    request: Ask::Tool {
-                        name: tool,
-                        arguments,
-                    },
-                    timeout,
-                    cancel,
-                    progress,
-                    reply,
-                })
-            },
-            Some(wait),
-        );
-        tokio::pin!(answer);
-        let result = loop {
-            tokio::select! {
-                biased;
-                Some(n) = async {
-                    match progress_rx.as_mut() {
-                        Some(rx) => rx.recv().await,
-                        None => std::future::pending().await,
-                    }
-                } => out.send(&forward(n)).await,
-                r = &mut answer => break r.map_err(unavailable)?,
-            };
-        };
-        if let Some(rx) = progress_rx.as_mut() {
-            while let Ok(n) = rx.try_recv() {
-                out.send(&forward(n)).await;
-            }
-        }
+            .await
+            .map_err(unavailable)?;
         // A bundle on its way up is waited for (bounded by one deadline),
         // then called again.
         if let (

@@ -1,7 +1,8 @@
-//! Control methods the MCP gateway (`bundlevisor mcp`) is built on:
-//! `bundle.mcp` (a read-only MCP request passed to a ready bundle),
-//! `workspace.resources` (workspace files as MCP resources, answered by the
-//! host-resources resolver) and `gateway.profile`.
+//! Control methods of the MCP gateway: `gateway.attach` (the connection
+//! becomes a gateway session the daemon serves: `bundlevisor mcp` relays
+//! its stdio to it), `bundle.mcp` (a read-only MCP request passed to a
+//! ready bundle), `workspace.resources` (workspace files as MCP resources,
+//! answered by the host-resources resolver) and `gateway.profile`.
 
 use std::time::Duration;
 
@@ -15,7 +16,8 @@ use super::Ctx;
 use crate::daemon::bundle::{Ask, BundleMsg, CallError, PendingCall};
 use crate::daemon::workspace::FilesOp;
 use crate::protocol::{
-    ErrorKind, McpParams, ProfileParams, RpcError, WorkspaceResourcesParams, PASSTHROUGH_METHODS,
+    AttachParams, ErrorKind, McpParams, ProfileParams, RpcError, WorkspaceResourcesParams,
+    PASSTHROUGH_METHODS,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -48,6 +50,7 @@ pub(super) async fn mcp(p: McpParams) -> Result<Value, RpcError> {
                     timeout: Some(PASSTHROUGH_TIMEOUT),
                     cancel: CancellationToken::new(),
                     progress: None,
+                    agent: None,
                     reply,
                 })
             },
@@ -112,25 +115,59 @@ pub(super) async fn workspace_resources(
 }
 
 pub(super) async fn profile(p: ProfileParams, ctx: &Ctx) -> Result<Value, RpcError> {
-    let profiles = &ctx.shared.config.profiles;
-    match profiles.iter().find(|x| x.name == p.name) {
+    match ctx.shared.config.profiles.iter().find(|x| x.name == p.name) {
         Some(found) => serde_json::to_value(found)
             .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string())),
-        None => Err(RpcError::new(
-            ErrorKind::InvalidParams,
-            format!(
-                "no profile {:?} in the daemon config; configured: {}",
-                p.name,
-                if profiles.is_empty() {
-                    "none (add a [[profile]] table)".to_string()
-                } else {
-                    profiles
-                        .iter()
-                        .map(|x| x.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                }
-            ),
-        )),
+        None => Err(profile_missing(&p.name, ctx)),
+    }
+}
+
+fn profile_missing(name: &str, ctx: &Ctx) -> RpcError {
+    let profiles = &ctx.shared.config.profiles;
+    RpcError::new(
+        ErrorKind::InvalidParams,
+        format!(
+            "no profile {name:?} in the daemon config; configured: {}",
+            if profiles.is_empty() {
+                "none (add a [[profile]] table)".to_string()
+            } else {
+                profiles
+                    .iter()
+                    .map(|x| x.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        ),
+    )
+}
+
+/// What `gateway.attach` asks for, checked: an unknown workspace or
+/// profile is refused before the connection changes hands.
+pub(super) fn attach_check(
+    p: &AttachParams,
+    ctx: &Ctx,
+) -> Result<Option<crate::config::Profile>, RpcError> {
+    if !super::status::known_workspaces(ctx).contains(&p.workspace) {
+        return Err(super::status::no_workspace(ctx, &p.workspace));
+    }
+    if let Some(resume) = &p.resume {
+        serde_json::from_value::<rmcp::model::InitializeRequestParams>(resume.clone()).map_err(
+            |e| {
+                RpcError::new(
+                    ErrorKind::InvalidParams,
+                    format!("resume: not initialize params: {e}"),
+                )
+            },
+        )?;
+    }
+    match &p.profile {
+        None => Ok(None),
+        Some(name) => {
+            let found = ctx.shared.config.profiles.iter().find(|x| &x.name == name);
+            match found {
+                Some(profile) => Ok(Some(profile.clone())),
+                None => Err(profile_missing(name, ctx)),
+            }
+        }
     }
 }

@@ -43,12 +43,14 @@ mod credentials;
 mod files;
 mod gateway;
 mod install;
+mod local;
 mod logs;
 mod outcome;
 mod peer;
 mod status;
 mod tokens;
 
+pub use local::backend;
 pub use peer::tcp_refusal;
 #[derive(Clone)]
 struct Ctx {
@@ -323,8 +325,13 @@ async fn connection(stream: UnixStream, mut ctx: Ctx) {
         cut: CancellationToken::new(),
         peer: format!("uid {}", ctx.peer.uid),
     });
+    // Cancelled when the connection becomes a gateway session: the writer
+    // writes what is queued (the answer to `gateway.attach`) and gives the
+    // socket back.
+    let handover = CancellationToken::new();
     let writer = {
         let queue = queue.clone();
+        let handover = handover.clone();
         tokio::spawn(async move {
             loop {
                 let mut line = tokio::select! {
@@ -332,6 +339,10 @@ async fn connection(stream: UnixStream, mut ctx: Ctx) {
                     line = rx.recv() => match line {
                         Some(line) => line,
                         None => break,
+                    },
+                    _ = handover.cancelled() => match rx.try_recv() {
+                        Ok(line) => line,
+                        Err(_) => break,
                     },
                 };
                 queue.taken(line.len());
@@ -344,6 +355,7 @@ async fn connection(stream: UnixStream, mut ctx: Ctx) {
                     break;
                 }
             }
+            write
         })
     };
     let out = Outbox {
@@ -358,6 +370,7 @@ async fn connection(stream: UnixStream, mut ctx: Ctx) {
     // At most `max_in_flight` requests are handled at once: the next line
     // is read only when a permit is free.
     let permits = Arc::new(tokio::sync::Semaphore::new(settings.max_in_flight));
+    let mut attached = None;
     loop {
         let permit = tokio::select! {
             _ = queue.cut.cancelled() => break,
@@ -432,6 +445,35 @@ async fn connection(stream: UnixStream, mut ctx: Ctx) {
             out.send(&respond(request.id, response)).await;
             continue;
         }
+        if request.method == m::Attach::NAME {
+            // Only on a connection with nothing else in flight: what
+            // follows the answer is MCP.
+            let idle = permits.available_permits() + 1 == settings.max_in_flight;
+            let checked = params::<<m::Attach as Method>::Params>(request.params).and_then(|p| {
+                if !idle {
+                    return Err(RpcError::new(
+                        ErrorKind::InvalidRequest,
+                        format!(
+                            "{} needs a connection with no request in flight",
+                            m::Attach::NAME
+                        ),
+                    ));
+                }
+                let profile = gateway::attach_check(&p, &ctx)?;
+                Ok((p, profile))
+            });
+            match checked {
+                Ok(session) => {
+                    out.send(&respond(request.id, to_value(m::Done {}))).await;
+                    attached = Some(session);
+                    break;
+                }
+                Err(e) => {
+                    out.send(&Response::err(request.id, e)).await;
+                    continue;
+                }
+            }
+        }
         if request.method == m::Cancel::NAME {
             let in_flight = &in_flight;
             let result = handle::<m::Cancel, _>(request.params, |p: CancelParams| async move {
@@ -469,9 +511,20 @@ async fn connection(stream: UnixStream, mut ctx: Ctx) {
             drop(permit);
         });
     }
-    out.closed.cancel();
+    let Some((params, profile)) = attached else {
+        out.closed.cancel();
+        drop(out);
+        let _ = writer.await;
+        return;
+    };
+    handover.cancel();
+    let Ok(write) = writer.await else {
+        return;
+    };
     drop(out);
-    let _ = writer.await;
+    // Whatever the agent sent after its request is still in the reader.
+    let read = lines.into_inner();
+    local::serve_attached(read, write, params, profile, &ctx).await;
 }
 
 fn respond(id: Value, result: Result<Value, RpcError>) -> Response {

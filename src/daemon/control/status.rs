@@ -68,7 +68,7 @@ pub(super) async fn status(p: StatusParams, ctx: &Ctx) -> Result<StatusResult, R
 
 /// Workspaces with bundles (or files), those a watched folder feeds, and
 /// the default one.
-fn known_workspaces(ctx: &Ctx) -> Vec<String> {
+pub(super) fn known_workspaces(ctx: &Ctx) -> Vec<String> {
     let (mut known, _) = ctx.shared.board.snapshot();
     known.push(crate::protocol::DEFAULT_WORKSPACE.to_string());
     known.extend(ctx.shared.config.watch.iter().map(|w| w.workspace.clone()));
