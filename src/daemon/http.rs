@@ -106,6 +106,10 @@ struct App {
     addr: SocketAddr,
     /// One rmcp service (and its sessions) per (workspace, profile).
     endpoints: Mutex<HashMap<EndpointKey, Served>>,
+    /// Tokens found, by the digest of their text, while no token is
+    /// revoked (the generation of `Shared::tokens_revoked` they were read
+    /// at); an expired one is looked up again.
+    tokens: Mutex<(u64, HashMap<Vec<u8>, crate::store::AccessToken>)>,
     /// Each token's request bucket, by token id.
     buckets: Mutex<HashMap<String, crate::host_resources::rate::TokenBucket>>,
     shutdown: CancellationToken,
@@ -235,6 +239,7 @@ pub async fn serve(
         .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
     let scheme = if tls.is_some() { "https" } else { "http" };
     let app = Arc::new(App {
+        tokens: Mutex::default(),
         backend,
         shared,
         base: format!("{scheme}://{addr}"),
@@ -425,13 +430,7 @@ async fn endpoint(
     let Some(text) = bearer(request.headers()) else {
         return unauthorized(&app, &workspace, profile.as_deref(), false);
     };
-    let now = crate::clock::unix_secs();
-    let found = app
-        .shared
-        .store
-        .call(move |s| s.token_by_text(&text, now))
-        .await;
-    let token = match found {
+    let token = match app.token(text).await {
         Ok(Some(token)) => token,
         Ok(None) => return unauthorized(&app, &workspace, profile.as_deref(), true),
         Err(e) => {
@@ -509,7 +508,48 @@ fn too_many(app: &App, wait_ms: u64) -> Response {
     response
 }
 
+/// How many tokens the cache holds before it starts over.
+const TOKEN_CACHE: usize = 1024;
+
 impl App {
+    /// The live token whose text this is: from the cache, or the store.
+    async fn token(
+        &self,
+        text: String,
+    ) -> Result<Option<crate::store::AccessToken>, crate::store::StoreError> {
+        use std::sync::atomic::Ordering;
+        let now = crate::clock::unix_secs();
+        let key = crate::store::tokens::digest(&text);
+        let generation = self.shared.tokens_revoked.load(Ordering::SeqCst);
+        {
+            let mut cache = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+            if cache.0 != generation {
+                *cache = (generation, HashMap::new());
+            }
+            if let Some(t) = cache.1.get(&key) {
+                if t.expires_at.is_none_or(|at| at > now) {
+                    return Ok(Some(t.clone()));
+                }
+            }
+        }
+        let found = self
+            .shared
+            .store
+            .call(move |s| s.token_by_text(&text, now))
+            .await?;
+        if let Some(t) = &found {
+            let mut cache = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
+            // Read before a revoke that has bumped the generation since: not kept.
+            if cache.0 == generation {
+                if cache.1.len() >= TOKEN_CACHE {
+                    cache.1.clear();
+                }
+                cache.1.insert(key, t.clone());
+            }
+        }
+        Ok(found)
+    }
+
     /// One request of the token `id` from its bucket, or the wait in ms.
     fn take(&self, id: &str) -> Result<(), u64> {
         let settings = &self.shared.config.http;

@@ -105,6 +105,10 @@ pub(super) async fn revoke(p: TokenRevokeParams, ctx: &Ctx) -> Result<TokenInfo,
         .map_err(store_error)?;
     match revoked {
         Some(t) => {
+            // No request is admitted on it from now on (the HTTP cache).
+            ctx.shared
+                .tokens_revoked
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             tracing::info!(token = %t.name, id = %t.id, workspace = %t.workspace, "access token revoked");
             Ok(info(t, crate::clock::unix_secs()))
         }
