@@ -68,7 +68,7 @@ mcpb: $(MCPB)/.installed ## The pinned official mcpb CLI for the archive tests (
 
 # Real third-party MCP servers as test bundles: each pinned by
 # tests/servers/NAME/package-lock.json, with its manifest.json beside it.
-SERVERS := filesystem memory
+SERVERS := filesystem memory everything
 
 # Python servers: a virtual environment pinned by tests/servers/NAME/requirements.lock.
 PY_SERVERS := time

@@ -487,3 +487,46 @@ fn a_call_to_a_restarting_bundle_waits_for_it() {
         "{err}"
     );
 }
+
+/// A daemon restart under an agent of `bundlevisor mcp`: the call in
+/// flight is answered with an error at once (not left hanging), and the
+/// agent's session goes on with the new daemon — the same session, no new
+/// `initialize` — and is told its lists may have changed.
+#[test]
+fn the_stdio_session_survives_a_daemon_restart() {
+    let mut d = Daemon::start();
+    install_demos(&d, &["alpha"]);
+    let agent = Agent::connect(&d, &[]);
+    assert_eq!(
+        agent.call("alpha__echo", json!({"text": "before"})),
+        Ok("alpha:before".to_string())
+    );
+    let peer = agent.peer().clone();
+    let in_flight = agent
+        .rt
+        .spawn(async move { call(&peer, "alpha__sleep", json!({"ms": 60000})).await });
+    wait_for(
+        Duration::from_secs(10),
+        "the sleep call to reach the bundle",
+        || {
+            let out = d.cli(&["logs", "alpha"]);
+            String::from_utf8_lossy(&out.stdout)
+                .contains("sleeping 60000 ms")
+                .then_some(())
+        },
+    );
+    let changed_before = agent.recorder.count("tools_changed");
+    // Killed: nothing of the daemon answers; the relay does.
+    d.signal(nix::sys::signal::Signal::SIGKILL);
+    let err = agent.rt.block_on(in_flight).unwrap().unwrap_err();
+    assert!(err.contains("daemon went away"), "{err}");
+    d.launch();
+    // The bundle comes back with the daemon; the session waits for it.
+    wait_for(Duration::from_secs(20), "a call after the restart", || {
+        agent
+            .call("alpha__echo", json!({"text": "after"}))
+            .ok()
+            .filter(|t| t == "alpha:after")
+    });
+    assert!(agent.recorder.count("tools_changed") > changed_before);
+}

@@ -1,0 +1,316 @@
+//! Issue 20, point 4: a bundle's own requests — sampling, elicitation,
+//! roots — and its log messages reach the agent whose call it serves, on
+//! both transports, with the official "everything" server (pinned, built
+//! by `make servers`) as the bundle. An agent that did not declare a
+//! capability, and a request outside any agent's call, get an MCP error
+//! at once.
+
+// Sampling, roots and logging are deprecated by SEP-2577 in rmcp's newest
+// revision; the 2025-11-25 revision the test speaks has them.
+#![allow(deprecated)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{free_port, Daemon, BIN};
+use rmcp::model::{
+    CallToolRequestParams, ClientCapabilities, ClientConfig, CreateMessageRequestParams,
+    CreateMessageResult, ElicitRequestParams, ElicitResult, ElicitationAction, Implementation,
+    ListRootsResult, LoggingLevel, LoggingMessageNotificationParam, Root, SamplingMessage,
+    SetLevelRequestParams,
+};
+use rmcp::service::{NotificationContext, RequestContext, RunningService};
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
+use serde_json::{json, Value};
+
+fn everything() -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/servers/everything");
+    assert!(
+        dir.join("node_modules").is_dir(),
+        "the everything server is not built at {}; run `make servers` (make test does)",
+        dir.display()
+    );
+    dir
+}
+
+/// An agent that answers the bundle's requests and records what it was
+/// asked and told.
+#[derive(Clone)]
+struct Answering {
+    capabilities: ClientCapabilities,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+impl Answering {
+    fn new(capabilities: ClientCapabilities) -> Self {
+        Answering {
+            capabilities,
+            seen: Arc::default(),
+        }
+    }
+
+    fn seen(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    fn note(&self, what: String) {
+        self.seen.lock().unwrap().push(what);
+    }
+}
+
+impl ClientHandler for Answering {
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            self.capabilities.clone(),
+            Implementation::new("passthrough-test-agent", "1"),
+        )
+    }
+
+    async fn create_message(
+        &self,
+        params: CreateMessageRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, ErrorData> {
+        let asked = serde_json::to_string(&params.messages).unwrap();
+        self.note(format!("sampling {asked}"));
+        Ok(CreateMessageResult::new(
+            SamplingMessage::assistant_text("the agent's model answers: forty-two"),
+            "agent-model-7".into(),
+        ))
+    }
+
+    async fn create_elicitation(
+        &self,
+        _request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, ErrorData> {
+        self.note("elicitation".into());
+        Ok(ElicitResult::new(ElicitationAction::Accept)
+            .with_content(json!({"name": "Ada from the agent", "check": true})))
+    }
+
+    async fn list_roots(
+        &self,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ListRootsResult, ErrorData> {
+        self.note("roots".into());
+        Ok(ListRootsResult::new(vec![Root::new(
+            "file:///agent/project-root",
+        )]))
+    }
+
+    async fn on_logging_message(
+        &self,
+        params: LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.note(format!("log {}", params.data));
+    }
+}
+
+fn all_capabilities() -> ClientCapabilities {
+    ClientCapabilities::builder()
+        .enable_sampling()
+        .enable_elicitation()
+        .enable_roots()
+        .build()
+}
+
+async fn text_of_call(
+    client: &RunningService<RoleClient, Answering>,
+    tool: &str,
+    args: Value,
+) -> Result<(String, bool), String> {
+    let params = CallToolRequestParams::new(tool.to_string())
+        .with_arguments(args.as_object().unwrap().clone());
+    let result = tokio::time::timeout(Duration::from_secs(30), client.peer().call_tool(params))
+        .await
+        .map_err(|_| format!("{tool}: no answer within 30 s (a hang)"))?
+        .map_err(|e| e.to_string())?;
+    let text = result
+        .content
+        .iter()
+        .filter_map(|c| c.as_text().map(|t| t.text.clone()))
+        .collect::<Vec<_>>()
+        .join("\n");
+    Ok((text, result.is_error == Some(true)))
+}
+
+fn daemon() -> (Daemon, u16) {
+    let port = free_port();
+    let d = Daemon::start_with(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"));
+    d.ok(&["install", everything().to_str().unwrap()]);
+    (d, port)
+}
+
+/// The gateway over `bundlevisor mcp`'s stdio.
+async fn stdio_agent(
+    d: &Daemon,
+    handler: Answering,
+) -> (tokio::process::Child, RunningService<RoleClient, Answering>) {
+    let mut child = tokio::process::Command::new(BIN)
+        .arg("--socket")
+        .arg(&d.socket)
+        .arg("mcp")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    (child, handler.serve(io).await.unwrap())
+}
+
+/// The gateway over the daemon's HTTP endpoint.
+async fn http_agent(
+    d: &Daemon,
+    port: u16,
+    handler: Answering,
+) -> RunningService<RoleClient, Answering> {
+    let token = d.ok(&["token", "create"]).trim().to_string();
+    let config = StreamableHttpClientTransportConfig::with_uri(format!(
+        "http://127.0.0.1:{port}/mcp/default"
+    ))
+    .auth_header(token);
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    handler.serve(transport).await.unwrap()
+}
+
+/// What every transport must do for an agent that declared everything.
+async fn passes_everything_through(
+    client: &RunningService<RoleClient, Answering>,
+    agent: &Answering,
+) {
+    // The bundle offers these tools only to a client that declared the
+    // capabilities: the daemon did, for the agents it serves.
+    let tools = client.peer().list_all_tools().await.unwrap();
+    let names: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
+    for wanted in [
+        "everything__trigger-sampling-request",
+        "everything__trigger-elicitation-request",
+        "everything__get-roots-list",
+    ] {
+        assert!(
+            names.iter().any(|n| n == wanted),
+            "{wanted} not in {names:?}"
+        );
+    }
+    client
+        .peer()
+        .set_level(SetLevelRequestParams::new(LoggingLevel::Debug))
+        .await
+        .unwrap();
+
+    let (text, error) = text_of_call(
+        client,
+        "everything__trigger-sampling-request",
+        json!({"prompt": "what is six times seven?"}),
+    )
+    .await
+    .unwrap();
+    assert!(!error, "{text}");
+    assert!(
+        text.contains("forty-two") && text.contains("agent-model-7"),
+        "{text}"
+    );
+    assert!(
+        agent
+            .seen()
+            .iter()
+            .any(|s| s.starts_with("sampling") && s.contains("what is six times seven?")),
+        "{:?}",
+        agent.seen()
+    );
+
+    let (text, error) = text_of_call(client, "everything__trigger-elicitation-request", json!({}))
+        .await
+        .unwrap();
+    assert!(!error, "{text}");
+    assert!(text.contains("Ada from the agent"), "{text}");
+
+    let (text, error) = text_of_call(client, "everything__get-roots-list", json!({}))
+        .await
+        .unwrap();
+    assert!(!error, "{text}");
+    assert!(text.contains("file:///agent/project-root"), "{text}");
+    // The bundle logged the roots it got, during the call: the agent is told.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !agent
+        .seen()
+        .iter()
+        .any(|s| s.starts_with("log") && s.contains("Roots updated: 1 root"))
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no log message: {:?}",
+            agent.seen()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundles_requests_reach_the_stdio_agent_whose_call_it_serves() {
+    let (d, _) = daemon();
+    let agent = Answering::new(all_capabilities());
+    let (_child, client) = stdio_agent(&d, agent.clone()).await;
+    passes_everything_through(&client, &agent).await;
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundles_requests_reach_the_http_agent_whose_call_it_serves() {
+    let (d, port) = daemon();
+    let agent = Answering::new(all_capabilities());
+    let client = http_agent(&d, port, agent.clone()).await;
+    passes_everything_through(&client, &agent).await;
+    client.cancel().await.unwrap();
+}
+
+/// An agent without sampling: the bundle's request fails at once with an
+/// error that says why (the tool reports it), and the agent is never asked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_did_not_declare_sampling_is_not_asked() {
+    let (d, port) = daemon();
+    let agent = Answering::new(ClientCapabilities::builder().enable_roots().build());
+    let client = http_agent(&d, port, agent.clone()).await;
+    let started = std::time::Instant::now();
+    let (text, error) = text_of_call(
+        &client,
+        "everything__trigger-sampling-request",
+        json!({"prompt": "anyone?"}),
+    )
+    .await
+    .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10), "no hang");
+    assert!(error, "{text}");
+    assert!(
+        text.contains("did not declare the sampling capability"),
+        "{text}"
+    );
+    assert!(
+        !agent.seen().iter().any(|s| s.starts_with("sampling")),
+        "{:?}",
+        agent.seen()
+    );
+    client.cancel().await.unwrap();
+}
+
+/// The bundle asks for roots on its own, 350 ms after it is initialized,
+/// in no agent's call: it gets an error at once, saying why (it logs it).
+#[test]
+fn a_request_outside_any_agents_call_is_refused_at_once() {
+    let (d, _) = daemon();
+    common::wait_for(Duration::from_secs(15), "the bundle's roots error", || {
+        let out = d.cli(&["logs", "everything"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        text.contains("no agent's call is in flight").then_some(())
+    });
+}
