@@ -1,6 +1,7 @@
 //! Issue 20, point 4: a bundle's own requests — sampling, elicitation,
 //! roots — and its log messages reach the agent whose call it serves, on
-//! both transports, with the official "everything" server (pinned, built
+//! both transports, and so do its updates of resources the agent subscribed
+//! to, with the official "everything" server (pinned, built
 //! by `make servers`) as the bundle. An agent that did not declare a
 //! capability, and a request outside any agent's call, get an MCP error
 //! at once.
@@ -20,8 +21,9 @@ use common::{free_port, Daemon, BIN};
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, CreateMessageRequestParams,
     CreateMessageResult, ElicitRequestParams, ElicitResult, ElicitationAction, Implementation,
-    ListRootsResult, LoggingLevel, LoggingMessageNotificationParam, Root, SamplingMessage,
-    SetLevelRequestParams,
+    ListRootsResult, LoggingLevel, LoggingMessageNotificationParam,
+    ResourceUpdatedNotificationParam, Root, SamplingMessage, SetLevelRequestParams,
+    SubscribeRequestParams,
 };
 use rmcp::service::{NotificationContext, RequestContext, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -103,6 +105,14 @@ impl ClientHandler for Answering {
         Ok(ListRootsResult::new(vec![Root::new(
             "file:///agent/project-root",
         )]))
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.note(format!("updated {}", params.uri));
     }
 
     async fn on_logging_message(
@@ -240,16 +250,41 @@ async fn passes_everything_through(
         .unwrap();
     assert!(!error, "{text}");
     assert!(text.contains("file:///agent/project-root"), "{text}");
-    // The bundle logged the roots it got, during the call: the agent is told.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !agent
-        .seen()
+    // A subscription to one of the bundle's resources, by the gateway's URI
+    // of it: the bundle's updates reach the agent under that URI.
+    let resources = client.peer().list_all_resources().await.unwrap();
+    let uri = resources
         .iter()
-        .any(|s| s.starts_with("log") && s.contains("Roots updated: 1 root"))
-    {
+        .map(|r| r.uri.clone())
+        .find(|u| !u.starts_with("files://"))
+        .unwrap_or_else(|| panic!("no bundle resource in {resources:?}"));
+    client
+        .peer()
+        .subscribe(SubscribeRequestParams::new(uri.clone()))
+        .await
+        .unwrap();
+    let (text, error) = text_of_call(client, "everything__toggle-subscriber-updates", json!({}))
+        .await
+        .unwrap();
+    assert!(!error, "{text}");
+    until(agent, &format!("updated {uri}"), |s| {
+        *s == format!("updated {uri}")
+    })
+    .await;
+    // The bundle logged the roots it got, during the call: the agent is told.
+    until(agent, "the roots log message", |s| {
+        s.starts_with("log") && s.contains("Roots updated: 1 root")
+    })
+    .await;
+}
+
+/// Waits (10 s at most) until the agent has seen what `wanted` matches.
+async fn until(agent: &Answering, what: &str, wanted: impl Fn(&String) -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !agent.seen().iter().any(&wanted) {
         assert!(
             tokio::time::Instant::now() < deadline,
-            "no log message: {:?}",
+            "{what} never came: {:?}",
             agent.seen()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -25,7 +25,7 @@ use rmcp::model::{
     CreateMessageRequestParams, CreateMessageResult, CustomRequest, CustomResult, ElicitRequest,
     ElicitRequestParams, ElicitResult, ErrorCode, Implementation, ListRootsRequest,
     ListRootsResult, LoggingMessageNotification, LoggingMessageNotificationParam, ProtocolVersion,
-    RequestMetaObject, ServerNotification, ServerRequest,
+    RequestMetaObject, ResourceUpdatedNotificationParam, ServerNotification, ServerRequest,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ClientHandler, ErrorData, RoleClient};
@@ -78,6 +78,39 @@ pub trait Agent: Send + Sync {
     ) -> BoxFuture<'static, Result<ClientResult, ErrorData>>;
     /// A notification to the agent (log messages).
     fn notify(&self, notification: ServerNotification) -> BoxFuture<'static, ()>;
+    /// Resource `uri` of `bundle`, to which the agent subscribed, changed.
+    fn resource_updated(&self, bundle: &str, uri: &str) -> BoxFuture<'static, ()>;
+    /// Whether the agent's session has ended.
+    fn gone(&self) -> bool;
+}
+
+/// Which agents subscribed to which of the bundle's resources (by the
+/// bundle's own URI), for the life of the connection.
+#[derive(Clone, Default)]
+pub struct Subscribers(Arc<Mutex<Vec<(String, Arc<dyn Agent>)>>>);
+
+impl Subscribers {
+    pub fn add(&self, uri: &str, agent: Arc<dyn Agent>) {
+        let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if !list.iter().any(|(u, a)| u == uri && same(a, &agent)) {
+            list.push((uri.to_string(), agent));
+        }
+    }
+
+    pub fn remove(&self, uri: &str, agent: &Arc<dyn Agent>) {
+        let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        list.retain(|(u, a)| !(u == uri && same(a, agent)));
+    }
+
+    /// The live agents subscribed to `uri` (ended sessions are dropped).
+    fn of(&self, uri: &str) -> Vec<Arc<dyn Agent>> {
+        let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        list.retain(|(_, a)| !a.gone());
+        list.iter()
+            .filter(|(u, _)| u == uri)
+            .map(|(_, a)| a.clone())
+            .collect()
+    }
 }
 
 /// The agents whose calls are in flight on one bundle connection, each
@@ -170,6 +203,8 @@ pub(super) struct BundleClient {
     progress: ProgressDispatcher,
     /// The agents whose calls the bundle is serving.
     callers: Callers,
+    /// The agents subscribed to its resources.
+    subscribers: Subscribers,
 }
 
 impl BundleClient {
@@ -190,6 +225,7 @@ impl BundleClient {
             config,
             progress: ProgressDispatcher::new(),
             callers: Callers::default(),
+            subscribers: Subscribers::default(),
         }
     }
 
@@ -199,6 +235,10 @@ impl BundleClient {
 
     pub(super) fn callers(&self) -> Callers {
         self.callers.clone()
+    }
+
+    pub(super) fn subscribers(&self) -> Subscribers {
+        self.subscribers.clone()
     }
 }
 
@@ -282,6 +322,18 @@ impl ClientHandler for BundleClient {
                 "log message of the bundle outside an agent's call: {}",
                 params.data
             ),
+        }
+    }
+
+    async fn on_resource_updated(
+        &self,
+        params: ResourceUpdatedNotificationParam,
+        _context: rmcp::service::NotificationContext<RoleClient>,
+    ) {
+        for agent in self.subscribers.of(&params.uri) {
+            agent
+                .resource_updated(&self.host.requester.bundle, &params.uri)
+                .await;
         }
     }
 

@@ -95,6 +95,8 @@ pub struct Connection {
     /// The agents whose calls the bundle serves (its sampling, elicitation
     /// and roots requests go to them).
     pub callers: crate::bundle::client::Callers,
+    /// The agents subscribed to its resources.
+    pub subscribers: crate::bundle::client::Subscribers,
     /// Set when the bundle broke the transport rules (overlong or non-JSON
     /// output) and its stream was cut: the reason it stopped.
     pub violation: Violation,
@@ -317,6 +319,7 @@ fn connected(
     let peer = service.peer().clone();
     let progress = service.service().progress();
     let callers = service.service().callers();
+    let subscribers = service.service().subscribers();
     let server = service
         .peer()
         .peer_info()
@@ -337,6 +340,7 @@ fn connected(
         lifeline,
         progress,
         callers,
+        subscribers,
         violation,
         stderr,
     }

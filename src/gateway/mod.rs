@@ -41,8 +41,12 @@ pub use server::{Gateway, DEFAULT_WAIT_READY};
 pub trait Backend: Send + Sync + 'static {
     /// `bundle.tools`.
     fn tools(&self, p: ToolsParams) -> BoxFuture<'_, Result<ToolsResult, RpcError>>;
-    /// `bundle.mcp`.
-    fn mcp(&self, p: McpParams) -> BoxFuture<'_, Result<Value, RpcError>>;
+    /// `bundle.mcp`, on behalf of `agent` (its subscriptions).
+    fn mcp(
+        &self,
+        p: McpParams,
+        agent: Option<Arc<dyn Agent>>,
+    ) -> BoxFuture<'_, Result<Value, RpcError>>;
     /// `workspace.resources`.
     fn workspace_resources(
         &self,

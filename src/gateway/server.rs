@@ -15,7 +15,8 @@ use rmcp::model::{
     GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation, ListPromptsResult,
     ListResourcesResult, ListToolsResult, LoggingLevel, PaginatedRequestParams,
     ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
-    ServerCapabilities, ServerConfig, ServerNotification, ServerRequest, SetLevelRequestParams,
+    ResourceUpdatedNotificationParam, ServerCapabilities, ServerConfig, ServerNotification,
+    ServerRequest, SetLevelRequestParams, SubscribeRequestParams, UnsubscribeRequestParams,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -230,15 +231,57 @@ impl Gateway {
         method_name: &str,
         params: Value,
     ) -> Result<Value, RpcError> {
+        self.bundle_mcp_for(bundle, method_name, params, None).await
+    }
+
+    /// A request passed to a bundle on behalf of `agent` (a subscription
+    /// the bundle takes is that agent's).
+    async fn bundle_mcp_for(
+        &self,
+        bundle: &str,
+        method_name: &str,
+        params: Value,
+        agent: Option<Arc<dyn Agent>>,
+    ) -> Result<Value, RpcError> {
         self.0
             .backend
-            .mcp(McpParams {
-                workspace: self.0.workspace.clone(),
-                name: bundle.to_string(),
-                method: method_name.to_string(),
-                params: Some(params),
-            })
+            .mcp(
+                McpParams {
+                    workspace: self.0.workspace.clone(),
+                    name: bundle.to_string(),
+                    method: method_name.to_string(),
+                    params: Some(params),
+                },
+                agent,
+            )
             .await
+    }
+
+    /// `resources/subscribe` and `unsubscribe`: a bundle's resource, by the
+    /// URI the gateway gave it, passed to that bundle for this agent.
+    async fn subscription(
+        &self,
+        method_name: &str,
+        uri: &str,
+        peer: &Peer<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let Some((bundle, original)) =
+            names::parse_bundle_uri(uri).filter(|(bundle, _)| self.bundle_allowed(bundle))
+        else {
+            return Err(ErrorData::invalid_params(
+                format!("{uri}: only the resources of bundles can be subscribed to (the workspace's files:// resources cannot)"),
+                None,
+            ));
+        };
+        self.bundle_mcp_for(
+            &bundle,
+            method_name,
+            json!({ "uri": original }),
+            Some(self.agent(peer)),
+        )
+        .await
+        .map_err(to_mcp)?;
+        Ok(())
     }
 
     /// Every allowed ready bundle's answer to a list method (bundles that
@@ -398,6 +441,19 @@ impl Agent for PeerAgent {
             let _ = peer.send_notification(notification).await;
         })
     }
+
+    fn resource_updated(&self, bundle: &str, uri: &str) -> futures::future::BoxFuture<'static, ()> {
+        let (peer, uri) = (self.peer.clone(), names::bundle_uri(bundle, uri));
+        Box::pin(async move {
+            let _ = peer
+                .notify_resource_updated(ResourceUpdatedNotificationParam::new(uri))
+                .await;
+        })
+    }
+
+    fn gone(&self) -> bool {
+        self.peer.is_transport_closed()
+    }
 }
 
 /// RFC 5424 order, least severe first.
@@ -433,6 +489,7 @@ impl ServerHandler for Gateway {
             .enable_prompts_list_changed()
             .enable_resources()
             .enable_resources_list_changed()
+            .enable_resources_subscribe()
             .enable_logging()
             .build();
         ServerConfig::new(capabilities)
@@ -563,6 +620,24 @@ impl ServerHandler for Gateway {
             "resource list",
         )?;
         Ok(ListResourcesResult::with_all_items(resources))
+    }
+
+    async fn subscribe(
+        &self,
+        request: SubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.subscription("resources/subscribe", &request.uri, &context.peer)
+            .await
+    }
+
+    async fn unsubscribe(
+        &self,
+        request: UnsubscribeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.subscription("resources/unsubscribe", &request.uri, &context.peer)
+            .await
     }
 
     async fn set_level(

@@ -614,6 +614,8 @@ pub const PASSTHROUGH_METHODS: &[&str] = &[
     "resources/list",
     "resources/read",
     "resources/templates/list",
+    "resources/subscribe",
+    "resources/unsubscribe",
 ];
 
 /// `workspace.resources`: the workspace's files as MCP resources, answered

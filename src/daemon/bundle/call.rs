@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::BundleMsg;
-use crate::bundle::client::{Agent, Callers};
+use crate::bundle::client::{Agent, Callers, Subscribers};
 use crate::protocol::BundleState;
 
 /// Why a request could not be answered by the bundle.
@@ -152,6 +152,7 @@ pub struct Lane {
     pub in_flight: InFlightGuard,
     pub progress: ProgressDispatcher,
     pub callers: Callers,
+    pub subscribers: Subscribers,
     /// The session's generation (a 401 names it).
     pub generation: u64,
     pub timeout: Duration,
@@ -167,6 +168,7 @@ pub fn spawn(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bundle
             in_flight,
             progress: dispatcher,
             callers,
+            subscribers,
             generation,
             timeout,
         } = lane;
@@ -245,7 +247,21 @@ pub fn spawn(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bundle
                 return;
             }
             Some(Ok(Err(e))) => Err(answer_error(&call.request, e)),
-            Some(Ok(Ok(result))) => answer(&call.request, result),
+            Some(Ok(Ok(result))) => {
+                // A subscription the bundle took is the agent's.
+                if let (Ask::Mcp(request), Some(agent)) = (&call.request, &call.agent) {
+                    match &**request {
+                        ClientRequest::SubscribeRequest(r) => {
+                            subscribers.add(&r.params.uri, agent.clone())
+                        }
+                        ClientRequest::UnsubscribeRequest(r) => {
+                            subscribers.remove(&r.params.uri, agent)
+                        }
+                        _ => {}
+                    }
+                }
+                answer(&call.request, result)
+            }
         };
         drop((in_flight, caller));
         let _ = call.reply.send(result);

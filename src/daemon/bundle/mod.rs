@@ -132,6 +132,7 @@ pub struct Live {
     in_flight: call::InFlight,
     progress: ProgressDispatcher,
     callers: crate::bundle::client::Callers,
+    subscribers: crate::bundle::client::Subscribers,
     violation: crate::bundle::guard::Violation,
 }
 
@@ -440,6 +441,7 @@ impl BundleActorState {
                 in_flight: call::InFlight::default(),
                 progress: connection.progress,
                 callers: connection.callers,
+                subscribers: connection.subscribers,
                 violation: connection.violation,
             };
             (live, reauthorized)
@@ -476,6 +478,7 @@ impl BundleActorState {
                     in_flight: live.in_flight.enter(),
                     progress: live.progress.clone(),
                     callers: live.callers.clone(),
+                    subscribers: live.subscribers.clone(),
                     generation: self.lc.generation(),
                     timeout: self.args.shared.config.bundles.call_timeout,
                 };

@@ -39,8 +39,12 @@ impl Backend for Local {
         Box::pin(call::tools(p, &self.0))
     }
 
-    fn mcp(&self, p: McpParams) -> BoxFuture<'_, Result<Value, RpcError>> {
-        Box::pin(gateway::mcp(p))
+    fn mcp(
+        &self,
+        p: McpParams,
+        agent: Option<Arc<dyn Agent>>,
+    ) -> BoxFuture<'_, Result<Value, RpcError>> {
+        Box::pin(gateway::mcp(p, agent))
     }
 
     fn workspace_resources(
