@@ -1,6 +1,6 @@
-//! A small HTTP/1.1 server of one request per connection, for the two places
-//! that answer plain HTTP without a web framework: the daemon's metrics
-//! endpoint (`metrics_addr`) and the loopback redirect of `bundlevisor auth`.
+//! A small HTTP/1.1 server of one request per connection, for the one place
+//! that answers plain HTTP without the daemon's web stack: the loopback
+//! redirect of `bundlevisor auth` (a CLI process, no axum runtime needed).
 //!
 //! Connections are served concurrently. Each has [`Limits::deadline`] for its
 //! whole request head and as long again for the answer; at most
@@ -12,8 +12,6 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
-
-use std::net::SocketAddr;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -71,25 +69,7 @@ where
     T: Send + 'static,
     H: Fn(&Request) -> (Response, Option<T>) + Send + Sync + 'static,
 {
-    serve_admitting(listener, limits, |_, _| Ok(()), handle).await
-}
-
-/// [`serve`], with `admit(peer, local)` deciding first, off the event loop,
-/// whether a connection is served at all (a refused one is closed unread,
-/// and the reason logged).
-pub async fn serve_admitting<T, H, A>(
-    listener: &TcpListener,
-    limits: Limits,
-    admit: A,
-    handle: H,
-) -> T
-where
-    T: Send + 'static,
-    H: Fn(&Request) -> (Response, Option<T>) + Send + Sync + 'static,
-    A: Fn(SocketAddr, SocketAddr) -> Result<(), String> + Send + Sync + 'static,
-{
     let handle = Arc::new(handle);
-    let admit = Arc::new(admit);
     let mut tasks: JoinSet<Option<T>> = JoinSet::new();
     let mut open: VecDeque<AbortHandle> = VecDeque::new();
     loop {
@@ -116,21 +96,10 @@ where
                 oldest.abort();
             }
         }
-        let (handle, admit) = (handle.clone(), admit.clone());
-        open.push_back(tasks.spawn(async move {
-            let (Ok(peer), Ok(local)) = (stream.peer_addr(), stream.local_addr()) else {
-                return None;
-            };
-            let verdict = tokio::task::spawn_blocking(move || admit(peer, local)).await;
-            match verdict {
-                Ok(Ok(())) => connection(stream, limits, move |r| handle(r)).await,
-                Ok(Err(why)) => {
-                    tracing::warn!(%local, "HTTP connection refused: {why}");
-                    None
-                }
-                Err(_) => None,
-            }
-        }));
+        let handle = handle.clone();
+        open.push_back(
+            tasks.spawn(async move { connection(stream, limits, move |r| handle(r)).await }),
+        );
     }
 }
 

@@ -793,7 +793,11 @@ fn finding_1_a_bundle_cannot_use_the_metrics_listener_either() {
     assert!(d.log().contains("HTTP connection refused"), "{}", d.log());
     // The operator still can.
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut text = String::new();
     s.read_to_string(&mut text).unwrap();
     assert!(text.contains("bundlevisor_"), "{text}");

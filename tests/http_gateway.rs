@@ -389,3 +389,48 @@ async fn raw_initialize_result(url: &str, token: &str) -> Result<u16, reqwest::E
         .await
         .map(|r| r.status().as_u16())
 }
+
+/// Issue 20, point 7: `/healthz` and `/readyz` on the gateway's listener;
+/// `/metrics` there only when `[http] metrics = true` (it names every
+/// workspace and bundle, and asks no token), from the same registry as
+/// the socket's `metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_readiness_and_opt_in_metrics_share_the_gateway_listener() {
+    let (d, base) = daemon();
+    let get = |path: &str| {
+        let url = format!("{base}{path}");
+        async move {
+            let r = reqwest::get(url).await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    assert_eq!(get("/healthz").await, (200, "ok\n".to_string()));
+    assert_eq!(get("/readyz").await, (200, "ready\n".to_string()));
+    assert_eq!(get("/metrics").await.0, 404, "off unless configured");
+    drop(d);
+
+    let port = free_port();
+    let d = Daemon::start_with(&format!(
+        "[http]\nlisten = \"127.0.0.1:{port}\"\nmetrics = true\n"
+    ));
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    d.ok(&["call", "demo", "echo", "{\"text\": \"x\"}"]);
+    let r = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/plain; version=0.0.4"));
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains("bundlevisor_tool_calls_total{workspace=\"default\",bundle=\"demo\"} 1"),
+        "{text}"
+    );
+    let socket = d.ok(&["metrics"]);
+    assert!(
+        socket.contains("bundlevisor_tool_calls_total{workspace=\"default\",bundle=\"demo\"} 1"),
+        "the socket's metrics come from the same registry: {socket}"
+    );
+}

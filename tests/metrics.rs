@@ -184,7 +184,11 @@ fn metrics_addr_serves_the_same_text_over_http_and_status_names_it() {
 
     let get = |path: &str| {
         let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-        write!(stream, "GET {path} HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).unwrap();
         response
@@ -198,10 +202,24 @@ fn metrics_addr_serves_the_same_text_over_http_and_status_names_it() {
         value(&s, "bundlevisor_bundles", &[("state", "ready")]),
         Some(0.0)
     );
-    assert!(s
-        .docs
-        .contains_key("bundlevisor_tool_call_duration_seconds"));
+    // The status request above was counted in the same registry.
+    assert!(
+        value(
+            &s,
+            "bundlevisor_control_requests_total",
+            &[("method", "status")]
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{body}"
+    );
     assert!(get("/other").starts_with("HTTP/1.1 404"));
+    // Health and readiness on the same listener.
+    assert!(get("/healthz").starts_with("HTTP/1.1 200"));
+    let ready = get("/readyz");
+    assert!(
+        ready.starts_with("HTTP/1.1 200") && ready.ends_with("ready\n"),
+        "{ready}"
+    );
 }
 
 #[test]
@@ -242,7 +260,11 @@ fn a_scrape_is_answered_while_idle_and_trickling_connections_are_open() {
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    write!(stream, "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n").unwrap();
+    write!(
+        stream,
+        "GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     trickle.write_all(b"T").unwrap();
     let mut response = String::new();
     let read = stream.read_to_string(&mut response);

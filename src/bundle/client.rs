@@ -87,7 +87,10 @@ pub trait Agent: Send + Sync {
 /// Which agents subscribed to which of the bundle's resources (by the
 /// bundle's own URI), for the life of the connection.
 #[derive(Clone, Default)]
-pub struct Subscribers(Arc<Mutex<Vec<(String, Arc<dyn Agent>)>>>);
+pub struct Subscribers(Arc<Mutex<Vec<Subscription>>>);
+
+/// A resource (the bundle's URI) and the agent subscribed to it.
+type Subscription = (String, Arc<dyn Agent>);
 
 impl Subscribers {
     pub fn add(&self, uri: &str, agent: Arc<dyn Agent>) {

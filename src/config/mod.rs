@@ -672,10 +672,15 @@ pub struct HttpSettings {
     pub rate_per_sec: f64,
     #[serde(default = "defaults::http_burst")]
     pub burst: u32,
-    /// Sessions one endpoint keeps at once (each holds two control-socket
-    /// connections); a new one beyond gets 503 with `Retry-After`.
+    /// Sessions one endpoint keeps at once; a new one beyond gets 503 with
+    /// `Retry-After`.
     #[serde(default = "defaults::http_max_sessions")]
     pub max_sessions: usize,
+    /// Serve `GET /metrics` here too, to anyone who reaches the listener
+    /// (it names every workspace and bundle; no token is asked).
+    /// `/healthz` and `/readyz` are always served.
+    #[serde(default)]
+    pub metrics: bool,
 }
 
 impl Default for HttpSettings {

@@ -248,6 +248,7 @@ pub async fn serve(
         buckets: Mutex::default(),
         shutdown: shutdown.clone(),
     });
+    let ops = ops_router(app.shared.clone(), app.shared.config.http.metrics, addr);
     let router = Router::new()
         .route("/mcp/{workspace}", any(workspace_endpoint))
         .route("/mcp/{workspace}/{profile}", any(profile_endpoint))
@@ -259,7 +260,8 @@ pub async fn serve(
             "/.well-known/oauth-protected-resource/mcp/{workspace}/{profile}",
             get(profile_metadata),
         )
-        .with_state(app);
+        .with_state(app)
+        .merge(ops);
     tracing::info!(%addr, scheme, "MCP gateway listening (/mcp/WORKSPACE)");
     let router = router.into_make_service_with_connect_info::<Peer>();
     let stop = shutdown.clone();
@@ -394,19 +396,13 @@ fn forbidden() -> Response {
     response
 }
 
-async fn endpoint(
-    app: Arc<App>,
-    peer: Peer,
-    workspace: String,
-    profile: Option<String>,
-    request: Request,
-) -> Response {
-    // Bundles may not use the daemon's listeners: looked up in /proc once
-    // per connection (a scan of every process's sockets), off the loop.
+/// Bundles may not use the daemon's listeners: looked up in /proc once
+/// per connection (a scan of every process's sockets), off the loop.
+async fn refused(peer: &Peer, ours: SocketAddr, shared: &Shared) -> Option<Response> {
     let refused = peer
         .refusal
         .get_or_init(|| {
-            let (addr, ours, sandbox) = (peer.addr, app.addr, app.shared.config.sandbox.clone());
+            let (addr, sandbox) = (peer.addr, shared.config.sandbox.clone());
             async move {
                 tokio::task::spawn_blocking(move || {
                     super::control::tcp_refusal(addr, ours, &sandbox)
@@ -416,9 +412,72 @@ async fn endpoint(
             }
         })
         .await;
-    if let Some(why) = refused {
-        tracing::warn!(peer = %peer.addr, "HTTP gateway request refused: {why}");
-        return StatusCode::FORBIDDEN.into_response();
+    let why = refused.as_ref()?;
+    tracing::warn!(peer = %peer.addr, "HTTP connection refused: {why}");
+    // And the connection closed: nothing more is served on it.
+    Some((StatusCode::FORBIDDEN, [(header::CONNECTION, "close")]).into_response())
+}
+
+/// `/healthz`, `/readyz` and (when `metrics`) `/metrics`, for the
+/// listener at `ours`.
+fn ops_router(shared: Arc<Shared>, metrics: bool, ours: SocketAddr) -> Router {
+    let mut router = Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz));
+    if metrics {
+        router = router.route("/metrics", get(scrape));
+    }
+    router.with_state(Ops { shared, ours })
+}
+
+#[derive(Clone)]
+struct Ops {
+    shared: Arc<Shared>,
+    ours: SocketAddr,
+}
+
+/// Ready once every installed bundle has been brought up at boot (each
+/// may still be starting), and until shutdown.
+async fn readyz(State(ops): State<Ops>, ConnectInfo(peer): ConnectInfo<Peer>) -> Response {
+    if let Some(no) = refused(&peer, ops.ours, &ops.shared).await {
+        return no;
+    }
+    if ops.shared.booted.is_cancelled() {
+        "ready\n".into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "booting\n").into_response()
+    }
+}
+
+async fn scrape(State(ops): State<Ops>, ConnectInfo(peer): ConnectInfo<Peer>) -> Response {
+    if let Some(no) = refused(&peer, ops.ours, &ops.shared).await {
+        return no;
+    }
+    let text = ops.shared.metrics.render();
+    ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response()
+}
+
+/// The `metrics_addr` listener: `/metrics`, `/healthz`, `/readyz` on the
+/// gateway's stack, until the task is dropped.
+pub async fn serve_ops(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+    let ours = listener
+        .local_addr()
+        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
+    let router = ops_router(shared, true, ours).into_make_service_with_connect_info::<Peer>();
+    if let Err(e) = axum::serve(NoDelay(listener), router).await {
+        tracing::error!("the metrics listener stopped: {e}");
+    }
+}
+
+async fn endpoint(
+    app: Arc<App>,
+    peer: Peer,
+    workspace: String,
+    profile: Option<String>,
+    request: Request,
+) -> Response {
+    if let Some(no) = refused(&peer, app.addr, &app.shared).await {
+        return no;
     }
     if crate::names::check_name("workspace", &workspace).is_err()
         || profile

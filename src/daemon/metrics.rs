@@ -1,24 +1,32 @@
-//! The daemon's metrics in the Prometheus text format (version 0.0.4):
-//! `bundlevisor metrics` over the socket, and `GET /metrics` on the
-//! optional `metrics_addr` listener. Counters are kept here (tool calls,
-//! host-resources requests, control requests) or on the status board
-//! (restarts, crashes); gauges (bundles by state, memory) are read when
-//! the text is rendered. Series of an uninstalled bundle disappear with it.
-//! docs/operations.md lists every series.
+//! The daemon's metrics: one `prometheus-client` registry, encoded in the
+//! Prometheus text format (version 0.0.4) for `bundlevisor metrics` over
+//! the socket and `GET /metrics` on the HTTP listeners (`[http] listen`
+//! with `[http] metrics = true`, and `metrics_addr`).
+//!
+//! Counters the daemon counts as things happen (tool calls and their
+//! latency, host-resources requests, control requests, OOM kills) are
+//! metric families of the registry; what the status board and the cgroups
+//! know (bundles by state, restarts, crashes, memory, CPU) is read at each
+//! scrape by a collector registered with it. Series of an uninstalled
+//! bundle disappear with it ([`Metrics::forget`]). docs/operations.md
+//! lists every series.
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::sync::Mutex;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
-use tokio::net::TcpListener;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 
 use super::board::StatusBoard;
+use crate::bundle::cgroup::Cgroups;
 use crate::host_resources::{codes as code, HostError};
 use crate::protocol::BundleState;
-
-/// A bundle's tree from its cgroup: memory (bytes), CPU time (µs).
-type TreeUsage = (Option<u64>, Option<u64>);
 
 /// Upper bounds (seconds) of the tool-call latency histogram.
 const BUCKETS: [f64; 14] = [
@@ -28,38 +36,53 @@ const BUCKETS: [f64; 14] = [
 /// What a host-resources request came to.
 pub const HOST_OUTCOMES: [&str; 5] = ["ok", "not_found", "rate_limited", "too_large", "invalid"];
 
-#[derive(Default)]
-struct Calls {
-    total: u64,
-    errors: u64,
-    /// Per bucket of `BUCKETS` (not cumulative), then the +Inf overflow.
-    buckets: [u64; BUCKETS.len() + 1],
-    sum_secs: f64,
+/// The content type of [`Metrics::render`]'s text.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BundleLabels {
+    workspace: String,
+    bundle: String,
 }
 
-/// Keyed so that a hit is looked up with borrowed names (no allocation on
-/// the request path).
-#[derive(Default)]
-struct Inner {
-    /// workspace → bundle → calls.
-    calls: BTreeMap<String, BTreeMap<String, Calls>>,
-    host: BTreeMap<String, [u64; HOST_OUTCOMES.len()]>,
-    control: BTreeMap<&'static str, u64>,
-    /// workspace → bundle → exits the OOM killer caused.
-    oom: BTreeMap<String, BTreeMap<String, u64>>,
-}
-
-/// The entry of `key` in `map`, inserted with a default on first use.
-fn slot<'m, V: Default>(map: &'m mut BTreeMap<String, V>, key: &str) -> &'m mut V {
-    if !map.contains_key(key) {
-        map.insert(key.to_string(), V::default());
+impl BundleLabels {
+    fn new(workspace: &str, bundle: &str) -> Self {
+        BundleLabels {
+            workspace: workspace.to_string(),
+            bundle: bundle.to_string(),
+        }
     }
-    map.get_mut(key).expect("inserted above")
 }
 
-#[derive(Default)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HostLabels {
+    workspace: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MethodLabels {
+    method: &'static str,
+}
+
+fn latency() -> Histogram {
+    Histogram::new(BUCKETS)
+}
+
+/// The counted families (shared with the registry: a family is a handle).
+#[derive(Clone)]
+struct Counted {
+    calls: Family<BundleLabels, Counter>,
+    errors: Family<BundleLabels, Counter>,
+    durations: Family<BundleLabels, Histogram, fn() -> Histogram>,
+    host: Family<HostLabels, Counter>,
+    control: Family<MethodLabels, Counter>,
+    oom: Family<BundleLabels, Counter>,
+}
+
 pub struct Metrics {
-    inner: Mutex<Inner>,
+    registry: Registry,
+    counted: Counted,
 }
 
 /// The outcome label of a host-resources answer.
@@ -74,300 +97,306 @@ pub fn host_outcome(result: &Result<serde_json::Value, HostError>) -> &'static s
 }
 
 impl Metrics {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    /// The registry, with the collector of what `board` and `cgroups` know.
+    pub fn new(board: StatusBoard, cgroups: Arc<Cgroups>, started_at: Instant) -> Metrics {
+        let counted = Counted {
+            calls: Family::default(),
+            errors: Family::default(),
+            durations: Family::new_with_constructor(latency),
+            host: Family::default(),
+            control: Family::default(),
+            oom: Family::default(),
+        };
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(Observed {
+            board,
+            cgroups,
+            started_at,
+        }));
+        registry.register(
+            "bundlevisor_bundle_oom_kills",
+            "Exits of a bundle caused by the kernel's OOM killer at its memory_max",
+            counted.oom.clone(),
+        );
+        registry.register(
+            "bundlevisor_tool_calls",
+            "Tool calls answered by a bundle",
+            counted.calls.clone(),
+        );
+        registry.register(
+            "bundlevisor_tool_call_errors",
+            "Tool calls that failed, timed out, were refused or returned isError",
+            counted.errors.clone(),
+        );
+        registry.register(
+            "bundlevisor_tool_call_duration_seconds",
+            "Time from a tool call reaching the daemon to its answer",
+            counted.durations.clone(),
+        );
+        registry.register(
+            "bundlevisor_host_resources_requests",
+            "ai.nimblebrain/resources requests from bundles, by workspace and outcome",
+            counted.host.clone(),
+        );
+        registry.register(
+            "bundlevisor_control_requests",
+            "Requests on the control socket, by method",
+            counted.control.clone(),
+        );
+        Metrics { registry, counted }
     }
 
     /// A tool call answered (`ok`: a result without `isError`).
     pub fn tool_call(&self, workspace: &str, bundle: &str, took: Duration, ok: bool) {
-        let mut inner = self.lock();
-        let calls = slot(slot(&mut inner.calls, workspace), bundle);
-        calls.total += 1;
-        calls.errors += u64::from(!ok);
-        let secs = took.as_secs_f64();
-        calls.sum_secs += secs;
-        let bucket = BUCKETS
-            .iter()
-            .position(|le| secs <= *le)
-            .unwrap_or(BUCKETS.len());
-        calls.buckets[bucket] += 1;
+        let labels = BundleLabels::new(workspace, bundle);
+        let c = &self.counted;
+        c.calls.get_or_create(&labels).inc();
+        // Every bundle that was called has both series (0 errors shows).
+        let errors = c.errors.get_or_create(&labels);
+        if !ok {
+            errors.inc();
+        }
+        c.durations
+            .get_or_create(&labels)
+            .observe(took.as_secs_f64());
     }
 
     pub fn host_request(&self, workspace: &str, outcome: &str) {
-        let i = HOST_OUTCOMES
+        let outcome = HOST_OUTCOMES
             .iter()
-            .position(|o| *o == outcome)
-            .unwrap_or(HOST_OUTCOMES.len() - 1);
-        slot(&mut self.lock().host, workspace)[i] += 1;
+            .find(|o| **o == outcome)
+            .copied()
+            .unwrap_or("invalid");
+        self.host_seen(workspace);
+        self.counted
+            .host
+            .get_or_create(&HostLabels {
+                workspace: workspace.to_string(),
+                outcome,
+            })
+            .inc();
+    }
+
+    /// Every outcome of a workspace's host-resources requests is a series
+    /// (at 0 until one happens).
+    fn host_seen(&self, workspace: &str) {
+        for outcome in HOST_OUTCOMES {
+            let labels = HostLabels {
+                workspace: workspace.to_string(),
+                outcome,
+            };
+            if self.counted.host.get(&labels).is_none() {
+                let _ = self.counted.host.get_or_create(&labels);
+            }
+        }
     }
 
     /// A request on the control socket; `method` is one the daemon knows
     /// (anything else is counted as `other`, so that clients cannot grow
     /// the label set).
     pub fn control_request(&self, method: &str) {
-        let label = crate::protocol::method::REQUESTS
+        let method = crate::protocol::method::REQUESTS
             .iter()
             .find(|m| **m == method)
             .copied()
             .unwrap_or("other");
-        *self.lock().control.entry(label).or_default() += 1;
+        self.counted
+            .control
+            .get_or_create(&MethodLabels { method })
+            .inc();
     }
 
     /// A bundle's process tree was killed by the OOM killer (its memory_max).
     pub fn oom_killed(&self, workspace: &str, bundle: &str) {
-        *slot(slot(&mut self.lock().oom, workspace), bundle) += 1;
+        self.counted
+            .oom
+            .get_or_create(&BundleLabels::new(workspace, bundle))
+            .inc();
+    }
+
+    /// An uninstalled bundle: its series go.
+    pub fn forget(&self, workspace: &str, bundle: &str) {
+        let labels = BundleLabels::new(workspace, bundle);
+        let c = &self.counted;
+        c.calls.remove(&labels);
+        c.errors.remove(&labels);
+        c.durations.remove(&labels);
+        c.oom.remove(&labels);
+    }
+
+    /// A workspace the daemon serves: its host-resources series exist.
+    pub fn workspace(&self, workspace: &str) {
+        self.host_seen(workspace);
     }
 
     /// Tool calls and errors of a bundle so far (for `status --usage`).
     pub fn calls_of(&self, workspace: &str, bundle: &str) -> (u64, u64) {
-        self.lock()
-            .calls
-            .get(workspace)
-            .and_then(|bundles| bundles.get(bundle))
-            .map_or((0, 0), |c| (c.total, c.errors))
+        let labels = BundleLabels::new(workspace, bundle);
+        let get = |f: &Family<BundleLabels, Counter>| f.get(&labels).map_or(0, |c| c.get());
+        (get(&self.counted.calls), get(&self.counted.errors))
     }
 
     /// Everything, as Prometheus text.
-    pub fn render(
-        &self,
-        board: &StatusBoard,
-        uptime: Duration,
-        cgroups: &crate::bundle::cgroup::Cgroups,
-    ) -> String {
-        let (workspaces, bundles) = board.snapshot();
-        let counts = board.counts();
-        let mut out = String::with_capacity(4096);
-        let daemon_rss = rss_bytes(std::process::id()).unwrap_or(0);
-        for (name, help, value) in [
-            (
-                "bundlevisor_uptime_seconds",
-                "Seconds since the daemon started.",
-                uptime.as_secs(),
-            ),
-            (
-                "bundlevisor_resident_memory_bytes",
-                "Resident memory of the daemon process.",
-                daemon_rss,
-            ),
-        ] {
-            let name = family(&mut out, name, "gauge", help);
-            sample(&mut out, &name, &[], value.to_string());
-        }
-        let name = family(
-            &mut out,
-            "bundlevisor_bundles",
-            "gauge",
-            "Installed bundles by state.",
-        );
-        for state in BundleState::ALL {
-            let n = bundles.iter().filter(|b| b.state == state).count();
-            sample(&mut out, &name, &[("state", state.as_str())], n.to_string());
-        }
-        per_bundle(
-            &mut out,
-            ("bundlevisor_bundle_restarts_total", "counter"),
-            "Starts of a bundle after its first one since the daemon started (any reason but a 401 session rebuild; status shows the same number).",
-            counts
-                .iter()
-                .map(|((ws, b), c)| (ws.as_str(), b.as_str(), c.restarts)),
-        );
-        per_bundle(
-            &mut out,
-            ("bundlevisor_bundle_crashes_total", "counter"),
-            "Stops of a bundle nobody asked for: exits other than code 0, liveness kills, and failed starts that are retried.",
-            counts
-                .iter()
-                .map(|((ws, b), c)| (ws.as_str(), b.as_str(), c.crashes)),
-        );
-        per_bundle(
-            &mut out,
-            ("bundlevisor_bundle_resident_memory_bytes", "gauge"),
-            "Resident memory of a running bundle's process.",
-            bundles.iter().filter_map(|b| {
-                let rss = b.pid.and_then(rss_bytes)?;
-                Some((b.workspace.as_str(), b.name.as_str(), rss))
-            }),
-        );
-
-        // The whole tree of each running bundle, from its cgroup.
-        let usage: Vec<(&str, &str, TreeUsage)> = bundles
-            .iter()
-            .filter(|b| b.pid.is_some())
-            .map(|b| {
-                let usage = cgroups.usage(&b.workspace, &b.name);
-                (b.workspace.as_str(), b.name.as_str(), usage)
-            })
-            .collect();
-        per_bundle(
-            &mut out,
-            ("bundlevisor_bundle_memory_bytes", "gauge"),
-            "Memory of a running bundle's whole process tree (its cgroup).",
-            usage
-                .iter()
-                .filter_map(|(ws, b, (memory, _))| Some((*ws, *b, (*memory)?))),
-        );
-        per_bundle(
-            &mut out,
-            ("bundlevisor_bundle_cpu_seconds_total", "counter"),
-            "CPU time of a running bundle's whole process tree (its cgroup), since it started.",
-            usage
-                .iter()
-                .filter_map(|(ws, b, (_, cpu))| Some((*ws, *b, (*cpu)? as f64 / 1e6))),
-        );
-
-        let installed: std::collections::HashSet<(&str, &str)> = bundles
-            .iter()
-            .map(|b| (b.workspace.as_str(), b.name.as_str()))
-            .collect();
-        let inner = self.lock();
-        let calls: Vec<(&str, &str, &Calls)> = inner
-            .calls
-            .iter()
-            .flat_map(|(ws, bundles)| {
-                bundles
-                    .iter()
-                    .map(move |(b, c)| (ws.as_str(), b.as_str(), c))
-            })
-            .filter(|(ws, b, _)| installed.contains(&(*ws, *b)))
-            .collect();
-        per_bundle(
-            &mut out,
-            ("bundlevisor_bundle_oom_kills_total", "counter"),
-            "Exits of a bundle caused by the kernel's OOM killer at its memory_max.",
-            inner
-                .oom
-                .iter()
-                .flat_map(|(ws, bundles)| {
-                    bundles
-                        .iter()
-                        .map(move |(b, n)| (ws.as_str(), b.as_str(), *n))
-                })
-                .filter(|(ws, b, _)| installed.contains(&(*ws, *b))),
-        );
-        per_bundle(
-            &mut out,
-            ("bundlevisor_tool_calls_total", "counter"),
-            "Tool calls answered by a bundle.",
-            calls.iter().map(|(ws, b, c)| (*ws, *b, c.total)),
-        );
-        per_bundle(
-            &mut out,
-            ("bundlevisor_tool_call_errors_total", "counter"),
-            "Tool calls that failed, timed out, were refused or returned isError.",
-            calls.iter().map(|(ws, b, c)| (*ws, *b, c.errors)),
-        );
-        let name = family(
-            &mut out,
-            "bundlevisor_tool_call_duration_seconds",
-            "histogram",
-            "Time from a tool call reaching the daemon to its answer.",
-        );
-        for (ws, b, c) in &calls {
-            let labels = [("workspace", *ws), ("bundle", *b)];
-            let mut cumulative = 0;
-            for (i, le) in BUCKETS
-                .iter()
-                .map(f64::to_string)
-                .chain(["+Inf".into()])
-                .enumerate()
-            {
-                cumulative += c.buckets[i];
-                let labels = [labels[0], labels[1], ("le", le.as_str())];
-                sample(
-                    &mut out,
-                    &format!("{name}_bucket"),
-                    &labels,
-                    cumulative.to_string(),
-                );
-            }
-            sample(
-                &mut out,
-                &format!("{name}_sum"),
-                &labels,
-                c.sum_secs.to_string(),
-            );
-            sample(
-                &mut out,
-                &format!("{name}_count"),
-                &labels,
-                c.total.to_string(),
-            );
-        }
-
-        let name = family(
-            &mut out,
-            "bundlevisor_host_resources_requests_total",
-            "counter",
-            "ai.nimblebrain/resources requests from bundles, by workspace and outcome.",
-        );
-        for ws in &workspaces {
-            let counts = inner.host.get(ws).copied().unwrap_or_default();
-            for (outcome, n) in HOST_OUTCOMES.iter().zip(counts) {
-                let labels = [("workspace", ws.as_str()), ("outcome", *outcome)];
-                sample(&mut out, &name, &labels, n.to_string());
-            }
-        }
-        let name = family(
-            &mut out,
-            "bundlevisor_control_requests_total",
-            "counter",
-            "Requests on the control socket, by method.",
-        );
-        for (method, n) in &inner.control {
-            sample(&mut out, &name, &[("method", method)], n.to_string());
-        }
+    pub fn render(&self) -> String {
+        let mut out = String::with_capacity(8192);
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.registry);
         out
     }
 }
 
-/// A family with one sample per (workspace, bundle).
-fn per_bundle<'a, V: std::fmt::Display>(
-    out: &mut String,
-    (name, kind): (&str, &str),
-    help: &str,
-    samples: impl Iterator<Item = (&'a str, &'a str, V)>,
-) {
-    let name = family(out, name, kind, help);
-    for (ws, bundle, value) in samples {
-        sample(
-            out,
-            &name,
-            &[("workspace", ws), ("bundle", bundle)],
-            value.to_string(),
-        );
+/// What the status board and the cgroups know, read at each scrape.
+struct Observed {
+    board: StatusBoard,
+    cgroups: Arc<Cgroups>,
+    started_at: Instant,
+}
+
+impl std::fmt::Debug for Observed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Observed")
     }
 }
 
-/// Writes a family's HELP and TYPE lines; its name back.
-fn family(out: &mut String, name: &str, kind: &str, help: &str) -> String {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    name.to_string()
-}
-
-fn sample(out: &mut String, name: &str, labels: &[(&str, &str)], value: String) {
-    let _ = writeln!(out, "{name}{} {value}", labels_text(labels));
-}
-
-fn labels_text(labels: &[(&str, &str)]) -> String {
-    if labels.is_empty() {
-        return String::new();
+/// One family with a sample per label set.
+fn family<'a, L: EncodeLabelSet + 'a, M: EncodeMetric + 'a>(
+    encoder: &mut DescriptorEncoder,
+    (name, help): (&str, &str),
+    kind: MetricType,
+    samples: impl IntoIterator<Item = (L, M)>,
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, kind)?;
+    for (labels, value) in samples {
+        value.encode(metric.encode_family(&labels)?)?;
     }
-    let parts: Vec<String> = labels
-        .iter()
-        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
-        .collect();
-    format!("{{{}}}", parts.join(","))
+    Ok(())
 }
 
-/// Label values escape `\`, `"` and newlines.
-fn escape(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+fn per_bundle<V>(ws: &str, bundle: &str, value: V) -> ([(&'static str, String); 2], V) {
+    (
+        [
+            ("workspace", ws.to_string()),
+            ("bundle", bundle.to_string()),
+        ],
+        value,
+    )
 }
 
-/// Resident memory of a process, from `/proc/PID/statm`.
+impl Collector for Observed {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let (_, bundles) = self.board.snapshot();
+        let counts = self.board.counts();
+        let none: [(&str, &str); 0] = [];
+        family(
+            &mut encoder,
+            (
+                "bundlevisor_uptime_seconds",
+                "Seconds since the daemon started.",
+            ),
+            MetricType::Gauge,
+            [(
+                none,
+                ConstGauge::new(self.started_at.elapsed().as_secs() as i64),
+            )],
+        )?;
+        family(
+            &mut encoder,
+            (
+                "bundlevisor_resident_memory_bytes",
+                "Resident memory of the daemon process.",
+            ),
+            MetricType::Gauge,
+            [(
+                none,
+                ConstGauge::new(rss_bytes(std::process::id()).unwrap_or(0) as i64),
+            )],
+        )?;
+        family(
+            &mut encoder,
+            ("bundlevisor_bundles", "Installed bundles by state."),
+            MetricType::Gauge,
+            BundleState::ALL.into_iter().map(|state| {
+                let n = bundles.iter().filter(|b| b.state == state).count();
+                ([("state", state.as_str())], ConstGauge::new(n as i64))
+            }),
+        )?;
+        family(
+            &mut encoder,
+            (
+                "bundlevisor_bundle_restarts",
+                "Starts of a bundle after its first one since the daemon started (any reason but a 401 session rebuild; status shows the same number).",
+            ),
+            MetricType::Counter,
+            counts
+                .iter()
+                .map(|((ws, b), c)| per_bundle(ws, b, ConstCounter::new(c.restarts))),
+        )?;
+        family(
+            &mut encoder,
+            (
+                "bundlevisor_bundle_crashes",
+                "Stops of a bundle nobody asked for: exits other than code 0, liveness kills, and failed starts that are retried.",
+            ),
+            MetricType::Counter,
+            counts
+                .iter()
+                .map(|((ws, b), c)| per_bundle(ws, b, ConstCounter::new(c.crashes))),
+        )?;
+        family(
+            &mut encoder,
+            (
+                "bundlevisor_bundle_resident_memory_bytes",
+                "Resident memory of a running bundle's process.",
+            ),
+            MetricType::Gauge,
+            bundles.iter().filter_map(|b| {
+                let rss = b.pid.and_then(rss_bytes)?;
+                Some(per_bundle(
+                    &b.workspace,
+                    &b.name,
+                    ConstGauge::new(rss as i64),
+                ))
+            }),
+        )?;
+        // The whole tree of each running bundle, from its cgroup.
+        let usage: Vec<_> = bundles
+            .iter()
+            .filter(|b| b.pid.is_some())
+            .map(|b| (b, self.cgroups.usage(&b.workspace, &b.name)))
+            .collect();
+        family(
+            &mut encoder,
+            (
+                "bundlevisor_bundle_memory_bytes",
+                "Memory of a running bundle's whole process tree (its cgroup).",
+            ),
+            MetricType::Gauge,
+            usage.iter().filter_map(|(b, (memory, _))| {
+                Some(per_bundle(
+                    &b.workspace,
+                    &b.name,
+                    ConstGauge::new((*memory)? as i64),
+                ))
+            }),
+        )?;
+        family(
+            &mut encoder,
+            (
+                "bundlevisor_bundle_cpu_seconds",
+                "CPU time of a running bundle's whole process tree (its cgroup), since it started.",
+            ),
+            MetricType::Counter,
+            usage.iter().filter_map(|(b, (_, cpu))| {
+                Some(per_bundle(
+                    &b.workspace,
+                    &b.name,
+                    ConstCounter::new((*cpu)? as f64 / 1e6),
+                ))
+            }),
+        )
+    }
+}
+
 pub fn rss_bytes(pid: u32) -> Option<u64> {
     let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
     let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
@@ -378,43 +407,11 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(pages * page)
 }
 
-/// Serves `GET /metrics` on `listener` until the task is dropped. One
-/// request per connection; anything else is 404 or 405. Connections are
-/// served concurrently with a 5 s deadline for the request head, at most
-/// 64 at once (the oldest is closed for a newcomer): idle or trickling
-/// connections cannot keep a scrape out.
-pub async fn serve_http(
-    listener: TcpListener,
-    render: impl Fn() -> String + Send + Sync + 'static,
-    admit: impl Fn(std::net::SocketAddr, std::net::SocketAddr) -> Result<(), String>
-        + Send
-        + Sync
-        + 'static,
-) {
-    use crate::http_listener::{serve_admitting, Limits, Response};
-    let answer = move |r: &crate::http_listener::Request| {
-        let response = match (r.method.as_str(), r.path()) {
-            ("GET", "/metrics") => Response {
-                status: "200 OK",
-                content_type: "text/plain; version=0.0.4",
-                body: render(),
-            },
-            ("GET", _) => Response {
-                status: "404 Not Found",
-                content_type: "text/plain",
-                body: "try /metrics\n".to_string(),
-            },
-            _ => Response {
-                status: "405 Method Not Allowed",
-                content_type: "text/plain",
-                body: "GET only\n".to_string(),
-            },
-        };
-        (response, None)
-    };
-    let never: std::convert::Infallible =
-        serve_admitting(&listener, Limits::default(), admit, answer).await;
-    match never {}
+/// Serves `GET /metrics`, `/healthz` and `/readyz` on `listener` (the
+/// `metrics_addr` listener) until the task is dropped, with the gateway's
+/// HTTP stack ([`super::http::ops_router`]).
+pub async fn serve_http(listener: tokio::net::TcpListener, shared: Arc<super::Shared>) {
+    super::http::serve_ops(listener, shared).await
 }
 
 #[cfg(test)]
@@ -432,14 +429,29 @@ mod tests {
 
     #[test]
     fn latencies_land_in_their_bucket_and_label_values_are_escaped() {
-        let m = Metrics::default();
-        m.tool_call("w", "b", Duration::from_micros(700), true);
-        m.tool_call("w", "b", Duration::from_secs(60), false);
-        let inner = m.lock();
-        let c = &inner.calls["w"]["b"];
-        assert_eq!(c.buckets[1], 1, "0.7 ms is in le=0.001");
-        assert_eq!(c.buckets[BUCKETS.len()], 1, "60 s is only in +Inf");
-        assert_eq!((c.total, c.errors), (2, 1));
-        assert_eq!(labels_text(&[("a", "x\"y\\z\n")]), "{a=\"x\\\"y\\\\z\\n\"}");
+        let m = Metrics::new(
+            StatusBoard::default(),
+            Arc::new(Cgroups::none("test")),
+            Instant::now(),
+        );
+        m.tool_call("w", "b\"x", Duration::from_micros(700), true);
+        m.tool_call("w", "b\"x", Duration::from_secs(60), false);
+        let text = m.render();
+        let le = |bound: &str| {
+            format!("bundlevisor_tool_call_duration_seconds_bucket{{workspace=\"w\",bundle=\"b\\\"x\",le=\"{bound}\"}}")
+        };
+        assert!(text.contains(&format!("{} 0\n", le("0.0005"))), "{text}");
+        assert!(
+            text.contains(&format!("{} 1\n", le("0.001"))),
+            "0.7 ms is in le=0.001: {text}"
+        );
+        assert!(
+            text.contains(&format!("{} 1\n", le("10"))),
+            "60 s is only in +Inf: {text}"
+        );
+        assert!(text.contains(&format!("{} 2\n", le("+Inf"))), "{text}");
+        assert_eq!(m.calls_of("w", "b\"x"), (2, 1));
+        m.forget("w", "b\"x");
+        assert!(!m.render().contains("bundle=\"b"), "forgotten");
     }
 }

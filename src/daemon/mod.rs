@@ -492,9 +492,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
             None
         }
     };
+    let board = StatusBoard::default();
+    let cgroups = Arc::new(cgroups);
+    let started_at = Instant::now();
     let shared = Arc::new(Shared {
         reaper,
-        cgroups: Arc::new(cgroups),
+        metrics: metrics::Metrics::new(board.clone(), cgroups.clone(), started_at),
+        cgroups,
         tokens_revoked: Default::default(),
         log_lines: tokio::sync::broadcast::channel(4096).0,
         start_permits: Semaphore::new(config.bundles.max_concurrent_starts),
@@ -503,10 +507,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         credentials,
         configure_locks: Default::default(),
         pending_auth: Default::default(),
-        board: StatusBoard::default(),
-        metrics: Default::default(),
+        board,
         metrics_addr,
-        started_at: Instant::now(),
+        started_at,
         booted: CancellationToken::new(),
     });
     // Every install is listed (as `starting`) from the first answer the
@@ -537,20 +540,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     ));
     let metrics_http = metrics_listener.map(|listener| {
         tracing::info!(addr = ?metrics_addr, "serving GET /metrics");
-        let shared = shared.clone();
-        let sandbox = shared.config.sandbox.clone();
         tokio_util::task::AbortOnDropHandle::new(tokio::spawn(metrics::serve_http(
             listener,
-            move || {
-                shared
-                    .metrics
-                    .render(&shared.board, shared.started_at.elapsed(), &shared.cgroups)
-            },
-            // Bundles may not use the daemon's listeners either.
-            move |peer, ours| match control::tcp_refusal(peer, ours, &sandbox) {
-                None => Ok(()),
-                Some(why) => Err(why),
-            },
+            shared.clone(),
         )))
     });
     let http_gateway = http_listener.map(|listener| {

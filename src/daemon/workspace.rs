@@ -336,6 +336,7 @@ impl Actor for WorkspaceActor {
         args: WorkspaceArgs,
     ) -> Result<WorkspaceState, ActorProcessingErr> {
         args.shared.board.add_workspace(&args.name);
+        args.shared.metrics.workspace(&args.name);
         let (state_dir, ws, db) = (
             args.shared.config.state_dir.clone(),
             args.name.clone(),
@@ -433,6 +434,7 @@ impl Actor for WorkspaceActor {
                     return Ok(());
                 };
                 st.shared.board.remove(&st.name, &name);
+                st.shared.metrics.forget(&st.name, &name);
                 let snapshot =
                     super::bundle::snapshot_path(&st.shared.config.state_dir, &st.name, &name);
                 let Stopping { removers, then } = slot.stopping.unwrap_or(Stopping {

@@ -96,11 +96,7 @@ pub(super) fn no_workspace(ctx: &Ctx, ws: &str) -> RpcError {
 
 pub(super) async fn metrics(_: NoParams, ctx: &Ctx) -> Result<MetricsResult, RpcError> {
     Ok(MetricsResult {
-        text: ctx.shared.metrics.render(
-            &ctx.shared.board,
-            ctx.shared.started_at.elapsed(),
-            &ctx.shared.cgroups,
-        ),
+        text: ctx.shared.metrics.render(),
     })
 }
 
