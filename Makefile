@@ -66,6 +66,16 @@ target/%/.installed: tests/%/package.json tests/%/package-lock.json
 .PHONY: mcpb
 mcpb: $(MCPB)/.installed ## The pinned official mcpb CLI for the archive tests (npm ci)
 
+# The official MCP TypeScript SDK (npm, pinned by tests/ts-sdk/package-lock.json)
+# and the client script tests/ts_sdk.rs runs with it.
+TS_SDK := target/ts-sdk
+
+.PHONY: ts-sdk
+ts-sdk: $(TS_SDK)/client.mjs ## The pinned MCP TypeScript SDK client for the HTTP gateway test (npm ci)
+
+$(TS_SDK)/client.mjs: tests/ts-sdk/client.mjs $(TS_SDK)/.installed
+	cp $< $@
+
 # Real third-party MCP servers as test bundles: each pinned by
 # tests/servers/NAME/package-lock.json, with its manifest.json beside it.
 SERVERS := filesystem memory everything
@@ -104,7 +114,7 @@ run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is
 	target/release/bundlevisor daemon --config $(CONFIG)
 
 .PHONY: test
-test: sysdeps pyenv inspector mcpb servers uv ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector and the mcpb CLI included
+test: sysdeps pyenv inspector mcpb ts-sdk servers uv ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client and the mcpb CLI included
 	$(CARGO) test --all-targets --features fault-injection
 
 .PHONY: bench
@@ -136,4 +146,4 @@ fmt: ## Format the code
 .PHONY: clean
 clean: ## Remove build output and the local state of `make run`
 	$(CARGO) clean
-	rm -rf .bundlevisor $(DEMO_BIN) $(PY_ENV) $(INSPECTOR)
+	rm -rf .bundlevisor $(DEMO_BIN) $(PY_ENV) $(INSPECTOR) $(TS_SDK)

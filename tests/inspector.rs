@@ -109,9 +109,11 @@ fn the_mcp_inspector_lists_calls_and_reads_through_the_gateway() {
 }
 
 /// Issue 20, point 6 (first client): the Inspector CLI over streamable
-/// HTTP, with a token, lists and calls through the daemon's HTTP endpoint.
+/// HTTP, with a token, lists, calls and reads a workspace file through the
+/// daemon's HTTP endpoint. (It runs one method and exits, so it cannot
+/// wait for `list_changed`; the rmcp and TypeScript SDK clients do.)
 #[test]
-fn the_mcp_inspector_lists_and_calls_over_http() {
+fn the_mcp_inspector_lists_calls_and_reads_over_http() {
     let port = common::free_port();
     let d = Daemon::start_with(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"));
     d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
@@ -150,4 +152,8 @@ fn the_mcp_inspector_lists_and_calls_over_http() {
         called.to_string().contains("through the inspector"),
         "{called}"
     );
+    let id = d.put_file("over-http.md", b"# read over HTTP");
+    let read = run(&["--method", "resources/read", "--uri", &format!("files://{id}")]);
+    assert_eq!(read["contents"][0]["text"], "# read over HTTP", "{read}");
+    assert_eq!(read["contents"][0]["mimeType"], "text/markdown", "{read}");
 }

@@ -1,0 +1,101 @@
+//! Issue 20, point 6: the official MCP TypeScript SDK's client (npm
+//! `@modelcontextprotocol/sdk`, pinned by tests/ts-sdk/package-lock.json,
+//! installed by `make ts-sdk`, which `make test` runs) against the daemon's
+//! HTTP gateway: it lists, calls, reads a workspace file, and is told when
+//! the tools change.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::{demo_bundle_at, free_port, Daemon};
+use serde_json::Value;
+
+fn client_script() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/ts-sdk/client.mjs");
+    assert!(
+        path.exists(),
+        "the TypeScript SDK client is not installed at {}; run `make ts-sdk` (make test does)",
+        path.display()
+    );
+    path
+}
+
+#[test]
+fn the_typescript_sdk_client_lists_calls_reads_and_hears_of_changes() {
+    let port = free_port();
+    let d = Daemon::start_with(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"));
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    let id = d.put_file("from-ts.txt", b"a workspace file, read by the TypeScript SDK");
+    let token = d.ok(&["token", "create"]).trim().to_string();
+    let mut child = Command::new("node")
+        .arg(client_script())
+        .arg(format!("http://127.0.0.1:{port}/mcp/default"))
+        .arg(&token)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("node runs");
+    // Its lines, as they come (a thread: the test must act on "ready").
+    let (tx, lines) = mpsc::channel::<Value>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let value = serde_json::from_str(&line).unwrap_or(Value::String(line));
+            if tx.send(value).is_err() {
+                return;
+            }
+        }
+    });
+    let next = |what: &str| -> Value {
+        lines
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("the client said nothing about {what}"))
+    };
+
+    let hello = next("its session");
+    assert_eq!(hello["protocol"], "2025-11-25", "{hello}");
+    assert_eq!(hello["session"], true, "{hello}");
+    let tools = next("tools/list");
+    assert!(
+        tools["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t == "demo__echo"),
+        "{tools}"
+    );
+    assert_eq!(next("tools/call")["call"], "from the TypeScript SDK");
+    let resources = next("resources/list");
+    assert!(
+        resources["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| *r == format!("files://{id}")),
+        "{resources}"
+    );
+    let read = next("resources/read");
+    assert_eq!(read["read"], "a workspace file, read by the TypeScript SDK");
+    assert_eq!(read["mime"], "text/plain");
+    assert_eq!(next("ready")["ready"], true);
+
+    // A second bundle: the client is told, and lists it.
+    let dir = d.root().join("bundles");
+    d.ok(&["install", demo_bundle_at(&dir, "second").to_str().unwrap()]);
+    assert_eq!(next("list_changed")["tools_changed"], true);
+    let after = next("the new list");
+    assert!(
+        after["tools_after"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t == "second__echo"),
+        "{after}"
+    );
+    assert!(child.wait().unwrap().success());
+}
