@@ -434,3 +434,52 @@ async fn health_readiness_and_opt_in_metrics_share_the_gateway_listener() {
         "the socket's metrics come from the same registry: {socket}"
     );
 }
+
+/// Issue 20, point 2: a 2026-07-28 client — `server/discover`, then
+/// stateless requests that carry their own version and capabilities —
+/// lists, calls and reads a workspace file on the same endpoint that keeps
+/// sessions for 2025-11-25 clients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateless_2026_07_28_client_lists_calls_and_reads() {
+    use rmcp::model::{ClientConfig, ProtocolVersion, ReadResourceRequestParams};
+    use rmcp::{ClientLifecycleMode, ClientServiceExt};
+    let (d, base) = daemon();
+    let t = token(&d, &[]);
+    let id = d.put_file("stateless.txt", b"read without a session");
+    let config =
+        StreamableHttpClientTransportConfig::with_uri(format!("{base}/mcp/default")).auth_header(t);
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    let client = ClientConfig::default()
+        .serve_with_lifecycle(
+            transport,
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .expect("a 2026-07-28 client starts");
+    assert_eq!(
+        client
+            .peer()
+            .peer_info()
+            .map(|i| i.protocol_version.clone()),
+        Some(ProtocolVersion::V_2026_07_28)
+    );
+    let tools = client.list_all_tools().await.unwrap();
+    assert!(tools.iter().any(|t| t.name == "demo__echo"), "{tools:?}");
+    let result = client
+        .call_tool(
+            CallToolRequestParams::new("demo__echo")
+                .with_arguments(json!({"text": "stateless"}).as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(text_of(&result), "stateless");
+    let read = client
+        .read_resource(ReadResourceRequestParams::new(format!("files://{id}")))
+        .await
+        .unwrap();
+    let contents = serde_json::to_value(&read.contents).unwrap();
+    assert_eq!(contents[0]["text"], "read without a session", "{contents}");
+    client.cancel().await.unwrap();
+}

@@ -153,7 +153,12 @@ fn the_mcp_inspector_lists_calls_and_reads_over_http() {
         "{called}"
     );
     let id = d.put_file("over-http.md", b"# read over HTTP");
-    let read = run(&["--method", "resources/read", "--uri", &format!("files://{id}")]);
+    let read = run(&[
+        "--method",
+        "resources/read",
+        "--uri",
+        &format!("files://{id}"),
+    ]);
     assert_eq!(read["contents"][0]["text"], "# read over HTTP", "{read}");
     assert_eq!(read["contents"][0]["mimeType"], "text/markdown", "{read}");
 }

@@ -349,3 +349,53 @@ fn a_request_outside_any_agents_call_is_refused_at_once() {
         text.contains("no agent's call is in flight").then_some(())
     });
 }
+
+/// A 2026-07-28 agent (stateless requests, no stream the daemon could send
+/// a request on): the bundle's sampling request fails at once, with the
+/// reason, instead of waiting for an answer that cannot come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateless_agent_cannot_be_asked_and_the_bundle_learns_it_at_once() {
+    use rmcp::model::ProtocolVersion;
+    use rmcp::{ClientLifecycleMode, ClientServiceExt};
+    let (d, port) = daemon();
+    let token = d.ok(&["token", "create"]).trim().to_string();
+    let config = StreamableHttpClientTransportConfig::with_uri(format!(
+        "http://127.0.0.1:{port}/mcp/default"
+    ))
+    .auth_header(token);
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    let agent = Answering::new(all_capabilities());
+    let client = agent
+        .clone()
+        .serve_with_lifecycle(
+            transport,
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let outcome = text_of_call(
+        &client,
+        "everything__trigger-sampling-request",
+        json!({"prompt": "anyone?"}),
+    )
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "no hang: {outcome:?}"
+    );
+    let (text, error) = outcome.unwrap();
+    assert!(error, "{text}");
+    assert!(
+        text.contains("speaks MCP 2026-07-28, whose stateless requests leave no stream"),
+        "{text}"
+    );
+    assert!(
+        !agent.seen().iter().any(|s| s.starts_with("sampling")),
+        "{:?}",
+        agent.seen()
+    );
+    client.cancel().await.unwrap();
+}

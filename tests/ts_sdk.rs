@@ -30,7 +30,10 @@ fn the_typescript_sdk_client_lists_calls_reads_and_hears_of_changes() {
     let port = free_port();
     let d = Daemon::start_with(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"));
     d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
-    let id = d.put_file("from-ts.txt", b"a workspace file, read by the TypeScript SDK");
+    let id = d.put_file(
+        "from-ts.txt",
+        b"a workspace file, read by the TypeScript SDK",
+    );
     let token = d.ok(&["token", "create"]).trim().to_string();
     let mut child = Command::new("node")
         .arg(client_script())

@@ -82,6 +82,8 @@ pub trait Agent: Send + Sync {
     fn resource_updated(&self, bundle: &str, uri: &str) -> BoxFuture<'static, ()>;
     /// Whether the agent's session has ended.
     fn gone(&self) -> bool;
+    /// Why no request can be sent to the agent at all, if none can.
+    fn unreachable(&self) -> Option<String>;
 }
 
 /// Which agents subscribed to which of the bundle's resources (by the
@@ -179,6 +181,9 @@ impl Callers {
         let agent = self
             .sole()
             .map_err(|why| ErrorData::new(ErrorCode::INVALID_REQUEST, why, None))?;
+        if let Some(why) = agent.unreachable() {
+            return Err(ErrorData::new(ErrorCode::INVALID_REQUEST, why, None));
+        }
         if !declared(&agent.capabilities()) {
             return Err(ErrorData::new(
                 ErrorCode::INVALID_REQUEST,

@@ -14,9 +14,10 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientResult,
     GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation, ListPromptsResult,
     ListResourcesResult, ListToolsResult, LoggingLevel, PaginatedRequestParams,
-    ProgressNotificationParam, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
-    ResourceUpdatedNotificationParam, ServerCapabilities, ServerConfig, ServerNotification,
-    ServerRequest, SetLevelRequestParams, SubscribeRequestParams, UnsubscribeRequestParams,
+    ProgressNotificationParam, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
+    ReadResourceResult, ResourceUpdatedNotificationParam, ServerCapabilities, ServerConfig,
+    ServerNotification, ServerRequest, SetLevelRequestParams, SubscribeRequestParams,
+    UnsubscribeRequestParams,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -453,6 +454,13 @@ impl Agent for PeerAgent {
 
     fn gone(&self) -> bool {
         self.peer.is_transport_closed()
+    }
+
+    fn unreachable(&self) -> Option<String> {
+        let version = self.peer.peer_info()?.protocol_version.clone();
+        (version >= ProtocolVersion::V_2026_07_28).then(|| {
+            format!("the agent that made this call speaks MCP {version}, whose stateless requests leave no stream to send it a request on")
+        })
     }
 }
 
