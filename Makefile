@@ -114,11 +114,26 @@ run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is
 	target/release/bundlevisor daemon --config $(CONFIG)
 
 .PHONY: test
-test: sysdeps pyenv inspector mcpb ts-sdk servers uv ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client and the mcpb CLI included
+test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client and the mcpb CLI included
 	$(CARGO) test --all-targets --features fault-injection
 
+# The gateways an operator would otherwise put in front of a stdio server,
+# which the benchmark suite measures beside ours: supergateway (npm, pinned by
+# tests/supergateway/package-lock.json) and mcp-proxy (PyPI, pinned by
+# tests/mcp-proxy/requirements.lock).
+MCP_PROXY := target/mcp-proxy
+
+.PHONY: bench-peers
+bench-peers: target/supergateway/.installed $(MCP_PROXY)/.installed ## supergateway and mcp-proxy, pinned, for the gateway benchmark
+
+$(MCP_PROXY)/.installed: tests/mcp-proxy/requirements.lock
+	rm -rf $(MCP_PROXY)
+	$(PYTHON) -m venv $(MCP_PROXY)/venv
+	$(MCP_PROXY)/venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
+	touch $@
+
 .PHONY: bench
-bench: build ## The benchmark suite: each figure next to its floor, with ratios and targets (docs/performance.md)
+bench: build bench-peers ## The benchmark suite: each figure next to its floor, with ratios and targets (docs/performance.md)
 	$(CARGO) bench --bench suite
 
 # Fuzz smoke run: each target for FUZZ_SECONDS (cargo-fuzz from crates.io;

@@ -268,3 +268,139 @@ pub async fn hammer(
     }
     all
 }
+
+/// A gateway an operator would otherwise pick, in front of the demo bundle:
+/// `supergateway` (npm) or `mcp-proxy` (PyPI), pinned and installed by
+/// `make bench-peers`, serving streamable HTTP at `/mcp` on a free port.
+pub async fn peer_gateway(which: &str) -> (tokio::process::Child, RunningService<RoleClient, ()>) {
+    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let mut command = match which {
+        "supergateway" => {
+            let bin = target.join("supergateway/node_modules/.bin/supergateway");
+            let mut c = tokio::process::Command::new(bin);
+            c.args([
+                "--stdio",
+                DEMO,
+                "--outputTransport",
+                "streamableHttp",
+                "--stateful",
+            ])
+            .args(["--streamableHttpPath", "/mcp", "--logLevel", "none"])
+            .args(["--port", &port.to_string()]);
+            c
+        }
+        _ => {
+            let bin = target.join("mcp-proxy/venv/bin/mcp-proxy");
+            let mut c = tokio::process::Command::new(bin);
+            c.args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--",
+                DEMO,
+            ]);
+            c
+        }
+    };
+    let child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("{which} is not installed ({e}); run `make bench-peers`"));
+    // Listening once it accepts a connection (30 s at most: Node and
+    // Python start slowly).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{which} did not listen on {port}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let config =
+        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+            format!("http://127.0.0.1:{port}/mcp"),
+        );
+    let transport =
+        rmcp::transport::StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    let client = ().serve(transport).await.expect("initialize through the peer");
+    (child, client)
+}
+
+/// rmcp's streamable HTTP server alone: an in-process `echo` tool behind
+/// it, no bundle, no daemon — the least any gateway built on it can add.
+pub async fn rmcp_http_echo() -> RunningService<RoleClient, ()> {
+    use rmcp::model::{
+        CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ListToolsResult,
+        PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    };
+    use rmcp::service::RequestContext;
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService,
+    };
+    use rmcp::{ErrorData, RoleServer, ServerHandler};
+
+    #[derive(Clone)]
+    struct Echo;
+    impl ServerHandler for Echo {
+        fn get_info(&self) -> ServerConfig {
+            ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        }
+        async fn list_tools(
+            &self,
+            _r: Option<PaginatedRequestParams>,
+            _c: RequestContext<RoleServer>,
+        ) -> Result<ListToolsResult, ErrorData> {
+            let schema = serde_json::from_value(json!({"type": "object"})).unwrap();
+            Ok(ListToolsResult::with_all_items(vec![Tool::new(
+                "echo",
+                "echo",
+                std::sync::Arc::new(schema),
+            )]))
+        }
+        async fn call_tool(
+            &self,
+            r: CallToolRequestParams,
+            _c: RequestContext<RoleServer>,
+        ) -> Result<CallToolResponse, ErrorData> {
+            let text = r
+                .arguments
+                .and_then(|a| a.get("text").and_then(Value::as_str).map(str::to_string))
+                .unwrap_or_default();
+            Ok(CallToolResult::success(vec![ContentBlock::text(text)]).into())
+        }
+    }
+    let service = StreamableHttpService::new(
+        || Ok(Echo),
+        std::sync::Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default(),
+    );
+    let router = axum::Router::new().nest_service("/mcp", service);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Without Nagle's delay, as the daemon's listener (40 ms a call with it).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |s| {
+        let _ = s.set_nodelay(true);
+    });
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, router).await;
+    });
+    let config =
+        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
+            format!("http://{addr}/mcp"),
+        );
+    let transport =
+        rmcp::transport::StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    ().serve(transport).await.expect("initialize")
+}

@@ -423,21 +423,36 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> 
             .await
             .expect("initialize over HTTP")
     };
+    let (_supergateway, supergateway) = floors::peer_gateway("supergateway").await;
+    let (_mcp_proxy, mcp_proxy) = floors::peer_gateway("mcp-proxy").await;
+    let rmcp_http = floors::rmcp_http_echo().await;
     let (mut got, mut floor, mut relay) = (Vec::new(), Vec::new(), Vec::new());
     let (mut control, mut over_http) = (Vec::new(), Vec::new());
+    let (mut peer_sg, mut peer_mp, mut bare_http) = (Vec::new(), Vec::new(), Vec::new());
     let args = json!({"name": "gw", "tool": "echo", "arguments": {"text": "ping"}});
     for _ in 0..ROUNDS {
         floor.extend(echo_calls(&direct, "echo", n / ROUNDS).await);
         relay.extend(echo_calls(&relayed, "echo", n / ROUNDS).await);
         got.extend(echo_calls(&client, "gw__echo", n / ROUNDS).await);
         over_http.extend(echo_calls(&http, "gw__echo", n / ROUNDS).await);
+        peer_sg.extend(echo_calls(&supergateway, "echo", n / ROUNDS).await);
+        peer_mp.extend(echo_calls(&mcp_proxy, "echo", n / ROUNDS).await);
+        bare_http.extend(echo_calls(&rmcp_http, "echo", n / ROUNDS).await);
         for _ in 0..n / ROUNDS {
             let start = Instant::now();
             call(ctl, method::CALL, args.clone()).await;
             control.push(start.elapsed());
         }
     }
-    for c in [client, direct, relayed, http] {
+    for c in [
+        client,
+        direct,
+        relayed,
+        http,
+        supergateway,
+        mcp_proxy,
+        rmcp_http,
+    ] {
         let _ = c.cancel().await;
     }
     let floor = summarize(floor);
@@ -469,6 +484,25 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> 
             "  same call as bundle.call on the socket",
             summarize(control),
             Some(floor),
+        ),
+        // What operators compare with: the same bundle behind the gateways
+        // they would otherwise run (one stdio server each, no aggregation).
+        Row::latency(
+            "  same call via supergateway (HTTP, stateful)",
+            summarize(peer_sg),
+            Some(floor),
+        ),
+        Row::latency(
+            "  same call via mcp-proxy (HTTP)",
+            summarize(peer_mp),
+            Some(floor),
+        ),
+        // rmcp's streamable HTTP server with an in-process echo: the least
+        // a gateway on it adds (no bundle behind it, so its floor is 0).
+        Row::latency(
+            "  rmcp HTTP server alone, in-process echo",
+            summarize(bare_http),
+            None,
         ),
     ]
 }

@@ -66,6 +66,9 @@ pub struct Shared {
     pub reaper: Option<Arc<crate::bundle::reaper::Reaper>>,
     /// Where each bundle's cgroup goes, and what containment is in force.
     pub cgroups: Arc<crate::bundle::cgroup::Cgroups>,
+    /// The ready session of each bundle, for calls that need not go
+    /// through its actor.
+    pub lanes: bundle::Lanes,
     /// Bumped by each `token revoke`: the HTTP gateway's token cache is
     /// dropped when it changes.
     pub tokens_revoked: std::sync::atomic::AtomicU64,
@@ -500,6 +503,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         metrics: metrics::Metrics::new(board.clone(), cgroups.clone(), started_at),
         cgroups,
         tokens_revoked: Default::default(),
+        lanes: Default::default(),
         log_lines: tokio::sync::broadcast::channel(4096).0,
         start_permits: Semaphore::new(config.bundles.max_concurrent_starts),
         config: Arc::new(config),

@@ -158,11 +158,77 @@ pub struct Lane {
     pub timeout: Duration,
 }
 
+/// The ready session of each bundle, as its actor last published it: a
+/// tool call reads it and runs on the session in its own task, without a
+/// round trip through the actor (whose mailbox and task are two thread
+/// wake-ups a call; docs/performance.md). Only a session the actor would
+/// send to is here; anything else (starting, restarting, a 401 rebuild, a
+/// tool the bundle lacks, a transport just closed) takes the actor's path.
+#[derive(Default)]
+pub struct Lanes(std::sync::RwLock<std::collections::HashMap<(String, String), LaneSource>>);
+
+/// What a call needs of a ready session, to make its [`Lane`].
+#[derive(Clone)]
+pub struct LaneSource {
+    pub peer: Peer<RoleClient>,
+    pub in_flight: InFlight,
+    pub progress: ProgressDispatcher,
+    pub callers: Callers,
+    pub subscribers: Subscribers,
+    pub generation: u64,
+    pub timeout: Duration,
+    /// The names of the session's tools.
+    pub tools: Arc<[String]>,
+}
+
+impl LaneSource {
+    /// A lane for a call of `tool`, if this session serves it now.
+    pub fn lane_for(&self, tool: &str) -> Option<Lane> {
+        if self.peer.is_transport_closed() || !self.tools.iter().any(|t| t == tool) {
+            return None;
+        }
+        Some(Lane {
+            peer: self.peer.clone(),
+            in_flight: self.in_flight.enter(),
+            progress: self.progress.clone(),
+            callers: self.callers.clone(),
+            subscribers: self.subscribers.clone(),
+            generation: self.generation,
+            timeout: self.timeout,
+        })
+    }
+}
+
+impl Lanes {
+    pub fn publish(&self, workspace: &str, name: &str, source: Option<LaneSource>) {
+        let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
+        let key = (workspace.to_string(), name.to_string());
+        match source {
+            Some(source) => {
+                map.insert(key, source);
+            }
+            None => {
+                map.remove(&key);
+            }
+        }
+    }
+
+    pub fn get(&self, workspace: &str, name: &str) -> Option<LaneSource> {
+        let map = self.0.read().unwrap_or_else(|e| e.into_inner());
+        map.get(&(workspace.to_string(), name.to_string())).cloned()
+    }
+}
+
 /// Runs `call` on the session in a task. A 401 from a remote server sends
 /// the call back to the actor to be retried once (`retry`) on the rebuilt
 /// session.
 pub fn spawn(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<BundleMsg>) {
-    tokio::spawn(async move {
+    tokio::spawn(run(lane, call, retry, myself));
+}
+
+/// Runs `call` on the session, in the caller's task (see [`spawn`]).
+pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<BundleMsg>) {
+    {
         let Lane {
             peer,
             in_flight,
@@ -265,7 +331,7 @@ pub fn spawn(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bundle
         };
         drop((in_flight, caller));
         let _ = call.reply.send(result);
-    });
+    }
 }
 
 fn answer(request: &Ask, result: ServerResult) -> Result<Value, CallError> {

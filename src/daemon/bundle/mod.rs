@@ -33,7 +33,7 @@ use crate::protocol::{
     BundleState, BundleStatus, EventKind, ExitStatus, LifecycleEvent, SandboxRecord,
 };
 
-pub use call::{Ask, CallError, PendingCall};
+pub use call::{run, Ask, CallError, LaneSource, Lanes, PendingCall};
 pub use start::{snapshot_files, snapshot_path, Started};
 
 /// Registry name of a bundle's actor.
@@ -157,6 +157,8 @@ pub struct BundleActorState {
     /// Calls waiting for the session rebuilt after a 401, each with
     /// whether it may still be retried after another 401.
     queued: Vec<(PendingCall, bool)>,
+    /// The generation whose session is published in `Shared::lanes`.
+    published: Option<u64>,
 }
 
 impl BundleActorState {
@@ -196,6 +198,37 @@ impl BundleActorState {
     fn step(&mut self, myself: &ActorRef<BundleMsg>, input: Input<Live>) {
         let effects = self.decide(input, fastrand::f64());
         self.run(myself, effects);
+        self.publish_lane();
+    }
+
+    /// Publishes the session calls may run on directly: the ready one, or
+    /// none (then every call comes through the actor).
+    fn publish_lane(&mut self) {
+        let source = match self.lc.route() {
+            Route::Send(_) => Some(self.lc.generation()),
+            _ => None,
+        };
+        if source == self.published {
+            return;
+        }
+        self.published = source;
+        let lane = match self.lc.route() {
+            Route::Send(live) => Some(LaneSource {
+                peer: live.peer.clone(),
+                in_flight: live.in_flight.clone(),
+                progress: live.progress.clone(),
+                callers: live.callers.clone(),
+                subscribers: live.subscribers.clone(),
+                generation: self.lc.generation(),
+                timeout: self.args.shared.config.bundles.call_timeout,
+                tools: live.tools.iter().map(|t| t.name.to_string()).collect(),
+            }),
+            _ => None,
+        };
+        self.args
+            .shared
+            .lanes
+            .publish(&self.args.workspace, &self.args.name, lane);
     }
 
     fn decide(&mut self, input: Input<Live>, jitter: f64) -> Vec<Effect<Live>> {
@@ -538,6 +571,7 @@ impl Actor for BundleActor {
             start_task: None,
             preparing: None,
             queued: Vec::new(),
+            published: None,
         })
     }
 
@@ -676,6 +710,10 @@ impl Actor for BundleActor {
         myself: ActorRef<BundleMsg>,
         st: &mut BundleActorState,
     ) -> Result<(), ActorProcessingErr> {
+        st.args
+            .shared
+            .lanes
+            .publish(&st.args.workspace, &st.args.name, None);
         let effects = st.decide(Input::Shutdown, 0.0);
         // The process is stopped here, not in a task: the actor is gone
         // only once its process is.

@@ -16,7 +16,7 @@ use super::ask::{ask, bundle_actor, limit, unavailable};
 use super::outcome::wait_ready;
 use super::{Ctx, Outbox};
 use crate::bundle::client::Agent;
-use crate::daemon::bundle::{Ask, BundleMsg, CallError, PendingCall};
+use crate::daemon::bundle::{run, Ask, BundleMsg, CallError, PendingCall};
 use crate::protocol::{
     method, BundleState, BundleTools, CallParams, CallProgress, ErrorKind, Notification, RpcError,
     ToolsParams, ToolsResult,
@@ -155,25 +155,39 @@ async fn call_tool(
         let mut events = wait_ready_for.map(|_| ctx.shared.board.subscribe());
         let (tool, arguments) = (p.tool.clone(), p.arguments.clone());
         let (cancel, progress, agent) = (cancel.clone(), progress.clone(), agent.clone());
-        let result = actor
-            .call(
-                |reply| {
-                    BundleMsg::Call(PendingCall {
-                        request: Ask::Tool {
-                            name: tool,
-                            arguments,
-                        },
-                        timeout,
-                        cancel,
-                        progress,
-                        agent,
-                        reply,
-                    })
-                },
-                Some(wait),
-            )
-            .await
-            .map_err(unavailable)?;
+        let pending = |reply| PendingCall {
+            request: Ask::Tool {
+                name: tool,
+                arguments,
+            },
+            timeout,
+            cancel,
+            progress,
+            agent,
+            reply,
+        };
+        // A ready session runs the call in this task; anything else is
+        // the actor's to decide.
+        let lane = ctx
+            .shared
+            .lanes
+            .get(&p.workspace, &p.name)
+            .and_then(|source| source.lane_for(&p.tool));
+        let result = match lane {
+            Some(lane) => {
+                let (tx, rx) = ractor::concurrency::oneshot();
+                run(lane, pending(tx.into()), true, actor.clone()).await;
+                match tokio::time::timeout(wait, rx).await {
+                    Ok(Ok(answer)) => CallResult::Success(answer),
+                    Ok(Err(_)) => CallResult::SenderError,
+                    Err(_) => CallResult::Timeout,
+                }
+            }
+            None => actor
+                .call(|reply| BundleMsg::Call(pending(reply)), Some(wait))
+                .await
+                .map_err(unavailable)?,
+        };
         // A bundle on its way up is waited for (bounded by one deadline),
         // then called again.
         if let (
