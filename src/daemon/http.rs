@@ -436,13 +436,13 @@ struct Ops {
     ours: SocketAddr,
 }
 
-/// Ready once every installed bundle has been brought up at boot (each
-/// may still be starting), and until shutdown.
+/// Ready once the boot reload has settled (every installed bundle ready,
+/// failed, or being retried: systemd's `READY=1`).
 async fn readyz(State(ops): State<Ops>, ConnectInfo(peer): ConnectInfo<Peer>) -> Response {
     if let Some(no) = refused(&peer, ops.ours, &ops.shared).await {
         return no;
     }
-    if ops.shared.booted.is_cancelled() {
+    if ops.shared.settled.is_cancelled() {
         "ready\n".into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "booting\n").into_response()

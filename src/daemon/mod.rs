@@ -60,6 +60,9 @@ pub struct Shared {
     pub started_at: Instant,
     /// Cancelled once the boot reload has been done.
     pub booted: CancellationToken,
+    /// Cancelled once the boot reload has settled (systemd's `READY=1`,
+    /// and `/readyz`).
+    pub settled: CancellationToken,
     /// Every bundle's stderr lines, for `logs -f`.
     pub log_lines: tokio::sync::broadcast::Sender<crate::protocol::LogLine>,
     /// Kills bundle groups left behind if the daemon is killed.
@@ -515,6 +518,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         metrics_addr,
         started_at,
         booted: CancellationToken::new(),
+        settled: CancellationToken::new(),
     });
     // Every install is listed (as `starting`) from the first answer the
     // socket gives: a script polling after a start never sees them gone.
@@ -563,6 +567,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     tokio::select! {
         _ = shutdown.cancelled() => {}
         _ = boot_settled(&shared) => {
+            shared.settled.cancel();
             let (_, bundles) = shared.board.snapshot();
             let ready = bundles.iter().filter(|b| b.state == crate::protocol::BundleState::Ready).count();
             let message = format!("boot reload done: {ready} of {} bundles ready", bundles.len());
