@@ -15,9 +15,11 @@
 //!   child process, the MCP client handler.
 //! - [`host_resources`]: the `ai.nimblebrain/host-resources` contract.
 //! - [`daemon`]: the actor tree and the control server; [`daemon::run`].
-//! - [`gateway`]: `bundlevisor mcp`, the workspace MCP server.
+//! - [`gateway`]: the workspace MCP server the daemon serves to agents (over
+//!   `bundlevisor mcp`'s stdio and over streamable HTTP).
 //! - [`cli`]: the `bundlevisor` command line.
-//! - [`client`]: the control-socket client the CLI and the gateway share.
+//! - [`client`]: the control-socket client of the CLI, and the stdio relay of
+//!   `bundlevisor mcp`.
 //! - [`names`]: rules for bundle and workspace names.
 //! - [`oauth`]: the OAuth 2.1 client of remote bundles.
 //! - [`remote_http`]: the network rules of remote bundles (https or
@@ -26,7 +28,7 @@
 //! - [`lines`]: bounded line reading for untrusted streams.
 //! - [`logfile`]: size-rotated log files (bundle stderr, the audit log).
 //! - [`http_listener`]: one-request HTTP connections served with deadlines
-//!   and a cap (the metrics endpoint, the `auth` redirect).
+//!   and a cap (the `auth` redirect).
 //! - [`progress`]: spinners and bars on a terminal (indicatif), log lines above them.
 //! - [`stdio`]: stdin/stdout polled by the event loop (MCP stdio servers).
 //! - [`text`]: bundle-controlled text made safe to show on a terminal.

@@ -278,6 +278,30 @@ async fn passes_everything_through(
     .await;
 }
 
+/// The bundle's sampling request during `agent`'s call fails at once (the
+/// tool says so, giving `reason`), and the agent is never asked.
+async fn sampling_is_refused(
+    client: &RunningService<RoleClient, Answering>,
+    agent: &Answering,
+    reason: &str,
+) {
+    let started = std::time::Instant::now();
+    let (text, error) = text_of_call(
+        client,
+        "everything__trigger-sampling-request",
+        json!({"prompt": "anyone?"}),
+    )
+    .await
+    .unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10), "no hang");
+    assert!(error && text.contains(reason), "{text}");
+    assert!(
+        !agent.seen().iter().any(|s| s.starts_with("sampling")),
+        "{:?}",
+        agent.seen()
+    );
+}
+
 /// Waits (10 s at most) until the agent has seen what `wanted` matches.
 async fn until(agent: &Answering, what: &str, wanted: impl Fn(&String) -> bool) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -316,25 +340,7 @@ async fn an_agent_that_did_not_declare_sampling_is_not_asked() {
     let (d, port) = daemon();
     let agent = Answering::new(ClientCapabilities::builder().enable_roots().build());
     let client = http_agent(&d, port, agent.clone()).await;
-    let started = std::time::Instant::now();
-    let (text, error) = text_of_call(
-        &client,
-        "everything__trigger-sampling-request",
-        json!({"prompt": "anyone?"}),
-    )
-    .await
-    .unwrap();
-    assert!(started.elapsed() < Duration::from_secs(10), "no hang");
-    assert!(error, "{text}");
-    assert!(
-        text.contains("did not declare the sampling capability"),
-        "{text}"
-    );
-    assert!(
-        !agent.seen().iter().any(|s| s.starts_with("sampling")),
-        "{:?}",
-        agent.seen()
-    );
+    sampling_is_refused(&client, &agent, "did not declare the sampling capability").await;
     client.cancel().await.unwrap();
 }
 
@@ -375,27 +381,11 @@ async fn a_stateless_agent_cannot_be_asked_and_the_bundle_learns_it_at_once() {
         )
         .await
         .unwrap();
-    let started = std::time::Instant::now();
-    let outcome = text_of_call(
+    sampling_is_refused(
         &client,
-        "everything__trigger-sampling-request",
-        json!({"prompt": "anyone?"}),
+        &agent,
+        "speaks MCP 2026-07-28, whose stateless requests leave no stream",
     )
     .await;
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "no hang: {outcome:?}"
-    );
-    let (text, error) = outcome.unwrap();
-    assert!(error, "{text}");
-    assert!(
-        text.contains("speaks MCP 2026-07-28, whose stateless requests leave no stream"),
-        "{text}"
-    );
-    assert!(
-        !agent.seen().iter().any(|s| s.starts_with("sampling")),
-        "{:?}",
-        agent.seen()
-    );
     client.cancel().await.unwrap();
 }

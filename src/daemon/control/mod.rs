@@ -517,6 +517,9 @@ async fn connection(stream: UnixStream, mut ctx: Ctx) {
         let _ = writer.await;
         return;
     };
+    // Subscriptions of the connection stop writing; the writer writes the
+    // answer and gives the socket back.
+    out.closed.cancel();
     handover.cancel();
     let Ok(write) = writer.await else {
         return;
