@@ -227,8 +227,9 @@ pub(super) fn spawn(
         .map(std::os::fd::AsRawFd::as_raw_fd)
         .collect();
     // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe system calls (setsid, write, setgroups, setgid,
-    // setuid, prctl, getppid, setrlimit, landlock_restrict_self, _exit).
+    // async-signal-safe system calls (setsid, write, fchown, setgroups,
+    // setgid, setuid, prctl, getppid, setrlimit, landlock_restrict_self,
+    // _exit).
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(std::io::Error::from)?;
@@ -240,6 +241,14 @@ pub(super) fn spawn(
                 }
             }
             if let Some((uid, gid)) = user {
+                // Its stdin and stdout pipes become the bundle user's: a
+                // pipe made by the daemon is the daemon's, and the bundle
+                // could not reopen its own stdio through /proc/self/fd to
+                // poll it (what `stdio::stdio` does; tokio's stdio instead
+                // costs two thread hand-offs a message).
+                if nix::libc::fchown(0, uid, gid) != 0 || nix::libc::fchown(1, uid, gid) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 if nix::libc::setgroups(0, std::ptr::null()) != 0
                     || nix::libc::setgid(gid) != 0
                     || nix::libc::setuid(uid) != 0
