@@ -323,12 +323,13 @@ impl ClientHandler for BundleClient {
                 );
                 agent.notify(note).await;
             }
+            // Not written to the daemon's log: it may hold what the bundle
+            // knows (its secrets), which only its stderr is redacted for.
             Err(_) => tracing::debug!(
                 workspace = %self.host.requester.workspace,
                 bundle = %self.host.requester.bundle,
                 level = ?params.level,
-                "log message of the bundle outside an agent's call: {}",
-                params.data
+                "a log message of the bundle outside any agent's call was dropped"
             ),
         }
     }
