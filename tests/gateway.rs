@@ -70,17 +70,7 @@ impl Agent {
             .unwrap();
         let recorder = Recorder::default();
         let (child, client) = rt.block_on(async {
-            let mut child = tokio::process::Command::new(BIN)
-                .arg("--socket")
-                .arg(&d.socket)
-                .arg("mcp")
-                .args(extra)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .kill_on_drop(true)
-                .spawn()
-                .unwrap();
+            let mut child = d.spawn_mcp(extra);
             let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
             let client = recorder.clone().serve(io).await.unwrap();
             (child, client)

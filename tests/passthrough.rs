@@ -13,11 +13,10 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{free_port, Daemon, BIN};
+use common::{free_port, Daemon};
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, CreateMessageRequestParams,
     CreateMessageResult, ElicitRequestParams, ElicitResult, ElicitationAction, Implementation,
@@ -164,16 +163,7 @@ async fn stdio_agent(
     d: &Daemon,
     handler: Answering,
 ) -> (tokio::process::Child, RunningService<RoleClient, Answering>) {
-    let mut child = tokio::process::Command::new(BIN)
-        .arg("--socket")
-        .arg(&d.socket)
-        .arg("mcp")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+    let mut child = d.spawn_mcp(&[]);
     let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
     (child, handler.serve(io).await.unwrap())
 }

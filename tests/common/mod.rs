@@ -313,6 +313,23 @@ impl Daemon {
     }
 
     /// A raw connection to the control socket (no hello sent).
+    /// `bundlevisor mcp ARGS` on this daemon, its stdin and stdout piped
+    /// (an agent's end of the stdio gateway), killed when dropped. Call it
+    /// inside a tokio runtime.
+    pub fn spawn_mcp(&self, args: &[&str]) -> tokio::process::Child {
+        tokio::process::Command::new(BIN)
+            .arg("--socket")
+            .arg(&self.socket)
+            .arg("mcp")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap()
+    }
+
     pub fn raw(&self) -> Raw {
         let stream = UnixStream::connect(&self.socket).unwrap();
         stream
