@@ -233,8 +233,8 @@ async fn a_token_beyond_its_rate_gets_429_with_retry_after() {
 }
 
 /// An endpoint keeps at most `[http] max_sessions` sessions: a new one
-/// beyond gets 503 with `Retry-After` (the daemon's control connections
-/// stay bounded).
+/// beyond gets 503 with `Retry-After` (the sessions the daemon keeps stay
+/// bounded).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sessions_per_endpoint_are_bounded() {
     let port = free_port();

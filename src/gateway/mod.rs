@@ -65,6 +65,47 @@ pub trait Backend: Send + Sync + 'static {
     fn events(&self) -> broadcast::Receiver<LifecycleEvent>;
 }
 
+/// Runs a call that reports the bundle's progress to the sender it is
+/// given (one when `wanted`), passing each report to `forward` in order and
+/// ahead of the answer; both the gateway and the control socket's
+/// `bundle.call` forward progress this way.
+pub async fn with_progress<T, F, Fut>(
+    wanted: bool,
+    call: impl FnOnce(Option<mpsc::Sender<ProgressNotificationParam>>) -> F,
+    mut forward: impl FnMut(ProgressNotificationParam) -> Fut,
+) -> T
+where
+    F: std::future::Future<Output = T>,
+    Fut: std::future::Future<Output = ()>,
+{
+    let (progress, mut reports) = if wanted {
+        let (tx, rx) = mpsc::channel(16);
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
+    let answer = call(progress);
+    tokio::pin!(answer);
+    let answer = loop {
+        tokio::select! {
+            biased;
+            Some(report) = async {
+                match reports.as_mut() {
+                    Some(rx) => rx.recv().await,
+                    None => std::future::pending().await,
+                }
+            } => forward(report).await,
+            a = &mut answer => break a,
+        }
+    };
+    if let Some(rx) = reports.as_mut() {
+        while let Ok(report) = rx.try_recv() {
+            forward(report).await;
+        }
+    }
+    answer
+}
+
 /// What the agent sees, as comparable text: the exposed tools, and the set
 /// of bundles whose prompts and resources are offered.
 async fn fingerprint(gateway: &Gateway) -> Option<(String, String)> {

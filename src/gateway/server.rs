@@ -545,20 +545,7 @@ impl ServerHandler for Gateway {
             progress: token.is_some(),
             wait_ready_ms: Some(self.0.wait_ready.as_millis() as u64),
         };
-        // Progress is forwarded in order, ahead of the answer.
-        let (progress, mut reports) = match &token {
-            Some(_) => {
-                let (tx, rx) = tokio::sync::mpsc::channel(16);
-                (Some(tx), Some(rx))
-            }
-            None => (None, None),
-        };
         let agent = self.agent(&context.peer);
-        let answer = self
-            .0
-            .backend
-            .call(params, progress, context.ct.clone(), Some(agent));
-        tokio::pin!(answer);
         let notify = |mut note: ProgressNotificationParam| {
             let peer = context.peer.clone();
             let token = token.clone();
@@ -569,23 +556,16 @@ impl ServerHandler for Gateway {
                 }
             }
         };
-        let answer = loop {
-            tokio::select! {
-                biased;
-                Some(p) = async {
-                    match reports.as_mut() {
-                        Some(rx) => rx.recv().await,
-                        None => std::future::pending().await,
-                    }
-                } => notify(p).await,
-                a = &mut answer => break a,
-            }
-        };
-        if let Some(rx) = reports.as_mut() {
-            while let Ok(p) = rx.try_recv() {
-                notify(p).await;
-            }
-        }
+        let answer = super::with_progress(
+            token.is_some(),
+            |progress| {
+                self.0
+                    .backend
+                    .call(params, progress, context.ct.clone(), Some(agent))
+            },
+            notify,
+        )
+        .await;
         let result: CallToolResult = decode(answer.map_err(to_mcp)?, "tool result")?;
         Ok(result.into())
     }

@@ -1,7 +1,7 @@
 //! Every control method as a type: its name, its params and its result,
-//! shared by the daemon's handlers (`daemon/control/`) and the clients
-//! (`client::Client::call`, `client::Link::call`), so the two ends cannot
-//! disagree about a method's shape.
+//! shared by the daemon's handlers (`daemon/control/`) and the client
+//! (`client::Client::call`), so the two ends cannot disagree about a
+//! method's shape.
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};

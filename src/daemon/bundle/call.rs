@@ -165,7 +165,11 @@ pub struct Lane {
 /// send to is here; anything else (starting, restarting, a 401 rebuild, a
 /// tool the bundle lacks, a transport just closed) takes the actor's path.
 #[derive(Default)]
-pub struct Lanes(std::sync::RwLock<std::collections::HashMap<(String, String), LaneSource>>);
+pub struct Lanes(std::sync::RwLock<LaneMap>);
+
+/// workspace → bundle → its ready session (looked up by `&str`, no key
+/// is built per call).
+type LaneMap = std::collections::HashMap<String, std::collections::HashMap<String, LaneSource>>;
 
 /// What a call needs of a ready session, to make its [`Lane`].
 #[derive(Clone)]
@@ -202,20 +206,26 @@ impl LaneSource {
 impl Lanes {
     pub fn publish(&self, workspace: &str, name: &str, source: Option<LaneSource>) {
         let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
-        let key = (workspace.to_string(), name.to_string());
         match source {
             Some(source) => {
-                map.insert(key, source);
+                map.entry(workspace.to_string())
+                    .or_default()
+                    .insert(name.to_string(), source);
             }
             None => {
-                map.remove(&key);
+                if let Some(bundles) = map.get_mut(workspace) {
+                    bundles.remove(name);
+                    if bundles.is_empty() {
+                        map.remove(workspace);
+                    }
+                }
             }
         }
     }
 
     pub fn get(&self, workspace: &str, name: &str) -> Option<LaneSource> {
         let map = self.0.read().unwrap_or_else(|e| e.into_inner());
-        map.get(&(workspace.to_string(), name.to_string())).cloned()
+        map.get(workspace)?.get(name).cloned()
     }
 }
 

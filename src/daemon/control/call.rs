@@ -17,6 +17,7 @@ use super::outcome::wait_ready;
 use super::{Ctx, Outbox};
 use crate::bundle::client::Agent;
 use crate::daemon::bundle::{run, Ask, BundleMsg, CallError, PendingCall};
+use crate::gateway::with_progress;
 use crate::protocol::{
     method, BundleState, BundleTools, CallParams, CallProgress, ErrorKind, Notification, RpcError,
     ToolsParams, ToolsResult,
@@ -75,14 +76,8 @@ pub(super) async fn call(
     id: Value,
     cancel: &CancellationToken,
 ) -> Result<Value, RpcError> {
-    let (progress, mut reports) = if p.progress {
-        let (tx, rx) = mpsc::channel::<ProgressNotificationParam>(16);
-        (Some(tx), Some(rx))
-    } else {
-        (None, None)
-    };
     let forward = |n: ProgressNotificationParam| {
-        Notification::new(
+        let note = Notification::new(
             method::CALL_PROGRESS,
             CallProgress {
                 id: id.clone(),
@@ -90,28 +85,17 @@ pub(super) async fn call(
                 total: n.total,
                 message: n.message,
             },
-        )
-    };
-    let answer = call_bundle(&p, ctx, progress, cancel, None);
-    tokio::pin!(answer);
-    let result = loop {
-        tokio::select! {
-            biased;
-            Some(n) = async {
-                match reports.as_mut() {
-                    Some(rx) => rx.recv().await,
-                    None => std::future::pending().await,
-                }
-            } => { out.send(&forward(n)).await; }
-            r = &mut answer => break r,
-        };
-    };
-    if let Some(rx) = reports.as_mut() {
-        while let Ok(n) = rx.try_recv() {
-            out.send(&forward(n)).await;
+        );
+        async move {
+            out.send(&note).await;
         }
-    }
-    result
+    };
+    with_progress(
+        p.progress,
+        |progress| call_bundle(&p, ctx, progress, cancel, None),
+        forward,
+    )
+    .await
 }
 
 /// A tool call through the bundle's actor, counted in the metrics: on
