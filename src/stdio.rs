@@ -13,6 +13,10 @@
 //! reopened through `/proc/self/fd` (a new, private description); a socket
 //! is used with per-call `MSG_DONTWAIT`. Anything else (a terminal, a file,
 //! or a sandbox without `/proc`) keeps tokio's handles.
+//!
+//! `bundlevisor mcp` hands its stdin and stdout to the daemon when both are
+//! pipes or sockets ([`send_stdio`], [`receive_stdio`]): the daemon polls
+//! them the same way ([`polled_pair`]) and the relay's hop is gone.
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -26,6 +30,90 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 pub type Reader = Box<dyn AsyncRead + Send + Unpin>;
 pub type Writer = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// Event-loop handles on a (stdin, stdout) pair of pipes or sockets, if
+/// both are; nothing otherwise (a terminal, a file).
+pub fn polled_pair(stdin: BorrowedFd<'_>, stdout: BorrowedFd<'_>) -> Option<(Reader, Writer)> {
+    let reader: Reader = match polled(stdin, Direction::Read)? {
+        Polled::Pipe(file) => Box::new(tokio::net::unix::pipe::Receiver::from_file(file).ok()?),
+        Polled::Socket(socket) => Box::new(socket),
+    };
+    let writer: Writer = match polled(stdout, Direction::Write)? {
+        Polled::Pipe(file) => Box::new(tokio::net::unix::pipe::Sender::from_file(file).ok()?),
+        Polled::Socket(socket) => Box::new(socket),
+    };
+    Some((reader, writer))
+}
+
+/// Whether this process's stdin and stdout are pipes or sockets, which
+/// `bundlevisor mcp` may hand to the daemon.
+pub fn can_hand_over() -> bool {
+    let kind = |fd: BorrowedFd<'_>| {
+        let file = std::fs::File::from(fd.try_clone_to_owned().ok()?);
+        let kind = file.metadata().ok()?.file_type();
+        Some(kind.is_fifo() || kind.is_socket())
+    };
+    kind(std::io::stdin().as_fd()) == Some(true) && kind(std::io::stdout().as_fd()) == Some(true)
+}
+
+/// Sends this process's stdin and stdout on a unix socket (`SCM_RIGHTS`,
+/// with one byte of payload).
+pub async fn send_stdio(socket: &tokio::net::UnixStream) -> io::Result<()> {
+    use nix::sys::socket::{sendmsg, ControlMessage};
+    let fds = [
+        std::io::stdin().as_fd().as_raw_fd(),
+        std::io::stdout().as_fd().as_raw_fd(),
+    ];
+    socket
+        .async_io(tokio::io::Interest::WRITABLE, || {
+            let payload = [io::IoSlice::new(b"\n")];
+            let rights = [ControlMessage::ScmRights(&fds)];
+            let flags = DONTWAIT | MsgFlags::MSG_NOSIGNAL;
+            sendmsg::<()>(socket.as_raw_fd(), &payload, &rights, flags, None)
+                .map(drop)
+                .map_err(io::Error::from)
+        })
+        .await
+}
+
+/// Receives the two descriptors `send_stdio` sent; anything else (no
+/// descriptors, more than two, a truncated message) is refused and what
+/// came is closed.
+pub async fn receive_stdio(socket: &tokio::net::UnixStream) -> io::Result<[OwnedFd; 2]> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned};
+    use std::os::fd::{FromRawFd, RawFd};
+    let mut received: Vec<OwnedFd> = Vec::new();
+    socket
+        .async_io(tokio::io::Interest::READABLE, || {
+            let mut byte = [0u8; 1];
+            let mut payload = [io::IoSliceMut::new(&mut byte)];
+            let mut space = nix::cmsg_space!([RawFd; 2]);
+            let flags = DONTWAIT | MsgFlags::MSG_CMSG_CLOEXEC;
+            let msg = recvmsg::<()>(socket.as_raw_fd(), &mut payload, Some(&mut space), flags)
+                .map_err(io::Error::from)?;
+            let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
+            for cmsg in msg.cmsgs().map_err(io::Error::from)? {
+                if let ControlMessageOwned::ScmRights(fds) = cmsg {
+                    // SAFETY: the kernel just installed these descriptors
+                    // in this process; nothing else owns them.
+                    received.extend(fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+                }
+            }
+            if msg.bytes == 0 {
+                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection closed"));
+            }
+            if truncated {
+                return Err(io::Error::other("more descriptors than stdin and stdout"));
+            }
+            Ok(())
+        })
+        .await?;
+    let mut fds = received.into_iter();
+    match (fds.next(), fds.next(), fds.next()) {
+        (Some(stdin), Some(stdout), None) => Ok([stdin, stdout]),
+        _ => Err(io::Error::other("expected two descriptors (stdin and stdout)")),
+    }
+}
 
 /// (stdin, stdout) for an MCP stdio transport.
 pub fn stdio() -> (Reader, Writer) {

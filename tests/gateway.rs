@@ -63,6 +63,11 @@ struct Agent {
 
 impl Agent {
     fn connect(d: &Daemon, extra: &[&str]) -> Agent {
+        Agent::connect_logged(d, extra, None)
+    }
+
+    /// The same; `bundlevisor mcp`'s debug log written to `log`.
+    fn connect_logged(d: &Daemon, extra: &[&str], log: Option<&Path>) -> Agent {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -70,7 +75,10 @@ impl Agent {
             .unwrap();
         let recorder = Recorder::default();
         let (child, client) = rt.block_on(async {
-            let mut child = d.spawn_mcp(extra);
+            let mut child = match log {
+                Some(log) => d.spawn_mcp_logged(extra, log),
+                None => d.spawn_mcp(extra),
+            };
             let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
             let client = recorder.clone().serve(io).await.unwrap();
             (child, client)
@@ -484,9 +492,20 @@ fn a_call_to_a_restarting_bundle_waits_for_it() {
 /// `initialize` — and is told its lists may have changed.
 #[test]
 fn the_stdio_session_survives_a_daemon_restart() {
+    // The daemon serves the session on the agent's own stdio.
+    survives_a_daemon_restart(&[]);
+}
+
+#[test]
+fn a_relayed_stdio_session_survives_a_daemon_restart() {
+    survives_a_daemon_restart(&["--relay"]);
+}
+
+fn survives_a_daemon_restart(extra: &[&str]) {
     let mut d = Daemon::start();
     install_demos(&d, &["alpha"]);
-    let agent = Agent::connect(&d, &[]);
+    let log = d.root().join("mcp.log");
+    let agent = Agent::connect_logged(&d, extra, Some(&log));
     assert_eq!(
         agent.call("alpha__echo", json!({"text": "before"})),
         Ok("alpha:before".to_string())
@@ -505,8 +524,15 @@ fn the_stdio_session_survives_a_daemon_restart() {
                 .then_some(())
         },
     );
+    if extra.is_empty() {
+        // The daemon has told `bundlevisor mcp` of the open request.
+        wait_for(Duration::from_secs(10), "the request announced", || {
+            let log = std::fs::read_to_string(&log).unwrap_or_default();
+            log.contains("is open at the daemon").then_some(())
+        });
+    }
     let changed_before = agent.recorder.count("tools_changed");
-    // Killed: nothing of the daemon answers; the relay does.
+    // Killed: nothing of the daemon answers; `bundlevisor mcp` does.
     d.signal(nix::sys::signal::Signal::SIGKILL);
     let err = agent.rt.block_on(in_flight).unwrap().unwrap_err();
     assert!(err.contains("daemon went away"), "{err}");
@@ -519,4 +545,77 @@ fn the_stdio_session_survives_a_daemon_restart() {
             .filter(|t| t == "alpha:after")
     });
     assert!(agent.recorder.count("tools_changed") > changed_before);
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        !log.contains("relaying this session"),
+        "the daemon refused the descriptors: {log}"
+    );
+}
+
+#[test]
+fn the_daemon_ends_a_handed_over_session_when_bundlevisor_mcp_goes() {
+    let d = Daemon::start();
+    install_demos(&d, &["alpha"]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let mut child = d.spawn_mcp(&[]);
+        let mut stdin = child.stdin.take().unwrap();
+        let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap());
+        let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}});
+        stdin.write_all(format!("{init}\n").as_bytes()).await.unwrap();
+        let mut line = String::new();
+        stdout.read_line(&mut line).await.unwrap();
+        assert!(line.contains("\"serverInfo\""), "{line}");
+        // The agent's server process is gone; the agent keeps its pipes.
+        child.kill().await.unwrap();
+        // The daemon holds the agent's stdout no longer: end of file.
+        let rest = tokio::time::timeout(Duration::from_secs(10), async {
+            let mut rest = String::new();
+            stdout.read_line(&mut rest).await.map(|_| rest)
+        })
+        .await
+        .expect("the daemon still holds the agent's stdout");
+        assert_eq!(rest.unwrap(), "");
+        drop(stdin);
+    });
+}
+
+#[test]
+fn descriptors_the_daemon_cannot_serve_are_refused_and_closed() {
+    use std::io::{BufRead, IoSlice};
+    use std::os::fd::AsRawFd;
+    let d = Daemon::start();
+    let file = std::fs::File::create(d.root().join("not-a-pipe")).unwrap();
+    for fds in [vec![file.as_raw_fd(), file.as_raw_fd()], vec![]] {
+        let mut raw = d.raw();
+        raw.hello();
+        let r = raw.request(1, "gateway.attach", json!({"handover": true}));
+        assert!(r.get("result").is_some(), "{r}");
+        let rights = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
+        let rights: &[_] = if fds.is_empty() { &[] } else { &rights };
+        nix::sys::socket::sendmsg::<()>(
+            raw.stream.as_raw_fd(),
+            &[IoSlice::new(b"\n")],
+            rights,
+            nix::sys::socket::MsgFlags::empty(),
+            None,
+        )
+        .unwrap();
+        let mut line = String::new();
+        raw.reader.read_line(&mut line).unwrap();
+        let note: Value = serde_json::from_str(&line).unwrap();
+        let why = note["refused"].as_str().unwrap_or_else(|| panic!("{note}"));
+        assert!(why.contains("stdin and stdout"), "{why}");
+    }
+    // The daemon keeps no copy of the file.
+    wait_for(Duration::from_secs(10), "the descriptors closed", || {
+        let fds = std::fs::read_dir(format!("/proc/{}/fd", d.pid())).ok()?;
+        let held = fds
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .any(|target| target.ends_with("not-a-pipe"));
+        (!held).then_some(())
+    });
 }

@@ -1,7 +1,8 @@
 //! `bundlevisor mcp [-w WS] [--profile P]`: the workspace's bundles as one
 //! MCP server on stdin/stdout (docs/gateway.md). The daemon serves the
-//! session; this process relays the agent's stdio to it
-//! ([`crate::client::relay`]). Logs go to stderr only; stdout carries MCP.
+//! session: on the agent's stdin and stdout themselves, which this process
+//! hands over, or relayed by it ([`crate::client::relay`]). Logs go to
+//! stderr only; stdout carries MCP.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -19,6 +20,10 @@ pub struct Args {
     /// How long a call waits for a bundle that is starting or restarting.
     #[arg(long, value_parser = humantime::parse_duration)]
     wait_ready: Option<Duration>,
+    /// Relay every message instead of handing stdin and stdout to the
+    /// daemon (the default when both are pipes or sockets).
+    #[arg(long)]
+    relay: bool,
 }
 
 pub fn run(socket: PathBuf, args: &Args) -> ExitCode {
@@ -42,6 +47,7 @@ pub fn run(socket: PathBuf, args: &Args) -> ExitCode {
         profile: args.profile.clone(),
         wait_ready_ms: args.wait_ready.map(|d| d.as_millis() as u64),
         resume: None,
+        handover: !args.relay && crate::stdio::can_hand_over(),
     };
     match runtime.block_on(crate::client::relay::relay(&socket, params)) {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,15 @@
-//! `bundlevisor mcp`'s relay: the agent's stdio to a gateway session that
-//! the daemon serves (`gateway.attach`), a line at a time, on one thread.
+//! `bundlevisor mcp`: the agent's stdio to a gateway session that the
+//! daemon serves (`gateway.attach`), on one thread.
+//!
+//! When stdin and stdout are pipes or sockets, they are handed to the
+//! daemon (`SCM_RIGHTS`), which serves the session on them: no hop through
+//! this process. This process then only follows the daemon's notes on the
+//! connection ([`HandoverNote`]): the agent's `initialize` params, and the
+//! requests that have waited a while (a tool call of a minute), so that it
+//! can answer those itself if the daemon dies. A request younger than
+//! that when the daemon is killed gets no answer (the agent's own timeout
+//! ends it); a session survives either way. Otherwise (a terminal, or
+//! `--relay`) it relays a line at a time:
 //!
 //! The relay reads only what it must of each message (its `id` and
 //! `method`): it keeps the agent's `initialize` params and the ids of the
@@ -19,7 +29,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
 use super::{Client, ClientError};
 use crate::protocol::typed::Attach;
-use crate::protocol::AttachParams;
+use crate::protocol::{AttachParams, HandoverNote};
 
 /// What the relay reads of a message.
 #[derive(Deserialize)]
@@ -93,49 +103,41 @@ async fn write_line(out: &mut (impl AsyncWrite + Unpin), line: &[u8]) -> std::io
     out.flush().await
 }
 
-/// Relays the agent's stdio to the daemon's gateway until the agent closes
-/// its side. Errors of the first attach (no daemon, an unknown workspace or
-/// profile) are returned; later losses are retried.
-pub async fn relay(socket: &Path, params: AttachParams) -> Result<(), ClientError> {
+/// How a connection to the daemon ended.
+enum Over {
+    /// The agent closed its side: `bundlevisor mcp` is done.
+    AgentDone,
+    /// The daemon went away (a restart?).
+    Lost,
+    /// The daemon cannot serve the agent's descriptors (why): relay instead.
+    Refused(String),
+}
+
+/// Serves the agent until it closes its side: the daemon serves the
+/// session on the agent's own stdin and stdout when `params.handover`
+/// (this process only waits), else this process relays every line. Errors
+/// of the first attach (no daemon, an unknown workspace or profile) are
+/// returned; later losses are retried.
+pub async fn relay(socket: &Path, mut params: AttachParams) -> Result<(), ClientError> {
     let (stdin, mut stdout) = crate::stdio::stdio();
     let mut agent = BufReader::new(stdin);
     let mut session = Session::default();
     let mut client = attach(socket, &params).await?;
-    let mut from_agent = Vec::new();
     loop {
-        let (read, mut to_daemon) = client.into_parts();
-        let mut from_daemon = read;
-        let mut line = Vec::new();
-        // Until the agent is done (return) or the daemon is lost (break).
-        loop {
-            tokio::select! {
-                n = agent.read_until(b'\n', &mut from_agent) => {
-                    match n {
-                        Ok(0) | Err(_) => {
-                            // The agent is done: the daemon ends the session.
-                            let _ = to_daemon.shutdown().await;
-                            return Ok(());
-                        }
-                        Ok(_) => {}
-                    }
-                    session.agent_sent(&from_agent);
-                    let sent = write_line(&mut to_daemon, &from_agent).await;
-                    from_agent.clear();
-                    if sent.is_err() {
-                        break;
-                    }
-                }
-                n = from_daemon.read_until(b'\n', &mut line) => {
-                    if !matches!(n, Ok(n) if n > 0) {
-                        break;
-                    }
-                    session.daemon_sent(&line);
-                    if write_line(&mut stdout, &line).await.is_err() {
-                        return Ok(());
-                    }
-                    line.clear();
-                }
+        let over = if params.handover {
+            handed_over(client, &mut session).await
+        } else {
+            relayed(client, &mut agent, &mut stdout, &mut session).await
+        };
+        match over {
+            Over::AgentDone => return Ok(()),
+            Over::Refused(why) => {
+                tracing::info!("relaying this session: {why}");
+                params.handover = false;
+                client = attach(socket, &params).await?;
+                continue;
             }
+            Over::Lost => {}
         }
         // Lost: every open request is answered now.
         for id in std::mem::take(&mut session.open) {
@@ -145,14 +147,11 @@ pub async fn relay(socket: &Path, params: AttachParams) -> Result<(), ClientErro
             }
         }
         // Back when the daemon is: meanwhile each request is refused.
-        let resume = AttachParams {
-            resume: session.init.clone(),
-            ..params.clone()
-        };
         let mut backoff = Duration::from_millis(50);
         client = loop {
             let retry = tokio::time::sleep(backoff);
             tokio::pin!(retry);
+            let mut from_agent = Vec::new();
             loop {
                 tokio::select! {
                     _ = &mut retry => break,
@@ -170,12 +169,93 @@ pub async fn relay(socket: &Path, params: AttachParams) -> Result<(), ClientErro
                     }
                 }
             }
+            // The daemon may take the descriptors again only if this
+            // process holds nothing the agent sent.
+            let resume = AttachParams {
+                resume: session.init.clone(),
+                handover: params.handover && agent.buffer().is_empty(),
+                ..params.clone()
+            };
             match attach(socket, &resume).await {
-                Ok(client) => break client,
+                Ok(client) => {
+                    params.handover = resume.handover;
+                    break client;
+                }
                 Err(ClientError::Rpc(e)) => return Err(ClientError::Rpc(e)),
                 Err(e) => tracing::debug!("the daemon is not back yet: {e}"),
             }
             backoff = (backoff * 2).min(Duration::from_secs(2));
         };
+    }
+}
+
+/// The daemon serves the session on the agent's stdin and stdout, sent to
+/// it now; this process follows the daemon's notes until the session or
+/// the connection ends.
+async fn handed_over(client: Client, session: &mut Session) -> Over {
+    // Kept until the end: closing it would tell the daemon this process is gone.
+    let (mut notes, to_daemon) = client.into_parts();
+    if let Err(e) = crate::stdio::send_stdio(to_daemon.as_ref()).await {
+        tracing::debug!("could not hand stdin and stdout to the daemon: {e}");
+        return Over::Lost;
+    }
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if !matches!(notes.read_line(&mut line).await, Ok(n) if n > 0) {
+            return Over::Lost;
+        }
+        match serde_json::from_str::<HandoverNote>(line.trim()) {
+            Ok(HandoverNote::Taken) => {}
+            Ok(HandoverNote::Refused(why)) => return Over::Refused(why),
+            Ok(HandoverNote::Initialized(init)) => session.init = Some(init),
+            Ok(HandoverNote::Open(id)) => {
+                tracing::debug!("request {id} is open at the daemon");
+                session.open.insert(id.to_string());
+            }
+            Ok(HandoverNote::Closed(id)) => {
+                session.open.remove(&id.to_string());
+            }
+            Ok(HandoverNote::Ended) => return Over::AgentDone,
+            Err(e) => tracing::debug!("an unknown note from the daemon: {e}"),
+        }
+    }
+}
+
+/// Relays lines between the agent and the daemon.
+async fn relayed(
+    client: Client,
+    agent: &mut BufReader<crate::stdio::Reader>,
+    stdout: &mut crate::stdio::Writer,
+    session: &mut Session,
+) -> Over {
+    let (mut from_daemon, mut to_daemon) = client.into_parts();
+    let (mut from_agent, mut line) = (Vec::new(), Vec::new());
+    loop {
+        tokio::select! {
+            n = agent.read_until(b'\n', &mut from_agent) => {
+                if matches!(n, Ok(0) | Err(_)) {
+                    // The agent is done: the daemon ends the session.
+                    let _ = to_daemon.shutdown().await;
+                    return Over::AgentDone;
+                }
+                session.agent_sent(&from_agent);
+                let sent = write_line(&mut to_daemon, &from_agent).await;
+                from_agent.clear();
+                if sent.is_err() {
+                    return Over::Lost;
+                }
+            }
+            n = from_daemon.read_until(b'\n', &mut line) => {
+                if !matches!(n, Ok(n) if n > 0) {
+                    return Over::Lost;
+                }
+                session.daemon_sent(&line);
+                if write_line(stdout, &line).await.is_err() {
+                    return Over::AgentDone;
+                }
+                line.clear();
+            }
+        }
     }
 }

@@ -647,6 +647,32 @@ pub struct AttachParams {
     /// that has since restarted: served as already initialized.
     #[serde(default)]
     pub resume: Option<Value>,
+    /// The client sends its stdin and stdout (`SCM_RIGHTS`) after the
+    /// answer, and the daemon serves the session on them; the connection
+    /// then carries only [`HandoverNote`]s.
+    #[serde(default)]
+    pub handover: bool,
+}
+
+/// What the daemon tells `bundlevisor mcp` on the connection of a session
+/// it serves on the agent's own stdio (`gateway.attach` with `handover`),
+/// a JSON line each.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HandoverNote {
+    /// The daemon serves the session on the descriptors from now on.
+    Taken,
+    /// The descriptors cannot be served (the reason): the client relays.
+    Refused(String),
+    /// The agent's `initialize` params, for resuming after a restart.
+    Initialized(Value),
+    /// A request of the agent (its id) has waited a while: if the daemon
+    /// goes away before [`HandoverNote::Closed`], the client answers it.
+    Open(Value),
+    /// The request was answered.
+    Closed(Value),
+    /// The agent closed its side: the session is over.
+    Ended,
 }
 
 /// `gateway.profile`.

@@ -317,17 +317,32 @@ impl Daemon {
     /// (an agent's end of the stdio gateway), killed when dropped. Call it
     /// inside a tokio runtime.
     pub fn spawn_mcp(&self, args: &[&str]) -> tokio::process::Child {
-        tokio::process::Command::new(BIN)
+        self.mcp_command(args)
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap()
+    }
+
+    /// The same, its debug log written to `log`.
+    pub fn spawn_mcp_logged(&self, args: &[&str], log: &Path) -> tokio::process::Child {
+        self.mcp_command(args)
+            .env("RUST_LOG", "bundlevisor=debug")
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap()
+    }
+
+    fn mcp_command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut command = tokio::process::Command::new(BIN);
+        command
             .arg("--socket")
             .arg(&self.socket)
             .arg("mcp")
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap()
+            .kill_on_drop(true);
+        command
     }
 
     pub fn raw(&self) -> Raw {
@@ -466,7 +481,7 @@ pub fn is_zombie(pid: u32) -> bool {
 }
 
 pub struct Raw {
-    stream: UnixStream,
+    pub stream: UnixStream,
     pub reader: BufReader<UnixStream>,
 }
 

@@ -9,6 +9,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use ractor::ActorRef;
 use rmcp::model::ProgressNotificationParam;
+use rmcp::service::RunningService;
+use rmcp::RoleServer;
 use serde_json::Value;
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -81,6 +83,23 @@ pub(super) async fn serve_attached<R, W>(
     R: tokio::io::AsyncRead + Send + Unpin + 'static,
     W: tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
+    let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(read, write);
+    if let Some(service) = start(transport, p, profile, ctx).await {
+        let _ = service.waiting().await;
+    }
+}
+
+/// A stdio gateway session on `transport`: a new one, or one the agent
+/// began with a daemon that has since restarted (`p.resume`).
+pub(super) async fn start<T>(
+    transport: T,
+    p: AttachParams,
+    profile: Option<crate::config::Profile>,
+    ctx: &Ctx,
+) -> Option<RunningService<RoleServer, Gateway>>
+where
+    T: rmcp::transport::Transport<RoleServer> + 'static,
+{
     use rmcp::ServiceExt;
     let gateway = Gateway::new(
         backend(ctx.daemon.clone(), ctx.shared.clone()),
@@ -90,29 +109,25 @@ pub(super) async fn serve_attached<R, W>(
             .map(Duration::from_millis)
             .unwrap_or(crate::gateway::DEFAULT_WAIT_READY),
     );
-    let service = match p.resume {
-        // The agent initialized with a daemon that has since restarted.
+    match p.resume {
         Some(resume) => {
-            let Ok(init) = serde_json::from_value::<rmcp::model::InitializeRequestParams>(resume)
-            else {
-                return;
-            };
-            let service = rmcp::service::serve_directly(gateway.clone(), (read, write), Some(init));
+            let init =
+                serde_json::from_value::<rmcp::model::InitializeRequestParams>(resume).ok()?;
+            let service = rmcp::service::serve_directly(gateway.clone(), transport, Some(init));
             // Its lists may have changed while no daemon served it.
             let peer = service.peer().clone();
             let _ = peer.notify_tool_list_changed().await;
             let _ = peer.notify_prompt_list_changed().await;
             let _ = peer.notify_resource_list_changed().await;
             gateway.watch(peer);
-            service
+            Some(service)
         }
-        None => match gateway.serve((read, write)).await {
-            Ok(service) => service,
+        None => match gateway.serve(transport).await {
+            Ok(service) => Some(service),
             Err(e) => {
                 tracing::debug!(workspace = %p.workspace, "a stdio gateway session did not start: {e}");
-                return;
+                None
             }
         },
-    };
-    let _ = service.waiting().await;
+    }
 }

@@ -42,6 +42,7 @@ mod call;
 mod credentials;
 mod files;
 mod gateway;
+mod handover;
 mod install;
 mod local;
 mod logs;
@@ -527,7 +528,18 @@ async fn connection(stream: UnixStream, mut ctx: Ctx) {
     drop(out);
     // Whatever the agent sent after its request is still in the reader.
     let read = lines.into_inner();
-    local::serve_attached(read, write, params, profile, &ctx).await;
+    if !params.handover {
+        local::serve_attached(read, write, params, profile, &ctx).await;
+        return;
+    }
+    // The client sends its descriptors after the answer, and nothing else.
+    if !read.buffer().is_empty() {
+        tracing::debug!("gateway.attach with handover: bytes came before the descriptors");
+        return;
+    }
+    if let Ok(stream) = read.into_inner().reunite(write) {
+        handover::serve(stream, params, profile, ctx).await;
+    }
 }
 
 fn respond(id: Value, result: Result<Value, RpcError>) -> Response {
