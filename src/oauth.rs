@@ -1,38 +1,63 @@
-//! The OAuth 2.1 client of remote bundles: discovery (RFC 9728 protected
-//! resource metadata, RFC 8414 authorization server metadata), dynamic
-//! client registration (RFC 7591), the refresh-token, client-credentials
-//! and authorization-code + PKCE (S256) grants, each with the RFC 8707
-//! `resource` parameter naming the MCP server, as the MCP authorization
-//! spec asks.
+//! The OAuth client of remote bundles, on rmcp's `AuthorizationManager`
+//! (the MCP Rust SDK's implementation of the MCP authorization spec):
+//!
+//! - discovery in the spec's order: the 401 challenge's
+//!   `resource_metadata`, the protected-resource metadata's well-known URLs
+//!   (path-inserted, then root), authorization-server metadata by RFC 8414
+//!   and OpenID Connect discovery for issuers with and without a path, and
+//!   the 2025-03-26 endpoints (`/authorize`, `/token`, `/register` at the
+//!   server's origin) when nothing is published;
+//! - the client identity in the spec's order: the bundle file's
+//!   `auth.client_id`, a client ID metadata document
+//!   (`auth.client_metadata_url`) when the server supports them, dynamic
+//!   registration otherwise;
+//! - the token endpoint's authentication from the server's
+//!   `token_endpoint_auth_methods_supported` (`client_secret_basic`,
+//!   `client_secret_post`, `none`; `private_key_jwt` for the
+//!   client-credentials grant), PKCE S256 and the RFC 8707 `resource` on
+//!   every request, and the scopes of the challenge, else the server's
+//!   `scopes_supported`, else none.
+//!
+//! What stays ours, and why:
+//!
+//! - [`Http`], the HTTP client every OAuth request goes through: each URL
+//!   passes the https-or-loopback rule of [`crate::remote_http::check_url`]
+//!   before anything is sent (rmcp lets plain http reach public hosts), no
+//!   redirect is ever followed (rmcp's registration follows them), answers
+//!   are bounded, an event stream is not read, and it remembers an OAuth
+//!   error answer so a refused grant is told from a network failure
+//!   (rmcp's client-credentials and exchange errors are plain strings).
+//! - `auth.authorization_server`, an issuer the operator names: rmcp has
+//!   no way to take one, so its metadata is fetched here.
+//! - Which grant is tried when, and what the daemon does about a 401 (one
+//!   rebuild for many failed calls, `needs_auth`): the bundle's actor.
+//! - Error texts: the secrets a request carried are masked in them.
 //!
 //! Nothing here stores or logs a token: callers get [`TokenSet`]s and keep
-//! them in the encrypted store. Error texts carry the server's `error` code
-//! and description, never a request body, and the secrets a request carried
-//! are masked in them.
-//!
-//! Every URL the client fetches or posts to — the challenge's
-//! `resource_metadata`, the advertised authorization servers, the
-//! discovered endpoints — passes the https-or-loopback rule of
-//! [`crate::remote_http::check_url`] before anything is sent; redirects
-//! are never followed. Metadata must belong to the server it was fetched
-//! for: the protected-resource metadata's `resource` is the MCP server's
-//! URL (RFC 9728 §3.3), the authorization-server metadata's `issuer` is the
-//! issuer its URL was built from (RFC 8414 §3.3).
+//! them in the encrypted store.
 
-use base64::Engine;
-use chacha20poly1305::aead::rand_core::RngCore;
-use chacha20poly1305::aead::OsRng;
+use std::sync::{Arc, Mutex};
+
+use rmcp::transport::auth::{
+    AuthorizationMetadata, AuthorizationRequest, AuthorizationSession, ClientCredentialsConfig,
+    JwtSigningAlgorithm, OAuthClientConfig, OAuthTokenResponse,
+};
+use rmcp::transport::{
+    AuthError, AuthorizationManager, CredentialStore, InMemoryCredentialStore, OAuthHttpClient,
+    OAuthHttpClientError, OAuthHttpClientFuture, OAuthHttpRequest, StoredCredentials,
+};
 use serde::Deserialize;
-use sha2::{Digest, Sha256};
+use serde_json::{json, Value};
 
 use crate::manifest::{AuthPlan, RemotePlan};
 use crate::remote_http::UrlRefused;
 use crate::secret::{Redactor, Secret};
 use crate::store::TokenSet;
 
-const PRM_PATH: &str = "/.well-known/oauth-protected-resource";
 const ASM_PATH: &str = "/.well-known/oauth-authorization-server";
 const OIDC_PATH: &str = "/.well-known/openid-configuration";
+/// OAuth answers larger than this are refused.
+const MAX_ANSWER_BYTES: usize = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum OAuthError {
@@ -71,39 +96,38 @@ fn checked(what: &'static str, url: &str) -> Result<url::Url, OAuthError> {
     })
 }
 
-/// Where to ask for tokens.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Endpoints {
-    pub issuer: String,
-    pub authorization_endpoint: Option<String>,
-    pub token_endpoint: String,
-    pub registration_endpoint: Option<String>,
+/// The HTTP client of every OAuth request (see the module's text).
+#[derive(Clone)]
+pub struct Http(Arc<HttpInner>);
+
+struct HttpInner {
+    client: reqwest::Client,
+    /// The first refusal of the https-or-loopback rule, and the last OAuth
+    /// error answer, since [`Http::forget`].
+    seen: Mutex<Seen>,
 }
 
-#[derive(Deserialize)]
-struct ResourceMetadata {
-    /// Required by RFC 9728 §2; checked against the MCP server's URL.
-    #[serde(default)]
-    resource: Option<String>,
-    #[serde(default)]
-    authorization_servers: Vec<String>,
+#[derive(Default)]
+struct Seen {
+    insecure: Option<(String, UrlRefused)>,
+    refusal: Option<(String, Option<String>)>,
+    /// The last URL asked and what went wrong with it.
+    failure: Option<(String, String)>,
 }
 
-#[derive(Deserialize)]
-struct ServerMetadata {
-    issuer: Option<String>,
-    authorization_endpoint: Option<String>,
-    token_endpoint: String,
-    registration_endpoint: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct TokenResponse {
-    access_token: String,
-    #[serde(default)]
-    refresh_token: Option<String>,
-    #[serde(default)]
-    expires_in: Option<i64>,
+/// A plain HTTP client for OAuth requests: no redirects followed (a token
+/// or registration endpoint that redirects is refused, a metadata URL that
+/// redirects counts as absent), bounded time.
+pub fn http_client() -> Http {
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(std::time::Duration::from_secs(30))
+        .build()
+        .expect("a reqwest client with static settings builds");
+    Http(Arc::new(HttpInner {
+        client,
+        seen: Mutex::default(),
+    }))
 }
 
 #[derive(Deserialize)]
@@ -113,11 +137,242 @@ struct ErrorResponse {
     error_description: Option<String>,
 }
 
-#[derive(Deserialize)]
-struct Registration {
-    client_id: String,
-    #[serde(default)]
-    client_secret: Option<String>,
+impl Http {
+    fn seen(&self) -> std::sync::MutexGuard<'_, Seen> {
+        self.0.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn forget(&self) {
+        *self.seen() = Seen::default();
+    }
+
+    /// The error to report for what rmcp returned: what this client saw
+    /// first (a refused URL, an OAuth error answer, a network failure),
+    /// else rmcp's own words.
+    fn explain(&self, e: AuthError) -> OAuthError {
+        let seen = std::mem::take(&mut *self.seen());
+        if let Some((url, reason)) = seen.insecure {
+            return OAuthError::InsecureUrl {
+                what: "the OAuth URL",
+                url,
+                reason,
+            };
+        }
+        if let Some((error, description)) = seen.refusal {
+            return OAuthError::Refused { error, description };
+        }
+        match e {
+            AuthError::AuthorizationServerMismatch {
+                expected_issuer,
+                received_issuer,
+            } => OAuthError::Mismatch(format!(
+                "the authorization server metadata names issuer {received_issuer:?}, not {expected_issuer} (RFC 8414 §3.3); refusing it, so nothing is sent to its endpoints — if {received_issuer:?} is the right authorization server, set auth.authorization_server to it in the bundle file"
+            )),
+            AuthError::AuthorizationServerMissingIssuer { expected_issuer } => OAuthError::Mismatch(format!(
+                "the authorization server metadata of {expected_issuer} names no issuer (required by RFC 8414 §2); refusing it, so nothing is sent to its endpoints"
+            )),
+            AuthError::ProtectedResourceMetadataInvalid { url, reason } => OAuthError::Mismatch(format!(
+                "the protected-resource metadata at {url} is unusable: {reason} (RFC 9728 §3.3); refusing it and the authorization servers it names — the MCP server or its metadata is misconfigured, or the metadata is not its own"
+            )),
+            AuthError::AuthorizationServersUnavailable { resource_metadata_url, authorization_servers } => OAuthError::Mismatch(format!(
+                "the protected-resource metadata at {resource_metadata_url} names the authorization servers {}, and none of them published usable metadata for its issuer (RFC 8414 §3.3); nothing was sent to their endpoints",
+                authorization_servers.join(", ")
+            )),
+            AuthError::PkceUnsupported => OAuthError::Unsupported(
+                "the authorization server does not support PKCE with S256, which the MCP authorization spec requires".into(),
+            ),
+            other => match seen.failure {
+                Some((url, message)) => OAuthError::Http { url, message },
+                None => OAuthError::Discovery(other.to_string()),
+            },
+        }
+    }
+}
+
+impl OAuthHttpClient for Http {
+    fn execute(&self, request: OAuthHttpRequest) -> OAuthHttpClientFuture<'_> {
+        Box::pin(async move {
+            let url = request.request.uri().to_string();
+            if let Err(reason) = crate::remote_http::check_url(&url) {
+                let mut seen = self.seen();
+                if seen.insecure.is_none() {
+                    seen.insecure = Some((url.clone(), reason.clone()));
+                }
+                return Err(Box::new(OAuthError::InsecureUrl {
+                    what: "the OAuth URL",
+                    url,
+                    reason,
+                }) as _);
+            }
+            let failed = |message: String| -> OAuthHttpClientError {
+                self.seen().failure = Some((url.clone(), message.clone()));
+                Box::new(OAuthError::Http {
+                    url: url.clone(),
+                    message,
+                })
+            };
+            let request =
+                reqwest::Request::try_from(request.request).map_err(|e| failed(e.to_string()))?;
+            let mut response = self
+                .0
+                .client
+                .execute(request)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            let status = response.status();
+            let mut answer = axum::http::Response::builder().status(status);
+            for (name, value) in response.headers() {
+                answer = answer.header(name, value);
+            }
+            // An event stream (an MCP server answering a probe) is not read.
+            let stream = response
+                .headers()
+                .get(reqwest::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("text/event-stream"));
+            let mut body = Vec::new();
+            if !stream {
+                while let Some(chunk) = response.chunk().await.map_err(|e| failed(e.to_string()))? {
+                    if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+                        return Err(failed(format!(
+                            "the answer is larger than {MAX_ANSWER_BYTES} bytes"
+                        )));
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+            }
+            if status.is_redirection() {
+                let to = response
+                    .headers()
+                    .get(reqwest::header::LOCATION)
+                    .and_then(|l| l.to_str().ok())
+                    .unwrap_or("(no location)")
+                    .to_string();
+                self.seen().failure = Some((url.clone(), format!(
+                    "HTTP {status} redirect to {to}, which is not followed: OAuth requests go only to the URLs the metadata names"
+                )));
+            } else if status.is_client_error() {
+                if let Ok(e) = serde_json::from_slice::<ErrorResponse>(&body) {
+                    self.seen().refusal = Some((e.error, e.error_description));
+                }
+            } else if !status.is_success() {
+                self.seen().failure = Some((url.clone(), format!("HTTP {status}")));
+            }
+            answer.body(body).map_err(|e| failed(e.to_string()))
+        })
+    }
+}
+
+/// `resource_metadata="URL"` from a `WWW-Authenticate: Bearer` challenge.
+pub fn resource_metadata_from_challenge(challenge: &str) -> Option<String> {
+    let at = challenge.find("resource_metadata=")?;
+    let rest = &challenge[at + "resource_metadata=".len()..];
+    let value = match rest.strip_prefix('"') {
+        Some(quoted) => quoted.split('"').next()?,
+        None => rest.split([',', ' ']).next()?,
+    };
+    (!value.is_empty()).then(|| value.to_string())
+}
+
+/// A well-known URL for `base` (RFC 8414 §3.1: the well-known segment goes
+/// between the host and the path).
+fn well_known(base: &url::Url, suffix: &str) -> String {
+    let path = base.path().trim_end_matches('/');
+    format!("{}{suffix}{path}", base.origin().ascii_serialization())
+}
+
+/// The same issuer: URLs compared after parsing, so `https://a.example`
+/// and `https://a.example/` match but another path, host, port or scheme
+/// does not.
+fn same_identifier(a: &url::Url, b: &str) -> bool {
+    url::Url::parse(b).is_ok_and(|b| &b == a)
+}
+
+/// The metadata of an issuer the operator named (`auth.authorization_server`).
+async fn configured_issuer(http: &Http, issuer: &str) -> Result<AuthorizationMetadata, OAuthError> {
+    let issuer_url = checked("the authorization server", issuer)?;
+    for url in [
+        well_known(&issuer_url, ASM_PATH),
+        well_known(&issuer_url, OIDC_PATH),
+        format!("{}{OIDC_PATH}", issuer.trim_end_matches('/')),
+    ] {
+        let response = http
+            .0
+            .client
+            .get(&url)
+            .header("accept", "application/json")
+            .send()
+            .await
+            .map_err(|e| OAuthError::Http {
+                url: url.clone(),
+                message: e.to_string(),
+            })?;
+        if !response.status().is_success() {
+            continue;
+        }
+        let meta: AuthorizationMetadata = response.json().await.map_err(|e| OAuthError::Http {
+            url: url.clone(),
+            message: format!("unusable metadata: {e}"),
+        })?;
+        match meta.issuer.as_deref() {
+            Some(named) if same_identifier(&issuer_url, named) => return Ok(meta),
+            Some(named) => return Err(OAuthError::Mismatch(format!(
+                "the authorization server metadata at {url} names issuer {named:?}, not {issuer} (RFC 8414 §3.3); refusing it, so nothing is sent to its endpoints"
+            ))),
+            None => return Err(OAuthError::Mismatch(format!(
+                "the authorization server metadata at {url} names no issuer (required by RFC 8414 §2); refusing it, so nothing is sent to its endpoints"
+            ))),
+        }
+    }
+    Err(OAuthError::Discovery(format!(
+        "no authorization server metadata at {issuer} (tried {ASM_PATH} and {OIDC_PATH})"
+    )))
+}
+
+/// A manager for the MCP server of `plan`, its authorization server found.
+async fn manager(
+    http: &Http,
+    plan: &RemotePlan,
+    challenge: Option<&str>,
+) -> Result<AuthorizationManager, OAuthError> {
+    checked("the MCP server URL", &plan.url)?;
+    // rmcp skips a challenge's metadata URL it will not fetch and goes on
+    // discovering; a challenge pointing at plain http is refused instead.
+    if let Some(url) = challenge.and_then(resource_metadata_from_challenge) {
+        checked(
+            "the resource_metadata URL of the server's 401 challenge",
+            &url,
+        )?;
+    }
+    http.forget();
+    let mut manager =
+        AuthorizationManager::new_with_oauth_http_client(plan.url.as_str(), Arc::new(http.clone()))
+            .await
+            .map_err(|e| http.explain(e))?;
+    let metadata = match plan
+        .auth
+        .as_ref()
+        .and_then(|a| a.authorization_server.as_deref())
+    {
+        Some(issuer) => configured_issuer(http, issuer).await?,
+        None => {
+            manager
+                .resolve_metadata_from_challenge(challenge)
+                .await
+                .map_err(|e| http.explain(e))?
+                .metadata
+        }
+    };
+    checked("the token endpoint", &metadata.token_endpoint)?;
+    checked(
+        "the authorization endpoint",
+        &metadata.authorization_endpoint,
+    )?;
+    if let Some(endpoint) = &metadata.registration_endpoint {
+        checked("the registration endpoint", endpoint)?;
+    }
+    manager.set_metadata(metadata);
+    Ok(manager)
 }
 
 /// The client identity used at the token endpoint: the bundle file's
@@ -143,292 +398,52 @@ impl ClientId {
     }
 }
 
-/// A plain HTTP client for OAuth requests: no redirects followed (a token
-/// or registration endpoint that redirects is refused, a metadata URL that
-/// redirects counts as absent), bounded time.
-pub fn http_client() -> reqwest::Client {
-    reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .timeout(std::time::Duration::from_secs(30))
-        .build()
-        .expect("a reqwest client with static settings builds")
+/// A token answer as our [`TokenSet`] (the client fields left empty).
+fn token_set(answer: &impl serde::Serialize) -> Result<TokenSet, OAuthError> {
+    let v = serde_json::to_value(answer).unwrap_or_default();
+    let text = |k: &str| v.get(k).and_then(Value::as_str).map(str::to_string);
+    let access = text("access_token").ok_or_else(|| OAuthError::Http {
+        url: "the token endpoint".into(),
+        message: "the token answer has no access_token".into(),
+    })?;
+    Ok(TokenSet {
+        access_token: Some(Secret::new(access)),
+        refresh_token: text("refresh_token").map(Secret::new),
+        expires_at: v
+            .get("expires_in")
+            .and_then(Value::as_i64)
+            .map(|s| crate::clock::unix_secs() + s),
+        client_id: None,
+        client_secret: None,
+    })
 }
 
-fn http_err(url: &str, e: impl std::fmt::Display) -> OAuthError {
-    OAuthError::Http {
-        url: url.to_string(),
-        message: e.to_string(),
+/// The scopes asked for by the client-credentials grant: the bundle file's,
+/// else the challenge's, else the protected resource's `scopes_supported`,
+/// else none (a token for an application has no use for `offline_access`).
+async fn client_credentials_scopes(auth: &AuthPlan, manager: &AuthorizationManager) -> Vec<String> {
+    if !auth.scopes.is_empty() {
+        return auth.scopes.clone();
     }
+    let mut scopes = manager.select_initial_scopes(&[]).await;
+    scopes.retain(|s| s != "offline_access");
+    scopes
 }
 
-/// An error for a redirect answer (the client follows none), naming where
-/// it pointed.
-fn redirected(url: &str, response: &reqwest::Response) -> OAuthError {
-    let to = response
-        .headers()
-        .get(reqwest::header::LOCATION)
-        .and_then(|l| l.to_str().ok())
-        .unwrap_or("(no location)");
-    http_err(
-        url,
-        format!(
-            "HTTP {} redirect to {to}, which is not followed: OAuth requests go only to the URLs the metadata names",
-            response.status()
-        ),
-    )
-}
-
-/// Fetches JSON metadata; `Ok(None)` when the server has none there (any
-/// answer but 2xx, including a redirect, which is not followed).
-async fn get_json<T: for<'de> Deserialize<'de>>(
-    http: &reqwest::Client,
-    what: &'static str,
-    url: &str,
-) -> Result<Option<T>, OAuthError> {
-    checked(what, url)?;
-    let response = http
-        .get(url)
-        .header("accept", "application/json")
-        .send()
-        .await
-        .map_err(|e| http_err(url, e))?;
-    if !response.status().is_success() {
-        return Ok(None);
+/// The `scope` of a `WWW-Authenticate: Bearer` challenge.
+pub fn challenge_scope(challenge: &str) -> Option<Vec<String>> {
+    let at = challenge.find("scope=")?;
+    let before = challenge[..at].chars().last();
+    if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+        return None;
     }
-    response
-        .json::<T>()
-        .await
-        .map(Some)
-        .map_err(|e| http_err(url, format!("unusable metadata: {e}")))
-}
-
-/// `resource_metadata="URL"` from a `WWW-Authenticate: Bearer` challenge.
-pub fn resource_metadata_from_challenge(challenge: &str) -> Option<String> {
-    let at = challenge.find("resource_metadata=")?;
-    let rest = &challenge[at + "resource_metadata=".len()..];
+    let rest = &challenge[at + "scope=".len()..];
     let value = match rest.strip_prefix('"') {
         Some(quoted) => quoted.split('"').next()?,
         None => rest.split([',', ' ']).next()?,
     };
-    (!value.is_empty()).then(|| value.to_string())
-}
-
-/// A well-known URL for `base` (RFC 8414 §3.1: the well-known segment goes
-/// between the host and the path).
-fn well_known(base: &url::Url, suffix: &str) -> String {
-    let path = base.path().trim_end_matches('/');
-    format!("{}{suffix}{path}", base.origin().ascii_serialization())
-}
-
-/// The same resource or issuer identifier: URLs compared after parsing, so
-/// `https://a.example` and `https://a.example/` match but another path,
-/// host, port or scheme does not.
-fn same_identifier(a: &url::Url, b: &str) -> bool {
-    url::Url::parse(b).is_ok_and(|b| &b == a)
-}
-
-/// The authorization server named by the MCP server's protected-resource
-/// metadata (RFC 9728), or its own origin when it publishes none.
-async fn resource_issuer(
-    http: &reqwest::Client,
-    resource: &url::Url,
-    challenge: Option<&str>,
-) -> Result<String, OAuthError> {
-    let origin = url::Url::parse(&resource.origin().ascii_serialization())
-        .map_err(|e| OAuthError::Discovery(format!("{resource}: {e}")))?;
-    // Each candidate with the resource identifiers its metadata may name:
-    // the one the well-known URL was built from (§3.3), and for the
-    // challenge the URL of the request that got the 401 (§3.3, §5).
-    let mut candidates: Vec<(&'static str, String, Vec<&url::Url>)> = Vec::new();
-    if let Some(url) = challenge.and_then(resource_metadata_from_challenge) {
-        candidates.push((
-            "the resource_metadata URL of the server's 401 challenge",
-            url,
-            vec![resource],
-        ));
-    }
-    candidates.push((
-        "the protected-resource metadata URL",
-        well_known(resource, PRM_PATH),
-        vec![resource],
-    ));
-    candidates.push((
-        "the protected-resource metadata URL",
-        format!("{}{PRM_PATH}", resource.origin().ascii_serialization()),
-        vec![resource, &origin],
-    ));
-    let mut tried = Vec::new();
-    for (what, url, identifiers) in candidates {
-        if tried.contains(&url) {
-            continue;
-        }
-        let Some(meta) = get_json::<ResourceMetadata>(http, what, &url).await? else {
-            tried.push(url);
-            continue;
-        };
-        let named = meta.resource.as_deref();
-        if !named.is_some_and(|n| identifiers.iter().any(|id| same_identifier(id, n))) {
-            let named = match named {
-                Some(n) => format!("is for resource {n:?}"),
-                None => "names no resource (required by RFC 9728 §2)".to_string(),
-            };
-            return Err(OAuthError::Mismatch(format!(
-                "the protected-resource metadata at {url} {named}, not {resource} (RFC 9728 §3.3); refusing it and the authorization servers it names — the MCP server or its metadata is misconfigured, or the metadata is not its own"
-            )));
-        }
-        if meta.authorization_servers.is_empty() {
-            tried.push(url);
-            continue;
-        }
-        // Only an authorization server that passes the rule is used.
-        let mut refused = Vec::new();
-        for server in meta.authorization_servers {
-            match checked("the authorization server", &server) {
-                Ok(_) => return Ok(server),
-                Err(e) => refused.push(e.to_string()),
-            }
-        }
-        return Err(OAuthError::Discovery(format!(
-            "the protected-resource metadata at {url} names no usable authorization server: {}",
-            refused.join("; ")
-        )));
-    }
-    // Servers without protected-resource metadata: the MCP server's
-    // origin is its own authorization server (MCP 2025-03-26).
-    Ok(resource.origin().ascii_serialization())
-}
-
-/// Finds the authorization server of the MCP server at `resource`.
-pub async fn discover(
-    http: &reqwest::Client,
-    resource: &str,
-    configured_issuer: Option<&str>,
-    challenge: Option<&str>,
-) -> Result<Endpoints, OAuthError> {
-    let resource_url = checked("the MCP server URL", resource)?;
-    let issuer = match configured_issuer {
-        Some(i) => i.to_string(),
-        None => resource_issuer(http, &resource_url, challenge).await?,
-    };
-    let issuer_url = checked("the authorization server", &issuer)?;
-    for url in [
-        well_known(&issuer_url, ASM_PATH),
-        well_known(&issuer_url, OIDC_PATH),
-        format!("{}{OIDC_PATH}", issuer.trim_end_matches('/')),
-    ] {
-        let what = "the authorization server metadata URL";
-        if let Some(meta) = get_json::<ServerMetadata>(http, what, &url).await? {
-            // RFC 8414 §3.3 (and OpenID Connect Discovery §4.3): the issuer
-            // is the one the metadata URL was built from.
-            match meta.issuer.as_deref() {
-                Some(named) if same_identifier(&issuer_url, named) => {}
-                Some(named) => return Err(OAuthError::Mismatch(format!(
-                    "the authorization server metadata at {url} names issuer {named:?}, not {issuer} (RFC 8414 §3.3); refusing it, so nothing is sent to its endpoints — if {named:?} is the right authorization server, set auth.authorization_server to it in the bundle file"
-                ))),
-                None => return Err(OAuthError::Mismatch(format!(
-                    "the authorization server metadata at {url} names no issuer (required by RFC 8414 §2); refusing it, so nothing is sent to its endpoints"
-                ))),
-            }
-            checked("the token endpoint", &meta.token_endpoint)?;
-            for (what, endpoint) in [
-                ("the authorization endpoint", &meta.authorization_endpoint),
-                ("the registration endpoint", &meta.registration_endpoint),
-            ] {
-                if let Some(endpoint) = endpoint {
-                    checked(what, endpoint)?;
-                }
-            }
-            return Ok(Endpoints {
-                issuer,
-                authorization_endpoint: meta.authorization_endpoint,
-                token_endpoint: meta.token_endpoint,
-                registration_endpoint: meta.registration_endpoint,
-            });
-        }
-    }
-    Err(OAuthError::Discovery(format!(
-        "no authorization server metadata at {issuer} (tried {ASM_PATH} and {OIDC_PATH})"
-    )))
-}
-
-/// Form fields of a token request that are secrets.
-const SECRET_FIELDS: &[&str] = &["client_secret", "refresh_token", "code", "code_verifier"];
-
-/// Posts a token request; `form` holds the grant's own parameters.
-async fn token_request(
-    http: &reqwest::Client,
-    endpoints: &Endpoints,
-    client: &ClientId,
-    resource: &str,
-    mut form: Vec<(&str, String)>,
-) -> Result<TokenSet, OAuthError> {
-    if let Some(id) = &client.id {
-        form.push(("client_id", id.clone()));
-    }
-    if let Some(secret) = &client.secret {
-        form.push(("client_secret", secret.expose().to_string()));
-    }
-    form.push(("resource", resource.to_string()));
-    let url = &endpoints.token_endpoint;
-    checked("the token endpoint", url)?;
-    // What the request carried stays out of any error text about it.
-    let redactor = Redactor::new(
-        form.iter()
-            .filter(|(k, _)| SECRET_FIELDS.contains(k))
-            .map(|(_, v)| Secret::new(v.clone())),
-    );
-    let masked = |e: OAuthError| -> OAuthError {
-        let mask = |t: String| redactor.redact(&t).into_owned();
-        match e {
-            OAuthError::Refused { error, description } => OAuthError::Refused {
-                error: mask(error),
-                description: description.map(mask),
-            },
-            OAuthError::Http { url, message } => OAuthError::Http {
-                url: mask(url),
-                message: mask(message),
-            },
-            other => other,
-        }
-    };
-    let sent = http
-        .post(url)
-        .header("accept", "application/json")
-        .form(&form)
-        .send()
-        .await;
-    for (_, value) in form.iter_mut() {
-        zeroize::Zeroize::zeroize(value);
-    }
-    let response = sent.map_err(|e| masked(http_err(url, e)))?;
-    let status = response.status();
-    if status.is_redirection() {
-        return Err(masked(redirected(url, &response)));
-    }
-    let body = response
-        .bytes()
-        .await
-        .map_err(|e| masked(http_err(url, e)))?;
-    if !status.is_success() {
-        return Err(masked(
-            match serde_json::from_slice::<ErrorResponse>(&body) {
-                Ok(e) => OAuthError::Refused {
-                    error: e.error,
-                    description: e.error_description,
-                },
-                Err(_) => http_err(url, format!("HTTP {status}")),
-            },
-        ));
-    }
-    let token: TokenResponse = serde_json::from_slice(&body)
-        .map_err(|e| masked(http_err(url, format!("unusable token response: {e}"))))?;
-    Ok(TokenSet {
-        access_token: Some(Secret::new(token.access_token)),
-        refresh_token: token.refresh_token.map(Secret::new),
-        expires_at: token.expires_in.map(|s| crate::clock::unix_secs() + s),
-        client_id: None,
-        client_secret: None,
-    })
+    let scopes: Vec<String> = value.split_whitespace().map(str::to_string).collect();
+    (!scopes.is_empty()).then_some(scopes)
 }
 
 /// What a silent attempt to get a token came to.
@@ -439,40 +454,80 @@ pub enum Silent {
     Interactive(String),
 }
 
+/// A redirect URI for grants that use none (rmcp's client needs one).
+const NO_REDIRECT: &str = "http://127.0.0.1/unused";
+
 /// Tries, in order, the stored refresh token and the client-credentials
 /// grant. `Err` is a failure worth retrying (network, discovery); a refused
 /// grant moves on to the next one.
 pub async fn obtain_silently(
-    http: &reqwest::Client,
+    http: &Http,
     plan: &RemotePlan,
     stored: &TokenSet,
     challenge: Option<&str>,
 ) -> Result<Silent, OAuthError> {
     let auth = plan.auth.as_ref();
     let client = ClientId::of(auth, stored);
-    let can_refresh = stored.refresh_token.is_some();
-    let can_client_credentials =
-        auth.is_some_and(|a| a.client_id.is_some() && a.client_secret.is_some());
-    if !can_refresh && !can_client_credentials {
+    let refresh = stored.refresh_token.as_ref().zip(client.id.as_ref());
+    let credentials = auth.and_then(|a| {
+        let id = a.client_id.as_ref()?;
+        if let Some(key) = &a.private_key {
+            return Some(Grant::Jwt(id, key, a.signing_alg));
+        }
+        a.client_secret.as_ref().map(|s| Grant::Secret(id, s))
+    });
+    if refresh.is_none() && credentials.is_none() {
         return Ok(Silent::Interactive(
             "no stored refresh token and no client credentials configured".into(),
         ));
     }
-    let endpoints = discover(
-        http,
-        &plan.url,
-        auth.and_then(|a| a.authorization_server.as_deref()),
-        challenge,
-    )
-    .await?;
+    let mut manager = manager(http, plan, challenge).await?;
+    // What the requests carried stays out of any error text about them.
+    let secrets = || {
+        Redactor::new(
+            [
+                stored.refresh_token.clone(),
+                client.secret.clone(),
+                auth.and_then(|a| a.private_key.clone()),
+            ]
+            .into_iter()
+            .flatten(),
+        )
+    };
+    let masked = |e: OAuthError| -> String { secrets().redact(&e.to_string()).into_owned() };
     let mut why = Vec::new();
-    if let Some(refresh) = &stored.refresh_token {
-        let form = vec![
-            ("grant_type", "refresh_token".to_string()),
-            ("refresh_token", refresh.expose().to_string()),
-        ];
-        match token_request(http, &endpoints, &client, &plan.url, form).await {
-            Ok(mut tokens) => {
+    if let Some((refresh, id)) = refresh {
+        let store = InMemoryCredentialStore::new();
+        let answer: OAuthTokenResponse = serde_json::from_value(json!({
+            "access_token": stored.access_token.as_ref().map(|t| t.expose().to_string()).unwrap_or_default(),
+            "token_type": "Bearer",
+            "refresh_token": refresh.expose(),
+        }))
+        .map_err(|e| OAuthError::Discovery(format!("a stored refresh token: {e}")))?;
+        store
+            .save(StoredCredentials::new(
+                id.clone(),
+                Some(answer),
+                Vec::new(),
+                None,
+            ))
+            .await
+            .map_err(|e| OAuthError::Discovery(e.to_string()))?;
+        manager.set_credential_store(store);
+        let mut config = OAuthClientConfig::new(id.clone(), NO_REDIRECT);
+        if let Some(secret) = &client.secret {
+            config = config.with_client_secret(secret.expose());
+        }
+        if let Some(scopes) = challenge.and_then(challenge_scope) {
+            manager.set_refresh_scopes(scopes);
+        }
+        manager
+            .configure_client(config)
+            .map_err(|e| http.explain(e))?;
+        http.forget();
+        match manager.refresh_token().await {
+            Ok(answer) => {
+                let mut tokens = token_set(&answer)?;
                 if tokens.refresh_token.is_none() {
                     tokens.refresh_token = stored.refresh_token.clone();
                 }
@@ -480,171 +535,195 @@ pub async fn obtain_silently(
                 tokens.client_secret = stored.client_secret.clone();
                 return Ok(Silent::Tokens(tokens));
             }
-            Err(e @ OAuthError::Refused { .. }) => why.push(format!("refresh token: {e}")),
-            Err(e) => return Err(e),
+            Err(e) => match http.explain(e) {
+                e @ OAuthError::Refused { .. } => why.push(format!("refresh token: {}", masked(e))),
+                e => return Err(mask(e, &secrets())),
+            },
         }
     }
-    if can_client_credentials {
-        let mut form = vec![("grant_type", "client_credentials".to_string())];
-        let scopes = auth.map(|a| a.scopes.join(" ")).unwrap_or_default();
-        if !scopes.is_empty() {
-            form.push(("scope", scopes));
-        }
-        match token_request(http, &endpoints, &client, &plan.url, form).await {
-            Ok(mut tokens) => {
+    if let (Some(grant), Some(auth)) = (credentials, auth) {
+        let scopes = client_credentials_scopes(auth, &manager).await;
+        let config = grant.config(scopes, &plan.url)?;
+        manager
+            .validate_client_credentials_metadata(&config)
+            .and_then(|()| manager.configure_client_credentials(&config))
+            .map_err(|e| OAuthError::Unsupported(format!("client credentials: {e}")))?;
+        http.forget();
+        match exchange_client_credentials(manager, config).await {
+            Ok(answer) => {
+                let mut tokens = token_set(&answer)?;
                 tokens.client_id = stored.client_id.clone();
                 tokens.client_secret = stored.client_secret.clone();
                 return Ok(Silent::Tokens(tokens));
             }
-            Err(e @ OAuthError::Refused { .. }) => why.push(format!("client credentials: {e}")),
-            Err(e) => return Err(e),
+            Err(e) => match http.explain(e) {
+                e @ OAuthError::Refused { .. } => {
+                    why.push(format!("client credentials: {}", masked(e)))
+                }
+                e => return Err(mask(e, &secrets())),
+            },
         }
     }
     Ok(Silent::Interactive(why.join("; ")))
 }
 
+/// rmcp's client-credentials exchange. Its future is not `Send` (with
+/// `auth-client-credentials-jwt`, a form serializer lives across an await
+/// in rmcp 3.11), so it runs on a blocking-pool thread, on the daemon's
+/// runtime.
+async fn exchange_client_credentials(
+    manager: AuthorizationManager,
+    config: ClientCredentialsConfig,
+) -> Result<OAuthTokenResponse, AuthError> {
+    let runtime = tokio::runtime::Handle::current();
+    tokio::task::spawn_blocking(move || {
+        runtime.block_on(async move { manager.exchange_client_credentials(&config).await })
+    })
+    .await
+    .unwrap_or_else(|e| Err(AuthError::InternalError(e.to_string())))
+}
+
+/// `e` with the secrets `redactor` knows masked in its text.
+fn mask(e: OAuthError, redactor: &Redactor) -> OAuthError {
+    let mask = |t: String| redactor.redact(&t).into_owned();
+    match e {
+        OAuthError::Refused { error, description } => OAuthError::Refused {
+            error: mask(error),
+            description: description.map(mask),
+        },
+        OAuthError::Http { url, message } => OAuthError::Http {
+            url: mask(url),
+            message: mask(message),
+        },
+        OAuthError::Discovery(m) => OAuthError::Discovery(mask(m)),
+        OAuthError::Unsupported(m) => OAuthError::Unsupported(mask(m)),
+        other => other,
+    }
+}
+
+/// How the client-credentials grant authenticates.
+enum Grant<'a> {
+    /// `client_secret_basic` or `client_secret_post`, as the server offers.
+    Secret(&'a String, &'a Secret),
+    /// `private_key_jwt` (RFC 7523) with the operator's key.
+    Jwt(&'a String, &'a Secret, Option<JwtSigningAlgorithm>),
+}
+
+impl Grant<'_> {
+    fn config(
+        &self,
+        scopes: Vec<String>,
+        resource: &str,
+    ) -> Result<ClientCredentialsConfig, OAuthError> {
+        Ok(match self {
+            Grant::Secret(id, secret) => ClientCredentialsConfig::ClientSecret {
+                client_id: id.to_string(),
+                client_secret: secret.expose().to_string(),
+                scopes,
+                resource: Some(resource.to_string()),
+            },
+            Grant::Jwt(id, key, alg) => ClientCredentialsConfig::PrivateKeyJwt {
+                client_id: id.to_string(),
+                signing_key: key.expose().as_bytes().to_vec(),
+                signing_algorithm: alg.unwrap_or(JwtSigningAlgorithm::RS256),
+                token_endpoint_audience: None,
+                scopes,
+                resource: Some(resource.to_string()),
+            },
+        })
+    }
+}
+
 /// An authorization-code flow in progress (held by the daemon between
 /// `auth.begin` and `auth.complete`).
 pub struct Pending {
-    pub endpoints: Endpoints,
-    pub client: ClientId,
-    pub verifier: Secret,
+    session: AuthorizationSession,
     pub state: String,
-    pub redirect_uri: String,
-    pub resource: String,
     pub authorization_url: String,
-    /// A client registered for this flow, to be stored with the tokens.
-    pub registered: Option<(String, Option<Secret>)>,
+    /// A client registered for this flow (dynamic registration), to be
+    /// stored with the tokens.
+    registered: Option<String>,
 }
 
-fn random_token() -> String {
-    let mut bytes = [0u8; 32];
-    OsRng.fill_bytes(&mut bytes);
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes)
-}
-
-/// The S256 code challenge of a PKCE verifier (RFC 7636 §4.2).
-pub fn code_challenge(verifier: &str) -> String {
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(Sha256::digest(verifier.as_bytes()))
-}
-
-/// Discovers the server, registers a client when the bundle file names
-/// none, and builds the authorization URL for `redirect_uri`.
+/// Discovers the server, picks the client (the bundle file's, a client ID
+/// metadata document, or a registered one) and builds the authorization
+/// URL for `redirect_uri`.
 pub async fn begin(
-    http: &reqwest::Client,
+    http: &Http,
     plan: &RemotePlan,
     stored: &TokenSet,
     redirect_uri: &str,
 ) -> Result<Pending, OAuthError> {
     let auth = plan.auth.as_ref();
-    let endpoints = discover(
-        http,
-        &plan.url,
-        auth.and_then(|a| a.authorization_server.as_deref()),
-        None,
-    )
-    .await?;
-    let authorization_endpoint = endpoints.authorization_endpoint.clone().ok_or_else(|| {
-        OAuthError::Unsupported(format!(
-            "the authorization server {} has no authorization endpoint",
-            endpoints.issuer
-        ))
-    })?;
-    let mut client = ClientId::of(auth, stored);
-    let mut registered = None;
-    if client.id.is_none() {
-        let url = endpoints.registration_endpoint.clone().ok_or_else(|| {
-            OAuthError::Unsupported(format!(
-                "the authorization server {} does not offer client registration; set auth.client_id in the bundle file",
-                endpoints.issuer
-            ))
+    let manager = manager(http, plan, None).await?;
+    let client = ClientId::of(auth, stored);
+    let mut request = AuthorizationRequest::new(redirect_uri).with_client_name("bundlevisor");
+    let preregistered = client.id.is_some();
+    if let Some(id) = &client.id {
+        request = request.with_preregistered_client(id);
+        if let Some(secret) = &client.secret {
+            request = request.with_client_secret(secret.expose());
+        }
+    } else if let Some(url) = auth.and_then(|a| a.client_metadata_url.as_deref()) {
+        request = request.with_client_metadata_url(url);
+    }
+    request = match auth.map(|a| a.scopes.clone()).filter(|s| !s.is_empty()) {
+        Some(scopes) => request.with_scopes(scopes),
+        None => request.with_initial_scope_selection(),
+    };
+    http.forget();
+    let session = AuthorizationSession::new(manager, request)
+        .await
+        .map_err(|(_, e)| match http.explain(e) {
+            OAuthError::Discovery(m) if m.contains("Dynamic registration failed") => {
+                OAuthError::Unsupported(format!(
+                    "{m}; if the authorization server does not offer client registration, set auth.client_id in the bundle file"
+                ))
+            }
+            e => e,
         })?;
-        checked("the registration endpoint", &url)?;
-        let response = http
-            .post(&url)
-            .json(&serde_json::json!({
-                "client_name": "bundlevisor",
-                "redirect_uris": [redirect_uri],
-                "grant_types": ["authorization_code", "refresh_token"],
-                "response_types": ["code"],
-                "token_endpoint_auth_method": "none",
-            }))
-            .send()
-            .await
-            .map_err(|e| http_err(&url, e))?;
-        if response.status().is_redirection() {
-            return Err(redirected(&url, &response));
-        }
-        if !response.status().is_success() {
-            return Err(http_err(
-                &url,
-                format!("registration refused: HTTP {}", response.status()),
-            ));
-        }
-        let reg: Registration = response
-            .json()
-            .await
-            .map_err(|e| http_err(&url, format!("unusable registration: {e}")))?;
-        let secret = reg.client_secret.map(Secret::new);
-        client = ClientId {
-            id: Some(reg.client_id.clone()),
-            secret: secret.clone(),
-        };
-        registered = Some((reg.client_id, secret));
-    }
-    let verifier = random_token();
-    let state = random_token();
-    let mut url = checked("the authorization endpoint", &authorization_endpoint)?;
-    {
-        let mut q = url.query_pairs_mut();
-        q.append_pair("response_type", "code")
-            .append_pair("client_id", client.id.as_deref().unwrap_or_default())
-            .append_pair("redirect_uri", redirect_uri)
-            .append_pair("state", &state)
-            .append_pair("code_challenge", &code_challenge(&verifier))
-            .append_pair("code_challenge_method", "S256")
-            .append_pair("resource", &plan.url);
-        let scopes = auth.map(|a| a.scopes.join(" ")).unwrap_or_default();
-        if !scopes.is_empty() {
-            q.append_pair("scope", &scopes);
-        }
-    }
+    let authorization_url = session.get_authorization_url().to_string();
+    let state = url::Url::parse(&authorization_url)
+        .ok()
+        .and_then(|u| {
+            u.query_pairs()
+                .find(|(k, _)| k == "state")
+                .map(|(_, v)| v.into_owned())
+        })
+        .ok_or_else(|| OAuthError::Discovery("the authorization URL has no state".into()))?;
+    checked("the authorization endpoint", &authorization_url)?;
+    let registered = if preregistered {
+        None
+    } else {
+        session.get_credentials().await.ok().map(|(id, _)| id)
+    };
     Ok(Pending {
-        endpoints,
-        client,
-        verifier: Secret::new(verifier),
+        session,
         state,
-        redirect_uri: redirect_uri.to_string(),
-        resource: plan.url.clone(),
-        authorization_url: url.to_string(),
+        authorization_url,
         registered,
     })
 }
 
-/// Exchanges the authorization code for tokens.
+/// Exchanges the authorization code for tokens; `issuer` is the
+/// redirect's `iss` (RFC 9207), checked when the server sends one.
 pub async fn complete(
-    http: &reqwest::Client,
+    http: &Http,
     pending: &Pending,
     code: &str,
+    issuer: Option<&str>,
 ) -> Result<TokenSet, OAuthError> {
-    let form = vec![
-        ("grant_type", "authorization_code".to_string()),
-        ("code", code.to_string()),
-        ("redirect_uri", pending.redirect_uri.clone()),
-        ("code_verifier", pending.verifier.expose().to_string()),
-    ];
-    let mut tokens = token_request(
-        http,
-        &pending.endpoints,
-        &pending.client,
-        &pending.resource,
-        form,
-    )
-    .await?;
-    if let Some((id, secret)) = &pending.registered {
-        tokens.client_id = Some(id.clone());
-        tokens.client_secret = secret.clone();
-    }
+    http.forget();
+    let answer = pending
+        .session
+        .handle_callback_with_issuer(code, &pending.state, issuer)
+        .await
+        .map_err(|e| {
+            let code = Redactor::new([Secret::new(code.to_string())]);
+            mask(http.explain(e), &code)
+        })?;
+    let mut tokens = token_set(&answer)?;
+    tokens.client_id = pending.registered.clone();
     Ok(tokens)
 }
 
@@ -653,26 +732,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pkce_s256_matches_the_rfc_7636_example() {
+    fn the_challenge_names_its_metadata_and_scopes() {
+        let challenge = r#"Bearer error="insufficient_scope", scope="files:read files:write", resource_metadata="https://a.example/.well-known/oauth-protected-resource/mcp""#;
         assert_eq!(
-            code_challenge("dBjftJeZ4CVP-mB92K27uhbUJU1p1r_wW1gFWFOEjXk"),
-            "E9Melhoa2OwvFrEMTJguCHaoeK1t8URWbuGJSstw-cM"
-        );
-        let a = random_token();
-        assert_eq!(a.len(), 43);
-        assert_ne!(a, random_token());
-    }
-
-    #[test]
-    fn resource_metadata_is_read_from_a_challenge() {
-        assert_eq!(
-            resource_metadata_from_challenge(
-                r#"Bearer error="invalid_token", resource_metadata="https://a.example/.well-known/oauth-protected-resource/mcp""#
-            )
-            .as_deref(),
+            resource_metadata_from_challenge(challenge).as_deref(),
             Some("https://a.example/.well-known/oauth-protected-resource/mcp")
         );
+        assert_eq!(
+            challenge_scope(challenge),
+            Some(vec!["files:read".to_string(), "files:write".to_string()])
+        );
         assert_eq!(resource_metadata_from_challenge("Bearer realm=\"x\""), None);
+        assert_eq!(challenge_scope("Bearer realm=\"x\""), None);
+        assert_eq!(challenge_scope("Bearer myscope=\"x\""), None);
     }
 
     #[test]
@@ -681,11 +753,6 @@ mod tests {
         assert_eq!(
             well_known(&u, ASM_PATH),
             "https://as.example/.well-known/oauth-authorization-server/tenant1"
-        );
-        let root = url::Url::parse("http://127.0.0.1:8080").unwrap();
-        assert_eq!(
-            well_known(&root, PRM_PATH),
-            "http://127.0.0.1:8080/.well-known/oauth-protected-resource"
         );
     }
 
@@ -703,106 +770,5 @@ mod tests {
         ] {
             assert!(!same_identifier(&a, other), "{other}");
         }
-    }
-
-    /// A local server whose protected-resource and authorization-server
-    /// metadata are the given documents; returns its base URL.
-    async fn metadata_server(prm: serde_json::Value, asm: serde_json::Value) -> String {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        let fill = |v: serde_json::Value| {
-            serde_json::from_str::<serde_json::Value>(&v.to_string().replace("BASE", &base))
-                .unwrap()
-        };
-        let (prm, asm) = (fill(prm), fill(asm));
-        let app = axum::Router::new()
-            .route(
-                "/.well-known/oauth-protected-resource/mcp",
-                axum::routing::get(move || async move { axum::Json(prm) }),
-            )
-            .route(
-                "/.well-known/oauth-authorization-server",
-                axum::routing::get(move || async move { axum::Json(asm) }),
-            );
-        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-        base
-    }
-
-    #[tokio::test]
-    async fn discovery_refuses_what_breaks_the_rules_and_accepts_the_rest() {
-        use serde_json::json;
-        let http = http_client_for_tests();
-        let good_asm = json!({ "issuer": "BASE", "token_endpoint": "BASE/token",
-            "authorization_endpoint": "https://login.example/authorize" });
-        let good_prm = json!({ "resource": "BASE/mcp", "authorization_servers": ["BASE"] });
-
-        let base = metadata_server(good_prm.clone(), good_asm.clone()).await;
-        let found = discover(&http, &format!("{base}/mcp"), None, None)
-            .await
-            .unwrap();
-        assert_eq!(
-            (found.issuer, found.token_endpoint),
-            (base.clone(), format!("{base}/token"))
-        );
-
-        // The first advertised server that passes the rule is used.
-        let base = metadata_server(
-            json!({ "resource": "BASE/mcp",
-                    "authorization_servers": ["http://as.example", "BASE"] }),
-            good_asm.clone(),
-        )
-        .await;
-        let found = discover(&http, &format!("{base}/mcp"), None, None)
-            .await
-            .unwrap();
-        assert_eq!(found.issuer, base);
-
-        let refused = |prm: serde_json::Value, asm: serde_json::Value, expect: &'static str| async move {
-            let base = metadata_server(prm, asm).await;
-            let err = discover(&http_client_for_tests(), &format!("{base}/mcp"), None, None)
-                .await
-                .unwrap_err()
-                .to_string();
-            assert!(err.contains(expect), "{expect:?} not in {err:?}");
-        };
-        refused(
-            json!({ "resource": "BASE/mcp", "authorization_servers": ["http://as.example"] }),
-            good_asm.clone(),
-            "names no usable authorization server: refused the authorization server http://as.example: it must use https",
-        )
-        .await;
-        refused(
-            json!({ "authorization_servers": ["BASE"] }),
-            good_asm.clone(),
-            "names no resource (required by RFC 9728 §2)",
-        )
-        .await;
-        refused(
-            good_prm.clone(),
-            json!({ "issuer": "BASE", "token_endpoint": "http://as.example/token" }),
-            "refused the token endpoint http://as.example/token: it must use https",
-        )
-        .await;
-        refused(
-            good_prm.clone(),
-            json!({ "issuer": "BASE", "token_endpoint": "BASE/token",
-                    "registration_endpoint": "ftp://as.example/register" }),
-            "refused the registration endpoint ftp://as.example/register: it uses unsupported scheme",
-        )
-        .await;
-        refused(
-            good_prm.clone(),
-            json!({ "token_endpoint": "BASE/token" }),
-            "names no issuer (required by RFC 8414 §2)",
-        )
-        .await;
-    }
-
-    fn http_client_for_tests() -> reqwest::Client {
-        reqwest::Client::builder()
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .build()
-            .unwrap()
     }
 }

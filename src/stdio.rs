@@ -96,11 +96,17 @@ pub async fn receive_stdio(socket: &tokio::net::UnixStream) -> io::Result<[Owned
                 if let ControlMessageOwned::ScmRights(fds) = cmsg {
                     // SAFETY: the kernel just installed these descriptors
                     // in this process; nothing else owns them.
-                    received.extend(fds.into_iter().map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }));
+                    received.extend(
+                        fds.into_iter()
+                            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+                    );
                 }
             }
             if msg.bytes == 0 {
-                return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection closed"));
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the connection closed",
+                ));
             }
             if truncated {
                 return Err(io::Error::other("more descriptors than stdin and stdout"));
@@ -111,7 +117,9 @@ pub async fn receive_stdio(socket: &tokio::net::UnixStream) -> io::Result<[Owned
     let mut fds = received.into_iter();
     match (fds.next(), fds.next(), fds.next()) {
         (Some(stdin), Some(stdout), None) => Ok([stdin, stdout]),
-        _ => Err(io::Error::other("expected two descriptors (stdin and stdout)")),
+        _ => Err(io::Error::other(
+            "expected two descriptors (stdin and stdout)",
+        )),
     }
 }
 

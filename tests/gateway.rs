@@ -565,7 +565,10 @@ fn the_daemon_ends_a_handed_over_session_when_bundlevisor_mcp_goes() {
         let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
             "protocolVersion": "2025-11-25", "capabilities": {},
             "clientInfo": {"name": "t", "version": "1"}}});
-        stdin.write_all(format!("{init}\n").as_bytes()).await.unwrap();
+        stdin
+            .write_all(format!("{init}\n").as_bytes())
+            .await
+            .unwrap();
         let mut line = String::new();
         stdout.read_line(&mut line).await.unwrap();
         assert!(line.contains("\"serverInfo\""), "{line}");

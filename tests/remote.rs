@@ -302,11 +302,11 @@ fn a_token_known_to_be_expired_is_refreshed_before_use_without_a_401() {
     let _ = d.cli(&["install", path.to_str().unwrap()]);
     d.wait_state("default", "notes", "needs_auth");
     authorize(&d, &fx, "notes");
-    let (refreshes, rejected) = fx.with(|s| (s.refresh_grants, s.unauthorized));
+    let (refreshes, rejected) = fx.with(|s| (s.refresh_grants, s.dead_tokens));
 
     restart_daemon(&mut d);
     assert_eq!(
-        fx.with(|s| (s.refresh_grants, s.unauthorized)),
+        fx.with(|s| (s.refresh_grants, s.dead_tokens)),
         (refreshes + 1, rejected),
         "the boot reload refreshes the expired token first instead of presenting it"
     );
@@ -408,7 +408,7 @@ fn an_authorization_server_naming_another_issuer_never_gets_the_client_secret() 
     });
     assert!(
         error.contains(&format!(
-            "names issuer \"https://unrelated.example\", not {} (RFC 8414 §3.3)",
+            "names issuer \"https://unrelated.example\", not {}/ (RFC 8414 §3.3)",
             fx.base
         )),
         "{error}"
@@ -431,7 +431,7 @@ fn protected_resource_metadata_for_another_resource_is_refused() {
     });
     assert!(
         error.contains(&format!(
-            "is for resource {other:?}, not {} (RFC 9728 §3.3)",
+            "metadata resource mismatch: reference '{}', permitted '{other}' (RFC 9728 §3.3)",
             fx.mcp_url
         )),
         "{error}"

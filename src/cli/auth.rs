@@ -88,6 +88,7 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         code: redirect.get("code"),
         error: redirect.get("error"),
         error_description: redirect.get("error_description"),
+        iss: redirect.get("iss"),
     };
     let what = format!("authorizing {}/{}", args.workspace, args.name);
     let result: BundleResult = with_spinner(what, async |on_note| {

@@ -26,7 +26,14 @@ enum LogFormat {
 
 fn init_logging(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,rmcp=warn"))
+        // rmcp's OAuth client logs the authorization code at debug: never
+        // below info, whatever RUST_LOG says.
+        .add_directive(
+            "rmcp::transport::auth=info"
+                .parse()
+                .expect("a static directive parses"),
+        );
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         // Colours only on a terminal: a journal or a log file gets plain

@@ -243,6 +243,13 @@ pub struct AuthPlan {
     pub client_secret: Option<Secret>,
     pub scopes: Vec<String>,
     pub authorization_server: Option<String>,
+    /// A client ID metadata document (SEP-991): the client's id where the
+    /// authorization server supports them.
+    pub client_metadata_url: Option<String>,
+    /// A PEM private key: the client-credentials grant authenticates with
+    /// `private_key_jwt` (RFC 7523) instead of the secret.
+    pub private_key: Option<Secret>,
+    pub signing_alg: Option<rmcp::transport::JwtSigningAlgorithm>,
 }
 
 /// What the daemon runs: the manifest's command with every variable resolved.
@@ -450,6 +457,14 @@ impl Manifest {
                         },
                         scopes: a.scopes.clone(),
                         authorization_server: a.authorization_server.clone(),
+                        client_metadata_url: a.client_metadata_url.clone(),
+                        private_key: match &a.private_key {
+                            Some(s) => {
+                                Some(Secret::new(sub(s)?)).filter(|s| !s.expose().is_empty())
+                            }
+                            None => None,
+                        },
+                        signing_alg: a.signing_alg.as_deref().and_then(remote::signing_alg),
                     }),
                 };
                 let headers = remote

@@ -67,6 +67,27 @@ pub struct RemoteAuth {
     /// Authorization server issuer URL; discovered from the MCP server
     /// (RFC 9728 protected-resource metadata) when absent.
     pub authorization_server: Option<String>,
+    /// An https URL of the client's metadata document (SEP-991), used as
+    /// its client id where the authorization server supports that.
+    pub client_metadata_url: Option<String>,
+    /// A PEM private key (usually `${user_config.KEY}`, stored sealed) for
+    /// `private_key_jwt` in the client-credentials grant.
+    pub private_key: Option<String>,
+    /// The JWT's algorithm (RS256 unless said).
+    pub signing_alg: Option<String>,
+}
+
+/// A `signing_alg` value as rmcp's algorithm.
+pub fn signing_alg(name: &str) -> Option<rmcp::transport::JwtSigningAlgorithm> {
+    use rmcp::transport::JwtSigningAlgorithm as Alg;
+    Some(match name {
+        "RS256" => Alg::RS256,
+        "RS384" => Alg::RS384,
+        "RS512" => Alg::RS512,
+        "ES256" => Alg::ES256,
+        "ES384" => Alg::ES384,
+        _ => return None,
+    })
 }
 
 /// True when `root` describes a remote bundle.
@@ -155,6 +176,9 @@ fn auth(
         "client_secret",
         "scopes",
         "authorization_server",
+        "client_metadata_url",
+        "private_key",
+        "signing_alg",
     ];
     for key in obj.keys() {
         if !AUTH_KEYS.contains(&key.as_str()) {
@@ -180,11 +204,47 @@ fn auth(
     if let Some(u) = &authorization_server {
         check_url(c, "$.auth.authorization_server", u);
     }
+    let client_metadata_url = c.string(obj, "client_metadata_url", "$.auth", false);
+    if let Some(u) = &client_metadata_url {
+        let path_ok = url::Url::parse(u).is_ok_and(|u| u.scheme() == "https" && u.path() != "/");
+        if !path_ok {
+            c.problem(
+                "$.auth.client_metadata_url",
+                "must be an https URL with a path (the client ID metadata document, SEP-991)",
+            );
+        }
+    }
+    let private_key = c.string(obj, "private_key", "$.auth", false);
+    if let Some(k) = &private_key {
+        check_variables(c, "$.auth.private_key".into(), k, user_config);
+        if !k.contains("${user_config.") {
+            c.problem(
+                "$.auth.private_key",
+                "must be ${user_config.KEY} of a sensitive user_config entry, so the key is stored encrypted, never in the file",
+            );
+        }
+        if client_id.is_none() {
+            c.problem(
+                "$.auth.private_key",
+                "needs auth.client_id (the client-credentials grant names its client)",
+            );
+        }
+    }
+    let alg = c.string(obj, "signing_alg", "$.auth", false);
+    if alg.as_deref().is_some_and(|a| signing_alg(a).is_none()) {
+        c.problem(
+            "$.auth.signing_alg",
+            "must be one of RS256, RS384, RS512, ES256, ES384",
+        );
+    }
     RemoteAuth {
         client_id,
         client_secret,
         scopes,
         authorization_server,
+        client_metadata_url,
+        private_key,
+        signing_alg: alg,
     }
 }
 

@@ -479,6 +479,10 @@ pub struct AuthCompleteParams {
     pub error: Option<String>,
     #[serde(default)]
     pub error_description: Option<String>,
+    /// The redirect's `iss` (RFC 9207), checked against the authorization
+    /// server when it sends one.
+    #[serde(default)]
+    pub iss: Option<String>,
 }
 
 impl std::fmt::Debug for AuthCompleteParams {

@@ -56,6 +56,8 @@ pub struct AuthState {
     pub registrations: u32,
     /// MCP requests answered 401.
     pub unauthorized: u32,
+    /// Of those, the ones that presented a token (not live, or never issued).
+    pub dead_tokens: u32,
     /// Every token ever issued, for leak scans.
     pub issued: Vec<String>,
     /// `expires_in` of issued access tokens (seconds; 3600 unless set).
@@ -265,9 +267,10 @@ async fn guard(
         .map(str::to_string);
     let live = {
         let mut state = app.state.lock().unwrap();
-        let live = token.is_some_and(|t| state.access.contains(&t));
+        let live = token.as_ref().is_some_and(|t| state.access.contains(t));
         if !live {
             state.unauthorized += 1;
+            state.dead_tokens += u32::from(token.is_some());
         }
         live
     };

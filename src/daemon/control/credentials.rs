@@ -406,7 +406,7 @@ pub(super) async fn auth_complete(
     let lock = ctx.shared.configure_lock(&workspace, &name);
     let _serialized = lock.lock().await;
     let http = crate::oauth::http_client();
-    let tokens = crate::oauth::complete(&http, &flow.flow, code)
+    let tokens = crate::oauth::complete(&http, &flow.flow, code, p.iss.as_deref())
         .await
         .map_err(auth_failed)?;
     {
