@@ -430,6 +430,24 @@ async fn client_credentials_scopes(auth: &AuthPlan, manager: &AuthorizationManag
     scopes
 }
 
+/// The scopes a `403 insufficient_scope` challenge says the token lacks
+/// (RFC 6750 §3.1), for a step-up to their union with what was asked.
+fn step_up(challenge: Option<&str>) -> Option<Vec<String>> {
+    challenge
+        .filter(|c| c.contains("insufficient_scope"))
+        .and_then(challenge_scope)
+}
+
+/// `a` and then whatever of `b` it lacks.
+fn union(mut a: Vec<String>, b: Vec<String>) -> Vec<String> {
+    for scope in b {
+        if !a.contains(&scope) {
+            a.push(scope);
+        }
+    }
+    a
+}
+
 /// The `scope` of a `WWW-Authenticate: Bearer` challenge.
 pub fn challenge_scope(challenge: &str) -> Option<Vec<String>> {
     let at = challenge.find("scope=")?;
@@ -518,8 +536,10 @@ pub async fn obtain_silently(
         if let Some(secret) = &client.secret {
             config = config.with_client_secret(secret.expose());
         }
-        if let Some(scopes) = challenge.and_then(challenge_scope) {
-            manager.set_refresh_scopes(scopes);
+        // Step-up: the refreshed token is asked for the scope it lacked too.
+        if let Some(required) = step_up(challenge) {
+            let configured = auth.map(|a| a.scopes.clone()).unwrap_or_default();
+            manager.set_refresh_scopes(union(configured, required));
         }
         manager
             .configure_client(config)
@@ -542,7 +562,10 @@ pub async fn obtain_silently(
         }
     }
     if let (Some(grant), Some(auth)) = (credentials, auth) {
-        let scopes = client_credentials_scopes(auth, &manager).await;
+        let mut scopes = client_credentials_scopes(auth, &manager).await;
+        if let Some(required) = step_up(challenge) {
+            scopes = union(scopes, required);
+        }
         let config = grant.config(scopes, &plan.url)?;
         manager
             .validate_client_credentials_metadata(&config)

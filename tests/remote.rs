@@ -6,6 +6,11 @@
 //! Then the attacks of docs/security.md ("Remote bundles"): a redirect to
 //! another origin, a challenge pointing at plain-http metadata, an
 //! authorization server with another issuer, metadata for another resource.
+//! Then the MCP authorization spec's situations, each against the fixture
+//! laid out that way: every discovery path (including a 2025-03-26 server
+//! with no metadata), each token-endpoint authentication method (basic,
+//! post, none, private_key_jwt), client ID metadata documents, the scopes
+//! a client asks for, and step-up on `403 insufficient_scope`.
 
 mod common;
 #[path = "common/remote.rs"]
@@ -17,7 +22,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::{events, nth, wait_for, Daemon, BIN};
-use fixture::{Fixture, Lies};
+use fixture::{Asm, Fixture, Layout, Lies, Prm};
 use serde_json::{json, Value};
 
 const CLIENT_SECRET: &str = "cs-CANARY-0b6e2d9a";
@@ -553,4 +558,339 @@ fn the_auth_redirect_gets_through_idle_connections_and_a_refusal_is_shown_escape
         "{out:?} {rest}"
     );
     drop((idle, trickle));
+}
+
+/// Installs a client-credentials bundle `name` against `fx` and waits for
+/// it to be ready; returns what the daemon's start cost the fixture.
+fn comes_up_with_client_credentials(d: &Daemon, fx: &Fixture, name: &str, extra: Value) {
+    let mut auth = json!({"client_id": "bv-daemon", "client_secret": CLIENT_SECRET});
+    for (k, v) in extra.as_object().unwrap() {
+        auth[k] = v.clone();
+    }
+    let path = write_remote(d, fx, name, json!({ "auth": auth }));
+    let out = d.cli(&["install", path.to_str().unwrap()]);
+    let b = wait_for(Duration::from_secs(20), "the bundle to come up", || {
+        d.bundle("default", name)
+            .filter(|b| b["state"] == "ready" || b["last_error"].is_string())
+    });
+    assert_eq!(b["state"], "ready", "{b}\n{out:?}\n{}", d.log());
+    assert_eq!(call_text(d, name, "whoami", json!({})), "remote fixture");
+}
+
+#[test]
+fn every_discovery_path_of_the_spec_finds_the_authorization_server() {
+    let d = Daemon::start();
+    let cases: Vec<(&str, Layout, &[&str])> = vec![
+        (
+            "challenge",
+            Layout::default(),
+            &["/.well-known/oauth-protected-resource/mcp", "/.well-known/oauth-authorization-server"],
+        ),
+        (
+            "prm-inserted",
+            Layout { no_challenge_metadata: true, ..Default::default() },
+            &["/.well-known/oauth-protected-resource/mcp", "/.well-known/oauth-authorization-server"],
+        ),
+        (
+            "prm-root",
+            Layout { prm: Prm::Root, no_challenge_metadata: true, ..Default::default() },
+            &[
+                "/.well-known/oauth-protected-resource/mcp",
+                "/.well-known/oauth-protected-resource",
+                "/.well-known/oauth-authorization-server",
+            ],
+        ),
+        (
+            "oidc",
+            Layout { asm: Asm::OidcInserted, ..Default::default() },
+            &[
+                "/.well-known/oauth-authorization-server",
+                "/.well-known/openid-configuration",
+            ],
+        ),
+        (
+            "path-oauth",
+            Layout { issuer_path: "/tenant".into(), ..Default::default() },
+            &["/.well-known/oauth-authorization-server/tenant"],
+        ),
+        (
+            "path-oidc-inserted",
+            Layout { issuer_path: "/tenant".into(), asm: Asm::OidcInserted, ..Default::default() },
+            &[
+                "/.well-known/oauth-authorization-server/tenant",
+                "/.well-known/openid-configuration/tenant",
+            ],
+        ),
+        (
+            "path-oidc-appended",
+            Layout { issuer_path: "/tenant".into(), asm: Asm::OidcAppended, ..Default::default() },
+            &[
+                "/.well-known/oauth-authorization-server/tenant",
+                "/.well-known/openid-configuration/tenant",
+                "/tenant/.well-known/openid-configuration",
+            ],
+        ),
+        (
+            "no-prm",
+            Layout { prm: Prm::Absent, ..Default::default() },
+            &[
+                "/.well-known/oauth-protected-resource/mcp",
+                "/.well-known/oauth-protected-resource",
+                "/.well-known/oauth-authorization-server",
+            ],
+        ),
+        (
+            "legacy",
+            Layout { prm: Prm::Absent, asm: Asm::Absent, ..Default::default() },
+            // No metadata anywhere: the MCP URL's own (with its path, then
+            // at the root), then the 2025-03-26 endpoints at the origin.
+            &[
+                "/.well-known/oauth-protected-resource/mcp",
+                "/.well-known/oauth-protected-resource",
+                "/.well-known/oauth-authorization-server/mcp",
+                "/.well-known/openid-configuration/mcp",
+                "/.well-known/oauth-authorization-server",
+            ],
+        ),
+    ];
+    for (name, layout, order) in cases {
+        let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
+        fx.lay_out(layout);
+        comes_up_with_client_credentials(&d, &fx, name, json!({}));
+        // The paths of the spec were tried in its order.
+        let asked = fx.with(|s| s.well_known.clone());
+        let mut at = 0;
+        for path in order {
+            let found = asked[at..].iter().position(|p| p == path);
+            assert!(found.is_some(), "{name}: {path} not asked after {:?}: {asked:?}", &asked[..at]);
+            at += found.unwrap() + 1;
+        }
+        // Every token request named the MCP server (RFC 8707).
+        let forms = fx.with(|s| s.token_forms.clone());
+        assert!(!forms.is_empty(), "{name}");
+        assert!(
+            forms.iter().all(|f| f.resource.as_deref() == Some(fx.mcp_url.as_str())),
+            "{name}: {forms:?}"
+        );
+    }
+}
+
+#[test]
+fn the_token_endpoint_is_called_the_way_the_server_authenticates_clients() {
+    let d = Daemon::start();
+    for (name, methods, expected) in [
+        ("basic", vec!["client_secret_basic"], "basic"),
+        ("post", vec!["client_secret_post"], "post"),
+        ("both", vec!["client_secret_basic", "client_secret_post"], "post"),
+    ] {
+        let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
+        fx.lay_out(Layout {
+            auth_methods: Some(methods.iter().map(|m| m.to_string()).collect()),
+            ..Default::default()
+        });
+        comes_up_with_client_credentials(&d, &fx, name, json!({}));
+        let forms = fx.with(|s| s.token_forms.clone());
+        assert_eq!(
+            forms.iter().map(|f| f.auth).collect::<Vec<_>>(),
+            vec![expected],
+            "{name}"
+        );
+    }
+    // A server that offers neither secret method: said, and no request.
+    let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
+    fx.lay_out(Layout {
+        auth_methods: Some(vec!["private_key_jwt".into()]),
+        ..Default::default()
+    });
+    let path = write_remote(&d, &fx, "nomethod", client_credentials());
+    let b = refused_start(&d, &path, "nomethod");
+    let error = b["last_error"].as_str().unwrap();
+    assert!(error.contains("client_secret_post"), "{error}");
+    assert_eq!(fx.with(|s| s.token_requests), 0);
+    assert_no_leak(&d, &[CLIENT_SECRET.to_string()], &[]);
+}
+
+/// An EC P-256 key pair made by openssl: (private PKCS#8 PEM, public PEM).
+fn ec_key_pair(dir: &std::path::Path) -> (String, String) {
+    let private = dir.join("client-key.pem");
+    let run = |args: &[&str]| {
+        let out = Command::new("openssl").args(args).output().unwrap();
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    };
+    let raw = dir.join("raw.pem");
+    run(&["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", raw.to_str().unwrap()]);
+    run(&["pkcs8", "-topk8", "-nocrypt", "-in", raw.to_str().unwrap(), "-out", private.to_str().unwrap()]);
+    let public = dir.join("client-pub.pem");
+    run(&["ec", "-in", raw.to_str().unwrap(), "-pubout", "-out", public.to_str().unwrap()]);
+    (
+        std::fs::read_to_string(private).unwrap(),
+        std::fs::read_to_string(public).unwrap(),
+    )
+}
+
+#[test]
+fn client_credentials_with_private_key_jwt_sign_with_the_operators_sealed_key() {
+    let fx = Fixture::start(None);
+    let d = Daemon::start();
+    let (private, public) = ec_key_pair(&d.root());
+    fx.state
+        .lock()
+        .unwrap()
+        .jwt_keys
+        .push(("bv-jwt".into(), public));
+    fx.lay_out(Layout {
+        auth_methods: Some(vec!["private_key_jwt".into()]),
+        ..Default::default()
+    });
+    let path = write_remote(
+        &d,
+        &fx,
+        "notes",
+        json!({
+            "user_config": {"key": {"type": "string", "title": "Client key", "sensitive": true, "required": true}},
+            "auth": {"client_id": "bv-jwt", "private_key": "${user_config.key}", "signing_alg": "ES256"}
+        }),
+    );
+    let _ = d.cli(&["install", path.to_str().unwrap()]);
+    d.wait_state("default", "notes", "needs_config");
+    // The key goes in on stdin (`KEY=-`), like any multi-line secret.
+    let mut configure = Command::new(BIN)
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["configure", "notes", "key=-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut configure.stdin.take().unwrap(), private.as_bytes()).unwrap();
+    let out = configure.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("reconfigured: ready"), "{out:?}\n{}", d.log());
+    let key_file = d.root().join("client-key.pem");
+    let forms = fx.with(|s| s.token_forms.clone());
+    assert_eq!(forms.len(), 1, "{forms:?}");
+    assert_eq!(
+        (forms[0].auth, forms[0].grant_type.as_str()),
+        ("jwt", "client_credentials")
+    );
+    assert_eq!(call_text(&d, "notes", "whoami", json!({})), "remote fixture");
+    // The key is sealed: never in the clear on disk, in logs or status.
+    let body: String = private
+        .lines()
+        .filter(|l| !l.starts_with("-----"))
+        .collect();
+    std::fs::remove_file(&key_file).unwrap();
+    std::fs::remove_file(d.root().join("raw.pem")).unwrap();
+    assert_no_leak(&d, &[body[..40].to_string()], &[]);
+}
+
+#[test]
+fn scopes_come_from_the_challenge_else_scopes_supported_else_none() {
+    let d = Daemon::start();
+    for (name, layout, expected) in [
+        (
+            "challenge",
+            Layout {
+                challenge_scope: Some("notes:read".into()),
+                scopes_supported: Some(vec!["notes:read".into(), "notes:write".into()]),
+                ..Default::default()
+            },
+            Some("notes:read"),
+        ),
+        (
+            "supported",
+            Layout {
+                scopes_supported: Some(vec!["notes:read".into(), "notes:write".into()]),
+                ..Default::default()
+            },
+            Some("notes:read notes:write"),
+        ),
+        ("none", Layout::default(), None),
+    ] {
+        let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
+        fx.lay_out(layout);
+        comes_up_with_client_credentials(&d, &fx, name, json!({}));
+        let forms = fx.with(|s| s.token_forms.clone());
+        assert_eq!(forms[0].scope.as_deref(), expected, "{name}");
+    }
+    // The bundle file's scopes win over what the server suggests.
+    let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
+    fx.lay_out(Layout {
+        challenge_scope: Some("notes:read".into()),
+        ..Default::default()
+    });
+    comes_up_with_client_credentials(&d, &fx, "configured", json!({"scopes": ["notes:admin"]}));
+    assert_eq!(
+        fx.with(|s| s.token_forms[0].scope.clone()).as_deref(),
+        Some("notes:admin")
+    );
+}
+
+#[test]
+fn a_client_id_metadata_document_is_the_client_where_the_server_supports_it() {
+    let d = Daemon::start();
+    let document = "https://bundlevisor.example/oauth/client.json";
+    for (name, cimd) in [("cimd", true), ("dcr", false)] {
+        let fx = Fixture::start(None);
+        fx.lay_out(Layout {
+            cimd,
+            ..Default::default()
+        });
+        let path = write_remote(
+            &d,
+            &fx,
+            name,
+            json!({"auth": {"client_metadata_url": document}}),
+        );
+        let _ = d.cli(&["install", path.to_str().unwrap()]);
+        d.wait_state("default", name, "needs_auth");
+        authorize(&d, &fx, name);
+        d.wait_state("default", name, "ready");
+        let (clients, registrations, forms) =
+            fx.with(|s| (s.authorize_clients.clone(), s.registrations, s.token_forms.clone()));
+        if cimd {
+            assert_eq!(clients, vec![document.to_string()]);
+            assert_eq!(registrations, 0);
+        } else {
+            assert_eq!(registrations, 1);
+            assert!(clients[0].starts_with("client-"), "{clients:?}");
+        }
+        // A public client: no secret at the token endpoint; PKCE and the
+        // resource were checked by the fixture.
+        assert_eq!(
+            forms.iter().map(|f| (f.auth, f.grant_type.as_str())).collect::<Vec<_>>(),
+            vec![("none", "authorization_code")],
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn a_token_lacking_a_scope_is_stepped_up_silently_for_the_union_of_scopes() {
+    let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
+    fx.lay_out(Layout {
+        required_scope: Some("notes:write".into()),
+        ..Default::default()
+    });
+    let d = Daemon::start();
+    comes_up_with_client_credentials(&d, &fx, "notes", json!({"scopes": ["notes:read"]}));
+    let forms = fx.with(|s| s.token_forms.clone());
+    assert_eq!(
+        forms.iter().map(|f| f.scope.clone()).collect::<Vec<_>>(),
+        vec![Some("notes:read".to_string()), Some("notes:read notes:write".to_string())],
+        "the second grant asks for the union"
+    );
+    assert!(fx.with(|s| s.insufficient) >= 1);
+
+    // Mid-session: the server starts wanting more; the call that got the
+    // 403 is answered on a session with a token for the union.
+    fx.lay_out(Layout {
+        required_scope: Some("notes:admin".into()),
+        ..Default::default()
+    });
+    assert_eq!(call_text(&d, "notes", "whoami", json!({})), "remote fixture");
+    let last = fx.with(|s| s.token_forms.last().unwrap().scope.clone());
+    assert_eq!(last.as_deref(), Some("notes:read notes:admin"));
+    d.wait_state("default", "notes", "ready");
 }

@@ -144,8 +144,9 @@ where
         .await
         .map_err(|e| HandshakeFailure {
             message: e.to_string(),
-            unauthorized: e
-                .is_authorization_required()
+            // A 401, or a 403 `insufficient_scope` (its challenge names
+            // the scope).
+            unauthorized: (e.is_authorization_required() || e.auth_challenge().is_some())
                 .then(|| e.auth_challenge().map(str::to_string)),
         })?;
     // A supervisor must see the bundle's current lists, never a cache.
@@ -159,8 +160,9 @@ where
         .await
         .map_err(|e| HandshakeFailure {
             message: format!("tools/list: {e}"),
-            unauthorized: e
-                .is_authorization_required()
+            // A 401, or a 403 `insufficient_scope` (its challenge names
+            // the scope).
+            unauthorized: (e.is_authorization_required() || e.auth_challenge().is_some())
                 .then(|| e.auth_challenge().map(str::to_string)),
         })?;
     Ok((service, tools))

@@ -58,8 +58,14 @@ pub struct AuthState {
     pub unauthorized: u32,
     /// Of those, the ones that presented a token (not live, or never issued).
     pub dead_tokens: u32,
+    /// MCP requests answered 403 `insufficient_scope`.
+    pub insufficient: u32,
     /// Every token ever issued, for leak scans.
     pub issued: Vec<String>,
+    /// The scope each access token was issued for.
+    pub scopes: HashMap<String, String>,
+    /// Public keys (PEM) of clients that authenticate with `private_key_jwt`.
+    pub jwt_keys: Vec<(String, String)>,
     /// `expires_in` of issued access tokens (seconds; 3600 unless set).
     pub expires_in: Option<i64>,
     /// Every request to `/token`, answered or refused.
@@ -68,6 +74,14 @@ pub struct AuthState {
     pub resource_metadata_requests: u32,
     /// What the servers say instead of the truth.
     pub lies: Lies,
+    /// Where and how the servers publish what they publish.
+    pub layout: Layout,
+    /// Every well-known path asked for, in order.
+    pub well_known: Vec<String>,
+    /// Every token request: how the client authenticated, and its form.
+    pub token_forms: Vec<TokenRequest>,
+    /// Client ids seen at `/authorize`.
+    pub authorize_clients: Vec<String>,
     /// Every request the decoy (another origin) received.
     pub decoy: Vec<DecoyRequest>,
     next: u64,
@@ -82,6 +96,65 @@ pub struct Lies {
     pub resource: Option<String>,
     /// `issuer` of the authorization-server metadata.
     pub issuer: Option<String>,
+}
+
+/// Where the protected-resource metadata is published.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Prm {
+    /// `/.well-known/oauth-protected-resource/mcp` (path inserted).
+    #[default]
+    PathInserted,
+    /// `/.well-known/oauth-protected-resource` (root).
+    Root,
+    /// Nowhere (a 2025-03-26 server).
+    Absent,
+}
+
+/// Where the authorization-server metadata is published.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Asm {
+    /// RFC 8414: `/.well-known/oauth-authorization-server[/PATH]`.
+    #[default]
+    OAuth,
+    /// OpenID Connect, path inserted: `/.well-known/openid-configuration[/PATH]`.
+    OidcInserted,
+    /// OpenID Connect, path appended: `[/PATH]/.well-known/openid-configuration`.
+    OidcAppended,
+    /// Nowhere: the client falls back to `/authorize`, `/token`, `/register`.
+    Absent,
+}
+
+/// The servers' layout (all default: PRM path-inserted and named by the
+/// challenge, RFC 8414 metadata for an issuer without a path).
+#[derive(Clone, Debug, Default)]
+pub struct Layout {
+    pub prm: Prm,
+    /// The challenge does not name `resource_metadata`.
+    pub no_challenge_metadata: bool,
+    /// `scope` of the 401 challenge.
+    pub challenge_scope: Option<String>,
+    /// `scopes_supported` of the protected-resource metadata.
+    pub scopes_supported: Option<Vec<String>>,
+    pub asm: Asm,
+    /// The issuer's path (`/tenant`), empty for none.
+    pub issuer_path: String,
+    /// `token_endpoint_auth_methods_supported` (default: none and post).
+    pub auth_methods: Option<Vec<String>>,
+    /// `client_id_metadata_document_supported`.
+    pub cimd: bool,
+    /// The scope every token must carry for `whoami` (else 403
+    /// `insufficient_scope` naming it).
+    pub required_scope: Option<String>,
+}
+
+/// What a token request carried.
+#[derive(Clone, Debug)]
+pub struct TokenRequest {
+    /// `basic`, `post`, `jwt` or `none`.
+    pub auth: &'static str,
+    pub grant_type: String,
+    pub scope: Option<String>,
+    pub resource: Option<String>,
 }
 
 /// A request that reached the decoy.
@@ -178,14 +251,8 @@ impl Fixture {
         let router = Router::new()
             .nest_service("/mcp", mcp)
             .layer(axum::middleware::from_fn_with_state(app.clone(), guard))
-            .route(
-                "/.well-known/oauth-protected-resource/mcp",
-                get(resource_metadata),
-            )
-            .route(
-                "/.well-known/oauth-authorization-server",
-                get(server_metadata),
-            )
+            .route("/.well-known/{*rest}", get(well_known))
+            .route("/tenant/.well-known/{*rest}", get(tenant_well_known))
             .route("/moved", axum::routing::any(moved))
             .route("/register", post(register))
             .route("/authorize", get(authorize))
@@ -212,6 +279,11 @@ impl Fixture {
     /// From now on the servers say these things.
     pub fn lie(&self, lies: Lies) {
         self.state.lock().unwrap().lies = lies;
+    }
+
+    /// From now on the servers are laid out so.
+    pub fn lay_out(&self, layout: Layout) {
+        self.state.lock().unwrap().layout = layout;
     }
 
     /// Every access token stops working (a revocation or an expiry).
@@ -274,18 +346,50 @@ async fn guard(
         }
         live
     };
+    let lacking = {
+        let state = app.state.lock().unwrap();
+        let granted = token.as_ref().and_then(|t| state.scopes.get(t));
+        state.layout.required_scope.clone().filter(|needed| {
+            live && !granted.is_some_and(|g| g.split_whitespace().any(|s| s == needed))
+        })
+    };
+    if let Some(needed) = lacking {
+        app.state.lock().unwrap().insufficient += 1;
+        let challenge = format!(
+            "Bearer error=\"insufficient_scope\", scope=\"{needed}\", resource_metadata=\"{}/.well-known/oauth-protected-resource/mcp\"",
+            app.base
+        );
+        return (
+            StatusCode::FORBIDDEN,
+            [("www-authenticate", challenge)],
+            "insufficient scope",
+        )
+            .into_response();
+    }
     if live {
         return next.run(request).await;
     }
-    let metadata = app
-        .state
-        .lock()
-        .unwrap()
-        .lies
-        .challenge_metadata
-        .clone()
-        .unwrap_or_else(|| format!("{}/.well-known/oauth-protected-resource/mcp", app.base));
-    let challenge = format!("Bearer error=\"invalid_token\", resource_metadata=\"{metadata}\"");
+    let challenge = {
+        let state = app.state.lock().unwrap();
+        let layout = &state.layout;
+        let mut challenge = "Bearer error=\"invalid_token\"".to_string();
+        if let Some(scope) = &layout.challenge_scope {
+            challenge.push_str(&format!(", scope=\"{scope}\""));
+        }
+        let truth = match layout.prm {
+            Prm::Root => Some(format!("{}/.well-known/oauth-protected-resource", app.base)),
+            Prm::PathInserted => Some(format!(
+                "{}/.well-known/oauth-protected-resource/mcp",
+                app.base
+            )),
+            Prm::Absent => None,
+        }
+        .filter(|_| !layout.no_challenge_metadata);
+        if let Some(metadata) = state.lies.challenge_metadata.clone().or(truth) {
+            challenge.push_str(&format!(", resource_metadata=\"{metadata}\""));
+        }
+        challenge
+    };
     (
         StatusCode::UNAUTHORIZED,
         [("www-authenticate", challenge)],
@@ -294,26 +398,92 @@ async fn guard(
         .into_response()
 }
 
-async fn resource_metadata(State(app): State<App>) -> Json<Value> {
-    let mut state = app.state.lock().unwrap();
-    state.resource_metadata_requests += 1;
-    let resource = state.lies.resource.clone().unwrap_or(app.mcp_url);
-    Json(json!({ "resource": resource, "authorization_servers": [app.base] }))
+fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, "no such metadata").into_response()
 }
 
-async fn server_metadata(State(app): State<App>) -> Json<Value> {
+/// `/.well-known/...`: the metadata the layout publishes there.
+async fn well_known(
+    State(app): State<App>,
+    axum::extract::Path(rest): axum::extract::Path<String>,
+) -> Response {
+    let mut state = app.state.lock().unwrap();
+    state.well_known.push(format!("/.well-known/{rest}"));
+    let layout = state.layout.clone();
+    let path = layout.issuer_path.as_str();
+    match rest.as_str() {
+        "oauth-protected-resource/mcp" if layout.prm == Prm::PathInserted => {
+            resource_metadata(&app, &mut state)
+        }
+        "oauth-protected-resource" if layout.prm == Prm::Root => {
+            resource_metadata(&app, &mut state)
+        }
+        r if layout.asm == Asm::OAuth && r == format!("oauth-authorization-server{path}") => {
+            server_metadata(&app, &state)
+        }
+        r if layout.asm == Asm::OidcInserted && r == format!("openid-configuration{path}") => {
+            server_metadata(&app, &state)
+        }
+        "openid-configuration" if layout.asm == Asm::OidcAppended && path.is_empty() => {
+            server_metadata(&app, &state)
+        }
+        _ => not_found(),
+    }
+}
+
+/// `/tenant/.well-known/...`: OpenID Connect metadata with the path appended.
+async fn tenant_well_known(
+    State(app): State<App>,
+    axum::extract::Path(rest): axum::extract::Path<String>,
+) -> Response {
+    let mut state = app.state.lock().unwrap();
+    state.well_known.push(format!("/tenant/.well-known/{rest}"));
+    let layout = &state.layout;
+    if rest == "openid-configuration"
+        && layout.asm == Asm::OidcAppended
+        && layout.issuer_path == "/tenant"
+    {
+        return server_metadata(&app, &state);
+    }
+    not_found()
+}
+
+fn resource_metadata(app: &App, state: &mut AuthState) -> Response {
+    state.resource_metadata_requests += 1;
+    let resource = state.lies.resource.clone().unwrap_or(app.mcp_url.clone());
+    let issuer = format!("{}{}", app.base, state.layout.issuer_path);
+    let mut metadata = json!({ "resource": resource, "authorization_servers": [issuer] });
+    if let Some(scopes) = &state.layout.scopes_supported {
+        metadata["scopes_supported"] = json!(scopes);
+    }
+    Json(metadata).into_response()
+}
+
+fn server_metadata(app: &App, state: &AuthState) -> Response {
     let b = &app.base;
-    let issuer = app.state.lock().unwrap().lies.issuer.clone();
+    let layout = &state.layout;
+    let issuer = state
+        .lies
+        .issuer
+        .clone()
+        .unwrap_or_else(|| format!("{b}{}", layout.issuer_path));
+    let methods = layout
+        .auth_methods
+        .clone()
+        .unwrap_or_else(|| vec!["none".into(), "client_secret_post".into()]);
     Json(json!({
-        "issuer": issuer.as_ref().unwrap_or(b),
+        "issuer": issuer,
         "authorization_endpoint": format!("{b}/authorize"),
         "token_endpoint": format!("{b}/token"),
         "registration_endpoint": format!("{b}/register"),
         "response_types_supported": ["code"],
         "grant_types_supported": ["authorization_code", "refresh_token", "client_credentials"],
         "code_challenge_methods_supported": ["S256"],
-        "token_endpoint_auth_methods_supported": ["none", "client_secret_post"],
+        "token_endpoint_auth_methods_supported": methods,
+        "token_endpoint_auth_signing_alg_values_supported": ["ES256", "RS256"],
+        "client_id_metadata_document_supported": layout.cimd,
     }))
+    .into_response()
 }
 
 async fn register(State(app): State<App>, Json(body): Json<Value>) -> Json<Value> {
@@ -360,7 +530,12 @@ fn oauth_error(error: &str) -> Response {
 async fn authorize(State(app): State<App>, Query(q): Query<HashMap<String, String>>) -> Response {
     let mut state = app.state.lock().unwrap();
     let client = q.get("client_id").cloned().unwrap_or_default();
-    let ok = state.clients.contains_key(&client)
+    state.authorize_clients.push(client.clone());
+    // A client ID metadata document names the client by its https URL
+    // (the fixture does not fetch it).
+    let known = state.clients.contains_key(&client)
+        || (state.layout.cimd && client.starts_with("https://"));
+    let ok = known
         && q.get("response_type").map(String::as_str) == Some("code")
         && q.get("code_challenge_method").map(String::as_str) == Some("S256")
         && q.get("resource") == Some(&app.mcp_url);
@@ -381,17 +556,91 @@ async fn authorize(State(app): State<App>, Query(q): Query<HashMap<String, Strin
     (StatusCode::FOUND, [("location", location.to_string())]).into_response()
 }
 
+/// The client of a token request and how it authenticated: HTTP Basic,
+/// the form's `client_secret`, a `private_key_jwt` assertion (its claims
+/// checked, its signature verified with [`AuthState::jwt_keys`]), or none.
+fn client_auth(
+    app: &App,
+    state: &AuthState,
+    headers: &HeaderMap,
+    f: &HashMap<String, String>,
+) -> Result<(&'static str, String, Option<String>), Response> {
+    let methods = state
+        .layout
+        .auth_methods
+        .clone()
+        .unwrap_or_else(|| vec!["none".into(), "client_secret_post".into()]);
+    let offered = |m: &str| methods.iter().any(|x| x == m);
+    if let Some(basic) = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Basic "))
+    {
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(basic)
+            .map_err(|_| oauth_error("invalid_client"))?;
+        let decoded = String::from_utf8(decoded).map_err(|_| oauth_error("invalid_client"))?;
+        let (id, secret) = decoded.split_once(':').ok_or_else(|| oauth_error("invalid_client"))?;
+        let unescape = |s: &str| {
+            url::form_urlencoded::parse(format!("x={s}").as_bytes())
+                .next()
+                .map(|(_, v)| v.into_owned())
+                .unwrap_or_default()
+        };
+        if !offered("client_secret_basic") {
+            return Err(oauth_error("invalid_client"));
+        }
+        return Ok(("basic", unescape(id), Some(unescape(secret))));
+    }
+    if let Some(assertion) = f.get("client_assertion") {
+        if !offered("private_key_jwt")
+            || f.get("client_assertion_type").map(String::as_str)
+                != Some("urn:ietf:params:oauth:client-assertion-type:jwt-bearer")
+        {
+            return Err(oauth_error("invalid_client"));
+        }
+        let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::ES256);
+        validation.set_audience(&[format!("{}{}", app.base, state.layout.issuer_path)]);
+        validation.set_required_spec_claims(&["exp", "aud", "sub", "iss"]);
+        for (client, key) in &state.jwt_keys {
+            let key = jsonwebtoken::DecodingKey::from_ec_pem(key.as_bytes()).unwrap();
+            if let Ok(data) = jsonwebtoken::decode::<Value>(assertion, &key, &validation) {
+                let claims = data.claims;
+                if claims["sub"] == json!(client) && claims["iss"] == json!(client) {
+                    return Ok(("jwt", client.clone(), None));
+                }
+            }
+        }
+        return Err(oauth_error("invalid_client"));
+    }
+    let client = f.get("client_id").cloned().unwrap_or_default();
+    match f.get("client_secret") {
+        Some(secret) if offered("client_secret_post") => Ok(("post", client, Some(secret.clone()))),
+        Some(_) => Err(oauth_error("invalid_client")),
+        None => Ok(("none", client, None)),
+    }
+}
+
 async fn token(
     State(app): State<App>,
-    _headers: HeaderMap,
+    headers: HeaderMap,
     Form(f): Form<HashMap<String, String>>,
 ) -> Response {
     let mut state = app.state.lock().unwrap();
     state.token_requests += 1;
+    let (auth, client, secret) = match client_auth(&app, &state, &headers, &f) {
+        Ok(who) => who,
+        Err(refused) => return refused,
+    };
+    state.token_forms.push(TokenRequest {
+        auth,
+        grant_type: f.get("grant_type").cloned().unwrap_or_default(),
+        scope: f.get("scope").cloned(),
+        resource: f.get("resource").cloned(),
+    });
     if f.get("resource") != Some(&app.mcp_url) {
         return oauth_error("invalid_target");
     }
-    let client = f.get("client_id").cloned().unwrap_or_default();
     let with_refresh = match f.get("grant_type").map(String::as_str) {
         Some("authorization_code") => {
             let Some((challenge, redirect, owner)) =
@@ -419,8 +668,9 @@ async fn token(
             true
         }
         Some("client_credentials") => {
+            let by_key = auth == "jwt";
             let expected = state.clients.get(&client).cloned().flatten();
-            if expected.is_none() || f.get("client_secret") != expected.as_ref() {
+            if !by_key && (expected.is_none() || secret != expected) {
                 return oauth_error("invalid_client");
             }
             state.client_credentials_grants += 1;
@@ -430,6 +680,8 @@ async fn token(
     };
     let access = state.mint("at");
     state.access.insert(access.clone());
+    let scope = f.get("scope").cloned().unwrap_or_default();
+    state.scopes.insert(access.clone(), scope);
     let expires_in = state.expires_in.unwrap_or(3600);
     let mut body =
         json!({ "access_token": access, "token_type": "Bearer", "expires_in": expires_in });

@@ -314,11 +314,14 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
         let result = match outcome {
             None => Err(CallError::Cancelled),
             Some(Err(_)) => Err(CallError::Timeout(timeout)),
-            Some(Ok(Err(e))) if retry && e.is_authorization_required() => {
+            Some(Ok(Err(e)))
+                if retry && (e.is_authorization_required() || e.auth_challenge().is_some()) =>
+            {
                 drop(in_flight);
                 let _ = myself.send_message(BundleMsg::AuthExpired {
                     generation,
                     call: Some(call),
+                    challenge: e.auth_challenge().map(str::to_string),
                 });
                 return;
             }

@@ -104,6 +104,9 @@ pub enum BundleMsg {
     AuthExpired {
         generation: u64,
         call: Option<PendingCall>,
+        /// The server's challenge (a 403 `insufficient_scope` names the
+        /// scope the next token needs).
+        challenge: Option<String>,
     },
     Tools(RpcReplyPort<(BundleState, Vec<Value>)>),
     /// The manifest the bundle runs (None before its first start).
@@ -145,6 +148,9 @@ pub struct BundleActorState {
     next_manifest: Option<LoadedManifest>,
     /// The next start reads the disk (first start, operator restart).
     reread: bool,
+    /// The challenge of the 401 or 403 that ended the last session: the
+    /// next start gets a token for it before connecting.
+    challenge: Option<String>,
     /// The sandbox of the current generation (stdio bundles).
     sandbox: Option<SandboxRecord>,
     /// The archive the bundle runs from, if it came as one.
@@ -394,6 +400,7 @@ impl BundleActorState {
             None => start::Wanted::Exactly(self.manifest.clone().expect("checked above")),
         };
         self.reread = false;
+        let challenge = self.challenge.take();
         let shared = self.args.shared.clone();
         let (workspace, name, source) = (
             self.args.workspace.clone(),
@@ -409,8 +416,10 @@ impl BundleActorState {
                     let _ = myself.send_message(BundleMsg::SandboxReady { generation, record });
                 }
             };
-            let result = start::start(&shared, &workspace, &name, source, wanted, host, report)
-                .await
+            let result = start::start(
+                &shared, &workspace, &name, source, wanted, host, challenge, report,
+            )
+            .await
                 .map(Box::new);
             if let Err(ractor::MessagingErr::SendErr(BundleMsg::Started {
                 result: Ok(started),
@@ -566,6 +575,7 @@ impl Actor for BundleActor {
             manifest: None,
             next_manifest,
             reread: false,
+            challenge: None,
             sandbox: None,
             archive: None,
             start_task: None,
@@ -672,7 +682,14 @@ impl Actor for BundleActor {
                     st.send(&myself, call, true);
                 }
             }
-            BundleMsg::AuthExpired { generation, call } => {
+            BundleMsg::AuthExpired {
+                generation,
+                call,
+                challenge,
+            } => {
+                if st.lc.generation() == generation {
+                    st.challenge = challenge;
+                }
                 st.step(&myself, Input::AuthExpired { generation });
                 // Retried once: on the rebuilt session (queued meanwhile),
                 // or on a later session that is already up.
@@ -783,10 +800,11 @@ fn spawn_pinger(
                     failures = 0;
                     continue;
                 }
-                Ok(Err(e)) if e.is_authorization_required() => {
+                Ok(Err(e)) if e.is_authorization_required() || e.auth_challenge().is_some() => {
                     let _ = myself.send_message(BundleMsg::AuthExpired {
                         generation,
                         call: None,
+                        challenge: e.auth_challenge().map(str::to_string),
                     });
                     return;
                 }

@@ -211,6 +211,7 @@ pub async fn start(
     source: PathBuf,
     wanted: Wanted,
     host: HostContext,
+    challenge: Option<String>,
     report_sandbox: impl FnOnce(SandboxRecord),
 ) -> Result<Started, StartFailure> {
     let config = |reason: String| StartFailure {
@@ -341,7 +342,7 @@ pub async fn start(
             }
         },
         Plan::Remote(remote) => {
-            connect_with_auth(shared, workspace, name, &plan, remote, host, opts).await?
+            connect_with_auth(shared, workspace, name, &plan, remote, host, opts, challenge).await?
         }
     };
     Ok(Started {
@@ -461,6 +462,14 @@ fn transient(plan: &Plan, e: ConnectError) -> StartFailure {
     }
 }
 
+/// Silent re-grants for a scope a new token lacks, per start.
+const MAX_STEP_UPS: usize = 1;
+
+/// A `403 insufficient_scope` challenge (RFC 6750 §3.1).
+fn insufficient_scope(challenge: &str) -> bool {
+    challenge.contains("insufficient_scope")
+}
+
 /// A stored access token this close to its expiry is refreshed before use.
 const EXPIRY_MARGIN_SECS: i64 = 30;
 
@@ -476,6 +485,8 @@ async fn connect_with_auth(
     remote: &RemotePlan,
     host: HostContext,
     mut opts: ConnectOptions,
+    // The challenge that ended the last session (its token lacked a scope).
+    pending: Option<String>,
 ) -> Result<(Connection, bool), StartFailure> {
     let stored = {
         shared
@@ -495,6 +506,8 @@ async fn connect_with_auth(
             .is_some_and(|at| at <= crate::clock::unix_secs() + EXPIRY_MARGIN_SECS);
     let challenge = if expired {
         None
+    } else if pending.as_deref().is_some_and(insufficient_scope) {
+        pending
     } else {
         match connect(plan, host.clone(), &opts).await {
             Ok(connection) => return Ok((connection, false)),
@@ -517,51 +530,82 @@ async fn connect_with_auth(
         })
     };
     let http = crate::oauth::http_client();
-    match crate::oauth::obtain_silently(&http, remote, &stored, challenge.as_deref()).await {
-        Err(e) => Err(StartFailure {
-            // A URL or metadata the rules refuse does not get better by
-            // retrying: the operator has to change the bundle or the server.
-            kind: match e {
-                crate::oauth::OAuthError::InsecureUrl { .. }
-                | crate::oauth::OAuthError::Mismatch(_) => FailKind::Config,
-                _ => FailKind::Transient,
-            },
-            reason: format!("the remote server wants a new token, and getting one failed: {e}"),
-        }),
-        Ok(Silent::Interactive(why)) => {
-            // Tokens that no longer work are forgotten; a registered client is kept.
-            let keep = TokenSet {
-                client_id: stored.client_id.clone(),
-                client_secret: stored.client_secret.clone(),
-                ..Default::default()
-            };
-            if let Err(e) = save(keep).await {
-                tracing::warn!(
-                    workspace,
-                    bundle = name,
-                    "cannot forget refused tokens: {e}"
-                );
-            }
-            Err(needs_auth(&why))
-        }
-        Ok(Silent::Tokens(tokens)) => {
-            opts.bearer = tokens.access_token.clone();
-            save(tokens).await.map_err(|e| StartFailure {
-                kind: FailKind::Transient,
-                reason: format!("cannot store the new token: {e}"),
-            })?;
-            tracing::info!(
-                workspace,
-                bundle = name,
-                "new token obtained; rebuilding the session"
-            );
-            match connect(plan, host, &opts).await {
-                Ok(connection) => Ok((connection, true)),
-                Err(ConnectError::Unauthorized { .. }) => {
-                    Err(needs_auth("it refused a freshly issued token"))
+    let (mut stored, mut challenge) = (stored, challenge);
+    // The first silent grant, then at most one step-up for a scope the
+    // new token lacks (403 `insufficient_scope`): bounded, never a loop.
+    for attempt in 0..=MAX_STEP_UPS {
+        let tokens =
+            match crate::oauth::obtain_silently(&http, remote, &stored, challenge.as_deref()).await
+            {
+                Err(e) => {
+                    return Err(StartFailure {
+                        // A URL or metadata the rules refuse does not get better by
+                        // retrying: the operator has to change the bundle or the server.
+                        kind: match e {
+                            crate::oauth::OAuthError::InsecureUrl { .. }
+                            | crate::oauth::OAuthError::Mismatch(_) => FailKind::Config,
+                            _ => FailKind::Transient,
+                        },
+                        reason: format!(
+                            "the remote server wants a new token, and getting one failed: {e}"
+                        ),
+                    })
                 }
-                Err(e) => Err(transient(plan, e)),
+                Ok(Silent::Interactive(why)) => {
+                    // Tokens that no longer work are forgotten; a registered client is kept.
+                    let keep = TokenSet {
+                        client_id: stored.client_id.clone(),
+                        client_secret: stored.client_secret.clone(),
+                        ..Default::default()
+                    };
+                    if let Err(e) = save(keep).await {
+                        tracing::warn!(
+                            workspace,
+                            bundle = name,
+                            "cannot forget refused tokens: {e}"
+                        );
+                    }
+                    return Err(needs_auth(&why));
+                }
+                Ok(Silent::Tokens(tokens)) => tokens,
+            };
+        opts.bearer = tokens.access_token.clone();
+        save(tokens.clone()).await.map_err(|e| StartFailure {
+            kind: FailKind::Transient,
+            reason: format!("cannot store the new token: {e}"),
+        })?;
+        tracing::info!(
+            workspace,
+            bundle = name,
+            "new token obtained; rebuilding the session"
+        );
+        match connect(plan, host.clone(), &opts).await {
+            Ok(connection) => return Ok((connection, true)),
+            Err(ConnectError::Unauthorized { challenge: again }) => {
+                let scope = again
+                    .as_deref()
+                    .filter(|c| insufficient_scope(c))
+                    .and_then(crate::oauth::challenge_scope);
+                match scope {
+                    Some(_) if attempt < MAX_STEP_UPS => {
+                        tracing::info!(
+                            workspace,
+                            bundle = name,
+                            "the new token lacks a scope; asking for it too"
+                        );
+                        (stored, challenge) = (tokens, again);
+                    }
+                    Some(scope) => {
+                        return Err(needs_auth(&format!(
+                            "it needs the scope {:?}, which a silent grant did not get",
+                            scope.join(" ")
+                        )))
+                    }
+                    None => return Err(needs_auth("it refused a freshly issued token")),
+                }
             }
+            Err(e) => return Err(transient(plan, e)),
         }
     }
+    unreachable!("the last attempt returns")
 }
