@@ -415,6 +415,7 @@ fn token_set(answer: &impl serde::Serialize) -> Result<TokenSet, OAuthError> {
             .map(|s| crate::clock::unix_secs() + s),
         client_id: None,
         client_secret: None,
+        wanted_scopes: Vec::new(),
     })
 }
 
@@ -439,7 +440,7 @@ fn step_up(challenge: Option<&str>) -> Option<Vec<String>> {
 }
 
 /// `a` and then whatever of `b` it lacks.
-fn union(mut a: Vec<String>, b: Vec<String>) -> Vec<String> {
+pub fn union(mut a: Vec<String>, b: Vec<String>) -> Vec<String> {
     for scope in b {
         if !a.contains(&scope) {
             a.push(scope);
@@ -690,9 +691,13 @@ pub async fn begin(
     } else if let Some(url) = auth.and_then(|a| a.client_metadata_url.as_deref()) {
         request = request.with_client_metadata_url(url);
     }
-    request = match auth.map(|a| a.scopes.clone()).filter(|s| !s.is_empty()) {
-        Some(scopes) => request.with_scopes(scopes),
-        None => request.with_initial_scope_selection(),
+    // The bundle file's scopes, with any the server said a token lacked.
+    let configured = auth.map(|a| a.scopes.clone()).unwrap_or_default();
+    let scopes = union(configured, stored.wanted_scopes.clone());
+    request = if scopes.is_empty() {
+        request.with_initial_scope_selection()
+    } else {
+        request.with_scopes(scopes)
     };
     http.forget();
     let session = AuthorizationSession::new(manager, request)

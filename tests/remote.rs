@@ -52,8 +52,9 @@ fn call_text(d: &Daemon, bundle: &str, tool: &str, args: Value) -> String {
         .to_string()
 }
 
-/// Runs `bundlevisor auth NAME` and plays the browser for it.
-fn authorize(d: &Daemon, fx: &Fixture, name: &str) -> String {
+/// Runs `bundlevisor auth NAME` and plays the browser for it: what the
+/// browser landed on, how `auth` ended, and what it printed after the URL.
+fn run_auth(d: &Daemon, fx: &Fixture, name: &str) -> ((u16, String), std::process::Output, String) {
     let mut child = Command::new(BIN)
         .arg("--socket")
         .arg(&d.socket)
@@ -73,12 +74,18 @@ fn authorize(d: &Daemon, fx: &Fixture, name: &str) -> String {
             child.wait_with_output()
         );
     }
-    let (status, page) = fx.browse(url.trim());
-    assert_eq!(status, 200, "{page}");
-    assert!(page.contains("Authorization received"), "{page}");
+    let landing = fx.browse(url.trim());
     let out = child.wait_with_output().unwrap();
     let mut rest = String::new();
     std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    (landing, out, rest)
+}
+
+/// Runs `bundlevisor auth NAME`, plays the browser, and checks it worked.
+fn authorize(d: &Daemon, fx: &Fixture, name: &str) -> String {
+    let ((status, page), out, rest) = run_auth(d, fx, name);
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("Authorization received"), "{page}");
     assert!(
         out.status.success(),
         "auth failed: {rest}\n{}\n{}",
@@ -584,16 +591,29 @@ fn every_discovery_path_of_the_spec_finds_the_authorization_server() {
         (
             "challenge",
             Layout::default(),
-            &["/.well-known/oauth-protected-resource/mcp", "/.well-known/oauth-authorization-server"],
+            &[
+                "/.well-known/oauth-protected-resource/mcp",
+                "/.well-known/oauth-authorization-server",
+            ],
         ),
         (
             "prm-inserted",
-            Layout { no_challenge_metadata: true, ..Default::default() },
-            &["/.well-known/oauth-protected-resource/mcp", "/.well-known/oauth-authorization-server"],
+            Layout {
+                no_challenge_metadata: true,
+                ..Default::default()
+            },
+            &[
+                "/.well-known/oauth-protected-resource/mcp",
+                "/.well-known/oauth-authorization-server",
+            ],
         ),
         (
             "prm-root",
-            Layout { prm: Prm::Root, no_challenge_metadata: true, ..Default::default() },
+            Layout {
+                prm: Prm::Root,
+                no_challenge_metadata: true,
+                ..Default::default()
+            },
             &[
                 "/.well-known/oauth-protected-resource/mcp",
                 "/.well-known/oauth-protected-resource",
@@ -602,7 +622,10 @@ fn every_discovery_path_of_the_spec_finds_the_authorization_server() {
         ),
         (
             "oidc",
-            Layout { asm: Asm::OidcInserted, ..Default::default() },
+            Layout {
+                asm: Asm::OidcInserted,
+                ..Default::default()
+            },
             &[
                 "/.well-known/oauth-authorization-server",
                 "/.well-known/openid-configuration",
@@ -610,12 +633,19 @@ fn every_discovery_path_of_the_spec_finds_the_authorization_server() {
         ),
         (
             "path-oauth",
-            Layout { issuer_path: "/tenant".into(), ..Default::default() },
+            Layout {
+                issuer_path: "/tenant".into(),
+                ..Default::default()
+            },
             &["/.well-known/oauth-authorization-server/tenant"],
         ),
         (
             "path-oidc-inserted",
-            Layout { issuer_path: "/tenant".into(), asm: Asm::OidcInserted, ..Default::default() },
+            Layout {
+                issuer_path: "/tenant".into(),
+                asm: Asm::OidcInserted,
+                ..Default::default()
+            },
             &[
                 "/.well-known/oauth-authorization-server/tenant",
                 "/.well-known/openid-configuration/tenant",
@@ -623,7 +653,11 @@ fn every_discovery_path_of_the_spec_finds_the_authorization_server() {
         ),
         (
             "path-oidc-appended",
-            Layout { issuer_path: "/tenant".into(), asm: Asm::OidcAppended, ..Default::default() },
+            Layout {
+                issuer_path: "/tenant".into(),
+                asm: Asm::OidcAppended,
+                ..Default::default()
+            },
             &[
                 "/.well-known/oauth-authorization-server/tenant",
                 "/.well-known/openid-configuration/tenant",
@@ -632,7 +666,10 @@ fn every_discovery_path_of_the_spec_finds_the_authorization_server() {
         ),
         (
             "no-prm",
-            Layout { prm: Prm::Absent, ..Default::default() },
+            Layout {
+                prm: Prm::Absent,
+                ..Default::default()
+            },
             &[
                 "/.well-known/oauth-protected-resource/mcp",
                 "/.well-known/oauth-protected-resource",
@@ -641,7 +678,11 @@ fn every_discovery_path_of_the_spec_finds_the_authorization_server() {
         ),
         (
             "legacy",
-            Layout { prm: Prm::Absent, asm: Asm::Absent, ..Default::default() },
+            Layout {
+                prm: Prm::Absent,
+                asm: Asm::Absent,
+                ..Default::default()
+            },
             // No metadata anywhere: the MCP URL's own (with its path, then
             // at the root), then the 2025-03-26 endpoints at the origin.
             &[
@@ -662,14 +703,20 @@ fn every_discovery_path_of_the_spec_finds_the_authorization_server() {
         let mut at = 0;
         for path in order {
             let found = asked[at..].iter().position(|p| p == path);
-            assert!(found.is_some(), "{name}: {path} not asked after {:?}: {asked:?}", &asked[..at]);
+            assert!(
+                found.is_some(),
+                "{name}: {path} not asked after {:?}: {asked:?}",
+                &asked[..at]
+            );
             at += found.unwrap() + 1;
         }
         // Every token request named the MCP server (RFC 8707).
         let forms = fx.with(|s| s.token_forms.clone());
         assert!(!forms.is_empty(), "{name}");
         assert!(
-            forms.iter().all(|f| f.resource.as_deref() == Some(fx.mcp_url.as_str())),
+            forms
+                .iter()
+                .all(|f| f.resource.as_deref() == Some(fx.mcp_url.as_str())),
             "{name}: {forms:?}"
         );
     }
@@ -681,7 +728,11 @@ fn the_token_endpoint_is_called_the_way_the_server_authenticates_clients() {
     for (name, methods, expected) in [
         ("basic", vec!["client_secret_basic"], "basic"),
         ("post", vec!["client_secret_post"], "post"),
-        ("both", vec!["client_secret_basic", "client_secret_post"], "post"),
+        (
+            "both",
+            vec!["client_secret_basic", "client_secret_post"],
+            "post",
+        ),
     ] {
         let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
         fx.lay_out(Layout {
@@ -718,10 +769,33 @@ fn ec_key_pair(dir: &std::path::Path) -> (String, String) {
         assert!(out.status.success(), "openssl {args:?}: {out:?}");
     };
     let raw = dir.join("raw.pem");
-    run(&["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", raw.to_str().unwrap()]);
-    run(&["pkcs8", "-topk8", "-nocrypt", "-in", raw.to_str().unwrap(), "-out", private.to_str().unwrap()]);
+    run(&[
+        "ecparam",
+        "-name",
+        "prime256v1",
+        "-genkey",
+        "-noout",
+        "-out",
+        raw.to_str().unwrap(),
+    ]);
+    run(&[
+        "pkcs8",
+        "-topk8",
+        "-nocrypt",
+        "-in",
+        raw.to_str().unwrap(),
+        "-out",
+        private.to_str().unwrap(),
+    ]);
     let public = dir.join("client-pub.pem");
-    run(&["ec", "-in", raw.to_str().unwrap(), "-pubout", "-out", public.to_str().unwrap()]);
+    run(&[
+        "ec",
+        "-in",
+        raw.to_str().unwrap(),
+        "-pubout",
+        "-out",
+        public.to_str().unwrap(),
+    ]);
     (
         std::fs::read_to_string(private).unwrap(),
         std::fs::read_to_string(public).unwrap(),
@@ -774,7 +848,10 @@ fn client_credentials_with_private_key_jwt_sign_with_the_operators_sealed_key() 
         (forms[0].auth, forms[0].grant_type.as_str()),
         ("jwt", "client_credentials")
     );
-    assert_eq!(call_text(&d, "notes", "whoami", json!({})), "remote fixture");
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
     // The key is sealed: never in the clear on disk, in logs or status.
     let body: String = private
         .lines()
@@ -847,8 +924,13 @@ fn a_client_id_metadata_document_is_the_client_where_the_server_supports_it() {
         d.wait_state("default", name, "needs_auth");
         authorize(&d, &fx, name);
         d.wait_state("default", name, "ready");
-        let (clients, registrations, forms) =
-            fx.with(|s| (s.authorize_clients.clone(), s.registrations, s.token_forms.clone()));
+        let (clients, registrations, forms) = fx.with(|s| {
+            (
+                s.authorize_clients.clone(),
+                s.registrations,
+                s.token_forms.clone(),
+            )
+        });
         if cimd {
             assert_eq!(clients, vec![document.to_string()]);
             assert_eq!(registrations, 0);
@@ -859,7 +941,10 @@ fn a_client_id_metadata_document_is_the_client_where_the_server_supports_it() {
         // A public client: no secret at the token endpoint; PKCE and the
         // resource were checked by the fixture.
         assert_eq!(
-            forms.iter().map(|f| (f.auth, f.grant_type.as_str())).collect::<Vec<_>>(),
+            forms
+                .iter()
+                .map(|f| (f.auth, f.grant_type.as_str()))
+                .collect::<Vec<_>>(),
             vec![("none", "authorization_code")],
             "{name}"
         );
@@ -878,7 +963,10 @@ fn a_token_lacking_a_scope_is_stepped_up_silently_for_the_union_of_scopes() {
     let forms = fx.with(|s| s.token_forms.clone());
     assert_eq!(
         forms.iter().map(|f| f.scope.clone()).collect::<Vec<_>>(),
-        vec![Some("notes:read".to_string()), Some("notes:read notes:write".to_string())],
+        vec![
+            Some("notes:read".to_string()),
+            Some("notes:read notes:write".to_string())
+        ],
         "the second grant asks for the union"
     );
     assert!(fx.with(|s| s.insufficient) >= 1);
@@ -889,8 +977,54 @@ fn a_token_lacking_a_scope_is_stepped_up_silently_for_the_union_of_scopes() {
         required_scope: Some("notes:admin".into()),
         ..Default::default()
     });
-    assert_eq!(call_text(&d, "notes", "whoami", json!({})), "remote fixture");
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
     let last = fx.with(|s| s.token_forms.last().unwrap().scope.clone());
     assert_eq!(last.as_deref(), Some("notes:read notes:admin"));
     d.wait_state("default", "notes", "ready");
+}
+
+#[test]
+fn a_scope_no_silent_grant_can_get_is_named_and_asked_for_by_the_next_authorization() {
+    let fx = Fixture::start(None);
+    fx.lay_out(Layout {
+        required_scope: Some("notes:write".into()),
+        ..Default::default()
+    });
+    let d = Daemon::start();
+    let path = write_remote(&d, &fx, "notes", json!({}));
+    let _ = d.cli(&["install", path.to_str().unwrap()]);
+    d.wait_state("default", "notes", "needs_auth");
+    // The first authorization asks for no scope: its token lacks one, and
+    // a refresh cannot widen a grant (the fixture refuses, RFC 6749 §6).
+    let (_, out, _) = run_auth(&d, &fx, "notes");
+    assert!(!out.status.success(), "{out:?}");
+    let b = d.wait_state("default", "notes", "needs_auth");
+    let error = b["last_error"].as_str().unwrap();
+    assert!(
+        error.contains("it needs the scope \"notes:write\"")
+            && error.contains("bundlevisor auth notes"),
+        "{error}"
+    );
+    // The next one asks for it, and the bundle comes up.
+    authorize(&d, &fx, "notes");
+    d.wait_state("default", "notes", "ready");
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+    let asked = fx.with(|s| {
+        s.token_forms
+            .iter()
+            .map(|f| (f.grant_type.clone(), f.scope.clone()))
+            .collect::<Vec<_>>()
+    });
+    assert!(
+        asked.contains(&("refresh_token".to_string(), Some("notes:write".to_string()))),
+        "the silent step-up was tried first: {asked:?}"
+    );
+    // Never a restart loop: two authorizations, two code grants.
+    assert_eq!(fx.with(|s| s.code_grants), 2);
 }

@@ -52,6 +52,9 @@ pub struct TokenSet {
     /// A client registered with the authorization server (RFC 7591).
     pub client_id: Option<String>,
     pub client_secret: Option<Secret>,
+    /// Scopes the server said a token lacks (403 `insufficient_scope`)
+    /// and no silent grant got: the next authorization asks for them.
+    pub wanted_scopes: Vec<String>,
 }
 
 impl std::fmt::Debug for TokenSet {
@@ -61,6 +64,7 @@ impl std::fmt::Debug for TokenSet {
             .field("refresh_token", &self.refresh_token.is_some())
             .field("expires_at", &self.expires_at)
             .field("client_id", &self.client_id)
+            .field("wanted_scopes", &self.wanted_scopes)
             .finish()
     }
 }
@@ -73,6 +77,8 @@ struct TokenJson {
     expires_at: Option<i64>,
     client_id: Option<String>,
     client_secret: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    wanted_scopes: Vec<String>,
 }
 
 fn credential_aad(workspace: &str, bundle: &str, key: &str) -> Vec<u8> {
@@ -344,6 +350,7 @@ impl Credentials {
             expires_at: json.expires_at,
             client_id: json.client_id,
             client_secret: json.client_secret.map(Secret::new),
+            wanted_scopes: json.wanted_scopes,
         }))
     }
 
@@ -376,6 +383,7 @@ impl Credentials {
                     .client_secret
                     .as_ref()
                     .map(|s| s.expose().to_string()),
+                wanted_scopes: tokens.wanted_scopes.clone(),
             })
             .expect("token JSON serializes"),
         );

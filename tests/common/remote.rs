@@ -46,7 +46,9 @@ use tokio_util::sync::CancellationToken;
 pub struct AuthState {
     pub access: HashSet<String>,
     pub refresh: HashSet<String>,
-    codes: HashMap<String, (String, String, String)>, // code -> (challenge, redirect_uri, client_id)
+    codes: HashMap<String, (String, String, String, String)>, // code -> (challenge, redirect_uri, client_id, scope)
+    /// The scope each refresh token was granted for.
+    refresh_scopes: HashMap<String, String>,
     /// client_id -> secret (None: a public client).
     pub clients: HashMap<String, Option<String>>,
     pub refresh_grants: u32,
@@ -544,9 +546,10 @@ async fn authorize(State(app): State<App>, Query(q): Query<HashMap<String, Strin
     }
     let code = state.mint("code");
     let redirect = q["redirect_uri"].clone();
+    let scope = q.get("scope").cloned().unwrap_or_default();
     state.codes.insert(
         code.clone(),
-        (q["code_challenge"].clone(), redirect.clone(), client),
+        (q["code_challenge"].clone(), redirect.clone(), client, scope),
     );
     let mut location = url::Url::parse(&redirect).unwrap();
     location
@@ -580,7 +583,9 @@ fn client_auth(
             .decode(basic)
             .map_err(|_| oauth_error("invalid_client"))?;
         let decoded = String::from_utf8(decoded).map_err(|_| oauth_error("invalid_client"))?;
-        let (id, secret) = decoded.split_once(':').ok_or_else(|| oauth_error("invalid_client"))?;
+        let (id, secret) = decoded
+            .split_once(':')
+            .ok_or_else(|| oauth_error("invalid_client"))?;
         let unescape = |s: &str| {
             url::form_urlencoded::parse(format!("x={s}").as_bytes())
                 .next()
@@ -641,9 +646,12 @@ async fn token(
     if f.get("resource") != Some(&app.mcp_url) {
         return oauth_error("invalid_target");
     }
+    // The scope granted: asked for at /authorize (a code), within the
+    // original grant (a refresh, RFC 6749 §6), or as asked (client credentials).
+    let mut granted = f.get("scope").cloned().unwrap_or_default();
     let with_refresh = match f.get("grant_type").map(String::as_str) {
         Some("authorization_code") => {
-            let Some((challenge, redirect, owner)) =
+            let Some((challenge, redirect, owner, scope)) =
                 f.get("code").and_then(|c| state.codes.remove(c))
             else {
                 return oauth_error("invalid_grant");
@@ -656,14 +664,32 @@ async fn token(
                 return oauth_error("invalid_grant");
             }
             state.code_grants += 1;
+            granted = scope;
             true
         }
         Some("refresh_token") => {
             let presented = f.get("refresh_token").cloned().unwrap_or_default();
-            if !state.refresh.remove(&presented) {
+            if !state.refresh.contains(&presented) {
                 state.refused_refresh_grants += 1;
                 return oauth_error("invalid_grant");
             }
+            let original = state
+                .refresh_scopes
+                .get(&presented)
+                .cloned()
+                .unwrap_or_default();
+            match f.get("scope") {
+                Some(asked)
+                    if !asked
+                        .split_whitespace()
+                        .all(|s| original.split_whitespace().any(|o| o == s)) =>
+                {
+                    return oauth_error("invalid_scope");
+                }
+                Some(_) => {}
+                None => granted = original,
+            }
+            state.refresh.remove(&presented);
             state.refresh_grants += 1;
             true
         }
@@ -680,14 +706,14 @@ async fn token(
     };
     let access = state.mint("at");
     state.access.insert(access.clone());
-    let scope = f.get("scope").cloned().unwrap_or_default();
-    state.scopes.insert(access.clone(), scope);
+    state.scopes.insert(access.clone(), granted.clone());
     let expires_in = state.expires_in.unwrap_or(3600);
     let mut body =
         json!({ "access_token": access, "token_type": "Bearer", "expires_in": expires_in });
     if with_refresh {
         let refresh = state.mint("rt");
         state.refresh.insert(refresh.clone());
+        state.refresh_scopes.insert(refresh.clone(), granted);
         body["refresh_token"] = json!(refresh);
     }
     Json(body).into_response()

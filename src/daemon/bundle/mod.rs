@@ -420,7 +420,7 @@ impl BundleActorState {
                 &shared, &workspace, &name, source, wanted, host, challenge, report,
             )
             .await
-                .map(Box::new);
+            .map(Box::new);
             if let Err(ractor::MessagingErr::SendErr(BundleMsg::Started {
                 result: Ok(started),
                 ..

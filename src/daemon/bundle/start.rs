@@ -342,7 +342,10 @@ pub async fn start(
             }
         },
         Plan::Remote(remote) => {
-            connect_with_auth(shared, workspace, name, &plan, remote, host, opts, challenge).await?
+            connect_with_auth(
+                shared, workspace, name, &plan, remote, host, opts, challenge,
+            )
+            .await?
         }
     };
     Ok(Started {
@@ -549,14 +552,32 @@ async fn connect_with_auth(
                         reason: format!(
                             "the remote server wants a new token, and getting one failed: {e}"
                         ),
-                    })
+                    });
                 }
                 Ok(Silent::Interactive(why)) => {
+                    // A scope the server wants is asked for by `bundlevisor auth`.
+                    let wanted = challenge
+                        .as_deref()
+                        .filter(|c| insufficient_scope(c))
+                        .and_then(crate::oauth::challenge_scope)
+                        .unwrap_or_default();
                     // Tokens that no longer work are forgotten; a registered client is kept.
                     let keep = TokenSet {
                         client_id: stored.client_id.clone(),
                         client_secret: stored.client_secret.clone(),
+                        wanted_scopes: crate::oauth::union(
+                            stored.wanted_scopes.clone(),
+                            wanted.clone(),
+                        ),
                         ..Default::default()
+                    };
+                    let why = if wanted.is_empty() {
+                        why
+                    } else {
+                        format!(
+                            "it needs the scope {:?}, which a silent grant did not get: {why}",
+                            wanted.join(" ")
+                        )
                     };
                     if let Err(e) = save(keep).await {
                         tracing::warn!(
@@ -596,10 +617,22 @@ async fn connect_with_auth(
                         (stored, challenge) = (tokens, again);
                     }
                     Some(scope) => {
+                        // `bundlevisor auth` asks for it next.
+                        let wanted = TokenSet {
+                            wanted_scopes: scope.clone(),
+                            ..tokens
+                        };
+                        if let Err(e) = save(wanted).await {
+                            tracing::warn!(
+                                workspace,
+                                bundle = name,
+                                "cannot store the wanted scope: {e}"
+                            );
+                        }
                         return Err(needs_auth(&format!(
                             "it needs the scope {:?}, which a silent grant did not get",
                             scope.join(" ")
-                        )))
+                        )));
                     }
                     None => return Err(needs_auth("it refused a freshly issued token")),
                 }
