@@ -567,7 +567,7 @@ fn client_auth(
     state: &AuthState,
     headers: &HeaderMap,
     f: &HashMap<String, String>,
-) -> Result<(&'static str, String, Option<String>), Response> {
+) -> Result<(&'static str, String, Option<String>), &'static str> {
     let methods = state
         .layout
         .auth_methods
@@ -581,11 +581,9 @@ fn client_auth(
     {
         let decoded = base64::engine::general_purpose::STANDARD
             .decode(basic)
-            .map_err(|_| oauth_error("invalid_client"))?;
-        let decoded = String::from_utf8(decoded).map_err(|_| oauth_error("invalid_client"))?;
-        let (id, secret) = decoded
-            .split_once(':')
-            .ok_or_else(|| oauth_error("invalid_client"))?;
+            .map_err(|_| "invalid_client")?;
+        let decoded = String::from_utf8(decoded).map_err(|_| "invalid_client")?;
+        let (id, secret) = decoded.split_once(':').ok_or("invalid_client")?;
         let unescape = |s: &str| {
             url::form_urlencoded::parse(format!("x={s}").as_bytes())
                 .next()
@@ -593,7 +591,7 @@ fn client_auth(
                 .unwrap_or_default()
         };
         if !offered("client_secret_basic") {
-            return Err(oauth_error("invalid_client"));
+            return Err("invalid_client");
         }
         return Ok(("basic", unescape(id), Some(unescape(secret))));
     }
@@ -602,7 +600,7 @@ fn client_auth(
             || f.get("client_assertion_type").map(String::as_str)
                 != Some("urn:ietf:params:oauth:client-assertion-type:jwt-bearer")
         {
-            return Err(oauth_error("invalid_client"));
+            return Err("invalid_client");
         }
         let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::ES256);
         validation.set_audience(&[format!("{}{}", app.base, state.layout.issuer_path)]);
@@ -616,12 +614,12 @@ fn client_auth(
                 }
             }
         }
-        return Err(oauth_error("invalid_client"));
+        return Err("invalid_client");
     }
     let client = f.get("client_id").cloned().unwrap_or_default();
     match f.get("client_secret") {
         Some(secret) if offered("client_secret_post") => Ok(("post", client, Some(secret.clone()))),
-        Some(_) => Err(oauth_error("invalid_client")),
+        Some(_) => Err("invalid_client"),
         None => Ok(("none", client, None)),
     }
 }
@@ -635,7 +633,7 @@ async fn token(
     state.token_requests += 1;
     let (auth, client, secret) = match client_auth(&app, &state, &headers, &f) {
         Ok(who) => who,
-        Err(refused) => return refused,
+        Err(refused) => return oauth_error(refused),
     };
     state.token_forms.push(TokenRequest {
         auth,

@@ -416,11 +416,10 @@ impl BundleActorState {
                     let _ = myself.send_message(BundleMsg::SandboxReady { generation, record });
                 }
             };
-            let result = start::start(
-                &shared, &workspace, &name, source, wanted, host, challenge, report,
-            )
-            .await
-            .map(Box::new);
+            let attempt = start::Attempt { wanted, challenge };
+            let result = start::start(&shared, &workspace, &name, source, attempt, host, report)
+                .await
+                .map(Box::new);
             if let Err(ractor::MessagingErr::SendErr(BundleMsg::Started {
                 result: Ok(started),
                 ..

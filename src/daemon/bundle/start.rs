@@ -202,6 +202,14 @@ fn choose(
     Ok((loaded, rejected))
 }
 
+/// What one start is asked to do.
+pub struct Attempt {
+    pub wanted: Wanted,
+    /// The challenge of the 401 or 403 that ended the last session (a
+    /// remote bundle gets a token for it before connecting).
+    pub challenge: Option<String>,
+}
+
 /// Chooses the manifest, resolves the launch plan, prepares the sandbox and
 /// connects.
 pub async fn start(
@@ -209,9 +217,8 @@ pub async fn start(
     workspace: &str,
     name: &str,
     source: PathBuf,
-    wanted: Wanted,
+    Attempt { wanted, challenge }: Attempt,
     host: HostContext,
-    challenge: Option<String>,
     report_sandbox: impl FnOnce(SandboxRecord),
 ) -> Result<Started, StartFailure> {
     let config = |reason: String| StartFailure {
@@ -343,7 +350,13 @@ pub async fn start(
         },
         Plan::Remote(remote) => {
             connect_with_auth(
-                shared, workspace, name, &plan, remote, host, opts, challenge,
+                shared,
+                (workspace, name),
+                &plan,
+                remote,
+                host,
+                opts,
+                challenge,
             )
             .await?
         }
@@ -482,8 +495,7 @@ const EXPIRY_MARGIN_SECS: i64 = 30;
 /// interactive flow can help: `needs_auth`, never a restart loop.
 async fn connect_with_auth(
     shared: &Shared,
-    workspace: &str,
-    name: &str,
+    (workspace, name): (&str, &str),
     plan: &Plan,
     remote: &RemotePlan,
     host: HostContext,
