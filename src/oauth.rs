@@ -193,6 +193,8 @@ impl OAuthHttpClient for Http {
     fn execute(&self, request: OAuthHttpRequest) -> OAuthHttpClientFuture<'_> {
         Box::pin(async move {
             let url = request.request.uri().to_string();
+            // Only a token or registration request's error answer is a refusal.
+            let post = request.request.method() == axum::http::Method::POST;
             if let Err(reason) = crate::remote_http::check_url(&url) {
                 let mut seen = self.seen();
                 if seen.insecure.is_none() {
@@ -251,7 +253,7 @@ impl OAuthHttpClient for Http {
                 self.seen().failure = Some((url.clone(), format!(
                     "HTTP {status} redirect to {to}, which is not followed: OAuth requests go only to the URLs the metadata names"
                 )));
-            } else if status.is_client_error() {
+            } else if post && status.is_client_error() {
                 if let Ok(e) = serde_json::from_slice::<ErrorResponse>(&body) {
                     self.seen().refusal = Some((e.error, e.error_description));
                 }

@@ -1028,3 +1028,27 @@ fn a_scope_no_silent_grant_can_get_is_named_and_asked_for_by_the_next_authorizat
     // Never a restart loop: two authorizations, two code grants.
     assert_eq!(fx.with(|s| s.code_grants), 2);
 }
+
+#[test]
+fn a_gracefully_closed_stream_is_resumed_after_its_retry_with_last_event_id() {
+    let fx = Fixture::start(None);
+    let d = Daemon::start();
+    let path = d.root().join("bundles").join("resumable.json");
+    let file = json!({"name": "resumable", "url": format!("{}/sse-mcp", fx.base)});
+    std::fs::write(&path, file.to_string()).unwrap();
+    d.ok(&["install", path.to_str().unwrap()]);
+    d.wait_state("default", "resumable", "ready");
+    assert_eq!(
+        call_text(&d, "resumable", "slow", json!({})),
+        "resumed answer"
+    );
+    let resumed = fx.with(|s| s.resumed.clone());
+    assert_eq!(resumed.len(), 1, "{resumed:?}");
+    let (last_event_id, after) = &resumed[0];
+    assert_eq!(last_event_id, "ev-1");
+    // The server's `retry` (2.5 s), not the client's own backoff (1 s).
+    assert!(
+        *after >= Duration::from_millis(fixture::SSE_RETRY_MS - 100),
+        "resumed after {after:?}"
+    );
+}

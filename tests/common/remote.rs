@@ -84,6 +84,12 @@ pub struct AuthState {
     pub token_forms: Vec<TokenRequest>,
     /// Client ids seen at `/authorize`.
     pub authorize_clients: Vec<String>,
+    /// `/sse-mcp`: the answer held back when the call's stream was closed,
+    /// and when that was.
+    held: Option<(Value, std::time::Instant)>,
+    /// `/sse-mcp`: each resumption's `Last-Event-ID`, and how long after
+    /// the close it came.
+    pub resumed: Vec<(String, std::time::Duration)>,
     /// Every request the decoy (another origin) received.
     pub decoy: Vec<DecoyRequest>,
     next: u64,
@@ -256,6 +262,7 @@ impl Fixture {
             .route("/.well-known/{*rest}", get(well_known))
             .route("/tenant/.well-known/{*rest}", get(tenant_well_known))
             .route("/moved", axum::routing::any(moved))
+            .route("/sse-mcp", axum::routing::any(resumable))
             .route("/register", post(register))
             .route("/authorize", get(authorize))
             .route("/token", post(token))
@@ -715,6 +722,80 @@ async fn token(
         body["refresh_token"] = json!(refresh);
     }
     Json(body).into_response()
+}
+
+/// The `retry` (ms) `/sse-mcp` sends before it closes a call's stream.
+pub const SSE_RETRY_MS: u64 = 2500;
+
+/// `/sse-mcp`: a streamable-HTTP MCP server, unprotected, that ends each
+/// `tools/call`'s event stream gracefully after a priming event (an `id`
+/// and a `retry`, SEP-1699) and gives the answer only to a `GET` that
+/// resumes with that `Last-Event-ID` — written by hand, since the point is
+/// exactly what an SDK's server would hide.
+async fn resumable(
+    State(app): State<App>,
+    method: axum::http::Method,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let sse = |events: String| {
+        (
+            StatusCode::OK,
+            [
+                ("content-type", "text/event-stream"),
+                ("mcp-session-id", "s1"),
+            ],
+            events,
+        )
+            .into_response()
+    };
+    if method == axum::http::Method::GET {
+        let Some(last) = headers.get("last-event-id").and_then(|v| v.to_str().ok()) else {
+            return StatusCode::METHOD_NOT_ALLOWED.into_response();
+        };
+        let mut state = app.state.lock().unwrap();
+        let Some((answer, closed)) = state.held.take() else {
+            return StatusCode::METHOD_NOT_ALLOWED.into_response();
+        };
+        state.resumed.push((last.to_string(), closed.elapsed()));
+        return sse(format!("id: ev-2\ndata: {answer}\n\n"));
+    }
+    if method != axum::http::Method::POST {
+        return StatusCode::OK.into_response();
+    }
+    let Ok(message) = serde_json::from_slice::<Value>(&body) else {
+        return StatusCode::BAD_REQUEST.into_response();
+    };
+    let Some(id) = message.get("id").cloned() else {
+        return StatusCode::ACCEPTED.into_response();
+    };
+    let answer = |result: Value| json!({"jsonrpc": "2.0", "id": id, "result": result});
+    let result = match message["method"].as_str().unwrap_or_default() {
+        "initialize" => json!({
+            "protocolVersion": message["params"]["protocolVersion"],
+            "capabilities": {"tools": {}},
+            "serverInfo": {"name": "resumable", "version": "1"},
+        }),
+        "tools/list" => json!({"tools": [{
+            "name": "slow", "description": "Answers on a resumed stream",
+            "inputSchema": {"type": "object"},
+        }]}),
+        "tools/call" => {
+            let result = answer(json!({"content": [{"type": "text", "text": "resumed answer"}]}));
+            app.state.lock().unwrap().held = Some((result, std::time::Instant::now()));
+            return sse(format!("id: ev-1\nretry: {SSE_RETRY_MS}\ndata: \n\n"));
+        }
+        _ => json!({}),
+    };
+    (
+        StatusCode::OK,
+        [
+            ("content-type", "application/json"),
+            ("mcp-session-id", "s1"),
+        ],
+        answer(result).to_string(),
+    )
+        .into_response()
 }
 
 /// The protected MCP server.
