@@ -801,4 +801,90 @@ mod tests {
             assert!(!same_identifier(&a, other), "{other}");
         }
     }
+
+    /// A local server whose protected-resource and authorization-server
+    /// metadata are the given documents (`BASE` replaced by its URL).
+    async fn metadata_server(prm: Value, asm: Value) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let fill = |v: Value| -> Value {
+            serde_json::from_str(&v.to_string().replace("BASE", &base)).unwrap()
+        };
+        let (prm, asm) = (fill(prm), fill(asm));
+        let app = axum::Router::new()
+            .route(
+                "/.well-known/oauth-protected-resource/mcp",
+                axum::routing::get(move || async move { axum::Json(prm) }),
+            )
+            .route(
+                "/.well-known/oauth-authorization-server",
+                axum::routing::get(move || async move { axum::Json(asm) }),
+            );
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        base
+    }
+
+    fn plan(base: &str) -> RemotePlan {
+        RemotePlan {
+            url: format!("{base}/mcp"),
+            headers: Vec::new(),
+            auth: None,
+            redactor: Redactor::default(),
+        }
+    }
+
+    #[tokio::test]
+    async fn discovered_endpoints_must_pass_the_https_or_loopback_rule() {
+        let prm = json!({ "resource": "BASE/mcp", "authorization_servers": ["BASE"] });
+        let good = json!({ "issuer": "BASE", "token_endpoint": "BASE/token",
+            "authorization_endpoint": "BASE/authorize", "registration_endpoint": "BASE/register",
+            "code_challenge_methods_supported": ["S256"] });
+        let base = metadata_server(prm.clone(), good.clone()).await;
+        let challenge =
+            format!("Bearer resource_metadata=\"{base}/.well-known/oauth-protected-resource/mcp\"");
+        assert!(manager(&http_client(), &plan(&base), Some(&challenge))
+            .await
+            .is_ok());
+        for (field, value, what) in [
+            (
+                "token_endpoint",
+                "http://as.example/token",
+                "the token endpoint",
+            ),
+            (
+                "authorization_endpoint",
+                "http://as.example/authorize",
+                "the authorization endpoint",
+            ),
+            (
+                "registration_endpoint",
+                "ftp://as.example/register",
+                "the registration endpoint",
+            ),
+        ] {
+            let mut asm = good.clone();
+            asm[field] = json!(value);
+            let base = metadata_server(prm.clone(), asm).await;
+            let challenge = format!(
+                "Bearer resource_metadata=\"{base}/.well-known/oauth-protected-resource/mcp\""
+            );
+            match manager(&http_client(), &plan(&base), Some(&challenge)).await {
+                Err(OAuthError::InsecureUrl { what: w, url, .. }) => {
+                    assert_eq!((w, url.as_str()), (what, value));
+                }
+                Err(e) => panic!("{field}: {e}"),
+                Ok(_) => panic!("{field}: {value} was accepted"),
+            }
+        }
+        // A challenge pointing at plain http: refused before any request.
+        let e = manager(
+            &http_client(),
+            &plan(&base),
+            Some("Bearer resource_metadata=\"http://as.example/prm\""),
+        )
+        .await
+        .err()
+        .unwrap();
+        assert!(e.to_string().contains("must use https"), "{e}");
+    }
 }
