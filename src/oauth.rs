@@ -42,9 +42,11 @@ use rmcp::transport::auth::{
     AuthorizationMetadata, AuthorizationRequest, AuthorizationSession, ClientCredentialsConfig,
     JwtSigningAlgorithm, OAuthClientConfig, OAuthTokenResponse,
 };
+use rmcp::transport::StateStore;
 use rmcp::transport::{
-    AuthError, AuthorizationManager, CredentialStore, InMemoryCredentialStore, OAuthHttpClient,
-    OAuthHttpClientError, OAuthHttpClientFuture, OAuthHttpRequest, StoredCredentials,
+    AuthError, AuthorizationManager, CredentialStore, InMemoryCredentialStore, InMemoryStateStore,
+    OAuthHttpClient, OAuthHttpClientError, OAuthHttpClientFuture, OAuthHttpRequest,
+    StoredCredentials,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -336,7 +338,7 @@ async fn manager(
     http: &Http,
     plan: &RemotePlan,
     challenge: Option<&str>,
-) -> Result<AuthorizationManager, OAuthError> {
+) -> Result<(AuthorizationManager, AuthorizationMetadata), OAuthError> {
     checked("the MCP server URL", &plan.url)?;
     // rmcp skips a challenge's metadata URL it will not fetch and goes on
     // discovering; a challenge pointing at plain http is refused instead.
@@ -373,8 +375,8 @@ async fn manager(
     if let Some(endpoint) = &metadata.registration_endpoint {
         checked("the registration endpoint", endpoint)?;
     }
-    manager.set_metadata(metadata);
-    Ok(manager)
+    manager.set_metadata(metadata.clone());
+    Ok((manager, metadata))
 }
 
 /// The client identity used at the token endpoint: the bundle file's
@@ -502,7 +504,7 @@ pub async fn obtain_silently(
             "no stored refresh token and no client credentials configured".into(),
         ));
     }
-    let mut manager = manager(http, plan, challenge).await?;
+    let (mut manager, metadata) = manager(http, plan, challenge).await?;
     // What the requests carried stays out of any error text about them.
     let secrets = || {
         Redactor::new(
@@ -517,7 +519,33 @@ pub async fn obtain_silently(
     };
     let masked = |e: OAuthError| -> String { secrets().redact(&e.to_string()).into_owned() };
     let mut why = Vec::new();
-    if let Some((refresh, id)) = refresh {
+    if let (Some((refresh, id)), Some(key)) = (refresh, Jwt::of(auth, &metadata)) {
+        // private_key_jwt, which rmcp offers for client credentials only.
+        let mut form = vec![
+            ("grant_type", "refresh_token".to_string()),
+            ("refresh_token", refresh.expose().to_string()),
+        ];
+        if let Some(required) = step_up(challenge) {
+            let configured = auth.map(|a| a.scopes.clone()).unwrap_or_default();
+            form.push(("scope", union(configured, required).join(" ")));
+        }
+        match key
+            .token_request(http, &metadata, id, &plan.url, form)
+            .await
+        {
+            Ok(mut tokens) => {
+                if tokens.refresh_token.is_none() {
+                    tokens.refresh_token = stored.refresh_token.clone();
+                }
+                tokens.client_id = stored.client_id.clone();
+                return Ok(Silent::Tokens(tokens));
+            }
+            Err(e @ OAuthError::Refused { .. }) => {
+                why.push(format!("refresh token: {}", masked(e)))
+            }
+            Err(e) => return Err(mask(e, &secrets())),
+        }
+    } else if let Some((refresh, id)) = refresh {
         let store = InMemoryCredentialStore::new();
         let answer: OAuthTokenResponse = serde_json::from_value(json!({
             "access_token": stored.access_token.as_ref().map(|t| t.expose().to_string()).unwrap_or_default(),
@@ -627,6 +655,119 @@ fn mask(e: OAuthError, redactor: &Redactor) -> OAuthError {
     }
 }
 
+/// A client that authenticates at the token endpoint with
+/// `private_key_jwt` (RFC 7523) for the authorization-code and refresh
+/// grants: rmcp signs assertions only for client credentials, so these
+/// requests are made here.
+pub struct Jwt {
+    key: Secret,
+    alg: JwtSigningAlgorithm,
+}
+
+/// How long an assertion is good for.
+const ASSERTION_SECS: i64 = 300;
+
+impl Jwt {
+    /// The bundle's key, when it has one and the server takes
+    /// `private_key_jwt` (or says nothing of its methods).
+    fn of(auth: Option<&AuthPlan>, metadata: &AuthorizationMetadata) -> Option<Jwt> {
+        let auth = auth?;
+        let key = auth.private_key.clone()?;
+        let offered = metadata
+            .additional_fields
+            .get("token_endpoint_auth_methods_supported")
+            .and_then(Value::as_array)
+            .is_none_or(|m| m.iter().any(|m| m == "private_key_jwt"));
+        offered.then(|| Jwt {
+            key,
+            alg: auth.signing_alg.unwrap_or(JwtSigningAlgorithm::RS256),
+        })
+    }
+
+    /// A signed client assertion for `client_id`, its audience the issuer.
+    fn assertion(&self, client_id: &str, audience: &str) -> Result<String, OAuthError> {
+        use jsonwebtoken::{Algorithm, EncodingKey, Header};
+        let pem = self.key.expose().as_bytes();
+        let (alg, key) = match self.alg {
+            JwtSigningAlgorithm::ES256 => (Algorithm::ES256, EncodingKey::from_ec_pem(pem)),
+            JwtSigningAlgorithm::ES384 => (Algorithm::ES384, EncodingKey::from_ec_pem(pem)),
+            JwtSigningAlgorithm::RS384 => (Algorithm::RS384, EncodingKey::from_rsa_pem(pem)),
+            JwtSigningAlgorithm::RS512 => (Algorithm::RS512, EncodingKey::from_rsa_pem(pem)),
+            _ => (Algorithm::RS256, EncodingKey::from_rsa_pem(pem)),
+        };
+        // The key's own error text is not repeated: it may quote the key.
+        let key = key.map_err(|_| {
+            OAuthError::Unsupported(format!(
+                "auth.private_key is not a PEM private key for {alg:?} (auth.signing_alg)"
+            ))
+        })?;
+        let now = crate::clock::unix_secs();
+        let mut jti = [0u8; 16];
+        chacha20poly1305::aead::rand_core::RngCore::fill_bytes(
+            &mut chacha20poly1305::aead::OsRng,
+            &mut jti,
+        );
+        let claims = json!({
+            "iss": client_id, "sub": client_id, "aud": audience,
+            "iat": now, "exp": now + ASSERTION_SECS,
+            "jti": jti.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+        });
+        jsonwebtoken::encode(&Header::new(alg), &claims, &key)
+            .map_err(|e| OAuthError::Unsupported(format!("cannot sign the client assertion: {e}")))
+    }
+
+    /// Posts `form` to the token endpoint with an assertion and the
+    /// RFC 8707 `resource`; a refusal is [`OAuthError::Refused`].
+    async fn token_request(
+        &self,
+        http: &Http,
+        metadata: &AuthorizationMetadata,
+        client_id: &str,
+        resource: &str,
+        mut form: Vec<(&str, String)>,
+    ) -> Result<TokenSet, OAuthError> {
+        let url = &metadata.token_endpoint;
+        checked("the token endpoint", url)?;
+        let audience = metadata.issuer.clone().unwrap_or_else(|| url.clone());
+        form.push((
+            "client_assertion_type",
+            "urn:ietf:params:oauth:client-assertion-type:jwt-bearer".into(),
+        ));
+        form.push(("client_assertion", self.assertion(client_id, &audience)?));
+        form.push(("resource", resource.to_string()));
+        let failed = |message: String| OAuthError::Http {
+            url: url.clone(),
+            message,
+        };
+        let sent = http
+            .0
+            .client
+            .post(url)
+            .header("accept", "application/json")
+            .form(&form)
+            .send()
+            .await;
+        for (_, value) in form.iter_mut() {
+            zeroize::Zeroize::zeroize(value);
+        }
+        let response = sent.map_err(|e| failed(e.to_string()))?;
+        let status = response.status();
+        let body = response.bytes().await.map_err(|e| failed(e.to_string()))?;
+        if status.is_success() {
+            let answer: Value = serde_json::from_slice(&body)
+                .map_err(|e| failed(format!("unusable token response: {e}")))?;
+            return token_set(&answer);
+        }
+        Err(match serde_json::from_slice::<ErrorResponse>(&body) {
+            Ok(e) if status.is_client_error() => OAuthError::Refused {
+                error: e.error,
+                description: e.error_description,
+            },
+            _ => failed(format!("HTTP {status}")),
+        })
+    }
+}
+
 /// How the client-credentials grant authenticates.
 enum Grant<'a> {
     /// `client_secret_basic` or `client_secret_post`, as the server offers.
@@ -664,6 +805,12 @@ impl Grant<'_> {
 /// `auth.begin` and `auth.complete`).
 pub struct Pending {
     session: AuthorizationSession,
+    /// The PKCE verifier of the flow, for a code exchange done here
+    /// (private_key_jwt).
+    verifiers: InMemoryStateStore,
+    /// The client's key, when the token endpoint is called with
+    /// private_key_jwt, with the metadata and what it needs.
+    jwt: Option<(Jwt, AuthorizationMetadata, String, String)>,
     pub state: String,
     pub authorization_url: String,
     /// A client registered for this flow (dynamic registration), to be
@@ -681,7 +828,9 @@ pub async fn begin(
     redirect_uri: &str,
 ) -> Result<Pending, OAuthError> {
     let auth = plan.auth.as_ref();
-    let manager = manager(http, plan, None).await?;
+    let (mut manager, metadata) = manager(http, plan, None).await?;
+    let verifiers = InMemoryStateStore::new();
+    manager.set_state_store(verifiers.clone());
     let client = ClientId::of(auth, stored);
     let mut request = AuthorizationRequest::new(redirect_uri).with_client_name("bundlevisor");
     let preregistered = client.id.is_some();
@@ -727,8 +876,13 @@ pub async fn begin(
     } else {
         session.get_credentials().await.ok().map(|(id, _)| id)
     };
+    let jwt = Jwt::of(auth, &metadata)
+        .zip(client.id.clone())
+        .map(|(key, id)| (key, metadata.clone(), id, plan.url.clone()));
     Ok(Pending {
         session,
+        verifiers,
+        jwt,
         state,
         authorization_url,
         registered,
@@ -743,6 +897,34 @@ pub async fn complete(
     code: &str,
     issuer: Option<&str>,
 ) -> Result<TokenSet, OAuthError> {
+    if let Some((key, metadata, id, resource)) = &pending.jwt {
+        let flow = pending
+            .verifiers
+            .load(&pending.state)
+            .await
+            .ok()
+            .flatten()
+            .ok_or_else(|| OAuthError::Discovery("the flow's PKCE verifier is gone".into()))?;
+        // RFC 9207, as rmcp checks it.
+        if flow.require_issuer && issuer.is_none()
+            || issuer.is_some_and(|i| flow.expected_issuer.as_deref().is_some_and(|e| e != i))
+        {
+            return Err(OAuthError::Mismatch(format!(
+                "the authorization response's issuer {issuer:?} is not the authorization server's ({:?}, RFC 9207); the code was not used",
+                flow.expected_issuer
+            )));
+        }
+        let form = vec![
+            ("grant_type", "authorization_code".to_string()),
+            ("code", code.to_string()),
+            ("redirect_uri", pending.session.redirect_uri.clone()),
+            ("code_verifier", flow.pkce_verifier.clone()),
+        ];
+        return key
+            .token_request(http, metadata, id, resource, form)
+            .await
+            .map_err(|e| mask(e, &Redactor::new([Secret::new(code.to_string())])));
+    }
     http.forget();
     let answer = pending
         .session

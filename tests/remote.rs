@@ -827,20 +827,8 @@ fn client_credentials_with_private_key_jwt_sign_with_the_operators_sealed_key() 
     );
     let _ = d.cli(&["install", path.to_str().unwrap()]);
     d.wait_state("default", "notes", "needs_config");
-    // The key goes in on stdin (`KEY=-`), like any multi-line secret.
-    let mut configure = Command::new(BIN)
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(["configure", "notes", "key=-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut configure.stdin.take().unwrap(), private.as_bytes()).unwrap();
-    let out = configure.wait_with_output().unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("reconfigured: ready"), "{out:?}\n{}", d.log());
+    let out = configure_from_stdin(&d, "notes", "key", &private);
+    assert!(out.contains("reconfigured: ready"), "{out}\n{}", d.log());
     let key_file = d.root().join("client-key.pem");
     let forms = fx.with(|s| s.token_forms.clone());
     assert_eq!(forms.len(), 1, "{forms:?}");
@@ -1051,4 +1039,79 @@ fn a_gracefully_closed_stream_is_resumed_after_its_retry_with_last_event_id() {
         *after >= Duration::from_millis(fixture::SSE_RETRY_MS - 100),
         "resumed after {after:?}"
     );
+}
+
+#[test]
+fn private_key_jwt_authenticates_the_code_exchange_and_the_refresh_too() {
+    let fx = Fixture::start(None);
+    let d = Daemon::start();
+    let (private, public) = ec_key_pair(&d.root());
+    {
+        let mut state = fx.state.lock().unwrap();
+        state.jwt_keys.push(("bv-jwt".into(), public));
+        state.clients.insert("bv-jwt".into(), None);
+    }
+    fx.lay_out(Layout {
+        auth_methods: Some(vec!["private_key_jwt".into()]),
+        no_client_credentials: true,
+        ..Default::default()
+    });
+    let path = write_remote(
+        &d,
+        &fx,
+        "notes",
+        json!({
+            "user_config": {"key": {"type": "string", "title": "Client key", "sensitive": true, "required": true}},
+            "auth": {"client_id": "bv-jwt", "private_key": "${user_config.key}", "signing_alg": "ES256"}
+        }),
+    );
+    let _ = d.cli(&["install", path.to_str().unwrap()]);
+    d.wait_state("default", "notes", "needs_config");
+    configure_from_stdin(&d, "notes", "key", &private);
+    // Client credentials are refused: only the browser can help.
+    d.wait_state("default", "notes", "needs_auth");
+    authorize(&d, &fx, "notes");
+    d.wait_state("default", "notes", "ready");
+    // The access token stops working: the refresh signs again.
+    fx.revoke_access_tokens();
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+    let forms = fx.with(|s| s.token_forms.clone());
+    assert_eq!(
+        forms
+            .iter()
+            .map(|f| (f.auth, f.grant_type.as_str()))
+            .collect::<Vec<_>>(),
+        vec![
+            ("jwt", "client_credentials"),
+            ("jwt", "authorization_code"),
+            ("jwt", "refresh_token"),
+        ]
+    );
+    assert!(forms
+        .iter()
+        .all(|f| f.resource.as_deref() == Some(fx.mcp_url.as_str())));
+}
+
+/// `bundlevisor configure NAME KEY=-` with `value` on stdin (how a
+/// multi-line secret such as a PEM key goes in); what it printed.
+fn configure_from_stdin(d: &Daemon, name: &str, key: &str, value: &str) -> String {
+    let mut configure = Command::new(BIN)
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["configure", name, &format!("{key}=-")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut configure.stdin.take().unwrap(), value.as_bytes()).unwrap();
+    let out = configure.wait_with_output().unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }

@@ -153,6 +153,8 @@ pub struct Layout {
     /// The scope every token must carry for `whoami` (else 403
     /// `insufficient_scope` naming it).
     pub required_scope: Option<String>,
+    /// The client-credentials grant is refused (`unauthorized_client`).
+    pub no_client_credentials: bool,
 }
 
 /// What a token request carried.
@@ -697,6 +699,9 @@ async fn token(
             state.refresh.remove(&presented);
             state.refresh_grants += 1;
             true
+        }
+        Some("client_credentials") if state.layout.no_client_credentials => {
+            return oauth_error("unauthorized_client");
         }
         Some("client_credentials") => {
             let by_key = auth == "jwt";
