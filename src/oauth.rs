@@ -29,6 +29,8 @@
 //!   (rmcp's client-credentials and exchange errors are plain strings).
 //! - `auth.authorization_server`, an issuer the operator names: rmcp has
 //!   no way to take one, so its metadata is fetched here.
+//! - `private_key_jwt` for the authorization-code and refresh grants
+//!   ([`Jwt`]): rmcp signs assertions only for client credentials.
 //! - Which grant is tried when, and what the daemon does about a 401 (one
 //!   rebuild for many failed calls, `needs_auth`): the bundle's actor.
 //! - Error texts: the secrets a request carried are masked in them.
