@@ -340,7 +340,7 @@ async fn manager(
     http: &Http,
     plan: &RemotePlan,
     challenge: Option<&str>,
-) -> Result<(AuthorizationManager, AuthorizationMetadata), OAuthError> {
+) -> Result<(AuthorizationManager, AuthorizationMetadata, bool), OAuthError> {
     checked("the MCP server URL", &plan.url)?;
     // rmcp skips a challenge's metadata URL it will not fetch and goes on
     // discovering; a challenge pointing at plain http is refused instead.
@@ -355,18 +355,19 @@ async fn manager(
         AuthorizationManager::new_with_oauth_http_client(plan.url.as_str(), Arc::new(http.clone()))
             .await
             .map_err(|e| http.explain(e))?;
-    let metadata = match plan
+    // Whether the metadata was published (not the 2025-03-26 fallback).
+    let (metadata, published) = match plan
         .auth
         .as_ref()
         .and_then(|a| a.authorization_server.as_deref())
     {
-        Some(issuer) => configured_issuer(http, issuer).await?,
+        Some(issuer) => (configured_issuer(http, issuer).await?, true),
         None => {
-            manager
+            let found = manager
                 .resolve_metadata_from_challenge(challenge)
                 .await
-                .map_err(|e| http.explain(e))?
-                .metadata
+                .map_err(|e| http.explain(e))?;
+            (found.metadata, found.source.is_discovered())
         }
     };
     checked("the token endpoint", &metadata.token_endpoint)?;
@@ -378,7 +379,7 @@ async fn manager(
         checked("the registration endpoint", endpoint)?;
     }
     manager.set_metadata(metadata.clone());
-    Ok((manager, metadata))
+    Ok((manager, metadata, published))
 }
 
 /// The client identity used at the token endpoint: the bundle file's
@@ -506,7 +507,7 @@ pub async fn obtain_silently(
             "no stored refresh token and no client credentials configured".into(),
         ));
     }
-    let (mut manager, metadata) = manager(http, plan, challenge).await?;
+    let (mut manager, metadata, _) = manager(http, plan, challenge).await?;
     // What the requests carried stays out of any error text about them.
     let secrets = || {
         Redactor::new(
@@ -830,7 +831,14 @@ pub async fn begin(
     redirect_uri: &str,
 ) -> Result<Pending, OAuthError> {
     let auth = plan.auth.as_ref();
-    let (mut manager, metadata) = manager(http, plan, None).await?;
+    let (mut manager, metadata, published) = manager(http, plan, None).await?;
+    // The 2025-11-25 spec: no advertised PKCE support, no authorization
+    // (rmcp only warns). The 2025-03-26 fallback has nothing to advertise.
+    if published && metadata.code_challenge_methods_supported.is_none() {
+        return Err(OAuthError::Unsupported(
+            "the authorization server's metadata does not list code_challenge_methods_supported, so it may not support PKCE, which the MCP authorization spec requires; nothing was sent to it".into(),
+        ));
+    }
     let verifiers = InMemoryStateStore::new();
     manager.set_state_store(verifiers.clone());
     let client = ClientId::of(auth, stored);

@@ -1115,3 +1115,24 @@ fn configure_from_stdin(d: &Daemon, name: &str, key: &str, value: &str) -> Strin
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+#[test]
+fn an_authorization_server_that_does_not_advertise_pkce_gets_no_authorization_request() {
+    let fx = Fixture::start(None);
+    fx.lay_out(Layout {
+        no_pkce_advertised: true,
+        ..Default::default()
+    });
+    let d = Daemon::start();
+    let path = write_remote(&d, &fx, "notes", json!({}));
+    let _ = d.cli(&["install", path.to_str().unwrap()]);
+    d.wait_state("default", "notes", "needs_auth");
+    let out = d.cli(&["auth", "notes", "--timeout", "10s"]);
+    assert!(!out.status.success());
+    let msg = String::from_utf8_lossy(&out.stderr);
+    assert!(msg.contains("code_challenge_methods_supported"), "{msg}");
+    assert_eq!(
+        fx.with(|s| (s.registrations, s.authorize_clients.len())),
+        (0, 0)
+    );
+}

@@ -155,6 +155,8 @@ pub struct Layout {
     pub required_scope: Option<String>,
     /// The client-credentials grant is refused (`unauthorized_client`).
     pub no_client_credentials: bool,
+    /// The metadata leaves out `code_challenge_methods_supported`.
+    pub no_pkce_advertised: bool,
 }
 
 /// What a token request carried.
@@ -482,7 +484,7 @@ fn server_metadata(app: &App, state: &AuthState) -> Response {
         .auth_methods
         .clone()
         .unwrap_or_else(|| vec!["none".into(), "client_secret_post".into()]);
-    Json(json!({
+    let mut metadata = json!({
         "issuer": issuer,
         "authorization_endpoint": format!("{b}/authorize"),
         "token_endpoint": format!("{b}/token"),
@@ -493,8 +495,14 @@ fn server_metadata(app: &App, state: &AuthState) -> Response {
         "token_endpoint_auth_methods_supported": methods,
         "token_endpoint_auth_signing_alg_values_supported": ["ES256", "RS256"],
         "client_id_metadata_document_supported": layout.cimd,
-    }))
-    .into_response()
+    });
+    if layout.no_pkce_advertised {
+        metadata
+            .as_object_mut()
+            .unwrap()
+            .remove("code_challenge_methods_supported");
+    }
+    Json(metadata).into_response()
 }
 
 async fn register(State(app): State<App>, Json(body): Json<Value>) -> Json<Value> {
