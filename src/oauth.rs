@@ -236,17 +236,11 @@ impl OAuthHttpClient for Http {
                 .get(reqwest::header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|v| v.starts_with("text/event-stream"));
-            let mut body = Vec::new();
-            if !stream {
-                while let Some(chunk) = response.chunk().await.map_err(|e| failed(e.to_string()))? {
-                    if body.len() + chunk.len() > MAX_ANSWER_BYTES {
-                        return Err(failed(format!(
-                            "the answer is larger than {MAX_ANSWER_BYTES} bytes"
-                        )));
-                    }
-                    body.extend_from_slice(&chunk);
-                }
-            }
+            let body = if stream {
+                Vec::new()
+            } else {
+                bounded(&mut response).await.map_err(failed)?
+            };
             if status.is_redirection() {
                 let to = response
                     .headers()
@@ -267,6 +261,20 @@ impl OAuthHttpClient for Http {
             answer.body(body).map_err(|e| failed(e.to_string()))
         })
     }
+}
+
+/// An answer's body, read up to [`MAX_ANSWER_BYTES`].
+async fn bounded(response: &mut reqwest::Response) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return Err(format!(
+                "the answer is larger than {MAX_ANSWER_BYTES} bytes"
+            ));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// `resource_metadata="URL"` from a `WWW-Authenticate: Bearer` challenge.
@@ -316,10 +324,13 @@ async fn configured_issuer(http: &Http, issuer: &str) -> Result<AuthorizationMet
         if !response.status().is_success() {
             continue;
         }
-        let meta: AuthorizationMetadata = response.json().await.map_err(|e| OAuthError::Http {
-            url: url.clone(),
-            message: format!("unusable metadata: {e}"),
-        })?;
+        let meta: AuthorizationMetadata = bounded(&mut { response })
+            .await
+            .and_then(|body| serde_json::from_slice(&body).map_err(|e| e.to_string()))
+            .map_err(|e| OAuthError::Http {
+                url: url.clone(),
+                message: format!("unusable metadata: {e}"),
+            })?;
         match meta.issuer.as_deref() {
             Some(named) if same_identifier(&issuer_url, named) => return Ok(meta),
             Some(named) => return Err(OAuthError::Mismatch(format!(
@@ -426,13 +437,11 @@ fn token_set(answer: &impl serde::Serialize) -> Result<TokenSet, OAuthError> {
     })
 }
 
-/// The scopes asked for by the client-credentials grant: the bundle file's,
-/// else the challenge's, else the protected resource's `scopes_supported`,
-/// else none (a token for an application has no use for `offline_access`).
-async fn client_credentials_scopes(auth: &AuthPlan, manager: &AuthorizationManager) -> Vec<String> {
-    if !auth.scopes.is_empty() {
-        return auth.scopes.clone();
-    }
+/// The scopes a grant asks for when neither the bundle file nor the server
+/// named any: the challenge's, else the protected resource's
+/// `scopes_supported`, else none (a token for an application has no use
+/// for `offline_access`).
+async fn initial_scopes(manager: &AuthorizationManager) -> Vec<String> {
     let mut scopes = manager.select_initial_scopes(&[]).await;
     scopes.retain(|s| s != "offline_access");
     scopes
@@ -521,6 +530,15 @@ pub async fn obtain_silently(
         )
     };
     let masked = |e: OAuthError| -> String { secrets().redact(&e.to_string()).into_owned() };
+    // Scopes: what a 403 said a token lacks (now or before) is kept with
+    // the tokens, and asked for with the bundle file's from then on.
+    let required = step_up(challenge);
+    let wanted = union(
+        stored.wanted_scopes.clone(),
+        required.clone().unwrap_or_default(),
+    );
+    let configured = auth.map(|a| a.scopes.clone()).unwrap_or_default();
+    let asked = union(configured, wanted.clone());
     let mut why = Vec::new();
     if let (Some((refresh, id)), Some(key)) = (refresh, Jwt::of(auth, &metadata)) {
         // private_key_jwt, which rmcp offers for client credentials only.
@@ -528,9 +546,8 @@ pub async fn obtain_silently(
             ("grant_type", "refresh_token".to_string()),
             ("refresh_token", refresh.expose().to_string()),
         ];
-        if let Some(required) = step_up(challenge) {
-            let configured = auth.map(|a| a.scopes.clone()).unwrap_or_default();
-            form.push(("scope", union(configured, required).join(" ")));
+        if required.is_some() {
+            form.push(("scope", asked.join(" ")));
         }
         match key
             .token_request(http, &metadata, id, &plan.url, form)
@@ -541,6 +558,8 @@ pub async fn obtain_silently(
                     tokens.refresh_token = stored.refresh_token.clone();
                 }
                 tokens.client_id = stored.client_id.clone();
+                tokens.client_secret = stored.client_secret.clone();
+                tokens.wanted_scopes = wanted;
                 return Ok(Silent::Tokens(tokens));
             }
             Err(e @ OAuthError::Refused { .. }) => {
@@ -571,9 +590,8 @@ pub async fn obtain_silently(
             config = config.with_client_secret(secret.expose());
         }
         // Step-up: the refreshed token is asked for the scope it lacked too.
-        if let Some(required) = step_up(challenge) {
-            let configured = auth.map(|a| a.scopes.clone()).unwrap_or_default();
-            manager.set_refresh_scopes(union(configured, required));
+        if required.is_some() {
+            manager.set_refresh_scopes(asked.clone());
         }
         manager
             .configure_client(config)
@@ -587,6 +605,7 @@ pub async fn obtain_silently(
                 }
                 tokens.client_id = stored.client_id.clone();
                 tokens.client_secret = stored.client_secret.clone();
+                tokens.wanted_scopes = wanted.clone();
                 return Ok(Silent::Tokens(tokens));
             }
             Err(e) => match http.explain(e) {
@@ -595,11 +614,12 @@ pub async fn obtain_silently(
             },
         }
     }
-    if let (Some(grant), Some(auth)) = (credentials, auth) {
-        let mut scopes = client_credentials_scopes(auth, &manager).await;
-        if let Some(required) = step_up(challenge) {
-            scopes = union(scopes, required);
-        }
+    if let Some(grant) = credentials {
+        let scopes = if asked.is_empty() {
+            initial_scopes(&manager).await
+        } else {
+            asked
+        };
         let config = grant.config(scopes, &plan.url)?;
         manager
             .validate_client_credentials_metadata(&config)
@@ -611,6 +631,7 @@ pub async fn obtain_silently(
                 let mut tokens = token_set(&answer)?;
                 tokens.client_id = stored.client_id.clone();
                 tokens.client_secret = stored.client_secret.clone();
+                tokens.wanted_scopes = wanted;
                 return Ok(Silent::Tokens(tokens));
             }
             Err(e) => match http.explain(e) {
@@ -755,7 +776,7 @@ impl Jwt {
         }
         let response = sent.map_err(|e| failed(e.to_string()))?;
         let status = response.status();
-        let body = response.bytes().await.map_err(|e| failed(e.to_string()))?;
+        let body = bounded(&mut { response }).await.map_err(failed)?;
         if status.is_success() {
             let answer: Value = serde_json::from_slice(&body)
                 .map_err(|e| failed(format!("unusable token response: {e}")))?;
@@ -816,9 +837,9 @@ pub struct Pending {
     jwt: Option<(Jwt, AuthorizationMetadata, String, String)>,
     pub state: String,
     pub authorization_url: String,
-    /// A client registered for this flow (dynamic registration), to be
-    /// stored with the tokens.
-    registered: Option<String>,
+    /// The registered client (dynamic registration, now or before), to
+    /// be stored with the tokens.
+    registered: Option<(String, Option<Secret>)>,
 }
 
 /// Discovers the server, picks the client (the bundle file's, a client ID
@@ -841,16 +862,47 @@ pub async fn begin(
     }
     let verifiers = InMemoryStateStore::new();
     manager.set_state_store(verifiers.clone());
-    let client = ClientId::of(auth, stored);
     let mut request = AuthorizationRequest::new(redirect_uri).with_client_name("bundlevisor");
-    let preregistered = client.id.is_some();
+    let mut client = ClientId::of(auth, stored);
+    let from_file = auth.is_some_and(|a| a.client_id.is_some());
+    // The client kept with the tokens: one registered (now or before),
+    // never the bundle file's.
+    let mut registered = (!from_file)
+        .then(|| client.id.clone().map(|id| (id, client.secret.clone())))
+        .flatten();
+    let cimd = metadata
+        .additional_fields
+        .get("client_id_metadata_document_supported")
+        .is_some_and(|v| v == &Value::Bool(true));
+    match auth.and_then(|a| a.client_metadata_url.as_deref()) {
+        _ if client.id.is_some() => {}
+        Some(url) if cimd => request = request.with_client_metadata_url(url),
+        _ => {
+            // Registered here rather than by rmcp, so that a secret the
+            // server issues is kept with the tokens.
+            http.forget();
+            let config = manager
+                .register_client("bundlevisor", redirect_uri, &[])
+                .await
+                .map_err(|e| {
+                    OAuthError::Unsupported(format!(
+                        "dynamic client registration failed: {}; if the authorization server does not offer it, set auth.client_id in the bundle file",
+                        http.explain(e)
+                    ))
+                })?;
+            let secret = config.client_secret.map(Secret::new);
+            registered = Some((config.client_id.clone(), secret.clone()));
+            client = ClientId {
+                id: Some(config.client_id),
+                secret,
+            };
+        }
+    }
     if let Some(id) = &client.id {
         request = request.with_preregistered_client(id);
         if let Some(secret) = &client.secret {
             request = request.with_client_secret(secret.expose());
         }
-    } else if let Some(url) = auth.and_then(|a| a.client_metadata_url.as_deref()) {
-        request = request.with_client_metadata_url(url);
     }
     // The bundle file's scopes, with any the server said a token lacked.
     let configured = auth.map(|a| a.scopes.clone()).unwrap_or_default();
@@ -863,14 +915,7 @@ pub async fn begin(
     http.forget();
     let session = AuthorizationSession::new(manager, request)
         .await
-        .map_err(|(_, e)| match http.explain(e) {
-            OAuthError::Discovery(m) if m.contains("Dynamic registration failed") => {
-                OAuthError::Unsupported(format!(
-                    "{m}; if the authorization server does not offer client registration, set auth.client_id in the bundle file"
-                ))
-            }
-            e => e,
-        })?;
+        .map_err(|(_, e)| http.explain(e))?;
     let authorization_url = session.get_authorization_url().to_string();
     let state = url::Url::parse(&authorization_url)
         .ok()
@@ -881,11 +926,6 @@ pub async fn begin(
         })
         .ok_or_else(|| OAuthError::Discovery("the authorization URL has no state".into()))?;
     checked("the authorization endpoint", &authorization_url)?;
-    let registered = if preregistered {
-        None
-    } else {
-        session.get_credentials().await.ok().map(|(id, _)| id)
-    };
     let jwt = Jwt::of(auth, &metadata)
         .zip(client.id.clone())
         .map(|(key, id)| (key, metadata.clone(), id, plan.url.clone()));
@@ -915,9 +955,10 @@ pub async fn complete(
             .ok()
             .flatten()
             .ok_or_else(|| OAuthError::Discovery("the flow's PKCE verifier is gone".into()))?;
-        // RFC 9207, as rmcp checks it.
+        // RFC 9207: an `iss` must be the authorization server's, and one
+        // that advertises it must send it.
         if flow.require_issuer && issuer.is_none()
-            || issuer.is_some_and(|i| flow.expected_issuer.as_deref().is_some_and(|e| e != i))
+            || issuer.is_some_and(|i| flow.expected_issuer.as_deref() != Some(i))
         {
             return Err(OAuthError::Mismatch(format!(
                 "the authorization response's issuer {issuer:?} is not the authorization server's ({:?}, RFC 9207); the code was not used",
@@ -945,7 +986,10 @@ pub async fn complete(
             mask(http.explain(e), &code)
         })?;
     let mut tokens = token_set(&answer)?;
-    tokens.client_id = pending.registered.clone();
+    if let Some((id, secret)) = &pending.registered {
+        tokens.client_id = Some(id.clone());
+        tokens.client_secret = secret.clone();
+    }
     Ok(tokens)
 }
 

@@ -592,7 +592,14 @@ fn descriptors_the_daemon_cannot_serve_are_refused_and_closed() {
     use std::os::fd::AsRawFd;
     let d = Daemon::start();
     let file = std::fs::File::create(d.root().join("not-a-pipe")).unwrap();
-    for fds in [vec![file.as_raw_fd(), file.as_raw_fd()], vec![]] {
+    // A pipe the wrong way round: its write end as stdin, its read end as
+    // stdout (the daemon would reopen them with its own rights).
+    let (read, write) = nix::unistd::pipe().unwrap();
+    for fds in [
+        vec![file.as_raw_fd(), file.as_raw_fd()],
+        vec![write.as_raw_fd(), read.as_raw_fd()],
+        vec![],
+    ] {
         let mut raw = d.raw();
         raw.hello();
         let r = raw.request(1, "gateway.attach", json!({"handover": true}));

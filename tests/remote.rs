@@ -960,7 +960,8 @@ fn a_token_lacking_a_scope_is_stepped_up_silently_for_the_union_of_scopes() {
     assert!(fx.with(|s| s.insufficient) >= 1);
 
     // Mid-session: the server starts wanting more; the call that got the
-    // 403 is answered on a session with a token for the union.
+    // 403 is answered on a session with a token for the union of all that
+    // was asked for (the scope of the first step-up too).
     fx.lay_out(Layout {
         required_scope: Some("notes:admin".into()),
         ..Default::default()
@@ -970,7 +971,7 @@ fn a_token_lacking_a_scope_is_stepped_up_silently_for_the_union_of_scopes() {
         "remote fixture"
     );
     let last = fx.with(|s| s.token_forms.last().unwrap().scope.clone());
-    assert_eq!(last.as_deref(), Some("notes:read notes:admin"));
+    assert_eq!(last.as_deref(), Some("notes:read notes:write notes:admin"));
     d.wait_state("default", "notes", "ready");
 }
 

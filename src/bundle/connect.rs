@@ -72,6 +72,18 @@ pub enum ConnectError {
     },
 }
 
+/// A `403 insufficient_scope` challenge (RFC 6750 §3.1).
+pub fn insufficient_scope(challenge: &str) -> bool {
+    challenge.contains("insufficient_scope")
+}
+
+/// Whether a server's refusal asks for a (new) token: a 401, or a 403
+/// whose challenge says `insufficient_scope` (any other 403 is the
+/// server's answer, not a matter of authorization).
+pub fn wants_token(unauthorized: bool, challenge: Option<&str>) -> bool {
+    unauthorized || challenge.is_some_and(insufficient_scope)
+}
+
 fn stderr_hint(line: &Option<String>) -> String {
     match line {
         Some(l) => {
@@ -144,9 +156,7 @@ where
         .await
         .map_err(|e| HandshakeFailure {
             message: e.to_string(),
-            // A 401, or a 403 `insufficient_scope` (its challenge names
-            // the scope).
-            unauthorized: (e.is_authorization_required() || e.auth_challenge().is_some())
+            unauthorized: wants_token(e.is_authorization_required(), e.auth_challenge())
                 .then(|| e.auth_challenge().map(str::to_string)),
         })?;
     // A supervisor must see the bundle's current lists, never a cache.
@@ -160,9 +170,7 @@ where
         .await
         .map_err(|e| HandshakeFailure {
             message: format!("tools/list: {e}"),
-            // A 401, or a 403 `insufficient_scope` (its challenge names
-            // the scope).
-            unauthorized: (e.is_authorization_required() || e.auth_challenge().is_some())
+            unauthorized: wants_token(e.is_authorization_required(), e.auth_challenge())
                 .then(|| e.auth_challenge().map(str::to_string)),
         })?;
     Ok((service, tools))

@@ -121,13 +121,16 @@ enum Over {
 pub async fn relay(socket: &Path, mut params: AttachParams) -> Result<(), ClientError> {
     let (stdin, mut stdout) = crate::stdio::stdio();
     let mut agent = BufReader::new(stdin);
+    // What was read of the agent's next line: kept across connections.
+    let mut from_agent = Vec::new();
     let mut session = Session::default();
     let mut client = attach(socket, &params).await?;
     loop {
         let over = if params.handover {
             handed_over(client, &mut session).await
         } else {
-            relayed(client, &mut agent, &mut stdout, &mut session).await
+            let agent = (&mut agent, &mut from_agent);
+            relayed(client, agent, &mut stdout, &mut session).await
         };
         match over {
             Over::AgentDone => return Ok(()),
@@ -151,7 +154,6 @@ pub async fn relay(socket: &Path, mut params: AttachParams) -> Result<(), Client
         client = loop {
             let retry = tokio::time::sleep(backoff);
             tokio::pin!(retry);
-            let mut from_agent = Vec::new();
             loop {
                 tokio::select! {
                     _ = &mut retry => break,
@@ -173,7 +175,7 @@ pub async fn relay(socket: &Path, mut params: AttachParams) -> Result<(), Client
             // process holds nothing the agent sent.
             let resume = AttachParams {
                 resume: session.init.clone(),
-                handover: params.handover && agent.buffer().is_empty(),
+                handover: params.handover && agent.buffer().is_empty() && from_agent.is_empty(),
                 ..params.clone()
             };
             match attach(socket, &resume).await {
@@ -225,22 +227,22 @@ async fn handed_over(client: Client, session: &mut Session) -> Over {
 /// Relays lines between the agent and the daemon.
 async fn relayed(
     client: Client,
-    agent: &mut BufReader<crate::stdio::Reader>,
+    (agent, from_agent): (&mut BufReader<crate::stdio::Reader>, &mut Vec<u8>),
     stdout: &mut crate::stdio::Writer,
     session: &mut Session,
 ) -> Over {
     let (mut from_daemon, mut to_daemon) = client.into_parts();
-    let (mut from_agent, mut line) = (Vec::new(), Vec::new());
+    let mut line = Vec::new();
     loop {
         tokio::select! {
-            n = agent.read_until(b'\n', &mut from_agent) => {
+            n = agent.read_until(b'\n', from_agent) => {
                 if matches!(n, Ok(0) | Err(_)) {
                     // The agent is done: the daemon ends the session.
                     let _ = to_daemon.shutdown().await;
                     return Over::AgentDone;
                 }
-                session.agent_sent(&from_agent);
-                let sent = write_line(&mut to_daemon, &from_agent).await;
+                session.agent_sent(from_agent);
+                let sent = write_line(&mut to_daemon, from_agent).await;
                 from_agent.clear();
                 if sent.is_err() {
                     return Over::Lost;

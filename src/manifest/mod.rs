@@ -246,8 +246,8 @@ pub struct AuthPlan {
     /// A client ID metadata document (SEP-991): the client's id where the
     /// authorization server supports them.
     pub client_metadata_url: Option<String>,
-    /// A PEM private key: the client-credentials grant authenticates with
-    /// `private_key_jwt` (RFC 7523) instead of the secret.
+    /// A PEM private key: the token endpoint is called with
+    /// `private_key_jwt` (RFC 7523) instead of a secret, for every grant.
     pub private_key: Option<Secret>,
     pub signing_alg: Option<rmcp::transport::JwtSigningAlgorithm>,
 }

@@ -70,8 +70,8 @@ pub struct RemoteAuth {
     /// An https URL of the client's metadata document (SEP-991), used as
     /// its client id where the authorization server supports that.
     pub client_metadata_url: Option<String>,
-    /// A PEM private key (usually `${user_config.KEY}`, stored sealed) for
-    /// `private_key_jwt` in the client-credentials grant.
+    /// `${user_config.KEY}` of a sensitive entry holding a PEM private key:
+    /// the token endpoint is called with `private_key_jwt` (RFC 7523).
     pub private_key: Option<String>,
     /// The JWT's algorithm (RS256 unless said).
     pub signing_alg: Option<String>,
@@ -216,11 +216,16 @@ fn auth(
     }
     let private_key = c.string(obj, "private_key", "$.auth", false);
     if let Some(k) = &private_key {
-        check_variables(c, "$.auth.private_key".into(), k, user_config);
-        if !k.contains("${user_config.") {
+        // Exactly one sensitive entry: stored sealed, masked in errors.
+        let sealed = k
+            .strip_prefix("${user_config.")
+            .and_then(|rest| rest.strip_suffix('}'))
+            .and_then(|key| user_config.get(key))
+            .is_some_and(|entry| entry.sensitive);
+        if !sealed {
             c.problem(
                 "$.auth.private_key",
-                "must be ${user_config.KEY} of a sensitive user_config entry, so the key is stored encrypted, never in the file",
+                "must be exactly ${user_config.KEY} of a sensitive user_config entry, so the key is stored encrypted, never in the file",
             );
         }
         if client_id.is_none() {

@@ -481,7 +481,7 @@ pub struct AuthCompleteParams {
     pub error_description: Option<String>,
     /// The redirect's `iss` (RFC 9207), checked against the authorization
     /// server when it sends one.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub iss: Option<String>,
 }
 
@@ -654,7 +654,7 @@ pub struct AttachParams {
     /// The client sends its stdin and stdout (`SCM_RIGHTS`) after the
     /// answer, and the daemon serves the session on them; the connection
     /// then carries only [`HandoverNote`]s.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub handover: bool,
 }
 

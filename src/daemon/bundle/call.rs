@@ -315,7 +315,11 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
             None => Err(CallError::Cancelled),
             Some(Err(_)) => Err(CallError::Timeout(timeout)),
             Some(Ok(Err(e)))
-                if retry && (e.is_authorization_required() || e.auth_challenge().is_some()) =>
+                if retry
+                    && crate::bundle::connect::wants_token(
+                        e.is_authorization_required(),
+                        e.auth_challenge(),
+                    ) =>
             {
                 drop(in_flight);
                 let _ = myself.send_message(BundleMsg::AuthExpired {

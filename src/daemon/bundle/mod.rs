@@ -799,7 +799,12 @@ fn spawn_pinger(
                     failures = 0;
                     continue;
                 }
-                Ok(Err(e)) if e.is_authorization_required() || e.auth_challenge().is_some() => {
+                Ok(Err(e))
+                    if crate::bundle::connect::wants_token(
+                        e.is_authorization_required(),
+                        e.auth_challenge(),
+                    ) =>
+                {
                     let _ = myself.send_message(BundleMsg::AuthExpired {
                         generation,
                         call: None,

@@ -481,11 +481,6 @@ fn transient(plan: &Plan, e: ConnectError) -> StartFailure {
 /// Silent re-grants for a scope a new token lacks, per start.
 const MAX_STEP_UPS: usize = 1;
 
-/// A `403 insufficient_scope` challenge (RFC 6750 §3.1).
-fn insufficient_scope(challenge: &str) -> bool {
-    challenge.contains("insufficient_scope")
-}
-
 /// A stored access token this close to its expiry is refreshed before use.
 const EXPIRY_MARGIN_SECS: i64 = 30;
 
@@ -519,10 +514,12 @@ async fn connect_with_auth(
         && stored
             .expires_at
             .is_some_and(|at| at <= crate::clock::unix_secs() + EXPIRY_MARGIN_SECS);
-    let challenge = if expired {
-        None
-    } else if pending.as_deref().is_some_and(insufficient_scope) {
+    // A scope the last session's token lacked is asked for at once.
+    let pending = pending.filter(|c| crate::bundle::connect::insufficient_scope(c));
+    let challenge = if pending.is_some() {
         pending
+    } else if expired {
+        None
     } else {
         match connect(plan, host.clone(), &opts).await {
             Ok(connection) => return Ok((connection, false)),
@@ -570,18 +567,26 @@ async fn connect_with_auth(
                     // A scope the server wants is asked for by `bundlevisor auth`.
                     let wanted = challenge
                         .as_deref()
-                        .filter(|c| insufficient_scope(c))
+                        .filter(|c| crate::bundle::connect::insufficient_scope(c))
                         .and_then(crate::oauth::challenge_scope)
                         .unwrap_or_default();
-                    // Tokens that no longer work are forgotten; a registered client is kept.
-                    let keep = TokenSet {
-                        client_id: stored.client_id.clone(),
-                        client_secret: stored.client_secret.clone(),
-                        wanted_scopes: crate::oauth::union(
-                            stored.wanted_scopes.clone(),
-                            wanted.clone(),
-                        ),
-                        ..Default::default()
+                    let wanted_scopes =
+                        crate::oauth::union(stored.wanted_scopes.clone(), wanted.clone());
+                    let keep = if wanted.is_empty() {
+                        // Tokens that no longer work are forgotten; a
+                        // registered client is kept.
+                        TokenSet {
+                            client_id: stored.client_id.clone(),
+                            client_secret: stored.client_secret.clone(),
+                            wanted_scopes,
+                            ..Default::default()
+                        }
+                    } else {
+                        // They work for what they cover: kept.
+                        TokenSet {
+                            wanted_scopes,
+                            ..stored.clone()
+                        }
                     };
                     let why = if wanted.is_empty() {
                         why
@@ -617,7 +622,7 @@ async fn connect_with_auth(
             Err(ConnectError::Unauthorized { challenge: again }) => {
                 let scope = again
                     .as_deref()
-                    .filter(|c| insufficient_scope(c))
+                    .filter(|c| crate::bundle::connect::insufficient_scope(c))
                     .and_then(crate::oauth::challenge_scope);
                 match scope {
                     Some(_) if attempt < MAX_STEP_UPS => {
@@ -631,7 +636,10 @@ async fn connect_with_auth(
                     Some(scope) => {
                         // `bundlevisor auth` asks for it next.
                         let wanted = TokenSet {
-                            wanted_scopes: scope.clone(),
+                            wanted_scopes: crate::oauth::union(
+                                tokens.wanted_scopes.clone(),
+                                scope.clone(),
+                            ),
                             ..tokens
                         };
                         if let Err(e) = save(wanted).await {

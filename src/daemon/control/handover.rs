@@ -15,7 +15,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rmcp::model::RequestId;
+use rmcp::model::{ClientNotification, RequestId};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::transport::Transport;
@@ -47,6 +47,14 @@ struct Open {
 }
 
 impl Ledger {
+    /// Strikes out an answered (or cancelled) request; one announced is
+    /// reported closed on `closed`.
+    fn strike(&self, id: &RequestId, closed: &mpsc::UnboundedSender<RequestId>) {
+        if self.lock().remove(id).is_some_and(|open| open.announced) {
+            let _ = closed.send(id.clone());
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<RequestId, Open>> {
         self.open.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -86,35 +94,49 @@ impl Transport<RoleServer> for Ledgered {
         &mut self,
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        let id = match &item {
-            TxJsonRpcMessage::<RoleServer>::Response(r) => Some(&r.id),
-            TxJsonRpcMessage::<RoleServer>::Error(e) => e.id.as_ref(),
+        let answered = match &item {
+            TxJsonRpcMessage::<RoleServer>::Response(r) => Some(r.id.clone()),
+            TxJsonRpcMessage::<RoleServer>::Error(e) => e.id.clone(),
             _ => None,
         };
-        if let Some(id) = id {
-            if let Some(open) = self.ledger.lock().remove(id) {
-                if open.announced {
-                    let _ = self.closed.send(id.clone());
-                }
+        let sent = self.inner.send(item);
+        let (ledger, closed) = (self.ledger.clone(), self.closed.clone());
+        async move {
+            let result = sent.await;
+            // Struck out once written: a daemon killed before then still
+            // has the request announced.
+            if let Some(id) = answered {
+                ledger.strike(&id, &closed);
             }
+            result
         }
-        self.inner.send(item)
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
         let message = self.inner.receive().await?;
-        if let RxJsonRpcMessage::<RoleServer>::Request(r) = &message {
-            let mut open = self.ledger.lock();
-            if open.is_empty() {
-                self.ledger.arrived.notify_one();
+        match &message {
+            RxJsonRpcMessage::<RoleServer>::Request(r) => {
+                let mut open = self.ledger.lock();
+                if open.is_empty() {
+                    self.ledger.arrived.notify_one();
+                }
+                open.insert(
+                    r.id.clone(),
+                    Open {
+                        since: Instant::now(),
+                        announced: false,
+                    },
+                );
             }
-            open.insert(
-                r.id.clone(),
-                Open {
-                    since: Instant::now(),
-                    announced: false,
-                },
-            );
+            // A cancelled request gets no answer: it is closed now.
+            RxJsonRpcMessage::<RoleServer>::Notification(n) => {
+                if let ClientNotification::CancelledNotification(c) = &n.notification {
+                    if let Some(id) = &c.params.request_id {
+                        self.ledger.strike(id, &self.closed);
+                    }
+                }
+            }
+            _ => {}
         }
         Some(message)
     }
@@ -150,15 +172,25 @@ async fn session(
     let received = tokio::time::timeout(RECEIVE_WITHIN, crate::stdio::receive_stdio(&stream))
         .await
         .unwrap_or_else(|_| Err(std::io::Error::other("no descriptors came")));
-    let polled = received.as_ref().ok().and_then(|[stdin, stdout]| {
-        use std::os::fd::AsFd;
-        crate::stdio::polled_pair(stdin.as_fd(), stdout.as_fd())
-    });
+    // The daemon reopens a pipe with its own rights: only its own user's
+    // descriptors are taken, and only as they were opened (a read end for
+    // stdin, a write end for stdout, never an O_PATH handle).
+    let own = ctx.peer.is_daemon_uid();
+    let polled = received
+        .as_ref()
+        .ok()
+        .filter(|_| own)
+        .and_then(|[stdin, stdout]| {
+            use std::os::fd::AsFd;
+            let usable = opened_for(stdin.as_fd(), false) && opened_for(stdout.as_fd(), true);
+            usable.then(|| crate::stdio::polled_pair(stdin.as_fd(), stdout.as_fd()))?
+        });
     let (from_client, mut to_client) = stream.into_split();
     let Some((reader, writer)) = polled else {
         let why = match received {
             Err(e) => format!("the daemon did not get stdin and stdout: {e}"),
-            Ok(_) => "the daemon cannot poll this stdin and stdout (pipes or sockets it may open are needed)".to_string(),
+            Ok(_) if !own => "the daemon takes the descriptors of its own user only".to_string(),
+            Ok(_) => "the daemon cannot poll this stdin and stdout (a readable and a writable pipe or socket it may open are needed)".to_string(),
         };
         let _ = note(&mut to_client, &HandoverNote::Refused(why)).await;
         return;
@@ -239,6 +271,27 @@ async fn session(
             return;
         }
     }
+}
+
+/// Whether `fd` was opened for reading (or writing, `write`), and not as
+/// an `O_PATH` handle.
+fn opened_for(fd: std::os::fd::BorrowedFd<'_>, write: bool) -> bool {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let Ok(flags) = fcntl(fd, FcntlArg::F_GETFL) else {
+        return false;
+    };
+    let flags = OFlag::from_bits_truncate(flags);
+    if flags.contains(OFlag::O_PATH) {
+        return false;
+    }
+    let mode = flags & OFlag::O_ACCMODE;
+    mode == OFlag::O_RDWR
+        || mode
+            == if write {
+                OFlag::O_WRONLY
+            } else {
+                OFlag::O_RDONLY
+            }
 }
 
 fn id_value(id: &RequestId) -> serde_json::Value {
