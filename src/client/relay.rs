@@ -137,8 +137,15 @@ pub async fn relay(socket: &Path, mut params: AttachParams) -> Result<(), Client
             Over::Refused(why) => {
                 tracing::info!("relaying this session: {why}");
                 params.handover = false;
-                client = attach(socket, &params).await?;
-                continue;
+                match attach(socket, &params).await {
+                    Ok(again) => {
+                        client = again;
+                        continue;
+                    }
+                    Err(ClientError::Rpc(e)) => return Err(ClientError::Rpc(e)),
+                    // Gone meanwhile: waited for like any loss.
+                    Err(_) => {}
+                }
             }
             Over::Lost => {}
         }
