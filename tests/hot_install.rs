@@ -451,3 +451,81 @@ fn a_failed_watched_bundle_is_retried_when_its_files_change() {
         "fixed"
     );
 }
+
+/// Writes a Kubernetes ConfigMap volume's layout of `files` into `dir` as
+/// kubelet's atomic writer does: the files in a new timestamped folder,
+/// `..data` swapped to it with a rename, `NAME -> ..data/NAME` links for
+/// the keys (added and removed as keys are), the old folder removed.
+fn config_map_update(dir: &Path, generation: u32, files: &[(&str, String)]) {
+    let stamp = format!("..2026_11_25_00_00_{generation:02}.{generation}");
+    let folder = dir.join(&stamp);
+    std::fs::create_dir(&folder).unwrap();
+    for (name, text) in files {
+        std::fs::write(folder.join(name), text).unwrap();
+    }
+    let old = std::fs::read_link(dir.join("..data")).ok();
+    let tmp = dir.join("..data_tmp");
+    std::os::unix::fs::symlink(&stamp, &tmp).unwrap();
+    std::fs::rename(&tmp, dir.join("..data")).unwrap();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("..") && !files.iter().any(|(n, _)| *n == name) {
+            std::fs::remove_file(entry.path()).unwrap();
+        }
+    }
+    for (name, _) in files {
+        let link = dir.join(name);
+        if link.symlink_metadata().is_err() {
+            std::os::unix::fs::symlink(format!("..data/{name}"), link).unwrap();
+        }
+    }
+    if let Some(old) = old {
+        std::fs::remove_dir_all(dir.join(old)).unwrap();
+    }
+}
+
+#[test]
+fn a_config_map_volume_installs_upgrades_and_uninstalls_on_its_data_swaps() {
+    let server_dir = Path::new(DEMO_BIN).parent().unwrap();
+    let d = Daemon::start_with(&format!(
+        "{WATCH}[sandbox]\nread_only_paths = [{:?}]\n",
+        server_dir.display().to_string()
+    ));
+    let dir = watched(&d);
+    std::fs::create_dir_all(&dir).unwrap();
+    let bare = |name: &str, version: &str| {
+        let mut m: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+        m["name"] = json!(name);
+        m["version"] = json!(version);
+        m["server"]["mcp_config"]["command"] = json!(DEMO_BIN);
+        m["server"]["mcp_config"]["args"] = json!([]);
+        m.to_string()
+    };
+    let version = |name: &str| {
+        d.bundle("default", name)
+            .and_then(|b| b["version"].as_str().map(str::to_string))
+    };
+    config_map_update(&dir, 1, &[("notes.json", bare("notes", "1.0.0"))]);
+    d.wait_state("default", "notes", "ready");
+    assert_eq!(version("notes").as_deref(), Some("1.0.0"));
+    // A new version of the key, and a second key.
+    config_map_update(
+        &dir,
+        2,
+        &[
+            ("notes.json", bare("notes", "2.0.0")),
+            ("todo.json", bare("todo", "1.0.0")),
+        ],
+    );
+    wait_for(Duration::from_secs(20), "the upgrade to 2.0.0", || {
+        (version("notes").as_deref() == Some("2.0.0")).then_some(())
+    });
+    d.wait_state("default", "notes", "ready");
+    d.wait_state("default", "todo", "ready");
+    // The first key removed: its bundle is uninstalled, the other stays.
+    config_map_update(&dir, 3, &[("todo.json", bare("todo", "1.0.0"))]);
+    wait_for(Duration::from_secs(20), "notes uninstalled", || {
+        d.bundle("default", "notes").is_none().then_some(())
+    });
+    assert_eq!(version("todo").as_deref(), Some("1.0.0"));
+}

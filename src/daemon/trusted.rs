@@ -3,8 +3,10 @@
 //! and each manifest must belong to the daemon's uid or root and must not be
 //! writable by group or others — whoever can write them decides what the
 //! daemon runs. Entries that are symbolic links are refused (a bundle is
-//! dropped in, not linked in), and manifests are opened without following a
-//! link, so no file outside the folder is ever read, let alone echoed.
+//! dropped in, not linked in) — except a bare manifest linked to a file
+//! inside the folder itself, as a Kubernetes ConfigMap volume has them —
+//! and manifests are opened without following a link, so no file outside
+//! the folder is ever read, let alone echoed.
 
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -42,6 +44,27 @@ pub fn folder(dir: &Path) -> Result<(), String> {
     check("watched folder", dir, &meta)
 }
 
+/// Where the link `entry` (a bare manifest `NAME.json` in a watched
+/// folder) leads, when it stays inside that folder and ends at a file:
+/// a Kubernetes ConfigMap volume is laid out so (`NAME.json ->
+/// ..data/NAME.json`, `..data -> ..TIMESTAMP`, swapped on each update).
+/// Every folder on the way must pass the same checks as a bundle folder.
+fn inside_link(entry: &Path) -> Option<std::path::PathBuf> {
+    let folder = entry.parent()?.canonicalize().ok()?;
+    let target = entry.canonicalize().ok()?;
+    let within = target.strip_prefix(&folder).ok()?;
+    if !target.is_file() {
+        return None;
+    }
+    let mut on_the_way = folder.clone();
+    for part in within.parent()?.components() {
+        on_the_way.push(part);
+        let meta = std::fs::symlink_metadata(&on_the_way).ok()?;
+        check("folder", &on_the_way, &meta).ok()?;
+    }
+    Some(target)
+}
+
 /// Checks a `.mcpb` archive in a watched folder: a regular file (not a
 /// link) that only the daemon's user (or root) may write.
 pub fn archive(path: &Path) -> Result<(), String> {
@@ -66,10 +89,13 @@ pub fn manifest_text(entry: &Path, manifest: &Path) -> Result<String, String> {
     let meta = std::fs::symlink_metadata(entry)
         .map_err(|e| format!("cannot read {}: {e}", entry.display()))?;
     if meta.file_type().is_symlink() {
-        return Err(format!(
-            "{} is a symbolic link; a watched folder takes bundles, not links to them: move or copy the bundle in",
-            entry.display()
-        ));
+        let target = inside_link(entry).ok_or_else(|| {
+            format!(
+                "{} is a symbolic link out of the watched folder; a watched folder takes bundles, not links to them: move or copy the bundle in",
+                entry.display()
+            )
+        })?;
+        return manifest_text(&target, &target);
     }
     if meta.is_dir() {
         check("bundle folder", entry, &meta)?;

@@ -73,12 +73,21 @@ pub async fn install(
         shared.config.clone(),
     );
     let checked = tokio::task::spawn_blocking(move || {
-        let source = src.canonicalize().map_err(|e| InstallError::NoSuchPath {
+        let missing = |e: std::io::Error| InstallError::NoSuchPath {
             path: src.clone(),
             reason: format!(
                 "{e}; give a bundle folder containing manifest.json, or a manifest file"
             ),
-        })?;
+        };
+        // A watched folder's link (a ConfigMap volume's `NAME.json ->
+        // ..data/NAME.json`) stays the source: what it points at changes
+        // with each update, the link does not.
+        let source = match (origin, src.is_symlink(), src.parent(), src.file_name()) {
+            (Origin::Watch, true, Some(parent), Some(name)) => {
+                parent.canonicalize().map_err(missing)?.join(name)
+            }
+            _ => src.canonicalize().map_err(missing)?,
+        };
         let loaded = super::super::source::load(&source, &config).map_err(|e| match e {
             SourceError::Archive(e) => InstallError::Archive(e),
             SourceError::Manifest(e) => InstallError::Manifest(e),
