@@ -408,6 +408,44 @@ async fn watchdog(every: Duration, daemon: ractor::ActorRef<supervisor::DaemonMs
 
 /// Runs the daemon until `shutdown` is cancelled, then stops every bundle
 /// (SIGTERM, grace, SIGKILL), removes the socket and returns.
+/// Descriptors the daemon holds per running bundle (its stdio pipes, the
+/// process and cgroup handles, a log file, sockets of a remote session),
+/// a generous estimate, and for itself.
+const FILES_PER_BUNDLE: u64 = 16;
+const FILES_BASE: u64 = 256;
+
+/// Raises the open-files limit to its hard limit (the soft default of
+/// 1,024 runs out near 60 bundles), and says so when even that is too low
+/// for the `bundles` installed.
+fn open_files_for(bundles: usize) {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return;
+    };
+    if soft < hard {
+        match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::info!(
+                from = soft,
+                to = hard,
+                "open-files limit raised to its hard limit"
+            ),
+            Err(e) => tracing::warn!(soft, hard, "cannot raise the open-files limit: {e}"),
+        }
+    }
+    let limit = getrlimit(Resource::RLIMIT_NOFILE)
+        .map(|(s, _)| s)
+        .unwrap_or(soft);
+    let needed = FILES_BASE + FILES_PER_BUNDLE * bundles as u64;
+    if limit < needed {
+        tracing::warn!(
+            limit,
+            needed,
+            bundles,
+            "the open-files limit is too low for the installed bundles; raise it (LimitNOFILE= in the systemd unit, or ulimit -Hn) to at least the needed count"
+        );
+    }
+}
+
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), DaemonError> {
     // A root daemon runs bundles under uids of their own, which traverse
     // (never list) the state dir down to their sandbox folders.
@@ -523,6 +561,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     // Every install is listed (as `starting`) from the first answer the
     // socket gives: a script polling after a start never sees them gone.
     let installs = shared.store.call(|s| s.installs()).await?;
+    open_files_for(installs.len());
     for record in &installs {
         shared.board.expect(expected_status(record));
     }

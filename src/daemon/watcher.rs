@@ -66,7 +66,10 @@ pub async fn run(
     let mut watcher = match notify::recommended_watcher(handler) {
         Ok(w) => w,
         Err(e) => {
-            tracing::error!("cannot watch folders ({e}); bundles in watched folders are only installed at start");
+            tracing::error!(
+                "cannot watch folders ({}); bundles in watched folders are only installed at start",
+                explained(&e)
+            );
             return;
         }
     };
@@ -193,7 +196,48 @@ fn arm(
             Ok(()) => {
                 watched.insert(path);
             }
-            Err(e) => tracing::warn!(path = %path.display(), "cannot watch: {e}"),
+            Err(e) => tracing::warn!(path = %path.display(), "cannot watch: {}", explained(&e)),
         }
+    }
+}
+
+/// A watch error, with the kernel limit to raise when one ran out.
+fn explained(e: &notify::Error) -> String {
+    let errno = match &e.kind {
+        notify::ErrorKind::Io(io) => io.raw_os_error(),
+        notify::ErrorKind::MaxFilesWatch => Some(nix::libc::ENOSPC),
+        _ => None,
+    };
+    match errno {
+        Some(nix::libc::ENOSPC) => format!(
+            "{e}: the inotify watch limit is reached; raise it with sysctl fs.inotify.max_user_watches (now {})",
+            inotify_limit("max_user_watches")
+        ),
+        Some(nix::libc::EMFILE) => format!(
+            "{e}: the inotify instance limit is reached; raise it with sysctl fs.inotify.max_user_instances (now {})",
+            inotify_limit("max_user_instances")
+        ),
+        _ => e.to_string(),
+    }
+}
+
+fn inotify_limit(name: &str) -> String {
+    std::fs::read_to_string(format!("/proc/sys/fs/inotify/{name}"))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_watch_limit_that_ran_out_names_the_sysctl_to_raise() {
+        let watches = notify::Error::io(std::io::Error::from_raw_os_error(nix::libc::ENOSPC));
+        assert!(explained(&watches).contains("fs.inotify.max_user_watches (now "));
+        let instances = notify::Error::io(std::io::Error::from_raw_os_error(nix::libc::EMFILE));
+        assert!(explained(&instances).contains("fs.inotify.max_user_instances (now "));
+        let other = notify::Error::path_not_found();
+        assert!(!explained(&other).contains("sysctl"));
     }
 }

@@ -52,6 +52,8 @@ pub struct Daemon {
     pub uid: Option<u32>,
     /// Start the daemon in this cgroup (v2 folder) instead of the test's.
     pub cgroup: Option<PathBuf>,
+    /// The open-files limit (soft, hard) the daemon starts with.
+    pub nofile: Option<(u64, u64)>,
     child: Option<Child>,
 }
 
@@ -95,6 +97,7 @@ impl Daemon {
             env: Vec::new(),
             uid: None,
             cgroup: None,
+            nofile: None,
             child: None,
         }
     }
@@ -168,6 +171,22 @@ impl Daemon {
                         return Err(std::io::Error::last_os_error());
                     }
                     nix::libc::close(fd);
+                    Ok(())
+                });
+            }
+        }
+        if let Some((soft, hard)) = self.nofile {
+            use std::os::unix::process::CommandExt;
+            let limit = nix::libc::rlimit {
+                rlim_cur: soft,
+                rlim_max: hard,
+            };
+            // SAFETY: setrlimit is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(move || {
+                    if nix::libc::setrlimit(nix::libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                     Ok(())
                 });
             }
