@@ -114,7 +114,7 @@ run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is
 	target/release/bundlevisor daemon --config $(CONFIG)
 
 .PHONY: test
-test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client and the mcpb CLI included
+test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers k8s-validate ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client and the mcpb CLI included
 	$(CARGO) test --all-targets --features fault-injection
 
 # The gateways an operator would otherwise put in front of a stdio server,
@@ -130,6 +130,19 @@ $(MCP_PROXY)/.installed: tests/mcp-proxy/requirements.lock
 	rm -rf $(MCP_PROXY)
 	$(PYTHON) -m venv $(MCP_PROXY)/venv
 	$(MCP_PROXY)/venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
+	touch $@
+
+# kubernetes-validate (PyPI, pinned by tests/k8s/requirements.lock): the
+# rendered deploy/ manifests checked against the Kubernetes schemas.
+K8S_VALIDATE := target/k8s-validate
+
+.PHONY: k8s-validate
+k8s-validate: $(K8S_VALIDATE)/.installed ## kubernetes-validate, pinned, for the deployment test
+
+$(K8S_VALIDATE)/.installed: tests/k8s/requirements.lock
+	rm -rf $(K8S_VALIDATE)
+	$(PYTHON) -m venv $(K8S_VALIDATE)/venv
+	$(K8S_VALIDATE)/venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
 	touch $@
 
 .PHONY: bench
