@@ -324,7 +324,7 @@ fn bundles_go_below_a_delegated_cgroup_or_the_configured_root() {
         .to_string();
     assert!(
         cgroup.starts_with(own.join("bundlevisor").to_str().unwrap())
-            && cgroup.contains("/default/demo/g"),
+            && cgroup.contains("/w-default/b-demo/g"),
         "{cgroup}"
     );
     assert!(d.signal(Signal::SIGTERM).success());
@@ -419,5 +419,19 @@ fn a_bundle_owns_its_stdio_pipes_and_polls_them() {
             2,
             "fd {fd} ({pipe}) not reopened: {links:?}"
         );
+    }
+}
+
+/// A bundle's cgroup folder is made in its workspace's, which holds the
+/// hierarchy's control files: a bundle named like one (`tasks` in every
+/// cgroup v1 folder, `cgroup.procs` in every one) still starts.
+#[test]
+fn a_bundle_named_like_a_cgroup_control_file_starts() {
+    let d = Daemon::start();
+    for name in ["tasks", "cgroup.procs", "notify_on_release"] {
+        d.ok(&["install", d.demo_bundle(name).to_str().unwrap()]);
+        let b = d.wait_state("default", name, "ready");
+        let cgroup = b["sandbox"]["cgroup"].as_str().unwrap_or_default();
+        assert!(cgroup.contains(&format!("/b-{name}/g")), "{b}");
     }
 }

@@ -6,8 +6,11 @@
 //! descendant, whatever it does, so a bundle is stopped by killing its
 //! cgroup (`cgroup.kill`), and its whole tree is limited and measured.
 //!
-//! - Layout: `ROOT/INSTANCE/WS/NAME/gN`, `INSTANCE` a digest of the state dir
-//!   (several daemons share a machine, and each cleans up only its own).
+//! - Layout: `ROOT/INSTANCE/w-WS/b-NAME/gN`, `INSTANCE` a digest of the
+//!   state dir (several daemons share a machine, and each cleans up only
+//!   its own). The prefixes keep a name from meeting a control file of the
+//!   folder it is made in: a bundle named `tasks` (a file in every cgroup
+//!   v1 folder) or `cgroup.procs` (in every one) would otherwise not start.
 //!   `ROOT` is `[sandbox] cgroup_root`, or the daemon's own cgroup when it
 //!   was delegated to it (the daemon moves itself into `OWN/daemon`, so
 //!   that `OWN` may hand controllers to its children), or
@@ -258,7 +261,7 @@ impl Cgroups {
         for base in self.v2.iter().chain(self.v1.values()) {
             for ws in std::fs::read_dir(base).into_iter().flatten().flatten() {
                 for b in std::fs::read_dir(ws.path()).into_iter().flatten().flatten() {
-                    let bundle = BundleCgroup::of(self, &ws.file_name(), &b.file_name());
+                    let bundle = BundleCgroup::at(self, &ws.file_name(), &b.file_name());
                     for leaf in std::fs::read_dir(b.path()).into_iter().flatten().flatten() {
                         if !leaf.file_type().is_ok_and(|t| t.is_dir()) {
                             continue;
@@ -285,7 +288,7 @@ impl Cgroups {
         }
     }
 
-    /// A new cgroup for one start of a bundle (`…/WS/NAME/gN`), below the
+    /// A new cgroup for one start of a bundle (`…/w-WS/b-NAME/gN`), below the
     /// bundle's folder, which carries its limits. Each start has its own:
     /// the end of an earlier one (killing and removing its cgroup) never
     /// touches the next.
@@ -402,11 +405,11 @@ fn describe(
     };
     match (v2, v1.values().next()) {
         (Some(base), _) => format!(
-            "cgroup v2 ({}/WS/NAME/gN, killed with cgroup.kill); {limits}{why}",
+            "cgroup v2 ({}/w-WS/b-NAME/gN, killed with cgroup.kill); {limits}{why}",
             base.display()
         ),
         (None, Some(base)) => format!(
-            "cgroup v1 ({}/WS/NAME/gN, every process in it killed); {limits}{why}",
+            "cgroup v1 ({}/w-WS/b-NAME/gN, every process in it killed); {limits}{why}",
             base.display()
         ),
         (None, None) => format!(
@@ -419,7 +422,7 @@ fn describe(
 /// bundle's folder (limits, usage and the OOM count are the bundle's).
 #[derive(Debug, Clone)]
 pub struct BundleCgroup {
-    /// `…/WS/NAME` in v2, and in each v1 hierarchy.
+    /// `…/w-WS/b-NAME` in v2, and in each v1 hierarchy.
     v2: Option<PathBuf>,
     v1: BTreeMap<&'static str, PathBuf>,
     v2_controllers: Vec<&'static str>,
@@ -432,8 +435,23 @@ pub struct BundleCgroup {
 }
 
 impl BundleCgroup {
-    /// The bundle's folders (no start's leaf).
+    /// The folders of `bundle` of `workspace` (no start's leaf).
     fn of(
+        cgroups: &Cgroups,
+        workspace: &std::ffi::OsStr,
+        bundle: &std::ffi::OsStr,
+    ) -> BundleCgroup {
+        let prefixed = |prefix: &str, name: &std::ffi::OsStr| {
+            let mut dir = std::ffi::OsString::from(prefix);
+            dir.push(name);
+            dir
+        };
+        BundleCgroup::at(cgroups, &prefixed("w-", workspace), &prefixed("b-", bundle))
+    }
+
+    /// The bundle folder `bundle` in the workspace folder `workspace`, as
+    /// they are named on disk.
+    fn at(
         cgroups: &Cgroups,
         workspace: &std::ffi::OsStr,
         bundle: &std::ffi::OsStr,

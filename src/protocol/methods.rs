@@ -249,7 +249,7 @@ pub struct SandboxRecord {
     #[serde(default)]
     pub execute: Vec<String>,
     /// What holds the bundle's whole process tree, e.g. `cgroup v2
-    /// (…/WS/NAME, killed with cgroup.kill); limits from memory (v1), …`,
+    /// (…/w-WS/b-NAME, killed with cgroup.kill); limits from memory (v1), …`,
     /// or `process group only: …` where no cgroup is writable.
     #[serde(default)]
     pub containment: String,
