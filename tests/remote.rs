@@ -816,18 +816,7 @@ fn client_credentials_with_private_key_jwt_sign_with_the_operators_sealed_key() 
         auth_methods: Some(vec!["private_key_jwt".into()]),
         ..Default::default()
     });
-    let path = write_remote(
-        &d,
-        &fx,
-        "notes",
-        json!({
-            "user_config": {"key": {"type": "string", "title": "Client key", "sensitive": true, "required": true}},
-            "auth": {"client_id": "bv-jwt", "private_key": "${user_config.key}", "signing_alg": "ES256"}
-        }),
-    );
-    let _ = d.cli(&["install", path.to_str().unwrap()]);
-    d.wait_state("default", "notes", "needs_config");
-    let out = configure_from_stdin(&d, "notes", "key", &private);
+    let out = install_jwt_bundle(&d, &fx, &private);
     assert!(out.contains("reconfigured: ready"), "{out}\n{}", d.log());
     let key_file = d.root().join("client-key.pem");
     let forms = fx.with(|s| s.token_forms.clone());
@@ -1057,18 +1046,7 @@ fn private_key_jwt_authenticates_the_code_exchange_and_the_refresh_too() {
         no_client_credentials: true,
         ..Default::default()
     });
-    let path = write_remote(
-        &d,
-        &fx,
-        "notes",
-        json!({
-            "user_config": {"key": {"type": "string", "title": "Client key", "sensitive": true, "required": true}},
-            "auth": {"client_id": "bv-jwt", "private_key": "${user_config.key}", "signing_alg": "ES256"}
-        }),
-    );
-    let _ = d.cli(&["install", path.to_str().unwrap()]);
-    d.wait_state("default", "notes", "needs_config");
-    configure_from_stdin(&d, "notes", "key", &private);
+    install_jwt_bundle(&d, &fx, &private);
     // Client credentials are refused: only the browser can help.
     d.wait_state("default", "notes", "needs_auth");
     authorize(&d, &fx, "notes");
@@ -1136,4 +1114,22 @@ fn an_authorization_server_that_does_not_advertise_pkce_gets_no_authorization_re
         fx.with(|s| (s.registrations, s.authorize_clients.len())),
         (0, 0)
     );
+}
+
+/// Installs `notes`, a bundle of client `bv-jwt` that signs with the
+/// private key `private` (a sensitive user_config value given on stdin);
+/// what `configure` printed.
+fn install_jwt_bundle(d: &Daemon, fx: &Fixture, private: &str) -> String {
+    let path = write_remote(
+        d,
+        fx,
+        "notes",
+        json!({
+            "user_config": {"key": {"type": "string", "title": "Client key", "sensitive": true, "required": true}},
+            "auth": {"client_id": "bv-jwt", "private_key": "${user_config.key}", "signing_alg": "ES256"}
+        }),
+    );
+    let _ = d.cli(&["install", path.to_str().unwrap()]);
+    d.wait_state("default", "notes", "needs_config");
+    configure_from_stdin(d, "notes", "key", private)
 }
