@@ -277,15 +277,46 @@ async fn bounded(response: &mut reqwest::Response) -> Result<Vec<u8>, String> {
     Ok(body)
 }
 
+/// A parameter of a `WWW-Authenticate: Bearer` challenge, quoted or not;
+/// `key` must start a parameter (`scope` is not found in `myscope="…"`,
+/// `error` not in `error_description="…"`).
+fn challenge_param<'a>(challenge: &'a str, key: &str) -> Option<&'a str> {
+    let mut from = 0;
+    while let Some(at) = challenge[from..].find(key).map(|i| i + from) {
+        from = at + key.len();
+        let starts = challenge[..at]
+            .chars()
+            .last()
+            .is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_'));
+        let Some(rest) = challenge[from..].strip_prefix('=').filter(|_| starts) else {
+            continue;
+        };
+        let value = match rest.strip_prefix('"') {
+            Some(quoted) => quoted.split('"').next()?,
+            None => rest.split([',', ' ']).next()?,
+        };
+        return (!value.is_empty()).then_some(value);
+    }
+    None
+}
+
 /// `resource_metadata="URL"` from a `WWW-Authenticate: Bearer` challenge.
 pub fn resource_metadata_from_challenge(challenge: &str) -> Option<String> {
-    let at = challenge.find("resource_metadata=")?;
-    let rest = &challenge[at + "resource_metadata=".len()..];
-    let value = match rest.strip_prefix('"') {
-        Some(quoted) => quoted.split('"').next()?,
-        None => rest.split([',', ' ']).next()?,
-    };
-    (!value.is_empty()).then(|| value.to_string())
+    challenge_param(challenge, "resource_metadata").map(str::to_string)
+}
+
+/// The `scope` of a `WWW-Authenticate: Bearer` challenge.
+pub fn challenge_scope(challenge: &str) -> Option<Vec<String>> {
+    let scopes: Vec<String> = challenge_param(challenge, "scope")?
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    (!scopes.is_empty()).then_some(scopes)
+}
+
+/// A `403 insufficient_scope` challenge (RFC 6750 §3.1).
+pub fn insufficient_scope(challenge: &str) -> bool {
+    challenge_param(challenge, "error") == Some("insufficient_scope")
 }
 
 /// A well-known URL for `base` (RFC 8414 §3.1: the well-known segment goes
@@ -451,7 +482,7 @@ async fn initial_scopes(manager: &AuthorizationManager) -> Vec<String> {
 /// (RFC 6750 §3.1), for a step-up to their union with what was asked.
 fn step_up(challenge: Option<&str>) -> Option<Vec<String>> {
     challenge
-        .filter(|c| c.contains("insufficient_scope"))
+        .filter(|c| insufficient_scope(c))
         .and_then(challenge_scope)
 }
 
@@ -463,22 +494,6 @@ pub fn union(mut a: Vec<String>, b: Vec<String>) -> Vec<String> {
         }
     }
     a
-}
-
-/// The `scope` of a `WWW-Authenticate: Bearer` challenge.
-pub fn challenge_scope(challenge: &str) -> Option<Vec<String>> {
-    let at = challenge.find("scope=")?;
-    let before = challenge[..at].chars().last();
-    if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
-        return None;
-    }
-    let rest = &challenge[at + "scope=".len()..];
-    let value = match rest.strip_prefix('"') {
-        Some(quoted) => quoted.split('"').next()?,
-        None => rest.split([',', ' ']).next()?,
-    };
-    let scopes: Vec<String> = value.split_whitespace().map(str::to_string).collect();
-    (!scopes.is_empty()).then_some(scopes)
 }
 
 /// What a silent attempt to get a token came to.
@@ -539,6 +554,17 @@ pub async fn obtain_silently(
     );
     let configured = auth.map(|a| a.scopes.clone()).unwrap_or_default();
     let asked = union(configured, wanted.clone());
+    // New tokens keep the registered client and the wanted scopes; a
+    // refresh keeps the refresh token when the server sent no new one.
+    let kept = |mut tokens: TokenSet, refreshed: bool| {
+        if refreshed && tokens.refresh_token.is_none() {
+            tokens.refresh_token = stored.refresh_token.clone();
+        }
+        tokens.client_id = stored.client_id.clone();
+        tokens.client_secret = stored.client_secret.clone();
+        tokens.wanted_scopes = wanted.clone();
+        Silent::Tokens(tokens)
+    };
     let mut why = Vec::new();
     if let (Some((refresh, id)), Some(key)) = (refresh, Jwt::of(auth, &metadata)) {
         // private_key_jwt, which rmcp offers for client credentials only.
@@ -553,15 +579,7 @@ pub async fn obtain_silently(
             .token_request(http, &metadata, id, &plan.url, form)
             .await
         {
-            Ok(mut tokens) => {
-                if tokens.refresh_token.is_none() {
-                    tokens.refresh_token = stored.refresh_token.clone();
-                }
-                tokens.client_id = stored.client_id.clone();
-                tokens.client_secret = stored.client_secret.clone();
-                tokens.wanted_scopes = wanted;
-                return Ok(Silent::Tokens(tokens));
-            }
+            Ok(tokens) => return Ok(kept(tokens, true)),
             Err(e @ OAuthError::Refused { .. }) => {
                 why.push(format!("refresh token: {}", masked(e)))
             }
@@ -598,16 +616,7 @@ pub async fn obtain_silently(
             .map_err(|e| http.explain(e))?;
         http.forget();
         match manager.refresh_token().await {
-            Ok(answer) => {
-                let mut tokens = token_set(&answer)?;
-                if tokens.refresh_token.is_none() {
-                    tokens.refresh_token = stored.refresh_token.clone();
-                }
-                tokens.client_id = stored.client_id.clone();
-                tokens.client_secret = stored.client_secret.clone();
-                tokens.wanted_scopes = wanted.clone();
-                return Ok(Silent::Tokens(tokens));
-            }
+            Ok(answer) => return Ok(kept(token_set(&answer)?, true)),
             Err(e) => match http.explain(e) {
                 e @ OAuthError::Refused { .. } => why.push(format!("refresh token: {}", masked(e))),
                 e => return Err(mask(e, &secrets())),
@@ -627,13 +636,7 @@ pub async fn obtain_silently(
             .map_err(|e| OAuthError::Unsupported(format!("client credentials: {e}")))?;
         http.forget();
         match exchange_client_credentials(manager, config).await {
-            Ok(answer) => {
-                let mut tokens = token_set(&answer)?;
-                tokens.client_id = stored.client_id.clone();
-                tokens.client_secret = stored.client_secret.clone();
-                tokens.wanted_scopes = wanted;
-                return Ok(Silent::Tokens(tokens));
-            }
+            Ok(answer) => return Ok(kept(token_set(&answer)?, false)),
             Err(e) => match http.explain(e) {
                 e @ OAuthError::Refused { .. } => {
                     why.push(format!("client credentials: {}", masked(e)))
@@ -1011,6 +1014,10 @@ mod tests {
         assert_eq!(resource_metadata_from_challenge("Bearer realm=\"x\""), None);
         assert_eq!(challenge_scope("Bearer realm=\"x\""), None);
         assert_eq!(challenge_scope("Bearer myscope=\"x\""), None);
+        assert!(insufficient_scope(challenge));
+        assert!(!insufficient_scope(
+            r#"Bearer error="invalid_token", error_description="not insufficient_scope""#
+        ));
     }
 
     #[test]

@@ -72,16 +72,11 @@ pub enum ConnectError {
     },
 }
 
-/// A `403 insufficient_scope` challenge (RFC 6750 §3.1).
-pub fn insufficient_scope(challenge: &str) -> bool {
-    challenge.contains("insufficient_scope")
-}
-
 /// Whether a server's refusal asks for a (new) token: a 401, or a 403
 /// whose challenge says `insufficient_scope` (any other 403 is the
 /// server's answer, not a matter of authorization).
 pub fn wants_token(unauthorized: bool, challenge: Option<&str>) -> bool {
-    unauthorized || challenge.is_some_and(insufficient_scope)
+    unauthorized || challenge.is_some_and(crate::oauth::insufficient_scope)
 }
 
 fn stderr_hint(line: &Option<String>) -> String {

@@ -515,7 +515,7 @@ async fn connect_with_auth(
             .expires_at
             .is_some_and(|at| at <= crate::clock::unix_secs() + EXPIRY_MARGIN_SECS);
     // A scope the last session's token lacked is asked for at once.
-    let pending = pending.filter(|c| crate::bundle::connect::insufficient_scope(c));
+    let pending = pending.filter(|c| crate::oauth::insufficient_scope(c));
     let challenge = if pending.is_some() {
         pending
     } else if expired {
@@ -567,7 +567,7 @@ async fn connect_with_auth(
                     // A scope the server wants is asked for by `bundlevisor auth`.
                     let wanted = challenge
                         .as_deref()
-                        .filter(|c| crate::bundle::connect::insufficient_scope(c))
+                        .filter(|c| crate::oauth::insufficient_scope(c))
                         .and_then(crate::oauth::challenge_scope)
                         .unwrap_or_default();
                     let wanted_scopes =
@@ -622,7 +622,7 @@ async fn connect_with_auth(
             Err(ConnectError::Unauthorized { challenge: again }) => {
                 let scope = again
                     .as_deref()
-                    .filter(|c| crate::bundle::connect::insufficient_scope(c))
+                    .filter(|c| crate::oauth::insufficient_scope(c))
                     .and_then(crate::oauth::challenge_scope);
                 match scope {
                     Some(_) if attempt < MAX_STEP_UPS => {
