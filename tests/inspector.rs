@@ -106,6 +106,14 @@ fn the_mcp_inspector_lists_calls_and_reads_through_the_gateway() {
         "{read}"
     );
     assert_eq!(read["contents"][0]["mimeType"], file["mimeType"]);
+    // The daemon served the official SDK's stdio itself (node's socket
+    // pairs), not through a relay.
+    assert!(
+        d.log()
+            .contains("a stdio gateway session runs on the agent's own stdin and stdout"),
+        "{}",
+        d.log()
+    );
 }
 
 /// Issue 20, point 6 (first client): the Inspector CLI over streamable

@@ -199,6 +199,7 @@ async fn session(
     if note(&mut to_client, &HandoverNote::Taken).await.is_err() {
         return;
     }
+    tracing::info!(workspace = %p.workspace, "a stdio gateway session runs on the agent's own stdin and stdout");
     let ledger = Arc::new(Ledger::default());
     let (closed, mut closings) = mpsc::unbounded_channel();
     let transport = Ledgered {
