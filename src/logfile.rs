@@ -87,7 +87,8 @@ impl RotatingLog {
         self.reopen().await
     }
 
-    /// Appends one line (a newline is added), rotating first if needed.
+    /// Appends one line, or several separated by newlines (a newline is
+    /// added), rotating first if needed.
     pub async fn append(&mut self, line: &str) -> std::io::Result<()> {
         let len = line.len() as u64 + 1;
         if self.size > 0 && self.size + len > self.max_bytes {

@@ -75,14 +75,27 @@ pub struct FileStore {
 /// exact until its file is removed or rolled back; those bump `generation`
 /// after changing the table, and a lookup only caches what it read if no
 /// invalidation happened meanwhile.
+///
+/// Beside a small file's record it keeps what a host-resources read of it
+/// answers (the bytes never change while the id exists), so a repeated read
+/// is neither a file read nor a UTF-8 check or base64 encoding.
 #[derive(Default)]
 struct RecordCache {
     generation: u64,
-    by_id: HashMap<String, FileRecord>,
+    by_id: HashMap<String, Cached>,
+    /// Bytes of the answers kept, at most [`ANSWER_CACHE_MAX_BYTES`].
+    answer_bytes: usize,
+}
+
+struct Cached {
+    record: FileRecord,
+    answer: Option<(Arc<serde_json::Value>, usize)>,
 }
 
 /// Entries kept before the cache starts over.
 const RECORD_CACHE_MAX: usize = 4096;
+/// Read answers kept per workspace, in bytes of file content.
+const ANSWER_CACHE_MAX_BYTES: usize = 8 << 20;
 
 impl FileStore {
     /// Opens (creating) `state_dir/files/WS` and removes what a crash left
@@ -213,8 +226,8 @@ impl FileStore {
         }
         let generation = {
             let cache = self.cache();
-            if let Some(record) = cache.by_id.get(id) {
-                return Ok(Some(record.clone()));
+            if let Some(cached) = cache.by_id.get(id) {
+                return Ok(Some(cached.record.clone()));
             }
             cache.generation
         };
@@ -224,8 +237,15 @@ impl FileStore {
             if cache.generation == generation {
                 if cache.by_id.len() >= RECORD_CACHE_MAX {
                     cache.by_id.clear();
+                    cache.answer_bytes = 0;
                 }
-                cache.by_id.insert(id.to_string(), record.clone());
+                let cached = Cached {
+                    record: record.clone(),
+                    answer: None,
+                };
+                if let Some(old) = cache.by_id.insert(id.to_string(), cached) {
+                    cache.answer_bytes -= old.answer.map_or(0, |a| a.1);
+                }
             }
         }
         Ok(record)
@@ -233,7 +253,34 @@ impl FileStore {
 
     /// The record of `id` if it is cached; never blocks on the database.
     pub fn cached(&self, id: &str) -> Option<FileRecord> {
-        self.cache().by_id.get(id).cloned()
+        self.cache().by_id.get(id).map(|c| c.record.clone())
+    }
+
+    /// The size of `id` and the read answer kept for it, if its record is
+    /// cached; never blocks on the database.
+    pub fn cached_answer(&self, id: &str) -> Option<(u64, Option<Arc<serde_json::Value>>)> {
+        let cache = self.cache();
+        let cached = cache.by_id.get(id)?;
+        Some((
+            cached.record.size,
+            cached.answer.as_ref().map(|a| a.0.clone()),
+        ))
+    }
+
+    /// Keeps the read answer of `id` (made from `bytes` bytes of content)
+    /// while its record is cached and the budget allows.
+    pub fn keep_answer(&self, id: &str, answer: Arc<serde_json::Value>, bytes: usize) {
+        let mut cache = self.cache();
+        if cache.answer_bytes + bytes > ANSWER_CACHE_MAX_BYTES {
+            return;
+        }
+        let Some(cached) = cache.by_id.get_mut(id) else {
+            return;
+        };
+        if cached.answer.is_none() {
+            cached.answer = Some((answer, bytes));
+            cache.answer_bytes += bytes;
+        }
     }
 
     fn cache(&self) -> std::sync::MutexGuard<'_, RecordCache> {
@@ -246,9 +293,14 @@ impl FileStore {
         cache.generation += 1;
         match id {
             Some(id) => {
-                cache.by_id.remove(id);
+                if let Some(old) = cache.by_id.remove(id) {
+                    cache.answer_bytes -= old.answer.map_or(0, |a| a.1);
+                }
             }
-            None => cache.by_id.clear(),
+            None => {
+                cache.by_id.clear();
+                cache.answer_bytes = 0;
+            }
         }
     }
 

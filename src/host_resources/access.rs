@@ -59,8 +59,13 @@ pub fn project_access(
     }
 }
 
+/// How long a decision may wait in memory for others to share its write.
+const AUDIT_BATCH: std::time::Duration = std::time::Duration::from_millis(20);
+const AUDIT_BATCH_BYTES: usize = 64 << 10;
+
 /// Appends decisions to the workspace's audit log from a task of its own,
-/// so the WorkspaceActor never waits on the disk.
+/// so the WorkspaceActor never waits on the disk; written within
+/// [`AUDIT_BATCH`] of the decision.
 #[derive(Clone)]
 pub struct AuditLog {
     tx: mpsc::UnboundedSender<String>,
@@ -87,16 +92,36 @@ impl AuditLog {
                     return;
                 }
             };
+            // Lines are written in batches: what arrives within
+            // AUDIT_BATCH of a first line (or 64 KiB) is one write and one
+            // flush, not one trip to the blocking pool per decision.
+            let mut batch = String::new();
             while let Some(line) = rx.recv().await {
-                if let Err(e) = log.append(&line).await {
+                batch.push_str(&line);
+                let until = tokio::time::Instant::now() + AUDIT_BATCH;
+                let mut open = true;
+                while batch.len() < AUDIT_BATCH_BYTES {
+                    match tokio::time::timeout_at(until, rx.recv()).await {
+                        Ok(Some(line)) => {
+                            batch.push('\n');
+                            batch.push_str(&line);
+                        }
+                        Ok(None) => {
+                            open = false;
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                if let Err(e) = log.append(&batch).await {
                     tracing::error!(path = %path.display(), "audit log write failed: {e}");
                 }
-                // Flush when the queue is drained, not per line.
-                if rx.is_empty() {
-                    let _ = log.flush().await;
+                let _ = log.flush().await;
+                batch.clear();
+                if !open {
+                    break;
                 }
             }
-            let _ = log.flush().await;
         });
         AuditLog { tx }
     }

@@ -261,7 +261,11 @@ fn read_record(
         HostError::not_found(uri)
     })?;
     let content = if crate::files::mime::is_text_mime(&record.mime_type) {
-        json!({ "uri": uri, "mimeType": record.mime_type, "text": String::from_utf8_lossy(&bytes) })
+        // Valid UTF-8 (the usual case) is checked at memory speed; only
+        // invalid text takes the slow replacing path.
+        let text = String::from_utf8(bytes)
+            .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+        json!({ "uri": uri, "mimeType": record.mime_type, "text": text })
     } else {
         json!({ "uri": uri, "mimeType": record.mime_type, "blob": base64::engine::general_purpose::STANDARD.encode(&bytes) })
     };
@@ -284,15 +288,21 @@ pub fn execute_cached(
             Some(Err(HostError::not_found(uri)))
         }
         Request::Read { uri, id: Some(id) } => {
-            let record = store.cached(id).filter(|r| r.size <= inline_max)?;
-            Some(read_record(
-                store,
-                max_read_bytes,
-                requester,
-                uri,
-                id,
-                &record,
-            ))
+            let (size, answer) = store.cached_answer(id)?;
+            if size > inline_max {
+                return None;
+            }
+            // The answer names the uri asked for: kept only for the plain one.
+            let plain = uri.strip_prefix("files://") == Some(id.as_str());
+            if let Some(answer) = answer.filter(|_| plain && size <= max_read_bytes) {
+                return Some(Ok(Value::clone(&answer)));
+            }
+            let record = store.cached(id)?;
+            let read = read_record(store, max_read_bytes, requester, uri, id, &record);
+            if let (Ok(answer), true) = (&read, plain) {
+                store.keep_answer(id, std::sync::Arc::new(answer.clone()), size as usize);
+            }
+            Some(read)
         }
         Request::List { .. } => None,
     }
@@ -506,5 +516,38 @@ mod tests {
         assert_eq!(fast.unwrap(), slow);
         // Too large to read inline: the blocking pool again.
         assert!(execute_cached(&store, 1024, 2, &requester, &read).is_none());
+    }
+
+    /// Issue 22: a small file's answer is kept, so a repeated read touches
+    /// neither the blob nor the text check — and it goes with the file.
+    #[test]
+    fn a_kept_answer_is_served_until_its_file_is_removed() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = crate::store::Store::open(&dir.path().join("state.db")).unwrap();
+        let store = crate::files::FileStore::open(dir.path(), "w", db).unwrap();
+        let src = dir.path().join("a.txt");
+        // Invalid UTF-8 in a text file is replaced, as before.
+        std::fs::write(&src, b"caf\xe9 ok").unwrap();
+        let record = store.put(&src, None, vec![], Some("text/plain")).unwrap();
+        let requester = Requester {
+            workspace: "w".into(),
+            bundle: "b".into(),
+        };
+        let uri = format!("files://{}", record.id);
+        let read = parse(METHOD_READ, Some(&json!({ "uri": uri }))).unwrap();
+        let first = execute(&store, 1024, &requester, read.clone()).unwrap();
+        assert_eq!(first["contents"][0]["text"], json!("caf\u{fffd} ok"));
+        let inline = execute_cached(&store, 1024, 1024, &requester, &read).unwrap();
+        assert_eq!(inline.unwrap(), first);
+        // The blob gone behind the store's back: the kept answer still serves.
+        let blob = dir.path().join("files/w").join(&record.id);
+        assert!(blob.exists(), "{} is the blob", blob.display());
+        std::fs::remove_file(&blob).unwrap();
+        let kept = execute_cached(&store, 1024, 1024, &requester, &read).unwrap();
+        assert_eq!(kept.unwrap(), first);
+        // Removed through the store: neither the record nor the answer is served.
+        std::fs::write(&blob, b"x").unwrap();
+        assert!(store.remove(&record.id).unwrap());
+        assert!(execute_cached(&store, 1024, 1024, &requester, &read).is_none());
     }
 }
