@@ -27,6 +27,10 @@ struct Entry {
 struct Inner {
     bundles: BTreeMap<(String, String), Entry>,
     workspaces: BTreeSet<String>,
+    /// Bundles whose state is `Starting`, kept with every change so that
+    /// the boot's progress is O(1) to read (not a copy of the board per
+    /// event: that was O(n²) over a boot).
+    starting: usize,
 }
 
 /// What happened to a bundle since the daemon started (for metrics).
@@ -61,14 +65,18 @@ impl StatusBoard {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
         inner.workspaces.insert(status.workspace.clone());
         let key = (status.workspace.clone(), status.name.clone());
-        inner.bundles.insert(
-            key,
-            Entry {
-                status,
-                ready_since,
-                crashes,
-            },
+        let entry = Entry {
+            status,
+            ready_since,
+            crashes,
+        };
+        let starting = entry.status.state == crate::protocol::BundleState::Starting;
+        let old = inner.bundles.insert(key, entry);
+        let new_is_starting = usize::from(starting);
+        let old_was_starting = usize::from(
+            old.is_some_and(|e| e.status.state == crate::protocol::BundleState::Starting),
         );
+        inner.starting = inner.starting + new_is_starting - old_was_starting;
     }
 
     /// Lists an installed bundle as `starting` unless it is listed already
@@ -77,11 +85,15 @@ impl StatusBoard {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
         inner.workspaces.insert(status.workspace.clone());
         let key = (status.workspace.clone(), status.name.clone());
-        inner.bundles.entry(key).or_insert(Entry {
-            status,
-            ready_since: None,
-            crashes: 0,
-        });
+        if let std::collections::btree_map::Entry::Vacant(slot) = inner.bundles.entry(key) {
+            let starting = status.state == crate::protocol::BundleState::Starting;
+            slot.insert(Entry {
+                status,
+                ready_since: None,
+                crashes: 0,
+            });
+            inner.starting += usize::from(starting);
+        }
     }
 
     /// Publishes a lifecycle event. No subscriber is fine.
@@ -117,9 +129,30 @@ impl StatusBoard {
 
     pub fn remove(&self, workspace: &str, name: &str) {
         let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
-        inner
+        let old = inner
             .bundles
             .remove(&(workspace.to_string(), name.to_string()));
+        if old.is_some_and(|e| e.status.state == crate::protocol::BundleState::Starting) {
+            inner.starting -= 1;
+        }
+    }
+
+    /// (bundles listed, of them starting), in O(1).
+    pub fn settling(&self) -> (usize, usize) {
+        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        (inner.bundles.len(), inner.starting)
+    }
+
+    /// The names of one workspace's bundles, in O(log n + its bundles).
+    pub fn names_in(&self, workspace: &str) -> Vec<String> {
+        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        let from = (workspace.to_string(), String::new());
+        inner
+            .bundles
+            .range(from..)
+            .take_while(|((ws, _), _)| ws == workspace)
+            .map(|((_, name), _)| name.clone())
+            .collect()
     }
 
     pub fn add_workspace(&self, workspace: &str) {
@@ -153,4 +186,71 @@ fn with_uptime(entry: &Entry) -> BundleStatus {
     let mut status = entry.status.clone();
     status.uptime_secs = entry.ready_since.map(|t| t.elapsed().as_secs());
     status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::BundleState;
+
+    fn status(workspace: &str, name: &str, state: BundleState) -> BundleStatus {
+        BundleStatus {
+            workspace: workspace.into(),
+            name: name.into(),
+            version: None,
+            state,
+            pid: None,
+            uptime_secs: None,
+            restarts: 0,
+            tools: 0,
+            last_error: None,
+            source: String::new(),
+            sandbox: None,
+            usage: None,
+            archive: None,
+        }
+    }
+
+    /// Issue 22: the boot's progress is read in O(1), so it must stay
+    /// equal to a count over the board through every kind of change.
+    #[test]
+    fn the_starting_count_follows_every_change() {
+        let board = StatusBoard::default();
+        let counted = |board: &StatusBoard| {
+            let (_, all) = board.snapshot();
+            let starting = all
+                .iter()
+                .filter(|b| b.state == BundleState::Starting)
+                .count();
+            (all.len(), starting)
+        };
+        board.expect(status("w", "a", BundleState::Starting));
+        board.expect(status("w", "b", BundleState::Starting));
+        // Expected again (a second boot listing): no double count.
+        board.expect(status("w", "a", BundleState::Starting));
+        assert_eq!(board.settling(), (2, 2));
+        board.update(status("w", "a", BundleState::Ready), None, 0);
+        assert_eq!(board.settling(), counted(&board));
+        board.update(status("w", "a", BundleState::Starting), None, 0);
+        board.update(status("w", "a", BundleState::Starting), None, 0);
+        assert_eq!(board.settling(), (2, 2));
+        board.update(status("w", "b", BundleState::Failed), None, 0);
+        board.remove("w", "a");
+        board.remove("w", "a");
+        assert_eq!(board.settling(), (1, 0));
+        assert_eq!(board.settling(), counted(&board));
+    }
+
+    /// One workspace's names, not its neighbours' (whose names sort
+    /// right after it).
+    #[test]
+    fn names_in_lists_one_workspace_only() {
+        let board = StatusBoard::default();
+        for (ws, name) in [("a", "x"), ("ab", "y"), ("a", "z"), ("", "q"), ("b", "x")] {
+            board.update(status(ws, name, BundleState::Ready), None, 0);
+        }
+        assert_eq!(board.names_in("a"), ["x", "z"]);
+        assert_eq!(board.names_in("ab"), ["y"]);
+        assert!(board.names_in("c").is_empty());
+    }
 }

@@ -194,7 +194,7 @@ fn archive(
     let hashed = match untrusted {
         Some(why) => Err(why.to_string()),
         None => super::trusted::archive(&path).and_then(|()| {
-            crate::archive::sha256(&path)
+            archive_sha256(&path)
                 .map_err(|e| format!("cannot read archive {}: {e}", path.display()))
         }),
     };
@@ -223,6 +223,56 @@ fn archive(
         settling: None,
         tree: None,
     }
+}
+
+/// The SHA-256 of an archive, hashed again only when its file changed: a
+/// rescan (one per change anywhere in the folder) re-hashed every archive,
+/// gigabytes for a folder of large ones. Changed means another inode,
+/// size, mtime or ctime (ctime cannot be set back by a writer); a file
+/// changed in the last two seconds is always hashed.
+fn archive_sha256(path: &Path) -> std::io::Result<String> {
+    use std::os::unix::fs::MetadataExt;
+    type Stamp = (u64, u64, u64, i64, i64, i64, i64);
+    static HASHED: std::sync::Mutex<Option<HashMap<PathBuf, (Stamp, String)>>> =
+        std::sync::Mutex::new(None);
+    let stamp = |m: &std::fs::Metadata| -> Stamp {
+        (
+            m.dev(),
+            m.ino(),
+            m.size(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+        )
+    };
+    let before = stamp(&std::fs::metadata(path)?);
+    {
+        let hashed = HASHED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, sha)) = hashed.as_ref().and_then(|h| h.get(path)) {
+            if *at == before {
+                return Ok(sha.clone());
+            }
+        }
+    }
+    let sha = crate::archive::sha256(path)?;
+    let after = std::fs::metadata(path)?;
+    // Not remembered when written to while it was read, or changed so
+    // recently that a write in the same clock tick (timestamps are coarse)
+    // could leave the stamp as it is.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let settled = now - after.mtime().max(after.ctime()) >= 2;
+    if settled && stamp(&after) == before {
+        let mut hashed = HASHED.lock().unwrap_or_else(|p| p.into_inner());
+        let map = hashed.get_or_insert_with(HashMap::new);
+        if map.len() >= 65_536 {
+            map.clear();
+        }
+        map.insert(path.to_path_buf(), (before, sha.clone()));
+    }
+    Ok(sha)
 }
 
 /// Bundles in a watched folder: `DIR/NAME/manifest.json`, `DIR/NAME.json`
@@ -257,4 +307,24 @@ pub fn bundle_paths(dir: &Path) -> Vec<PathBuf> {
         .collect();
     paths.sort();
     paths
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 22: an archive's hash is remembered between rescans, but a
+    /// file replaced in place (same size, same second) is hashed again.
+    #[test]
+    fn an_archive_replaced_in_place_is_hashed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.mcpb");
+        std::fs::write(&path, b"first version").unwrap();
+        let first = archive_sha256(&path).unwrap();
+        assert_eq!(first, crate::archive::sha256(&path).unwrap());
+        std::fs::write(&path, b"other version").unwrap();
+        let second = archive_sha256(&path).unwrap();
+        assert_ne!(first, second);
+        assert_eq!(second, crate::archive::sha256(&path).unwrap());
+    }
 }

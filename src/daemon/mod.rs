@@ -58,6 +58,9 @@ pub struct Shared {
     /// Bounds how many bundles start at once (boot reload is parallel up to this).
     pub start_permits: Semaphore,
     pub started_at: Instant,
+    /// A collection of unpacked archives is due shortly (uninstalls
+    /// coalesce into it).
+    pub collect_pending: std::sync::atomic::AtomicBool,
     /// Cancelled once the boot reload has been done.
     pub booted: CancellationToken,
     /// Cancelled once the boot reload has settled (systemd's `READY=1`,
@@ -350,16 +353,13 @@ async fn boot_settled(shared: &Shared) {
     // On a terminal: a bar of the bundles that have come up (or settled).
     let progress = (expected > 0).then(|| crate::progress::bar(expected as u64, "boot reload"));
     loop {
-        let (_, bundles) = shared.board.snapshot();
-        let done = bundles
-            .iter()
-            // A bundle already retrying (in a backoff) counts as settled.
-            .filter(|b| b.state != crate::protocol::BundleState::Starting)
-            .count();
+        // A bundle already retrying (in a backoff) counts as settled.
+        let (listed, starting) = shared.board.settling();
+        let done = listed - starting;
         if let Some(p) = &progress {
             p.set_position(done.min(expected) as u64);
         }
-        if bundles.len() >= expected && done == bundles.len() {
+        if listed >= expected && starting == 0 {
             return;
         }
         // Re-check at every transition.
@@ -555,6 +555,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         board,
         metrics_addr,
         started_at,
+        collect_pending: Default::default(),
         booted: CancellationToken::new(),
         settled: CancellationToken::new(),
     });

@@ -129,6 +129,15 @@ pub(crate) async fn watch_changes(gateway: Gateway, peer: Peer<RoleServer>) {
             Err(broadcast::error::RecvError::Lagged(_)) => {}
             Err(broadcast::error::RecvError::Closed) => return,
         }
+        // What else has already happened is covered by this one check (a
+        // boot's hundreds of events are a few checks, not one each).
+        loop {
+            match events.try_recv() {
+                Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+                Err(broadcast::error::TryRecvError::Empty) => break,
+                Err(broadcast::error::TryRecvError::Closed) => return,
+            }
+        }
         check(&gateway, &peer, &mut last).await;
     }
 }
@@ -136,7 +145,10 @@ pub(crate) async fn watch_changes(gateway: Gateway, peer: Peer<RoleServer>) {
 fn changes_lists(kind: EventKind) -> bool {
     !matches!(
         kind,
-        EventKind::Installed | EventKind::Starting | EventKind::ManifestRejected
+        EventKind::Installed
+            | EventKind::Starting
+            | EventKind::Preparing
+            | EventKind::ManifestRejected
     )
 }
 

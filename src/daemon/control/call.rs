@@ -26,15 +26,7 @@ use crate::protocol::{
 pub(super) async fn tools(p: ToolsParams, ctx: &Ctx) -> Result<ToolsResult, RpcError> {
     let names: Vec<String> = match &p.name {
         Some(name) => vec![name.clone()],
-        None => ctx
-            .shared
-            .board
-            .snapshot()
-            .1
-            .into_iter()
-            .filter(|b| b.workspace == p.workspace)
-            .map(|b| b.name)
-            .collect(),
+        None => ctx.shared.board.names_in(&p.workspace),
     };
     let mut bundles = Vec::new();
     for name in names {

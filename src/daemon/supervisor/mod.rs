@@ -250,6 +250,12 @@ impl DaemonState {
             .into_iter()
             .filter(|r| r.workspace == watch.workspace && r.source.parent() == Some(dir.as_path()))
             .collect();
+        // Looked up per entry: a map, not a search (a folder of n bundles
+        // would cost n² comparisons a rescan).
+        let by_source: HashMap<PathBuf, InstallRecord> =
+            here.iter().map(|r| (r.source.clone(), r.clone())).collect();
+        let found_paths: std::collections::HashSet<&Path> =
+            found.iter().map(|f| f.path.as_path()).collect();
         let mut work = Vec::new();
         // Look again later: a bundle still arriving, or a failed one whose
         // files are watched for a fix.
@@ -265,7 +271,7 @@ impl DaemonState {
             if let Some(tree) = f.tree {
                 again = true;
                 let before = self.trees.insert(f.path.clone(), tree);
-                let record = here.iter().find(|r| r.source == f.path);
+                let record = by_source.get(&f.path);
                 if let (Some(before), Some(record)) = (before, record) {
                     if before != tree {
                         if let Some(actor) = ActorRef::<BundleMsg>::where_is(actor_name(
@@ -282,7 +288,7 @@ impl DaemonState {
             }
             // `f.manifest` is Some exactly when the content differs from `previous`.
             let previous = self.seen.insert(f.path.clone(), f.hash);
-            let record = here.iter().find(|r| r.source == f.path);
+            let record = by_source.get(&f.path);
             match (record, &f.manifest) {
                 (None, Some(Ok(_))) => {
                     let path = f.path.clone();
@@ -334,7 +340,7 @@ impl DaemonState {
             }
         }
         for record in here.iter().filter(|r| r.origin == Origin::Watch) {
-            if !found.iter().any(|f| f.path == record.source) {
+            if !found_paths.contains(record.source.as_path()) {
                 self.seen.remove(&record.source);
                 work.push(self.remove_in_background(record));
             }
@@ -434,6 +440,23 @@ fn follow_failures(shared: Arc<Shared>, myself: ActorRef<DaemonMsg>) {
 /// How long an unpacked archive no install names is kept: a version just
 /// unpacked for an upgrade is not taken from under the start that uses it.
 const ARCHIVE_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// [`collect_archives`] once, a moment after the first of a run of
+/// uninstalls (each would read every install and saved manifest: removing
+/// n bundles was O(n²)).
+fn collect_archives_soon(shared: Arc<Shared>) {
+    use std::sync::atomic::Ordering;
+    if shared.collect_pending.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    tokio::spawn(async move {
+        // A debounce, not a synchronisation: the uninstalls of a run land
+        // within it and are collected together.
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        shared.collect_pending.store(false, Ordering::Release);
+        collect_archives(shared);
+    });
+}
 
 /// Removes, in a task, the unpacked archives nothing runs or names any
 /// more: not an install's source, not a running bundle's, not a kept last
@@ -550,7 +573,7 @@ impl Actor for DaemonActor {
                 tokio::spawn(async move {
                     let result = uninstall(shared.clone(), ws, workspace, name).await;
                     if result.is_ok() {
-                        collect_archives(shared);
+                        collect_archives_soon(shared);
                     }
                     let _ = reply.send(result);
                 });
