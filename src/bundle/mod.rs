@@ -15,6 +15,7 @@ pub mod orphans;
 pub mod process;
 pub mod reaper;
 pub mod sandbox;
+pub mod spawn;
 pub mod uv;
 
 pub use client::HostContext;

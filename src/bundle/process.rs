@@ -13,7 +13,9 @@ use std::time::Duration;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::BufReader;
-use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
+
+use super::spawn::Process;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
@@ -157,7 +159,7 @@ pub struct Spawned {
     pub stdin: ChildStdin,
     pub stdout: ChildStdout,
     pub stderr: ChildStderr,
-    pub child: Child,
+    pub child: Process,
 }
 
 /// The environment a bundle gets: the allowlisted daemon variables, then the
@@ -184,30 +186,29 @@ pub(super) fn spawn(
         cwd: plan.cwd.clone(),
         source,
     };
-    let mut cmd = Command::new(&plan.command);
-    cmd.args(&plan.args)
-        .env_clear()
-        .envs(bundle_env(plan))
-        .current_dir(&plan.cwd)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(false);
+    let mut env: Vec<(std::ffi::OsString, std::ffi::OsString)> = bundle_env(plan)
+        .into_iter()
+        .map(|(k, v)| (k.into(), v.into()))
+        .collect();
+    let mut set = |key: &str, value: std::ffi::OsString| {
+        env.retain(|(k, _)| k != key);
+        env.push((key.into(), value));
+    };
     let mut limits = super::sandbox::Limits::default();
     let mut ruleset = None;
     let mut user = None;
     // The cgroup.procs files the child joins (kept open here until the
-    // spawn returns; close-on-exec in the child).
+    // spawn returns; the trampoline closes its copies before the exec).
     let mut cgroup_files = Vec::new();
     if let Some(sb) = sandbox {
         for name in &sb.pass_env {
-            if let (false, Ok(value)) = (plan.env.contains_key(name), std::env::var(name)) {
-                cmd.env(name, value);
+            if let (false, Some(value)) = (plan.env.contains_key(name), std::env::var_os(name)) {
+                set(name, value);
             }
         }
-        cmd.env("BUNDLEVISOR_DATA_DIR", &sb.data)
-            .env("HOME", &sb.data)
-            .env("TMPDIR", &sb.tmp);
+        set("BUNDLEVISOR_DATA_DIR", sb.data.clone().into());
+        set("HOME", sb.data.clone().into());
+        set("TMPDIR", sb.tmp.clone().into());
         // Dropped in the child, after it joined its cgroup (the daemon's
         // uid may write cgroup.procs; the bundle's may not).
         user = sb.user;
@@ -221,61 +222,22 @@ pub(super) fn spawn(
                 .map_err(|e| spawn_error(std::io::Error::other(e)))?;
         }
     }
-    let daemon_pid = std::process::id() as i32;
-    let join: Vec<i32> = cgroup_files
-        .iter()
-        .map(std::os::fd::AsRawFd::as_raw_fd)
-        .collect();
-    // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe system calls (setsid, write, fchown, setgroups,
-    // setgid, setuid, prctl, getppid, setrlimit, landlock_restrict_self,
-    // _exit).
-    unsafe {
-        cmd.pre_exec(move || {
-            nix::unistd::setsid().map_err(std::io::Error::from)?;
-            // Into the bundle's cgroup before anything of it runs: every
-            // descendant, setsid or not, is in it from here on.
-            for fd in &join {
-                if nix::libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            if let Some((uid, gid)) = user {
-                // Its stdin and stdout pipes become the bundle user's: a
-                // pipe made by the daemon is the daemon's, and the bundle
-                // could not reopen its own stdio through /proc/self/fd to
-                // poll it (what `stdio::stdio` does; tokio's stdio instead
-                // costs two thread hand-offs a message).
-                if nix::libc::fchown(0, uid, gid) != 0 || nix::libc::fchown(1, uid, gid) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                if nix::libc::setgroups(0, std::ptr::null()) != 0
-                    || nix::libc::setgid(gid) != 0
-                    || nix::libc::setuid(uid) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            // After the uid change, which would clear it.
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
-            // The daemon may have died between fork and prctl.
-            if nix::unistd::getppid().as_raw() != daemon_pid {
-                nix::libc::_exit(1);
-            }
-            super::sandbox::apply_in_child(&limits, ruleset.as_ref())
-        });
-    }
+    let launch = super::spawn::Launch {
+        program: plan.command.as_ref(),
+        args: &plan.args,
+        env: &env,
+        cwd: &plan.cwd,
+        user,
+        limits,
+        ruleset: ruleset.as_ref(),
+        cgroups: &cgroup_files,
+    };
     let spawning = super::orphans::spawning();
-    let mut child = cmd.spawn().map_err(spawn_error)?;
+    let (child, stdin, stdout, stderr) = super::spawn::spawn(&launch).map_err(spawn_error)?;
     drop(cgroup_files);
-    let pid = child.id().unwrap_or(0);
+    let pid = child.pid;
     super::orphans::own(pid);
     drop(spawning);
-    let (Some(stdin), Some(stdout), Some(stderr)) =
-        (child.stdin.take(), child.stdout.take(), child.stderr.take())
-    else {
-        unreachable!("all three pipes were requested");
-    };
     Ok(Spawned {
         pid,
         stdin,
@@ -371,7 +333,7 @@ impl Lifeline {
     /// Takes ownership of `child` and watches it in a task. The group is
     /// registered with `reaper` while it may be alive.
     pub fn watch(
-        mut child: Child,
+        mut child: Process,
         pid: u32,
         reaper: Option<Arc<Reaper>>,
         cgroup: Option<Arc<super::cgroup::BundleCgroup>>,
@@ -481,7 +443,7 @@ impl Lifeline {
 }
 
 async fn terminate(
-    child: &mut Child,
+    child: &mut Process,
     pgid: u32,
     grace: Duration,
 ) -> std::io::Result<std::process::ExitStatus> {
@@ -628,6 +590,38 @@ mod tests {
 
     fn alive(pid: u32) -> bool {
         nix::sys::signal::kill(Pid::from_raw(pid as i32), None).is_ok()
+    }
+
+    /// Issue 22: a start does not fork the daemon (a fork copies its page
+    /// tables and descriptors, which made a start cost grow with the
+    /// number of bundles). `fork` runs the atfork handlers in the forking
+    /// thread; `posix_spawn` does not.
+    #[tokio::test]
+    async fn a_start_does_not_fork_the_daemon() {
+        thread_local! {
+            static FORKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+        }
+        extern "C" fn counted() {
+            FORKS.with(|f| f.set(f.get() + 1));
+        }
+        // SAFETY: registers a handler that only touches a thread-local cell.
+        assert_eq!(
+            unsafe { nix::libc::pthread_atfork(Some(counted), None, None) },
+            0
+        );
+        // The handler is live: a fork from this thread is counted.
+        let mut forked = std::process::Command::new("/bin/true");
+        // SAFETY: an empty pre_exec closure forces the fork path.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut forked, || Ok(()));
+        }
+        forked.status().unwrap();
+        let baseline = FORKS.with(|f| f.get());
+        assert!(baseline >= 1, "the atfork handler never ran");
+        let s = spawn(&plan("exit 3"), None).unwrap();
+        assert_eq!(FORKS.with(|f| f.get()), baseline, "the start forked");
+        let life = Lifeline::watch(s.child, s.pid, None, None);
+        assert_eq!(life.wait().await.code, Some(3));
     }
 
     #[tokio::test]

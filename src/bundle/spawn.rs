@@ -1,0 +1,381 @@
+//! Starting a bundle's process without copying the daemon (issue 22).
+//!
+//! A `fork` copies the forking process's page tables and makes every page
+//! of it copy-on-write, and the child's `exec` then tears that copy down:
+//! the cost of a start grew with the daemon's memory, so with the number of
+//! bundles — a boot of 2,000 took 25 times a boot of 200, and a crash
+//! restart with 2,000 running was six times slower than with 50
+//! (docs/scaling.md).
+//!
+//! So the daemon starts a bundle the way `posix_spawn` does:
+//! `clone(CLONE_VM | CLONE_VFORK)`. The child shares the daemon's memory
+//! (nothing is copied) while the spawning thread waits, confines itself
+//! exactly as the old `pre_exec` did — session, cgroup, stdio, uid and
+//! gid, parent-death signal, rlimits, `no_new_privs`, Landlock — and execs
+//! the bundle. Everything it uses is prepared before the clone: the child
+//! allocates nothing and calls nothing but system calls, which is what
+//! makes running in the daemon's memory sound (other daemon threads go
+//! on, and may hold the allocator's locks). The uid and gid change with the
+//! raw system calls: glibc's wrappers would broadcast the change to the
+//! daemon's other threads.
+//!
+//! Every descriptor of the daemon is close-on-exec; the child gets its
+//! stdio with `dup2`, and a failed step writes its errno and name to a
+//! close-on-exec report pipe before `_exit(127)`, so `spawn` fails as it
+//! did with `fork`.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+
+use tokio::io::unix::AsyncFd;
+use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
+
+use super::sandbox::Limits;
+
+/// What a bundle process is started with.
+pub struct Launch<'a> {
+    pub program: &'a OsStr,
+    pub args: &'a [String],
+    pub env: &'a [(OsString, OsString)],
+    pub cwd: &'a Path,
+    /// (uid, gid) to run as; None: the daemon's own.
+    pub user: Option<(u32, u32)>,
+    pub limits: Limits,
+    pub ruleset: Option<&'a OwnedFd>,
+    /// cgroup.procs files to join (opened by the daemon, which may write them).
+    pub cgroups: &'a [OwnedFd],
+}
+
+/// A spawned bundle process: its pid and a pidfd to wait on.
+pub struct Process {
+    pub pid: u32,
+    pidfd: AsyncFd<OwnedFd>,
+    status: Option<std::process::ExitStatus>,
+}
+
+impl Process {
+    /// Waits for the process to exit and reaps it (again: its status).
+    pub async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        if let Some(status) = self.status {
+            return Ok(status);
+        }
+        loop {
+            let mut ready = self.pidfd.readable().await?;
+            let mut raw = 0;
+            // SAFETY: waitpid writes the status into `raw`.
+            let r = unsafe { nix::libc::waitpid(self.pid as i32, &mut raw, nix::libc::WNOHANG) };
+            match r {
+                0 => ready.clear_ready(),
+                r if r > 0 => {
+                    let status = std::process::ExitStatus::from_raw(raw);
+                    self.status = Some(status);
+                    return Ok(status);
+                }
+                _ => return Err(std::io::Error::last_os_error()),
+            }
+        }
+    }
+}
+
+fn cstring(bytes: &[u8]) -> std::io::Result<CString> {
+    CString::new(bytes).map_err(|_| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "a command, argument or variable contains a NUL byte",
+        )
+    })
+}
+
+fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)
+}
+
+/// What the child needs, all of it ready before the clone.
+struct Plan {
+    stdio: [RawFd; 3],
+    report: RawFd,
+    cgroups: Vec<RawFd>,
+    ruleset: Option<RawFd>,
+    cwd: CString,
+    user: Option<(u32, u32)>,
+    limits: Limits,
+    daemon: nix::libc::pid_t,
+    /// Where to exec: the program, or each `PATH` candidate for a bare name.
+    candidates: Vec<CString>,
+    argv: Vec<*const nix::libc::c_char>,
+    envp: Vec<*const nix::libc::c_char>,
+}
+
+/// The `PATH` candidates of a bare program name, from the bundle's own
+/// environment (what `execvp` would try).
+fn candidates(program: &OsStr, env: &[(OsString, OsString)]) -> std::io::Result<Vec<CString>> {
+    if program.as_bytes().contains(&b'/') {
+        return Ok(vec![cstring(program.as_bytes())?]);
+    }
+    let path = env.iter().rev().find(|(k, _)| k == "PATH").map_or_else(
+        || OsString::from("/usr/local/bin:/usr/bin:/bin"),
+        |(_, v)| v.clone(),
+    );
+    std::env::split_paths(&path)
+        .map(|dir| {
+            let dir = if dir.as_os_str().is_empty() {
+                ".".into()
+            } else {
+                dir
+            };
+            cstring(dir.join(program).as_os_str().as_bytes())
+        })
+        .collect()
+}
+
+/// Starts the bundle. Must be called from a long-lived runtime thread (the
+/// parent-death signal follows the thread that spawned).
+pub fn spawn(launch: &Launch) -> std::io::Result<(Process, ChildStdin, ChildStdout, ChildStderr)> {
+    let (stdin_r, stdin_w) = pipe()?;
+    let (stdout_r, stdout_w) = pipe()?;
+    let (stderr_r, stderr_w) = pipe()?;
+    let (report_r, report_w) = pipe()?;
+    if let Some((uid, gid)) = launch.user {
+        // Its stdin and stdout pipes become the bundle user's: a pipe made
+        // by the daemon is the daemon's, and the bundle could not reopen
+        // its own stdio through /proc/self/fd to poll it.
+        for fd in [&stdin_r, &stdout_w] {
+            nix::unistd::fchown(fd, Some(uid.into()), Some(gid.into()))?;
+        }
+    }
+    let mut argv_c = vec![cstring(launch.program.as_bytes())?];
+    for arg in launch.args {
+        argv_c.push(cstring(arg.as_bytes())?);
+    }
+    let envp_c: Vec<CString> = launch
+        .env
+        .iter()
+        .map(|(k, v)| {
+            let mut pair = k.as_bytes().to_vec();
+            pair.push(b'=');
+            pair.extend_from_slice(v.as_bytes());
+            cstring(&pair)
+        })
+        .collect::<Result<_, _>>()?;
+    let null_terminated = |strings: &[CString]| {
+        let mut v: Vec<*const nix::libc::c_char> = strings.iter().map(|s| s.as_ptr()).collect();
+        v.push(std::ptr::null());
+        v
+    };
+    let plan = Plan {
+        stdio: [
+            stdin_r.as_raw_fd(),
+            stdout_w.as_raw_fd(),
+            stderr_w.as_raw_fd(),
+        ],
+        report: report_w.as_raw_fd(),
+        cgroups: launch.cgroups.iter().map(AsRawFd::as_raw_fd).collect(),
+        ruleset: launch.ruleset.map(AsRawFd::as_raw_fd),
+        cwd: cstring(launch.cwd.as_os_str().as_bytes())?,
+        user: launch.user,
+        limits: launch.limits,
+        daemon: std::process::id() as nix::libc::pid_t,
+        candidates: candidates(launch.program, launch.env)?,
+        argv: null_terminated(&argv_c),
+        envp: null_terminated(&envp_c),
+    };
+    let mut stack = vec![0u8; CHILD_STACK];
+    let pid = clone_child(&plan, &mut stack)?;
+    drop(stack);
+    drop((stdin_r, stdout_w, stderr_w, report_w));
+    // The child's report: nothing (it exec'd the bundle), or why not.
+    let mut report = Vec::new();
+    let read = std::fs::File::from(report_r).read_to_end(&mut report);
+    if read.is_err() || !report.is_empty() {
+        // Reaped here: nothing else waits for a process that never ran.
+        let mut raw = 0;
+        // SAFETY: waitpid writes the status into `raw`.
+        unsafe { nix::libc::waitpid(pid, &mut raw, 0) };
+        return Err(match read {
+            Err(e) => e,
+            Ok(_) => failure(&report),
+        });
+    }
+    let pid = pid as u32;
+    // SAFETY: the pidfd is owned by the AsyncFd, which keeps it open for
+    // as long as it is registered.
+    let pidfd = unsafe {
+        AsyncFd::register_with_interest(pidfd_open(pid)?, tokio::io::Interest::READABLE)?
+    };
+    let process = Process {
+        pid,
+        pidfd,
+        status: None,
+    };
+    Ok((
+        process,
+        ChildStdin::from_std(std::process::ChildStdin::from(stdin_w))?,
+        ChildStdout::from_std(std::process::ChildStdout::from(stdout_r))?,
+        ChildStderr::from_std(std::process::ChildStderr::from(stderr_r))?,
+    ))
+}
+
+/// The child's stack (it calls nothing deep: system calls and `execve`).
+const CHILD_STACK: usize = 64 << 10;
+
+/// Clones the child with every signal blocked (so that none of the
+/// daemon's handlers runs in it), then restores this thread's mask.
+fn clone_child(plan: &Plan, stack: &mut [u8]) -> std::io::Result<nix::libc::pid_t> {
+    use nix::libc;
+    // SAFETY: sigset and mask calls on this thread's own state; `clone`
+    // with CLONE_VFORK returns once the child has exec'd or exited, so the
+    // plan and the stack it uses outlive it.
+    unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        // The stack grows down; its top, 16-byte aligned.
+        let top = (stack.as_mut_ptr().add(stack.len()) as usize) & !15;
+        let pid = libc::clone(
+            child_main,
+            top as *mut libc::c_void,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            plan as *const Plan as *mut libc::c_void,
+        );
+        let cloned = std::io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        if pid < 0 {
+            return Err(cloned);
+        }
+        Ok(pid)
+    }
+}
+
+/// The child, in the daemon's memory: system calls only, then exec.
+extern "C" fn child_main(arg: *mut nix::libc::c_void) -> nix::libc::c_int {
+    // SAFETY: `arg` is the plan `clone_child` passed, alive until the exec.
+    let plan = unsafe { &*(arg as *const Plan) };
+    let Err((step, errno)) = confine_and_exec(plan);
+    let bytes = errno.to_ne_bytes();
+    // SAFETY: writes to the report pipe and exits; a lost report leaves
+    // the exit code.
+    unsafe {
+        nix::libc::write(plan.report, bytes.as_ptr().cast(), bytes.len());
+        nix::libc::write(plan.report, step.as_ptr().cast(), step.len());
+        nix::libc::_exit(127)
+    }
+}
+
+type Step = (&'static str, i32);
+
+fn errno(step: &'static str) -> Step {
+    // Read from the thread's errno (which the child shares): no allocation.
+    (step, nix::errno::Errno::last_raw())
+}
+
+fn confine_and_exec(plan: &Plan) -> Result<std::convert::Infallible, Step> {
+    use nix::libc;
+    // SAFETY: plain system calls on this (child) process's own state, in
+    // the order the old pre_exec made them.
+    unsafe {
+        // The daemon's handlers are not this process's: default for all
+        // (this also undoes the daemon's ignored SIGPIPE), then unblocked.
+        let mut default: libc::sigaction = std::mem::zeroed();
+        default.sa_sigaction = libc::SIG_DFL;
+        for signal in 1..65 {
+            if signal != libc::SIGKILL && signal != libc::SIGSTOP {
+                libc::sigaction(signal, &default, std::ptr::null_mut());
+            }
+        }
+        for (i, fd) in plan.stdio.iter().enumerate() {
+            let target = i as RawFd;
+            // dup2 onto itself would leave it close-on-exec.
+            let done = if *fd == target {
+                libc::fcntl(target, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(*fd, target)
+            };
+            if done < 0 {
+                return Err(errno("stdio"));
+            }
+        }
+        if libc::setsid() < 0 {
+            return Err(errno("setsid"));
+        }
+        // Into the bundle's cgroup before anything of it runs: every
+        // descendant, setsid or not, is in it from here on.
+        for fd in &plan.cgroups {
+            if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
+                return Err(errno("join the cgroup"));
+            }
+        }
+        if libc::chdir(plan.cwd.as_ptr()) != 0 {
+            return Err(errno("chdir"));
+        }
+        if let Some((uid, gid)) = plan.user {
+            // The raw calls: this process only, not the daemon's threads.
+            if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) != 0
+                || libc::syscall(libc::SYS_setgid, gid) != 0
+                || libc::syscall(libc::SYS_setuid, uid) != 0
+            {
+                return Err(errno("drop to the bundle's user"));
+            }
+        }
+        // After the uid change, which would clear it.
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+            return Err(errno("parent-death signal"));
+        }
+        // The daemon may have died before the signal was set.
+        if libc::getppid() != plan.daemon {
+            libc::_exit(1);
+        }
+    }
+    let ruleset = plan.ruleset.map(|fd| {
+        // SAFETY: the daemon's ruleset descriptor, borrowed for the call;
+        // never closed here (ManuallyDrop).
+        std::mem::ManuallyDrop::new(unsafe { OwnedFd::from_raw_fd(fd) })
+    });
+    super::sandbox::apply_in_child(&plan.limits, ruleset.as_deref()).map_err(|e| {
+        (
+            "confine (rlimits, no_new_privs, Landlock)",
+            e.raw_os_error().unwrap_or(0),
+        )
+    })?;
+    // As execvp: the first candidate that runs; a refusal other than
+    // "not there" is the one reported.
+    let mut reported = errno("exec");
+    reported.1 = libc::ENOENT;
+    for candidate in &plan.candidates {
+        // SAFETY: NUL-terminated arrays of C strings that outlive the call.
+        unsafe { libc::execve(candidate.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr()) };
+        let failed = errno("exec");
+        if failed.1 != libc::ENOENT && failed.1 != libc::ENOTDIR {
+            reported = failed;
+        }
+    }
+    Err(reported)
+}
+
+fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes a pid and flags, returns a new descriptor.
+    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid as i32, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor pidfd_open just returned, owned by no one else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// The error a trampoline reported: 4 bytes of errno, then the step.
+fn failure(report: &[u8]) -> std::io::Error {
+    let Some((errno, step)) = report.split_first_chunk::<4>() else {
+        return std::io::Error::other("the bundle's process ended before it started");
+    };
+    let source = std::io::Error::from_raw_os_error(i32::from_ne_bytes(*errno));
+    let step = String::from_utf8_lossy(step);
+    if step == "exec" {
+        source
+    } else {
+        std::io::Error::new(source.kind(), format!("{step}: {source}"))
+    }
+}
