@@ -26,8 +26,9 @@ help: ## List the targets
 
 # Debian packages the build and the tests need: OpenSSL's headers (archive
 # signatures), pkg-config to find them, the openssl CLI (test certificates)
-# and binutils (strip). Installed with apt-get when missing.
-SYSDEPS := libssl-dev pkg-config openssl binutils
+# binutils (strip) and the DejaVu font (the plots of `make bench`). Installed
+# with apt-get when missing.
+SYSDEPS := libssl-dev pkg-config openssl binutils fonts-dejavu-core
 
 .PHONY: sysdeps
 sysdeps: ## Debian packages the build and tests need, installed with apt-get when missing
@@ -120,11 +121,19 @@ test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers k8s-validate ##
 # The gateways an operator would otherwise put in front of a stdio server,
 # which the benchmark suite measures beside ours: supergateway (npm, pinned by
 # tests/supergateway/package-lock.json) and mcp-proxy (PyPI, pinned by
-# tests/mcp-proxy/requirements.lock).
+# tests/mcp-proxy/requirements.lock); and the supervisor operators run today,
+# supervisord (PyPI, pinned by tests/supervisor/requirements.lock).
 MCP_PROXY := target/mcp-proxy
+SUPERVISOR := target/supervisor
 
 .PHONY: bench-peers
-bench-peers: target/supergateway/.installed $(MCP_PROXY)/.installed ## supergateway and mcp-proxy, pinned, for the gateway benchmark
+bench-peers: target/supergateway/.installed $(MCP_PROXY)/.installed $(SUPERVISOR)/.installed ## supergateway, mcp-proxy and supervisord, pinned, for the benchmarks
+
+$(SUPERVISOR)/.installed: tests/supervisor/requirements.lock
+	rm -rf $(SUPERVISOR)
+	$(PYTHON) -m venv $(SUPERVISOR)/venv
+	$(SUPERVISOR)/venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
+	touch $@
 
 $(MCP_PROXY)/.installed: tests/mcp-proxy/requirements.lock
 	rm -rf $(MCP_PROXY)
@@ -146,8 +155,15 @@ $(K8S_VALIDATE)/.installed: tests/k8s/requirements.lock
 	touch $@
 
 .PHONY: bench
-bench: build bench-peers ## The benchmark suite: each figure next to its floor, with ratios and targets (docs/performance.md)
+bench: build bench-peers ## The benchmark suite: each figure next to its floor, with ratios and targets, the scale curve and the instruction counts (docs/performance.md)
 	$(CARGO) bench --bench suite
+	$(MAKE) bench-callgrind
+
+.PHONY: bench-callgrind
+bench-callgrind: build ## Instructions per host-resources read (valgrind's callgrind, installed with apt-get when missing)
+	@command -v valgrind >/dev/null || (apt-get update -qq && apt-get install -y -qq valgrind)
+	$(CARGO) bench --bench suite --no-run
+	benches/callgrind-host-read.sh
 
 # Fuzz smoke run: each target for FUZZ_SECONDS (cargo-fuzz from crates.io;
 # RUSTC_BOOTSTRAP lets the stable toolchain take libFuzzer's flags).

@@ -15,11 +15,13 @@ use rmcp::{RoleClient, ServiceExt};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
-use crate::harness::DEMO;
+use crate::harness::{pin_thread, Placement, DEMO};
 
 pub const ROLE: &str = "BV_BENCH_ROLE";
 const REPLY: &str = "BV_BENCH_REPLY";
 const SOCKET: &str = "BV_BENCH_SOCKET";
+/// The CPU a pipe-echo peer pins itself to.
+const CPU: &str = "BV_BENCH_CPU";
 
 /// Runs this process as a floor peer when `BV_BENCH_ROLE` says so.
 pub fn run_role() -> bool {
@@ -117,6 +119,9 @@ pub async fn relayed_start(
 /// The peer: answers every JSON-RPC request line with the result in the
 /// file `BV_BENCH_REPLY`, parsing and serializing like a real peer would.
 fn pipe_echo_peer() {
+    if let Ok(cpu) = std::env::var(CPU) {
+        crate::harness::pin_thread(Some(cpu.parse().unwrap()));
+    }
     let result: Value =
         serde_json::from_slice(&std::fs::read(std::env::var(REPLY).unwrap()).unwrap()).unwrap();
     let stdin = std::io::stdin().lock();
@@ -132,9 +137,20 @@ fn pipe_echo_peer() {
 }
 
 /// `count` sequential request/response round trips with a pipe-echo peer
-/// that answers with `result`; returns each round trip's duration.
-pub fn pipe_echo(reply_file: &Path, uri: &str, count: usize) -> Vec<Duration> {
-    let mut peer = Command::new(std::env::current_exe().unwrap())
+/// that answers with `result`; returns each round trip's duration. With a
+/// placement, this thread and the peer are pinned for the duration.
+pub fn pipe_echo(
+    reply_file: &Path,
+    uri: &str,
+    count: usize,
+    placement: Option<Placement>,
+) -> Vec<Duration> {
+    let mut peer = Command::new(std::env::current_exe().unwrap());
+    if let Some(p) = placement {
+        pin_thread(Some(p.cpus().0));
+        peer.env(CPU, p.cpus().1.to_string());
+    }
+    let mut peer = peer
         .env(ROLE, "pipe-echo")
         .env(REPLY, reply_file)
         .stdin(Stdio::piped())
@@ -162,6 +178,9 @@ pub fn pipe_echo(reply_file: &Path, uri: &str, count: usize) -> Vec<Duration> {
     }
     drop(to_peer);
     let _ = peer.wait();
+    if placement.is_some() {
+        pin_thread(None);
+    }
     sample
 }
 

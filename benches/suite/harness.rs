@@ -234,3 +234,56 @@ pub fn raise_nofile() {
         let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
     }
 }
+
+/// Where the two ends of a measured round trip run: both on CPU 0, or on
+/// CPUs 0 and 1. On a VM the placement alone moves a pipe round trip by
+/// 2–4× (a cross-CPU wake-up costs 15–25 µs), so each figure and its floor
+/// are measured pinned, in both placements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    SameCore,
+    TwoCores,
+}
+
+impl Placement {
+    /// The CPUs of the asking end and of the answering end.
+    pub fn cpus(self) -> (usize, usize) {
+        match self {
+            Placement::SameCore => (0, 0),
+            Placement::TwoCores => (0, 1),
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Placement::SameCore => "pinned to one core",
+            Placement::TwoCores => "pinned to two cores",
+        }
+    }
+}
+
+fn cpu_set(cpu: Option<usize>) -> nix::sched::CpuSet {
+    let mut set = nix::sched::CpuSet::new();
+    let all = std::thread::available_parallelism().map_or(1, |n| n.get());
+    for c in cpu.map_or(0..all, |c| c..c + 1) {
+        set.set(c).expect("a CPU number");
+    }
+    set
+}
+
+/// Pins the calling thread to `cpu`, or lets it run anywhere (`None`).
+pub fn pin_thread(cpu: Option<usize>) {
+    let me = nix::unistd::Pid::from_raw(0);
+    nix::sched::sched_setaffinity(me, &cpu_set(cpu)).expect("sched_setaffinity");
+}
+
+/// Pins every thread of process `pid` (threads it starts later inherit
+/// it), or lets them run anywhere (`None`).
+pub fn pin_process(pid: u32, cpu: Option<usize>) {
+    let set = cpu_set(cpu);
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("the process runs") {
+        let tid: i32 = task.unwrap().file_name().to_string_lossy().parse().unwrap();
+        // A thread that ended since the listing is no loss.
+        let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(tid), &set);
+    }
+}

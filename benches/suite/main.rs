@@ -22,14 +22,26 @@
 //! Where a figure and its floor are both short round trips they are
 //! measured in alternating rounds, so that the VM's slow drifts hit both.
 //!
+//! - scale: the curve of boot, memory, descriptors, `status`, a gateway
+//!   call, host-resources reads, crash recovery and stop at 50–2,000
+//!   bundles over 1, 10 and 100 workspaces ([`scale`]).
+//!
+//! - supervisord: the same demo binary under supervisord (PyPI, pinned):
+//!   start → 200 programs running, SIGKILL → running again; bundlevisor's
+//!   same two figures (process exec'd, no handshake) sit beside them.
+//!
 //! Environment: `BENCH_SCALE` (default 1.0) scales the sample sizes,
-//! `BOOT_BUNDLES` (default 200), `BENCH_ONLY` (comma-separated of
-//! install,crash,host,control,gateway,boot) runs a subset. Results also go
-//! to `target/bench/suite.json`.
+//! `BOOT_BUNDLES` (default 200), `SCALE_BUNDLES` (default 50,200,1000,2000)
+//! and `SCALE_WORKSPACES` (default 1,10,100) the curve's points,
+//! `BENCH_ONLY` (comma-separated of install,crash,host,control,gateway,
+//! boot,scale,supervisord) runs a subset. Results also go to
+//! `target/bench/suite.json`, the curve to `target/bench/scale.{json,png}`.
 
 mod floors;
 mod harness;
 mod report;
+mod scale;
+mod supervisord;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -41,7 +53,9 @@ use rmcp::service::RunningService;
 use rmcp::RoleClient;
 use serde_json::json;
 
-use harness::{call, rss_kib, status, summarize, tool_text, BenchDaemon, EventTap, Summary};
+use harness::{
+    call, rss_kib, status, summarize, tool_text, BenchDaemon, EventTap, Placement, Summary,
+};
 use report::{Row, Target};
 
 const CONFIG: &str = r#"state_dir = "state"
@@ -89,7 +103,7 @@ fn main() {
         .build()
         .unwrap();
     let started = Instant::now();
-    let rows = rt.block_on(async {
+    let (rows, curve) = rt.block_on(async {
         let mut rows = Vec::new();
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
@@ -112,6 +126,26 @@ fn main() {
         let mut tap = EventTap::start(&d).await;
         let mut ctl = d.connect().await;
 
+        // supervisord beside us (issue 22): the same binary, the same count.
+        let peer = wanted("supervisord").then(|| {
+            eprintln!("supervisord…");
+            let dir = root.join("supervisord");
+            tokio::task::block_in_place(|| {
+                supervisord::measure(&dir, boot_count(), scaled(3), scaled(30))
+            })
+        });
+        if let Some(p) = &peer {
+            rows.push(Row::latency(
+                &format!("supervisord: start → {} programs running", p.programs),
+                p.start,
+                None,
+            ));
+            rows.push(Row::latency(
+                "supervisord: SIGKILL → running again",
+                p.crash,
+                None,
+            ));
+        }
         if wanted("install") || wanted("crash") {
             eprintln!("install latency…");
             let floor = bare_starts(scaled(30)).await;
@@ -120,7 +154,7 @@ fn main() {
             }
             if wanted("crash") {
                 eprintln!("crash recovery…");
-                rows.push(crash(root, &mut ctl, &mut tap, scaled(30), floor).await);
+                rows.extend(crash(&d, &mut ctl, &mut tap, scaled(30), floor, peer.as_ref()).await);
             }
         }
         if wanted("host") {
@@ -138,12 +172,30 @@ fn main() {
         d.stop();
         if wanted("boot") {
             eprintln!("boot reload…");
-            rows.extend(boot(&root.join("boot")).await);
+            rows.extend(boot(&root.join("boot"), peer.as_ref()).await);
         }
-        rows
+        let mut curve = Vec::new();
+        if wanted("scale") {
+            curve = scale::curve(root).await;
+            // The plot is drawn in a smoke run too (so `make test` checks
+            // it), into the run's temporary folder.
+            let png = scale::write(&curve, &root.join("plots")).expect("plot the curve");
+            assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
+        }
+        (rows, curve)
     });
     // A smoke run's figures are not results.
     report::print(&rows, started.elapsed(), !smoke());
+    if !curve.is_empty() {
+        scale::print(&curve);
+        if !smoke() {
+            let dir = std::path::Path::new("target/bench");
+            match scale::write(&curve, dir) {
+                Ok(png) => println!("the curve: {} and scale.json", png.display()),
+                Err(e) => eprintln!("the curve could not be written: {e}"),
+            }
+        }
+    }
 }
 
 /// `n` bare starts of the demo bundle, one after the other.
@@ -186,11 +238,19 @@ fn install(root: &Path, tap: &mut EventTap, n: usize, floor: Summary) -> Row {
         .target(Target::OverFloorAtMost(Duration::from_millis(10)))
 }
 
-/// SIGKILL → ready again.
-async fn crash(root: &Path, ctl: &mut Client, tap: &mut EventTap, n: usize, floor: Summary) -> Row {
-    let dir = harness::demo_bundle(&root.join("bundles"), "crashy");
+/// SIGKILL → ready again, and → the process running again (what
+/// supervisord's figure is: no handshake).
+async fn crash(
+    d: &BenchDaemon,
+    ctl: &mut Client,
+    tap: &mut EventTap,
+    n: usize,
+    floor: Summary,
+    peer: Option<&supervisord::Figures>,
+) -> Vec<Row> {
+    let dir = harness::demo_bundle(&d.root.join("bundles"), "crashy");
     call(ctl, method::INSTALL, json!({"path": dir})).await;
-    let mut sample = Vec::new();
+    let (mut sample, mut running) = (Vec::new(), Vec::new());
     for _ in 0..n {
         let pid = status(ctl)
             .await
@@ -199,6 +259,7 @@ async fn crash(root: &Path, ctl: &mut Client, tap: &mut EventTap, n: usize, floo
             .find(|b| b.name == "crashy" && b.state == BundleState::Ready)
             .and_then(|b| b.pid)
             .expect("crashy is ready");
+        let (daemon, program) = (d.pid(), supervisord::program_of(d.pid(), pid));
         // A first restart: the bundle has been ready for `stable_after`
         // (1 ms in this config). Scenario set-up, not synchronisation.
         tokio::time::sleep(Duration::from_millis(3)).await;
@@ -208,17 +269,30 @@ async fn crash(root: &Path, ctl: &mut Client, tap: &mut EventTap, n: usize, floo
             nix::sys::signal::Signal::SIGKILL,
         )
         .unwrap();
+        let replaced =
+            tokio::task::spawn_blocking(move || supervisord::wait_replaced(daemon, &program, pid));
         tap.wait("crashy", EventKind::Exited).await;
         sample.push(tap.wait("crashy", EventKind::Ready).await - start);
+        running.push(replaced.await.unwrap() - start);
     }
     call(ctl, method::UNINSTALL, json!({"name": "crashy"})).await;
-    Row::latency("crash: SIGKILL → ready", summarize(sample), Some(floor))
-        .target(Target::AtMost(Duration::from_millis(100)))
+    let mut rows = vec![
+        Row::latency("crash: SIGKILL → ready", summarize(sample), Some(floor))
+            .target(Target::AtMost(Duration::from_millis(100))),
+    ];
+    if let Some(p) = peer {
+        rows.push(Row::latency(
+            "  SIGKILL → running again (floor: supervisord)",
+            summarize(running),
+            Some(p.crash),
+        ));
+    }
+    rows
 }
 
 /// What `host_bench` reports.
 #[derive(serde::Deserialize)]
-struct HostBench {
+pub(crate) struct HostBench {
     errors: u64,
     elapsed_ms: f64,
     p50_us: f64,
@@ -274,33 +348,27 @@ async fn host_resources(d: &BenchDaemon, ctl: &mut Client) -> Vec<Row> {
         std::fs::write(&reply_file, &reply).unwrap();
 
         host_bench(ctl, "h0", uri, count / 10, false).await; // warm-up
-        let (mut got, mut got_secs, mut floor) = (Vec::new(), 0.0, Vec::new());
-        for _ in 0..ROUNDS {
-            let one = host_bench(ctl, "h0", uri, count / ROUNDS, true).await;
-            got_secs += one.elapsed_ms / 1000.0;
-            got.extend(one.samples_us.iter().map(|us| Duration::from_micros(*us)));
-            let (file, uri) = (reply_file.clone(), uri.clone());
-            floor.extend(
-                tokio::task::spawn_blocking(move || floors::pipe_echo(&file, &uri, count / ROUNDS))
-                    .await
-                    .unwrap(),
+        let placements: &[Option<Placement>] = if label.starts_with('4') {
+            &[Some(Placement::SameCore), Some(Placement::TwoCores), None]
+        } else {
+            &[None]
+        };
+        for placement in placements {
+            let what = format!(
+                "host read {label}, 1 bundle, {}",
+                placement.map_or("unpinned", Placement::label)
+            );
+            let row = one_bundle_reads(d, ctl, uri, &reply_file, count, *placement).await;
+            rows.push(
+                Row::latency(&what, row.0, Some(row.1))
+                    .rate(row.2, row.3)
+                    .target(if label.starts_with('4') && placement.is_some() {
+                        Target::RateOfFloorAtLeast(0.5)
+                    } else {
+                        Target::None
+                    }),
             );
         }
-        let rate = got.len() as f64 / got_secs;
-        let floor_rate = floor.len() as f64 / floor.iter().sum::<Duration>().as_secs_f64();
-        rows.push(
-            Row::latency(
-                &format!("host read {label}, 1 bundle"),
-                summarize(got),
-                Some(summarize(floor)),
-            )
-            .rate(rate, floor_rate)
-            .target(if label.starts_with('4') {
-                Target::RateOfFloorAtLeast(0.5)
-            } else {
-                Target::None
-            }),
-        );
 
         let per = (count / 4).max(3);
         let start = Instant::now();
@@ -320,7 +388,7 @@ async fn host_resources(d: &BenchDaemon, ctl: &mut Client) -> Vec<Row> {
         let floors: Vec<_> = (0..names.len())
             .map(|_| {
                 let (file, uri) = (reply_file.clone(), uri.clone());
-                std::thread::spawn(move || floors::pipe_echo(&file, &uri, per))
+                std::thread::spawn(move || floors::pipe_echo(&file, &uri, per, None))
             })
             .collect();
         let floor: Vec<Duration> = floors.into_iter().flat_map(|t| t.join().unwrap()).collect();
@@ -342,6 +410,50 @@ async fn host_resources(d: &BenchDaemon, ctl: &mut Client) -> Vec<Row> {
         );
     }
     rows
+}
+
+/// Reads by one bundle (`h0`) and the pipe-echo floor of the same bytes in
+/// alternating rounds; with a placement, the daemon and the bundle are
+/// pinned like the floor's two ends. Returns (sample, floor sample, rate,
+/// floor rate).
+async fn one_bundle_reads(
+    d: &BenchDaemon,
+    ctl: &mut Client,
+    uri: &str,
+    reply_file: &Path,
+    count: usize,
+    placement: Option<Placement>,
+) -> (Summary, Summary, f64, f64) {
+    let bundle = status(ctl)
+        .await
+        .bundles
+        .iter()
+        .find(|b| b.name == "h0")
+        .and_then(|b| b.pid)
+        .expect("h0 runs");
+    let pin = |cpus: Option<(usize, usize)>| {
+        harness::pin_process(d.pid(), cpus.map(|c| c.0));
+        harness::pin_process(bundle, cpus.map(|c| c.1));
+    };
+    let (mut got, mut got_secs, mut floor) = (Vec::new(), 0.0, Vec::new());
+    for _ in 0..ROUNDS {
+        pin(placement.map(Placement::cpus));
+        let one = host_bench(ctl, "h0", uri, count / ROUNDS, true).await;
+        pin(None);
+        got_secs += one.elapsed_ms / 1000.0;
+        got.extend(one.samples_us.iter().map(|us| Duration::from_micros(*us)));
+        let (file, uri) = (reply_file.to_path_buf(), uri.to_string());
+        floor.extend(
+            tokio::task::spawn_blocking(move || {
+                floors::pipe_echo(&file, &uri, count / ROUNDS, placement)
+            })
+            .await
+            .unwrap(),
+        );
+    }
+    let rate = got.len() as f64 / got_secs;
+    let floor_rate = floor.len() as f64 / floor.iter().sum::<Duration>().as_secs_f64();
+    (summarize(got), summarize(floor), rate, floor_rate)
 }
 
 /// `status` with 64 concurrent clients against the daemon and against a
@@ -509,11 +621,15 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> 
 
 /// Daemon start → every installed bundle ready, several times, with the
 /// daemon's memory at that point.
-async fn boot(root: &Path) -> Vec<Row> {
-    let count: usize = std::env::var("BOOT_BUNDLES")
+fn boot_count() -> usize {
+    std::env::var("BOOT_BUNDLES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(if smoke() { 5 } else { 200 });
+        .unwrap_or(if smoke() { 5 } else { 200 })
+}
+
+async fn boot(root: &Path, peer: Option<&supervisord::Figures>) -> Vec<Row> {
+    let count = boot_count();
     let rounds = scaled(3);
     std::fs::create_dir_all(root.join("bundles")).unwrap();
     let config = CONFIG.replace("[[watch]]\ndir = \"watched\"\n", "");
@@ -534,11 +650,14 @@ async fn boot(root: &Path) -> Vec<Row> {
     drop(ctl);
     d.stop();
 
-    let mut sample = Vec::new();
+    let (mut sample, mut running) = (Vec::new(), Vec::new());
     let (mut daemon_kib, mut bundle_kib) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
         let start = Instant::now();
         let d = BenchDaemon::start(root, None).await;
+        let daemon = d.pid();
+        let all_running =
+            tokio::task::spawn_blocking(move || supervisord::wait_running(daemon, count));
         let mut tap = EventTap::start(&d).await;
         let mut ctl = d.connect().await;
         let ready: std::collections::HashSet<_> = status(&mut ctl)
@@ -554,6 +673,7 @@ async fn boot(root: &Path) -> Vec<Row> {
             tap.wait_all(EventKind::Ready, count, ready).await
         };
         sample.push(at - start);
+        running.push(all_running.await.unwrap() - start);
         daemon_kib.push(rss_kib(d.pid()));
         let st = status(&mut ctl).await;
         let pids: Vec<u32> = st.bundles.iter().filter_map(|b| b.pid).collect();
@@ -573,13 +693,20 @@ async fn boot(root: &Path) -> Vec<Row> {
         }
     }
     let daemon = *daemon_kib.iter().max().unwrap();
-    vec![
-        Row::latency(
-            &format!("boot: start → {count} bundles ready"),
-            summarize(sample),
-            Some(summarize(floor)),
-        )
-        .target(Target::AtMost(Duration::from_secs(3))),
+    let mut rows = vec![Row::latency(
+        &format!("boot: start → {count} bundles ready"),
+        summarize(sample),
+        Some(summarize(floor)),
+    )
+    .target(Target::AtMost(Duration::from_secs(3)))];
+    if let Some(p) = peer {
+        rows.push(Row::latency(
+            &format!("  start → {count} running (floor: supervisord)"),
+            summarize(running),
+            Some(p.start),
+        ));
+    }
+    rows.extend([
         Row::memory(
             &format!("daemon RSS, {count} bundles ready"),
             daemon,
@@ -596,5 +723,6 @@ async fn boot(root: &Path) -> Vec<Row> {
             bundle_kib.iter().sum::<u64>() / bundle_kib.len() as u64,
             Target::None,
         ),
-    ]
+    ]);
+    rows
 }

@@ -89,6 +89,14 @@ fn time(us: f64) -> String {
     }
 }
 
+fn ratio(x: f64) -> String {
+    if x < 0.1 {
+        format!("×{x:.4}")
+    } else {
+        format!("×{x:.2}")
+    }
+}
+
 fn target_text(t: Target) -> String {
     match t {
         Target::None => String::new(),
@@ -116,7 +124,7 @@ pub fn print(rows: &[Row], took: Duration, json: bool) {
             (Some(g), Some(f)) => (
                 time(f.median_us),
                 time(f.p99_us),
-                format!("×{:.2}", g.median_us / f.median_us),
+                ratio(g.median_us / f.median_us),
             ),
             _ => (String::new(), String::new(), String::new()),
         };
