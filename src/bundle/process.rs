@@ -624,6 +624,19 @@ mod tests {
         assert_eq!(life.wait().await.code, Some(3));
     }
 
+    /// The start blocks every signal around its clone: the bundle must not
+    /// inherit that (a blocked SIGTERM would make it unstoppable but by
+    /// SIGKILL), nor the daemon's ignored SIGPIPE.
+    #[tokio::test]
+    async fn a_bundle_starts_with_no_signal_blocked_or_ignored() {
+        let s = spawn(&plan("kill -TERM $$; exit 0"), None).unwrap();
+        let life = Lifeline::watch(s.child, s.pid, None, None);
+        assert_eq!(life.wait().await.signal, Some(nix::libc::SIGTERM));
+        let s = spawn(&plan("kill -PIPE $$; exit 0"), None).unwrap();
+        let life = Lifeline::watch(s.child, s.pid, None, None);
+        assert_eq!(life.wait().await.signal, Some(nix::libc::SIGPIPE));
+    }
+
     #[tokio::test]
     async fn exit_is_seen_and_reports_the_code() {
         let s = spawn(&plan("exit 7"), None).unwrap();

@@ -287,6 +287,12 @@ fn confine_and_exec(plan: &Plan) -> Result<std::convert::Infallible, Step> {
                 libc::sigaction(signal, &default, std::ptr::null_mut());
             }
         }
+        // The clone blocked them all: the bundle starts with none blocked.
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        if libc::pthread_sigmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {
+            return Err(("signal mask", libc::EINVAL));
+        }
         for (i, fd) in plan.stdio.iter().enumerate() {
             let target = i as RawFd;
             // dup2 onto itself would leave it close-on-exec.
