@@ -32,7 +32,8 @@ burst = 1000000
 "#;
 
 /// The targets a point must meet (docs/scaling.md): the 200-bundle targets
-/// of the suite, per bundle where they are totals.
+/// of the suite, per bundle where they are totals; `status` answered
+/// within 100 ms; the daemon's descriptors within 80 % of its limit.
 pub const BOOT_PER_BUNDLE: Duration = Duration::from_millis(15);
 pub const RSS_PER_BUNDLE_KIB: u64 = 320;
 pub const CRASH_AT_MOST: Duration = Duration::from_millis(100);
@@ -245,7 +246,8 @@ pub fn missed(p: &Point) -> Vec<String> {
             "reads",
             p.reads_per_s >= READ_RATE_OF_FLOOR * p.reads_floor_per_s,
         ),
-        ("descriptors", (p.daemon_fds as u64) * 2 <= p.nofile_soft),
+        // A fifth of the limit left for what the daemon opens meanwhile.
+        ("descriptors", (p.daemon_fds as u64) * 5 <= p.nofile_soft * 4),
     ];
     checks
         .iter()
@@ -271,17 +273,17 @@ async fn gateway_call(d: &BenchDaemon, workspace: &str, bundle: &str) -> (Summar
     let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
     let client = rmcp::ServiceExt::serve((), io).await.expect("initialize");
     let (_bare, direct) = floors::bare_start().await;
-    let per = scaled_at_least(500) / ROUNDS;
+    let per = scaled_at_least(2000) / ROUNDS;
     let args = json!({"text": "ping"}).as_object().unwrap().clone();
     let timed = |client: &rmcp::service::RunningService<rmcp::RoleClient, ()>, tool: String| {
         let (client, args) = (client.peer().clone(), args.clone());
         async move {
             let mut sample = Vec::with_capacity(per);
-            for i in 0..per + 10 {
+            for i in 0..per + 50 {
                 let params = CallToolRequestParams::new(tool.clone()).with_arguments(args.clone());
                 let start = Instant::now();
                 client.call_tool(params).await.expect("call");
-                if i >= 10 {
+                if i >= 50 {
                     sample.push(start.elapsed());
                 }
             }
