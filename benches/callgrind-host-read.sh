@@ -56,7 +56,7 @@ cfg["args"] = ["--tool=callgrind", f"--callgrind-out-file={work}/bundle.%p.out",
 cfg["command"] = "/usr/bin/valgrind"
 json.dump(m, open(f"{work}/vg/manifest.json", "w"))
 EOF
-(cd "$work" && valgrind --tool=callgrind --instr-atstart=no \
+(cd "$work" && exec valgrind --tool=callgrind --instr-atstart=no \
   --callgrind-out-file="$work/daemon.%p.out" "$OLDPWD/$BV" daemon --config bv.toml \
   >"$work/daemon.log" 2>&1) &
 daemon=$!
@@ -68,7 +68,7 @@ reads() { "$BV" call --timeout 600s "$1" host_bench "{\"uri\":\"$uri\",\"count\"
 totals() { grep -h '^totals:' "$@" | awk '{s += $2} END {print s}'; }
 
 # The daemon.
-vgpid=$(callgrind_control -b 2>/dev/null | grep -o 'PID [0-9]*' | head -1 | cut -d' ' -f2)
+vgpid=$daemon
 callgrind_control -i on "$vgpid" >/dev/null 2>&1
 reads demo 300
 callgrind_control -z "$vgpid" >/dev/null 2>&1

@@ -197,6 +197,23 @@ impl EventTap {
     }
 }
 
+/// When `count` bundles are all ready: at once if `status` says so, else
+/// when the tap has seen the rest report `ready`.
+pub async fn all_ready(ctl: &mut Client, tap: &mut EventTap, count: usize) -> Instant {
+    let ready: HashSet<_> = status(ctl)
+        .await
+        .bundles
+        .into_iter()
+        .filter(|b| b.state == bundlevisor::protocol::BundleState::Ready)
+        .map(|b| (b.workspace, b.name))
+        .collect();
+    if ready.len() == count {
+        Instant::now()
+    } else {
+        tap.wait_all(EventKind::Ready, count, ready).await
+    }
+}
+
 /// `VmRSS` of a process in KiB.
 pub fn rss_kib(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();

@@ -660,18 +660,7 @@ async fn boot(root: &Path, peer: Option<&supervisord::Figures>) -> Vec<Row> {
             tokio::task::spawn_blocking(move || supervisord::wait_running(daemon, count));
         let mut tap = EventTap::start(&d).await;
         let mut ctl = d.connect().await;
-        let ready: std::collections::HashSet<_> = status(&mut ctl)
-            .await
-            .bundles
-            .into_iter()
-            .filter(|b| b.state == BundleState::Ready)
-            .map(|b| (b.workspace, b.name))
-            .collect();
-        let at = if ready.len() == count {
-            Instant::now()
-        } else {
-            tap.wait_all(EventKind::Ready, count, ready).await
-        };
+        let at = harness::all_ready(&mut ctl, &mut tap, count).await;
         sample.push(at - start);
         running.push(all_running.await.unwrap() - start);
         daemon_kib.push(rss_kib(d.pid()));

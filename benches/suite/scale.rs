@@ -153,18 +153,7 @@ async fn point(dir: &Path, n: usize, w: usize) -> Point {
     let d = BenchDaemon::start(dir, None).await;
     let mut tap = EventTap::start(&d).await;
     let mut ctl = d.connect().await;
-    let ready: std::collections::HashSet<_> = harness::status(&mut ctl)
-        .await
-        .bundles
-        .into_iter()
-        .filter(|b| b.state == BundleState::Ready)
-        .map(|b| (b.workspace, b.name))
-        .collect();
-    let at = if ready.len() == n {
-        Instant::now()
-    } else {
-        tap.wait_all(EventKind::Ready, n, ready).await
-    };
+    let at = harness::all_ready(&mut ctl, &mut tap, n).await;
     let boot_s = (at - start).as_secs_f64();
     let daemon_kib = rss_kib(d.pid());
     let daemon_fds = open_fds(d.pid());
@@ -247,7 +236,10 @@ pub fn missed(p: &Point) -> Vec<String> {
             p.reads_per_s >= READ_RATE_OF_FLOOR * p.reads_floor_per_s,
         ),
         // A fifth of the limit left for what the daemon opens meanwhile.
-        ("descriptors", (p.daemon_fds as u64) * 5 <= p.nofile_soft * 4),
+        (
+            "descriptors",
+            (p.daemon_fds as u64) * 5 <= p.nofile_soft * 4,
+        ),
     ];
     checks
         .iter()
