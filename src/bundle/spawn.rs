@@ -226,6 +226,10 @@ pub fn spawn(launch: &Launch) -> std::io::Result<(Process, ChildStdin, ChildStdo
         argv: null_terminated(&argv_c),
         envp: null_terminated(&envp_c),
     };
+    // The daemon's ends, ready before there is a process to leak.
+    let stdin = ChildStdin::from_std(std::process::ChildStdin::from(stdin_w))?;
+    let stdout = ChildStdout::from_std(std::process::ChildStdout::from(stdout_r))?;
+    let stderr = ChildStderr::from_std(std::process::ChildStderr::from(stderr_r))?;
     let mut stack = vec![0u8; CHILD_STACK];
     let pid = clone_child(&plan, &mut stack)?;
     drop(stack);
@@ -243,13 +247,19 @@ pub fn spawn(launch: &Launch) -> std::io::Result<(Process, ChildStdin, ChildStdo
             Ok(_) => failure(&report),
         });
     }
-    let process = Process::new(pid as u32)?;
-    Ok((
-        process,
-        ChildStdin::from_std(std::process::ChildStdin::from(stdin_w))?,
-        ChildStdout::from_std(std::process::ChildStdout::from(stdout_r))?,
-        ChildStderr::from_std(std::process::ChildStderr::from(stderr_r))?,
-    ))
+    match Process::new(pid as u32) {
+        Ok(process) => Ok((process, stdin, stdout, stderr)),
+        Err(e) => {
+            // Nothing could wait for it: it does not run on.
+            let mut raw = 0;
+            // SAFETY: a kill and a reap of the child just spawned.
+            unsafe {
+                nix::libc::kill(pid, nix::libc::SIGKILL);
+                nix::libc::waitpid(pid, &mut raw, 0);
+            }
+            Err(e)
+        }
+    }
 }
 
 /// The child's stack (it calls nothing deep: system calls and `execve`).
