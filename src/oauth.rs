@@ -279,10 +279,13 @@ async fn bounded(response: &mut reqwest::Response) -> Result<Vec<u8>, String> {
 
 /// A parameter of a `WWW-Authenticate: Bearer` challenge, quoted or not;
 /// `key` must start a parameter (`scope` is not found in `myscope="…"`,
-/// `error` not in `error_description="…"`).
+/// `error` not in `error_description="…"`). Names match in any case
+/// (RFC 9110: auth-param names are case-insensitive); values keep theirs.
 fn challenge_param<'a>(challenge: &'a str, key: &str) -> Option<&'a str> {
+    // ASCII lowercasing keeps every byte offset.
+    let (lower, key) = (challenge.to_ascii_lowercase(), key.to_ascii_lowercase());
     let mut from = 0;
-    while let Some(at) = challenge[from..].find(key).map(|i| i + from) {
+    while let Some(at) = lower[from..].find(&key).map(|i| i + from) {
         from = at + key.len();
         let starts = challenge[..at]
             .chars()
@@ -480,7 +483,7 @@ async fn initial_scopes(manager: &AuthorizationManager) -> Vec<String> {
 
 /// The scopes a `403 insufficient_scope` challenge says the token lacks
 /// (RFC 6750 §3.1), for a step-up to their union with what was asked.
-fn step_up(challenge: Option<&str>) -> Option<Vec<String>> {
+pub fn step_up(challenge: Option<&str>) -> Option<Vec<String>> {
     challenge
         .filter(|c| insufficient_scope(c))
         .and_then(challenge_scope)
@@ -1018,6 +1021,13 @@ mod tests {
         assert!(!insufficient_scope(
             r#"Bearer error="invalid_token", error_description="not insufficient_scope""#
         ));
+        // Parameter names in any case; values as sent.
+        let shouted = r#"Bearer ERROR="insufficient_scope", Scope="Files:Read""#;
+        assert!(insufficient_scope(shouted));
+        assert_eq!(
+            challenge_scope(shouted),
+            Some(vec!["Files:Read".to_string()])
+        );
     }
 
     #[test]

@@ -197,6 +197,30 @@ impl EventTap {
     }
 }
 
+/// An agent on `bundlevisor mcp -w WORKSPACE`: the process (killed on
+/// drop) and the initialized rmcp client on its stdio.
+pub async fn mcp_agent(
+    d: &BenchDaemon,
+    workspace: &str,
+) -> (
+    tokio::process::Child,
+    rmcp::service::RunningService<rmcp::RoleClient, ()>,
+) {
+    let mut child = tokio::process::Command::new(BIN)
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["mcp", "--workspace", workspace])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn bundlevisor mcp");
+    let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    let client = rmcp::ServiceExt::serve((), io).await.expect("initialize");
+    (child, client)
+}
+
 /// When `count` bundles are all ready: at once if `status` says so, else
 /// when the tap has seen the rest report `ready`.
 pub async fn all_ready(ctl: &mut Client, tap: &mut EventTap, count: usize) -> Instant {

@@ -506,17 +506,7 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> 
     let dir = harness::demo_bundle(&d.root.join("bundles"), "gw");
     call(ctl, method::INSTALL, json!({"path": dir})).await;
     let (_child, direct) = floors::bare_start().await;
-    let mut mcp = tokio::process::Command::new(harness::BIN);
-    mcp.arg("--socket").arg(&d.socket).arg("mcp");
-    let mut child = mcp
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
-    let client = rmcp::ServiceExt::serve((), io).await.expect("initialize");
+    let (_mcp, client) = harness::mcp_agent(d, "default").await;
     let (_relays, relayed) = floors::relayed_start(2).await;
     // An agent over streamable HTTP, with a token.
     let made = call(ctl, method::TOKEN_CREATE, json!({"workspace": "default"})).await;

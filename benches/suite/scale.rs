@@ -14,12 +14,11 @@ use std::time::{Duration, Instant};
 
 use bundlevisor::client::Client;
 use bundlevisor::protocol::{method, BundleState, EventKind};
-use rmcp::model::CallToolRequestParams;
 use serde::Serialize;
 use serde_json::json;
 
 use crate::harness::{self, call, rss_kib, summarize, BenchDaemon, EventTap, Placement, Summary};
-use crate::{floors, smoke, HostBench, ROUNDS};
+use crate::{echo_calls, floors, smoke, HostBench, ROUNDS};
 
 const CONFIG: &str = r#"state_dir = "state"
 socket = "bv.sock"
@@ -251,41 +250,13 @@ pub fn missed(p: &Point) -> Vec<String> {
 /// `echo` of the first bundle through `bundlevisor mcp -w WS`, alternated
 /// with the same call to a bare demo process.
 async fn gateway_call(d: &BenchDaemon, workspace: &str, bundle: &str) -> (Summary, Summary) {
-    let mut mcp = tokio::process::Command::new(harness::BIN);
-    mcp.arg("--socket")
-        .arg(&d.socket)
-        .args(["mcp", "--workspace", workspace]);
-    let mut child = mcp
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
-    let client = rmcp::ServiceExt::serve((), io).await.expect("initialize");
+    let (_mcp, client) = harness::mcp_agent(d, workspace).await;
     let (_bare, direct) = floors::bare_start().await;
     let per = scaled_at_least(2000) / ROUNDS;
-    let args = json!({"text": "ping"}).as_object().unwrap().clone();
-    let timed = |client: &rmcp::service::RunningService<rmcp::RoleClient, ()>, tool: String| {
-        let (client, args) = (client.peer().clone(), args.clone());
-        async move {
-            let mut sample = Vec::with_capacity(per);
-            for i in 0..per + 50 {
-                let params = CallToolRequestParams::new(tool.clone()).with_arguments(args.clone());
-                let start = Instant::now();
-                client.call_tool(params).await.expect("call");
-                if i >= 50 {
-                    sample.push(start.elapsed());
-                }
-            }
-            sample
-        }
-    };
     let (mut got, mut floor) = (Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
-        floor.extend(timed(&direct, "echo".into()).await);
-        got.extend(timed(&client, format!("{bundle}__echo")).await);
+        floor.extend(echo_calls(&direct, "echo", per).await);
+        got.extend(echo_calls(&client, &format!("{bundle}__echo"), per).await);
     }
     let _ = client.cancel().await;
     let _ = direct.cancel().await;

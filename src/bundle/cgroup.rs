@@ -21,7 +21,7 @@
 //!   hierarchy) the memory, pids and cpu limits come from the v1 ones,
 //!   each with the same layout below the daemon's own v1 cgroup.
 //! - A child joins before it runs: the cgroup.procs files are opened in the
-//!   daemon and the child writes `0` to each after fork, before it drops
+//!   daemon and the child writes `0` to each after its clone, before it drops
 //!   its uid and execs ([`BundleCgroup::procs_files`]).
 //! - What is in force is said in `status` (`sandbox.containment`,
 //!   `sandbox.limits`) and at start; where no cgroup is writable the

@@ -14,12 +14,11 @@ use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::io::BufReader;
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
-
-use super::spawn::Process;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::reaper::Reaper;
+use super::spawn::Process;
 use crate::lines::{Line, LineReader};
 use crate::logfile::{LogTarget, RotatingLog};
 use crate::manifest::LaunchPlan;
@@ -175,7 +174,7 @@ pub fn bundle_env(plan: &LaunchPlan) -> Vec<(String, String)> {
 }
 
 /// Spawns the bundle. Must be called from a long-lived runtime thread, never
-/// from `spawn_blocking`: `PR_SET_PDEATHSIG` fires when the forking *thread*
+/// from `spawn_blocking`: `PR_SET_PDEATHSIG` fires when the spawning *thread*
 /// exits.
 pub(super) fn spawn(
     plan: &LaunchPlan,
@@ -198,7 +197,7 @@ pub(super) fn spawn(
     let mut ruleset = None;
     let mut user = None;
     // The cgroup.procs files the child joins (kept open here until the
-    // spawn returns; the trampoline closes its copies before the exec).
+    // spawn returns; close-on-exec, written by the child before its exec).
     let mut cgroup_files = Vec::new();
     if let Some(sb) = sandbox {
         for name in &sb.pass_env {
@@ -595,7 +594,7 @@ mod tests {
     /// Issue 22: a start does not fork the daemon (a fork copies its page
     /// tables and descriptors, which made a start cost grow with the
     /// number of bundles). `fork` runs the atfork handlers in the forking
-    /// thread; `posix_spawn` does not.
+    /// thread; the `clone(CLONE_VM | CLONE_VFORK)` start does not.
     #[tokio::test]
     async fn a_start_does_not_fork_the_daemon() {
         thread_local! {

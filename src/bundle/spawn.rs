@@ -78,13 +78,7 @@ impl Process {
                 std::thread::Builder::new()
                     .name("bundle-wait".into())
                     .spawn(move || {
-                        let mut raw = 0;
-                        // SAFETY: waitpid writes the status into `raw`.
-                        while unsafe { nix::libc::waitpid(pid as i32, &mut raw, 0) } < 0
-                            && std::io::Error::last_os_error().kind()
-                                == std::io::ErrorKind::Interrupted
-                        {}
-                        let _ = tx.send(raw);
+                        let _ = tx.send(reap(pid));
                     })?;
                 Exit::Thread(rx)
             }
@@ -239,9 +233,7 @@ pub fn spawn(launch: &Launch) -> std::io::Result<(Process, ChildStdin, ChildStdo
     let read = std::fs::File::from(report_r).read_to_end(&mut report);
     if read.is_err() || !report.is_empty() {
         // Reaped here: nothing else waits for a process that never ran.
-        let mut raw = 0;
-        // SAFETY: waitpid writes the status into `raw`.
-        unsafe { nix::libc::waitpid(pid, &mut raw, 0) };
+        reap(pid as u32);
         return Err(match read {
             Err(e) => e,
             Ok(_) => failure(&report),
@@ -251,12 +243,9 @@ pub fn spawn(launch: &Launch) -> std::io::Result<(Process, ChildStdin, ChildStdo
         Ok(process) => Ok((process, stdin, stdout, stderr)),
         Err(e) => {
             // Nothing could wait for it: it does not run on.
-            let mut raw = 0;
-            // SAFETY: a kill and a reap of the child just spawned.
-            unsafe {
-                nix::libc::kill(pid, nix::libc::SIGKILL);
-                nix::libc::waitpid(pid, &mut raw, 0);
-            }
+            // SAFETY: a signal to the child just spawned.
+            unsafe { nix::libc::kill(pid, nix::libc::SIGKILL) };
+            reap(pid as u32);
             Err(e)
         }
     }
@@ -405,8 +394,7 @@ fn confine_and_exec(plan: &Plan) -> Result<std::convert::Infallible, Step> {
     })?;
     // As execvp: the first candidate that runs; a refusal other than
     // "not there" is the one reported.
-    let mut reported = errno("exec");
-    reported.1 = libc::ENOENT;
+    let mut reported: Step = ("exec", libc::ENOENT);
     for candidate in &plan.candidates {
         // SAFETY: NUL-terminated arrays of C strings that outlive the call.
         unsafe { libc::execve(candidate.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr()) };
@@ -416,6 +404,16 @@ fn confine_and_exec(plan: &Plan) -> Result<std::convert::Infallible, Step> {
         }
     }
     Err(reported)
+}
+
+/// Waits for `pid` to exit (blocking) and returns its raw status.
+fn reap(pid: u32) -> i32 {
+    let mut raw = 0;
+    // SAFETY: waitpid writes the status into `raw`.
+    while unsafe { nix::libc::waitpid(pid as i32, &mut raw, 0) } < 0
+        && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted
+    {}
+    raw
 }
 
 fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
@@ -428,7 +426,7 @@ fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
 
-/// The error a trampoline reported: 4 bytes of errno, then the step.
+/// The error the child reported: 4 bytes of errno, then the step.
 fn failure(report: &[u8]) -> std::io::Error {
     let Some((errno, step)) = report.split_first_chunk::<4>() else {
         return std::io::Error::other("the bundle's process ended before it started");

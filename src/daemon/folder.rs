@@ -231,6 +231,21 @@ fn archive(
 /// size, mtime or ctime (ctime cannot be set back by a writer); a file
 /// changed in the last two seconds is always hashed.
 fn archive_sha256(path: &Path) -> std::io::Result<String> {
+    remembered_sha256(path, unix_now(), crate::archive::sha256)
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// [`archive_sha256`] at the time `now` (seconds), hashing with `hash`.
+fn remembered_sha256(
+    path: &Path,
+    now: i64,
+    hash: fn(&Path) -> std::io::Result<String>,
+) -> std::io::Result<String> {
     use std::os::unix::fs::MetadataExt;
     type Stamp = (u64, u64, u64, i64, i64, i64, i64);
     static HASHED: std::sync::Mutex<Option<HashMap<PathBuf, (Stamp, String)>>> =
@@ -255,14 +270,11 @@ fn archive_sha256(path: &Path) -> std::io::Result<String> {
             }
         }
     }
-    let sha = crate::archive::sha256(path)?;
+    let sha = hash(path)?;
     let after = std::fs::metadata(path)?;
     // Not remembered when written to while it was read, or changed so
     // recently that a write in the same clock tick (timestamps are coarse)
     // could leave the stamp as it is.
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs() as i64);
     let settled = now - after.mtime().max(after.ctime()) >= 2;
     if settled && stamp(&after) == before {
         let mut hashed = HASHED.lock().unwrap_or_else(|p| p.into_inner());
@@ -313,18 +325,37 @@ pub fn bundle_paths(dir: &Path) -> Vec<PathBuf> {
 mod tests {
     use super::*;
 
-    /// Issue 22: an archive's hash is remembered between rescans, but a
-    /// file replaced in place (same size, same second) is hashed again.
+    /// Issue 22: an archive's hash is remembered between rescans (a rescan
+    /// re-hashed every archive of the folder), and hashed again once its
+    /// file changed or while it is fresh.
     #[test]
-    fn an_archive_replaced_in_place_is_hashed_again() {
+    fn an_archive_is_hashed_once_until_its_file_changes() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        static HASHES: AtomicUsize = AtomicUsize::new(0);
+        fn counted(path: &Path) -> std::io::Result<String> {
+            HASHES.fetch_add(1, Ordering::SeqCst);
+            crate::archive::sha256(path)
+        }
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("a.mcpb");
         std::fs::write(&path, b"first version").unwrap();
-        let first = archive_sha256(&path).unwrap();
+        let now = unix_now();
+        // Fresh (changed within 2 s): hashed every time.
+        let first = remembered_sha256(&path, now, counted).unwrap();
         assert_eq!(first, crate::archive::sha256(&path).unwrap());
+        remembered_sha256(&path, now, counted).unwrap();
+        assert_eq!(HASHES.load(Ordering::SeqCst), 2);
+        // Settled: hashed once, then remembered.
+        let later = now + 10;
+        assert_eq!(remembered_sha256(&path, later, counted).unwrap(), first);
+        assert_eq!(remembered_sha256(&path, later, counted).unwrap(), first);
+        assert_eq!(HASHES.load(Ordering::SeqCst), 3);
+        // Replaced in place with the same size: hashed again.
         std::fs::write(&path, b"other version").unwrap();
-        let second = archive_sha256(&path).unwrap();
+        let second = remembered_sha256(&path, later + 10, counted).unwrap();
         assert_ne!(first, second);
         assert_eq!(second, crate::archive::sha256(&path).unwrap());
+        assert_eq!(HASHES.load(Ordering::SeqCst), 4);
+        assert_eq!(archive_sha256(&path).unwrap(), second);
     }
 }

@@ -415,8 +415,9 @@ const FILES_PER_BUNDLE: u64 = 16;
 const FILES_BASE: u64 = 256;
 
 /// Raises the open-files limit to its hard limit (the soft default of
-/// 1,024 runs out near 60 bundles), and says so when even that is too low
-/// for the `bundles` installed.
+/// 1,024 is what 48 bundles need by FILES_PER_BUNDLE, which is headroom
+/// over the ~5 a stdio bundle holds), and says so when even that is too
+/// low for the `bundles` installed.
 fn open_files_for(bundles: usize) {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
@@ -432,9 +433,7 @@ fn open_files_for(bundles: usize) {
             Err(e) => tracing::warn!(soft, hard, "cannot raise the open-files limit: {e}"),
         }
     }
-    let limit = getrlimit(Resource::RLIMIT_NOFILE)
-        .map(|(s, _)| s)
-        .unwrap_or(soft);
+    let limit = getrlimit(Resource::RLIMIT_NOFILE).map_or(soft, |(s, _)| s);
     let needed = FILES_BASE + FILES_PER_BUNDLE * bundles as u64;
     if limit < needed {
         tracing::warn!(

@@ -565,11 +565,7 @@ async fn connect_with_auth(
                 }
                 Ok(Silent::Interactive(why)) => {
                     // A scope the server wants is asked for by `bundlevisor auth`.
-                    let wanted = challenge
-                        .as_deref()
-                        .filter(|c| crate::oauth::insufficient_scope(c))
-                        .and_then(crate::oauth::challenge_scope)
-                        .unwrap_or_default();
+                    let wanted = crate::oauth::step_up(challenge.as_deref()).unwrap_or_default();
                     let wanted_scopes =
                         crate::oauth::union(stored.wanted_scopes.clone(), wanted.clone());
                     let keep = if wanted.is_empty() {
@@ -620,10 +616,7 @@ async fn connect_with_auth(
         match connect(plan, host.clone(), &opts).await {
             Ok(connection) => return Ok((connection, true)),
             Err(ConnectError::Unauthorized { challenge: again }) => {
-                let scope = again
-                    .as_deref()
-                    .filter(|c| crate::oauth::insufficient_scope(c))
-                    .and_then(crate::oauth::challenge_scope);
+                let scope = crate::oauth::step_up(again.as_deref());
                 match scope {
                     Some(_) if attempt < MAX_STEP_UPS => {
                         tracing::info!(
