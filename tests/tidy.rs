@@ -825,6 +825,8 @@ fn mcp_client_builders(files: &[(String, String)]) -> Vec<String> {
         "SseClientTransport",
         "TokioChildProcess",
         "BundleClient::new",
+        // The stdio transport answers host-resources requests itself.
+        "BundleStdio::new",
     ];
     let client_side = [
         "RoleClient",

@@ -31,7 +31,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ClientHandler, ErrorData, RoleClient};
 use serde_json::{json, Map, Value};
 
-use crate::host_resources::{self, HostError, HostRequest, Requester};
+use crate::host_resources::{self, Answer, HostError, HostRequest, Requester};
 
 /// Protocol version used with bundles. rmcp's newest revision has no
 /// `initialize` and refuses server→client requests, which would silently
@@ -63,6 +63,42 @@ impl HostContext {
 
     pub fn requester(&self) -> &Requester {
         &self.requester
+    }
+
+    /// Asks the workspace to answer a host-resources request of the
+    /// bundle: the answer, the contract's error, or "workspace
+    /// unavailable" (retryable) when the workspace cannot be reached.
+    pub(super) async fn ask(
+        &self,
+        method: String,
+        params: Option<Value>,
+    ) -> Result<Answer, HostError> {
+        let requester = self.requester.clone();
+        let answer = self
+            .workspace
+            .call(
+                |reply| HostRequest {
+                    requester,
+                    method,
+                    params,
+                    reply,
+                },
+                Some(HOST_REQUEST_TIMEOUT),
+            )
+            .await;
+        let why = match answer {
+            Ok(ractor::rpc::CallResult::Success(result)) => return result,
+            Ok(ractor::rpc::CallResult::Timeout) => "timed out".to_string(),
+            Ok(_) => "reply dropped".to_string(),
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!(workspace = %self.requester.workspace, bundle = %self.requester.bundle,
+            "host-resources request could not reach the workspace: {why}");
+        Err(HostError {
+            code: ErrorCode::INTERNAL_ERROR.0,
+            message: "workspace unavailable".into(),
+            data: json!({ "retry": true }),
+        })
     }
 }
 
@@ -381,37 +417,9 @@ impl ClientHandler for BundleClient {
                 None,
             ));
         }
-        let requester = self.host.requester.clone();
-        let answer = self
-            .host
-            .workspace
-            .call(
-                |reply| HostRequest {
-                    requester,
-                    method,
-                    params,
-                    reply,
-                },
-                Some(HOST_REQUEST_TIMEOUT),
-            )
-            .await;
-        match answer {
-            Ok(ractor::rpc::CallResult::Success(Ok(value))) => Ok(CustomResult::new(value)),
-            Ok(ractor::rpc::CallResult::Success(Err(e))) => Err(to_error_data(e)),
-            other => {
-                let why = match other {
-                    Ok(ractor::rpc::CallResult::Timeout) => "timed out".to_string(),
-                    Ok(_) => "reply dropped".to_string(),
-                    Err(e) => e.to_string(),
-                };
-                tracing::warn!(workspace = %self.host.requester.workspace, bundle = %self.host.requester.bundle,
-                    "host-resources request could not reach the workspace: {why}");
-                Err(ErrorData::new(
-                    ErrorCode::INTERNAL_ERROR,
-                    "workspace unavailable",
-                    Some(json!({ "retry": true })),
-                ))
-            }
+        match self.host.ask(method, params).await {
+            Ok(answer) => Ok(CustomResult::new(answer.to_value())),
+            Err(e) => Err(to_error_data(e)),
         }
     }
 }

@@ -17,9 +17,10 @@ use rmcp::{ClientCacheConfig, RoleClient};
 use tokio_util::sync::CancellationToken;
 
 use super::client::{BundleClient, HostContext};
-use super::guard::{Guarded, Violation};
+use super::guard::{Rules, Violation};
 use super::process::{self, ExitInfo, Lifeline, SpawnError, StderrTail};
 use super::reaper::Reaper;
+use super::transport::BundleStdio;
 use crate::config::HostResourcesConfig;
 use crate::host_resources::Requester;
 use crate::logfile::LogTarget;
@@ -120,11 +121,11 @@ pub async fn connect(
 ) -> Result<Connection, ConnectError> {
     let requester = host.requester().clone();
     let client = BundleClient::new(
-        host,
+        host.clone(),
         crate::host_resources::capability(&opts.host_resources),
     );
     match plan {
-        Plan::Stdio(plan) => connect_stdio(plan, client, &requester, opts).await,
+        Plan::Stdio(plan) => connect_stdio(plan, client, host, &requester, opts).await,
         Plan::Remote(plan) => connect_remote(plan, client, &requester, opts).await,
     }
 }
@@ -174,6 +175,7 @@ where
 async fn connect_stdio(
     plan: &LaunchPlan,
     client: BundleClient,
+    host: HostContext,
     requester: &Requester,
     opts: &ConnectOptions,
 ) -> Result<Connection, ConnectError> {
@@ -189,10 +191,11 @@ async fn connect_stdio(
     let lifeline = Lifeline::watch(spawned.child, spawned.pid, opts.reaper.clone(), cgroup);
     let ct = CancellationToken::new();
     let violation = Violation::new(plan.redactor.clone());
-    let stdout = Guarded::new(spawned.stdout, opts.max_message_bytes, violation.clone());
+    let rules = Rules::new(opts.max_message_bytes, violation.clone());
+    let transport = BundleStdio::new(spawned.stdout, spawned.stdin, rules, host);
 
     let outcome = tokio::select! {
-        r = tokio::time::timeout(opts.start_timeout, handshake(client, (stdout, spawned.stdin), ct.clone())) => match r {
+        r = tokio::time::timeout(opts.start_timeout, handshake(client, transport, ct.clone())) => match r {
             Ok(Ok(ok)) => Ok(ok),
             Ok(Err(failure)) => Err(ConnectError::Handshake { message: failure.message, stderr: None }),
             Err(_) => Err(ConnectError::Timeout { after: opts.start_timeout, stderr: None }),

@@ -1,5 +1,6 @@
-//! The bundle's stdout as the MCP transport reads it, with two rules a
-//! hostile or broken bundle cannot get past:
+//! The rules of a bundle's stdout, which its transport
+//! ([`super::transport`]) applies to every line; a hostile or broken
+//! bundle cannot get past them:
 //!
 //! - no message (line) longer than `max_message_bytes`: memory stays bounded;
 //! - every line must be a JSON-RPC message: valid JSON, and an object with
@@ -7,16 +8,11 @@
 //!   stdout is not speaking MCP; the check on how a line starts catches it
 //!   before the line is complete.
 //!
-//! A violation ends the stream with an error, which ends the MCP session;
+//! A violation ends the stream, which ends the MCP session;
 //! the connection then stops the process, and the reason recorded in the
 //! [`Violation`] is what `status` and the `exited` event say.
 
-use std::io;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
-
-use tokio::io::{AsyncRead, ReadBuf};
 
 use crate::secret::Redactor;
 
@@ -49,79 +45,76 @@ impl Violation {
     }
 }
 
-pub struct Guarded<R> {
-    inner: R,
+/// The rules, applied by the transport ([`super::transport`]) to each line
+/// as it arrives: a line in progress is checked for its length and how it
+/// starts, a complete one for being a JSON-RPC message.
+#[derive(Clone)]
+pub struct Rules {
     max: usize,
-    /// Bytes of the current line so far.
-    line_len: usize,
-    /// The first bytes of the current line (to check how it starts).
-    head: Vec<u8>,
-    /// The current line (at most `max` bytes), checked when complete.
-    line: Vec<u8>,
     violation: Violation,
-    failed: bool,
 }
 
+/// How much of a line in progress is waited for before its start is
+/// judged (so that the reason can quote it).
 const HEAD: usize = 64;
 
-impl<R> Guarded<R> {
-    pub fn new(inner: R, max_message_bytes: usize, violation: Violation) -> Self {
-        Guarded {
-            inner,
+impl Rules {
+    pub fn new(max_message_bytes: usize, violation: Violation) -> Self {
+        Rules {
             max: max_message_bytes,
-            line_len: 0,
-            head: Vec::with_capacity(HEAD),
-            line: Vec::new(),
             violation,
-            failed: false,
         }
     }
 
-    /// Checks `bytes` (just read); the reason if they break a rule.
-    fn check(&mut self, bytes: &[u8]) -> Option<String> {
-        for &b in bytes {
-            if b == b'\n' {
-                if let Some(reason) = self.check_start(true).or_else(|| check_message(&self.line)) {
-                    return Some(reason);
-                }
-                self.line_len = 0;
-                self.head.clear();
-                self.line.clear();
-                continue;
-            }
-            self.line_len += 1;
-            self.line.push(b);
-            if self.head.len() < HEAD {
-                self.head.push(b);
-            }
-            if self.line_len > self.max {
-                return Some(format!(
-                    "the bundle wrote an MCP message longer than {} bytes on stdout (limit: bundles.max_message_bytes)",
-                    self.max
-                ));
-            }
-        }
-        self.check_start(false)
+    /// A line without its newline yet: the reason, if it already breaks a
+    /// rule.
+    pub fn check_partial(&self, partial: &[u8]) -> Option<String> {
+        self.check_length(partial.len())
+            .or_else(|| check_start(partial, false))
     }
 
-    /// A line must start with `{` or `[` (after blanks); empty lines pass.
-    fn check_start(&self, complete: bool) -> Option<String> {
-        let first = self.head.iter().find(|b| !b.is_ascii_whitespace());
-        match first {
-            Some(b'{') | Some(b'[') => None,
-            // Wait for the line to end (or for enough of it to show).
-            _ if !complete && self.head.len() < HEAD => None,
-            None => None,
-            _ => {
-                let shown: String = String::from_utf8_lossy(&self.head)
-                    .chars()
-                    .filter(|c| !c.is_control())
-                    .take(60)
-                    .collect();
-                Some(format!(
-                    "the bundle wrote something that is not an MCP message on stdout ({shown:?}); bundles must log to stderr"
-                ))
-            }
+    /// A complete line (without its newline): the reason, if it breaks a
+    /// rule. `parsed` says the caller already parsed it as a JSON-RPC 2.0
+    /// object, which spares the second parse.
+    pub fn check_line(&self, line: &[u8], parsed: bool) -> Option<String> {
+        self.check_length(line.len())
+            .or_else(|| check_start(line, true))
+            .or_else(|| if parsed { None } else { check_message(line) })
+    }
+
+    /// Records why the stream is cut; the reason as recorded (masked).
+    pub fn cut(&self, reason: String) -> String {
+        self.violation.record(reason);
+        self.violation.get().unwrap_or_default()
+    }
+
+    fn check_length(&self, len: usize) -> Option<String> {
+        (len > self.max).then(|| {
+            format!(
+                "the bundle wrote an MCP message longer than {} bytes on stdout (limit: bundles.max_message_bytes)",
+                self.max
+            )
+        })
+    }
+}
+
+/// A line must start with `{` or `[` (after blanks); empty lines pass.
+fn check_start(line: &[u8], complete: bool) -> Option<String> {
+    let head = &line[..line.len().min(HEAD)];
+    match head.iter().find(|b| !b.is_ascii_whitespace()) {
+        Some(b'{') | Some(b'[') => None,
+        // Wait for the line to end (or for enough of it to show).
+        _ if !complete && head.len() < HEAD => None,
+        None => None,
+        _ => {
+            let shown: String = String::from_utf8_lossy(head)
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(60)
+                .collect();
+            Some(format!(
+                "the bundle wrote something that is not an MCP message on stdout ({shown:?}); bundles must log to stderr"
+            ))
         }
     }
 }
@@ -151,107 +144,77 @@ fn check_message(line: &[u8]) -> Option<String> {
     }
 }
 
-impl<R: AsyncRead + Unpin> AsyncRead for Guarded<R> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        if self.failed {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::InvalidData,
-                "bundle stream closed after a protocol violation",
-            )));
-        }
-        let before = buf.filled().len();
-        let this = &mut *self;
-        match Pin::new(&mut this.inner).poll_read(cx, buf) {
-            Poll::Ready(Ok(())) => {
-                let fresh = buf.filled()[before..].to_vec();
-                if let Some(reason) = this.check(&fresh) {
-                    this.failed = true;
-                    this.violation.record(reason);
-                    buf.set_filled(before);
-                    let masked = this.violation.get().unwrap_or_default();
-                    return Poll::Ready(Err(io::Error::new(io::ErrorKind::InvalidData, masked)));
-                }
-                Poll::Ready(Ok(()))
-            }
-            other => other,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::secret::Secret;
-    use tokio::io::AsyncReadExt;
 
-    async fn read_all(input: &[u8], max: usize) -> (Result<Vec<u8>, io::Error>, Option<String>) {
-        let violation = Violation::default();
-        let mut g = Guarded::new(input, max, violation.clone());
-        let mut out = Vec::new();
-        let r = g.read_to_end(&mut out).await.map(|_| out);
-        (r, violation.get())
+    fn rules(max: usize) -> Rules {
+        Rules::new(max, Violation::default())
     }
 
-    #[tokio::test]
-    async fn json_lines_within_the_limit_pass_through() {
-        let input = b"{\"jsonrpc\":\"2.0\"}\n  [1]\n\n{\"jsonrpc\":\"2.0\",\"id\":1}\r\n";
-        let (r, v) = read_all(input, 64).await;
-        assert_eq!(r.unwrap(), input);
-        assert!(v.is_none());
+    #[test]
+    fn json_lines_within_the_limit_pass() {
+        let r = rules(64);
+        for line in [
+            &b"{\"jsonrpc\":\"2.0\"}"[..],
+            b"  [1]",
+            b"",
+            b"{\"jsonrpc\":\"2.0\",\"id\":1}\r",
+        ] {
+            assert_eq!(r.check_partial(line), None);
+            assert_eq!(r.check_line(line, false), None, "{line:?}");
+        }
     }
 
-    #[tokio::test]
-    async fn broken_json_and_non_json_rpc_objects_are_violations() {
-        let (r, v) = read_all(
-            b"{\"jsonrpc\":\"2.0\"}\n{\"jsonrpc\": \"2.0\", oops}\n",
-            1000,
-        )
-        .await;
-        assert!(r.is_err());
-        assert!(v.unwrap().contains("invalid JSON"));
-        let (r, v) = read_all(b"{\"hello\":\"world\"}\n", 1000).await;
-        assert!(r.is_err());
-        assert!(v.unwrap().contains("not a JSON-RPC 2.0 message"));
+    #[test]
+    fn broken_json_and_non_json_rpc_objects_are_violations() {
+        let r = rules(1000);
+        let why = r
+            .check_line(b"{\"jsonrpc\": \"2.0\", oops}", false)
+            .unwrap();
+        assert!(why.contains("invalid JSON"), "{why}");
+        let why = r.check_line(b"{\"hello\":\"world\"}", false).unwrap();
+        assert!(why.contains("not a JSON-RPC 2.0 message"), "{why}");
+        // A line the caller parsed as JSON-RPC is not parsed again.
+        assert_eq!(r.check_line(b"{\"hello\":\"world\"}", true), None);
     }
 
-    #[tokio::test]
-    async fn an_overlong_line_is_cut_and_recorded() {
-        let mut input = b"{\"jsonrpc\":\"2.0\"}\n{".to_vec();
-        input.extend(std::iter::repeat_n(b'x', 100));
-        let (r, v) = read_all(&input, 50).await;
-        assert!(r.is_err());
-        assert!(v.unwrap().contains("longer than 50 bytes"));
+    #[test]
+    fn an_overlong_line_is_a_violation_before_it_ends() {
+        let mut line = b"{".to_vec();
+        line.extend(std::iter::repeat_n(b'x', 100));
+        let why = rules(50).check_partial(&line).unwrap();
+        assert!(why.contains("longer than 50 bytes"), "{why}");
+        assert!(rules(50).check_line(&line, true).is_some());
+        assert_eq!(rules(200).check_partial(&line), None);
     }
 
-    #[tokio::test]
-    async fn a_secret_printed_on_stdout_is_masked_in_the_reason() {
+    #[test]
+    fn a_secret_printed_on_stdout_is_masked_in_the_reason() {
         let violation = Violation::new(Redactor::new([Secret::new("sk-hidden-42")]));
-        let mut g = Guarded::new(&b"leaked sk-hidden-42 here\n"[..], 1000, violation.clone());
-        let mut out = Vec::new();
-        assert!(g.read_to_end(&mut out).await.is_err());
-        let reason = violation.get().unwrap();
+        let r = Rules::new(1000, violation.clone());
+        let why = r.check_line(b"leaked sk-hidden-42 here", false).unwrap();
+        let reason = r.cut(why);
         assert!(
             reason.contains("leaked") && !reason.contains("sk-hidden-42"),
             "{reason}"
         );
+        assert_eq!(violation.get(), Some(reason));
     }
 
-    #[tokio::test]
-    async fn text_on_stdout_is_a_violation() {
-        let (r, v) = read_all(
-            b"{\"jsonrpc\":\"2.0\"}\nStarting server on port 8080...\n",
-            1000,
-        )
-        .await;
-        assert!(r.is_err());
-        let reason = v.unwrap();
+    #[test]
+    fn text_on_stdout_is_a_violation_once_enough_of_it_shows() {
+        let r = rules(1000);
+        let text = b"Starting server on port 8080...";
+        // Too little to quote yet, unless the line is complete.
+        assert_eq!(r.check_partial(text), None);
+        let why = r.check_line(text, false).unwrap();
         assert!(
-            reason.contains("not an MCP message") && reason.contains("Starting server"),
-            "{reason}"
+            why.contains("not an MCP message") && why.contains("Starting server"),
+            "{why}"
         );
+        let long = [&text[..], &[b'.'; 64][..]].concat();
+        assert!(r.check_partial(&long).is_some());
     }
 }

@@ -1,11 +1,12 @@
 //! Everything about one bundle's connection: the one connect function
-//! ([`connect::connect`]), the bundle's child process ([`process`]) and the
-//! MCP client handler that answers the bundle's host-resources requests
-//! ([`client`]).
+//! ([`connect::connect`]), the bundle's child process ([`process`]), its
+//! stdio transport, which answers the bundle's host-resources requests
+//! ([`transport`]), and the MCP client handler, which answers them for a
+//! remote bundle ([`client`]).
 //!
 //! Architecture invariant: [`connect::connect`] is the only place that
-//! constructs a bundle's MCP client, and it cannot be called without a
-//! [`client::HostContext`].
+//! constructs a bundle's MCP client and stdio transport, and it cannot be
+//! called without a [`client::HostContext`].
 
 pub mod cgroup;
 pub mod client;
@@ -16,6 +17,7 @@ pub mod process;
 pub mod reaper;
 pub mod sandbox;
 pub mod spawn;
+pub mod transport;
 pub mod uv;
 
 pub use client::HostContext;

@@ -85,14 +85,26 @@ pub struct Metrics {
     counted: Counted,
 }
 
-/// The outcome label of a host-resources answer.
-pub fn host_outcome(result: &Result<serde_json::Value, HostError>) -> &'static str {
+/// The outcome label of a host-resources answer: its index in
+/// [`HOST_OUTCOMES`].
+fn host_outcome<T>(result: &Result<T, HostError>) -> usize {
     match result {
-        Ok(_) => "ok",
-        Err(e) if e.code == code::NOT_FOUND => "not_found",
-        Err(e) if e.code == code::RATE_LIMITED => "rate_limited",
-        Err(e) if e.code == code::TOO_LARGE => "too_large",
-        Err(_) => "invalid",
+        Ok(_) => 0,
+        Err(e) if e.code == code::NOT_FOUND => 1,
+        Err(e) if e.code == code::RATE_LIMITED => 2,
+        Err(e) if e.code == code::TOO_LARGE => 3,
+        Err(_) => 4,
+    }
+}
+
+/// A workspace's host-resources counters, one per outcome, held by its
+/// actor: counting an answer is one atomic add, not a lookup by labels.
+#[derive(Clone)]
+pub struct HostCounters(Arc<[Counter; HOST_OUTCOMES.len()]>);
+
+impl HostCounters {
+    pub fn count<T>(&self, result: &Result<T, HostError>) {
+        self.0[host_outcome(result)].inc();
     }
 }
 
@@ -161,36 +173,6 @@ impl Metrics {
             .observe(took.as_secs_f64());
     }
 
-    pub fn host_request(&self, workspace: &str, outcome: &str) {
-        let outcome = HOST_OUTCOMES
-            .iter()
-            .find(|o| **o == outcome)
-            .copied()
-            .unwrap_or("invalid");
-        self.host_seen(workspace);
-        self.counted
-            .host
-            .get_or_create(&HostLabels {
-                workspace: workspace.to_string(),
-                outcome,
-            })
-            .inc();
-    }
-
-    /// Every outcome of a workspace's host-resources requests is a series
-    /// (at 0 until one happens).
-    fn host_seen(&self, workspace: &str) {
-        for outcome in HOST_OUTCOMES {
-            let labels = HostLabels {
-                workspace: workspace.to_string(),
-                outcome,
-            };
-            if self.counted.host.get(&labels).is_none() {
-                let _ = self.counted.host.get_or_create(&labels);
-            }
-        }
-    }
-
     /// A request on the control socket; `method` is one the daemon knows
     /// (anything else is counted as `other`, so that clients cannot grow
     /// the label set).
@@ -224,9 +206,17 @@ impl Metrics {
         c.oom.remove(&labels);
     }
 
-    /// A workspace the daemon serves: its host-resources series exist.
-    pub fn workspace(&self, workspace: &str) {
-        self.host_seen(workspace);
+    /// A workspace the daemon serves: every outcome of its host-resources
+    /// requests is a series (at 0 until one happens), counted through the
+    /// handles returned.
+    pub fn workspace(&self, workspace: &str) -> HostCounters {
+        HostCounters(Arc::new(HOST_OUTCOMES.map(|outcome| {
+            let labels = HostLabels {
+                workspace: workspace.to_string(),
+                outcome,
+            };
+            self.counted.host.get_or_create(&labels).clone()
+        })))
     }
 
     /// Tool calls and errors of a bundle so far (for `status --usage`).

@@ -162,6 +162,7 @@ pub struct WorkspaceState {
     files: FileStore,
     /// Host-resources token buckets, by bundle.
     buckets: HashMap<String, TokenBucket>,
+    host_counters: super::metrics::HostCounters,
     audit: AuditLog,
 }
 
@@ -185,11 +186,9 @@ impl WorkspaceState {
         } = request;
         // Every answer is counted by outcome (metrics), then sent.
         let answer = {
-            let (shared, workspace) = (self.shared.clone(), self.name.clone());
-            move |result: Result<serde_json::Value, HostError>| {
-                shared
-                    .metrics
-                    .host_request(&workspace, super::metrics::host_outcome(&result));
+            let counters = self.host_counters.clone();
+            move |result: Result<host_resources::Answer, HostError>| {
+                counters.count(&result);
                 let _ = reply.send(result);
             }
         };
@@ -227,7 +226,8 @@ impl WorkspaceState {
             return;
         }
         tokio::task::spawn_blocking(move || {
-            answer(host_resources::execute(&store, max, &requester, parsed))
+            let result = host_resources::execute(&store, max, &requester, parsed);
+            answer(result.map(|value| host_resources::Answer::encode(&value)))
         });
     }
 
@@ -336,7 +336,7 @@ impl Actor for WorkspaceActor {
         args: WorkspaceArgs,
     ) -> Result<WorkspaceState, ActorProcessingErr> {
         args.shared.board.add_workspace(&args.name);
-        args.shared.metrics.workspace(&args.name);
+        let host_counters = args.shared.metrics.workspace(&args.name);
         let (state_dir, ws, db) = (
             args.shared.config.state_dir.clone(),
             args.name.clone(),
@@ -360,6 +360,7 @@ impl Actor for WorkspaceActor {
             bundles: HashMap::new(),
             files,
             buckets: HashMap::new(),
+            host_counters,
             audit,
         })
     }

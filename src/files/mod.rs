@@ -89,7 +89,8 @@ struct RecordCache {
 
 struct Cached {
     record: FileRecord,
-    answer: Option<(Arc<serde_json::Value>, usize)>,
+    /// A read answer's encoded `result` and the content bytes it holds.
+    answer: Option<(Arc<str>, usize)>,
 }
 
 /// Entries kept before the cache starts over.
@@ -258,7 +259,7 @@ impl FileStore {
 
     /// The size of `id` and the read answer kept for it, if its record is
     /// cached; never blocks on the database.
-    pub fn cached_answer(&self, id: &str) -> Option<(u64, Option<Arc<serde_json::Value>>)> {
+    pub fn cached_answer(&self, id: &str) -> Option<(u64, Option<Arc<str>>)> {
         let cache = self.cache();
         let cached = cache.by_id.get(id)?;
         Some((
@@ -269,7 +270,7 @@ impl FileStore {
 
     /// Keeps the read answer of `id` (made from `bytes` bytes of content)
     /// while its record is cached and the budget allows.
-    pub fn keep_answer(&self, id: &str, answer: Arc<serde_json::Value>, bytes: usize) {
+    pub fn keep_answer(&self, id: &str, answer: Arc<str>, bytes: usize) {
         let mut cache = self.cache();
         if cache.answer_bytes + bytes > ANSWER_CACHE_MAX_BYTES {
             return;

@@ -18,6 +18,15 @@ pub enum Action {
     List,
 }
 
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Read => "read",
+            Action::List => "list",
+        }
+    }
+}
+
 /// The record of one decision (also one audit log line).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct AccessDecision {
@@ -42,7 +51,10 @@ pub fn project_access(
 ) -> AccessDecision {
     let permitted = principal.workspace == workspace;
     let reason = if permitted {
-        format!("bundles of workspace {workspace:?} may {action:?} its files").to_lowercase()
+        format!(
+            "bundles of workspace {workspace:?} may {} its files",
+            action.as_str()
+        )
     } else {
         format!(
             "the bundle belongs to workspace {:?}, not {workspace:?}",
@@ -71,11 +83,18 @@ pub struct AuditLog {
     tx: mpsc::UnboundedSender<String>,
 }
 
+/// An audit line: the time, then the decision's fields (written out, not
+/// `#[serde(flatten)]`, which goes through a map serializer on the hot
+/// path of every host-resources request).
 #[derive(Serialize)]
 struct Line<'a> {
     time: String,
-    #[serde(flatten)]
-    decision: &'a AccessDecision,
+    permitted: bool,
+    principal: &'a str,
+    action: Action,
+    scope: &'a str,
+    resource: &'a str,
+    reason: &'a str,
 }
 
 impl AuditLog {
@@ -128,7 +147,16 @@ impl AuditLog {
 
     pub fn record(&self, decision: &AccessDecision) {
         let time = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
-        if let Ok(line) = serde_json::to_string(&Line { time, decision }) {
+        let line = Line {
+            time,
+            permitted: decision.permitted,
+            principal: &decision.principal,
+            action: decision.action,
+            scope: &decision.scope,
+            resource: &decision.resource,
+            reason: &decision.reason,
+        };
+        if let Ok(line) = serde_json::to_string(&line) {
             let _ = self.tx.send(line);
         }
     }

@@ -89,7 +89,30 @@ pub struct HostRequest {
     pub requester: Requester,
     pub method: String,
     pub params: Option<Value>,
-    pub reply: ractor::RpcReplyPort<Result<Value, HostError>>,
+    pub reply: ractor::RpcReplyPort<Result<Answer, HostError>>,
+}
+
+/// An answer's `result`, encoded as JSON once. A kept read answer is
+/// written to every bundle that reads the file as these bytes, never
+/// encoded again (a 4 KiB text costs more to escape than the rest of the
+/// read; docs/performance.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answer(std::sync::Arc<str>);
+
+impl Answer {
+    pub fn encode(value: &Value) -> Answer {
+        Answer(value.to_string().into())
+    }
+
+    /// The JSON text.
+    pub fn json(&self) -> &str {
+        &self.0
+    }
+
+    /// The answer as a value again (the rmcp path of remote bundles, tests).
+    pub fn to_value(&self) -> Value {
+        serde_json::from_str(&self.0).expect("an Answer holds JSON it encoded")
+    }
 }
 
 /// A parsed, scheme-checked request.
@@ -281,7 +304,7 @@ pub fn execute_cached(
     inline_max: u64,
     requester: &Requester,
     request: &Request,
-) -> Option<Result<Value, HostError>> {
+) -> Option<Result<Answer, HostError>> {
     match request {
         Request::Read { uri, id: None } => {
             tracing::info!(workspace = %requester.workspace, bundle = %requester.bundle, %uri, "host-resources read: not a file id");
@@ -295,12 +318,13 @@ pub fn execute_cached(
             // The answer names the uri asked for: kept only for the plain one.
             let plain = uri.strip_prefix("files://") == Some(id.as_str());
             if let Some(answer) = answer.filter(|_| plain && size <= max_read_bytes) {
-                return Some(Ok(Value::clone(&answer)));
+                return Some(Ok(Answer(answer)));
             }
             let record = store.cached(id)?;
-            let read = read_record(store, max_read_bytes, requester, uri, id, &record);
+            let read = read_record(store, max_read_bytes, requester, uri, id, &record)
+                .map(|value| Answer::encode(&value));
             if let (Ok(answer), true) = (&read, plain) {
-                store.keep_answer(id, std::sync::Arc::new(answer.clone()), size as usize);
+                store.keep_answer(id, answer.0.clone(), size as usize);
             }
             Some(read)
         }
@@ -513,7 +537,7 @@ mod tests {
         // Once the blocking path has looked the record up, it is served inline.
         let slow = execute(&store, 1024, &requester, read.clone()).unwrap();
         let fast = execute_cached(&store, 1024, 1024, &requester, &read).unwrap();
-        assert_eq!(fast.unwrap(), slow);
+        assert_eq!(fast.unwrap().to_value(), slow);
         // Too large to read inline: the blocking pool again.
         assert!(execute_cached(&store, 1024, 2, &requester, &read).is_none());
     }
@@ -538,13 +562,13 @@ mod tests {
         let first = execute(&store, 1024, &requester, read.clone()).unwrap();
         assert_eq!(first["contents"][0]["text"], json!("caf\u{fffd} ok"));
         let inline = execute_cached(&store, 1024, 1024, &requester, &read).unwrap();
-        assert_eq!(inline.unwrap(), first);
+        assert_eq!(inline.unwrap().to_value(), first);
         // The blob gone behind the store's back: the kept answer still serves.
         let blob = dir.path().join("files/w").join(&record.id);
         assert!(blob.exists(), "{} is the blob", blob.display());
         std::fs::remove_file(&blob).unwrap();
         let kept = execute_cached(&store, 1024, 1024, &requester, &read).unwrap();
-        assert_eq!(kept.unwrap(), first);
+        assert_eq!(kept.unwrap().to_value(), first);
         // Removed through the store: neither the record nor the answer is served.
         std::fs::write(&blob, b"x").unwrap();
         assert!(store.remove(&record.id).unwrap());

@@ -1,0 +1,567 @@
+//! The MCP transport of a bundle's stdio: JSON-RPC lines over its stdout
+//! and stdin, with the stream rules of [`super::guard`] applied to every
+//! line, and the bundle's host-resources requests answered here, below
+//! rmcp.
+//!
+//! A host-resources read is the bundle's hot path (docs/performance.md).
+//! Through rmcp it cost the daemon 125,000 instructions, most of them
+//! rmcp's request parsing, its handler task, and the escaping of the
+//! answer's text byte by byte on every read. Here a request line naming
+//! `ai.nimblebrain/resources/read` or `/list` is parsed once, goes to the
+//! WorkspaceActor like any other ([`HostContext::ask`]: the same access
+//! decision, audit, rate bucket and store), and its answer — encoded once,
+//! kept with the file's record — is written back as one line. Everything
+//! else goes to rmcp as its own transport would hand it over.
+//!
+//! Both writers, rmcp's messages and these answers, write whole lines
+//! under one lock, so no line is ever cut by another. At most
+//! [`MAX_ANSWERING`] answers are in flight per bundle; past that the
+//! bundle's stdout is not read until one is written (a bundle that sends
+//! requests and never reads its stdin stalls itself, not the daemon).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use futures::stream::{FuturesUnordered, StreamExt};
+use rmcp::model::{ErrorData, NumberOrString};
+use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::transport::async_rw::JsonRpcMessageCodec;
+use rmcp::transport::Transport;
+use rmcp::RoleClient;
+use serde_json::Value;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::Mutex;
+use tokio_util::bytes::BytesMut;
+use tokio_util::codec::Decoder;
+
+use super::client::HostContext;
+use super::guard::Rules;
+use crate::host_resources::{self, Answer, HostError};
+
+/// Host-resources answers one bundle may have in flight.
+pub const MAX_ANSWERING: usize = 64;
+
+/// What the bundle's stdout is read in.
+const READ_CHUNK: usize = 16 * 1024;
+
+type Writer<W> = Arc<Mutex<Option<W>>>;
+
+pub struct BundleStdio<R, W> {
+    read: R,
+    /// What was read and not yet handed on; `searched` bytes of it hold no
+    /// newline.
+    buf: BytesMut,
+    searched: usize,
+    rules: Rules,
+    codec: JsonRpcMessageCodec<RxJsonRpcMessage<RoleClient>>,
+    write: Writer<W>,
+    host: HostContext,
+    answering: FuturesUnordered<BoxFuture<'static, ()>>,
+    /// The stream ended (end of file, an error, or a rule broken).
+    ended: bool,
+}
+
+impl<R, W> BundleStdio<R, W>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    pub fn new(read: R, write: W, rules: Rules, host: HostContext) -> Self {
+        BundleStdio {
+            read,
+            buf: BytesMut::new(),
+            searched: 0,
+            rules,
+            codec: JsonRpcMessageCodec::default(),
+            write: Arc::new(Mutex::new(Some(write))),
+            host,
+            answering: FuturesUnordered::new(),
+            ended: false,
+        }
+    }
+
+    /// The next message for rmcp; None when the stream has ended. State
+    /// lives in `self`, so a poll that is dropped (rmcp selects on it)
+    /// loses nothing.
+    fn poll_receive(&mut self, cx: &mut Context<'_>) -> Poll<Option<RxJsonRpcMessage<RoleClient>>> {
+        loop {
+            // Answers in flight finish by writing their line.
+            while let Poll::Ready(Some(())) = self.answering.poll_next_unpin(cx) {}
+            if self.ended {
+                return Poll::Ready(None);
+            }
+            if self.answering.len() >= MAX_ANSWERING {
+                // Woken when one of them is written.
+                return Poll::Pending;
+            }
+            if let Some(at) = memchr::memchr(b'\n', &self.buf[self.searched..]) {
+                let line = self.buf.split_to(self.searched + at + 1);
+                self.searched = 0;
+                if let Some(message) = self.line(line) {
+                    return Poll::Ready(Some(message));
+                }
+                continue;
+            }
+            self.searched = self.buf.len();
+            if let Some(reason) = self.rules.check_partial(&self.buf) {
+                self.end(reason);
+                continue;
+            }
+            self.buf.reserve(READ_CHUNK);
+            match std::task::ready!(tokio_util::io::poll_read_buf(
+                Pin::new(&mut self.read),
+                cx,
+                &mut self.buf
+            )) {
+                Ok(0) => self.ended = true,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!("reading the bundle's stdout: {e}");
+                    self.ended = true;
+                }
+            }
+        }
+    }
+
+    /// One line (with its newline): a message for rmcp, or None when it was
+    /// answered here, skipped, or broke a rule.
+    fn line(&mut self, mut line: BytesMut) -> Option<RxJsonRpcMessage<RoleClient>> {
+        let text = &line[..line.len() - 1];
+        let call = host_call(text);
+        if let Some(reason) = self.rules.check_line(text, call.is_some()) {
+            self.end(reason);
+            return None;
+        }
+        if let Some(call) = call {
+            self.answer(call);
+            return None;
+        }
+        match self.codec.decode(&mut line) {
+            Ok(message) => message,
+            Err(e) => {
+                // Valid JSON-RPC, not a message rmcp knows: answered as
+                // rmcp's own transport answers it.
+                tracing::debug!("a message of the bundle was not understood: {e}");
+                let refusal = TxJsonRpcMessage::<RoleClient>::error(
+                    ErrorData::invalid_request("Invalid request", None),
+                    None,
+                );
+                let line = encode(&refusal);
+                let write = self.write.clone();
+                self.answering
+                    .push(Box::pin(async move { write_line(&write, &line).await }));
+                None
+            }
+        }
+    }
+
+    fn answer(&mut self, call: HostCall) {
+        let (host, write) = (self.host.clone(), self.write.clone());
+        self.answering.push(Box::pin(async move {
+            let result = host.ask(call.method, call.params).await;
+            write_line(&write, &answer_line(&call.id, result)).await;
+        }));
+    }
+
+    fn end(&mut self, reason: String) {
+        let masked = self.rules.cut(reason);
+        tracing::debug!("the bundle's stream is cut: {masked}");
+        self.ended = true;
+    }
+}
+
+/// A host-resources request, as far as this transport needs to know it.
+struct HostCall {
+    id: NumberOrString,
+    method: String,
+    params: Option<Value>,
+}
+
+/// The request in `line`, if it is a host-resources read or list (a
+/// JSON-RPC 2.0 request with an id). Lines that cannot be one are passed
+/// over at memory speed.
+fn host_call(line: &[u8]) -> Option<HostCall> {
+    #[derive(serde::Deserialize)]
+    struct Probe<'a> {
+        #[serde(borrow)]
+        jsonrpc: std::borrow::Cow<'a, str>,
+        id: Option<NumberOrString>,
+        #[serde(borrow)]
+        method: std::borrow::Cow<'a, str>,
+        params: Option<Value>,
+    }
+    memchr::memmem::find(line, b"\"ai.nimblebrain/resources/")?;
+    let probe: Probe = serde_json::from_slice(line).ok()?;
+    let host =
+        probe.method == host_resources::METHOD_READ || probe.method == host_resources::METHOD_LIST;
+    (host && probe.jsonrpc == "2.0").then_some(())?;
+    Some(HostCall {
+        id: probe.id?,
+        method: probe.method.into_owned(),
+        params: probe.params,
+    })
+}
+
+/// The response line to request `id`: the answer's JSON as it was encoded,
+/// or the contract's error.
+fn answer_line(id: &NumberOrString, result: Result<Answer, HostError>) -> Vec<u8> {
+    let mut line = Vec::with_capacity(64 + result.as_ref().map_or(0, |a| a.json().len()));
+    line.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    serde_json::to_writer(&mut line, id).expect("an id encodes");
+    match result {
+        Ok(answer) => {
+            line.extend_from_slice(br#","result":"#);
+            line.extend_from_slice(answer.json().as_bytes());
+        }
+        Err(e) => {
+            line.extend_from_slice(br#","error":"#);
+            let error = serde_json::json!({ "code": e.code, "message": e.message, "data": e.data });
+            serde_json::to_writer(&mut line, &error).expect("an error encodes");
+        }
+    }
+    line.extend_from_slice(b"}\n");
+    line
+}
+
+fn encode(message: &TxJsonRpcMessage<RoleClient>) -> Vec<u8> {
+    let mut line = serde_json::to_vec(message).expect("an rmcp message encodes");
+    line.push(b'\n');
+    line
+}
+
+/// Writes one whole line; a closed stdin is the stream's end, reported by
+/// the reading side.
+async fn write_line<W: AsyncWrite + Unpin>(write: &Mutex<Option<W>>, line: &[u8]) {
+    let _ = try_write_line(write, line).await;
+}
+
+async fn try_write_line<W: AsyncWrite + Unpin>(
+    write: &Mutex<Option<W>>,
+    line: &[u8],
+) -> std::io::Result<()> {
+    let mut write = write.lock().await;
+    let Some(w) = write.as_mut() else {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotConnected,
+            "the bundle's stdin is closed",
+        ));
+    };
+    w.write_all(line).await?;
+    w.flush().await
+}
+
+impl<R, W> Transport<RoleClient> for BundleStdio<R, W>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    type Error = std::io::Error;
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let (write, line) = (self.write.clone(), encode(&item));
+        async move { try_write_line(&write, &line).await }
+    }
+
+    fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
+        std::future::poll_fn(|cx| self.poll_receive(cx))
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.write.lock().await.take();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use ractor::{Actor, ActorProcessingErr, ActorRef};
+    use serde_json::json;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream};
+
+    use super::*;
+    use crate::bundle::guard::Violation;
+    use crate::host_resources::HostRequest;
+
+    /// A workspace that answers reads of `files://X` with `{"read": X}`,
+    /// `files://missing` with not found, and holds the replies to
+    /// `files://held` until told to let them go.
+    struct Workspace;
+
+    enum Msg {
+        Host(HostRequest),
+        Release,
+    }
+
+    impl From<HostRequest> for Msg {
+        fn from(r: HostRequest) -> Self {
+            Msg::Host(r)
+        }
+    }
+
+    impl TryFrom<Msg> for HostRequest {
+        type Error = ();
+        fn try_from(m: Msg) -> Result<Self, ()> {
+            match m {
+                Msg::Host(r) => Ok(r),
+                Msg::Release => Err(()),
+            }
+        }
+    }
+
+    /// Replies held; the most held at once.
+    struct Held {
+        replies: Vec<HostRequest>,
+        most: Arc<AtomicUsize>,
+    }
+
+    #[ractor::async_trait]
+    impl Actor for Workspace {
+        type Msg = Msg;
+        type State = Held;
+        type Arguments = Arc<AtomicUsize>;
+
+        async fn pre_start(
+            &self,
+            _: ActorRef<Msg>,
+            most: Arc<AtomicUsize>,
+        ) -> Result<Held, ActorProcessingErr> {
+            Ok(Held {
+                replies: Vec::new(),
+                most,
+            })
+        }
+
+        async fn handle(
+            &self,
+            _: ActorRef<Msg>,
+            msg: Msg,
+            held: &mut Held,
+        ) -> Result<(), ActorProcessingErr> {
+            match msg {
+                Msg::Host(r) => {
+                    let uri = r
+                        .params
+                        .as_ref()
+                        .and_then(|p| p["uri"].as_str())
+                        .unwrap_or("");
+                    match uri.strip_prefix("files://") {
+                        Some("held") => {
+                            held.replies.push(r);
+                            held.most.fetch_max(held.replies.len(), Ordering::SeqCst);
+                        }
+                        Some("missing") => {
+                            let _ = r.reply.send(Err(HostError::not_found(uri)));
+                        }
+                        Some(name) => {
+                            let answer = json!({ "read": name, "method": r.method, "by": r.requester.bundle });
+                            let _ = r.reply.send(Ok(Answer::encode(&answer)));
+                        }
+                        None => {
+                            let _ = r
+                                .reply
+                                .send(Ok(Answer::encode(&json!({ "list": r.params }))));
+                        }
+                    }
+                }
+                Msg::Release => {
+                    for r in held.replies.drain(..) {
+                        let _ = r.reply.send(Ok(Answer::encode(&json!({ "read": "held" }))));
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+
+    struct Bench {
+        transport:
+            BundleStdio<tokio::io::ReadHalf<DuplexStream>, tokio::io::WriteHalf<DuplexStream>>,
+        /// The bundle's end: what it writes, what it reads.
+        bundle: tokio::io::WriteHalf<DuplexStream>,
+        answers: BufReader<tokio::io::ReadHalf<DuplexStream>>,
+        workspace: ActorRef<Msg>,
+        most_held: Arc<AtomicUsize>,
+        violation: Violation,
+    }
+
+    async fn bench(max_message_bytes: usize) -> Bench {
+        let most_held = Arc::new(AtomicUsize::new(0));
+        let (workspace, _) = Actor::spawn(None, Workspace, most_held.clone())
+            .await
+            .unwrap();
+        let host = HostContext::new("w", "b", workspace.get_derived());
+        let (daemon_end, bundle_end) = tokio::io::duplex(1 << 20);
+        let (read, write) = tokio::io::split(daemon_end);
+        let violation = Violation::default();
+        let rules = Rules::new(max_message_bytes, violation.clone());
+        let (answers, bundle) = tokio::io::split(bundle_end);
+        Bench {
+            transport: BundleStdio::new(read, write, rules, host),
+            bundle,
+            answers: BufReader::new(answers),
+            workspace,
+            most_held,
+            violation,
+        }
+    }
+
+    fn read_request(id: Value, uri: &str) -> String {
+        json!({"jsonrpc": "2.0", "id": id, "method": host_resources::METHOD_READ, "params": {"uri": uri}})
+            .to_string()
+            + "\n"
+    }
+
+    /// Drives the transport (as rmcp would) until `n` answer lines came
+    /// back; any message it hands on is returned too.
+    async fn answers(b: &mut Bench, n: usize) -> (Vec<Value>, Vec<RxJsonRpcMessage<RoleClient>>) {
+        let (mut lines, mut messages) = (Vec::new(), Vec::new());
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while lines.len() < n {
+            let mut line = String::new();
+            tokio::select! {
+                m = b.transport.receive() => messages.push(m.expect("the stream goes on")),
+                r = b.answers.read_line(&mut line) => {
+                    r.unwrap();
+                    lines.push(serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}")));
+                }
+                _ = tokio::time::sleep_until(deadline) => panic!("{} of {n} answers came", lines.len()),
+            }
+        }
+        (lines, messages)
+    }
+
+    #[tokio::test]
+    async fn host_requests_are_answered_here_and_the_rest_goes_to_rmcp() {
+        let mut b = bench(1 << 20).await;
+        let list = json!({"jsonrpc": "2.0", "id": "l", "method": host_resources::METHOD_LIST,
+            "params": {"_meta": {"filter": {"mimeType": "text/plain"}}}});
+        let input = read_request(json!(7), "files://a")
+            + "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/tools/list_changed\"}\n"
+            + &read_request(json!("s-1"), "files://missing")
+            + &list.to_string()
+            + "\n";
+        b.bundle.write_all(input.as_bytes()).await.unwrap();
+        let (got, messages) = answers(&mut b, 3).await;
+        let answer = |id: Value| got.iter().find(|v| v["id"] == id).unwrap().clone();
+        let got = [answer(json!(7)), answer(json!("l")), answer(json!("s-1"))];
+        assert_eq!(
+            got[0],
+            json!({"jsonrpc": "2.0", "id": 7, "result": {"read": "a", "method": host_resources::METHOD_READ, "by": "b"}})
+        );
+        assert_eq!(got[1]["id"], "l");
+        // `_meta` reaches the workspace inside params, where the contract has it.
+        assert_eq!(
+            got[1]["result"]["list"]["_meta"]["filter"]["mimeType"],
+            "text/plain"
+        );
+        assert_eq!(got[2]["id"], "s-1");
+        assert_eq!(got[2]["error"]["code"], host_resources::codes::NOT_FOUND);
+        assert_eq!(got[2]["error"]["data"]["uri"], "files://missing");
+        // The notification was rmcp's, and only it.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut messages = messages;
+        while messages.is_empty() {
+            tokio::select! {
+                m = b.transport.receive() => messages.push(m.unwrap()),
+                _ = tokio::time::sleep_until(deadline) => panic!("the notification never came"),
+            }
+        }
+        assert_eq!(messages.len(), 1);
+        let text = serde_json::to_string(&messages[0]).unwrap();
+        assert!(text.contains("notifications/tools/list_changed"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn answers_in_flight_are_bounded_and_all_come_back_whole() {
+        let mut b = bench(1 << 20).await;
+        let total = MAX_ANSWERING + 36;
+        let input: String = (0..total)
+            .map(|i| read_request(json!(i), "files://held"))
+            .collect();
+        b.bundle.write_all(input.as_bytes()).await.unwrap();
+        // The workspace holds every reply: reading stops at the bound.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while b.most_held.load(Ordering::SeqCst) < MAX_ANSWERING {
+            tokio::select! {
+                _ = b.transport.receive() => panic!("nothing for rmcp here"),
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the bound was never reached"
+            );
+        }
+        // Released in rounds, every request is answered once, as a whole line,
+        // and never more than the bound were waiting at once.
+        let mut got = Vec::new();
+        while got.len() < total {
+            b.workspace.cast(Msg::Release).unwrap();
+            let (lines, _) = answers(&mut b, (total - got.len()).min(MAX_ANSWERING)).await;
+            got.extend(lines);
+        }
+        let mut ids: Vec<u64> = got.iter().map(|v| v["id"].as_u64().unwrap()).collect();
+        ids.sort();
+        assert_eq!(ids, (0..total as u64).collect::<Vec<_>>());
+        assert!(got.iter().all(|v| v["result"]["read"] == "held"));
+        assert_eq!(b.most_held.load(Ordering::SeqCst), MAX_ANSWERING);
+    }
+
+    #[tokio::test]
+    async fn a_line_that_breaks_the_rules_ends_the_stream_with_its_reason() {
+        let mut b = bench(1 << 20).await;
+        b.bundle
+            .write_all(b"Listening on port 8080\n{\"jsonrpc\":\"2.0\",\"method\":\"x\"}\n")
+            .await
+            .unwrap();
+        assert!(b.transport.receive().await.is_none());
+        assert!(b.violation.get().unwrap().contains("Listening on port"));
+        // An overlong line is cut before it ends.
+        let mut b = bench(100).await;
+        b.bundle.write_all(&[b'{'; 200]).await.unwrap();
+        assert!(b.transport.receive().await.is_none());
+        assert!(b.violation.get().unwrap().contains("longer than 100 bytes"));
+    }
+
+    #[tokio::test]
+    async fn rmcp_messages_and_answers_never_cut_each_other() {
+        let mut b = bench(1 << 20).await;
+        let input: String = (0..50)
+            .map(|i| read_request(json!(i), "files://x"))
+            .collect();
+        b.bundle.write_all(input.as_bytes()).await.unwrap();
+        // rmcp sends big messages meanwhile, from tasks of their own.
+        let big = "y".repeat(256 << 10);
+        let sends: Vec<_> = (0..4)
+            .map(|i| {
+                let note = rmcp::model::ClientNotification::CustomNotification(
+                    rmcp::model::CustomNotification::new(
+                        "x/big",
+                        Some(json!({ "i": i, "text": big })),
+                    ),
+                );
+                tokio::spawn(
+                    b.transport
+                        .send(rmcp::model::JsonRpcMessage::notification(note)),
+                )
+            })
+            .collect();
+        let (got, _) = answers(&mut b, 54).await;
+        for send in sends {
+            send.await.unwrap().unwrap();
+        }
+        assert_eq!(
+            got.iter().filter(|v| v["result"]["read"] == "x").count(),
+            50
+        );
+        assert_eq!(got.iter().filter(|v| v["method"] == "x/big").count(), 4);
+    }
+}
