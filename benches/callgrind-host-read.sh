@@ -104,7 +104,7 @@ large=$(floor_run $((500 + N)))
 floor_per=$(( (large - small) / N ))
 
 printf '%-52s %12s\n' "instructions per 4 KiB host-resources read" "(callgrind)"
-printf '%-52s %12d\n' "  daemon (rmcp client, WorkspaceActor, FileStore)" "$daemon_per"
+printf '%-52s %12d\n' "  daemon (transport, WorkspaceActor, FileStore)" "$daemon_per"
 printf '%-52s %12d\n' "  demo bundle (rmcp server's request and answer)" "$bundle_per"
 printf '%-52s %12d\n' "  floor: pipe-echo peer (parse, serialize, write)" "$floor_per"
 mkdir -p target/bench

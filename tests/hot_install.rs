@@ -484,15 +484,90 @@ fn config_map_update(dir: &Path, generation: u32, files: &[(&str, String)]) {
     }
 }
 
-#[test]
-fn a_config_map_volume_installs_upgrades_and_uninstalls_on_its_data_swaps() {
+/// The daemon's config for a ConfigMap test: the watched folder, and the
+/// demo binary's folder readable by bundles.
+fn config_map_config() -> String {
     let server_dir = Path::new(DEMO_BIN).parent().unwrap();
-    let d = Daemon::start_with(&format!(
+    format!(
         "{WATCH}[sandbox]\nread_only_paths = [{:?}]\n",
         server_dir.display().to_string()
-    ));
+    )
+}
+
+#[test]
+fn a_config_map_volume_installs_upgrades_and_uninstalls_on_its_data_swaps() {
+    let d = Daemon::start_with(&config_map_config());
     let dir = watched(&d);
     std::fs::create_dir_all(&dir).unwrap();
+    config_map_swaps(&d, &dir);
+}
+
+/// Issue 22: as a pod has it. kubelet makes the volume's folder 0777 and
+/// mounts it read-only into the container, where nothing else shows it;
+/// it writes each update from the node's side. The daemon trusts the
+/// folder (nobody can write it through any mount it sees) and follows
+/// the swaps made where it cannot look.
+#[test]
+fn a_read_only_config_map_volume_of_mode_0777_is_trusted_and_followed() {
+    let mut d = Daemon::unlaunched(&config_map_config());
+    // The node's side: a tmpfs of mode 0777 that kubelet writes...
+    let node = d.root().join("node");
+    let dir = watched(&d);
+    for p in [&node, &dir] {
+        std::fs::create_dir_all(p).unwrap();
+    }
+    let mount = |args: &[&str]| {
+        let out = std::process::Command::new("mount")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "mount {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    struct Unmount(Vec<PathBuf>);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            for p in &self.0 {
+                let _ = std::process::Command::new("umount")
+                    .arg("-l")
+                    .arg(p)
+                    .status();
+            }
+        }
+    }
+    let _unmount = Unmount(vec![dir.clone(), node.clone()]);
+    mount(&[
+        "-t",
+        "tmpfs",
+        "-o",
+        "mode=0777",
+        "tmpfs",
+        node.to_str().unwrap(),
+    ]);
+    // ...and the container's side: the same folder, read-only.
+    mount(&["--bind", node.to_str().unwrap(), dir.to_str().unwrap()]);
+    mount(&["-o", "remount,bind,ro", dir.to_str().unwrap()]);
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+        0o777
+    );
+    d.unmounted = Some(node.clone());
+    d.launch();
+    config_map_swaps(&d, &node);
+    assert!(
+        !d.log().contains("writable by every user"),
+        "the volume was refused:\n{}",
+        d.log()
+    );
+}
+
+/// Installs, upgrades and uninstalls through ConfigMap updates written to
+/// `dir` (the watched folder, or what it shows).
+fn config_map_swaps(d: &Daemon, dir: &Path) {
     let bare = |name: &str, version: &str| {
         let mut m: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
         m["name"] = json!(name);
@@ -505,12 +580,12 @@ fn a_config_map_volume_installs_upgrades_and_uninstalls_on_its_data_swaps() {
         d.bundle("default", name)
             .and_then(|b| b["version"].as_str().map(str::to_string))
     };
-    config_map_update(&dir, 1, &[("notes.json", bare("notes", "1.0.0"))]);
+    config_map_update(dir, 1, &[("notes.json", bare("notes", "1.0.0"))]);
     d.wait_state("default", "notes", "ready");
     assert_eq!(version("notes").as_deref(), Some("1.0.0"));
     // A new version of the key, and a second key.
     config_map_update(
-        &dir,
+        dir,
         2,
         &[
             ("notes.json", bare("notes", "2.0.0")),
@@ -523,7 +598,7 @@ fn a_config_map_volume_installs_upgrades_and_uninstalls_on_its_data_swaps() {
     d.wait_state("default", "notes", "ready");
     d.wait_state("default", "todo", "ready");
     // The first key removed: its bundle is uninstalled, the other stays.
-    config_map_update(&dir, 3, &[("todo.json", bare("todo", "1.0.0"))]);
+    config_map_update(dir, 3, &[("todo.json", bare("todo", "1.0.0"))]);
     wait_for(Duration::from_secs(20), "notes uninstalled", || {
         d.bundle("default", "notes").is_none().then_some(())
     });

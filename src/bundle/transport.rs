@@ -26,7 +26,10 @@ use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
-use rmcp::model::{ErrorData, NumberOrString};
+use rmcp::model::{
+    CallToolResult, ClientNotification, ClientRequest, ErrorData, JsonRpcMessage, JsonRpcResponse,
+    JsonRpcVersion2_0, NumberOrString, RequestId, ServerResult,
+};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::async_rw::JsonRpcMessageCodec;
 use rmcp::transport::Transport;
@@ -49,6 +52,74 @@ const READ_CHUNK: usize = 16 * 1024;
 
 type Writer<W> = Arc<Mutex<Option<W>>>;
 
+/// The `tools/call` requests in flight, by id. A bundle's answer to one is
+/// parsed as the tool result it is; rmcp's decoder would try the result
+/// types of every other request first (`ServerResult` is untagged), and
+/// build an error message for each that does not fit — 45,000 of the
+/// daemon's 179,000 instructions a call (docs/performance.md).
+#[derive(Clone, Default)]
+struct Calls(Arc<std::sync::Mutex<std::collections::HashSet<RequestId>>>);
+
+impl Calls {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<RequestId>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes a message rmcp sends: a call begins, or is cancelled.
+    fn sent(&self, message: &TxJsonRpcMessage<RoleClient>) {
+        match message {
+            JsonRpcMessage::Request(r)
+                if matches!(r.request, ClientRequest::CallToolRequest(_)) =>
+            {
+                self.lock().insert(r.id.clone());
+            }
+            JsonRpcMessage::Notification(n) => {
+                if let ClientNotification::CancelledNotification(c) = &n.notification {
+                    if let Some(id) = &c.params.request_id {
+                        self.lock().remove(id);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The answer in `line`, when it is the result of a call in flight.
+    fn answer(&self, line: &[u8]) -> Option<RxJsonRpcMessage<RoleClient>> {
+        #[derive(serde::Deserialize)]
+        struct Reply {
+            jsonrpc: JsonRpcVersion2_0,
+            id: RequestId,
+            result: CallToolResult,
+        }
+        if self.lock().is_empty() {
+            return None;
+        }
+        memchr::memmem::find(line, b"\"result\"")?;
+        // Anything else (an error, a result of another kind, a task or
+        // input request under MRTR) is left to rmcp's decoder.
+        let reply: Reply = serde_json::from_slice(line).ok()?;
+        self.lock().remove(&reply.id).then_some(())?;
+        Some(JsonRpcMessage::Response(JsonRpcResponse {
+            jsonrpc: reply.jsonrpc,
+            id: reply.id,
+            result: ServerResult::CallToolResult(reply.result),
+        }))
+    }
+
+    /// Forgets a call rmcp's decoder saw answered.
+    fn answered(&self, message: &RxJsonRpcMessage<RoleClient>) {
+        let id = match message {
+            JsonRpcMessage::Response(r) => Some(&r.id),
+            JsonRpcMessage::Error(e) => e.id.as_ref(),
+            _ => None,
+        };
+        if let Some(id) = id {
+            self.lock().remove(id);
+        }
+    }
+}
+
 pub struct BundleStdio<R, W> {
     read: R,
     /// What was read and not yet handed on; `searched` bytes of it hold no
@@ -59,6 +130,8 @@ pub struct BundleStdio<R, W> {
     codec: JsonRpcMessageCodec<RxJsonRpcMessage<RoleClient>>,
     write: Writer<W>,
     host: HostContext,
+    /// The ids of the `tools/call` requests sent and not yet answered.
+    calls: Calls,
     answering: FuturesUnordered<BoxFuture<'static, ()>>,
     /// The stream ended (end of file, an error, or a rule broken).
     ended: bool,
@@ -78,6 +151,7 @@ where
             codec: JsonRpcMessageCodec::default(),
             write: Arc::new(Mutex::new(Some(write))),
             host,
+            calls: Calls::default(),
             answering: FuturesUnordered::new(),
             ended: false,
         }
@@ -131,7 +205,14 @@ where
     fn line(&mut self, mut line: BytesMut) -> Option<RxJsonRpcMessage<RoleClient>> {
         let text = &line[..line.len() - 1];
         let call = host_call(text);
-        if let Some(reason) = self.rules.check_line(text, call.is_some()) {
+        let reply = match call {
+            None => self.calls.answer(text),
+            Some(_) => None,
+        };
+        if let Some(reason) = self
+            .rules
+            .check_line(text, call.is_some() || reply.is_some())
+        {
             self.end(reason);
             return None;
         }
@@ -139,8 +220,16 @@ where
             self.answer(call);
             return None;
         }
+        if reply.is_some() {
+            return reply;
+        }
         match self.codec.decode(&mut line) {
-            Ok(message) => message,
+            Ok(message) => {
+                if let Some(m) = &message {
+                    self.calls.answered(m);
+                }
+                message
+            }
             Err(e) => {
                 // Valid JSON-RPC, not a message rmcp knows: answered as
                 // rmcp's own transport answers it.
@@ -149,10 +238,11 @@ where
                     ErrorData::invalid_request("Invalid request", None),
                     None,
                 );
-                let line = encode(&refusal);
-                let write = self.write.clone();
-                self.answering
-                    .push(Box::pin(async move { write_line(&write, &line).await }));
+                if let Ok(line) = encode(&refusal) {
+                    let write = self.write.clone();
+                    self.answering
+                        .push(Box::pin(async move { write_line(&write, &line).await }));
+                }
                 None
             }
         }
@@ -226,10 +316,10 @@ fn answer_line(id: &NumberOrString, result: Result<Answer, HostError>) -> Vec<u8
     line
 }
 
-fn encode(message: &TxJsonRpcMessage<RoleClient>) -> Vec<u8> {
-    let mut line = serde_json::to_vec(message).expect("an rmcp message encodes");
+fn encode(message: &TxJsonRpcMessage<RoleClient>) -> std::io::Result<Vec<u8>> {
+    let mut line = serde_json::to_vec(message)?;
     line.push(b'\n');
-    line
+    Ok(line)
 }
 
 /// Writes one whole line; a closed stdin is the stream's end, reported by
@@ -264,8 +354,9 @@ where
         &mut self,
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.calls.sent(&item);
         let (write, line) = (self.write.clone(), encode(&item));
-        async move { try_write_line(&write, &line).await }
+        async move { try_write_line(&write, &line?).await }
     }
 
     fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
@@ -563,5 +654,85 @@ mod tests {
             50
         );
         assert_eq!(got.iter().filter(|v| v["method"] == "x/big").count(), 4);
+    }
+
+    /// A tool result is parsed as one when its call is in flight; every
+    /// other answer (another request's, an error, an unknown id) still
+    /// goes through rmcp's decoder, and a call answered or cancelled is
+    /// forgotten.
+    #[tokio::test]
+    async fn a_tool_result_is_parsed_as_its_call_expects() {
+        use rmcp::model::{
+            CallToolRequest, CallToolRequestParams, CancelledNotification,
+            CancelledNotificationParam, ListToolsRequest,
+        };
+        let mut b = bench(1 << 20).await;
+        for id in 1..=3 {
+            let request = ClientRequest::CallToolRequest(CallToolRequest::new(
+                CallToolRequestParams::new("echo"),
+            ));
+            b.transport
+                .send(JsonRpcMessage::request(request, NumberOrString::Number(id)))
+                .await
+                .unwrap();
+        }
+        let list = ClientRequest::ListToolsRequest(ListToolsRequest::default());
+        b.transport
+            .send(JsonRpcMessage::request(list, NumberOrString::Number(4)))
+            .await
+            .unwrap();
+        let cancel = ClientNotification::CancelledNotification(CancelledNotification::new(
+            CancelledNotificationParam::new(Some(NumberOrString::Number(3)), None),
+        ));
+        b.transport
+            .send(JsonRpcMessage::notification(cancel))
+            .await
+            .unwrap();
+        assert_eq!(
+            b.transport.calls.lock().len(),
+            2,
+            "1 and 2; 3 was cancelled"
+        );
+        let text = r#"{"content":[{"type":"text","text":"hi"}]}"#;
+        let replies = [
+            format!(r#"{{"jsonrpc":"2.0","id":1,"result":{text}}}"#),
+            r#"{"jsonrpc":"2.0","id":4,"result":{"tools":[]}}"#.to_string(),
+            r#"{"jsonrpc":"2.0","id":2,"error":{"code":-32603,"message":"boom"}}"#.to_string(),
+        ];
+        b.bundle
+            .write_all((replies.join("\n") + "\n").as_bytes())
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        for _ in 0..3 {
+            got.push(b.transport.receive().await.unwrap());
+        }
+        match &got[0] {
+            JsonRpcMessage::Response(r) => {
+                assert_eq!(r.id, NumberOrString::Number(1));
+                let ServerResult::CallToolResult(result) = &r.result else {
+                    panic!("{:?}", r.result)
+                };
+                assert_eq!(
+                    serde_json::to_value(result).unwrap(),
+                    serde_json::from_str::<Value>(text).unwrap()
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            matches!(&got[1], JsonRpcMessage::Response(r) if matches!(r.result, ServerResult::ListToolsResult(_))),
+            "{:?}",
+            got[1]
+        );
+        assert!(
+            matches!(&got[2], JsonRpcMessage::Error(e) if e.error.message == "boom"),
+            "{:?}",
+            got[2]
+        );
+        assert!(
+            b.transport.calls.lock().is_empty(),
+            "every call is answered"
+        );
     }
 }

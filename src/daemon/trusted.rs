@@ -1,8 +1,9 @@
 //! What the daemon accepts from a watched folder without anyone vouching
 //! for it (sshd's StrictModes, for bundles): the folder, each bundle folder
 //! and each manifest must belong to the daemon's uid or root and must not be
-//! writable by group or others — whoever can write them decides what the
-//! daemon runs. Entries that are symbolic links are refused (a bundle is
+//! writable by group or others (unless nobody can write them from here: a
+//! read-only mount, see [`unwritable_here`]) — whoever can write them
+//! decides what the daemon runs. Entries that are symbolic links are refused (a bundle is
 //! dropped in, not linked in) — except a bare manifest linked to a file
 //! inside the folder itself, as a Kubernetes ConfigMap volume has them —
 //! and manifests are opened without following a link, so no file outside
@@ -25,7 +26,7 @@ fn check(what: &str, path: &Path, meta: &std::fs::Metadata) -> Result<(), String
             meta.uid()
         ));
     }
-    if meta.mode() & 0o022 != 0 {
+    if meta.mode() & 0o022 != 0 && !unwritable_here(path) {
         return Err(format!(
             "{what} {} is writable by {} (mode {:o}); anyone who can write it decides what the daemon runs. Remove the write bits: chmod go-w {}",
             path.display(),
@@ -35,6 +36,102 @@ fn check(what: &str, path: &Path, meta: &std::fs::Metadata) -> Result<(), String
         ));
     }
     Ok(())
+}
+
+/// Whether nobody can write `path` in the daemon's mount namespace,
+/// whatever its mode says: it is on a read-only mount, and no read-write
+/// mount shows the same filesystem at or above it. A Kubernetes ConfigMap
+/// volume is such a folder: kubelet makes its root 0777 and mounts it
+/// read-only, and only kubelet, outside the pod, changes it. A read-only
+/// bind mount of a folder that stays writable through another mount of
+/// its filesystem (`/tmp/x` bound read-only elsewhere) is not.
+fn unwritable_here(path: &Path) -> bool {
+    let (Ok(path), Ok(table)) = (
+        path.canonicalize(),
+        std::fs::read_to_string("/proc/self/mountinfo"),
+    ) else {
+        return false;
+    };
+    unwritable_in(&table, &path)
+}
+
+/// [`unwritable_here`] against a `/proc/self/mountinfo` text.
+fn unwritable_in(mountinfo: &str, path: &Path) -> bool {
+    let mounts: Vec<Mount> = mountinfo.lines().filter_map(Mount::parse).collect();
+    // The mount `path` is on: the deepest mount point above it; of equal
+    // ones the last (mounted on top of the others).
+    let Some(on) = mounts
+        .iter()
+        .filter(|m| path.starts_with(&m.point))
+        .max_by_key(|m| m.point.as_os_str().len())
+    else {
+        return false;
+    };
+    if !on.read_only {
+        return false;
+    }
+    if on.fs_read_only {
+        return true;
+    }
+    let Ok(below) = path.strip_prefix(&on.point) else {
+        return false;
+    };
+    let inside = on.root.join(below);
+    !mounts
+        .iter()
+        .any(|m| m.device == on.device && !m.read_only && inside.starts_with(&m.root))
+}
+
+/// A line of `/proc/self/mountinfo` (proc(5)), as far as [`unwritable_in`]
+/// needs it.
+struct Mount {
+    /// `major:minor` of the filesystem.
+    device: String,
+    /// The folder of the filesystem mounted here.
+    root: std::path::PathBuf,
+    point: std::path::PathBuf,
+    /// This mount is read-only.
+    read_only: bool,
+    /// The filesystem itself is read-only (every mount of it).
+    fs_read_only: bool,
+}
+
+impl Mount {
+    fn parse(line: &str) -> Option<Mount> {
+        let (mine, fs) = line.split_once(" - ")?;
+        let f: Vec<&str> = mine.split(' ').collect();
+        let ro = |options: &str| options.split(',').any(|o| o == "ro");
+        Some(Mount {
+            device: f.get(2)?.to_string(),
+            root: unescape(f.get(3)?).into(),
+            point: unescape(f.get(4)?).into(),
+            read_only: ro(f.get(5)?),
+            fs_read_only: ro(fs.split(' ').nth(2)?),
+        })
+    }
+}
+
+/// mountinfo writes a space, tab, newline and backslash in a path as
+/// `\040`, `\011`, `\012` and `\134`.
+fn unescape(field: &str) -> String {
+    let mut out = String::with_capacity(field.len());
+    let mut rest = field;
+    while let Some(at) = rest.find('\\') {
+        out.push_str(&rest[..at]);
+        let code = rest.get(at + 1..at + 4);
+        match code.and_then(|c| u8::from_str_radix(c, 8).ok()) {
+            Some(byte) => {
+                out.push(byte as char);
+                rest = &rest[at + 4..];
+            }
+            None => {
+                out.push('\\');
+                rest = &rest[at + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Checks the watched folder itself.
@@ -49,20 +146,46 @@ pub fn folder(dir: &Path) -> Result<(), String> {
 /// a Kubernetes ConfigMap volume is laid out so (`NAME.json ->
 /// ..data/NAME.json`, `..data -> ..TIMESTAMP`, swapped on each update).
 /// Every folder on the way must pass the same checks as a bundle folder.
-fn inside_link(entry: &Path) -> Option<std::path::PathBuf> {
-    let folder = entry.parent()?.canonicalize().ok()?;
-    let target = entry.canonicalize().ok()?;
-    let within = target.strip_prefix(&folder).ok()?;
+/// Otherwise why not, with the fix.
+fn inside_link(entry: &Path) -> Result<std::path::PathBuf, String> {
+    let refused = |why: String| {
+        format!(
+            "{} is a symbolic link {why}; a watched folder takes bundles, not links to them (only a manifest linked to a file inside the folder, as in a Kubernetes ConfigMap volume): move or copy the bundle in",
+            entry.display()
+        )
+    };
+    let folder = entry
+        .parent()
+        .and_then(|p| p.canonicalize().ok())
+        .ok_or_else(|| refused("whose folder cannot be resolved".into()))?;
+    let target = entry
+        .canonicalize()
+        .map_err(|e| refused(format!("that leads nowhere ({e})")))?;
+    let Ok(within) = target.strip_prefix(&folder) else {
+        return Err(refused(format!(
+            "to {}, out of the watched folder",
+            target.display()
+        )));
+    };
     if !target.is_file() {
-        return None;
+        return Err(refused(format!(
+            "to {}, which is not a file",
+            target.display()
+        )));
     }
     let mut on_the_way = folder.clone();
-    for part in within.parent()?.components() {
+    for part in within.parent().into_iter().flat_map(Path::components) {
         on_the_way.push(part);
-        let meta = std::fs::symlink_metadata(&on_the_way).ok()?;
-        check("folder", &on_the_way, &meta).ok()?;
+        let meta = std::fs::symlink_metadata(&on_the_way)
+            .map_err(|e| refused(format!("through {}: {e}", on_the_way.display())))?;
+        check("folder", &on_the_way, &meta).map_err(|why| {
+            format!(
+                "{} is a symbolic link through an untrusted folder: {why}",
+                entry.display()
+            )
+        })?;
     }
-    Some(target)
+    Ok(target)
 }
 
 /// Checks a `.mcpb` archive in a watched folder: a regular file (not a
@@ -89,12 +212,7 @@ pub fn manifest_text(entry: &Path, manifest: &Path) -> Result<String, String> {
     let meta = std::fs::symlink_metadata(entry)
         .map_err(|e| format!("cannot read {}: {e}", entry.display()))?;
     if meta.file_type().is_symlink() {
-        let target = inside_link(entry).ok_or_else(|| {
-            format!(
-                "{} is a symbolic link out of the watched folder; a watched folder takes bundles, not links to them: move or copy the bundle in",
-                entry.display()
-            )
-        })?;
+        let target = inside_link(entry)?;
         return manifest_text(&target, &target);
     }
     if meta.is_dir() {
@@ -181,6 +299,37 @@ mod tests {
         let err = manifest_text(&linked, &linked.join("manifest.json")).unwrap_err();
         assert!(err.contains("symbolic link"), "{err}");
 
+        // A bare manifest linked inside the folder (a ConfigMap's layout)
+        // is read; every other link is refused with its reason.
+        let data = root.join("..2026_11_25.1");
+        std::fs::create_dir(&data).unwrap();
+        chmod(&data, 0o755);
+        std::fs::write(data.join("k.json"), "{\"k\":1}").unwrap();
+        chmod(&data.join("k.json"), 0o644);
+        std::os::unix::fs::symlink("..2026_11_25.1", root.join("..data")).unwrap();
+        let key = root.join("k.json");
+        std::os::unix::fs::symlink("..data/k.json", &key).unwrap();
+        assert_eq!(manifest_text(&key, &key).unwrap(), "{\"k\":1}");
+        chmod(&data, 0o777);
+        let err = manifest_text(&key, &key).unwrap_err();
+        assert!(
+            err.contains("through an untrusted folder") && err.contains("chmod go-w"),
+            "{err}"
+        );
+        chmod(&data, 0o755);
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("o.json"), "{}").unwrap();
+        let out = root.join("o.json");
+        std::os::unix::fs::symlink(outside.path().join("o.json"), &out).unwrap();
+        let err = manifest_text(&out, &out).unwrap_err();
+        assert!(err.contains("out of the watched folder"), "{err}");
+        let nowhere = root.join("gone.json");
+        std::os::unix::fs::symlink("..data/gone.json", &nowhere).unwrap();
+        let err = manifest_text(&nowhere, &nowhere).unwrap_err();
+        assert!(err.contains("leads nowhere"), "{err}");
+        let err = manifest_text(&linked, &linked).unwrap_err();
+        assert!(err.contains("which is not a file"), "{err}");
+
         if nix::unistd::geteuid().is_root() {
             // A manifest owned by someone else.
             let other = root.join("other.json");
@@ -189,5 +338,99 @@ mod tests {
             let err = manifest_text(&other, &other).unwrap_err();
             assert!(err.contains("belongs to uid 65534"), "{err}");
         }
+    }
+
+    /// A pod's mount table (trimmed from a real one): the container's
+    /// root, a ConfigMap volume and `/etc/hosts` from kubelet's folder on
+    /// the node's disk (8:1), a PVC on the same disk.
+    const POD: &str = "\
+1251 1180 0:310 / / rw,relatime master:412 - overlay overlay rw,lowerdir=/l,upperdir=/u
+1252 1251 0:313 / /proc rw,nosuid,nodev,noexec,relatime - proc proc rw
+1262 1251 8:1 /var/lib/kubelet/pods/9f/volumes/kubernetes.io~configmap/bundles /etc/bundlevisor/watched ro,relatime - ext4 /dev/sda1 rw
+1263 1251 8:1 /var/lib/kubelet/pods/9f/etc-hosts /etc/hosts rw,relatime - ext4 /dev/sda1 rw
+1264 1251 8:1 /opt/local-path-provisioner/pvc-1 /var/lib/bundlevisor rw,relatime - ext4 /dev/sda1 rw
+1265 1251 0:315 / /run/my\\040secrets ro,relatime - tmpfs tmpfs rw
+";
+
+    /// Issue 22: a ConfigMap volume's root is 0777 and read-only; its
+    /// write bits give nobody a write, so it is a folder to trust.
+    #[test]
+    fn a_read_only_mount_nobody_writes_through_is_unwritable() {
+        let at = |p: &str| unwritable_in(POD, Path::new(p));
+        assert!(at("/etc/bundlevisor/watched"));
+        assert!(at("/etc/bundlevisor/watched/..2026_11_25_00_00_01.1"));
+        assert!(at("/run/my secrets"), "an escaped mount point");
+        assert!(
+            !at("/etc/bundlevisor"),
+            "the container's root is read-write"
+        );
+        assert!(!at("/var/lib/bundlevisor/state"));
+        // The same folder bound read-only from the writable root: whoever
+        // may write /srv/drop still decides what the daemon runs.
+        let bound = format!(
+            "{POD}1270 1251 0:310 /srv/drop /etc/bundlevisor/watched ro,relatime - overlay overlay rw\n"
+        );
+        assert!(!unwritable_in(
+            &bound,
+            Path::new("/etc/bundlevisor/watched")
+        ));
+        // ...unless the filesystem itself is read-only.
+        let fs_ro = bound.replace("overlay overlay rw", "overlay overlay ro");
+        assert!(unwritable_in(&fs_ro, Path::new("/etc/bundlevisor/watched")));
+    }
+
+    /// The real table: a read-only bind mount of a 0777 folder that is
+    /// still writable where it came from is refused, and a tmpfs only ever
+    /// mounted read-only is trusted.
+    #[test]
+    fn the_mount_table_decides_for_a_world_writable_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let (src, bound, tmp) = (
+            dir.path().join("src"),
+            dir.path().join("bound"),
+            dir.path().join("tmp"),
+        );
+        for d in [&src, &bound, &tmp] {
+            std::fs::create_dir(d).unwrap();
+        }
+        chmod(&src, 0o777);
+        chmod(dir.path(), 0o755);
+        let mount = |args: &[&str]| {
+            let out = std::process::Command::new("mount")
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "mount {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        struct Unmount(Vec<std::path::PathBuf>);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                for p in &self.0 {
+                    let _ = std::process::Command::new("umount")
+                        .arg("-l")
+                        .arg(p)
+                        .status();
+                }
+            }
+        }
+        let _unmount = Unmount(vec![bound.clone(), tmp.clone()]);
+        mount(&["--bind", src.to_str().unwrap(), bound.to_str().unwrap()]);
+        mount(&["-o", "remount,bind,ro", bound.to_str().unwrap()]);
+        let err = folder(&bound).unwrap_err();
+        assert!(err.contains("writable by every user"), "{err}");
+        mount(&[
+            "-t",
+            "tmpfs",
+            "-o",
+            "ro,mode=0777",
+            "tmpfs",
+            tmp.to_str().unwrap(),
+        ]);
+        assert_eq!(std::fs::metadata(&tmp).unwrap().mode() & 0o777, 0o777);
+        folder(&tmp).unwrap();
     }
 }

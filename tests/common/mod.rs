@@ -54,6 +54,10 @@ pub struct Daemon {
     pub cgroup: Option<PathBuf>,
     /// The open-files limit (soft, hard) the daemon starts with.
     pub nofile: Option<(u64, u64)>,
+    /// Start the daemon in a mount namespace of its own without this
+    /// mount, as a container does not see the node's side of its volumes
+    /// (needs root).
+    pub unmounted: Option<PathBuf>,
     child: Option<Child>,
 }
 
@@ -98,6 +102,7 @@ impl Daemon {
             uid: None,
             cgroup: None,
             nofile: None,
+            unmounted: None,
             child: None,
         }
     }
@@ -185,6 +190,31 @@ impl Daemon {
             unsafe {
                 cmd.pre_exec(move || {
                     if nix::libc::setrlimit(nix::libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        if let Some(path) = &self.unmounted {
+            use std::os::unix::process::CommandExt;
+            let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: unshare, mount and umount2 are system calls; the path
+            // was allocated before the fork.
+            unsafe {
+                cmd.pre_exec(move || {
+                    use nix::libc;
+                    let root = c"/";
+                    if libc::unshare(libc::CLONE_NEWNS) != 0
+                        || libc::mount(
+                            std::ptr::null(),
+                            root.as_ptr(),
+                            std::ptr::null(),
+                            libc::MS_REC | libc::MS_SLAVE,
+                            std::ptr::null(),
+                        ) != 0
+                        || libc::umount2(path.as_ptr(), libc::MNT_DETACH) != 0
+                    {
                         return Err(std::io::Error::last_os_error());
                     }
                     Ok(())
