@@ -14,7 +14,7 @@ use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent
 use super::bundle::{actor_name, BundleActor, BundleArgs, BundleMsg};
 use super::Shared;
 use crate::files::{FileError, FileStore};
-use crate::host_resources::access::{project_access, Action, AuditLog};
+use crate::host_resources::access::{Action, AuditLog, Standing};
 use crate::host_resources::rate::TokenBucket;
 use crate::host_resources::{self, HostError, HostRequest};
 use crate::protocol::{Checkpoint, FileRecord, Rollback};
@@ -162,6 +162,8 @@ pub struct WorkspaceState {
     files: FileStore,
     /// Host-resources token buckets, by bundle.
     buckets: HashMap<String, TokenBucket>,
+    /// Access decisions, by bundle and action (`Action as usize`).
+    standings: HashMap<String, [Option<Standing>; 2]>,
     host_counters: super::metrics::HostCounters,
     audit: AuditLog,
 }
@@ -200,8 +202,22 @@ impl WorkspaceState {
             }
         };
         let (resource, action) = parsed.target();
-        let decision = project_access(resource, &requester, action, &self.name);
-        self.audit.record(&decision);
+        // Kept for this workspace's own bundles; a request bound to another
+        // workspace (refused) is decided afresh each time.
+        let fresh;
+        let standing = if requester.workspace == *self.name {
+            let standings = match self.standings.get_mut(requester.bundle.as_str()) {
+                Some(s) => s,
+                None => self.standings.entry(requester.bundle.clone()).or_default(),
+            };
+            standings[action as usize]
+                .get_or_insert_with(|| Standing::new(&requester, action, &self.name))
+        } else {
+            fresh = Standing::new(&requester, action, &self.name);
+            &fresh
+        };
+        self.audit.record_for(standing, resource);
+        let decision = &standing.decision;
         if !decision.permitted {
             tracing::warn!(workspace = %self.name, principal = %decision.principal, "host-resources request refused: {}", decision.reason);
             let uri = if action == Action::Read { resource } else { "" };
@@ -210,10 +226,13 @@ impl WorkspaceState {
         }
         let limits = &self.shared.config.host_resources;
         let now = tokio::time::Instant::now();
-        let bucket = self
-            .buckets
-            .entry(requester.bundle.clone())
-            .or_insert_with(|| TokenBucket::new(limits.rate_per_sec, limits.burst, now));
+        let bucket = match self.buckets.get_mut(requester.bundle.as_str()) {
+            Some(b) => b,
+            None => self
+                .buckets
+                .entry(requester.bundle.clone())
+                .or_insert_with(|| TokenBucket::new(limits.rate_per_sec, limits.burst, now)),
+        };
         if let Err(retry_after_ms) = bucket.take(now) {
             answer(Err(host_resources::rate_limited(retry_after_ms)));
             return;
@@ -360,6 +379,7 @@ impl Actor for WorkspaceActor {
             bundles: HashMap::new(),
             files,
             buckets: HashMap::new(),
+            standings: HashMap::new(),
             host_counters,
             audit,
         })
@@ -411,6 +431,7 @@ impl Actor for WorkspaceActor {
                     return Ok(());
                 }
                 st.buckets.remove(&name);
+                st.standings.remove(&name);
                 slot.stopping = Some(Stopping {
                     removers: vec![reply],
                     then: None,

@@ -14,8 +14,8 @@ use crate::logfile::RotatingLog;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Action {
-    Read,
-    List,
+    Read = 0,
+    List = 1,
 }
 
 impl Action {
@@ -83,18 +83,39 @@ pub struct AuditLog {
     tx: mpsc::UnboundedSender<String>,
 }
 
-/// An audit line: the time, then the decision's fields (written out, not
-/// `#[serde(flatten)]`, which goes through a map serializer on the hot
-/// path of every host-resources request).
-#[derive(Serialize)]
-struct Line<'a> {
-    time: String,
-    permitted: bool,
-    principal: &'a str,
-    action: Action,
-    scope: &'a str,
-    resource: &'a str,
-    reason: &'a str,
+/// A decision for every resource of one principal, action and workspace
+/// (it depends on nothing else), with the fixed parts of its audit lines
+/// already encoded: the WorkspaceActor makes one per bundle and action,
+/// so a request's audit line costs the time and its resource.
+pub struct Standing {
+    pub decision: AccessDecision,
+    /// `"permitted":…,"principal":…,"action":…,"scope":…,"resource":`
+    head: String,
+    /// `,"reason":…}`
+    tail: String,
+}
+
+impl Standing {
+    pub fn new(principal: &Requester, action: Action, workspace: &str) -> Standing {
+        Standing::of(project_access("", principal, action, workspace))
+    }
+
+    fn of(decision: AccessDecision) -> Standing {
+        let json = |s: &str| serde_json::to_string(s).expect("a string encodes");
+        let head = format!(
+            r#""permitted":{},"principal":{},"action":"{}","scope":{},"resource":"#,
+            decision.permitted,
+            json(&decision.principal),
+            decision.action.as_str(),
+            json(&decision.scope)
+        );
+        let tail = format!(r#","reason":{}}}"#, json(&decision.reason));
+        Standing {
+            decision,
+            head,
+            tail,
+        }
+    }
 }
 
 impl AuditLog {
@@ -146,25 +167,28 @@ impl AuditLog {
     }
 
     pub fn record(&self, decision: &AccessDecision) {
-        let time = humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string();
-        let line = Line {
-            time,
-            permitted: decision.permitted,
-            principal: &decision.principal,
-            action: decision.action,
-            scope: &decision.scope,
-            resource: &decision.resource,
-            reason: &decision.reason,
-        };
-        if let Ok(line) = serde_json::to_string(&line) {
-            let _ = self.tx.send(line);
-        }
+        self.record_for(&Standing::of(decision.clone()), &decision.resource);
+    }
+
+    /// Records `standing`'s decision on `resource`: one JSON line, the
+    /// time first, then the decision's fields.
+    pub fn record_for(&self, standing: &Standing, resource: &str) {
+        use std::fmt::Write;
+        let mut line =
+            String::with_capacity(48 + standing.head.len() + resource.len() + standing.tail.len());
+        let now = humantime::format_rfc3339_millis(std::time::SystemTime::now());
+        let _ = write!(line, r#"{{"time":"{now}","#);
+        line.push_str(&standing.head);
+        line.push_str(&serde_json::to_string(resource).expect("a string encodes"));
+        line.push_str(&standing.tail);
+        let _ = self.tx.send(line);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn a_bundle_may_access_only_its_own_workspace() {
@@ -203,10 +227,12 @@ mod tests {
         };
         log.record(&project_access("files://x", &who, Action::Read, "w"));
         log.record(&project_access("files://*", &who, Action::List, "other"));
+        // A standing decision writes the same line, for any resource.
+        log.record_for(&Standing::new(&who, Action::Read, "w"), "files://x");
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
         let lines = loop {
             let text = std::fs::read_to_string(&path).unwrap_or_default();
-            if text.lines().count() == 2 {
+            if text.lines().count() == 3 {
                 break text;
             }
             assert!(
@@ -218,6 +244,25 @@ mod tests {
         let first: serde_json::Value = serde_json::from_str(lines.lines().next().unwrap()).unwrap();
         assert_eq!(first["permitted"], true);
         assert_eq!(first["action"], "read");
+        assert_eq!(
+            (&first["principal"], &first["scope"], &first["resource"]),
+            (
+                &json!("bundle:w/b"),
+                &json!("workspace:w"),
+                &json!("files://x")
+            )
+        );
+        assert_eq!(
+            first["reason"],
+            "bundles of workspace \"w\" may read its files"
+        );
+        let third: serde_json::Value = serde_json::from_str(lines.lines().nth(2).unwrap()).unwrap();
+        let without_time = |mut v: serde_json::Value| {
+            v.as_object_mut().unwrap().remove("time");
+            v
+        };
+        assert_eq!(without_time(third), without_time(first.clone()));
+
         assert!(first["time"].as_str().unwrap().ends_with('Z'));
         let second: serde_json::Value =
             serde_json::from_str(lines.lines().nth(1).unwrap()).unwrap();
