@@ -7,7 +7,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use common::{demo_bundle_at, wait_for, Daemon, DEMO_BIN, DEMO_MANIFEST};
+use common::{demo_bundle_at, mount, wait_for, Daemon, Unmount, DEMO_BIN, DEMO_MANIFEST};
 use serde_json::{json, Value};
 
 const WATCH: &str =
@@ -516,28 +516,6 @@ fn a_read_only_config_map_volume_of_mode_0777_is_trusted_and_followed() {
     for p in [&node, &dir] {
         std::fs::create_dir_all(p).unwrap();
     }
-    let mount = |args: &[&str]| {
-        let out = std::process::Command::new("mount")
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "mount {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    struct Unmount(Vec<PathBuf>);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            for p in &self.0 {
-                let _ = std::process::Command::new("umount")
-                    .arg("-l")
-                    .arg(p)
-                    .status();
-            }
-        }
-    }
     let _unmount = Unmount(vec![dir.clone(), node.clone()]);
     mount(&[
         "-t",
@@ -562,6 +540,37 @@ fn a_read_only_config_map_volume_of_mode_0777_is_trusted_and_followed() {
         !d.log().contains("writable by every user"),
         "the volume was refused:\n{}",
         d.log()
+    );
+}
+
+/// The same read-only mount over a folder that stays writable where it
+/// comes from (a 0777 folder of the test's own filesystem, bound
+/// read-only): whoever can write the source decides what the daemon
+/// runs, so it is refused, and nothing in it is installed.
+#[test]
+fn a_read_only_bind_of_a_folder_still_writable_elsewhere_is_refused() {
+    let mut d = Daemon::unlaunched(&config_map_config());
+    let source = d.root().join("source");
+    let dir = watched(&d);
+    for p in [&source, &dir] {
+        std::fs::create_dir_all(p).unwrap();
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&source, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let _unmount = Unmount(vec![dir.clone()]);
+    mount(&["--bind", source.to_str().unwrap(), dir.to_str().unwrap()]);
+    mount(&["-o", "remount,bind,ro", dir.to_str().unwrap()]);
+    d.launch();
+    let events = common::events(&d, &["events", "--json"]);
+    demo_bundle_at(&source, "notes");
+    let seen = events.until("the bundle's refusal", |l| {
+        l.contains("manifest_rejected") && l.contains("notes")
+    });
+    let seen = seen.join("\n");
+    assert!(seen.contains("writable by every user"), "{seen}");
+    assert!(
+        d.bundle("default", "notes").is_none(),
+        "installed from an untrusted folder"
     );
 }
 

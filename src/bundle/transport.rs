@@ -10,8 +10,9 @@
 //! `ai.nimblebrain/resources/read` or `/list` is parsed once, goes to the
 //! WorkspaceActor like any other ([`HostContext::ask`]: the same access
 //! decision, audit, rate bucket and store), and its answer — encoded once,
-//! kept with the file's record — is written back as one line. Everything
-//! else goes to rmcp as its own transport would hand it over.
+//! kept with the file's record — is written back as one line. The answer
+//! to a `tools/call` is parsed as the tool result it is ([`Calls`]).
+//! Everything else goes to rmcp as its own transport would hand it over.
 //!
 //! Both writers, rmcp's messages and these answers, write whole lines
 //! under one lock, so no line is ever cut by another. At most

@@ -719,3 +719,24 @@ pub fn in_terminal(cmd: &mut Command) -> (Child, std::fs::File, Seen) {
 pub fn wait_exit(child: &mut Child, limit: Duration, what: &str) -> ExitStatus {
     wait_for(limit, what, || child.try_wait().unwrap())
 }
+
+/// Runs `mount` with `args` (needs root).
+pub fn mount(args: &[&str]) {
+    let out = Command::new("mount").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "mount {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Unmounts its folders (lazily) when dropped, the last mounted first.
+pub struct Unmount(pub Vec<PathBuf>);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = Command::new("umount").arg("-l").arg(p).status();
+        }
+    }
+}
