@@ -128,6 +128,9 @@ fn each_workspace_path_reaches_the_pod_whose_config_serves_it() {
             .find(|w| w.workspace == workspace)
             .unwrap_or_else(|| panic!("{pod_name} does not serve {workspace}"));
         assert!(config.bundles.stop_grace.as_secs() < grace);
+        // kubelet makes a ConfigMap volume 0777: without this the daemon
+        // would refuse the folder.
+        assert!(watch.read_only_volume, "{pod_name}: read_only_volume");
         // The folder is a ConfigMap volume of that workspace's bundles.
         let mount = container["volumeMounts"]
             .as_array()

@@ -486,37 +486,35 @@ fn config_map_update(dir: &Path, generation: u32, files: &[(&str, String)]) {
 
 /// The daemon's config for a ConfigMap test: the watched folder, and the
 /// demo binary's folder readable by bundles.
-fn config_map_config() -> String {
+fn config_map_config(read_only_volume: bool) -> String {
     let server_dir = Path::new(DEMO_BIN).parent().unwrap();
     format!(
-        "{WATCH}[sandbox]\nread_only_paths = [{:?}]\n",
+        "{WATCH}read_only_volume = {read_only_volume}\n[sandbox]\nread_only_paths = [{:?}]\n",
         server_dir.display().to_string()
     )
 }
 
 #[test]
 fn a_config_map_volume_installs_upgrades_and_uninstalls_on_its_data_swaps() {
-    let d = Daemon::start_with(&config_map_config());
+    let d = Daemon::start_with(&config_map_config(false));
     let dir = watched(&d);
     std::fs::create_dir_all(&dir).unwrap();
     config_map_swaps(&d, &dir);
 }
 
-/// Issue 22: as a pod has it. kubelet makes the volume's folder 0777 and
-/// mounts it read-only into the container, where nothing else shows it;
-/// it writes each update from the node's side. The daemon trusts the
-/// folder (nobody can write it through any mount it sees) and follows
-/// the swaps made where it cannot look.
-#[test]
-fn a_read_only_config_map_volume_of_mode_0777_is_trusted_and_followed() {
-    let mut d = Daemon::unlaunched(&config_map_config());
+/// A ConfigMap volume as a pod has it. kubelet makes the volume's folder
+/// 0777 and mounts it read-only into the container, where nothing else
+/// shows it; it writes each update from the node's side. Returns the
+/// daemon, started with `read_only_volume` as given, and the node's side.
+fn config_map_volume(read_only_volume: bool) -> (Daemon, PathBuf, Unmount) {
+    let mut d = Daemon::unlaunched(&config_map_config(read_only_volume));
     // The node's side: a tmpfs of mode 0777 that kubelet writes...
     let node = d.root().join("node");
     let dir = watched(&d);
     for p in [&node, &dir] {
         std::fs::create_dir_all(p).unwrap();
     }
-    let _unmount = Unmount(vec![dir.clone(), node.clone()]);
+    let unmount = Unmount(vec![dir.clone(), node.clone()]);
     mount(&[
         "-t",
         "tmpfs",
@@ -535,6 +533,15 @@ fn a_read_only_config_map_volume_of_mode_0777_is_trusted_and_followed() {
     );
     d.unmounted = Some(node.clone());
     d.launch();
+    (d, node, unmount)
+}
+
+/// Issue 22: vouched for as a read-only volume, the 0777 folder is
+/// trusted (nobody can write it through any mount the daemon sees) and
+/// the swaps made where the daemon cannot look are followed.
+#[test]
+fn a_read_only_config_map_volume_of_mode_0777_is_trusted_and_followed() {
+    let (d, node, _unmount) = config_map_volume(true);
     config_map_swaps(&d, &node);
     assert!(
         !d.log().contains("writable by every user"),
@@ -543,13 +550,32 @@ fn a_read_only_config_map_volume_of_mode_0777_is_trusted_and_followed() {
     );
 }
 
-/// The same read-only mount over a folder that stays writable where it
-/// comes from (a 0777 folder of the test's own filesystem, bound
-/// read-only): whoever can write the source decides what the daemon
-/// runs, so it is refused, and nothing in it is installed.
+/// Without the operator's word the same volume is refused: who may write
+/// its source outside the daemon's mount namespace cannot be seen.
+#[test]
+fn a_read_only_volume_not_vouched_for_is_refused() {
+    let (d, node, _unmount) = config_map_volume(false);
+    let events = common::events(&d, &["events", "--json"]);
+    config_map_update(&node, 1, &[("notes.json", "{}".to_string())]);
+    let seen = events.until("the manifest's refusal", |l| {
+        l.contains("manifest_rejected") && l.contains("notes")
+    });
+    assert!(
+        seen.join("\n").contains("writable by every user"),
+        "{seen:?}"
+    );
+    assert!(d.bundle("default", "notes").is_none());
+}
+
+/// A read-only mount over a folder that stays writable where it comes
+/// from (a 0777 folder of the test's own filesystem, bound read-only, and
+/// that filesystem mounted read-write at `/`): whoever can write the
+/// source decides what the daemon runs, so it is refused, and nothing in
+/// it is installed.
 #[test]
 fn a_read_only_bind_of_a_folder_still_writable_elsewhere_is_refused() {
-    let mut d = Daemon::unlaunched(&config_map_config());
+    // Even vouched for as a read-only volume.
+    let mut d = Daemon::unlaunched(&config_map_config(true));
     let source = d.root().join("source");
     let dir = watched(&d);
     for p in [&source, &dir] {

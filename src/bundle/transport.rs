@@ -14,8 +14,10 @@
 //! to a `tools/call` is parsed as the tool result it is ([`Calls`]).
 //! Everything else goes to rmcp as its own transport would hand it over.
 //!
-//! Both writers, rmcp's messages and these answers, write whole lines
-//! under one lock, so no line is ever cut by another. At most
+//! rmcp's messages and these answers are queued to one writer task
+//! ([`write_lines`]), which writes each whole: no line is ever cut by
+//! another, and an answer that waits for a bundle that does not read
+//! holds nothing anyone else waits for. At most
 //! [`MAX_ANSWERING`] answers are in flight per bundle; past that the
 //! bundle's stdout is not read until one is written (a bundle that sends
 //! requests and never reads its stdin stalls itself, not the daemon).
@@ -32,12 +34,12 @@ use rmcp::model::{
     JsonRpcVersion2_0, NumberOrString, RequestId, ServerResult,
 };
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
-use rmcp::transport::async_rw::JsonRpcMessageCodec;
+use rmcp::transport::async_rw::{JsonRpcMessageCodec, JsonRpcMessageCodecError};
 use rmcp::transport::Transport;
 use rmcp::RoleClient;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::sync::Mutex;
+use tokio::sync::mpsc;
 use tokio_util::bytes::BytesMut;
 use tokio_util::codec::Decoder;
 
@@ -48,10 +50,61 @@ use crate::host_resources::{self, Answer, HostError};
 /// Host-resources answers one bundle may have in flight.
 pub const MAX_ANSWERING: usize = 64;
 
+/// Tool calls in flight whose ids are kept (see [`Calls`]).
+const MAX_CALLS_KNOWN: usize = 4096;
+
 /// What the bundle's stdout is read in.
 const READ_CHUNK: usize = 16 * 1024;
 
-type Writer<W> = Arc<Mutex<Option<W>>>;
+/// Lines waiting for the writer task.
+const QUEUED: usize = 64;
+
+/// Answers this large are written around their kept JSON (three writes)
+/// rather than copied into one line.
+const COPY_AT_MOST: usize = 64 * 1024;
+
+/// A line for the bundle's stdin.
+enum Out {
+    /// rmcp's message, or an error answer, encoded.
+    Line(Vec<u8>),
+    /// An answer: `head`, the kept JSON, `}` and the newline. The JSON is
+    /// shared with the store's cache, never copied while it waits.
+    Answer { head: Vec<u8>, answer: Answer },
+}
+
+/// Writes the queued lines to the bundle's stdin, each whole, until the
+/// queue closes or stdin does. The one writer: rmcp's messages and the
+/// answers given here never cut each other, and an answer waiting for
+/// a bundle that does not read holds no lock anyone else needs.
+async fn write_lines<W: AsyncWrite + Unpin>(mut w: W, mut queue: mpsc::Receiver<Out>) {
+    let mut line = Vec::new();
+    while let Some(out) = queue.recv().await {
+        let written = match out {
+            Out::Line(l) => w.write_all(&l).await,
+            Out::Answer { head, answer } if answer.json().len() <= COPY_AT_MOST => {
+                line.clear();
+                line.extend_from_slice(&head);
+                line.extend_from_slice(answer.json().as_bytes());
+                line.extend_from_slice(b"}\n");
+                w.write_all(&line).await
+            }
+            Out::Answer { head, answer } => {
+                let mut all = w.write_all(&head).await;
+                if all.is_ok() {
+                    all = w.write_all(answer.json().as_bytes()).await;
+                }
+                if all.is_ok() {
+                    all = w.write_all(b"}\n").await;
+                }
+                all
+            }
+        };
+        if written.is_err() || w.flush().await.is_err() {
+            // Stdin closed: the reading side reports the end.
+            return;
+        }
+    }
+}
 
 /// The `tools/call` requests in flight, by id. A bundle's answer to one is
 /// parsed as the tool result it is; rmcp's decoder would try the result
@@ -72,7 +125,14 @@ impl Calls {
             JsonRpcMessage::Request(r)
                 if matches!(r.request, ClientRequest::CallToolRequest(_)) =>
             {
-                self.lock().insert(r.id.clone());
+                let mut calls = self.lock();
+                // Ids whose answer never came in a shape parsed here are
+                // dropped in the end; their calls, if any are still in
+                // flight, go through rmcp's decoder.
+                if calls.len() >= MAX_CALLS_KNOWN {
+                    calls.clear();
+                }
+                calls.insert(r.id.clone());
             }
             JsonRpcMessage::Notification(n) => {
                 if let ClientNotification::CancelledNotification(c) = &n.notification {
@@ -121,7 +181,7 @@ impl Calls {
     }
 }
 
-pub struct BundleStdio<R, W> {
+pub struct BundleStdio<R> {
     read: R,
     /// What was read and not yet handed on; `searched` bytes of it hold no
     /// newline.
@@ -129,7 +189,9 @@ pub struct BundleStdio<R, W> {
     searched: usize,
     rules: Rules,
     codec: JsonRpcMessageCodec<RxJsonRpcMessage<RoleClient>>,
-    write: Writer<W>,
+    /// The writer task's queue, and the task (aborted with the transport).
+    queue: mpsc::Sender<Out>,
+    writer: Option<tokio_util::task::AbortOnDropHandle<()>>,
     host: HostContext,
     /// The ids of the `tools/call` requests sent and not yet answered.
     calls: Calls,
@@ -138,19 +200,25 @@ pub struct BundleStdio<R, W> {
     ended: bool,
 }
 
-impl<R, W> BundleStdio<R, W>
+impl<R> BundleStdio<R>
 where
     R: AsyncRead + Send + Unpin + 'static,
-    W: AsyncWrite + Send + Unpin + 'static,
 {
-    pub fn new(read: R, write: W, rules: Rules, host: HostContext) -> Self {
+    pub fn new<W>(read: R, write: W, rules: Rules, host: HostContext) -> Self
+    where
+        W: AsyncWrite + Send + Unpin + 'static,
+    {
+        let (queue, lines) = mpsc::channel(QUEUED);
         BundleStdio {
             read,
             buf: BytesMut::new(),
             searched: 0,
             rules,
             codec: JsonRpcMessageCodec::default(),
-            write: Arc::new(Mutex::new(Some(write))),
+            queue,
+            writer: Some(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
+                write_lines(write, lines),
+            ))),
             host,
             calls: Calls::default(),
             answering: FuturesUnordered::new(),
@@ -205,6 +273,9 @@ where
     /// answered here, skipped, or broke a rule.
     fn line(&mut self, mut line: BytesMut) -> Option<RxJsonRpcMessage<RoleClient>> {
         let text = &line[..line.len() - 1];
+        if text.trim_ascii().is_empty() {
+            return None;
+        }
         let call = host_call(text);
         let reply = match call {
             None => self.calls.answer(text),
@@ -232,17 +303,23 @@ where
                 message
             }
             Err(e) => {
-                // Valid JSON-RPC, not a message rmcp knows: answered as
-                // rmcp's own transport answers it.
                 tracing::debug!("a message of the bundle was not understood: {e}");
+                // Valid JSON-RPC of a shape rmcp does not know: answered as
+                // rmcp's own transport answers it.
+                let data = matches!(
+                    &e,
+                    JsonRpcMessageCodecError::Serde(e)
+                        if matches!(e.classify(), serde_json::error::Category::Data)
+                );
                 let refusal = TxJsonRpcMessage::<RoleClient>::error(
                     ErrorData::invalid_request("Invalid request", None),
                     None,
                 );
-                if let Ok(line) = encode(&refusal) {
-                    let write = self.write.clone();
-                    self.answering
-                        .push(Box::pin(async move { write_line(&write, &line).await }));
+                if let (true, Ok(line)) = (data, encode(&refusal)) {
+                    let queue = self.queue.clone();
+                    self.answering.push(Box::pin(async move {
+                        let _ = queue.send(Out::Line(line)).await;
+                    }));
                 }
                 None
             }
@@ -250,10 +327,10 @@ where
     }
 
     fn answer(&mut self, call: HostCall) {
-        let (host, write) = (self.host.clone(), self.write.clone());
+        let (host, queue) = (self.host.clone(), self.queue.clone());
         self.answering.push(Box::pin(async move {
             let result = host.ask(call.method, call.params).await;
-            write_line(&write, &answer_line(&call.id, result)).await;
+            let _ = queue.send(answer_out(&call.id, result)).await;
         }));
     }
 
@@ -296,25 +373,25 @@ fn host_call(line: &[u8]) -> Option<HostCall> {
     })
 }
 
-/// The response line to request `id`: the answer's JSON as it was encoded,
-/// or the contract's error.
-fn answer_line(id: &NumberOrString, result: Result<Answer, HostError>) -> Vec<u8> {
-    let mut line = Vec::with_capacity(64 + result.as_ref().map_or(0, |a| a.json().len()));
-    line.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
-    serde_json::to_writer(&mut line, id).expect("an id encodes");
+/// The response to request `id`: the answer's JSON as it was encoded, or
+/// the contract's error.
+fn answer_out(id: &NumberOrString, result: Result<Answer, HostError>) -> Out {
+    let mut head = Vec::with_capacity(64);
+    head.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    serde_json::to_writer(&mut head, id).expect("an id encodes");
     match result {
         Ok(answer) => {
-            line.extend_from_slice(br#","result":"#);
-            line.extend_from_slice(answer.json().as_bytes());
+            head.extend_from_slice(br#","result":"#);
+            Out::Answer { head, answer }
         }
         Err(e) => {
-            line.extend_from_slice(br#","error":"#);
+            head.extend_from_slice(br#","error":"#);
             let error = serde_json::json!({ "code": e.code, "message": e.message, "data": e.data });
-            serde_json::to_writer(&mut line, &error).expect("an error encodes");
+            serde_json::to_writer(&mut head, &error).expect("an error encodes");
+            head.extend_from_slice(b"}\n");
+            Out::Line(head)
         }
     }
-    line.extend_from_slice(b"}\n");
-    line
 }
 
 fn encode(message: &TxJsonRpcMessage<RoleClient>) -> std::io::Result<Vec<u8>> {
@@ -323,31 +400,9 @@ fn encode(message: &TxJsonRpcMessage<RoleClient>) -> std::io::Result<Vec<u8>> {
     Ok(line)
 }
 
-/// Writes one whole line; a closed stdin is the stream's end, reported by
-/// the reading side.
-async fn write_line<W: AsyncWrite + Unpin>(write: &Mutex<Option<W>>, line: &[u8]) {
-    let _ = try_write_line(write, line).await;
-}
-
-async fn try_write_line<W: AsyncWrite + Unpin>(
-    write: &Mutex<Option<W>>,
-    line: &[u8],
-) -> std::io::Result<()> {
-    let mut write = write.lock().await;
-    let Some(w) = write.as_mut() else {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::NotConnected,
-            "the bundle's stdin is closed",
-        ));
-    };
-    w.write_all(line).await?;
-    w.flush().await
-}
-
-impl<R, W> Transport<RoleClient> for BundleStdio<R, W>
+impl<R> Transport<RoleClient> for BundleStdio<R>
 where
     R: AsyncRead + Send + Unpin + 'static,
-    W: AsyncWrite + Send + Unpin + 'static,
 {
     type Error = std::io::Error;
 
@@ -356,8 +411,15 @@ where
         item: TxJsonRpcMessage<RoleClient>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         self.calls.sent(&item);
-        let (write, line) = (self.write.clone(), encode(&item));
-        async move { try_write_line(&write, &line?).await }
+        let (queue, line) = (self.queue.clone(), encode(&item));
+        async move {
+            queue.send(Out::Line(line?)).await.map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::NotConnected,
+                    "the bundle's stdin is closed",
+                )
+            })
+        }
     }
 
     fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
@@ -365,7 +427,13 @@ where
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
-        self.write.lock().await.take();
+        // The answers in flight and the writer go; dropping the writer
+        // closes the bundle's stdin.
+        self.answering.clear();
+        self.calls.lock().clear();
+        self.writer.take();
+        // What rmcp sends from now on fails at once.
+        self.queue = mpsc::channel(1).0;
         Ok(())
     }
 }
@@ -450,6 +518,10 @@ mod tests {
                             held.replies.push(r);
                             held.most.fetch_max(held.replies.len(), Ordering::SeqCst);
                         }
+                        Some("big") => {
+                            let big = json!({ "read": "x".repeat(256 << 10) });
+                            let _ = r.reply.send(Ok(Answer::encode(&big)));
+                        }
                         Some("missing") => {
                             let _ = r.reply.send(Err(HostError::not_found(uri)));
                         }
@@ -475,8 +547,7 @@ mod tests {
     }
 
     struct Bench {
-        transport:
-            BundleStdio<tokio::io::ReadHalf<DuplexStream>, tokio::io::WriteHalf<DuplexStream>>,
+        transport: BundleStdio<tokio::io::ReadHalf<DuplexStream>>,
         /// The bundle's end: what it writes, what it reads.
         bundle: tokio::io::WriteHalf<DuplexStream>,
         answers: BufReader<tokio::io::ReadHalf<DuplexStream>>,
@@ -486,12 +557,17 @@ mod tests {
     }
 
     async fn bench(max_message_bytes: usize) -> Bench {
+        bench_piped(max_message_bytes, 1 << 20).await
+    }
+
+    /// A bench whose pipe holds `pipe` bytes each way.
+    async fn bench_piped(max_message_bytes: usize, pipe: usize) -> Bench {
         let most_held = Arc::new(AtomicUsize::new(0));
         let (workspace, _) = Actor::spawn(None, Workspace, most_held.clone())
             .await
             .unwrap();
         let host = HostContext::new("w", "b", workspace.get_derived());
-        let (daemon_end, bundle_end) = tokio::io::duplex(1 << 20);
+        let (daemon_end, bundle_end) = tokio::io::duplex(pipe);
         let (read, write) = tokio::io::split(daemon_end);
         let violation = Violation::default();
         let rules = Rules::new(max_message_bytes, violation.clone());
@@ -735,5 +811,62 @@ mod tests {
             b.transport.calls.lock().is_empty(),
             "every call is answered"
         );
+    }
+
+    /// A bundle that asks for a large file and never reads its stdin
+    /// stalls its own answer, not the transport: closing it (as rmcp does
+    /// when the stream ends) returns at once. With one lock around the
+    /// pipe, the stalled answer held it and `close` waited forever.
+    #[tokio::test]
+    async fn close_returns_while_an_answer_waits_for_a_bundle_that_does_not_read() {
+        let mut b = bench_piped(1 << 20, 4096).await;
+        b.bundle
+            .write_all(read_request(json!(1), "files://big").as_bytes())
+            .await
+            .unwrap();
+        // Drive the transport until the answer is being written (the pipe
+        // is full), then end the stream.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            tokio::select! {
+                _ = b.transport.receive() => panic!("nothing for rmcp here"),
+                _ = tokio::time::sleep(Duration::from_millis(5)) => {}
+            }
+            let stuck = b.transport.answering.is_empty() && b.transport.queue.capacity() == QUEUED;
+            if stuck {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the answer was never taken"
+            );
+        }
+        tokio::time::timeout(Duration::from_secs(5), b.transport.close())
+            .await
+            .expect("close returned")
+            .unwrap();
+        // An rmcp message sent after the close fails instead of waiting.
+        let note = rmcp::model::ClientNotification::CustomNotification(
+            rmcp::model::CustomNotification::new("x/after", None),
+        );
+        let late = tokio::time::timeout(
+            Duration::from_secs(5),
+            b.transport.send(JsonRpcMessage::notification(note)),
+        )
+        .await
+        .expect("send returned");
+        assert!(late.is_err());
+    }
+
+    /// Blank lines are skipped, as rmcp's own transport skips them: no
+    /// "Invalid request" answer for each.
+    #[tokio::test]
+    async fn blank_lines_are_passed_over_without_an_answer() {
+        let mut b = bench(1 << 20).await;
+        let input = "\n   \n\t\n".to_string() + &read_request(json!(9), "files://a");
+        b.bundle.write_all(input.as_bytes()).await.unwrap();
+        let (got, messages) = answers(&mut b, 1).await;
+        assert_eq!(got[0]["id"], 9, "{got:?}");
+        assert!(messages.is_empty());
     }
 }

@@ -725,6 +725,12 @@ pub struct WatchConfig {
     pub dir: PathBuf,
     #[serde(default = "defaults::workspace")]
     pub workspace: String,
+    /// The folder is a read-only volume only its platform writes (a
+    /// Kubernetes ConfigMap volume, which kubelet makes 0777): its write
+    /// bits do not count where the daemon's mount table shows that nobody
+    /// can write it (docs/operations.md).
+    #[serde(default)]
+    pub read_only_volume: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -48,6 +48,8 @@ pub struct Ask<'a> {
     /// Names of entries a rename brought into the folder since the last
     /// scan: complete when they arrived, so no quiet period applies.
     pub arrived: &'a std::collections::BTreeSet<std::ffi::OsString>,
+    /// How the folder's modes are judged (its `[[watch]]` entry).
+    pub trust: super::trusted::Trust,
 }
 
 /// Entries walked at most to fingerprint a tree (a huge tree is judged on
@@ -128,7 +130,7 @@ pub fn scan(dir: &Path, ask: &Ask) -> Option<(PathBuf, Vec<Found>)> {
     let (seen, config) = (ask.seen, ask.config);
     let (sandbox, protected) = (&config.sandbox, config.protected_paths());
     let dir = dir.canonicalize().ok().filter(|d| d.is_dir())?;
-    let untrusted = super::trusted::folder(&dir).err();
+    let untrusted = super::trusted::folder(&dir, ask.trust).err();
     if let Some(why) = &untrusted {
         tracing::error!("{why}; nothing in it is installed or changed until that is fixed");
     }
@@ -136,12 +138,12 @@ pub fn scan(dir: &Path, ask: &Ask) -> Option<(PathBuf, Vec<Found>)> {
         .into_iter()
         .map(|path| {
             if crate::archive::is_archive(&path) {
-                return archive(path, untrusted.as_deref(), seen, config);
+                return archive(path, untrusted.as_deref(), ask.trust, seen, config);
             }
             let file = crate::manifest::manifest_file(&path);
             let text = match &untrusted {
                 Some(why) => Err(why.clone()),
-                None => super::trusted::manifest_text(&path, &file),
+                None => super::trusted::manifest_text(&path, &file, ask.trust),
             };
             let hash = {
                 use std::hash::{Hash, Hasher};
@@ -188,12 +190,13 @@ pub fn scan(dir: &Path, ask: &Ask) -> Option<(PathBuf, Vec<Found>)> {
 fn archive(
     path: PathBuf,
     untrusted: Option<&str>,
+    trust: super::trusted::Trust,
     seen: &HashMap<PathBuf, u64>,
     config: &Config,
 ) -> Found {
     let hashed = match untrusted {
         Some(why) => Err(why.to_string()),
-        None => super::trusted::archive(&path).and_then(|()| {
+        None => super::trusted::archive(&path, trust).and_then(|()| {
             archive_sha256(&path)
                 .map_err(|e| format!("cannot read archive {}: {e}", path.display()))
         }),

@@ -16,8 +16,18 @@ use std::path::Path;
 /// Largest manifest read from a watched folder.
 const MAX_MANIFEST_BYTES: u64 = 4 * 1024 * 1024;
 
+/// How a watched folder's entries are judged.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Trust {
+    /// The operator vouches for the folder as a read-only volume that only
+    /// its platform writes (`[[watch]] read_only_volume = true`: a
+    /// Kubernetes ConfigMap volume): write bits do not count where nobody
+    /// can write from here ([`unwritable_here`]).
+    pub read_only_volume: bool,
+}
+
 /// Whether `meta` (of `path`, a `what`) may be trusted.
-fn check(what: &str, path: &Path, meta: &std::fs::Metadata) -> Result<(), String> {
+fn check(what: &str, path: &Path, meta: &std::fs::Metadata, trust: Trust) -> Result<(), String> {
     let me = nix::unistd::geteuid().as_raw();
     if meta.uid() != me && meta.uid() != 0 {
         return Err(format!(
@@ -26,7 +36,7 @@ fn check(what: &str, path: &Path, meta: &std::fs::Metadata) -> Result<(), String
             meta.uid()
         ));
     }
-    if meta.mode() & 0o022 != 0 && !unwritable_here(path) {
+    if meta.mode() & 0o022 != 0 && !(trust.read_only_volume && unwritable_here(path)) {
         return Err(format!(
             "{what} {} is writable by {} (mode {:o}); anyone who can write it decides what the daemon runs. Remove the write bits: chmod go-w {}",
             path.display(),
@@ -39,32 +49,48 @@ fn check(what: &str, path: &Path, meta: &std::fs::Metadata) -> Result<(), String
 }
 
 /// Whether nobody can write `path` in the daemon's mount namespace,
-/// whatever its mode says: it is on a read-only mount, and no read-write
-/// mount shows the same filesystem at or above it. A Kubernetes ConfigMap
-/// volume is such a folder: kubelet makes its root 0777 and mounts it
-/// read-only, and only kubelet, outside the pod, changes it. A read-only
-/// bind mount of a folder that stays writable through another mount of
-/// its filesystem (`/tmp/x` bound read-only elsewhere) is not.
+/// whatever its mode says: the mount it is on (by the kernel's own
+/// `statx` mount id, so a mount covered by a later one is never taken
+/// for it) is read-only, and no read-write mount of the same filesystem
+/// shows it at or above. A Kubernetes ConfigMap volume is such a folder:
+/// kubelet makes its root 0777 and mounts it read-only, and only kubelet,
+/// outside the pod, changes it. Who may write the volume's source outside
+/// this namespace cannot be seen from here, which is why this applies
+/// only where the operator vouches for the folder ([`Trust`]).
 fn unwritable_here(path: &Path) -> bool {
-    let (Ok(path), Ok(table)) = (
+    let (Some(id), Ok(path), Ok(table)) = (
+        mount_id(path),
         path.canonicalize(),
         std::fs::read_to_string("/proc/self/mountinfo"),
     ) else {
         return false;
     };
-    unwritable_in(&table, &path)
+    unwritable_in(&table, id, &path)
 }
 
-/// [`unwritable_here`] against a `/proc/self/mountinfo` text.
-fn unwritable_in(mountinfo: &str, path: &Path) -> bool {
+/// The id of the mount `path` is on (Linux 5.8+), as mountinfo numbers it.
+fn mount_id(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statx fills the zeroed buffer; both outlive the call.
+    let mut buf: nix::libc::statx = unsafe { std::mem::zeroed() };
+    let rc = unsafe {
+        nix::libc::statx(
+            nix::libc::AT_FDCWD,
+            c.as_ptr(),
+            0,
+            nix::libc::STATX_MNT_ID,
+            &mut buf,
+        )
+    };
+    (rc == 0 && buf.stx_mask & nix::libc::STATX_MNT_ID != 0).then_some(buf.stx_mnt_id)
+}
+
+/// [`unwritable_here`] against a `/proc/self/mountinfo` text, for `path`
+/// on the mount numbered `id`.
+fn unwritable_in(mountinfo: &str, id: u64, path: &Path) -> bool {
     let mounts: Vec<Mount> = mountinfo.lines().filter_map(Mount::parse).collect();
-    // The mount `path` is on: the deepest mount point above it; of equal
-    // ones the last (mounted on top of the others).
-    let Some(on) = mounts
-        .iter()
-        .filter(|m| path.starts_with(&m.point))
-        .max_by_key(|m| m.point.as_os_str().len())
-    else {
+    let Some(on) = mounts.iter().find(|m| m.id == id) else {
         return false;
     };
     if !on.read_only {
@@ -85,6 +111,7 @@ fn unwritable_in(mountinfo: &str, path: &Path) -> bool {
 /// A line of `/proc/self/mountinfo` (proc(5)), as far as [`unwritable_in`]
 /// needs it.
 struct Mount {
+    id: u64,
     /// `major:minor` of the filesystem.
     device: String,
     /// The folder of the filesystem mounted here.
@@ -102,6 +129,7 @@ impl Mount {
         let f: Vec<&str> = mine.split(' ').collect();
         let ro = |options: &str| options.split(',').any(|o| o == "ro");
         Some(Mount {
+            id: f.first()?.parse().ok()?,
             device: f.get(2)?.to_string(),
             root: unescape(f.get(3)?).into(),
             point: unescape(f.get(4)?).into(),
@@ -135,10 +163,10 @@ fn unescape(field: &str) -> String {
 }
 
 /// Checks the watched folder itself.
-pub fn folder(dir: &Path) -> Result<(), String> {
+pub fn folder(dir: &Path, trust: Trust) -> Result<(), String> {
     let meta =
         std::fs::metadata(dir).map_err(|e| format!("watched folder {}: {e}", dir.display()))?;
-    check("watched folder", dir, &meta)
+    check("watched folder", dir, &meta, trust)
 }
 
 /// Where the link `entry` (a bare manifest `NAME.json` in a watched
@@ -147,7 +175,7 @@ pub fn folder(dir: &Path) -> Result<(), String> {
 /// ..data/NAME.json`, `..data -> ..TIMESTAMP`, swapped on each update).
 /// Every folder on the way must pass the same checks as a bundle folder.
 /// Otherwise why not, with the fix.
-fn inside_link(entry: &Path) -> Result<std::path::PathBuf, String> {
+fn inside_link(entry: &Path, trust: Trust) -> Result<std::path::PathBuf, String> {
     let refused = |why: String| {
         format!(
             "{} is a symbolic link {why}; a watched folder takes bundles, not links to them (only a manifest linked to a file inside the folder, as in a Kubernetes ConfigMap volume): move or copy the bundle in",
@@ -178,7 +206,7 @@ fn inside_link(entry: &Path) -> Result<std::path::PathBuf, String> {
         on_the_way.push(part);
         let meta = std::fs::symlink_metadata(&on_the_way)
             .map_err(|e| refused(format!("through {}: {e}", on_the_way.display())))?;
-        check("folder", &on_the_way, &meta).map_err(|why| {
+        check("folder", &on_the_way, &meta, trust).map_err(|why| {
             format!(
                 "{} is a symbolic link through an untrusted folder: {why}",
                 entry.display()
@@ -190,7 +218,7 @@ fn inside_link(entry: &Path) -> Result<std::path::PathBuf, String> {
 
 /// Checks a `.mcpb` archive in a watched folder: a regular file (not a
 /// link) that only the daemon's user (or root) may write.
-pub fn archive(path: &Path) -> Result<(), String> {
+pub fn archive(path: &Path, trust: Trust) -> Result<(), String> {
     let meta = std::fs::symlink_metadata(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     if meta.file_type().is_symlink() {
@@ -202,21 +230,21 @@ pub fn archive(path: &Path) -> Result<(), String> {
     if !meta.is_file() {
         return Err(format!("{} is not a file", path.display()));
     }
-    check("archive", path, &meta)
+    check("archive", path, &meta, trust)
 }
 
 /// Reads the manifest of the watched entry `entry` (a bundle folder or a
 /// bare manifest file) after checking the entry, and the manifest itself
 /// through the descriptor it is read from.
-pub fn manifest_text(entry: &Path, manifest: &Path) -> Result<String, String> {
+pub fn manifest_text(entry: &Path, manifest: &Path, trust: Trust) -> Result<String, String> {
     let meta = std::fs::symlink_metadata(entry)
         .map_err(|e| format!("cannot read {}: {e}", entry.display()))?;
     if meta.file_type().is_symlink() {
-        let target = inside_link(entry)?;
-        return manifest_text(&target, &target);
+        let target = inside_link(entry, trust)?;
+        return manifest_text(&target, &target, trust);
     }
     if meta.is_dir() {
-        check("bundle folder", entry, &meta)?;
+        check("bundle folder", entry, &meta, trust)?;
     }
     let file = std::fs::OpenOptions::new()
         .read(true)
@@ -235,7 +263,7 @@ pub fn manifest_text(entry: &Path, manifest: &Path) -> Result<String, String> {
     if !meta.is_file() {
         return Err(format!("manifest {} is not a file", manifest.display()));
     }
-    check("manifest", manifest, &meta)?;
+    check("manifest", manifest, &meta, trust)?;
     let mut text = String::new();
     file.take(MAX_MANIFEST_BYTES + 1)
         .read_to_string(&mut text)
@@ -263,9 +291,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
         chmod(root, 0o755);
-        assert!(folder(root).is_ok());
+        assert!(folder(root, Trust::default()).is_ok());
         chmod(root, 0o777);
-        let err = folder(root).unwrap_err();
+        let err = folder(root, Trust::default()).unwrap_err();
         assert!(err.contains("chmod go-w"), "{err}");
         chmod(root, 0o755);
 
@@ -275,12 +303,16 @@ mod tests {
         let m = b.join("manifest.json");
         std::fs::write(&m, "{}").unwrap();
         chmod(&m, 0o644);
-        assert_eq!(manifest_text(&b, &m).unwrap(), "{}");
+        assert_eq!(manifest_text(&b, &m, Trust::default()).unwrap(), "{}");
         chmod(&m, 0o664);
-        assert!(manifest_text(&b, &m).unwrap_err().contains("its group"));
+        assert!(manifest_text(&b, &m, Trust::default())
+            .unwrap_err()
+            .contains("its group"));
         chmod(&m, 0o644);
         chmod(&b, 0o757);
-        assert!(manifest_text(&b, &m).unwrap_err().contains("every user"));
+        assert!(manifest_text(&b, &m, Trust::default())
+            .unwrap_err()
+            .contains("every user"));
         chmod(&b, 0o755);
 
         // A manifest linked to another file is never read.
@@ -288,7 +320,7 @@ mod tests {
         std::fs::write(&secret, "{\"token\":\"SECRET-VALUE\"}").unwrap();
         std::fs::remove_file(&m).unwrap();
         std::os::unix::fs::symlink(&secret, &m).unwrap();
-        let err = manifest_text(&b, &m).unwrap_err();
+        let err = manifest_text(&b, &m, Trust::default()).unwrap_err();
         assert!(
             err.contains("symbolic link") && !err.contains("SECRET"),
             "{err}"
@@ -296,7 +328,8 @@ mod tests {
         // Nor is a linked-in bundle folder.
         let linked = root.join("linked");
         std::os::unix::fs::symlink(&b, &linked).unwrap();
-        let err = manifest_text(&linked, &linked.join("manifest.json")).unwrap_err();
+        let err =
+            manifest_text(&linked, &linked.join("manifest.json"), Trust::default()).unwrap_err();
         assert!(err.contains("symbolic link"), "{err}");
 
         // A bare manifest linked inside the folder (a ConfigMap's layout)
@@ -309,9 +342,12 @@ mod tests {
         std::os::unix::fs::symlink("..2026_11_25.1", root.join("..data")).unwrap();
         let key = root.join("k.json");
         std::os::unix::fs::symlink("..data/k.json", &key).unwrap();
-        assert_eq!(manifest_text(&key, &key).unwrap(), "{\"k\":1}");
+        assert_eq!(
+            manifest_text(&key, &key, Trust::default()).unwrap(),
+            "{\"k\":1}"
+        );
         chmod(&data, 0o777);
-        let err = manifest_text(&key, &key).unwrap_err();
+        let err = manifest_text(&key, &key, Trust::default()).unwrap_err();
         assert!(
             err.contains("through an untrusted folder") && err.contains("chmod go-w"),
             "{err}"
@@ -321,13 +357,13 @@ mod tests {
         std::fs::write(outside.path().join("o.json"), "{}").unwrap();
         let out = root.join("o.json");
         std::os::unix::fs::symlink(outside.path().join("o.json"), &out).unwrap();
-        let err = manifest_text(&out, &out).unwrap_err();
+        let err = manifest_text(&out, &out, Trust::default()).unwrap_err();
         assert!(err.contains("out of the watched folder"), "{err}");
         let nowhere = root.join("gone.json");
         std::os::unix::fs::symlink("..data/gone.json", &nowhere).unwrap();
-        let err = manifest_text(&nowhere, &nowhere).unwrap_err();
+        let err = manifest_text(&nowhere, &nowhere, Trust::default()).unwrap_err();
         assert!(err.contains("leads nowhere"), "{err}");
-        let err = manifest_text(&linked, &linked).unwrap_err();
+        let err = manifest_text(&linked, &linked, Trust::default()).unwrap_err();
         assert!(err.contains("which is not a file"), "{err}");
 
         if nix::unistd::geteuid().is_root() {
@@ -335,7 +371,7 @@ mod tests {
             let other = root.join("other.json");
             std::fs::write(&other, "{}").unwrap();
             nix::unistd::chown(&other, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
-            let err = manifest_text(&other, &other).unwrap_err();
+            let err = manifest_text(&other, &other, Trust::default()).unwrap_err();
             assert!(err.contains("belongs to uid 65534"), "{err}");
         }
     }
@@ -356,26 +392,28 @@ mod tests {
     /// write bits give nobody a write, so it is a folder to trust.
     #[test]
     fn a_read_only_mount_nobody_writes_through_is_unwritable() {
-        let at = |p: &str| unwritable_in(POD, Path::new(p));
-        assert!(at("/etc/bundlevisor/watched"));
-        assert!(at("/etc/bundlevisor/watched/..2026_11_25_00_00_01.1"));
-        assert!(at("/run/my secrets"), "an escaped mount point");
+        let at = |id: u64, p: &str| unwritable_in(POD, id, Path::new(p));
+        assert!(at(1262, "/etc/bundlevisor/watched"));
+        assert!(at(1262, "/etc/bundlevisor/watched/..2026_11_25_00_00_01.1"));
+        assert!(at(1265, "/run/my secrets"), "an escaped mount point");
         assert!(
-            !at("/etc/bundlevisor"),
+            !at(1251, "/etc/bundlevisor"),
             "the container's root is read-write"
         );
-        assert!(!at("/var/lib/bundlevisor/state"));
+        assert!(!at(1264, "/var/lib/bundlevisor/state"));
+        assert!(
+            !at(4242, "/etc/bundlevisor/watched"),
+            "a mount not in the table"
+        );
         // The same folder bound read-only from the writable root: whoever
         // may write /srv/drop still decides what the daemon runs.
         let bound = format!(
             "{POD}1270 1251 0:310 /srv/drop /etc/bundlevisor/watched ro,relatime - overlay overlay rw\n"
         );
-        assert!(!unwritable_in(
-            &bound,
-            Path::new("/etc/bundlevisor/watched")
-        ));
+        let watched = Path::new("/etc/bundlevisor/watched");
+        assert!(!unwritable_in(&bound, 1270, watched));
         // ...unless the filesystem itself is read-only.
         let fs_ro = bound.replace("overlay overlay rw", "overlay overlay ro");
-        assert!(unwritable_in(&fs_ro, Path::new("/etc/bundlevisor/watched")));
+        assert!(unwritable_in(&fs_ro, 1270, watched));
     }
 }

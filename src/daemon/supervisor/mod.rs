@@ -202,6 +202,9 @@ impl DaemonState {
                     quiet: config.watch_debounce,
                     trees: &trees,
                     arrived: &arrived,
+                    trust: super::trusted::Trust {
+                        read_only_volume: watch.read_only_volume,
+                    },
                 };
                 scan(&dir, &ask)
             })
