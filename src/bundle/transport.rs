@@ -18,8 +18,9 @@
 //! ([`write_lines`]), which writes each whole: no line is ever cut by
 //! another, and an answer that waits for a bundle that does not read
 //! holds nothing anyone else waits for. At most
-//! [`MAX_ANSWERING`] answers are in flight per bundle; past that the
-//! bundle's stdout is not read until one is written (a bundle that sends
+//! [`MAX_ANSWERING`] answers are in flight per bundle (and at most
+//! [`QUEUED`] lines wait for the writer); past that the bundle's stdout
+//! is not read until one is queued (a bundle that sends
 //! requests and never reads its stdin stalls itself, not the daemon).
 
 use std::future::Future;
@@ -39,7 +40,7 @@ use rmcp::transport::Transport;
 use rmcp::RoleClient;
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::bytes::BytesMut;
 use tokio_util::codec::Decoder;
 
@@ -65,8 +66,9 @@ const COPY_AT_MOST: usize = 64 * 1024;
 
 /// A line for the bundle's stdin.
 enum Out {
-    /// rmcp's message, or an error answer, encoded.
-    Line(Vec<u8>),
+    /// rmcp's message, or an error answer, encoded; rmcp's `send` is told
+    /// whether it was written.
+    Line(Vec<u8>, Option<oneshot::Sender<bool>>),
     /// An answer: `head`, the kept JSON, `}` and the newline. The JSON is
     /// shared with the store's cache, never copied while it waits.
     Answer { head: Vec<u8>, answer: Answer },
@@ -79,8 +81,12 @@ enum Out {
 async fn write_lines<W: AsyncWrite + Unpin>(mut w: W, mut queue: mpsc::Receiver<Out>) {
     let mut line = Vec::new();
     while let Some(out) = queue.recv().await {
+        let mut ack = None;
         let written = match out {
-            Out::Line(l) => w.write_all(&l).await,
+            Out::Line(l, told) => {
+                ack = told;
+                w.write_all(&l).await
+            }
             Out::Answer { head, answer } if answer.json().len() <= COPY_AT_MOST => {
                 line.clear();
                 line.extend_from_slice(&head);
@@ -99,8 +105,13 @@ async fn write_lines<W: AsyncWrite + Unpin>(mut w: W, mut queue: mpsc::Receiver<
                 all
             }
         };
-        if written.is_err() || w.flush().await.is_err() {
-            // Stdin closed: the reading side reports the end.
+        let written = written.is_ok() && w.flush().await.is_ok();
+        if let Some(ack) = ack {
+            let _ = ack.send(written);
+        }
+        if !written {
+            // Stdin closed: the reading side reports the end; what is still
+            // queued is dropped, and its senders hear so.
             return;
         }
     }
@@ -318,7 +329,7 @@ where
                 if let (true, Ok(line)) = (data, encode(&refusal)) {
                     let queue = self.queue.clone();
                     self.answering.push(Box::pin(async move {
-                        let _ = queue.send(Out::Line(line)).await;
+                        let _ = queue.send(Out::Line(line, None)).await;
                     }));
                 }
                 None
@@ -389,7 +400,7 @@ fn answer_out(id: &NumberOrString, result: Result<Answer, HostError>) -> Out {
             let error = serde_json::json!({ "code": e.code, "message": e.message, "data": e.data });
             serde_json::to_writer(&mut head, &error).expect("an error encodes");
             head.extend_from_slice(b"}\n");
-            Out::Line(head)
+            Out::Line(head, None)
         }
     }
 }
@@ -413,12 +424,23 @@ where
         self.calls.sent(&item);
         let (queue, line) = (self.queue.clone(), encode(&item));
         async move {
-            queue.send(Out::Line(line?)).await.map_err(|_| {
+            let closed = || {
                 std::io::Error::new(
                     std::io::ErrorKind::NotConnected,
                     "the bundle's stdin is closed",
                 )
-            })
+            };
+            // Done when written, as rmcp expects of a send (it waits for
+            // its answers' sends before it closes the transport).
+            let (ack, written) = oneshot::channel();
+            queue
+                .send(Out::Line(line?, Some(ack)))
+                .await
+                .map_err(|_| closed())?;
+            match written.await {
+                Ok(true) => Ok(()),
+                _ => Err(closed()),
+            }
         }
     }
 

@@ -36,16 +36,30 @@ fn check(what: &str, path: &Path, meta: &std::fs::Metadata, trust: Trust) -> Res
             meta.uid()
         ));
     }
-    if meta.mode() & 0o022 != 0 && !(trust.read_only_volume && unwritable_here(path)) {
-        return Err(format!(
-            "{what} {} is writable by {} (mode {:o}); anyone who can write it decides what the daemon runs. Remove the write bits: chmod go-w {}",
-            path.display(),
-            if meta.mode() & 0o002 != 0 { "every user" } else { "its group" },
-            meta.mode() & 0o7777,
-            path.display()
-        ));
+    if meta.mode() & 0o022 == 0 {
+        return Ok(());
     }
-    Ok(())
+    if trust.read_only_volume {
+        match mount_id(path) {
+            Some(id) if unwritable_here(path, id) => return Ok(()),
+            Some(_) => {}
+            None => {
+                return Err(format!(
+                    "{what} {} is writable by others (mode {:o}) and read_only_volume is set, but this kernel does not say which mount it is on (statx STATX_MNT_ID, Linux 5.8 or later), so whether anyone can write it cannot be checked. Run on Linux 5.8+, or remove the write bits: chmod go-w {}",
+                    path.display(),
+                    meta.mode() & 0o7777,
+                    path.display()
+                ))
+            }
+        }
+    }
+    Err(format!(
+        "{what} {} is writable by {} (mode {:o}); anyone who can write it decides what the daemon runs. Remove the write bits: chmod go-w {}",
+        path.display(),
+        if meta.mode() & 0o002 != 0 { "every user" } else { "its group" },
+        meta.mode() & 0o7777,
+        path.display()
+    ))
 }
 
 /// Whether nobody can write `path` in the daemon's mount namespace,
@@ -57,15 +71,14 @@ fn check(what: &str, path: &Path, meta: &std::fs::Metadata, trust: Trust) -> Res
 /// outside the pod, changes it. Who may write the volume's source outside
 /// this namespace cannot be seen from here, which is why this applies
 /// only where the operator vouches for the folder ([`Trust`]).
-fn unwritable_here(path: &Path) -> bool {
-    let (Some(id), Ok(path), Ok(table)) = (
-        mount_id(path),
+fn unwritable_here(path: &Path, mount_id: u64) -> bool {
+    let (Ok(path), Ok(table)) = (
         path.canonicalize(),
         std::fs::read_to_string("/proc/self/mountinfo"),
     ) else {
         return false;
     };
-    unwritable_in(&table, id, &path)
+    unwritable_in(&table, mount_id, &path)
 }
 
 /// The id of the mount `path` is on (Linux 5.8+), as mountinfo numbers it.
