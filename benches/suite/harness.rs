@@ -109,6 +109,32 @@ pub async fn status(client: &mut Client) -> StatusResult {
     serde_json::from_value(call(client, method::STATUS, json!({})).await).unwrap()
 }
 
+/// The pid of bundle `name` (of `workspace`, when given) once it is ready.
+pub async fn ready_pid(client: &mut Client, workspace: Option<&str>, name: &str) -> u32 {
+    status(client)
+        .await
+        .bundles
+        .iter()
+        .find(|b| {
+            b.name == name
+                && workspace.is_none_or(|w| b.workspace == w)
+                && b.state == bundlevisor::protocol::BundleState::Ready
+        })
+        .and_then(|b| b.pid)
+        .unwrap_or_else(|| panic!("{name} is not ready"))
+}
+
+/// SIGKILLs `pid`; the instant it was sent.
+pub fn sigkill(pid: u32) -> Instant {
+    let sent = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    sent
+}
+
 /// Calls a tool of a bundle and returns the text of its first content block.
 pub async fn tool_text(client: &mut Client, name: &str, tool: &str, arguments: Value) -> String {
     let out = call(

@@ -47,7 +47,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bundlevisor::client::Client;
-use bundlevisor::protocol::{method, BundleState, EventKind};
+use bundlevisor::protocol::{method, EventKind};
 use rmcp::model::CallToolRequestParams;
 use rmcp::service::RunningService;
 use rmcp::RoleClient;
@@ -252,23 +252,12 @@ async fn crash(
     call(ctl, method::INSTALL, json!({"path": dir})).await;
     let (mut sample, mut running) = (Vec::new(), Vec::new());
     for _ in 0..n {
-        let pid = status(ctl)
-            .await
-            .bundles
-            .iter()
-            .find(|b| b.name == "crashy" && b.state == BundleState::Ready)
-            .and_then(|b| b.pid)
-            .expect("crashy is ready");
+        let pid = harness::ready_pid(ctl, None, "crashy").await;
         let (daemon, program) = (d.pid(), supervisord::program_of(d.pid(), pid));
         // A first restart: the bundle has been ready for `stable_after`
         // (1 ms in this config). Scenario set-up, not synchronisation.
         tokio::time::sleep(Duration::from_millis(3)).await;
-        let start = Instant::now();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
+        let start = harness::sigkill(pid);
         let replaced =
             tokio::task::spawn_blocking(move || supervisord::wait_replaced(daemon, &program, pid));
         tap.wait("crashy", EventKind::Exited).await;

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use bundlevisor::client::Client;
-use bundlevisor::protocol::{method, BundleState, EventKind};
+use bundlevisor::protocol::{method, EventKind};
 use serde::Serialize;
 use serde_json::json;
 
@@ -330,21 +330,10 @@ async fn host_reads(d: &BenchDaemon, ctl: &mut Client, workspace: &str) -> (f64,
 async fn crash(ctl: &mut Client, tap: &mut EventTap, workspace: &str, name: &str) -> Summary {
     let mut sample = Vec::new();
     for _ in 0..scaled_at_least(10) {
-        let pid = harness::status(ctl)
-            .await
-            .bundles
-            .iter()
-            .find(|b| b.name == name && b.workspace == workspace && b.state == BundleState::Ready)
-            .and_then(|b| b.pid)
-            .expect("the bundle is ready");
+        let pid = harness::ready_pid(ctl, Some(workspace), name).await;
         // A first restart (stable_after is 1 ms): scenario set-up.
         tokio::time::sleep(Duration::from_millis(3)).await;
-        let start = Instant::now();
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .unwrap();
+        let start = harness::sigkill(pid);
         tap.wait(name, EventKind::Exited).await;
         sample.push(tap.wait(name, EventKind::Ready).await - start);
     }

@@ -314,7 +314,15 @@ where
                 message
             }
             Err(e) => {
-                tracing::debug!("a message of the bundle was not understood: {e}");
+                // Where, not what: serde's message may quote the bundle's
+                // values (its secrets among them).
+                let at = match &e {
+                    JsonRpcMessageCodecError::Serde(e) => {
+                        format!("{:?} at column {}", e.classify(), e.column())
+                    }
+                    other => other.to_string(),
+                };
+                tracing::debug!("a message of the bundle was not understood ({at})");
                 // Valid JSON-RPC of a shape rmcp does not know: answered as
                 // rmcp's own transport answers it.
                 let data = matches!(
