@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{demo_bundle_at, shell_wrapped_demo, wait_for, Daemon};
+use common::{chown_tree, demo_bundle_at, shell_wrapped_demo, wait_for, Daemon};
 use serde_json::Value;
 
 /// A well-behaved neighbour, installed first.
@@ -621,19 +621,6 @@ fn finding_7_names_on_every_control_method_are_checked() {
             serde_json::json!({"workspace": "default", "name": "../x", "tool": "t"}),
         );
         assert_eq!(r["error"]["data"]["kind"], "invalid_name", "{method}: {r}");
-    }
-}
-
-/// Gives the daemon's folder to `uid`, as an operator gives a service user
-/// its state.
-fn chown_tree(path: &std::path::Path, uid: u32) {
-    let id = Some(nix::unistd::Uid::from_raw(uid));
-    let gid = Some(nix::unistd::Gid::from_raw(uid));
-    nix::unistd::chown(path, id, gid).unwrap();
-    if path.is_dir() && !path.is_symlink() {
-        for e in std::fs::read_dir(path).unwrap() {
-            chown_tree(&e.unwrap().path(), uid);
-        }
     }
 }
 

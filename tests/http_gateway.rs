@@ -483,3 +483,63 @@ async fn a_stateless_2026_07_28_client_lists_calls_and_reads() {
     assert_eq!(contents[0]["text"], "read without a session", "{contents}");
     client.cancel().await.unwrap();
 }
+
+/// A request on session `session` with token `token`: its status and body.
+async fn on_session(url: &str, token: &str, session: &str, body: Value) -> (u16, String) {
+    let response = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json")
+        .header("Mcp-Session-Id", session)
+        .header("MCP-Protocol-Version", "2025-11-25")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+/// Issue 30, findings 13 and 14: a session id was served to any token of
+/// the endpoint (another token used the first token's session), and one
+/// token could take every session of an endpoint. Now a session is its
+/// token's (404 to another, as for a session that does not exist), and one
+/// token holds at most `max_sessions_per_token`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finding_13_and_14_a_session_is_its_tokens_and_one_token_cannot_take_every_session() {
+    let port = free_port();
+    let d = Daemon::start_with(&format!(
+        "[http]\nlisten = \"127.0.0.1:{port}\"\nmax_sessions = 6\nmax_sessions_per_token = 2\n"
+    ));
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    let url = format!("http://127.0.0.1:{port}/mcp/default");
+    let (first, second) = (token(&d, &[]), token(&d, &[]));
+    let (status, headers, body) = raw_initialize(&url, Some(&first)).await;
+    assert_eq!(status, 200, "{body}");
+    let session = headers["mcp-session-id"].to_str().unwrap().to_string();
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let (status, _) = on_session(&url, &first, &session, initialized.clone()).await;
+    assert!(status < 300, "{status}");
+    let (status, body) = on_session(&url, &first, &session, list.clone()).await;
+    assert_eq!(status, 200, "the owner uses its session: {body}");
+    assert!(body.contains("demo__echo"), "{body}");
+    // Another token of the same endpoint: as if the session did not exist.
+    let (status, body) = on_session(&url, &second, &session, list.clone()).await;
+    assert_eq!(status, 404, "another token was served the session: {body}");
+    assert!(!body.contains("demo__echo"), "{body}");
+
+    // The first token may hold 2 sessions; a third is refused with the cap
+    // named, and other tokens still get theirs.
+    let (status, _, body) = raw_initialize(&url, Some(&first)).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, headers, body) = raw_initialize(&url, Some(&first)).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        headers.contains_key("retry-after") && body.contains("max_sessions_per_token"),
+        "{body}"
+    );
+    let (status, _, body) = raw_initialize(&url, Some(&second)).await;
+    assert_eq!(status, 200, "another token is not locked out: {body}");
+}

@@ -416,7 +416,7 @@ fn reap(pid: u32) -> i32 {
     raw
 }
 
-fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
+pub(crate) fn pidfd_open(pid: u32) -> std::io::Result<OwnedFd> {
     // SAFETY: pidfd_open takes a pid and flags, returns a new descriptor.
     let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid as i32, 0) };
     if fd < 0 {

@@ -40,6 +40,21 @@ pub mod defaults {
     pub fn http_max_sessions() -> usize {
         64
     }
+    /// `[http]`: one token holds at most 8 of an endpoint's sessions; at
+    /// most 256 connections a listener; a request head within 10 s, its
+    /// body within 30 s.
+    pub fn http_max_sessions_per_token() -> usize {
+        8
+    }
+    pub fn http_max_connections() -> usize {
+        256
+    }
+    pub fn http_head_timeout() -> Duration {
+        Duration::from_secs(10)
+    }
+    pub fn http_body_timeout() -> Duration {
+        Duration::from_secs(30)
+    }
     pub fn uv_command() -> PathBuf {
         PathBuf::from("uv")
     }
@@ -676,6 +691,22 @@ pub struct HttpSettings {
     /// `Retry-After`.
     #[serde(default = "defaults::http_max_sessions")]
     pub max_sessions: usize,
+    /// Sessions one token keeps at once on an endpoint (so one token cannot
+    /// take them all); a new one beyond gets 503 with `Retry-After`.
+    #[serde(default = "defaults::http_max_sessions_per_token")]
+    pub max_sessions_per_token: usize,
+    /// Connections a listener (this one and `metrics_addr`) keeps open; a
+    /// newcomer beyond closes the longest-idle one, or is refused when all
+    /// are busy.
+    #[serde(default = "defaults::http_max_connections")]
+    pub max_connections: usize,
+    /// A request head must arrive within this of the connection being ready
+    /// for it (accepted, or its previous answer sent); a TLS handshake too.
+    #[serde(default = "defaults::http_head_timeout", with = "humantime_serde")]
+    pub head_timeout: Duration,
+    /// A request body must arrive within this of its head.
+    #[serde(default = "defaults::http_body_timeout", with = "humantime_serde")]
+    pub body_timeout: Duration,
     /// Serve `GET /metrics` here too, to anyone who reaches the listener
     /// (it names every workspace and bundle; no token is asked).
     /// `/healthz` and `/readyz` are always served.

@@ -44,58 +44,32 @@ type Endpoint = StreamableHttpService<Gateway, LocalSessionManager>;
 /// The client of one TCP connection, and (once looked up, for the whole
 /// connection) why it is refused, if it is: a bundle's socket.
 #[derive(Clone)]
-struct Peer {
-    addr: SocketAddr,
+pub(super) struct Peer {
+    pub(super) addr: SocketAddr,
+    /// The connection's own address (never the wildcard it was accepted on).
+    local: Option<SocketAddr>,
     refusal: Arc<tokio::sync::OnceCell<Option<String>>>,
 }
 
 impl Peer {
     /// A new connection: not looked up yet.
-    fn at(addr: SocketAddr) -> Peer {
+    pub(super) fn at(addr: SocketAddr, local: Option<SocketAddr>) -> Peer {
         Peer {
             addr,
+            local,
             refusal: Arc::default(),
         }
     }
 }
 
-/// The gateway's listener: every connection without Nagle's delay (small
-/// request/answer exchanges; 40 ms a call with it).
-struct NoDelay(tokio::net::TcpListener);
-
-impl axum::serve::Listener for NoDelay {
-    type Io = tokio::net::TcpStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            match self.0.accept().await {
-                Ok((stream, addr)) => {
-                    let _ = stream.set_nodelay(true);
-                    return (stream, addr);
-                }
-                Err(e) => {
-                    tracing::warn!("HTTP gateway accept failed: {e}");
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.0.local_addr()
-    }
-}
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, NoDelay>> for Peer {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, NoDelay>) -> Self {
-        Peer::at(*stream.remote_addr())
-    }
-}
 /// (workspace, profile) of an endpoint.
 type EndpointKey = (String, Option<String>);
-/// An endpoint's rmcp service and the sessions it keeps.
-type Served = (Arc<Endpoint>, Arc<LocalSessionManager>);
+/// An endpoint's rmcp service, the sessions it keeps and their owners.
+type Served = (
+    Arc<Endpoint>,
+    Arc<LocalSessionManager>,
+    Arc<Mutex<Owners>>,
+);
 
 struct App {
     /// What every gateway session asks of the daemon (in-process).
@@ -103,7 +77,6 @@ struct App {
     shared: Arc<Shared>,
     /// `http://LISTEN`: the resource URLs in the metadata and challenges.
     base: String,
-    addr: SocketAddr,
     /// One rmcp service (and its sessions) per (workspace, profile).
     endpoints: Mutex<HashMap<EndpointKey, Served>>,
     /// Tokens found, by the digest of their text, while no token is
@@ -154,78 +127,6 @@ pub fn tls_config(
     Ok(Some(Arc::new(config)))
 }
 
-/// HTTPS: each TLS handshake runs in a task of its own (a slow client holds
-/// up nobody, and one that stalls is dropped after 10 s); finished streams
-/// are handed to axum.
-struct Tls {
-    ready: tokio::sync::mpsc::Receiver<(
-        tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
-        SocketAddr,
-    )>,
-    local: SocketAddr,
-}
-
-impl Tls {
-    fn start(
-        listener: tokio::net::TcpListener,
-        config: Arc<tokio_rustls::rustls::ServerConfig>,
-        shutdown: CancellationToken,
-    ) -> Tls {
-        let local = listener
-            .local_addr()
-            .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
-        let (tx, ready) = tokio::sync::mpsc::channel(64);
-        let acceptor = tokio_rustls::TlsAcceptor::from(config);
-        tokio::spawn(async move {
-            let mut plain = NoDelay(listener);
-            loop {
-                let (stream, addr) = tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    accepted = axum::serve::Listener::accept(&mut plain) => accepted,
-                };
-                let (acceptor, tx) = (acceptor.clone(), tx.clone());
-                tokio::spawn(async move {
-                    let handshake = tokio::time::timeout(
-                        std::time::Duration::from_secs(10),
-                        acceptor.accept(stream),
-                    );
-                    match handshake.await {
-                        Ok(Ok(tls)) => {
-                            let _ = tx.send((tls, addr)).await;
-                        }
-                        Ok(Err(e)) => tracing::debug!(%addr, "TLS handshake failed: {e}"),
-                        Err(_) => tracing::debug!(%addr, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Tls { ready, local }
-    }
-}
-
-impl axum::serve::Listener for Tls {
-    type Io = tokio_rustls::server::TlsStream<tokio::net::TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(ready) => ready,
-            // The acceptor stopped (shutdown): nothing more comes.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
-}
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Tls>> for Peer {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, Tls>) -> Self {
-        Peer::at(*stream.remote_addr())
-    }
-}
-
 /// Serves until `shutdown` (HTTPS when `tls` is given).
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -243,12 +144,12 @@ pub async fn serve(
         backend,
         shared,
         base: format!("{scheme}://{addr}"),
-        addr,
         endpoints: Mutex::default(),
         buckets: Mutex::default(),
         shutdown: shutdown.clone(),
     });
-    let ops = ops_router(app.shared.clone(), app.shared.config.http.metrics, addr);
+    let ops = ops_router(app.shared.clone(), app.shared.config.http.metrics);
+    let limits = super::conns::Limits::of(&app.shared.config.http);
     let router = Router::new()
         .route("/mcp/{workspace}", any(workspace_endpoint))
         .route("/mcp/{workspace}/{profile}", any(profile_endpoint))
@@ -263,23 +164,7 @@ pub async fn serve(
         .with_state(app)
         .merge(ops);
     tracing::info!(%addr, scheme, "MCP gateway listening (/mcp/WORKSPACE)");
-    let router = router.into_make_service_with_connect_info::<Peer>();
-    let stop = shutdown.clone();
-    let served = match tls {
-        Some(config) => {
-            axum::serve(Tls::start(listener, config, shutdown.clone()), router)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
-        }
-        None => {
-            axum::serve(NoDelay(listener), router)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await
-        }
-    };
-    if let Err(e) = served {
-        tracing::error!("the HTTP gateway stopped: {e}");
-    }
+    super::conns::serve(listener, tls, router, limits, shutdown).await;
 }
 
 async fn workspace_endpoint(
@@ -397,15 +282,18 @@ fn forbidden() -> Response {
 }
 
 /// Bundles may not use the daemon's listeners: looked up in /proc once
-/// per connection (a scan of every process's sockets), off the loop.
-async fn refused(peer: &Peer, ours: SocketAddr, shared: &Shared) -> Option<Response> {
+/// per connection, off the loop. Every route asks, `/healthz` included.
+async fn refused(peer: &Peer, shared: &Shared) -> Option<Response> {
     let refused = peer
         .refusal
         .get_or_init(|| {
-            let (addr, sandbox) = (peer.addr, shared.config.sandbox.clone());
+            let (addr, local, sandbox) = (peer.addr, peer.local, shared.config.sandbox.clone());
             async move {
+                let Some(local) = local else {
+                    return Some(format!("{addr}: the connection's own address is unknown"));
+                };
                 tokio::task::spawn_blocking(move || {
-                    super::control::tcp_refusal(addr, ours, &sandbox)
+                    super::control::tcp_refusal(addr, local, &sandbox)
                 })
                 .await
                 .unwrap_or_else(|e| Some(e.to_string()))
@@ -418,28 +306,34 @@ async fn refused(peer: &Peer, ours: SocketAddr, shared: &Shared) -> Option<Respo
     Some((StatusCode::FORBIDDEN, [(header::CONNECTION, "close")]).into_response())
 }
 
-/// `/healthz`, `/readyz` and (when `metrics`) `/metrics`, for the
-/// listener at `ours`.
-fn ops_router(shared: Arc<Shared>, metrics: bool, ours: SocketAddr) -> Router {
+/// `/healthz`, `/readyz` and (when `metrics`) `/metrics`.
+fn ops_router(shared: Arc<Shared>, metrics: bool) -> Router {
     let mut router = Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz));
     if metrics {
         router = router.route("/metrics", get(scrape));
     }
-    router.with_state(Ops { shared, ours })
+    router.with_state(Ops { shared })
 }
 
 #[derive(Clone)]
 struct Ops {
     shared: Arc<Shared>,
-    ours: SocketAddr,
+}
+
+/// Alive: the daemon answers (to anyone but a bundle).
+async fn healthz(State(ops): State<Ops>, ConnectInfo(peer): ConnectInfo<Peer>) -> Response {
+    if let Some(no) = refused(&peer, &ops.shared).await {
+        return no;
+    }
+    "ok\n".into_response()
 }
 
 /// Ready once the boot reload has settled (every installed bundle ready,
 /// failed, or being retried: systemd's `READY=1`).
 async fn readyz(State(ops): State<Ops>, ConnectInfo(peer): ConnectInfo<Peer>) -> Response {
-    if let Some(no) = refused(&peer, ops.ours, &ops.shared).await {
+    if let Some(no) = refused(&peer, &ops.shared).await {
         return no;
     }
     if ops.shared.settled.is_cancelled() {
@@ -450,7 +344,7 @@ async fn readyz(State(ops): State<Ops>, ConnectInfo(peer): ConnectInfo<Peer>) ->
 }
 
 async fn scrape(State(ops): State<Ops>, ConnectInfo(peer): ConnectInfo<Peer>) -> Response {
-    if let Some(no) = refused(&peer, ops.ours, &ops.shared).await {
+    if let Some(no) = refused(&peer, &ops.shared).await {
         return no;
     }
     let text = ops.shared.metrics.render();
@@ -460,13 +354,10 @@ async fn scrape(State(ops): State<Ops>, ConnectInfo(peer): ConnectInfo<Peer>) ->
 /// The `metrics_addr` listener: `/metrics`, `/healthz`, `/readyz` on the
 /// gateway's stack, until the task is dropped.
 pub async fn serve_ops(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
-    let ours = listener
-        .local_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
-    let router = ops_router(shared, true, ours).into_make_service_with_connect_info::<Peer>();
-    if let Err(e) = axum::serve(NoDelay(listener), router).await {
-        tracing::error!("the metrics listener stopped: {e}");
-    }
+    let limits = super::conns::Limits::of(&shared.config.http);
+    let router = ops_router(shared, true);
+    // Until the task is dropped (which drops its connections).
+    super::conns::serve(listener, None, router, limits, CancellationToken::new()).await;
 }
 
 async fn endpoint(
@@ -476,7 +367,7 @@ async fn endpoint(
     profile: Option<String>,
     request: Request,
 ) -> Response {
-    if let Some(no) = refused(&peer, app.addr, &app.shared).await {
+    if let Some(no) = refused(&peer, &app.shared).await {
         return no;
     }
     if crate::names::check_name("workspace", &workspace).is_err()
@@ -523,28 +414,183 @@ async fn endpoint(
             }
         },
     };
-    let (service, sessions) = app.endpoint(&workspace, the_profile);
-    // A new session (a request without one) only while there is room.
-    let opens_session = !request.headers().contains_key("mcp-session-id")
-        && request.method() == axum::http::Method::POST;
-    let max = app.shared.config.http.max_sessions;
-    if opens_session && sessions.sessions.read().await.len() >= max {
-        let mut response = (
-            StatusCode::SERVICE_UNAVAILABLE,
+    let (service, sessions, owners) = app.endpoint(&workspace, the_profile);
+    // A session is its token's: another token naming it is told it does
+    // not exist (the same answer as for an unknown session).
+    let named = request
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    if let Some(id) = &named {
+        if Owners::of(&owners, id).is_some_and(|owner| owner != token.id) {
+            tracing::warn!(token = %token.name, "a session of another token was named; refused");
+            return no_such_session();
+        }
+    }
+    // A new session (a request without one) only while there is room, in
+    // the endpoint and for this token.
+    let opens_session = named.is_none() && request.method() == axum::http::Method::POST;
+    let settings = &app.shared.config.http;
+    let _opening = if opens_session {
+        let live = sessions.sessions.read().await;
+        let max = settings.max_sessions;
+        if live.len() >= max {
+            return too_many_sessions(format!(
+                "this endpoint has its maximum of {max} sessions ([http] max_sessions); an idle one ends after 5 minutes"
+            ));
+        }
+        let per_token = settings.max_sessions_per_token;
+        match Owners::open(&owners, &token.id, per_token, |id| live.contains_key(id)) {
+            Some(opening) => Some(opening),
+            None => {
+                return too_many_sessions(format!(
+                    "this token holds its maximum of {per_token} sessions on this endpoint ([http] max_sessions_per_token); end one (DELETE with its Mcp-Session-Id) or wait for an idle one to end after 5 minutes"
+                ))
+            }
+        }
+    } else {
+        None
+    };
+    let request = match within_deadline(request, settings.body_timeout).await {
+        Ok(request) => request,
+        Err(response) => return response,
+    };
+    let response = service.handle(request).await.into_response();
+    if opens_session {
+        if let Some(id) = response
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+        {
+            Owners::own(&owners, id, &token.id);
+        }
+    }
+    response
+}
+
+/// The request with its body read within `limit` of its head (a client
+/// that trickles its body holds a connection no longer), or the answer
+/// that says it was not. Bodies over the endpoint's cap are cut short here
+/// and refused by rmcp's own check.
+async fn within_deadline(request: Request, limit: std::time::Duration) -> Result<Request, Response> {
+    let (parts, body) = request.into_parts();
+    let cap = DEFAULT_MAX_BODY.max(64 * 1024 * 1024);
+    match tokio::time::timeout(limit, axum::body::to_bytes(body, cap)).await {
+        Ok(Ok(bytes)) => Ok(Request::from_parts(parts, axum::body::Body::from(bytes))),
+        Ok(Err(_)) => Err((
+            StatusCode::PAYLOAD_TOO_LARGE,
             Json(serde_json::json!({
-                "error": "too_many_sessions",
+                "error": "body_too_large",
+                "error_description": "the request body is too large or was cut off",
+            })),
+        )
+            .into_response()),
+        Err(_) => Err((
+            StatusCode::REQUEST_TIMEOUT,
+            [(header::CONNECTION, "close")],
+            Json(serde_json::json!({
+                "error": "body_timeout",
                 "error_description": format!(
-                    "this endpoint has its maximum of {max} sessions ([http] max_sessions); an idle one ends after 5 minutes"
+                    "the request body did not arrive within {} of its head ([http] body_timeout)",
+                    humantime::format_duration(limit)
                 ),
             })),
         )
-            .into_response();
-        response
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("30"));
-        return response;
+            .into_response()),
     }
-    service.handle(request).await.into_response()
+}
+
+/// 404 for a session this token may not use: what rmcp answers for one
+/// that does not exist.
+fn no_such_session() -> Response {
+    (
+        StatusCode::NOT_FOUND,
+        Json(serde_json::json!({
+            "error": "session_not_found",
+            "error_description": "no such session for this token; start a new one (a POST without Mcp-Session-Id)",
+        })),
+    )
+        .into_response()
+}
+
+/// 503 with `Retry-After`: no room for another session.
+fn too_many_sessions(description: String) -> Response {
+    let mut response = (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(serde_json::json!({
+            "error": "too_many_sessions",
+            "error_description": description,
+        })),
+    )
+        .into_response();
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("30"));
+    response
+}
+
+/// Sessions by their owners: which token opened each session, and how many
+/// each token is opening right now (counted before rmcp has named them).
+#[derive(Default)]
+struct Owners {
+    by_session: HashMap<String, String>,
+    opening: HashMap<String, usize>,
+}
+
+impl Owners {
+    /// The token id that opened session `id`, if it is known.
+    fn of(owners: &Mutex<Owners>, id: &str) -> Option<String> {
+        let owners = owners.lock().unwrap_or_else(|e| e.into_inner());
+        owners.by_session.get(id).cloned()
+    }
+
+    /// Room for one more session of `token` (at most `max`, counting the
+    /// ones being opened); sessions that `live` no longer has are forgotten.
+    fn open(
+        owners: &Arc<Mutex<Owners>>,
+        token: &str,
+        max: usize,
+        live: impl Fn(&str) -> bool,
+    ) -> Option<Opening> {
+        let mut held = owners.lock().unwrap_or_else(|e| e.into_inner());
+        held.by_session.retain(|id, _| live(id));
+        let count = held.by_session.values().filter(|t| *t == token).count()
+            + held.opening.get(token).copied().unwrap_or(0);
+        if count >= max {
+            return None;
+        }
+        *held.opening.entry(token.to_string()).or_default() += 1;
+        Some(Opening {
+            owners: owners.clone(),
+            token: token.to_string(),
+        })
+    }
+
+    /// Session `id`, just opened, is `token`'s.
+    fn own(owners: &Mutex<Owners>, id: &str, token: &str) {
+        let mut owners = owners.lock().unwrap_or_else(|e| e.into_inner());
+        owners.by_session.insert(id.to_string(), token.to_string());
+    }
+}
+
+/// One session being opened by a token: counts against its cap until the
+/// answer has named it (or failed).
+struct Opening {
+    owners: Arc<Mutex<Owners>>,
+    token: String,
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = owners.opening.get_mut(&self.token) {
+            *n -= 1;
+            if *n == 0 {
+                owners.opening.remove(&self.token);
+            }
+        }
+    }
 }
 
 /// 429: the token made more requests than `[http] rate_per_sec` allows.
@@ -653,6 +699,7 @@ impl App {
                     config = config.disable_allowed_hosts();
                 }
                 let sessions = Arc::new(LocalSessionManager::default());
+                let owners = Arc::new(Mutex::new(Owners::default()));
                 let service = Arc::new(StreamableHttpService::new(
                     move || {
                         Ok(Gateway::new(
@@ -665,7 +712,7 @@ impl App {
                     sessions.clone(),
                     config,
                 ));
-                (service, sessions)
+                (service, sessions, owners)
             })
             .clone()
     }

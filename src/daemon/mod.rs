@@ -9,6 +9,7 @@ pub mod board;
 pub mod bundle;
 pub mod control;
 pub mod folder;
+pub mod conns;
 pub mod http;
 pub mod lifecycle;
 pub mod metrics;

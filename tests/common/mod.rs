@@ -25,6 +25,29 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// `GET path` on a loopback port with `Connection: close`: the whole answer.
+pub fn http_get(port: u16, path: &str) -> String {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text);
+    text
+}
+
+/// Gives the daemon's folder to `uid`, as an operator gives a service user
+/// its state.
+pub fn chown_tree(path: &Path, uid: u32) {
+    let id = Some(nix::unistd::Uid::from_raw(uid));
+    let gid = Some(nix::unistd::Gid::from_raw(uid));
+    nix::unistd::chown(path, id, gid).unwrap();
+    if path.is_dir() && !path.is_symlink() {
+        for e in std::fs::read_dir(path).unwrap() {
+            chown_tree(&e.unwrap().path(), uid);
+        }
+    }
+}
+
 /// Polls `check` every 10 ms until it returns Some, or panics after `limit`.
 pub fn wait_for<T>(limit: Duration, what: &str, mut check: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + limit;

@@ -263,11 +263,15 @@ pub async fn serve(
 
 /// The peer's credentials (SO_PEERCRED) against the daemon's uid, the
 /// configured `allowed_uids` / `allowed_gids`, and the bundles (peer.rs).
-fn peer_allowed(cred: tokio::net::unix::UCred, shared: &Shared) -> Result<peer::Peer, String> {
+fn peer_allowed(
+    cred: tokio::net::unix::UCred,
+    process: Option<peer::PeerProcess>,
+    shared: &Shared,
+) -> Result<peer::Peer, String> {
     match peer::refusal(
         cred.uid(),
         cred.gid(),
-        cred.pid(),
+        process.as_ref(),
         &shared.config.control,
         &shared.config.sandbox,
     ) {
@@ -303,8 +307,13 @@ async fn connection(stream: UnixStream, mut ctx: Ctx) {
     let allowed = match stream.peer_cred() {
         Err(e) => Err(format!("cannot read peer credentials: {e}")),
         Ok(cred) => {
+            use std::os::fd::AsFd;
+            // Pinned now, while the connection is fresh: SO_PEERPIDFD.
+            let process = cred
+                .pid()
+                .map(|pid| peer::PeerProcess::of(stream.as_fd(), pid));
             let shared = ctx.shared.clone();
-            tokio::task::spawn_blocking(move || peer_allowed(cred, &shared))
+            tokio::task::spawn_blocking(move || peer_allowed(cred, process, &shared))
                 .await
                 .unwrap_or_else(|e| Err(format!("the peer check failed: {e}")))
         }

@@ -58,7 +58,69 @@ impl Peer {
     }
 }
 
-/// The peer's parent, from `/proc/PID/stat` (field 4, after the command
+/// The process at the other end of a unix socket, pinned by a pidfd: the
+/// kernel's `SO_PEERPIDFD` (Linux 6.5+), taken at `connect()`, so it names
+/// the connecting process even after it exited and its pid was reused. Its
+/// `/proc` entries are believed only while the pidfd says it has not been
+/// reaped (a reaped pid may already be another process's).
+pub struct PeerProcess {
+    pid: i32,
+    pidfd: Option<std::os::fd::OwnedFd>,
+}
+
+/// `SO_PEERPIDFD` of `<asm-generic/socket.h>` (x86-64, arm64, riscv).
+const SO_PEERPIDFD: nix::libc::c_int = 77;
+
+impl PeerProcess {
+    /// The peer of the connected unix socket `socket`, whose SO_PEERCRED
+    /// pid is `pid`. Where the kernel has no `SO_PEERPIDFD` (before 6.5),
+    /// a pidfd opened now stands in: it cannot tell a pid reused between
+    /// `connect()` and now (docs/security.md says so).
+    pub fn of(socket: std::os::fd::BorrowedFd<'_>, pid: i32) -> PeerProcess {
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let mut fd: nix::libc::c_int = -1;
+        let mut len = std::mem::size_of::<nix::libc::c_int>() as nix::libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into `fd`.
+        let got = unsafe {
+            nix::libc::getsockopt(
+                socket.as_raw_fd(),
+                nix::libc::SOL_SOCKET,
+                SO_PEERPIDFD,
+                (&mut fd as *mut nix::libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        let pidfd = if got == 0 && fd >= 0 {
+            // SAFETY: a descriptor the kernel just made for us, owned by no one else.
+            Some(unsafe { OwnedFd::from_raw_fd(fd) })
+        } else {
+            u32::try_from(pid)
+                .ok()
+                .and_then(|p| crate::bundle::spawn::pidfd_open(p).ok())
+        };
+        PeerProcess { pid, pidfd }
+    }
+
+    /// Whether the process is still there (running, or a zombie not yet
+    /// reaped): its pid is still its own. The pidfd's `fdinfo` says `Pid: -1`
+    /// once it is reaped.
+    fn unreaped(&self) -> bool {
+        use std::os::fd::AsRawFd;
+        let Some(pidfd) = &self.pidfd else {
+            return false;
+        };
+        let info = std::fs::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd()));
+        info.ok()
+            .and_then(|text| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix("Pid:"))
+                    .and_then(|v| v.trim().parse::<i32>().ok())
+            })
+            .is_some_and(|p| p == self.pid)
+    }
+}
+
+/// The parent of `pid`, from `/proc/PID/stat` (field 4, after the command
 /// name in parentheses, which may itself hold spaces and parentheses).
 fn parent_of(proc_root: &Path, pid: i32) -> Option<i32> {
     let stat = std::fs::read_to_string(proc_root.join(pid.to_string()).join("stat")).ok()?;
@@ -66,30 +128,68 @@ fn parent_of(proc_root: &Path, pid: i32) -> Option<i32> {
     rest.split_whitespace().nth(1)?.parse().ok()
 }
 
-/// Whether `pid` is a descendant of `ancestor` (bounded walk up the tree).
-pub fn descends_from(proc_root: &Path, pid: i32, ancestor: i32) -> bool {
-    let mut current = pid;
-    for _ in 0..4096 {
-        match parent_of(proc_root, current) {
-            Some(parent) if parent == ancestor => return true,
-            Some(parent) if parent > 1 => current = parent,
-            _ => return false,
-        }
-    }
-    false
+/// Where a process stands to the daemon.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Lineage {
+    /// It descends from the ancestor.
+    Descends,
+    /// It does not (its line reaches init, or a process outside the
+    /// daemon's pid namespace).
+    Apart,
+    /// Its line could not be read to the end: a process on the way exited
+    /// while it was read. Whoever asks must refuse (fail closed).
+    Unknown,
 }
 
-/// Why the peer `(uid, gid, pid)` must be refused, or None to admit it.
+/// Whether `pid` descends from `ancestor`, walking `/proc` upwards. Each
+/// step is confirmed: after a parent's entry is read, the child's is read
+/// again, and the step counts only if the child's parent is unchanged. A
+/// parent that exited meanwhile has re-parented its child (to the daemon,
+/// its children's subreaper, or to init), so a pid reused by another
+/// process is never taken for the parent. `pid`'s own entry is the caller's
+/// to vouch for ([`PeerProcess`]'s pidfd).
+pub fn lineage(proc_root: &Path, pid: i32, ancestor: i32) -> Lineage {
+    let mut child = pid;
+    let Some(mut parent) = parent_of(proc_root, child) else {
+        return Lineage::Unknown;
+    };
+    for _ in 0..4096 {
+        if parent == ancestor {
+            return Lineage::Descends;
+        }
+        if parent <= 1 {
+            return Lineage::Apart;
+        }
+        let grandparent = parent_of(proc_root, parent);
+        match parent_of(proc_root, child) {
+            None => return Lineage::Unknown,
+            // Re-parented while we read: this step again, from its new parent.
+            Some(now) if now != parent => parent = now,
+            Some(_) => match grandparent {
+                None => return Lineage::Unknown,
+                Some(next) => (child, parent) = (parent, next),
+            },
+        }
+    }
+    Lineage::Unknown
+}
+
+/// Why the peer `(uid, gid, process)` must be refused, or None to admit it.
+/// A peer whose process cannot be identified (none given, or it exited
+/// before its line was read) is refused: it cannot be told apart from a
+/// bundle.
 pub fn refusal(
     uid: u32,
     gid: u32,
-    pid: Option<i32>,
+    process: Option<&PeerProcess>,
     control: &ControlSettings,
     sandbox: &SandboxSettings,
 ) -> Option<String> {
     let who = format!(
         "uid {uid} (gid {gid}, pid {})",
-        pid.map(|p| p.to_string()).unwrap_or_else(|| "?".into())
+        process
+            .map(|p| p.pid.to_string())
+            .unwrap_or_else(|| "?".into())
     );
     if sandbox.uid_range.contains(uid) || sandbox.uid_range.contains(gid) {
         return Some(format!(
@@ -106,17 +206,23 @@ pub fn refusal(
         }
     }
     let me = std::process::id() as i32;
-    match pid {
-        Some(pid) if descends_from(Path::new("/proc"), pid, me) => {
+    let Some(process) = process else {
+        return Some(format!(
+            "{who}: the peer's process is unknown, so it cannot be told apart from a bundle"
+        ));
+    };
+    match lineage(Path::new("/proc"), process.pid, me) {
+        Lineage::Descends => {
             return Some(format!(
                 "{who} is a process of a bundle (it descends from the daemon); bundles may not control the daemon"
             ));
         }
-        Some(_) => {}
-        None => {
+        // Read after the walk: the entries walked were the peer's own.
+        Lineage::Apart if process.unreaped() => {}
+        Lineage::Apart | Lineage::Unknown => {
             return Some(format!(
-                "{who}: the peer's process is unknown, so it cannot be told apart from a bundle"
-            ))
+                "{who}: the process that connected exited before it could be identified, so it cannot be told apart from a bundle"
+            ));
         }
     }
     let daemon_uid = nix::unistd::geteuid().as_raw();
@@ -175,54 +281,94 @@ fn tcp_owner(
     })
 }
 
-/// The daemon's descendants (its children, theirs, ...).
-fn descendants(proc_root: &Path) -> Vec<i32> {
-    let children = |pid: &str| -> Vec<i32> {
-        let tasks = proc_root.join(pid).join("task");
-        std::fs::read_dir(tasks)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|t| std::fs::read_to_string(t.path().join("children")).ok())
-            .flat_map(|c| {
-                c.split_whitespace()
-                    .filter_map(|p| p.parse().ok())
-                    .collect::<Vec<i32>>()
-            })
-            .collect()
+/// Whether `ip` is an address of this host's network namespace: only such
+/// a client can be a process here (a bundle among them). Read from the
+/// interfaces; an error counts as local (fail closed).
+fn is_local(ip: std::net::IpAddr) -> bool {
+    let ip = match ip {
+        std::net::IpAddr::V6(v6) => v6
+            .to_ipv4_mapped()
+            .map(std::net::IpAddr::V4)
+            .unwrap_or(ip),
+        v4 => v4,
     };
-    let mut found = children("self");
-    let mut i = 0;
-    while i < found.len() && found.len() < 1_000_000 {
-        let next = children(&found[i].to_string());
-        found.extend(next);
-        i += 1;
+    if ip.is_loopback() || ip.is_unspecified() {
+        return true;
     }
-    found
-}
-
-/// Whether one of `pids` has the socket `inode` open.
-fn held_by(proc_root: &Path, pids: &[i32], inode: u64) -> bool {
-    let wanted = format!("socket:[{inode}]");
-    pids.iter().any(|pid| {
-        std::fs::read_dir(proc_root.join(pid.to_string()).join("fd"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == wanted.as_str()))
+    let Ok(interfaces) = nix::ifaddrs::getifaddrs() else {
+        return true;
+    };
+    interfaces.into_iter().any(|i| {
+        i.address.is_some_and(|a| {
+            a.as_sockaddr_in().map(|v4| std::net::IpAddr::V4(v4.ip())) == Some(ip)
+                || a.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip())) == Some(ip)
+        })
     })
 }
 
-/// Why a TCP client of a daemon listener (`ours`) at `peer` must be
-/// refused: its socket belongs to a bundle uid, or a process that descends
-/// from the daemon holds it. None to serve it.
+/// The processes of uid `uid` that hold the socket `inode` open.
+fn holders(proc_root: &Path, uid: u32, inode: u64) -> Vec<i32> {
+    use std::os::unix::fs::MetadataExt;
+    let wanted = format!("socket:[{inode}]");
+    std::fs::read_dir(proc_root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+            (e.metadata().ok()?.uid() == uid).then_some(pid)
+        })
+        .filter(|pid| holds(proc_root, *pid, &wanted))
+        .collect()
+}
+
+/// Whether process `pid` has the descriptor `wanted` (`socket:[INODE]`).
+fn holds(proc_root: &Path, pid: i32, wanted: &str) -> bool {
+    std::fs::read_dir(proc_root.join(pid.to_string()).join("fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == wanted))
+}
+
+/// Why a TCP client of a daemon listener must be refused, or None to serve
+/// it. `peer` is the client's address and `local` the connection's own
+/// (the accepted socket's, never a wildcard listening address). Decided,
+/// failing closed:
+/// - a client from another host is no bundle of this one: served;
+/// - a local client whose socket is not in the daemon's `/proc/net/tcp`
+///   cannot be identified: refused;
+/// - a socket of a bundle uid (`uid_range`, `[sandbox] user`): refused;
+/// - a socket of the uid bundles share with a daemon that is not root
+///   (`allow_same_uid`): served only if every process holding it is found,
+///   none descends from the daemon, and each still holds it after its line
+///   was read (so a pid reused meanwhile is not taken for it).
 pub fn tcp_refusal(
     peer: std::net::SocketAddr,
-    ours: std::net::SocketAddr,
+    local: std::net::SocketAddr,
     sandbox: &SandboxSettings,
 ) -> Option<String> {
-    let proc_root = Path::new("/proc");
-    let (uid, inode) = tcp_owner(proc_root, peer, ours)?;
+    let euid = nix::unistd::geteuid().as_raw();
+    // A root daemon's bundles never run as root (own uids, no_new_privs).
+    let shared_uid = (euid != 0).then_some(euid);
+    tcp_refusal_in(Path::new("/proc"), peer, local, sandbox, shared_uid)
+}
+
+fn tcp_refusal_in(
+    proc_root: &Path,
+    peer: std::net::SocketAddr,
+    local: std::net::SocketAddr,
+    sandbox: &SandboxSettings,
+    shared_uid: Option<u32>,
+) -> Option<String> {
+    if !is_local(peer.ip()) {
+        return None;
+    }
+    let Some((uid, inode)) = tcp_owner(proc_root, peer, local) else {
+        return Some(format!(
+            "{peer} is a local client whose socket is not in the daemon's /proc/net/tcp, so it cannot be told apart from a bundle"
+        ));
+    };
     if sandbox.uid_range.contains(uid) {
         return Some(format!(
             "{peer} is a bundle's socket (uid {uid}, [sandbox] uid_range); bundles may not use the daemon's listeners"
@@ -239,8 +385,37 @@ pub fn tcp_refusal(
             ));
         }
     }
-    held_by(proc_root, &descendants(proc_root), inode)
-        .then(|| format!("{peer} is held by a process of a bundle (it descends from the daemon)"))
+    if shared_uid != Some(uid) {
+        return None;
+    }
+    let me = std::process::id() as i32;
+    let wanted = format!("socket:[{inode}]");
+    let found = if inode == 0 {
+        Vec::new()
+    } else {
+        holders(proc_root, uid, inode)
+    };
+    if found.is_empty() {
+        return Some(format!(
+            "{peer} (uid {uid}, which bundles run as) is held by no process the daemon can see, so it cannot be told apart from a bundle"
+        ));
+    }
+    for pid in found {
+        match lineage(proc_root, pid, me) {
+            Lineage::Apart if holds(proc_root, pid, &wanted) => {}
+            Lineage::Descends => {
+                return Some(format!(
+                    "{peer} is held by a process of a bundle (it descends from the daemon)"
+                ))
+            }
+            Lineage::Apart | Lineage::Unknown => {
+                return Some(format!(
+                    "{peer} (uid {uid}, which bundles run as): a process holding it exited before it could be identified"
+                ))
+            }
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -263,68 +438,128 @@ mod tests {
         (child, line.trim().to_string())
     }
 
+    /// The peer of a unix connection from a `python3` child that runs
+    /// `then` after connecting, as the daemon sees it on accept.
+    fn peer_of_child(then: &str) -> (std::process::Child, PeerProcess, u32) {
+        use std::os::fd::AsFd;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let script = format!(
+            "import socket,time\ns=socket.socket(socket.AF_UNIX)\ns.connect({path:?})\n{then}"
+        );
+        let child = std::process::Command::new("/usr/bin/python3")
+            .args(["-c", &script])
+            .spawn()
+            .unwrap();
+        let (stream, _) = listener.accept().unwrap();
+        let cred = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+            .unwrap();
+        let uid = cred.uid();
+        (child, PeerProcess::of(stream.as_fd(), cred.pid()), uid)
+    }
+
     #[test]
     fn a_child_and_a_grandchild_descend_from_this_process_and_init_does_not() {
         let me = std::process::id() as i32;
         let (mut child, line) = first_line("sh", &["-c", "sleep 30 & echo $!; wait"]);
         let grandchild: i32 = line.parse().unwrap();
         let proc_root = Path::new("/proc");
-        assert!(descends_from(proc_root, child.id() as i32, me));
-        assert!(descends_from(proc_root, grandchild, me));
-        assert!(!descends_from(proc_root, 1, me));
-        assert!(!descends_from(proc_root, me, grandchild));
+        assert_eq!(lineage(proc_root, child.id() as i32, me), Lineage::Descends);
+        assert_eq!(lineage(proc_root, grandchild, me), Lineage::Descends);
+        assert_eq!(lineage(proc_root, 1, me), Lineage::Apart);
+        assert_eq!(lineage(proc_root, me, grandchild), Lineage::Apart);
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(grandchild),
             nix::sys::signal::Signal::SIGKILL,
         );
         let _ = child.kill();
         let _ = child.wait();
+        // A process that is gone cannot be placed.
+        assert_eq!(lineage(proc_root, child.id() as i32, me), Lineage::Unknown);
     }
 
     #[test]
     fn bundle_uids_are_refused_even_when_listed() {
+        use std::os::fd::AsFd;
         let sandbox = SandboxSettings::default();
         let control: ControlSettings = toml::from_str("").unwrap();
+        let (ours, _theirs) = std::os::unix::net::UnixStream::pair().unwrap();
+        let this = PeerProcess::of(ours.as_fd(), std::process::id() as i32);
         let first = sandbox.uid_range.first;
-        let why = refusal(first, first, Some(1), &control, &sandbox).unwrap();
+        let why = refusal(first, first, Some(&this), &control, &sandbox).unwrap();
         assert!(why.contains("uid_range"), "{why}");
         // The test process itself is no bundle: its own uid is admitted.
         let me = nix::unistd::geteuid().as_raw();
-        assert_eq!(refusal(me, me, Some(1), &control, &sandbox), None);
+        assert_eq!(refusal(me, me, Some(&this), &control, &sandbox), None);
         // ... but a descendant of the daemon (here: of this process) is not.
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        let why = refusal(me, me, Some(child.id() as i32), &control, &sandbox).unwrap();
+        let (mut child, process, uid) = peer_of_child("time.sleep(30)");
+        let why = refusal(uid, uid, Some(&process), &control, &sandbox).unwrap();
         let _ = child.kill();
         let _ = child.wait();
         assert!(why.contains("descends from the daemon"), "{why}");
     }
 
+    /// Issue 30, finding 2: a bundle's child connects and exits at once,
+    /// and is reaped before the daemon looks; its `/proc` entry is gone. It
+    /// used to be admitted (nothing said it descends from the daemon).
+    #[test]
+    fn a_peer_that_connected_and_was_reaped_before_the_check_is_refused() {
+        let control: ControlSettings = toml::from_str("").unwrap();
+        let sandbox = SandboxSettings::default();
+        let (mut child, process, uid) = peer_of_child("");
+        assert!(child.wait().unwrap().success());
+        let why = refusal(uid, uid, Some(&process), &control, &sandbox)
+            .expect("a peer that cannot be identified is refused");
+        assert!(why.contains("exited before it could be identified"), "{why}");
+        assert!(refusal(uid, uid, None, &control, &sandbox).is_some());
+    }
+
+    #[test]
+    fn only_local_addresses_can_be_bundles() {
+        assert!(is_local("127.0.0.1".parse().unwrap()));
+        assert!(is_local("::1".parse().unwrap()));
+        assert!(is_local("::ffff:127.0.0.5".parse().unwrap()));
+        assert!(!is_local("192.0.2.7".parse().unwrap()));
+        assert!(!is_local("2001:db8::7".parse().unwrap()));
+    }
+
     #[test]
     fn a_tcp_client_is_found_in_proc_net_tcp_and_a_child_holding_it_is_refused() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let ours = listener.local_addr().unwrap();
+        let proc_root = Path::new("/proc");
+        let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let ours = std::net::SocketAddr::from(([127, 0, 0, 1], port));
         let sandbox = SandboxSettings::default();
+        let me = Some(nix::unistd::geteuid().as_raw());
         // This process's own client socket: its uid, not a descendant's.
         let client = std::net::TcpStream::connect(ours).unwrap();
         let peer = client.local_addr().unwrap();
-        let (uid, inode) = tcp_owner(Path::new("/proc"), peer, ours).unwrap();
-        assert_eq!(uid, nix::unistd::geteuid().as_raw());
+        let (uid, inode) = tcp_owner(proc_root, peer, ours).unwrap();
+        assert_eq!(Some(uid), me);
         assert!(inode > 0);
-        assert_eq!(tcp_refusal(peer, ours, &sandbox), None);
+        assert_eq!(tcp_refusal_in(proc_root, peer, ours, &sandbox, me), None);
+        // Finding 5: looked up against the wildcard it listens on, the
+        // client is not found, and is refused (it used to be served).
+        let wildcard = listener.local_addr().unwrap();
+        let why = tcp_refusal_in(proc_root, peer, wildcard, &sandbox, me).unwrap();
+        assert!(why.contains("cannot be told apart"), "{why}");
+        // A client from another host is no process here.
+        let remote = std::net::SocketAddr::from(([192, 0, 2, 7], 40000));
+        assert_eq!(tcp_refusal_in(proc_root, remote, ours, &sandbox, me), None);
         // A child that connects: refused as a descendant.
         let script = format!(
-            "import socket,sys,time\ns=socket.create_connection(('127.0.0.1',{}))\nprint(s.getsockname()[1],flush=True)\ntime.sleep(30)",
-            ours.port()
+            "import socket,sys,time\ns=socket.create_connection(('127.0.0.1',{port}))\nprint(s.getsockname()[1],flush=True)\ntime.sleep(30)"
         );
         let (mut child, line) = first_line("/usr/bin/python3", &["-c", &script]);
-        let port: u16 = line.parse().unwrap();
-        let child_peer = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-        let why = tcp_refusal(child_peer, ours, &sandbox);
+        let child_peer = std::net::SocketAddr::from(([127, 0, 0, 1], line.parse().unwrap()));
+        let why = tcp_refusal_in(proc_root, child_peer, ours, &sandbox, me);
         let _ = child.kill();
         let _ = child.wait();
         assert!(why.is_some_and(|w| w.contains("descends from the daemon")));
+        // Finding 2's race over TCP: the child that connected is gone (its
+        // socket held by nobody): refused, not served.
+        let why = tcp_refusal_in(proc_root, child_peer, ours, &sandbox, me).unwrap();
+        assert!(why.contains("cannot be told apart") || why.contains("no process"), "{why}");
     }
 }

@@ -1,0 +1,455 @@
+//! The TCP connections of the daemon's HTTP listeners (the gateway's
+//! `[http] listen` and `metrics_addr`): accepted here and served by hyper
+//! (HTTP/1.1) with the axum router, so that no client can hold what the
+//! daemon needs for others.
+//!
+//! - At most `[http] max_connections` connections a listener, TLS
+//!   handshakes included. A newcomer beyond the cap closes the connection
+//!   that has been idle longest (no request in flight, waiting for its next
+//!   request head); when every connection is busy, the newcomer is closed.
+//!   So idle or trickling connections cannot exhaust the daemon's
+//!   descriptors (the control socket's among them) nor keep a request out.
+//! - A request head must arrive within `[http] head_timeout` of the moment
+//!   the connection is ready for one (right after the accept, or after the
+//!   previous answer): an idle keep-alive connection is closed then too.
+//! - A TLS handshake must finish within the same time.
+//! - Each request carries its connection's [`super::http::Peer`] as axum's
+//!   `ConnectInfo` (the client's address and the connection's own).
+//!
+//! The request body's own deadline (`[http] body_timeout`) is applied where
+//! the body is read (the gateway endpoints).
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::Router;
+use hyper::body::{Frame, Incoming, SizeHint};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use super::http::Peer;
+
+/// What a listener allows its clients.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Connections open at once (TLS handshakes included).
+    pub max_connections: usize,
+    /// For a request head (from when the connection is ready for one), and
+    /// for a TLS handshake.
+    pub head_timeout: Duration,
+}
+
+impl Limits {
+    pub fn of(http: &crate::config::HttpSettings) -> Limits {
+        Limits {
+            max_connections: http.max_connections.max(1),
+            head_timeout: http.head_timeout,
+        }
+    }
+}
+
+/// One open connection, as the registry sees it.
+struct Entry {
+    /// Requests whose answers are not finished (a streamed body included).
+    busy: Arc<AtomicUsize>,
+    /// When it last became idle (or was accepted), for the eviction order.
+    idle_since: Arc<Mutex<tokio::time::Instant>>,
+    /// Closes it (gracefully: an idle connection at once).
+    close: Arc<Notify>,
+}
+
+/// The open connections of one listener.
+#[derive(Default)]
+struct Registry {
+    next: u64,
+    open: HashMap<u64, Entry>,
+}
+
+impl Registry {
+    /// Room for one more: closes the longest-idle connection when full.
+    /// False when every connection is busy (the newcomer is refused).
+    fn make_room(&mut self, max: usize) -> bool {
+        if self.open.len() < max {
+            return true;
+        }
+        let oldest = self
+            .open
+            .iter()
+            .filter(|(_, e)| e.busy.load(Ordering::SeqCst) == 0)
+            .min_by_key(|(_, e)| *e.idle_since.lock().unwrap_or_else(|p| p.into_inner()))
+            .map(|(id, _)| *id);
+        match oldest {
+            Some(id) => {
+                if let Some(e) = self.open.remove(&id) {
+                    e.close.notify_one();
+                }
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` (HTTPS when `tls`), then
+/// closes every connection gracefully and returns once they are closed.
+pub async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+    router: Router,
+    limits: Limits,
+    shutdown: CancellationToken,
+) {
+    let registry = Arc::new(Mutex::new(Registry::default()));
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        let (stream, remote) = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // Out of descriptors, most likely: let some close first.
+                    tracing::warn!("HTTP listener {:?}: accept failed: {e}", listener.local_addr().ok());
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let entry = {
+            let mut open = registry.lock().unwrap_or_else(|p| p.into_inner());
+            if !open.make_room(limits.max_connections) {
+                tracing::warn!(
+                    %remote,
+                    max = limits.max_connections,
+                    "HTTP connection refused: every connection is busy ([http] max_connections)"
+                );
+                continue;
+            }
+            let id = open.next;
+            open.next += 1;
+            let entry = Entry {
+                busy: Arc::default(),
+                idle_since: Arc::new(Mutex::new(tokio::time::Instant::now())),
+                close: Arc::default(),
+            };
+            let handles = (
+                id,
+                entry.busy.clone(),
+                entry.idle_since.clone(),
+                entry.close.clone(),
+            );
+            open.open.insert(id, entry);
+            handles
+        };
+        let (id, busy, idle_since, close) = entry;
+        let peer = Peer::at(remote, stream.local_addr().ok());
+        let (router, acceptor, registry, shutdown) = (
+            router.clone(),
+            acceptor.clone(),
+            registry.clone(),
+            shutdown.clone(),
+        );
+        tasks.spawn(async move {
+            let service = Service {
+                router,
+                peer,
+                busy,
+                idle_since,
+            };
+            connection(stream, acceptor, service, limits, &shutdown, &close).await;
+            registry
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .open
+                .remove(&id);
+        });
+    }
+    // Shutdown: every connection closes gracefully (its answers finish).
+    for entry in registry
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .open
+        .values()
+    {
+        entry.close.notify_one();
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+/// One connection: the TLS handshake (if any), then HTTP/1.1 until the
+/// client leaves, the head deadline passes, or it is closed.
+async fn connection(
+    stream: TcpStream,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    service: Service,
+    limits: Limits,
+    shutdown: &CancellationToken,
+    close: &Notify,
+) {
+    match acceptor {
+        None => http1(stream, service, limits, shutdown, close).await,
+        Some(acceptor) => {
+            let remote = service.peer.addr;
+            let handshake = tokio::time::timeout(limits.head_timeout, acceptor.accept(stream));
+            let tls = tokio::select! {
+                _ = close.notified() => return,
+                _ = shutdown.cancelled() => return,
+                done = handshake => done,
+            };
+            match tls {
+                Ok(Ok(tls)) => http1(tls, service, limits, shutdown, close).await,
+                Ok(Err(e)) => tracing::debug!(%remote, "TLS handshake failed: {e}"),
+                Err(_) => tracing::debug!(%remote, "TLS handshake timed out"),
+            }
+        }
+    }
+}
+
+async fn http1<I>(
+    io: I,
+    service: Service,
+    limits: Limits,
+    shutdown: &CancellationToken,
+    close: &Notify,
+) where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.head_timeout);
+    let conn = builder
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades();
+    let mut conn = std::pin::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = shutdown.cancelled() => {}
+        _ = close.notified() => {}
+    }
+    // Closed: an idle connection ends at once; a busy one after its answer.
+    conn.as_mut().graceful_shutdown();
+    let _ = conn.await;
+}
+
+/// The router for one connection: each request gets the connection's peer
+/// and counts as busy until its answer's body is finished.
+#[derive(Clone)]
+struct Service {
+    router: Router,
+    peer: Peer,
+    busy: Arc<AtomicUsize>,
+    idle_since: Arc<Mutex<tokio::time::Instant>>,
+}
+
+impl hyper::service::Service<hyper::Request<Incoming>> for Service {
+    type Response = axum::response::Response;
+    type Error = Infallible;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn call(&self, request: hyper::Request<Incoming>) -> Self::Future {
+        use tower_service::Service as _;
+        let mut request = request.map(Body::new);
+        request
+            .extensions_mut()
+            .insert(ConnectInfo(self.peer.clone()));
+        let busy = Busy::enter(self.busy.clone(), self.idle_since.clone());
+        let answer = self.router.clone().call(request);
+        Box::pin(async move {
+            let response = answer.await?;
+            Ok(response.map(|body| Body::new(Guarded { body, _busy: busy })))
+        })
+    }
+}
+
+/// One request in flight on a connection; its end marks the connection
+/// idle from that moment.
+struct Busy {
+    count: Arc<AtomicUsize>,
+    idle_since: Arc<Mutex<tokio::time::Instant>>,
+}
+
+impl Busy {
+    fn enter(count: Arc<AtomicUsize>, idle_since: Arc<Mutex<tokio::time::Instant>>) -> Busy {
+        count.fetch_add(1, Ordering::SeqCst);
+        Busy { count, idle_since }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        *self.idle_since.lock().unwrap_or_else(|p| p.into_inner()) = tokio::time::Instant::now();
+        self.count.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// An answer's body that keeps its request counted as in flight until it
+/// is finished or dropped (a streamed answer included).
+struct Guarded {
+    body: Body,
+    _busy: Busy,
+}
+
+impl hyper::body::Body for Guarded {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::SocketAddr;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn start(limits: Limits) -> (SocketAddr, CancellationToken) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let router = Router::new()
+            .route("/", axum::routing::get(|| async { "hello" }))
+            .route(
+                "/slow",
+                axum::routing::get(|| async {
+                    tokio::time::sleep(Duration::from_secs(3600)).await;
+                    "late"
+                }),
+            );
+        let shutdown = CancellationToken::new();
+        tokio::spawn(serve(listener, None, router, limits, shutdown.clone()));
+        (addr, shutdown)
+    }
+
+    async fn get(addr: SocketAddr) -> String {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut text = String::new();
+        let _ = s.read_to_string(&mut text).await;
+        text
+    }
+
+    /// Issue 30, finding 6: idle connections beyond the cap used to hold a
+    /// descriptor each for ever; now a newcomer closes the longest idle.
+    #[tokio::test]
+    async fn idle_connections_beyond_the_cap_are_closed_oldest_first_and_requests_get_through() {
+        let limits = Limits {
+            max_connections: 8,
+            head_timeout: Duration::from_secs(3600),
+        };
+        let (addr, _shutdown) = start(limits).await;
+        let mut idle = Vec::new();
+        for _ in 0..50 {
+            idle.push(TcpStream::connect(addr).await.unwrap());
+        }
+        let answer = tokio::time::timeout(Duration::from_secs(10), get(addr))
+            .await
+            .expect("a real request is answered");
+        assert!(answer.ends_with("hello"), "{answer}");
+        // The first ones were closed (EOF), not left open.
+        let mut closed = 0;
+        for s in idle.iter_mut().take(40) {
+            let mut buf = [0u8; 16];
+            if let Ok(Ok(0)) =
+                tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await
+            {
+                closed += 1;
+            }
+        }
+        assert_eq!(closed, 40, "the oldest idle connections are closed");
+    }
+
+    #[tokio::test]
+    async fn a_busy_connection_is_not_evicted_and_when_all_are_busy_the_newcomer_is_refused() {
+        let limits = Limits {
+            max_connections: 2,
+            head_timeout: Duration::from_secs(3600),
+        };
+        let (addr, _shutdown) = start(limits).await;
+        let mut busy = Vec::new();
+        for _ in 0..2 {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+                .await
+                .unwrap();
+            busy.push(s);
+        }
+        // Both are in flight once a newcomer is refused (closed at once).
+        let refused = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                let answer = get(addr).await;
+                if answer.is_empty() {
+                    return;
+                }
+                tokio::task::yield_now().await;
+            }
+        })
+        .await;
+        assert!(refused.is_ok(), "a newcomer was served while all were busy");
+        // The busy ones are still open.
+        for s in busy.iter_mut() {
+            let mut buf = [0u8; 16];
+            assert!(
+                tokio::time::timeout(Duration::from_millis(100), s.read(&mut buf))
+                    .await
+                    .is_err(),
+                "a busy connection was closed"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_not_sent_in_time_closes_the_connection() {
+        let limits = Limits {
+            max_connections: 8,
+            head_timeout: Duration::from_secs(5),
+        };
+        let (addr, _shutdown) = start(limits).await;
+        // The clock is paused: these reads end only because a deadline
+        // passes, the server's (5 s) before the test's (60 s).
+        let until_closed = |mut s: TcpStream| async move {
+            let mut all = Vec::new();
+            tokio::time::timeout(Duration::from_secs(60), s.read_to_end(&mut all))
+                .await
+                .expect("the connection was left open")
+                .map(|_| String::from_utf8_lossy(&all).into_owned())
+        };
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET / HTT").await.unwrap();
+        let text = until_closed(slow).await.unwrap_or_default();
+        assert!(!text.contains("hello"), "{text}");
+        // An idle keep-alive connection is closed after its answer's deadline too.
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        idle.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(until_closed(idle).await.unwrap().contains("hello"));
+    }
+}
