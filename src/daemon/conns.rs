@@ -50,9 +50,25 @@ pub struct Limits {
 }
 
 impl Limits {
+    /// The configured limits, with the connection cap lowered to a quarter
+    /// of the open-files limit when that is less: the two listeners
+    /// together then hold at most half the daemon's descriptors, and the
+    /// rest (bundles' pipes, the store, the control socket's accepts) stay
+    /// free whatever TCP clients do.
     pub fn of(http: &crate::config::HttpSettings) -> Limits {
+        use nix::sys::resource::{getrlimit, Resource};
+        let budget = getrlimit(Resource::RLIMIT_NOFILE)
+            .map(|(soft, _)| usize::try_from(soft / 4).unwrap_or(usize::MAX))
+            .unwrap_or(usize::MAX);
+        if budget < http.max_connections {
+            tracing::warn!(
+                configured = http.max_connections,
+                serving = budget,
+                "[http] max_connections is more than a quarter of the open-files limit; each listener keeps at most a quarter (raise LimitNOFILE= to serve more)"
+            );
+        }
         Limits {
-            max_connections: http.max_connections.max(1),
+            max_connections: http.max_connections.min(budget).max(1),
             head_timeout: http.head_timeout,
         }
     }
