@@ -48,6 +48,12 @@ pub struct Shared {
     /// One lock per bundle: `configure` and `auth` calls on a bundle run one
     /// at a time (store, respawn, outcome).
     pub configure_locks: std::sync::Mutex<BundleLocks>,
+    /// Held for a whole `rotate-key` (new key file, re-sealing, rename):
+    /// a second rotation waits for the first, so the key file always ends
+    /// up holding the key the store is sealed with.
+    pub key_rotation: Arc<tokio::sync::Mutex<()>>,
+    /// Blocking file-system work on paths peers name, bounded per uid.
+    pub path_work: control::PathWork,
     /// Authorization-code flows between `auth.begin` and `auth.complete`,
     /// keyed by their `state`.
     pub pending_auth: std::sync::Mutex<std::collections::HashMap<String, PendingAuth>>,
@@ -550,6 +556,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         store,
         credentials,
         configure_locks: Default::default(),
+        key_rotation: Default::default(),
+        path_work: Default::default(),
         pending_auth: Default::default(),
         board,
         metrics_addr,
