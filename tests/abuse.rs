@@ -267,7 +267,11 @@ print(answered, regular, round(time.time() - start, 1), flush=True)
         .recv_timeout(Duration::from_secs(40))
         .expect("the user's puts were not answered");
     let fields: Vec<&str> = done.split_whitespace().collect();
-    assert_eq!(&fields[..2], ["600", "600"], "answered, refused as not regular: {done}");
+    assert_eq!(
+        &fields[..2],
+        ["600", "600"],
+        "answered, refused as not regular: {done}"
+    );
     let seconds: f64 = fields[2].parse().unwrap();
     assert!(seconds < 15.0, "600 refusals took {seconds} s");
     d.ok(&["status"]);

@@ -186,7 +186,10 @@ fn a_bundle_is_capped_by_default_without_any_configured_limit() {
     });
     for _ in 0..40 {
         let n = count();
-        assert!(n <= 256, "{n} processes in a bundle capped at 256 by default");
+        assert!(
+            n <= 256,
+            "{n} processes in a bundle capped at 256 by default"
+        );
         std::thread::sleep(Duration::from_millis(25));
     }
     let b = d.bundle("default", "forker").unwrap();
@@ -197,9 +200,11 @@ fn a_bundle_is_capped_by_default_without_any_configured_limit() {
         "{limits:?}"
     );
     d.ok(&["uninstall", "forker"]);
-    wait_for(Duration::from_secs(15), "nothing left of the forker", || {
-        (count() == 0).then_some(())
-    });
+    wait_for(
+        Duration::from_secs(15),
+        "nothing left of the forker",
+        || (count() == 0).then_some(()),
+    );
 }
 
 #[test]

@@ -636,7 +636,10 @@ fn an_admitted_users_links_say_nothing_about_root_only_paths() {
     // Both are installed: a link grants nothing, whatever it leads to.
     assert!(existing.contains("is ready"), "{existing}");
     assert!(!existing.contains("private"), "{existing}");
-    assert_eq!(existing, missing, "the answer tells whether a root-only path exists");
+    assert_eq!(
+        existing, missing,
+        "the answer tells whether a root-only path exists"
+    );
 }
 
 #[test]

@@ -1193,7 +1193,8 @@ mod tests {
         assert_eq!(limits.pids_max, Some(256));
         assert_eq!(limits.memory_max, Some(1024 * 1024 * 1024));
         assert_eq!(limits.cpu_max, None);
-        let text = "[sandbox]\npids_max = 0\n[[sandbox.bundle]]\nbundle = \"big\"\nmemory_max = 0\n";
+        let text =
+            "[sandbox]\npids_max = 0\n[[sandbox.bundle]]\nbundle = \"big\"\nmemory_max = 0\n";
         let config = Config::from_toml(text, Path::new("/")).unwrap();
         let limits = config.sandbox.cgroup_limits("default", "big");
         assert_eq!((limits.pids_max, limits.memory_max), (None, None));

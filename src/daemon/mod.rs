@@ -17,6 +17,7 @@ pub mod source;
 pub mod supervisor;
 pub mod systemd;
 pub mod trusted;
+pub mod uid_claim;
 pub mod watcher;
 pub mod workspace;
 
@@ -106,6 +107,8 @@ pub enum DaemonError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Key(#[from] crate::store::crypto::KeyError),
+    #[error(transparent)]
+    UidRange(#[from] uid_claim::ClaimError),
     #[error("actor system: {0}")]
     Actor(String),
     #[error("cannot serve metrics on {addr} (metrics_addr): {source}")]
@@ -506,6 +509,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
                 .await
                 .map_err(|source| DaemonError::Http { addr, source })?,
         ),
+    };
+
+    // A root daemon gives bundles uids from its range: no other daemon on
+    // the host may use the same ones at once. Claimed last, so that a
+    // daemon refused for its state dir, socket or listeners says that.
+    let _uid_claim = if nix::unistd::geteuid().is_root() && config.sandbox.user.is_none() {
+        match uid_claim::claim(config.sandbox.uid_range, &config.state_dir) {
+            Ok(claim) => Some(claim),
+            Err(e) => {
+                let _ = std::fs::remove_file(&config.socket);
+                return Err(e.into());
+            }
+        }
+    } else {
+        None
     };
 
     // Whatever a bundle forks away stays in the daemon's process tree (the

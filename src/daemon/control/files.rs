@@ -83,9 +83,7 @@ fn open_regular(path: &str, peer: super::peer::Peer) -> Result<std::fs::File, Un
         _ if kind.is_fifo() => Err(Unfit::NotRegular("a FIFO")),
         _ if kind.is_socket() => Err(Unfit::NotRegular("a socket")),
         _ if kind.is_dir() => Err(Unfit::NotRegular("a folder")),
-        _ if kind.is_char_device() || kind.is_block_device() => {
-            Err(Unfit::NotRegular("a device"))
-        }
+        _ if kind.is_char_device() || kind.is_block_device() => Err(Unfit::NotRegular("a device")),
         _ => Err(Unfit::NotRegular("not a plain file")),
     }
 }
@@ -106,7 +104,7 @@ pub(super) async fn files_put(p: FilesPutParams, ctx: &Ctx) -> Result<FileRecord
             .unwrap_or(Err(Unfit::NotTheirs))
     })
     .await
-        .map_err(super::ask::unavailable)?;
+    .map_err(super::ask::unavailable)?;
     let file = match file {
         Ok(f) => f,
         // An admitted user learns nothing about paths it does not own.
