@@ -177,3 +177,113 @@ sys.stdin.read()
     drop(other.stdin.take());
     other.wait().unwrap();
 }
+
+/// Issue 30, finding 7: an admitted user that puts its own FIFO hundreds
+/// of times at once (no writer ever comes) gets "not a regular file" for
+/// each, at once; the daemon's blocking pool is not held by opens that
+/// never return, so the operator's `status` is answered meanwhile.
+#[test]
+fn fifo_puts_are_refused_at_once_and_the_operator_is_still_answered() {
+    const USER: u32 = 4243;
+    let d = Daemon::start_with(&format!("[control]\nallowed_uids = [{USER}]\n"));
+    let own = d.root().join("user-files");
+    std::fs::create_dir(&own).unwrap();
+    nix::unistd::chown(&own, Some(USER.into()), Some(USER.into())).unwrap();
+    let fifo = own.join("pipe");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    nix::unistd::chown(&fifo, Some(USER.into()), Some(USER.into())).unwrap();
+
+    // 10 connections × 60 pipelined puts (each connection handles 64 at
+    // once): more opens than the daemon's blocking pool has threads.
+    let script = r#"
+import json, socket, sys, time
+path, conns, each = sys.argv[2], 10, 60
+socks = []
+for c in range(conns):
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(30)
+    s.connect(sys.argv[1])
+    f = s.makefile("rb")
+    s.sendall(b'{"jsonrpc":"2.0","id":0,"method":"daemon.hello","params":{"protocol":1}}\n')
+    json.loads(f.readline())
+    socks.append((s, f))
+start = time.time()
+for s, _ in socks:
+    reqs = b"".join(json.dumps({"jsonrpc": "2.0", "id": i + 1, "method": "files.put",
+                                "params": {"path": path}}).encode() + b"\n" for i in range(each))
+    s.sendall(reqs)
+print("sent", flush=True)
+answered, regular = 0, 0
+try:
+    for s, f in socks:
+        for _ in range(each):
+            line = f.readline()
+            if not line:
+                break
+            answered += 1
+            if "not a regular file" in json.loads(line).get("error", {}).get("message", ""):
+                regular += 1
+except socket.timeout:
+    pass
+print(answered, regular, round(time.time() - start, 1), flush=True)
+"#;
+    let mut user = std::process::Command::new("/usr/bin/python3")
+        .arg("-c")
+        .arg(script)
+        .arg(d.root().join("run/bv.sock"))
+        .arg(&fifo)
+        .uid(USER)
+        .gid(USER)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = user.stdout.take().unwrap();
+    let _user = KillOnDrop(user);
+    let (tx, said) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(out)).map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let limit = Duration::from_secs(20);
+    assert_eq!(said.recv_timeout(limit).unwrap(), "sent");
+
+    // The operator is answered while the puts are in flight (or done).
+    let mut status = KillOnDrop(
+        std::process::Command::new(common::BIN)
+            .arg("--socket")
+            .arg(&d.socket)
+            .arg("status")
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let answered = wait_for(limit, "the operator's status to be answered", || {
+        status.0.try_wait().unwrap()
+    });
+    assert!(answered.success());
+
+    let done = said
+        .recv_timeout(Duration::from_secs(40))
+        .expect("the user's puts were not answered");
+    let fields: Vec<&str> = done.split_whitespace().collect();
+    assert_eq!(
+        &fields[..2],
+        ["600", "600"],
+        "answered, refused as not regular: {done}"
+    );
+    let seconds: f64 = fields[2].parse().unwrap();
+    assert!(seconds < 15.0, "600 refusals took {seconds} s");
+    d.ok(&["status"]);
+}
+
+/// Kills a child (unless already reaped) when dropped, so that a failed
+/// assertion leaves nothing behind.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -170,6 +170,43 @@ fn a_fork_bomb_is_capped_by_pids_max_and_the_daemon_is_unharmed() {
     assert!(!Path::new(&cgroup).exists());
 }
 
+/// Issue 30, finding 15: a daemon whose config caps nothing still caps
+/// each bundle, at 256 processes and 1 GiB: a bundle that forks 400
+/// sleepers once it is up gets no more than the cap.
+#[test]
+fn a_bundle_is_capped_by_default_without_any_configured_limit() {
+    let d = Daemon::start();
+    let forks = "( sleep 0.5 ; i=0 ; while [ $i -lt 400 ] ; do sleep 3010 & i=$((i+1)) ; done ) 2>/dev/null & ";
+    let bundle = shell_wrapped_demo(&d.root().join("src"), "forker", forks);
+    d.ok(&["install", bundle.to_str().unwrap()]);
+    // It comes near the cap and never past it.
+    let count = || common::processes_with_cwd_under(&d.root()).len();
+    wait_for(Duration::from_secs(15), "the forker near its cap", || {
+        (count() >= 200).then_some(())
+    });
+    for _ in 0..40 {
+        let n = count();
+        assert!(
+            n <= 256,
+            "{n} processes in a bundle capped at 256 by default"
+        );
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let b = d.bundle("default", "forker").unwrap();
+    let limits = b["sandbox"]["limits"].as_array().unwrap();
+    assert!(limits.iter().any(|l| l == "pids.max 256"), "{limits:?}");
+    assert!(
+        limits.iter().any(|l| l == "memory.max 1073741824"),
+        "{limits:?}"
+    );
+    d.ok(&["uninstall", "forker"]);
+    wait_for(
+        Duration::from_secs(15),
+        "nothing left of the forker",
+        || (count() == 0).then_some(()),
+    );
+}
+
 #[test]
 fn a_memory_hog_is_stopped_by_memory_max_and_the_reason_is_shown() {
     let d = Daemon::start_with(
@@ -372,7 +409,10 @@ fn without_a_cgroup_status_says_so() {
     assert!(b["sandbox"]["cgroup"].is_null(), "{b:#}");
     assert_eq!(
         b["sandbox"]["limits"],
-        serde_json::json!(["pids_max: not in force (no cgroup)"])
+        serde_json::json!([
+            "memory_max: not in force (no cgroup)",
+            "pids_max: not in force (no cgroup)"
+        ])
     );
 }
 

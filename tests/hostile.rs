@@ -586,6 +586,62 @@ fn finding_6_an_admitted_user_acts_with_its_own_rights() {
     assert!(d.bundle("default", "roots").is_none());
 }
 
+/// Issue 30, finding 10: an admitted user's bundle folder with a link to a
+/// file only root can reach gets the same answer as one whose link leads
+/// nowhere: its links are followed with the user's rights, not root's.
+#[test]
+fn an_admitted_users_links_say_nothing_about_root_only_paths() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    const NOBODY: u32 = 65534;
+    let d = Daemon::start_with(&format!("[control]\nallowed_gids = [{NOBODY}]\n"));
+    let private = d.root().join("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::write(private.join("secret"), "root's").unwrap();
+    let install = |name: &str, target: &str| {
+        let folder = demo_bundle_at(&d.root().join("bundles"), name);
+        std::os::unix::fs::symlink(private.join(target), folder.join("x")).unwrap();
+        for own in [folder.clone(), folder.join("manifest.json")] {
+            nix::unistd::chown(&own, Some(NOBODY.into()), Some(NOBODY.into())).unwrap();
+        }
+        let out = std::process::Command::new(common::BIN)
+            .arg("--socket")
+            .arg(&d.socket)
+            .args(["install", folder.to_str().unwrap()])
+            .uid(NOBODY)
+            .gid(NOBODY)
+            .current_dir("/")
+            .output()
+            .unwrap();
+        let said = format!(
+            "{:?}\n{}{}",
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // A started bundle's pid differs from one install to the next.
+        let said = match said.find("(pid ") {
+            Some(at) => {
+                let rest = &said[at + 5..];
+                let end = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(0);
+                format!("{}(pid N{}", &said[..at], &rest[end..])
+            }
+            None => said,
+        };
+        said.replace(name, "NAME").replace(target, "TARGET")
+    };
+    let existing = install("linked-a", "secret");
+    let missing = install("linked-b", "missing");
+    // Both are installed: a link grants nothing, whatever it leads to.
+    assert!(existing.contains("is ready"), "{existing}");
+    assert!(!existing.contains("private"), "{existing}");
+    assert_eq!(
+        existing, missing,
+        "the answer tells whether a root-only path exists"
+    );
+}
+
 #[test]
 fn finding_7_names_on_every_control_method_are_checked() {
     let d = Daemon::start();

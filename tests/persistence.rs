@@ -236,3 +236,75 @@ fn watched_folders_are_installed_at_start_and_bad_bundles_are_skipped() {
     assert_eq!(d.status()["bundles"].as_array().unwrap().len(), 2);
     assert!(d.log().contains("bundle not installed"), "{}", d.log());
 }
+
+/// Issue 30, finding 18: two root daemons never give bundles the same
+/// uids. A second daemon with the default `[sandbox] uid_range` is refused
+/// while the first lives, naming it and the fix; with a range of its own
+/// it runs beside it; once the first is SIGKILLed, the range is free.
+#[test]
+fn two_root_daemons_never_share_a_uid_range() {
+    if !nix::unistd::geteuid().is_root() {
+        return; // only a root daemon gives bundles uids of their own
+    }
+    // The harness gives each daemon a range of its own: take it out.
+    let default_range = |d: &Daemon| {
+        let text = std::fs::read_to_string(&d.config).unwrap();
+        let line = format!("uid_range = \"{}\"\n", d.uid_range);
+        assert!(text.contains(&line), "{text}");
+        std::fs::write(&d.config, text.replace(&line, "")).unwrap();
+    };
+    let mut first = Daemon::unlaunched("");
+    default_range(&first);
+    first.launch();
+    first.ok(&["install", first.demo_bundle("demo").to_str().unwrap()]);
+
+    let mut second = Daemon::unlaunched("");
+    default_range(&second);
+    let said = second.root().join("refused.log");
+    let mut refused = Command::new(BIN)
+        .args(["daemon", "--config"])
+        .arg(&second.config)
+        .stderr(std::fs::File::create(&said).unwrap())
+        .spawn()
+        .unwrap();
+    let exit = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        common::wait_exit(
+            &mut refused,
+            Duration::from_secs(20),
+            "the second daemon to be refused",
+        )
+    }));
+    let _ = refused.kill();
+    let _ = refused.wait();
+    assert_eq!(
+        exit.expect("the second daemon ran on the first one's uids")
+            .code(),
+        Some(1)
+    );
+    let stderr = std::fs::read_to_string(&said).unwrap();
+    assert!(
+        stderr.contains("uid_range 2000000000-2000065535 overlaps")
+            && stderr.contains(&format!("pid {}", first.pid()))
+            && stderr.contains(&first.state.display().to_string())
+            && stderr.contains("uid_range = \"2000065536-2000131071\""),
+        "{stderr}"
+    );
+    assert!(
+        !second.socket.exists(),
+        "the refused daemon left its socket"
+    );
+
+    // A range of its own: both run.
+    let third = Daemon::start();
+    third.ok(&["install", third.demo_bundle("demo").to_str().unwrap()]);
+    first.ok(&["status"]);
+
+    // A claim dies with its daemon, even by SIGKILL.
+    first.signal(Signal::SIGKILL);
+    second.launch();
+    second.ok(&["install", second.demo_bundle("demo").to_str().unwrap()]);
+    let uid = second.bundle("default", "demo").unwrap()["sandbox"]["uid"]
+        .as_u64()
+        .unwrap();
+    assert!((2_000_000_000..=2_000_065_535).contains(&uid), "{uid}");
+}

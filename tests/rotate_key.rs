@@ -180,3 +180,45 @@ fn a_rotation_with_an_unknown_param_is_refused_and_changes_nothing() {
     );
     assert!(!pending(&d).exists());
 }
+
+/// Issue 30, finding 9: rotations asked at once run one after the other;
+/// the key file ends up holding the key the store is sealed with, so every
+/// secret still opens, in this daemon and in the next.
+#[test]
+fn rotations_asked_at_once_leave_the_key_file_and_the_store_in_step() {
+    let mut d = Daemon::start();
+    keyed(&d);
+    assert_eq!(api_key(&d), CANARY);
+
+    let rotations: Vec<_> = (0..8)
+        .map(|_| {
+            Command::new(BIN)
+                .arg("--socket")
+                .arg(&d.socket)
+                .args(["rotate-key", "--json"])
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for rotation in rotations {
+        let out = rotation.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "a rotation failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(!pending(&d).exists(), "a new key was left behind");
+
+    // The running daemon opens the value with the key it holds...
+    d.ok(&["restart", "keyed"]);
+    assert_eq!(api_key(&d), CANARY);
+    // ...and the next one with the key file.
+    d.signal(Signal::SIGTERM);
+    d.launch();
+    assert_eq!(api_key(&d), CANARY);
+    assert!(!d.log().contains("does not match"), "{}", d.log());
+}

@@ -108,6 +108,8 @@ pub enum SandboxError {
         protected: PathBuf,
         fix: &'static str,
     },
+    #[error("cannot look at the bundle folder with the rights of its owner (uid {uid}); the bundle is not started")]
+    NotAsUser { uid: u32 },
     #[error("the bundle folder {folder} has links that point outside it and outside every read grant: {links}; a bundle reads only its own folder, system folders, its interpreter and [sandbox] read_only_paths. Copy the files into the bundle folder, or add their location to [sandbox] read_only_paths")]
     LinksOutside { folder: PathBuf, links: String },
 }
@@ -298,6 +300,62 @@ fn give_tree(dir: &Path, uid: u32) -> Result<(), SandboxError> {
     Ok(())
 }
 
+/// Runs `look` with the file-system rights of `uid` — its fsuid, its
+/// primary gid as fsgid, no supplementary groups, and so (the kernel drops
+/// them with a non-zero fsuid) none of root's file capabilities — on a
+/// thread of its own, whose credentials die with it. For the daemon's own
+/// uid it runs `look` here. What a user's path or link leads to is then
+/// found as that user would find it: a root-only path looks to the daemon
+/// exactly as it looks to the user (unreachable), never "exists".
+///
+/// `None` when the rights could not be taken (the caller fails closed).
+pub fn as_user<T: Send>(uid: u32, look: impl FnOnce() -> T + Send) -> Option<T> {
+    if uid == nix::unistd::geteuid().as_raw() {
+        return Some(look());
+    }
+    let gid = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        .ok()
+        .flatten()
+        .map_or(NO_GROUP, |u| u.gid.as_raw());
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || {
+                use nix::unistd::{setfsgid, setfsuid, Gid, Uid};
+                // Per thread: glibc's setfsuid/setfsgid are the bare system
+                // calls, and setgroups is called bare too (glibc's wrapper
+                // would change every thread of the daemon).
+                setfsgid(Gid::from_raw(gid));
+                // SAFETY: setgroups(0, NULL) reads no memory.
+                let no_groups = unsafe {
+                    nix::libc::syscall(
+                        nix::libc::SYS_setgroups,
+                        0,
+                        std::ptr::null::<nix::libc::gid_t>(),
+                    )
+                };
+                setfsuid(Uid::from_raw(uid));
+                // Each call returns the previous value: ask again to check.
+                let taken = setfsuid(Uid::from_raw(uid)).as_raw() == uid
+                    && setfsgid(Gid::from_raw(gid)).as_raw() == gid
+                    && no_groups == 0;
+                taken.then(look)
+            })
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    })
+}
+
+/// The fsgid of a uid without a passwd entry (`nogroup`).
+const NO_GROUP: u32 = 65534;
+
+/// The owner of the bundle folder when it is not the daemon's uid or root
+/// (an admitted user installed it): its links are followed with that
+/// user's rights.
+fn folder_owner(folder: &Path) -> Option<u32> {
+    let owner = std::fs::metadata(folder).ok()?.uid();
+    (owner != 0 && owner != nix::unistd::geteuid().as_raw()).then_some(owner)
+}
+
 /// The installation an executable belongs to: `PREFIX` of `PREFIX/bin/x`
 /// (its folder's parent), resolved through links.
 fn install_prefix(command: &str, cwd: &Path) -> Option<PathBuf> {
@@ -409,7 +467,15 @@ pub fn grants(
         )?;
         extra.push(canonical(p));
     }
-    if let Some(prefix) = install_prefix(target.command, target.cwd) {
+    // A bundle folder of another user (an admitted user's install): the
+    // command and the folder's links are resolved with that user's rights,
+    // so what root alone can see changes nothing in the answer.
+    let owner = target.folder.and_then(folder_owner);
+    let prefix = match owner {
+        None => install_prefix(target.command, target.cwd),
+        Some(uid) => as_user(uid, || install_prefix(target.command, target.cwd)).flatten(),
+    };
+    if let Some(prefix) = prefix {
         check(
             "the installation of the bundle's command",
             &prefix,
@@ -427,7 +493,11 @@ pub fn grants(
             "install the bundle from a folder of its own, away from the daemon's files",
         )?;
         let allowed: Vec<PathBuf> = system.iter().chain(&extra).cloned().collect();
-        let outside = links_outside(folder, &allowed);
+        let outside = match owner {
+            None => links_outside(folder, &allowed),
+            Some(uid) => as_user(uid, || links_outside(folder, &allowed))
+                .ok_or(SandboxError::NotAsUser { uid })?,
+        };
         if !outside.is_empty() {
             return Err(SandboxError::LinksOutside {
                 folder: folder.to_path_buf(),

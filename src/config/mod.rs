@@ -146,6 +146,16 @@ pub mod defaults {
     pub fn max_open_files() -> u64 {
         4096
     }
+    /// `[sandbox] memory_max`: 1 GiB of a bundle's whole tree (no swap).
+    /// The real servers the tests run (Node, Python) stay under 150 MiB.
+    pub fn memory_max() -> u64 {
+        1024 * 1024 * 1024
+    }
+    /// `[sandbox] pids_max`: 256 processes and threads of a bundle's whole
+    /// tree. A Node server has about a dozen threads, a Python one a few.
+    pub fn pids_max() -> u64 {
+        256
+    }
     /// Bundle uids of a root daemon: above systemd's container range
     /// (524288–1879048191) and below 2^31, where no distribution or
     /// container manager allocates.
@@ -452,11 +462,12 @@ pub struct SandboxSettings {
     #[serde(default)]
     pub cgroup_root: Option<PathBuf>,
     /// cgroup limits of every bundle's whole process tree, where the
-    /// controllers are there (0: not limited): `memory.max` in bytes,
-    /// `pids.max`, and `cpu.max` in CPUs (1.5 = one and a half).
-    #[serde(default)]
+    /// controllers are there: `memory.max` in bytes (default 1 GiB),
+    /// `pids.max` (default 256), and `cpu.max` in CPUs (1.5 = one and a
+    /// half; default none). 0 lifts a limit: an operator's explicit choice.
+    #[serde(default = "defaults::memory_max")]
     pub memory_max: u64,
-    #[serde(default)]
+    #[serde(default = "defaults::pids_max")]
     pub pids_max: u64,
     #[serde(default)]
     pub cpu_max: f64,
@@ -1202,6 +1213,24 @@ mod tests {
             ..config.sandbox.clone()
         };
         assert_eq!(format!("{sandbox:?}"), format!("{:?}", defaults.sandbox));
+    }
+
+    /// Issue 30, finding 15: a config that says nothing caps every bundle's
+    /// tree; 0 lifts a cap, for all bundles or one.
+    #[test]
+    fn bundles_are_capped_unless_the_operator_lifts_the_caps() {
+        let config = Config::from_toml("", Path::new("/")).unwrap();
+        let limits = config.sandbox.cgroup_limits("default", "any");
+        assert_eq!(limits.pids_max, Some(256));
+        assert_eq!(limits.memory_max, Some(1024 * 1024 * 1024));
+        assert_eq!(limits.cpu_max, None);
+        let text =
+            "[sandbox]\npids_max = 0\n[[sandbox.bundle]]\nbundle = \"big\"\nmemory_max = 0\n";
+        let config = Config::from_toml(text, Path::new("/")).unwrap();
+        let limits = config.sandbox.cgroup_limits("default", "big");
+        assert_eq!((limits.pids_max, limits.memory_max), (None, None));
+        let limits = config.sandbox.cgroup_limits("default", "other");
+        assert_eq!(limits.memory_max, Some(1024 * 1024 * 1024));
     }
 
     #[test]

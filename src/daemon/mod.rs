@@ -18,6 +18,7 @@ pub mod source;
 pub mod supervisor;
 pub mod systemd;
 pub mod trusted;
+pub mod uid_claim;
 pub mod watcher;
 pub mod workspace;
 
@@ -49,6 +50,12 @@ pub struct Shared {
     /// One lock per bundle: `configure` and `auth` calls on a bundle run one
     /// at a time (store, respawn, outcome).
     pub configure_locks: std::sync::Mutex<BundleLocks>,
+    /// Held for a whole `rotate-key` (new key file, re-sealing, rename):
+    /// a second rotation waits for the first, so the key file always ends
+    /// up holding the key the store is sealed with.
+    pub key_rotation: Arc<tokio::sync::Mutex<()>>,
+    /// Blocking file-system work on paths peers name, bounded per uid.
+    pub path_work: control::PathWork,
     /// Authorization-code flows between `auth.begin` and `auth.complete`,
     /// keyed by their `state`.
     pub pending_auth: std::sync::Mutex<std::collections::HashMap<String, PendingAuth>>,
@@ -101,6 +108,8 @@ pub enum DaemonError {
     Store(#[from] StoreError),
     #[error(transparent)]
     Key(#[from] crate::store::crypto::KeyError),
+    #[error(transparent)]
+    UidRange(#[from] uid_claim::ClaimError),
     #[error("actor system: {0}")]
     Actor(String),
     #[error("cannot serve metrics on {addr} (metrics_addr): {source}")]
@@ -503,6 +512,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         ),
     };
 
+    // A root daemon gives bundles uids from its range: no other daemon on
+    // the host may use the same ones at once. Claimed last, so that a
+    // daemon refused for its state dir, socket or listeners says that.
+    let _uid_claim = if nix::unistd::geteuid().is_root() && config.sandbox.user.is_none() {
+        match uid_claim::claim(config.sandbox.uid_range, &config.state_dir) {
+            Ok(claim) => Some(claim),
+            Err(e) => {
+                let _ = std::fs::remove_file(&config.socket);
+                return Err(e.into());
+            }
+        }
+    } else {
+        None
+    };
+
     // Whatever a bundle forks away stays in the daemon's process tree (the
     // control socket refuses the daemon's descendants).
     if let Err(e) = crate::bundle::orphans::adopt() {
@@ -551,6 +575,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         store,
         credentials,
         configure_locks: Default::default(),
+        key_rotation: Default::default(),
+        path_work: Default::default(),
         pending_auth: Default::default(),
         board,
         metrics_addr,

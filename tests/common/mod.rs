@@ -81,7 +81,50 @@ pub struct Daemon {
     /// mount, as a container does not see the node's side of its volumes
     /// (needs root).
     pub unmounted: Option<PathBuf>,
+    /// The `[sandbox] uid_range` written into its config: one of its own
+    /// (see [`UidSlot`]), as each daemon on a host needs.
+    pub uid_range: String,
+    _uid_slot: UidSlot,
     child: Option<Child>,
+}
+
+/// A uid range no other test daemon on this host uses while this is held:
+/// slot N (an `flock`ed file under the temp folder, held by this test
+/// process) is uids `2100000000 + N·65536` and the 65,535 after. Test
+/// daemons run in parallel (and in several test processes at once), and
+/// a root daemon refuses a range another live daemon claimed.
+pub struct UidSlot {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+    pub range: String,
+}
+
+impl UidSlot {
+    pub fn take() -> UidSlot {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join("bundlevisor-test-uid-slots");
+        std::fs::create_dir_all(&dir).unwrap();
+        let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777));
+        for slot in 0u32..30_000 {
+            let Ok(file) = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(dir.join(slot.to_string()))
+            else {
+                continue;
+            };
+            if let Ok(lock) =
+                nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            {
+                let first = 2_100_000_000 + slot * 65_536;
+                return UidSlot {
+                    _lock: lock,
+                    range: format!("{first}-{}", first + 65_535),
+                };
+            }
+        }
+        panic!("no free test uid slot in {}", dir.display());
+    }
 }
 
 impl Daemon {
@@ -114,6 +157,17 @@ impl Daemon {
                 "state_dir = \"state\"\nsocket = \"run/bv.sock\"\n{extra}\n[bundles]\n{defaults}"
             )
         };
+        // Each daemon's own uid range, in the caller's [sandbox] table if it
+        // has one.
+        let slot = UidSlot::take();
+        let line = format!("uid_range = \"{}\"\n", slot.range);
+        let text = if text.contains("uid_range") {
+            text
+        } else if text.contains("[sandbox]\n") {
+            text.replacen("[sandbox]\n", &format!("[sandbox]\n{line}"), 1)
+        } else {
+            format!("{text}\n[sandbox]\n{line}")
+        };
         std::fs::write(&config, text).unwrap();
         std::fs::create_dir_all(root.join("bundles")).unwrap();
         Daemon {
@@ -126,6 +180,8 @@ impl Daemon {
             cgroup: None,
             nofile: None,
             unmounted: None,
+            uid_range: slot.range.clone(),
+            _uid_slot: slot,
             child: None,
         }
     }

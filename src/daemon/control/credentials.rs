@@ -30,7 +30,10 @@ use crate::store::{Change, TokenSet};
 /// Replaces the credential key: the new key is written to `KEY_FILE.new`
 /// first, every secret is re-sealed in one transaction, then the new file
 /// replaces the key file. A daemon stopped in between finishes (or undoes)
-/// it at its next start (`daemon::open_credentials`).
+/// it at its next start (`daemon::open_credentials`). Rotations run one at
+/// a time ([`Shared::key_rotation`](crate::daemon::Shared), held until the
+/// blocking work is done even if the caller goes away): two interleaved
+/// ones would leave one's key in the file and the other's in the store.
 pub(super) async fn rotate_key(_: NoParams, ctx: &Ctx) -> Result<RotateKeyResult, RpcError> {
     use crate::store::crypto;
     let failed = |message: String| RpcError::new(ErrorKind::KeyRotationFailed, message);
@@ -42,7 +45,9 @@ pub(super) async fn rotate_key(_: NoParams, ctx: &Ctx) -> Result<RotateKeyResult
         )));
     };
     let credentials = ctx.shared.credentials.clone();
+    let rotating = ctx.shared.key_rotation.clone().lock_owned().await;
     let result = tokio::task::spawn_blocking(move || {
+        let _rotating = rotating;
         let pending = crypto::pending_key_path(&key_path);
         let new = crypto::write_pending_key(&pending)
             .map_err(|e| failed(format!("nothing was changed: {e}")))?;

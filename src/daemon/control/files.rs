@@ -51,27 +51,74 @@ fn require_id(p: &FilesParams) -> Result<String, RpcError> {
         .ok_or_else(|| RpcError::new(ErrorKind::InvalidParams, "\"id\" is required"))
 }
 
+/// Why a path cannot be put.
+enum Unfit {
+    /// It cannot be opened (missing, unreadable); the OS's reason.
+    Unopened(std::io::Error),
+    /// An admitted user's path it does not own.
+    NotTheirs,
+    /// A FIFO, socket, device or folder: named for the message.
+    NotRegular(&'static str),
+}
+
+/// Opens `path` (links followed; called with the peer's rights) as an
+/// `O_PATH` handle, which neither blocks (a FIFO with no writer) nor
+/// touches a device, and checks on it that the peer may read it and that
+/// it is a regular file. The store then
+/// reads that very inode through `/proc/self/fd`, so a path swapped after
+/// the check changes nothing.
+fn open_regular(path: &str, peer: super::peer::Peer) -> Result<std::fs::File, Unfit> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_PATH)
+        .open(path)
+        .map_err(Unfit::Unopened)?;
+    if !peer.may_read(&file) {
+        return Err(Unfit::NotTheirs);
+    }
+    let kind = file.metadata().map_err(Unfit::Unopened)?.file_type();
+    match () {
+        _ if kind.is_file() => Ok(file),
+        _ if kind.is_fifo() => Err(Unfit::NotRegular("a FIFO")),
+        _ if kind.is_socket() => Err(Unfit::NotRegular("a socket")),
+        _ if kind.is_dir() => Err(Unfit::NotRegular("a folder")),
+        _ if kind.is_char_device() || kind.is_block_device() => Err(Unfit::NotRegular("a device")),
+        _ => Err(Unfit::NotRegular("not a plain file")),
+    }
+}
+
 pub(super) async fn files_put(p: FilesPutParams, ctx: &Ctx) -> Result<FileRecord, RpcError> {
     let refused = |message: String| {
         Err(RpcError::new(ErrorKind::InvalidParams, message).with("path", p.path.clone()))
     };
-    // Opened here (on the blocking pool), checked against the peer, and read
-    // by the store through this very descriptor: a path swapped after the
-    // check changes nothing.
-    let opened = p.path.clone();
+    // One of the peer's slots for the whole put: the open and the read run
+    // on the blocking pool, and a file system that never answers holds
+    // only that peer's slots.
+    let _slot = ctx.shared.path_work.permit(ctx.peer.uid).await;
+    let (opened, peer) = (p.path.clone(), ctx.peer);
+    // An admitted user's path is opened with its own rights (only the
+    // read that follows is the daemon's).
     let file = tokio::task::spawn_blocking(move || {
-        std::fs::File::open(&opened)
-            .ok()
-            .filter(|f| f.metadata().is_ok_and(|m| m.is_file()))
+        crate::bundle::sandbox::as_user(peer.uid, || open_regular(&opened, peer))
+            .unwrap_or(Err(Unfit::NotTheirs))
     })
     .await
-    .ok()
-    .flatten();
+    .map_err(super::ask::unavailable)?;
     let file = match file {
-        Some(f) if ctx.peer.may_read(&f) => f,
-        Some(_) => return refused(ctx.peer.not_theirs("file", &p.path)),
-        None if !ctx.peer.is_daemon_uid() => return refused(ctx.peer.not_theirs("file", &p.path)),
-        None => return refused(format!("{} is not a readable file", p.path)),
+        Ok(f) => f,
+        // An admitted user learns nothing about paths it does not own.
+        Err(Unfit::NotTheirs | Unfit::Unopened(_)) if !ctx.peer.is_daemon_uid() => {
+            return refused(ctx.peer.not_theirs("file", &p.path))
+        }
+        Err(Unfit::NotTheirs) => unreachable!("the daemon's uid may read every path"),
+        Err(Unfit::Unopened(e)) => return refused(format!("{} is not a readable file: {e}", p.path)),
+        Err(Unfit::NotRegular(kind)) => {
+            return refused(format!(
+                "{} is not a regular file ({kind}); `files put` stores the contents of regular files only: copy it into one first",
+                p.path
+            ))
+        }
     };
     use std::os::fd::AsRawFd;
     let path = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));

@@ -48,6 +48,7 @@ mod local;
 mod logs;
 mod outcome;
 mod peer;
+pub use peer::PathWork;
 mod status;
 mod tokens;
 

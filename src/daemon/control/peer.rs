@@ -6,9 +6,43 @@
 //! double-forked away — which is why a daemon without uid separation needs
 //! the operator's opt-in; docs/security.md).
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::config::{ControlSettings, SandboxSettings};
+
+/// Bounds the blocking file-system work done on paths a peer names
+/// (`files put` opens and reads them): at most [`PathWork::PER_UID`]
+/// operations of one uid at once, over all its connections. A path on a
+/// file system that never answers (a FUSE mount its owner controls, a hung
+/// NFS server) then holds a few of the blocking pool's threads, never all
+/// of them, and other peers' requests (the operator's `status`) go on.
+#[derive(Default)]
+pub struct PathWork {
+    per_uid: Mutex<HashMap<u32, Arc<Semaphore>>>,
+}
+
+impl PathWork {
+    pub const PER_UID: usize = 8;
+
+    /// Waits (without holding a thread) for one of the uid's slots.
+    pub async fn permit(&self, uid: u32) -> OwnedSemaphorePermit {
+        let slots = self
+            .per_uid
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(uid)
+            .or_insert_with(|| Arc::new(Semaphore::new(Self::PER_UID)))
+            .clone();
+        slots
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed")
+    }
+}
 
 /// An admitted peer. The daemon acts on paths for it only as far as it
 /// could itself: an admitted user other than the daemon's may name only
@@ -36,9 +70,15 @@ impl Peer {
 
     /// Whether the peer may have the daemon act on `path`: always for the
     /// daemon's uid, else only when the file (links followed) is the peer's.
+    /// The path is looked up with the peer's own rights, so a path through
+    /// a folder only root may enter is as missing as a path that is.
     pub fn may_use(&self, path: &std::path::Path) -> bool {
         use std::os::unix::fs::MetadataExt;
-        self.is_daemon_uid() || std::fs::metadata(path).is_ok_and(|m| m.uid() == self.uid)
+        self.is_daemon_uid()
+            || crate::bundle::sandbox::as_user(self.uid, || {
+                std::fs::metadata(path).is_ok_and(|m| m.uid() == self.uid)
+            })
+            .unwrap_or(false)
     }
 
     /// The same check on an opened file (no race with a path swapped after
