@@ -226,23 +226,15 @@ impl Gateway {
         })
     }
 
+    /// A request passed to a bundle on behalf of `agent`: the bundle's
+    /// requests while serving it go to that agent only, and a
+    /// subscription the bundle takes is that agent's.
     async fn bundle_mcp(
         &self,
         bundle: &str,
         method_name: &str,
         params: Value,
-    ) -> Result<Value, RpcError> {
-        self.bundle_mcp_for(bundle, method_name, params, None).await
-    }
-
-    /// A request passed to a bundle on behalf of `agent` (a subscription
-    /// the bundle takes is that agent's).
-    async fn bundle_mcp_for(
-        &self,
-        bundle: &str,
-        method_name: &str,
-        params: Value,
-        agent: Option<Arc<dyn Agent>>,
+        agent: Arc<dyn Agent>,
     ) -> Result<Value, RpcError> {
         self.0
             .backend
@@ -274,11 +266,11 @@ impl Gateway {
                 None,
             ));
         };
-        self.bundle_mcp_for(
+        self.bundle_mcp(
             &bundle,
             method_name,
             json!({ "uri": original }),
-            Some(self.agent(peer)),
+            self.agent(peer),
         )
         .await
         .map_err(to_mcp)?;
@@ -291,11 +283,16 @@ impl Gateway {
         &self,
         list_method: &str,
         field: &str,
+        peer: &Peer<RoleServer>,
     ) -> Result<Vec<(String, Value)>, ErrorData> {
         let bundles = self.ready_bundles().await?;
-        let asks = bundles.iter().map(|(bundle, _)| async move {
-            let answer = self.bundle_mcp(bundle, list_method, json!({})).await;
-            (bundle.clone(), answer)
+        let agent = self.agent(peer);
+        let asks = bundles.iter().map(|(bundle, _)| {
+            let agent = agent.clone();
+            async move {
+                let answer = self.bundle_mcp(bundle, list_method, json!({}), agent).await;
+                (bundle.clone(), answer)
+            }
         });
         let mut out = Vec::new();
         for (bundle, answer) in futures::future::join_all(asks).await {
@@ -316,8 +313,8 @@ impl Gateway {
         Ok(out)
     }
 
-    pub async fn prompt_catalog(&self) -> Result<Vec<Value>, ErrorData> {
-        let items = self.gather("prompts/list", "prompts").await?;
+    pub async fn prompt_catalog(&self, peer: &Peer<RoleServer>) -> Result<Vec<Value>, ErrorData> {
+        let items = self.gather("prompts/list", "prompts", peer).await?;
         let mut by_pair = BTreeMap::new();
         for (bundle, prompt) in items {
             if let Some(name) = prompt.get("name").and_then(Value::as_str) {
@@ -337,7 +334,7 @@ impl Gateway {
         Ok(prompts)
     }
 
-    pub async fn resource_catalog(&self) -> Result<Vec<Value>, ErrorData> {
+    pub async fn resource_catalog(&self, peer: &Peer<RoleServer>) -> Result<Vec<Value>, ErrorData> {
         let files: Value = self
             .0
             .backend
@@ -353,7 +350,7 @@ impl Gateway {
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
-        for (bundle, mut resource) in self.gather("resources/list", "resources").await? {
+        for (bundle, mut resource) in self.gather("resources/list", "resources", peer).await? {
             let (Some(uri), Some(name)) = (
                 resource
                     .get("uri")
@@ -561,7 +558,7 @@ impl ServerHandler for Gateway {
             |progress| {
                 self.0
                     .backend
-                    .call(params, progress, context.ct.clone(), Some(agent))
+                    .call(params, progress, context.ct.clone(), agent)
             },
             notify,
         )
@@ -573,25 +570,31 @@ impl ServerHandler for Gateway {
     async fn list_prompts(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
-        let prompts = decode(Value::Array(self.prompt_catalog().await?), "prompt list")?;
+        let catalog = self.prompt_catalog(&context.peer).await?;
+        let prompts = decode(Value::Array(catalog), "prompt list")?;
         Ok(ListPromptsResult::with_all_items(prompts))
     }
 
     async fn get_prompt(
         &self,
         request: GetPromptRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
-        let refresh = async { self.prompt_catalog().await.map(|_| ()) };
+        let refresh = async { self.prompt_catalog(&context.peer).await.map(|_| ()) };
         let route = self.route(&self.0.prompts, &request.name, refresh).await?;
         let mut params = json!({ "name": route.name });
         if let Some(arguments) = &request.arguments {
             params["arguments"] = json!(arguments);
         }
         let answer = self
-            .bundle_mcp(&route.bundle, "prompts/get", params)
+            .bundle_mcp(
+                &route.bundle,
+                "prompts/get",
+                params,
+                self.agent(&context.peer),
+            )
             .await
             .map_err(to_mcp)?;
         let result: GetPromptResult = decode(answer, "prompt")?;
@@ -601,10 +604,10 @@ impl ServerHandler for Gateway {
     async fn list_resources(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
         let resources = decode(
-            Value::Array(self.resource_catalog().await?),
+            Value::Array(self.resource_catalog(&context.peer).await?),
             "resource list",
         )?;
         Ok(ListResourcesResult::with_all_items(resources))
@@ -640,7 +643,7 @@ impl ServerHandler for Gateway {
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         let answer = if let Some((bundle, original)) = names::parse_bundle_uri(&request.uri) {
             if !self.bundle_allowed(&bundle) {
@@ -650,7 +653,12 @@ impl ServerHandler for Gateway {
                 ));
             }
             let mut answer = self
-                .bundle_mcp(&bundle, "resources/read", json!({ "uri": original }))
+                .bundle_mcp(
+                    &bundle,
+                    "resources/read",
+                    json!({ "uri": original }),
+                    self.agent(&context.peer),
+                )
                 .await
                 .map_err(to_mcp)?;
             // The contents carry the URI the client asked for.
