@@ -116,11 +116,14 @@ impl Gateway {
             .is_none_or(|allowed| allowed.iter().any(|b| b == bundle))
     }
 
-    fn tool_excluded(&self, exposed: &str) -> bool {
+    /// Whether the profile hides `tool` of `bundle`: decided on the pair,
+    /// before exposed names are assigned, so no collision can move an
+    /// excluded tool to a name the profile does not know.
+    fn tool_excluded(&self, bundle: &str, tool: &str) -> bool {
         self.0
             .profile
             .as_ref()
-            .is_some_and(|p| p.exclude_tools.iter().any(|t| t == exposed))
+            .is_some_and(|p| p.exclude_tools.iter().any(|t| t.is(bundle, tool)))
     }
 
     /// The workspace's bundles the profile allows: name, state, tools.
@@ -174,14 +177,13 @@ impl Gateway {
             ready.push(bundle.clone());
             for tool in tools {
                 if let Some(name) = tool.get("name").and_then(Value::as_str) {
-                    by_pair.insert((bundle.clone(), name.to_string()), tool.clone());
+                    if !self.tool_excluded(&bundle, name) {
+                        by_pair.insert((bundle.clone(), name.to_string()), tool.clone());
+                    }
                 }
             }
         }
-        let entries: Vec<Entry> = names::namespace(by_pair.keys().cloned())
-            .into_iter()
-            .filter(|e| !self.tool_excluded(&e.exposed))
-            .collect();
+        let entries: Vec<Entry> = names::namespace(by_pair.keys().cloned());
         let tools = entries
             .iter()
             .map(|e| {
@@ -522,7 +524,7 @@ impl ServerHandler for Gateway {
         let exposed = request.name.to_string();
         let refresh = async { self.tool_catalog().await.map(|_| ()) };
         let route = self.route(&self.0.tools, &exposed, refresh).await?;
-        if self.tool_excluded(&exposed) || !self.bundle_allowed(&route.bundle) {
+        if self.tool_excluded(&route.bundle, &route.name) || !self.bundle_allowed(&route.bundle) {
             return Err(ErrorData::invalid_params(
                 format!("tool {exposed:?} is not available in this profile"),
                 None,
