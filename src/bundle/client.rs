@@ -506,3 +506,86 @@ impl ClientHandler for BundleClient {
 fn to_error_data(e: HostError) -> ErrorData {
     ErrorData::new(ErrorCode(e.code), e.message, Some(e.data))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::RequestId;
+
+    /// An agent that is only told apart from others (nothing is sent).
+    struct Quiet;
+
+    impl Agent for Quiet {
+        fn capabilities(&self) -> ClientCapabilities {
+            ClientCapabilities::default()
+        }
+        fn request(&self, _: ServerRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
+            Box::pin(async { Err(ErrorData::internal_error("not asked in this test", None)) })
+        }
+        fn notify(&self, _: ServerNotification) -> BoxFuture<'static, ()> {
+            Box::pin(async {})
+        }
+        fn resource_updated(&self, _: &str, _: &str) -> BoxFuture<'static, ()> {
+            Box::pin(async {})
+        }
+        fn gone(&self) -> bool {
+            false
+        }
+        fn unreachable(&self) -> Option<String> {
+            None
+        }
+    }
+
+    fn on_stream_of(id: i64) -> InboundStreamOrigin {
+        InboundStreamOrigin::OutboundRequest(RequestId::Number(id))
+    }
+
+    /// Who a bundle's request goes to: the caller of the request its
+    /// stream names (streamable HTTP), else the one caller in flight, else
+    /// nobody — with the reason.
+    #[test]
+    fn a_bundles_request_goes_to_the_caller_of_the_request_it_serves_or_to_nobody() {
+        let callers = Callers::default();
+        let (a, b): (Arc<dyn Agent>, Arc<dyn Agent>) = (Arc::new(Quiet), Arc::new(Quiet));
+        let is = |got: Result<Arc<dyn Agent>, String>, want: &Arc<dyn Agent>| {
+            same(&got.expect("an agent"), want)
+        };
+        assert_eq!(callers.agent_for(None).err().as_deref(), Some(NO_CALL));
+
+        let call_a = callers.enter(Caller::Agent(a.clone()));
+        call_a.sent_as(RequestId::Number(1));
+        let call_b = callers.enter(Caller::Agent(b.clone()));
+        call_b.sent_as(RequestId::Number(2));
+        let operator = callers.enter(Caller::Operator);
+        operator.sent_as(RequestId::Number(3));
+
+        assert!(is(callers.agent_for(Some(&on_stream_of(2))), &b));
+        assert!(is(callers.agent_for(Some(&on_stream_of(1))), &a));
+        assert_eq!(
+            callers.agent_for(Some(&on_stream_of(3))).err().as_deref(),
+            Some(OPERATOR)
+        );
+        let outside = Some(&InboundStreamOrigin::Unassociated);
+        assert_eq!(
+            callers.agent_for(outside).err().as_deref(),
+            Some(UNASSOCIATED)
+        );
+        // Nothing ties it (stdio), or a stream of a request not noted: no guess.
+        assert_eq!(callers.agent_for(None).err().as_deref(), Some(SEVERAL));
+        assert_eq!(
+            callers.agent_for(Some(&on_stream_of(9))).err().as_deref(),
+            Some(SEVERAL)
+        );
+
+        drop(call_b);
+        assert_eq!(callers.agent_for(None).err().as_deref(), Some(SEVERAL));
+        drop(operator);
+        let again = callers.enter(Caller::Agent(a.clone()));
+        assert!(is(callers.agent_for(None), &a), "one agent, two calls");
+        drop((call_a, again));
+        let operator = callers.enter(Caller::Operator);
+        assert_eq!(callers.agent_for(None).err().as_deref(), Some(OPERATOR));
+        drop(operator);
+        assert_eq!(callers.agent_for(None).err().as_deref(), Some(NO_CALL));
+    }
+}
