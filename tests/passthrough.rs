@@ -168,6 +168,18 @@ fn daemon() -> (Daemon, u16) {
     let port = free_port();
     let d = Daemon::start_with(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"));
     d.ok(&["install", everything().to_str().unwrap()]);
+    // The bundle asks for roots on its own 350 ms after it is initialized,
+    // outside any call (refused): waited for, so that it cannot fall into
+    // a test's first call (and its log message after that call's end).
+    common::wait_for(
+        Duration::from_secs(15),
+        "the bundle's own roots request",
+        || {
+            let out = d.cli(&["logs", "everything"]);
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            text.contains("no agent's call is in flight").then_some(())
+        },
+    );
     (d, port)
 }
 
@@ -348,15 +360,14 @@ async fn an_agent_that_did_not_declare_sampling_is_not_asked() {
 }
 
 /// The bundle asks for roots on its own, 350 ms after it is initialized,
-/// in no agent's call: it gets an error at once, saying why (it logs it).
+/// in no agent's call: it gets an error at once, saying why (it logs it;
+/// [`daemon`] waits for that line).
 #[test]
 fn a_request_outside_any_agents_call_is_refused_at_once() {
     let (d, _) = daemon();
-    common::wait_for(Duration::from_secs(15), "the bundle's roots error", || {
-        let out = d.cli(&["logs", "everything"]);
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        text.contains("no agent's call is in flight").then_some(())
-    });
+    let out = d.cli(&["logs", "everything"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("no agent's call is in flight"), "{text}");
 }
 
 /// A 2026-07-28 agent (stateless requests, no stream the daemon could send
