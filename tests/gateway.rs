@@ -370,6 +370,47 @@ fn workspace_files_are_resources_with_truthful_mime_types() {
     );
 }
 
+/// Issue 30, finding 16: bundle `a` lists a tool `b__sh`, which takes the
+/// exposed name `a__b__sh` that bundle `a__b`'s tool `sh` would have had
+/// (`sh` moves to `a__b__sh__2`). A profile that excludes `sh` of `a__b`
+/// names the pair, and the pair is what is filtered, before names are
+/// given: `sh` is neither listed nor callable under any name, while `a`'s
+/// `b__sh` still is.
+#[test]
+fn a_profile_exclusion_follows_its_tool_through_a_name_collision() {
+    let d = Daemon::start_with(
+        "[[profile]]\nname = \"safe\"\nexclude_tools = [{ bundle = \"a__b\", tool = \"sh\" }]\n",
+    );
+    let dir = d.root().join("bundles");
+    for (name, alias) in [("a", "b__sh"), ("a__b", "sh")] {
+        let mut m: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+        m["name"] = json!(name);
+        m["server"]["mcp_config"]["env"]["DEMO_TOOL_ALIASES"] = json!(alias);
+        write_bundle(&dir, name, &m);
+        d.ok(&["install", dir.join(name).to_str().unwrap()]);
+    }
+
+    // Without a profile, the collision rule: `a`'s tool first.
+    let all = Agent::connect(&d, &[]);
+    assert_eq!(all.call("a__b__sh", json!({})).unwrap(), "tool b__sh");
+    assert_eq!(all.call("a__b__sh__2", json!({})).unwrap(), "tool sh");
+    let every = all.tool_names();
+
+    let safe = Agent::connect(&d, &["--profile", "safe"]);
+    let names = safe.tool_names();
+    let expected: Vec<String> = every
+        .iter()
+        .filter(|n| n.as_str() != "a__b__sh__2")
+        .cloned()
+        .collect();
+    assert_eq!(names, expected, "only `sh` of `a__b` is hidden");
+    assert_eq!(safe.call("a__b__sh", json!({})).unwrap(), "tool b__sh");
+    for name in ["a__b__sh__2", "a__b__sh__3"] {
+        let err = safe.call(name, json!({})).unwrap_err();
+        assert!(err.contains(name), "{name}: {err}");
+    }
+}
+
 #[test]
 fn profiles_and_registration_exclusions_hide_and_refuse() {
     let d = Daemon::start_with(

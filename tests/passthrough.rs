@@ -5,6 +5,11 @@
 //! by `make servers`) as the bundle. An agent that did not declare a
 //! capability, and a request outside any agent's call, get an MCP error
 //! at once.
+//!
+//! Issue 30, finding 4: a bundle's request reaches only the caller of the
+//! request it serves — never another agent that happens to have a call in
+//! flight on it, whether the request served is an agent's `prompts/get` or
+//! an operator's `bundlevisor call`.
 
 // Sampling, roots and logging are deprecated by SEP-2577 in rmcp's newest
 // revision; the 2025-11-25 revision the test speaks has them.
@@ -19,10 +24,10 @@ use std::time::Duration;
 use common::{free_port, Daemon};
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, CreateMessageRequestParams,
-    CreateMessageResult, ElicitRequestParams, ElicitResult, ElicitationAction, Implementation,
-    ListRootsResult, LoggingLevel, LoggingMessageNotificationParam,
-    ResourceUpdatedNotificationParam, Root, SamplingMessage, SetLevelRequestParams,
-    SubscribeRequestParams,
+    CreateMessageResult, ElicitRequestParams, ElicitResult, ElicitationAction,
+    GetPromptRequestParams, Implementation, ListRootsResult, LoggingLevel,
+    LoggingMessageNotificationParam, ProgressNotificationParam, ResourceUpdatedNotificationParam,
+    Root, SamplingMessage, SetLevelRequestParams, SubscribeRequestParams,
 };
 use rmcp::service::{NotificationContext, RequestContext, RunningService};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -121,6 +126,14 @@ impl ClientHandler for Answering {
     ) {
         self.note(format!("log {}", params.data));
     }
+
+    async fn on_progress(
+        &self,
+        _params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.note("progress".into());
+    }
 }
 
 fn all_capabilities() -> ClientCapabilities {
@@ -155,6 +168,18 @@ fn daemon() -> (Daemon, u16) {
     let port = free_port();
     let d = Daemon::start_with(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"));
     d.ok(&["install", everything().to_str().unwrap()]);
+    // The bundle asks for roots on its own 350 ms after it is initialized,
+    // outside any call (refused): waited for, so that it cannot fall into
+    // a test's first call (and its log message after that call's end).
+    common::wait_for(
+        Duration::from_secs(15),
+        "the bundle's own roots request",
+        || {
+            let out = d.cli(&["logs", "everything"]);
+            let text = String::from_utf8_lossy(&out.stdout).to_string();
+            text.contains("no agent's call is in flight").then_some(())
+        },
+    );
     (d, port)
 }
 
@@ -335,15 +360,14 @@ async fn an_agent_that_did_not_declare_sampling_is_not_asked() {
 }
 
 /// The bundle asks for roots on its own, 350 ms after it is initialized,
-/// in no agent's call: it gets an error at once, saying why (it logs it).
+/// in no agent's call: it gets an error at once, saying why (it logs it;
+/// [`daemon`] waits for that line).
 #[test]
 fn a_request_outside_any_agents_call_is_refused_at_once() {
     let (d, _) = daemon();
-    common::wait_for(Duration::from_secs(15), "the bundle's roots error", || {
-        let out = d.cli(&["logs", "everything"]);
-        let text = String::from_utf8_lossy(&out.stdout).to_string();
-        text.contains("no agent's call is in flight").then_some(())
-    });
+    let out = d.cli(&["logs", "everything"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(text.contains("no agent's call is in flight"), "{text}");
 }
 
 /// A 2026-07-28 agent (stateless requests, no stream the daemon could send
@@ -378,4 +402,146 @@ async fn a_stateless_agent_cannot_be_asked_and_the_bundle_learns_it_at_once() {
     )
     .await;
     client.cancel().await.unwrap();
+}
+
+/// Installs a copy of the demo bundle (its `ask` prompt asks the client
+/// for sampling while serving `prompts/get`).
+fn install_demo(d: &Daemon) {
+    let demo = d.demo_bundle("demo");
+    d.ok(&["install", demo.to_str().unwrap()]);
+}
+
+/// The text of the demo's `ask` prompt for `question`, through the gateway.
+async fn ask_prompt(client: &RunningService<RoleClient, Answering>, question: &str) -> String {
+    let arguments = json!({ "question": question }).as_object().unwrap().clone();
+    let params = GetPromptRequestParams::new("demo__ask").with_arguments(arguments);
+    let result = tokio::time::timeout(Duration::from_secs(30), client.peer().get_prompt(params))
+        .await
+        .expect("prompts/get: no answer within 30 s (a hang)")
+        .unwrap();
+    serde_json::to_string(&result.messages).unwrap()
+}
+
+/// Starts a long call of `client` to `tool` and waits until the bundle is
+/// serving it (its first progress report reached the agent).
+async fn call_in_flight(
+    client: &RunningService<RoleClient, Answering>,
+    agent: &Answering,
+    tool: &str,
+    args: Value,
+) -> tokio::task::JoinHandle<()> {
+    let peer = client.peer().clone();
+    let params = CallToolRequestParams::new(tool.to_string())
+        .with_arguments(args.as_object().unwrap().clone());
+    let call = tokio::spawn(async move {
+        let _ = peer.call_tool(params).await;
+    });
+    until(agent, "the long call's first progress", |s| s == "progress").await;
+    call
+}
+
+/// Agent B's `prompts/get` makes the bundle ask for sampling while agent
+/// A has a tool call in flight on it. The request serves B's prompt: A is
+/// never asked (it would read B's argument, and its answer would land in
+/// B's prompt). Over stdio the bundle's request names no request, and two
+/// callers are in flight, so the bundle is refused rather than a guess
+/// made; alone, B's prompt's sampling goes to B.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundles_request_while_serving_one_agents_prompt_never_reaches_another_agent() {
+    let (d, port) = daemon();
+    install_demo(&d);
+    let a = Answering::new(all_capabilities());
+    let (_child, client_a) = stdio_agent(&d, a.clone()).await;
+    let b = Answering::new(all_capabilities());
+    let client_b = http_agent(&d, port, b.clone()).await;
+
+    // B alone: its prompt's sampling reaches B, and B's answer is in it.
+    let text = ask_prompt(&client_b, "B asks alone").await;
+    assert!(
+        text.contains("the client's answer") && text.contains("forty-two"),
+        "{text}"
+    );
+    assert!(
+        b.seen()
+            .iter()
+            .any(|s| s.starts_with("sampling") && s.contains("B asks alone")),
+        "{:?}",
+        b.seen()
+    );
+
+    // A's call in flight on the same bundle, then B's prompt.
+    let long = call_in_flight(
+        &client_a,
+        &a,
+        "demo__progress",
+        json!({"steps": 600, "delay_ms": 50}),
+    )
+    .await;
+    let text = ask_prompt(&client_b, "B's secret: the vault code is 7731").await;
+    assert!(
+        text.contains("sampling refused") && text.contains("several callers"),
+        "{text}"
+    );
+    assert!(
+        !a.seen().iter().any(|s| s.starts_with("sampling")),
+        "agent A was asked to sample B's prompt: {:?}",
+        a.seen()
+    );
+    assert!(
+        !b.seen().iter().any(|s| s.contains("7731")),
+        "a guess went to B: {:?}",
+        b.seen()
+    );
+    long.abort();
+    client_b.cancel().await.unwrap();
+    client_a.cancel().await.unwrap();
+}
+
+/// The operator's `bundlevisor call` of a tool that asks for sampling,
+/// while a gateway agent has a call in flight on the same bundle: the
+/// agent is never asked (it would read the operator's text, and its answer
+/// would become the operator's result). Alone, the operator's call is
+/// refused too: nobody stands behind the control socket to ask.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundles_request_while_serving_the_operators_call_never_reaches_an_agent() {
+    let (d, _) = daemon();
+    let a = Answering::new(all_capabilities());
+    let (_child, client_a) = stdio_agent(&d, a.clone()).await;
+
+    let operator_call = |text: &str| {
+        let out = d.cli(&[
+            "call",
+            "everything",
+            "trigger-sampling-request",
+            &json!({ "prompt": text }).to_string(),
+        ]);
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let out = tokio::task::block_in_place(|| operator_call("the operator alone"));
+    assert!(out.contains("operator's control socket"), "{out}");
+
+    let long = call_in_flight(
+        &client_a,
+        &a,
+        "everything__trigger-long-running-operation",
+        json!({"duration": 60, "steps": 60}),
+    )
+    .await;
+    let out = tokio::task::block_in_place(|| operator_call("operator's secret 5521"));
+    assert!(
+        !out.contains("forty-two"),
+        "the agent answered the operator: {out}"
+    );
+    assert!(out.contains("several callers"), "{out}");
+    assert!(
+        !a.seen().iter().any(|s| s.starts_with("sampling")),
+        "the agent was asked to sample the operator's text: {:?}",
+        a.seen()
+    );
+    long.abort();
+    client_a.cancel().await.unwrap();
 }

@@ -4,10 +4,16 @@
 //!
 //! It also declares `sampling`, `elicitation` and `roots`, and passes the
 //! bundle's requests of those kinds (and its log messages) to the agent
-//! whose call the bundle is serving ([`Callers`]): the one agent with calls
-//! in flight on this connection. A request that arrives outside any agent's
-//! call, while calls of several agents are in flight, or for a capability
-//! the agent did not declare, gets an MCP error at once.
+//! whose request the bundle is serving ([`Callers`]). Every request the
+//! daemon passes to the bundle — an agent's tool call, prompt or resource
+//! read, an operator's `bundlevisor call` — is registered with its
+//! [`Caller`] while it runs. A bundle request names the request it serves
+//! only on streamable HTTP (it arrives on that request's response stream);
+//! over stdio nothing ties it, so it goes to the caller of every request in
+//! flight when that is one and the same agent. Otherwise — nothing in
+//! flight, only the operator's requests, several callers, a request sent
+//! outside any of ours, or a capability the agent did not declare — the
+//! bundle gets an MCP error at once.
 
 // Sampling, roots and logging are deprecated by SEP-2577 in the newest
 // revision; bundles speak 2025-11-25, where they are the spec.
@@ -27,7 +33,7 @@ use rmcp::model::{
     ListRootsResult, LoggingMessageNotification, LoggingMessageNotificationParam, ProtocolVersion,
     RequestMetaObject, ResourceUpdatedNotificationParam, ServerNotification, ServerRequest,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{InboundStreamOrigin, RequestContext};
 use rmcp::{ClientHandler, ErrorData, RoleClient};
 use serde_json::{json, Map, Value};
 
@@ -154,24 +160,59 @@ impl Subscribers {
     }
 }
 
-/// The agents whose calls are in flight on one bundle connection, each
-/// entry held by its call ([`CallerGuard`]).
+/// Who a request to a bundle comes from; the bundle's own requests while
+/// serving it may go to that caller only.
+#[derive(Clone)]
+pub enum Caller {
+    /// An agent of the gateway (either transport).
+    Agent(Arc<dyn Agent>),
+    /// The operator over the control socket (`bundlevisor call`,
+    /// `bundle.mcp`): nobody a bundle's request could be passed to.
+    Operator,
+}
+
+impl Caller {
+    fn is(&self, other: &Caller) -> bool {
+        match (self, other) {
+            (Caller::Agent(a), Caller::Agent(b)) => same(a, b),
+            (Caller::Operator, Caller::Operator) => true,
+            _ => false,
+        }
+    }
+}
+
+/// The requests in flight on one bundle connection and their callers,
+/// each entry held by its request ([`CallerGuard`]).
 #[derive(Clone, Default)]
-pub struct Callers(Arc<Mutex<Vec<Caller>>>);
+pub struct Callers(Arc<Mutex<Vec<InFlightRequest>>>);
 
-/// A call in flight (its id) and its agent.
-type Caller = (u64, Arc<dyn Agent>);
+/// A request in flight: its key, its caller, and once sent its JSON-RPC id
+/// on the bundle connection (a bundle on streamable HTTP names it).
+struct InFlightRequest {
+    key: u64,
+    caller: Caller,
+    sent_as: Option<rmcp::model::RequestId>,
+}
 
-/// Removes its call's entry from [`Callers`] when the call ends.
+/// Removes its request's entry from [`Callers`] when the request ends.
 pub struct CallerGuard {
     callers: Callers,
-    id: u64,
+    key: u64,
+}
+
+impl CallerGuard {
+    /// Records the id the request was sent with.
+    pub fn sent_as(&self, id: rmcp::model::RequestId) {
+        let mut list = self.callers.lock();
+        if let Some(entry) = list.iter_mut().find(|e| e.key == self.key) {
+            entry.sent_as = Some(id);
+        }
+    }
 }
 
 impl Drop for CallerGuard {
     fn drop(&mut self) {
-        let mut list = self.callers.0.lock().unwrap_or_else(|e| e.into_inner());
-        list.retain(|(id, _)| *id != self.id);
+        self.callers.lock().retain(|e| e.key != self.key);
     }
 }
 
@@ -179,43 +220,75 @@ fn same(a: &Arc<dyn Agent>, b: &Arc<dyn Agent>) -> bool {
     std::ptr::eq(Arc::as_ptr(a) as *const (), Arc::as_ptr(b) as *const ())
 }
 
+const NO_CALL: &str = "no agent's call is in flight on this bundle: bundlevisor passes sampling, elicitation and roots requests only to the agent whose request the bundle is serving";
+const OPERATOR: &str = "the request the bundle is serving comes from the operator's control socket (bundlevisor call), not from an agent: there is nobody to ask";
+const SEVERAL: &str = "requests of several callers (agents, or the operator) are in flight on this bundle, and the request does not say which one it belongs to: bundlevisor does not guess";
+const UNASSOCIATED: &str = "the bundle sent this request outside any request of bundlevisor's (on its standalone stream): bundlevisor passes sampling, elicitation and roots requests only to the agent whose request the bundle is serving";
+
 impl Callers {
-    /// Records a call of `agent` until the guard is dropped.
-    pub fn enter(&self, agent: Arc<dyn Agent>) -> CallerGuard {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<InFlightRequest>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a request of `caller` until the guard is dropped. Entered
+    /// before the request is sent: the bundle may ask at once.
+    pub fn enter(&self, caller: Caller) -> CallerGuard {
         static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push((id, agent));
+        let key = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.lock().push(InFlightRequest {
+            key,
+            caller,
+            sent_as: None,
+        });
         CallerGuard {
             callers: self.clone(),
-            id,
+            key,
         }
     }
 
-    /// The one agent with calls in flight, or why there is none to ask.
-    fn sole(&self) -> Result<Arc<dyn Agent>, String> {
-        let list = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((_, first)) = list.first() else {
-            return Err("no agent's call is in flight on this bundle: bundlevisor passes sampling, elicitation and roots requests only to the agent whose tool call the bundle is serving".into());
+    /// The agent a bundle's request (or log message) belongs to, or why
+    /// there is none to ask. `origin` is the stream it came on (streamable
+    /// HTTP only): the response stream of one of our requests names that
+    /// request; the standalone stream names none.
+    fn agent_for(&self, origin: Option<&InboundStreamOrigin>) -> Result<Arc<dyn Agent>, String> {
+        let list = self.lock();
+        let named = match origin {
+            Some(InboundStreamOrigin::Unassociated) => return Err(UNASSOCIATED.into()),
+            Some(InboundStreamOrigin::OutboundRequest(id)) => {
+                list.iter().find(|e| e.sent_as.as_ref() == Some(id))
+            }
+            None => None,
         };
-        if list.iter().any(|(_, a)| !same(a, first)) {
-            return Err("calls of several agents are in flight on this bundle, and the request does not say which one it belongs to: bundlevisor does not guess".into());
+        let caller = match named {
+            Some(entry) => &entry.caller,
+            // Nothing ties it to a request: only one caller may be meant.
+            None => {
+                let Some(first) = list.first() else {
+                    return Err(NO_CALL.into());
+                };
+                if list.iter().any(|e| !e.caller.is(&first.caller)) {
+                    return Err(SEVERAL.into());
+                }
+                &first.caller
+            }
+        };
+        match caller {
+            Caller::Agent(agent) => Ok(agent.clone()),
+            Caller::Operator => Err(OPERATOR.into()),
         }
-        Ok(first.clone())
     }
 
-    /// Passes a request of the bundle to the sole calling agent, if it
-    /// declared the capability (`declared`, named `what`).
+    /// Passes a request of the bundle to the agent whose request it serves,
+    /// if it declared the capability (`declared`, named `what`).
     async fn forward(
         &self,
         what: &str,
         declared: impl Fn(&ClientCapabilities) -> bool,
         request: ServerRequest,
+        context: &RequestContext<RoleClient>,
     ) -> Result<ClientResult, ErrorData> {
         let agent = self
-            .sole()
+            .agent_for(context.extensions.get::<InboundStreamOrigin>())
             .map_err(|why| ErrorData::new(ErrorCode::INVALID_REQUEST, why, None))?;
         if let Some(why) = agent.unreachable() {
             return Err(ErrorData::new(ErrorCode::INVALID_REQUEST, why, None));
@@ -302,12 +375,12 @@ impl ClientHandler for BundleClient {
     async fn create_message(
         &self,
         params: CreateMessageRequestParams,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<CreateMessageResult, ErrorData> {
         let request = ServerRequest::CreateMessageRequest(CreateMessageRequest::new(params));
         match self
             .callers
-            .forward("sampling", |c| c.sampling.is_some(), request)
+            .forward("sampling", |c| c.sampling.is_some(), request, &context)
             .await?
         {
             ClientResult::CreateMessageResult(r) => Ok(*r),
@@ -318,12 +391,17 @@ impl ClientHandler for BundleClient {
     async fn create_elicitation(
         &self,
         params: ElicitRequestParams,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, ErrorData> {
         let request = ServerRequest::ElicitRequest(ElicitRequest::new(params));
         match self
             .callers
-            .forward("elicitation", |c| c.elicitation.is_some(), request)
+            .forward(
+                "elicitation",
+                |c| c.elicitation.is_some(),
+                request,
+                &context,
+            )
             .await?
         {
             ClientResult::ElicitResult(r) => Ok(r),
@@ -333,12 +411,12 @@ impl ClientHandler for BundleClient {
 
     async fn list_roots(
         &self,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<ListRootsResult, ErrorData> {
         let request = ServerRequest::ListRootsRequest(ListRootsRequest::default());
         match self
             .callers
-            .forward("roots", |c| c.roots.is_some(), request)
+            .forward("roots", |c| c.roots.is_some(), request, &context)
             .await?
         {
             ClientResult::ListRootsResult(r) => Ok(r),
@@ -351,8 +429,9 @@ impl ClientHandler for BundleClient {
         params: LoggingMessageNotificationParam,
         _context: rmcp::service::NotificationContext<RoleClient>,
     ) {
-        // To the agent whose call is in flight; otherwise only the log.
-        match self.callers.sole() {
+        // To the agent whose request the bundle serves (no notification
+        // names its request: the one caller in flight); otherwise dropped.
+        match self.callers.agent_for(None) {
             Ok(agent) => {
                 let note = ServerNotification::LoggingMessageNotification(
                     LoggingMessageNotification::new(params),
@@ -365,7 +444,7 @@ impl ClientHandler for BundleClient {
                 workspace = %self.host.requester.workspace,
                 bundle = %self.host.requester.bundle,
                 level = ?params.level,
-                "a log message of the bundle outside any agent's call was dropped"
+                "a log message of the bundle outside a single agent's request was dropped"
             ),
         }
     }
@@ -426,4 +505,87 @@ impl ClientHandler for BundleClient {
 
 fn to_error_data(e: HostError) -> ErrorData {
     ErrorData::new(ErrorCode(e.code), e.message, Some(e.data))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::RequestId;
+
+    /// An agent that is only told apart from others (nothing is sent).
+    struct Quiet;
+
+    impl Agent for Quiet {
+        fn capabilities(&self) -> ClientCapabilities {
+            ClientCapabilities::default()
+        }
+        fn request(&self, _: ServerRequest) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
+            Box::pin(async { Err(ErrorData::internal_error("not asked in this test", None)) })
+        }
+        fn notify(&self, _: ServerNotification) -> BoxFuture<'static, ()> {
+            Box::pin(async {})
+        }
+        fn resource_updated(&self, _: &str, _: &str) -> BoxFuture<'static, ()> {
+            Box::pin(async {})
+        }
+        fn gone(&self) -> bool {
+            false
+        }
+        fn unreachable(&self) -> Option<String> {
+            None
+        }
+    }
+
+    fn on_stream_of(id: i64) -> InboundStreamOrigin {
+        InboundStreamOrigin::OutboundRequest(RequestId::Number(id))
+    }
+
+    /// Who a bundle's request goes to: the caller of the request its
+    /// stream names (streamable HTTP), else the one caller in flight, else
+    /// nobody — with the reason.
+    #[test]
+    fn a_bundles_request_goes_to_the_caller_of_the_request_it_serves_or_to_nobody() {
+        let callers = Callers::default();
+        let (a, b): (Arc<dyn Agent>, Arc<dyn Agent>) = (Arc::new(Quiet), Arc::new(Quiet));
+        let is = |got: Result<Arc<dyn Agent>, String>, want: &Arc<dyn Agent>| {
+            same(&got.expect("an agent"), want)
+        };
+        assert_eq!(callers.agent_for(None).err().as_deref(), Some(NO_CALL));
+
+        let call_a = callers.enter(Caller::Agent(a.clone()));
+        call_a.sent_as(RequestId::Number(1));
+        let call_b = callers.enter(Caller::Agent(b.clone()));
+        call_b.sent_as(RequestId::Number(2));
+        let operator = callers.enter(Caller::Operator);
+        operator.sent_as(RequestId::Number(3));
+
+        assert!(is(callers.agent_for(Some(&on_stream_of(2))), &b));
+        assert!(is(callers.agent_for(Some(&on_stream_of(1))), &a));
+        assert_eq!(
+            callers.agent_for(Some(&on_stream_of(3))).err().as_deref(),
+            Some(OPERATOR)
+        );
+        let outside = Some(&InboundStreamOrigin::Unassociated);
+        assert_eq!(
+            callers.agent_for(outside).err().as_deref(),
+            Some(UNASSOCIATED)
+        );
+        // Nothing ties it (stdio), or a stream of a request not noted: no guess.
+        assert_eq!(callers.agent_for(None).err().as_deref(), Some(SEVERAL));
+        assert_eq!(
+            callers.agent_for(Some(&on_stream_of(9))).err().as_deref(),
+            Some(SEVERAL)
+        );
+
+        drop(call_b);
+        assert_eq!(callers.agent_for(None).err().as_deref(), Some(SEVERAL));
+        drop(operator);
+        let again = callers.enter(Caller::Agent(a.clone()));
+        assert!(is(callers.agent_for(None), &a), "one agent, two calls");
+        drop((call_a, again));
+        let operator = callers.enter(Caller::Operator);
+        assert_eq!(callers.agent_for(None).err().as_deref(), Some(OPERATOR));
+        drop(operator);
+        assert_eq!(callers.agent_for(None).err().as_deref(), Some(NO_CALL));
+    }
 }

@@ -571,9 +571,97 @@ pub struct Profile {
     /// Bundles the profile may use (all when absent).
     #[serde(default)]
     pub bundles: Option<Vec<String>>,
-    /// Namespaced tools (`BUNDLE__TOOL`) hidden and refused.
+    /// Tools hidden and refused, each named by its bundle and its own
+    /// name (never by the exposed name, which a collision may move).
     #[serde(default)]
-    pub exclude_tools: Vec<String>,
+    pub exclude_tools: Vec<ToolRef>,
+}
+
+/// A tool of a bundle, as a profile's `exclude_tools` names it: by the
+/// pair, not by the exposed `BUNDLE__TOOL` string the gateway assigns
+/// (a collision gives another tool that string and moves this one to
+/// `BUNDLE__TOOL__2`). Written `{ bundle = "a__b", tool = "sh" }`, or as
+/// the string `"BUNDLE__TOOL"` when it splits at `__` into a bundle name
+/// and a tool in one way only (`"demo__sleep"`); a string that splits in
+/// several ways (`"a__b__sh"`: bundle `a` tool `b__sh`, or bundle `a__b`
+/// tool `sh`) is refused with both readings.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(try_from = "ToolEntry")]
+pub struct ToolRef {
+    pub bundle: String,
+    pub tool: String,
+}
+
+/// How a [`ToolRef`] is written in the config.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ToolEntry {
+    Named(String),
+    Pair(ToolPair),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ToolPair {
+    bundle: String,
+    tool: String,
+}
+
+impl TryFrom<ToolEntry> for ToolRef {
+    type Error = String;
+
+    fn try_from(entry: ToolEntry) -> Result<Self, String> {
+        match entry {
+            ToolEntry::Pair(ToolPair { bundle, tool }) => {
+                crate::names::check_name("bundle", &bundle).map_err(|e| {
+                    format!("exclude_tools entry {{ bundle = {bundle:?}, tool = {tool:?} }}: {e}")
+                })?;
+                if tool.is_empty() {
+                    return Err(format!(
+                        "exclude_tools entry {{ bundle = {bundle:?}, tool = \"\" }}: the tool name is empty"
+                    ));
+                }
+                Ok(ToolRef { bundle, tool })
+            }
+            ToolEntry::Named(text) => ToolRef::parse(&text),
+        }
+    }
+}
+
+impl ToolRef {
+    /// `"BUNDLE__TOOL"`, when it splits into a bundle name and a tool in
+    /// exactly one way.
+    pub fn parse(text: &str) -> Result<ToolRef, String> {
+        // Every `__`, overlapping ones too ("a___b" reads as "a" + "_b"
+        // and as "a_" + "b"); `_` is ASCII, so each is a char boundary.
+        let readings: Vec<ToolRef> = (0..text.len())
+            .filter(|&i| text.as_bytes()[i..].starts_with(b"__"))
+            .map(|i| ToolRef {
+                bundle: text[..i].to_string(),
+                tool: text[i + 2..].to_string(),
+            })
+            .filter(|r| crate::names::check_name("bundle", &r.bundle).is_ok() && !r.tool.is_empty())
+            .collect();
+        match readings.as_slice() {
+            [one] => Ok(one.clone()),
+            [] => Err(format!(
+                "exclude_tools entry {text:?} must name a tool as BUNDLE__TOOL, or as {{ bundle = \"BUNDLE\", tool = \"TOOL\" }}"
+            )),
+            several => Err(format!(
+                "exclude_tools entry {text:?} is ambiguous: it may mean {}; write the one meant as {{ bundle = \"…\", tool = \"…\" }}",
+                several
+                    .iter()
+                    .map(|r| format!("{{ bundle = {:?}, tool = {:?} }}", r.bundle, r.tool))
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            )),
+        }
+    }
+
+    /// Whether this names `tool` of `bundle`.
+    pub fn is(&self, bundle: &str, tool: &str) -> bool {
+        self.bundle == bundle && self.tool == tool
+    }
 }
 
 /// Where the key that encrypts stored credentials comes from
@@ -1072,14 +1160,6 @@ impl Config {
             if let Err(e) = crate::names::check_name("profile", &p.name) {
                 problems.push(format!("profile {:?}: {e}", p.name));
             }
-            for t in &p.exclude_tools {
-                if !t.contains("__") {
-                    problems.push(format!(
-                        "profile {:?}: exclude_tools entry {t:?} must be a namespaced tool name, BUNDLE__TOOL",
-                        p.name
-                    ));
-                }
-            }
         }
         for (i, watch) in self.watch.iter().enumerate() {
             if let Err(e) = crate::names::check_name("workspace", &watch.workspace) {
@@ -1285,5 +1365,56 @@ mod tests {
             err.to_string().contains("stop_grace") || err.to_string().contains("soon"),
             "{err}"
         );
+    }
+
+    /// A profile names a tool by (bundle, tool): a string that splits at
+    /// `__` in one way only is that pair, one that splits in several ways
+    /// is refused with every reading, and the table form says it exactly.
+    #[test]
+    fn profile_exclusions_name_one_tool_of_one_bundle() {
+        let base = Path::new("/");
+        let profile = |entries: &str| {
+            Config::from_toml(
+                &format!("[[profile]]\nname = \"p\"\nexclude_tools = [{entries}]\n"),
+                base,
+            )
+            .map(|c| c.profiles[0].exclude_tools.clone())
+            .map_err(|e| e.to_string())
+        };
+        let pair = |bundle: &str, tool: &str| ToolRef {
+            bundle: bundle.into(),
+            tool: tool.into(),
+        };
+        assert_eq!(
+            profile(r#""demo__sleep", "my_bundle__a-b""#).unwrap(),
+            [pair("demo", "sleep"), pair("my_bundle", "a-b")]
+        );
+        // "demo__x/y" is no bundle name: one reading is left.
+        assert_eq!(
+            profile(r#""demo__x/y__z""#).unwrap(),
+            [pair("demo", "x/y__z")]
+        );
+        assert_eq!(
+            profile(r#"{ bundle = "a__b", tool = "sh" }, { bundle = "a", tool = "b__sh" }"#)
+                .unwrap(),
+            [pair("a__b", "sh"), pair("a", "b__sh")]
+        );
+        let err = profile(r#""a__b__sh""#).unwrap_err();
+        assert!(
+            err.contains("ambiguous")
+                && err.contains(r#"{ bundle = "a", tool = "b__sh" }"#)
+                && err.contains(r#"{ bundle = "a__b", tool = "sh" }"#),
+            "{err}"
+        );
+        let err = profile(r#""a___b""#).unwrap_err();
+        assert!(err.contains("ambiguous"), "{err}");
+        for bad in [r#""sleep""#, r#""demo__""#, r#""__sleep""#] {
+            let err = profile(bad).unwrap_err();
+            assert!(err.contains("BUNDLE__TOOL"), "{bad}: {err}");
+        }
+        let err = profile(r#"{ bundle = "../x", tool = "sh" }"#).unwrap_err();
+        assert!(err.contains("../x"), "{err}");
+        let err = profile(r#"{ bundle = "a", tool = "sh", extra = 1 }"#).unwrap_err();
+        assert!(err.contains("exclude_tools"), "{err}");
     }
 }

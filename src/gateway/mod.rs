@@ -41,12 +41,9 @@ pub use server::{Gateway, DEFAULT_WAIT_READY};
 pub trait Backend: Send + Sync + 'static {
     /// `bundle.tools`.
     fn tools(&self, p: ToolsParams) -> BoxFuture<'_, Result<ToolsResult, RpcError>>;
-    /// `bundle.mcp`, on behalf of `agent` (its subscriptions).
-    fn mcp(
-        &self,
-        p: McpParams,
-        agent: Option<Arc<dyn Agent>>,
-    ) -> BoxFuture<'_, Result<Value, RpcError>>;
+    /// `bundle.mcp`, on behalf of `agent`: the bundle's requests while
+    /// serving it go to that agent, and a subscription it takes is its.
+    fn mcp(&self, p: McpParams, agent: Arc<dyn Agent>) -> BoxFuture<'_, Result<Value, RpcError>>;
     /// `workspace.resources`.
     fn workspace_resources(
         &self,
@@ -59,7 +56,7 @@ pub trait Backend: Send + Sync + 'static {
         p: CallParams,
         progress: Option<mpsc::Sender<ProgressNotificationParam>>,
         cancel: CancellationToken,
-        agent: Option<Arc<dyn Agent>>,
+        agent: Arc<dyn Agent>,
     ) -> BoxFuture<'_, Result<Value, RpcError>>;
     /// The daemon's lifecycle events from now on.
     fn events(&self) -> broadcast::Receiver<LifecycleEvent>;

@@ -116,11 +116,14 @@ impl Gateway {
             .is_none_or(|allowed| allowed.iter().any(|b| b == bundle))
     }
 
-    fn tool_excluded(&self, exposed: &str) -> bool {
+    /// Whether the profile hides `tool` of `bundle`: decided on the pair,
+    /// before exposed names are assigned, so no collision can move an
+    /// excluded tool to a name the profile does not know.
+    fn tool_excluded(&self, bundle: &str, tool: &str) -> bool {
         self.0
             .profile
             .as_ref()
-            .is_some_and(|p| p.exclude_tools.iter().any(|t| t == exposed))
+            .is_some_and(|p| p.exclude_tools.iter().any(|t| t.is(bundle, tool)))
     }
 
     /// The workspace's bundles the profile allows: name, state, tools.
@@ -174,14 +177,13 @@ impl Gateway {
             ready.push(bundle.clone());
             for tool in tools {
                 if let Some(name) = tool.get("name").and_then(Value::as_str) {
-                    by_pair.insert((bundle.clone(), name.to_string()), tool.clone());
+                    if !self.tool_excluded(&bundle, name) {
+                        by_pair.insert((bundle.clone(), name.to_string()), tool.clone());
+                    }
                 }
             }
         }
-        let entries: Vec<Entry> = names::namespace(by_pair.keys().cloned())
-            .into_iter()
-            .filter(|e| !self.tool_excluded(&e.exposed))
-            .collect();
+        let entries: Vec<Entry> = names::namespace(by_pair.keys().cloned());
         let tools = entries
             .iter()
             .map(|e| {
@@ -226,23 +228,15 @@ impl Gateway {
         })
     }
 
+    /// A request passed to a bundle on behalf of `agent`: the bundle's
+    /// requests while serving it go to that agent only, and a
+    /// subscription the bundle takes is that agent's.
     async fn bundle_mcp(
         &self,
         bundle: &str,
         method_name: &str,
         params: Value,
-    ) -> Result<Value, RpcError> {
-        self.bundle_mcp_for(bundle, method_name, params, None).await
-    }
-
-    /// A request passed to a bundle on behalf of `agent` (a subscription
-    /// the bundle takes is that agent's).
-    async fn bundle_mcp_for(
-        &self,
-        bundle: &str,
-        method_name: &str,
-        params: Value,
-        agent: Option<Arc<dyn Agent>>,
+        agent: Arc<dyn Agent>,
     ) -> Result<Value, RpcError> {
         self.0
             .backend
@@ -274,11 +268,11 @@ impl Gateway {
                 None,
             ));
         };
-        self.bundle_mcp_for(
+        self.bundle_mcp(
             &bundle,
             method_name,
             json!({ "uri": original }),
-            Some(self.agent(peer)),
+            self.agent(peer),
         )
         .await
         .map_err(to_mcp)?;
@@ -291,11 +285,16 @@ impl Gateway {
         &self,
         list_method: &str,
         field: &str,
+        peer: &Peer<RoleServer>,
     ) -> Result<Vec<(String, Value)>, ErrorData> {
         let bundles = self.ready_bundles().await?;
-        let asks = bundles.iter().map(|(bundle, _)| async move {
-            let answer = self.bundle_mcp(bundle, list_method, json!({})).await;
-            (bundle.clone(), answer)
+        let agent = self.agent(peer);
+        let asks = bundles.iter().map(|(bundle, _)| {
+            let agent = agent.clone();
+            async move {
+                let answer = self.bundle_mcp(bundle, list_method, json!({}), agent).await;
+                (bundle.clone(), answer)
+            }
         });
         let mut out = Vec::new();
         for (bundle, answer) in futures::future::join_all(asks).await {
@@ -316,8 +315,8 @@ impl Gateway {
         Ok(out)
     }
 
-    pub async fn prompt_catalog(&self) -> Result<Vec<Value>, ErrorData> {
-        let items = self.gather("prompts/list", "prompts").await?;
+    pub async fn prompt_catalog(&self, peer: &Peer<RoleServer>) -> Result<Vec<Value>, ErrorData> {
+        let items = self.gather("prompts/list", "prompts", peer).await?;
         let mut by_pair = BTreeMap::new();
         for (bundle, prompt) in items {
             if let Some(name) = prompt.get("name").and_then(Value::as_str) {
@@ -337,7 +336,7 @@ impl Gateway {
         Ok(prompts)
     }
 
-    pub async fn resource_catalog(&self) -> Result<Vec<Value>, ErrorData> {
+    pub async fn resource_catalog(&self, peer: &Peer<RoleServer>) -> Result<Vec<Value>, ErrorData> {
         let files: Value = self
             .0
             .backend
@@ -353,7 +352,7 @@ impl Gateway {
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
-        for (bundle, mut resource) in self.gather("resources/list", "resources").await? {
+        for (bundle, mut resource) in self.gather("resources/list", "resources", peer).await? {
             let (Some(uri), Some(name)) = (
                 resource
                     .get("uri")
@@ -525,7 +524,7 @@ impl ServerHandler for Gateway {
         let exposed = request.name.to_string();
         let refresh = async { self.tool_catalog().await.map(|_| ()) };
         let route = self.route(&self.0.tools, &exposed, refresh).await?;
-        if self.tool_excluded(&exposed) || !self.bundle_allowed(&route.bundle) {
+        if self.tool_excluded(&route.bundle, &route.name) || !self.bundle_allowed(&route.bundle) {
             return Err(ErrorData::invalid_params(
                 format!("tool {exposed:?} is not available in this profile"),
                 None,
@@ -561,7 +560,7 @@ impl ServerHandler for Gateway {
             |progress| {
                 self.0
                     .backend
-                    .call(params, progress, context.ct.clone(), Some(agent))
+                    .call(params, progress, context.ct.clone(), agent)
             },
             notify,
         )
@@ -573,25 +572,31 @@ impl ServerHandler for Gateway {
     async fn list_prompts(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
-        let prompts = decode(Value::Array(self.prompt_catalog().await?), "prompt list")?;
+        let catalog = self.prompt_catalog(&context.peer).await?;
+        let prompts = decode(Value::Array(catalog), "prompt list")?;
         Ok(ListPromptsResult::with_all_items(prompts))
     }
 
     async fn get_prompt(
         &self,
         request: GetPromptRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
-        let refresh = async { self.prompt_catalog().await.map(|_| ()) };
+        let refresh = async { self.prompt_catalog(&context.peer).await.map(|_| ()) };
         let route = self.route(&self.0.prompts, &request.name, refresh).await?;
         let mut params = json!({ "name": route.name });
         if let Some(arguments) = &request.arguments {
             params["arguments"] = json!(arguments);
         }
         let answer = self
-            .bundle_mcp(&route.bundle, "prompts/get", params)
+            .bundle_mcp(
+                &route.bundle,
+                "prompts/get",
+                params,
+                self.agent(&context.peer),
+            )
             .await
             .map_err(to_mcp)?;
         let result: GetPromptResult = decode(answer, "prompt")?;
@@ -601,10 +606,10 @@ impl ServerHandler for Gateway {
     async fn list_resources(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
         let resources = decode(
-            Value::Array(self.resource_catalog().await?),
+            Value::Array(self.resource_catalog(&context.peer).await?),
             "resource list",
         )?;
         Ok(ListResourcesResult::with_all_items(resources))
@@ -640,7 +645,7 @@ impl ServerHandler for Gateway {
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         let answer = if let Some((bundle, original)) = names::parse_bundle_uri(&request.uri) {
             if !self.bundle_allowed(&bundle) {
@@ -650,7 +655,12 @@ impl ServerHandler for Gateway {
                 ));
             }
             let mut answer = self
-                .bundle_mcp(&bundle, "resources/read", json!({ "uri": original }))
+                .bundle_mcp(
+                    &bundle,
+                    "resources/read",
+                    json!({ "uri": original }),
+                    self.agent(&context.peer),
+                )
                 .await
                 .map_err(to_mcp)?;
             // The contents carry the URI the client asked for.

@@ -7,14 +7,28 @@
 //! `host_list`, which call the host's `ai.nimblebrain/resources/*` methods
 //! back over the MCP session and return the raw JSON result (or, as a tool
 //! error, the JSON-RPC error `{code, message, data}`).
+//!
+//! Prompt: `ask` (argument `question`) asks the client for an LLM
+//! completion (`sampling/createMessage`) while it serves `prompts/get`, and
+//! answers with the client's reply, or with why there was none.
+//!
+//! `DEMO_TOOL_ALIASES` (comma-separated names) adds a tool of each name,
+//! answering `tool NAME`: bundles whose tool names collide in a gateway.
+
+// Sampling is deprecated by SEP-2577 in rmcp's newest revision; the
+// 2025-11-25 revision the bundle speaks has it.
+#![allow(deprecated)]
 
 use std::time::Duration;
 
+use rmcp::handler::server::router::tool::ToolRoute;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResult, ClientResult, ContentBlock, CustomRequest, CustomResult,
-    ProgressNotificationParam, ServerCapabilities, ServerConfig, ServerRequest,
+    CallToolResult, ClientResult, ContentBlock, CreateMessageRequestParams, CustomRequest,
+    CustomResult, GetPromptRequestParams, GetPromptResponse, GetPromptResult, ListPromptsResult,
+    PaginatedRequestParams, ProgressNotificationParam, Prompt, PromptArgument, PromptMessage, Role,
+    SamplingMessage, ServerCapabilities, ServerConfig, ServerRequest, Tool,
 };
 use rmcp::service::{RequestContext, ServiceError};
 use rmcp::{
@@ -131,9 +145,24 @@ struct Demo {
 #[tool_router]
 impl Demo {
     fn new() -> Self {
-        Demo {
-            tool_router: Self::tool_router(),
+        let mut tool_router = Self::tool_router();
+        let aliases = std::env::var("DEMO_TOOL_ALIASES").unwrap_or_default();
+        for name in aliases.split(',').filter(|n| !n.is_empty()) {
+            let schema = serde_json::json!({"type": "object"});
+            let tool = Tool::new(
+                name.to_string(),
+                "Answers with its own name",
+                std::sync::Arc::new(schema.as_object().cloned().unwrap_or_default()),
+            );
+            let answer = format!("tool {name}");
+            tool_router.add_route(ToolRoute::new_dyn(tool, move |_| {
+                let answer = answer.clone();
+                Box::pin(async move {
+                    Ok(CallToolResult::success(vec![ContentBlock::text(answer)]).into())
+                })
+            }));
         }
+        Demo { tool_router }
     }
 
     #[tool(description = "Echo the text back (after DEMO_GREETING, when set)")]
@@ -323,7 +352,58 @@ impl Demo {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Demo {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_prompts()
+                .build(),
+        )
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListPromptsResult, ErrorData> {
+        let question = PromptArgument::new("question")
+            .with_description("What to ask the client's model")
+            .with_required(true);
+        Ok(ListPromptsResult::with_all_items(vec![Prompt::new(
+            "ask",
+            Some("Asks the client's model the question (sampling) while serving the prompt"),
+            Some(vec![question]),
+        )]))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: GetPromptRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        if request.name != "ask" {
+            return Err(ErrorData::invalid_params(
+                format!("no prompt {:?}", request.name),
+                None,
+            ));
+        }
+        let question = request
+            .arguments
+            .as_ref()
+            .and_then(|a| a.get("question"))
+            .and_then(|q| q.as_str())
+            .unwrap_or_default()
+            .to_string();
+        let params =
+            CreateMessageRequestParams::new(vec![SamplingMessage::user_text(question)], 100);
+        let text = match context.peer.create_message(params).await {
+            Ok(reply) => format!(
+                "the client's answer: {}",
+                serde_json::to_string(&reply.message.content).unwrap_or_default()
+            ),
+            Err(ServiceError::McpError(e)) => format!("sampling refused: {}", e.message),
+            Err(e) => format!("sampling failed: {e}"),
+        };
+        Ok(GetPromptResult::new(vec![PromptMessage::new_text(Role::User, text)]).into())
     }
 }
 

@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::BundleMsg;
-use crate::bundle::client::{Agent, Callers, Subscribers};
+use crate::bundle::client::{Caller, Callers, Subscribers};
 use crate::protocol::BundleState;
 
 /// Why a request could not be answered by the bundle.
@@ -62,9 +62,9 @@ pub struct PendingCall {
     pub cancel: CancellationToken,
     /// Where the bundle's progress notifications for this call go.
     pub progress: Option<mpsc::Sender<ProgressNotificationParam>>,
-    /// The agent the call comes from: the bundle's sampling, elicitation
-    /// and roots requests during the call go to it.
-    pub agent: Option<Arc<dyn Agent>>,
+    /// Who the request comes from: the bundle's sampling, elicitation and
+    /// roots requests while it serves this one may go to that agent only.
+    pub caller: Caller,
     pub reply: RpcReplyPort<Result<Value, CallError>>,
 }
 
@@ -248,8 +248,8 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
             generation,
             timeout,
         } = lane;
-        // The agent is the bundle's client for as long as the call runs.
-        let caller = call.agent.clone().map(|agent| callers.enter(agent));
+        // The caller is the bundle's client for as long as the request runs.
+        let caller = callers.enter(call.caller.clone());
         let timeout = call.timeout.unwrap_or(timeout);
         let request = match &call.request {
             Ask::Tool { name, arguments } => {
@@ -265,7 +265,10 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
             .send_cancellable_request(request, PeerRequestOptions::no_options())
             .await
         {
-            Ok(handle) => handle,
+            Ok(handle) => {
+                caller.sent_as(handle.id.clone());
+                handle
+            }
             Err(e) => {
                 let _ = call.reply.send(Err(CallError::Failed(e.to_string())));
                 return;
@@ -332,7 +335,7 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
             Some(Ok(Err(e))) => Err(answer_error(&call.request, e)),
             Some(Ok(Ok(result))) => {
                 // A subscription the bundle took is the agent's.
-                if let (Ask::Mcp(request), Some(agent)) = (&call.request, &call.agent) {
+                if let (Ask::Mcp(request), Caller::Agent(agent)) = (&call.request, &call.caller) {
                     match &**request {
                         ClientRequest::SubscribeRequest(r) => {
                             subscribers.add(&r.params.uri, agent.clone())

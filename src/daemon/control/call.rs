@@ -3,7 +3,6 @@
 //! progress forwarded, cancellation, and a bounded wait for a bundle that
 //! is on its way up.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
@@ -15,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::ask::{ask, bundle_actor, limit, unavailable};
 use super::outcome::wait_ready;
 use super::{Ctx, Outbox};
-use crate::bundle::client::Agent;
+use crate::bundle::client::Caller;
 use crate::daemon::bundle::{run, Ask, BundleMsg, CallError, PendingCall};
 use crate::gateway::with_progress;
 use crate::protocol::{
@@ -84,24 +83,24 @@ pub(super) async fn call(
     };
     with_progress(
         p.progress,
-        |progress| call_bundle(&p, ctx, progress, cancel, None),
+        |progress| call_bundle(&p, ctx, progress, cancel, Caller::Operator),
         forward,
     )
     .await
 }
 
 /// A tool call through the bundle's actor, counted in the metrics: on
-/// behalf of `agent` (the gateway's), with the bundle's progress sent to
-/// `progress`.
+/// behalf of `caller` (a gateway's agent, or the operator), with the
+/// bundle's progress sent to `progress`.
 pub(super) async fn call_bundle(
     p: &CallParams,
     ctx: &Ctx,
     progress: Option<mpsc::Sender<ProgressNotificationParam>>,
     cancel: &CancellationToken,
-    agent: Option<Arc<dyn Agent>>,
+    caller: Caller,
 ) -> Result<Value, RpcError> {
     let started = std::time::Instant::now();
-    let answer = call_tool(p, ctx, progress, cancel, agent).await;
+    let answer = call_tool(p, ctx, progress, cancel, caller).await;
     // A call of a bundle that is not installed is not a bundle's call.
     let unknown = |e: &RpcError| e.data.as_ref().map(|d| d.kind) == Some(ErrorKind::BundleNotFound);
     if !matches!(&answer, Err(e) if unknown(e)) {
@@ -118,7 +117,7 @@ async fn call_tool(
     ctx: &Ctx,
     progress: Option<mpsc::Sender<ProgressNotificationParam>>,
     cancel: &CancellationToken,
-    agent: Option<Arc<dyn Agent>>,
+    caller: Caller,
 ) -> Result<Value, RpcError> {
     let actor = bundle_actor(&p.workspace, &p.name)?;
     let timeout = p.timeout_ms.map(Duration::from_millis);
@@ -130,7 +129,7 @@ async fn call_tool(
     let result = loop {
         let mut events = wait_ready_for.map(|_| ctx.shared.board.subscribe());
         let (tool, arguments) = (p.tool.clone(), p.arguments.clone());
-        let (cancel, progress, agent) = (cancel.clone(), progress.clone(), agent.clone());
+        let (cancel, progress, caller) = (cancel.clone(), progress.clone(), caller.clone());
         let pending = |reply| PendingCall {
             request: Ask::Tool {
                 name: tool,
@@ -139,7 +138,7 @@ async fn call_tool(
             timeout,
             cancel,
             progress,
-            agent,
+            caller,
             reply,
         };
         // A ready session runs the call in this task; anything else is

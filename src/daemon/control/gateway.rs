@@ -4,7 +4,6 @@
 //! ready bundle), `workspace.resources` (workspace files as MCP resources,
 //! answered by the host-resources resolver) and `gateway.profile`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::rpc::CallResult;
@@ -14,7 +13,7 @@ use serde_json::{json, Value};
 use super::ask::{bundle_actor, limit, unavailable};
 use super::files::files_call;
 use super::Ctx;
-use crate::bundle::client::Agent;
+use crate::bundle::client::Caller;
 use crate::daemon::bundle::{Ask, BundleMsg, CallError, PendingCall};
 use crate::daemon::workspace::FilesOp;
 use crate::protocol::{
@@ -26,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 /// How long a passed-through request may take.
 const PASSTHROUGH_TIMEOUT: Duration = Duration::from_secs(60);
 
-pub(super) async fn mcp(p: McpParams, agent: Option<Arc<dyn Agent>>) -> Result<Value, RpcError> {
+pub(super) async fn mcp(p: McpParams, caller: Caller) -> Result<Value, RpcError> {
     if !PASSTHROUGH_METHODS.contains(&p.method.as_str()) {
         return Err(RpcError::new(
             ErrorKind::InvalidParams,
@@ -52,7 +51,7 @@ pub(super) async fn mcp(p: McpParams, agent: Option<Arc<dyn Agent>>) -> Result<V
                     timeout: Some(PASSTHROUGH_TIMEOUT),
                     cancel: CancellationToken::new(),
                     progress: None,
-                    agent,
+                    caller,
                     reply,
                 })
             },

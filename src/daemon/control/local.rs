@@ -16,7 +16,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use super::{call, gateway, peer, Ctx};
-use crate::bundle::client::Agent;
+use crate::bundle::client::{Agent, Caller};
 use crate::daemon::supervisor::DaemonMsg;
 use crate::daemon::Shared;
 use crate::gateway::{Backend, Gateway};
@@ -41,12 +41,8 @@ impl Backend for Local {
         Box::pin(call::tools(p, &self.0))
     }
 
-    fn mcp(
-        &self,
-        p: McpParams,
-        agent: Option<Arc<dyn Agent>>,
-    ) -> BoxFuture<'_, Result<Value, RpcError>> {
-        Box::pin(gateway::mcp(p, agent))
+    fn mcp(&self, p: McpParams, agent: Arc<dyn Agent>) -> BoxFuture<'_, Result<Value, RpcError>> {
+        Box::pin(gateway::mcp(p, Caller::Agent(agent)))
     }
 
     fn workspace_resources(
@@ -61,9 +57,10 @@ impl Backend for Local {
         p: CallParams,
         progress: Option<mpsc::Sender<ProgressNotificationParam>>,
         cancel: CancellationToken,
-        agent: Option<Arc<dyn Agent>>,
+        agent: Arc<dyn Agent>,
     ) -> BoxFuture<'_, Result<Value, RpcError>> {
-        Box::pin(async move { call::call_bundle(&p, &self.0, progress, &cancel, agent).await })
+        let caller = Caller::Agent(agent);
+        Box::pin(async move { call::call_bundle(&p, &self.0, progress, &cancel, caller).await })
     }
 
     fn events(&self) -> broadcast::Receiver<LifecycleEvent> {

@@ -616,7 +616,12 @@ async fn dispatch(
         m::Tools::NAME => handle::<m::Tools, _>(p, |p| call::tools(p, ctx)).await,
         m::Call::NAME => handle::<m::Call, _>(p, |p| call::call(p, ctx, out, id, cancel)).await,
         m::Logs::NAME => handle::<m::Logs, _>(p, |p| logs::logs(p, ctx, out)).await,
-        m::Mcp::NAME => handle::<m::Mcp, _>(p, |p| gateway::mcp(p, None)).await,
+        m::Mcp::NAME => {
+            handle::<m::Mcp, _>(p, |p| {
+                gateway::mcp(p, crate::bundle::client::Caller::Operator)
+            })
+            .await
+        }
         m::WorkspaceResources::NAME => {
             handle::<m::WorkspaceResources, _>(p, |p| gateway::workspace_resources(p, ctx)).await
         }
