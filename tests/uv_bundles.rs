@@ -398,7 +398,11 @@ fn bvmark_wheel(dir: &Path) -> PathBuf {
         .arg(&wheel)
         .output()
         .unwrap();
-    assert!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
     wheel
 }
 
@@ -413,16 +417,18 @@ fn has_bvmark(d: &Daemon, name: &str) -> bool {
     })
 }
 
-/// Installs `folder` and expects a refusal that says `expected`; returns
-/// what the CLI said.
-fn refused(d: &Daemon, folder: &Path, expected: &[&str]) -> String {
+/// Installs `folder`, which must fail; returns what the CLI said.
+fn install_fails(d: &Daemon, folder: &Path) -> String {
     let out = d.cli(&["install", folder.to_str().unwrap()]);
     let said = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "installed: {said}");
+    said
+}
+
+fn assert_says(said: &str, expected: &[&str]) {
     for e in expected {
         assert!(said.contains(e), "{e:?} not in: {said}");
     }
-    said
 }
 
 /// Issue 30, finding 1: a project that only its build backend can tell
@@ -450,9 +456,14 @@ fn finding_30_1_a_bundle_build_backend_never_runs_at_install() {
         ),
     )
     .unwrap();
-    refused(
-        &d,
-        &folder,
+    let said = install_fails(&d, &folder);
+    assert!(
+        !marker.exists(),
+        "the bundle's build backend ran (as uid {})",
+        std::fs::read_to_string(&marker).unwrap_or_default()
+    );
+    assert_says(
+        &said,
         &[
             "is refused",
             "project.dynamic lists \"dependencies\"",
@@ -469,85 +480,114 @@ fn finding_30_1_a_bundle_build_backend_never_runs_at_install() {
             .contains("project.dynamic lists \"dependencies\""),
         "{b:#}"
     );
-    assert!(
-        !marker.exists(),
-        "the bundle's build backend ran (as uid {})",
-        std::fs::read_to_string(&marker).unwrap_or_default()
-    );
 }
 
-/// Issue 30, finding 1: direct references made the daemon (uv, as root)
-/// fetch any URL (a loopback one here) and read any file (a root-only
-/// wheel, installed into the world-readable environment); a lock's
-/// download URLs were fetched as they stood. Now direct references are
-/// refused, and a lock gives versions and hashes only: its files come
-/// from the configured index.
+/// Issue 30, finding 1: a direct reference made the daemon (uv, as root)
+/// fetch any URL, a loopback one here; in a lock too. Now it is refused
+/// before uv runs, and nothing is fetched.
 #[test]
-fn finding_30_1_direct_references_fetch_and_read_nothing() {
-    use std::os::unix::fs::PermissionsExt;
-    // A cache of its own: a cached wheel would hide a fetch of the lock's URL.
-    let config = uv_config().replace(
-        &Path::new(REPO).join("target/uv-cache").display().to_string(),
-        &Path::new(REPO)
-            .join("target/uv-cache-finding-30")
-            .display()
-            .to_string(),
-    );
-    let _ = std::fs::remove_dir_all(Path::new(REPO).join("target/uv-cache-finding-30"));
-    let d = Daemon::start_with(&config);
+fn finding_30_1_a_direct_reference_url_is_never_fetched() {
+    let d = Daemon::start_with(&uv_config());
     let server = Recorder::start();
     let src = d.root().join("src");
-
     let url = format!(
         "bvmark @ http://127.0.0.1:{}/bvmark-1.0-py3-none-any.whl",
         server.port
     );
     let folder = project_bundle(&src, "by-url", &pyproject_with(&url), None);
-    refused(
-        &d,
-        &folder,
+    let said = install_fails(&d, &folder);
+    assert_eq!(server.requests(), Vec::<String>::new());
+    assert_says(
+        &said,
         &[
             "project.dependencies has the direct reference",
             "allow_direct_references = true",
         ],
     );
-    assert_eq!(server.requests(), Vec::<String>::new());
 
-    // A root-only wheel.
+    // A locked package from a URL.
+    let (project, lock) = time_uv_project();
+    let lock = format!(
+        "{lock}\n[[package]]\nname = \"bvmark\"\nversion = \"1.0\"\nsource = {{ url = \"http://127.0.0.1:{}/bvmark-1.0-py3-none-any.whl\" }}\n",
+        server.port
+    );
+    let project = project.replace(
+        "\"mcp-server-time==2026.10.19\"",
+        "\"mcp-server-time==2026.10.19\", \"bvmark\"",
+    );
+    let folder = project_bundle(&src, "lock-url", &project, Some(&lock));
+    let said = install_fails(&d, &folder);
+    assert_eq!(server.requests(), Vec::<String>::new());
+    assert_says(
+        &said,
+        &["uv.lock: package \"bvmark\" comes from a url source"],
+    );
+}
+
+/// Issue 30, finding 1: `pkg @ file:///…` made uv (as root) read a wheel
+/// only root can read and install it into the world-readable environment.
+#[test]
+fn finding_30_1_a_root_only_wheel_is_never_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Daemon::start_with(&uv_config());
     let private = d.root().join("root-only");
     let wheel = bvmark_wheel(&private);
     std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
     std::fs::set_permissions(&wheel, std::fs::Permissions::from_mode(0o600)).unwrap();
     let file = format!("bvmark @ file://{}", wheel.display());
-    let folder = project_bundle(&src, "by-file", &pyproject_with(&file), None);
-    refused(&d, &folder, &["project.dependencies has the direct reference"]);
-    assert!(!has_bvmark(&d, "by-file"));
-
-    // A lock whose wheel URLs point at the loopback server: the same
-    // versions, by their hashes, come from the index.
-    let lock = std::fs::read_to_string(Path::new(REPO).join("tests/servers/time-uv/uv.lock"))
-        .unwrap()
-        .replace(
-            "https://files.pythonhosted.org/",
-            &format!("http://127.0.0.1:{}/", server.port),
-        );
-    let project =
-        std::fs::read_to_string(Path::new(REPO).join("tests/servers/time-uv/pyproject.toml"))
-            .unwrap();
-    let folder = project_bundle(&src, "by-lock", &project, Some(&lock));
-    d.ok(&["install", folder.to_str().unwrap()]);
-    assert!(current_time(&d, "by-lock").contains("datetime"));
-    assert_eq!(server.requests(), Vec::<String>::new());
-
-    // A locked package from a URL is a direct reference too.
-    let lock = format!(
-        "{}\n[[package]]\nname = \"bvmark\"\nversion = \"1.0\"\nsource = {{ url = \"http://127.0.0.1:{}/bvmark-1.0-py3-none-any.whl\" }}\n",
-        std::fs::read_to_string(Path::new(REPO).join("tests/servers/time-uv/uv.lock")).unwrap(),
-        server.port
+    let folder = project_bundle(
+        &d.root().join("src"),
+        "by-file",
+        &pyproject_with(&file),
+        None,
     );
-    let folder = project_bundle(&src, "lock-url", &project, Some(&lock));
-    refused(&d, &folder, &["uv.lock: package \"bvmark\" comes from a url source"]);
+    let said = install_fails(&d, &folder);
+    assert!(
+        !has_bvmark(&d, "by-file"),
+        "the root-only wheel was installed"
+    );
+    assert_says(&said, &["project.dependencies has the direct reference"]);
+}
+
+/// Issue 30, finding 1: `uv sync --frozen` fetched a lock's download URLs
+/// as they stood (a loopback server here). Now the lock gives versions and
+/// hashes only, and the files come from the configured index.
+#[test]
+fn finding_30_1_a_lock_download_urls_are_never_fetched() {
+    // A cache of its own: a cached wheel would hide a fetch of the lock's URL.
+    let cache = Path::new(REPO).join("target/uv-cache-lock-urls");
+    let _ = std::fs::remove_dir_all(&cache);
+    let config = uv_config().replace(
+        &Path::new(REPO)
+            .join("target/uv-cache")
+            .display()
+            .to_string(),
+        &cache.display().to_string(),
+    );
+    let d = Daemon::start_with(&config);
+    let server = Recorder::start();
+    let (project, lock) = time_uv_project();
+    let lock = lock.replace(
+        "https://files.pythonhosted.org/",
+        &format!("http://127.0.0.1:{}/", server.port),
+    );
+    let folder = project_bundle(&d.root().join("src"), "by-lock", &project, Some(&lock));
+    let out = d.cli(&["install", folder.to_str().unwrap()]);
     assert_eq!(server.requests(), Vec::<String>::new());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(current_time(&d, "by-lock").contains("datetime"));
+}
+
+/// `tests/servers/time-uv`'s `pyproject.toml` and `uv.lock`.
+fn time_uv_project() -> (String, String) {
+    let read = |name: &str| {
+        std::fs::read_to_string(Path::new(REPO).join("tests/servers/time-uv").join(name)).unwrap()
+    };
+    (read("pyproject.toml"), read("uv.lock"))
 }
 
 /// Issue 30, finding 1: `[uv] allow_direct_references = true` is the
@@ -557,7 +597,12 @@ fn finding_30_1_direct_references_install_when_the_operator_allows_them() {
     let d = Daemon::start_with(&format!("{}allow_direct_references = true\n", uv_config()));
     let wheel = bvmark_wheel(&d.root().join("wheels"));
     let file = format!("bvmark @ file://{}", wheel.display());
-    let folder = project_bundle(&d.root().join("src"), "trusted", &pyproject_with(&file), None);
+    let folder = project_bundle(
+        &d.root().join("src"),
+        "trusted",
+        &pyproject_with(&file),
+        None,
+    );
     d.ok(&["install", folder.to_str().unwrap()]);
     assert!(current_time(&d, "trusted").contains("datetime"));
     assert!(has_bvmark(&d, "trusted"));
@@ -586,8 +631,10 @@ fn finding_30_3_a_linked_pyproject_leaks_nothing_of_its_target() {
         uv_config(),
         secrets.path().to_str().unwrap()
     ));
-    d.env
-        .push(("BV_TEST_DAEMON_SECRET".into(), "sk-CANARY-uv-environ".into()));
+    d.env.push((
+        "BV_TEST_DAEMON_SECRET".into(),
+        "sk-CANARY-uv-environ".into(),
+    ));
     d.launch();
 
     let home = d.root().join("home-nobody");

@@ -70,10 +70,12 @@ pub fn read(folder: &Path) -> Result<ProjectFiles, ProjectError> {
             reason: e.kind().to_string(),
         })?
         .uid();
-    let pyproject = read_file(folder, "pyproject.toml", MAX_PYPROJECT_BYTES, owner)?
-        .ok_or_else(|| ProjectError::File {
-            path: folder.join("pyproject.toml"),
-            reason: "there is no such file; a uv bundle ships its pyproject.toml".into(),
+    let pyproject =
+        read_file(folder, "pyproject.toml", MAX_PYPROJECT_BYTES, owner)?.ok_or_else(|| {
+            ProjectError::File {
+                path: folder.join("pyproject.toml"),
+                reason: "there is no such file; a uv bundle ships its pyproject.toml".into(),
+            }
         })?;
     let lock = read_file(folder, "uv.lock", MAX_LOCK_BYTES, owner)?;
     Ok(ProjectFiles { pyproject, lock })
@@ -148,7 +150,12 @@ fn parse(folder: &Path, name: &str, bytes: &[u8]) -> Result<toml::Table, Project
         let at = e.span().map(|s| s.start).unwrap_or(0).min(text.len());
         let before = &text.as_bytes()[..at];
         let line = before.iter().filter(|b| **b == b'\n').count() + 1;
-        let column = at - before.iter().rposition(|b| *b == b'\n').map_or(0, |p| p + 1) + 1;
+        let column = at
+            - before
+                .iter()
+                .rposition(|b| *b == b'\n')
+                .map_or(0, |p| p + 1)
+            + 1;
         ProjectError::Toml {
             path,
             line,
@@ -220,7 +227,10 @@ pub fn check(
                 lists.push((keys.join("."), v));
             }
         }
-        for table in [&["project", "optional-dependencies"][..], &["dependency-groups"]] {
+        for table in [
+            &["project", "optional-dependencies"][..],
+            &["dependency-groups"],
+        ] {
             if let Some(toml::Value::Table(groups)) = at(&project, table) {
                 for (group, v) in groups {
                     lists.push((format!("{}.{group}", table.join(".")), v.clone()));
@@ -424,7 +434,10 @@ mod tests {
         checked(PLAIN, Some(lock), false).unwrap();
         let lock = format!("{lock}[[package]]\nname = \"evil\"\nversion = \"1\"\nsource = {{ url = \"http://127.0.0.1:9/evil.whl\" }}\n[[package]]\nname = \"side\"\nversion = \"1\"\nsource = {{ editable = \".\" }}\n");
         let e = checked(PLAIN, Some(&lock), false).unwrap_err();
-        assert!(e.contains("package \"evil\" comes from a url source"), "{e}");
+        assert!(
+            e.contains("package \"evil\" comes from a url source"),
+            "{e}"
+        );
         assert!(
             e.contains("package \"side\" comes from a editable source"),
             "{e}"
@@ -488,7 +501,10 @@ mod tests {
             nix::unistd::chown(&folder, Some(nix::unistd::Uid::from_raw(65534)), None).unwrap();
             std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o755)).unwrap();
             let e = read(&folder).unwrap_err().to_string();
-            assert!(e.contains("not to the bundle folder's owner (uid 65534)"), "{e}");
+            assert!(
+                e.contains("not to the bundle folder's owner (uid 65534)"),
+                "{e}"
+            );
         }
     }
 }

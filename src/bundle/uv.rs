@@ -412,11 +412,7 @@ struct Runner<'a> {
 impl Runner<'_> {
     /// One uv command; every line it prints goes to `progress`, the last
     /// ones (from its `error:` line on) into the failure.
-    async fn step(
-        &self,
-        args: &[&str],
-        progress: &mut impl FnMut(&str),
-    ) -> Result<(), UvError> {
+    async fn step(&self, args: &[&str], progress: &mut impl FnMut(&str)) -> Result<(), UvError> {
         let mut cmd = tokio::process::Command::new(self.uv);
         cmd.args(args)
             .env_clear()
