@@ -507,9 +507,17 @@ fn finding_30_1_a_direct_reference_url_is_never_fetched() {
 
     // A locked package from a URL.
     let (project, lock) = time_uv_project();
-    let lock = format!(
-        "{lock}\n[[package]]\nname = \"bvmark\"\nversion = \"1.0\"\nsource = {{ url = \"http://127.0.0.1:{}/bvmark-1.0-py3-none-any.whl\" }}\n",
+    let url = format!(
+        "http://127.0.0.1:{}/bvmark-1.0-py3-none-any.whl",
         server.port
+    );
+    let lock = lock.replace(
+        "    { name = \"mcp-server-time\" },\n]",
+        "    { name = \"bvmark\" },\n    { name = \"mcp-server-time\" },\n]",
+    );
+    let lock = format!(
+        "{lock}\n[[package]]\nname = \"bvmark\"\nversion = \"1.0\"\nsource = {{ url = \"{url}\" }}\nwheels = [{{ url = \"{url}\", hash = \"sha256:{}\" }}]\n",
+        "0".repeat(64)
     );
     let project = project.replace(
         "\"mcp-server-time==2026.10.19\"",
@@ -567,6 +575,10 @@ fn finding_30_1_a_lock_download_urls_are_never_fetched() {
     let d = Daemon::start_with(&config);
     let server = Recorder::start();
     let (project, lock) = time_uv_project();
+    let url = format!(
+        "http://127.0.0.1:{}/bvmark-1.0-py3-none-any.whl",
+        server.port
+    );
     let lock = lock.replace(
         "https://files.pythonhosted.org/",
         &format!("http://127.0.0.1:{}/", server.port),
