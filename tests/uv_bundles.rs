@@ -575,10 +575,6 @@ fn finding_30_1_a_lock_download_urls_are_never_fetched() {
     let d = Daemon::start_with(&config);
     let server = Recorder::start();
     let (project, lock) = time_uv_project();
-    let url = format!(
-        "http://127.0.0.1:{}/bvmark-1.0-py3-none-any.whl",
-        server.port
-    );
     let lock = lock.replace(
         "https://files.pythonhosted.org/",
         &format!("http://127.0.0.1:{}/", server.port),

@@ -188,7 +188,7 @@ pub fn check(
             Some(table) => {
                 let dynamic = strings(table.get("dynamic"));
                 for field in ["dependencies", "optional-dependencies"] {
-                    if dynamic.iter().any(|d| *d == field) {
+                    if dynamic.contains(&field) {
                         problems.push(format!(
                             "project.dynamic lists \"{field}\", so uv would run the project's build backend (its code, as root) to learn them; list them in project.{field}, or ship a uv.lock (`uv lock`)"
                         ));
