@@ -321,3 +321,372 @@ fn a_watched_uv_upgrade_is_built_before_the_running_version_stops() {
     assert_eq!(now.len(), 1, "{now:?}");
     assert_ne!(now, first);
 }
+
+/// A copy of `tests/servers/time-uv` at `dir/NAME` whose `pyproject.toml`
+/// is `pyproject` and whose `uv.lock` is `lock` (none: removed).
+fn project_bundle(dir: &Path, name: &str, pyproject: &str, lock: Option<&str>) -> PathBuf {
+    let folder = time_uv(dir, name, |_| {});
+    std::fs::write(folder.join("pyproject.toml"), pyproject).unwrap();
+    match lock {
+        Some(lock) => std::fs::write(folder.join("uv.lock"), lock).unwrap(),
+        None => std::fs::remove_file(folder.join("uv.lock")).unwrap(),
+    }
+    folder
+}
+
+/// `pyproject.toml` of a bundle that needs `mcp-server-time` and `extra`.
+fn pyproject_with(extra: &str) -> String {
+    format!(
+        "[project]\nname = \"time-uv\"\nversion = \"1\"\nrequires-python = \">=3.10\"\ndependencies = [\"mcp-server-time==2026.10.19\", \"{extra}\"]\n"
+    )
+}
+
+/// A loopback HTTP server that answers 404 to everything and records the
+/// request line of every connection (a connection without one too).
+struct Recorder {
+    port: u16,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Recorder {
+    fn start() -> Recorder {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = seen.clone();
+        std::thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(mut stream) = stream else { continue };
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+                let mut head = [0u8; 4096];
+                let n = stream.read(&mut head).unwrap_or(0);
+                let line = String::from_utf8_lossy(&head[..n])
+                    .lines()
+                    .next()
+                    .unwrap_or("(a connection without a request)")
+                    .to_string();
+                record.lock().unwrap().push(line);
+                let _ = stream.write_all(
+                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                );
+            }
+        });
+        Recorder { port, seen }
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// Writes the wheel `bvmark-1.0-py3-none-any.whl` (module `bvmark`) in `dir`.
+fn bvmark_wheel(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    let wheel = dir.join("bvmark-1.0-py3-none-any.whl");
+    let made = Command::new("python3")
+        .arg("-c")
+        .arg(
+            "import sys, zipfile\n\
+             files = {'bvmark/__init__.py': 'VALUE = 1\\n',\n\
+              'bvmark-1.0.dist-info/METADATA': 'Metadata-Version: 2.1\\nName: bvmark\\nVersion: 1.0\\n',\n\
+              'bvmark-1.0.dist-info/WHEEL': 'Wheel-Version: 1.0\\nGenerator: test\\nRoot-Is-Purelib: true\\nTag: py3-none-any\\n'}\n\
+             files['bvmark-1.0.dist-info/RECORD'] = ''.join(n + ',,\\n' for n in files) + 'bvmark-1.0.dist-info/RECORD,,\\n'\n\
+             with zipfile.ZipFile(sys.argv[1], 'w') as z:\n\
+             \x20   [z.writestr(n, t) for n, t in files.items()]\n",
+        )
+        .arg(&wheel)
+        .output()
+        .unwrap();
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    wheel
+}
+
+/// Whether an environment of the bundle has the package `bvmark`.
+fn has_bvmark(d: &Daemon, name: &str) -> bool {
+    environments(d, name).iter().any(|env| {
+        std::fs::read_dir(env.join("lib"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|python| python.path().join("site-packages/bvmark").exists())
+    })
+}
+
+/// Installs `folder`, which must fail; returns what the CLI said.
+fn install_fails(d: &Daemon, folder: &Path) -> String {
+    let out = d.cli(&["install", folder.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "installed: {said}");
+    said
+}
+
+fn assert_says(said: &str, expected: &[&str]) {
+    for e in expected {
+        assert!(said.contains(e), "{e:?} not in: {said}");
+    }
+}
+
+/// Issue 30, finding 1: a project that only its build backend can tell
+/// the dependencies of (`dynamic = ["dependencies"]`), with that backend
+/// in the bundle (`backend-path = ["."]`): uv ran the backend as root to
+/// learn them, even with `UV_NO_BUILD`. Now the daemon refuses the
+/// project before uv runs, and the backend never runs.
+#[test]
+fn finding_30_1_a_bundle_build_backend_never_runs_at_install() {
+    let d = Daemon::start_with(&uv_config());
+    let marker = d.root().join("backend-ran");
+    let folder = project_bundle(
+        &d.root().join("src"),
+        "dyn",
+        "[project]\nname = \"dyn\"\nversion = \"1\"\nrequires-python = \">=3.10\"\ndynamic = [\"dependencies\"]\n\n[build-system]\nrequires = []\nbuild-backend = \"backend\"\nbackend-path = [\".\"]\n",
+        None,
+    );
+    std::fs::write(
+        folder.join("backend.py"),
+        format!(
+            "import os\nopen({:?}, 'w').write(str(os.getuid()))\n\
+             def get_requires_for_build_wheel(config_settings=None):\n    return []\n\
+             def prepare_metadata_for_build_wheel(d, config_settings=None):\n    os.makedirs(d + '/dyn-1.dist-info')\n    open(d + '/dyn-1.dist-info/METADATA', 'w').write('Metadata-Version: 2.1\\nName: dyn\\nVersion: 1\\n')\n    return 'dyn-1.dist-info'\n",
+            marker.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    let said = install_fails(&d, &folder);
+    assert!(
+        !marker.exists(),
+        "the bundle's build backend ran (as uid {})",
+        std::fs::read_to_string(&marker).unwrap_or_default()
+    );
+    assert_says(
+        &said,
+        &[
+            "is refused",
+            "project.dynamic lists \"dependencies\"",
+            "build backend",
+            "build-system.backend-path",
+        ],
+    );
+    let b = d.bundle("default", "dyn").unwrap();
+    assert_eq!(b["state"], "failed", "{b:#}");
+    assert!(
+        b["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("project.dynamic lists \"dependencies\""),
+        "{b:#}"
+    );
+}
+
+/// Issue 30, finding 1: a direct reference made the daemon (uv, as root)
+/// fetch any URL, a loopback one here; in a lock too. Now it is refused
+/// before uv runs, and nothing is fetched.
+#[test]
+fn finding_30_1_a_direct_reference_url_is_never_fetched() {
+    let d = Daemon::start_with(&uv_config());
+    let server = Recorder::start();
+    let src = d.root().join("src");
+    let url = format!(
+        "bvmark @ http://127.0.0.1:{}/bvmark-1.0-py3-none-any.whl",
+        server.port
+    );
+    let folder = project_bundle(&src, "by-url", &pyproject_with(&url), None);
+    let said = install_fails(&d, &folder);
+    assert_eq!(server.requests(), Vec::<String>::new());
+    assert_says(
+        &said,
+        &[
+            "project.dependencies has the direct reference",
+            "allow_direct_references = true",
+        ],
+    );
+
+    // A locked package from a URL.
+    let (project, lock) = time_uv_project();
+    let url = format!(
+        "http://127.0.0.1:{}/bvmark-1.0-py3-none-any.whl",
+        server.port
+    );
+    let lock = lock.replace(
+        "    { name = \"mcp-server-time\" },\n]",
+        "    { name = \"bvmark\" },\n    { name = \"mcp-server-time\" },\n]",
+    );
+    let lock = format!(
+        "{lock}\n[[package]]\nname = \"bvmark\"\nversion = \"1.0\"\nsource = {{ url = \"{url}\" }}\nwheels = [{{ url = \"{url}\", hash = \"sha256:{}\" }}]\n",
+        "0".repeat(64)
+    );
+    let project = project.replace(
+        "\"mcp-server-time==2026.10.19\"",
+        "\"mcp-server-time==2026.10.19\", \"bvmark\"",
+    );
+    let folder = project_bundle(&src, "lock-url", &project, Some(&lock));
+    let said = install_fails(&d, &folder);
+    assert_eq!(server.requests(), Vec::<String>::new());
+    assert_says(
+        &said,
+        &["uv.lock: package \"bvmark\" comes from a url source"],
+    );
+}
+
+/// Issue 30, finding 1: `pkg @ file:///…` made uv (as root) read a wheel
+/// only root can read and install it into the world-readable environment.
+#[test]
+fn finding_30_1_a_root_only_wheel_is_never_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Daemon::start_with(&uv_config());
+    let private = d.root().join("root-only");
+    let wheel = bvmark_wheel(&private);
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::fs::set_permissions(&wheel, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let file = format!("bvmark @ file://{}", wheel.display());
+    let folder = project_bundle(
+        &d.root().join("src"),
+        "by-file",
+        &pyproject_with(&file),
+        None,
+    );
+    let said = install_fails(&d, &folder);
+    assert!(
+        !has_bvmark(&d, "by-file"),
+        "the root-only wheel was installed"
+    );
+    assert_says(&said, &["project.dependencies has the direct reference"]);
+}
+
+/// Issue 30, finding 1: `uv sync --frozen` fetched a lock's download URLs
+/// as they stood (a loopback server here). Now the lock gives versions and
+/// hashes only, and the files come from the configured index.
+#[test]
+fn finding_30_1_a_lock_download_urls_are_never_fetched() {
+    // A cache of its own: a cached wheel would hide a fetch of the lock's URL.
+    let cache = Path::new(REPO).join("target/uv-cache-lock-urls");
+    let _ = std::fs::remove_dir_all(&cache);
+    let config = uv_config().replace(
+        &Path::new(REPO)
+            .join("target/uv-cache")
+            .display()
+            .to_string(),
+        &cache.display().to_string(),
+    );
+    let d = Daemon::start_with(&config);
+    let server = Recorder::start();
+    let (project, lock) = time_uv_project();
+    let lock = lock.replace(
+        "https://files.pythonhosted.org/",
+        &format!("http://127.0.0.1:{}/", server.port),
+    );
+    let folder = project_bundle(&d.root().join("src"), "by-lock", &project, Some(&lock));
+    let out = d.cli(&["install", folder.to_str().unwrap()]);
+    assert_eq!(server.requests(), Vec::<String>::new());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(current_time(&d, "by-lock").contains("datetime"));
+}
+
+/// `tests/servers/time-uv`'s `pyproject.toml` and `uv.lock`.
+fn time_uv_project() -> (String, String) {
+    let read = |name: &str| {
+        std::fs::read_to_string(Path::new(REPO).join("tests/servers/time-uv").join(name)).unwrap()
+    };
+    (read("pyproject.toml"), read("uv.lock"))
+}
+
+/// Issue 30, finding 1: `[uv] allow_direct_references = true` is the
+/// operator's opt-in for bundles it trusts.
+#[test]
+fn finding_30_1_direct_references_install_when_the_operator_allows_them() {
+    let d = Daemon::start_with(&format!("{}allow_direct_references = true\n", uv_config()));
+    let wheel = bvmark_wheel(&d.root().join("wheels"));
+    let file = format!("bvmark @ file://{}", wheel.display());
+    let folder = project_bundle(
+        &d.root().join("src"),
+        "trusted",
+        &pyproject_with(&file),
+        None,
+    );
+    d.ok(&["install", folder.to_str().unwrap()]);
+    assert!(current_time(&d, "trusted").contains("datetime"));
+    assert!(has_bvmark(&d, "trusted"));
+}
+
+/// Issue 30, finding 3: an admitted user links its bundle's
+/// `pyproject.toml` to a root-only file under a read grant (here in
+/// `read_only_paths`; `/proc/<daemon pid>/environ` is the same): uv,
+/// running as root, followed the link and quoted the line it could not
+/// parse in the install error and `last_error`. Now the daemon opens the
+/// project files without following links; nothing of the file is read.
+#[test]
+fn finding_30_3_a_linked_pyproject_leaks_nothing_of_its_target() {
+    use std::os::unix::fs::PermissionsExt;
+    const NOBODY: u32 = 65534;
+    if !nix::unistd::geteuid().is_root() {
+        return; // acting as another user needs root
+    }
+    // Made before the daemon, named in its read grants.
+    let secrets = tempfile::tempdir().unwrap();
+    let secret = secrets.path().join("keys.env");
+    std::fs::write(&secret, "SECRET_MARKER=sk-CANARY-uv-0600 and more\n").unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let mut d = Daemon::unlaunched(&format!(
+        "{}[control]\nallowed_gids = [{NOBODY}]\n[sandbox]\nread_only_paths = [{:?}]\n",
+        uv_config(),
+        secrets.path().to_str().unwrap()
+    ));
+    d.env.push((
+        "BV_TEST_DAEMON_SECRET".into(),
+        "sk-CANARY-uv-environ".into(),
+    ));
+    d.launch();
+
+    let home = d.root().join("home-nobody");
+    std::fs::create_dir_all(&home).unwrap();
+    let leak = |name: &str, target: &Path| {
+        let folder = time_uv(&home, name, |_| {});
+        std::fs::remove_file(folder.join("uv.lock")).unwrap();
+        std::fs::remove_file(folder.join("pyproject.toml")).unwrap();
+        std::os::unix::fs::symlink(target, folder.join("pyproject.toml")).unwrap();
+        let out = Command::new("chown")
+            .args(["-hR", &format!("{NOBODY}:{NOBODY}")])
+            .arg(&folder)
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let install = {
+            use std::os::unix::process::CommandExt;
+            Command::new(common::BIN)
+                .arg("--socket")
+                .arg(&d.socket)
+                .args(["install", folder.to_str().unwrap()])
+                .uid(NOBODY)
+                .gid(NOBODY)
+                .current_dir("/")
+                .output()
+                .unwrap()
+        };
+        let said = String::from_utf8_lossy(&install.stderr).into_owned();
+        common::assert_no_canary("the install error", said.as_bytes());
+        assert!(!install.status.success(), "{said}");
+        assert!(
+            said.contains("pyproject.toml: it is a symbolic link"),
+            "{said}"
+        );
+        // status --json (the harness's CLI checks the answer for the canary).
+        let b = d.bundle("default", name).unwrap();
+        assert_eq!(b["state"], "failed", "{b:#}");
+        assert!(
+            b["last_error"].as_str().unwrap().contains("symbolic link"),
+            "{b:#}"
+        );
+    };
+    leak("linked", &secret);
+    leak("environ", Path::new(&format!("/proc/{}/environ", d.pid())));
+    common::assert_no_canary("the daemon log", d.log().as_bytes());
+    assert!(!d.log().contains("SECRET_MARKER"));
+}

@@ -14,6 +14,7 @@ pub mod connect;
 pub mod guard;
 pub mod orphans;
 pub mod process;
+pub mod pyproject;
 pub mod reaper;
 pub mod sandbox;
 pub mod spawn;

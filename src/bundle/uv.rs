@@ -8,9 +8,16 @@
 //! `pyproject.toml` or `uv.lock` (an upgrade) or another Python gets a new
 //! one, and the old ones are removed by the first start that runs in it.
 //!
-//! - The bundle folder is never written: uv runs with
-//!   `UV_PROJECT_ENVIRONMENT` (a locked project: `uv sync --frozen`) or
-//!   `uv pip install -r pyproject.toml` into a `uv venv`.
+//! - uv runs as the daemon, so it never opens a file of the bundle: the
+//!   daemon reads and checks `pyproject.toml` and `uv.lock` (see
+//!   [`super::pyproject`]: no links, no build backend of the project, no
+//!   direct references) and hands uv a copy in a folder of its own.
+//! - The bundle folder is never written. Into a `uv venv`, a locked
+//!   project gets what `uv export --frozen` makes of its lock (pinned,
+//!   hashed requirements, installed with `uv pip sync` from the configured
+//!   index: the lock's own download URLs are never fetched); an unlocked
+//!   one `uv pip install -r pyproject.toml` (static dependencies only, so
+//!   uv never runs the project's build backend).
 //! - Only wheels are installed unless `[uv] build_from_source`: no code of
 //!   the bundle's dependencies runs with the daemon's privileges.
 //! - uv sees a scrubbed environment: `PATH`, its own settings, and the
@@ -25,6 +32,7 @@ use std::process::Stdio;
 
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+use super::pyproject::{self, ProjectError, ProjectFiles};
 use crate::config::UvSettings;
 
 /// The file that marks a complete environment (written last).
@@ -35,11 +43,8 @@ const TAIL: usize = 8;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UvError {
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Project(#[from] ProjectError),
     #[error("cannot prepare the environment folder {path}: {source}")]
     Io {
         path: PathBuf,
@@ -84,31 +89,22 @@ pub fn uv_program(settings: &UvSettings) -> Option<PathBuf> {
 
 /// The environment's key: the project files, the Python (resolved) and
 /// whether sources may be built.
-fn key(bundle: &Path, python: &Path, settings: &UvSettings) -> Result<String, UvError> {
+fn key(files: &ProjectFiles, python: &Path, settings: &UvSettings) -> String {
     use sha2::{Digest, Sha256};
-    let read = |name: &str| {
-        let path = bundle.join(name);
-        match std::fs::read(&path) {
-            Ok(bytes) => Ok(Some(bytes)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && name == "uv.lock" => Ok(None),
-            Err(source) => Err(UvError::Read { path, source }),
-        }
-    };
     let mut digest = Sha256::new();
-    for part in [read("pyproject.toml")?, read("uv.lock")?] {
-        let part = part.unwrap_or_default();
+    for part in [Some(&files.pyproject), files.lock.as_ref()] {
+        let part = part.map(Vec::as_slice).unwrap_or_default();
         digest.update((part.len() as u64).to_le_bytes());
-        digest.update(&part);
+        digest.update(part);
     }
     digest.update(python.as_os_str().as_encoded_bytes());
     digest.update([u8::from(settings.build_from_source)]);
-    let hex: String = digest
+    digest
         .finalize()
         .iter()
         .take(8)
         .map(|b| format!("{b:02x}"))
-        .collect();
-    Ok(hex)
+        .collect()
 }
 
 /// What [`ensure`] needs to know about the bundle.
@@ -149,8 +145,23 @@ pub async fn ensure(
             python: settings.python.display().to_string(),
             reason: "not found (a path, or a name on the daemon's PATH)".into(),
         })?;
+    // The daemon reads and checks the project files itself, before uv runs.
+    let files = {
+        let folder = project.folder.to_path_buf();
+        let allow = settings.allow_direct_references;
+        tokio::task::spawn_blocking(move || {
+            let files = pyproject::read(&folder)?;
+            pyproject::check(&folder, &files, allow)?;
+            Ok::<_, ProjectError>(files)
+        })
+        .await
+        .map_err(|e| UvError::Io {
+            path: project.folder.to_path_buf(),
+            source: std::io::Error::other(e),
+        })??
+    };
     let root = env_root(project.state_dir, project.workspace, project.bundle);
-    let key = key(project.folder, &python, settings)?;
+    let key = key(&files, &python, settings);
     let dir = root.join(&key);
     if dir.join(STAMP).is_file() {
         return Ok(Env { dir, built: false });
@@ -193,35 +204,49 @@ pub async fn ensure(
         project,
         cwd: &root,
     };
+    // uv reads the checked bytes, never the bundle's files.
+    let copy = ProjectCopy::write(root.parent().unwrap_or(&root), &key, &files)?;
     let build = async {
-        let folder = project.folder.to_string_lossy().into_owned();
         let target = dir.to_string_lossy().into_owned();
         let python = python.to_string_lossy().into_owned();
-        if project.folder.join("uv.lock").is_file() {
+        let env_python = dir.join("bin/python").to_string_lossy().into_owned();
+        run.step(&["venv", "--python", &python, &target], &mut progress)
+            .await?;
+        if files.lock.is_some() {
+            // The lock's versions and hashes, from the configured index.
+            let exported = copy.dir.join("requirements.txt");
+            let project_dir = copy.dir.to_string_lossy().into_owned();
+            let out = exported.to_string_lossy().into_owned();
             run.step(
                 &[
-                    "sync",
+                    "export",
                     "--frozen",
                     "--no-dev",
-                    "--no-install-project",
+                    "--no-emit-project",
+                    "--no-header",
+                    "--quiet",
                     "--project",
-                    &folder,
-                    "--python",
-                    &python,
+                    &project_dir,
+                    "--output-file",
+                    &out,
                 ],
-                Some(&dir),
                 &mut progress,
             )
-            .await
+            .await?;
+            let text = std::fs::read_to_string(&exported).map_err(|source| UvError::Io {
+                path: exported.clone(),
+                source,
+            })?;
+            pyproject::check_exported(project.folder, &text, settings.allow_direct_references)?;
+            let mut args = vec!["pip", "sync", "--python", &env_python];
+            if !settings.allow_direct_references {
+                // Direct references (opted in) may have no hash.
+                args.push("--require-hashes");
+            }
+            args.push(&out);
+            run.step(&args, &mut progress).await
         } else {
-            run.step(&["venv", "--python", &python, &target], None, &mut progress)
-                .await?;
-            let env_python = dir.join("bin/python").to_string_lossy().into_owned();
-            let requirements = project
-                .folder
-                .join("pyproject.toml")
-                .to_string_lossy()
-                .into_owned();
+            let requirements = copy.path("pyproject.toml");
             run.step(
                 &[
                     "pip",
@@ -231,7 +256,6 @@ pub async fn ensure(
                     "-r",
                     &requirements,
                 ],
-                None,
                 &mut progress,
             )
             .await
@@ -285,6 +309,53 @@ fn finish(dir: &Path, key: &str) -> Result<(), UvError> {
         }
     }
     std::fs::write(dir.join(STAMP), format!("{key}\n")).map_err(io(dir))
+}
+
+/// The checked project files, copied into a folder of the daemon's (`0700`,
+/// beside the environments) for uv to read; removed when dropped.
+struct ProjectCopy {
+    dir: PathBuf,
+}
+
+impl ProjectCopy {
+    fn write(parent: &Path, key: &str, files: &ProjectFiles) -> Result<ProjectCopy, UvError> {
+        use std::os::unix::fs::DirBuilderExt;
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = parent.join(format!("uv-project-{key}-{}-{n}", std::process::id()));
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| UvError::Io { path, source }
+        };
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
+        }
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(io(&dir))?;
+        let copy = ProjectCopy { dir };
+        for (name, bytes) in [
+            ("pyproject.toml", Some(&files.pyproject)),
+            ("uv.lock", files.lock.as_ref()),
+        ] {
+            if let Some(bytes) = bytes {
+                let path = copy.dir.join(name);
+                std::fs::write(&path, bytes).map_err(io(&path))?;
+            }
+        }
+        Ok(copy)
+    }
+
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).to_string_lossy().into_owned()
+    }
+}
+
+impl Drop for ProjectCopy {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 impl Env {
@@ -341,12 +412,7 @@ struct Runner<'a> {
 impl Runner<'_> {
     /// One uv command; every line it prints goes to `progress`, the last
     /// ones (from its `error:` line on) into the failure.
-    async fn step(
-        &self,
-        args: &[&str],
-        project_env: Option<&Path>,
-        progress: &mut impl FnMut(&str),
-    ) -> Result<(), UvError> {
+    async fn step(&self, args: &[&str], progress: &mut impl FnMut(&str)) -> Result<(), UvError> {
         let mut cmd = tokio::process::Command::new(self.uv);
         cmd.args(args)
             .env_clear()
@@ -368,15 +434,16 @@ impl Runner<'_> {
         if self.settings.system_certs {
             cmd.env("UV_SYSTEM_CERTS", "1").env("UV_NATIVE_TLS", "1");
         }
-        if let Some(env) = project_env {
-            cmd.env("UV_PROJECT_ENVIRONMENT", env);
-        }
         for name in self.project.pass_env {
             if let Some(value) = std::env::var_os(name) {
                 cmd.env(name, value);
             }
         }
-        let shown = format!("uv {}", args.first().copied().unwrap_or_default());
+        let shown = match args {
+            ["pip", sub, ..] => format!("uv pip {sub}"),
+            [first, ..] => format!("uv {first}"),
+            [] => "uv".into(),
+        };
         let spawning = super::orphans::spawning();
         let mut child = cmd.spawn().map_err(|source| UvError::NoUv {
             program: self.uv.display().to_string(),
@@ -480,28 +547,22 @@ mod tests {
 
     #[test]
     fn the_key_changes_with_the_project_files_and_the_python() {
-        let dir = tempfile::tempdir().unwrap();
         let settings = UvSettings::default();
-        std::fs::write(dir.path().join("pyproject.toml"), "[project]\nname='a'\n").unwrap();
+        let mut files = ProjectFiles {
+            pyproject: b"[project]\nname='a'\n".to_vec(),
+            lock: None,
+        };
         let python = Path::new("/usr/bin/python3");
-        let first = key(dir.path(), python, &settings).unwrap();
-        assert_eq!(first, key(dir.path(), python, &settings).unwrap());
-        std::fs::write(dir.path().join("uv.lock"), "version = 1\n").unwrap();
-        let locked = key(dir.path(), python, &settings).unwrap();
+        let first = key(&files, python, &settings);
+        assert_eq!(first, key(&files, python, &settings));
+        files.lock = Some(b"version = 1\n".to_vec());
+        let locked = key(&files, python, &settings);
         assert_ne!(first, locked);
-        assert_ne!(
-            locked,
-            key(dir.path(), Path::new("/opt/python3"), &settings).unwrap()
-        );
+        assert_ne!(locked, key(&files, Path::new("/opt/python3"), &settings));
         let building = UvSettings {
             build_from_source: true,
             ..UvSettings::default()
         };
-        assert_ne!(locked, key(dir.path(), python, &building).unwrap());
-        std::fs::remove_file(dir.path().join("pyproject.toml")).unwrap();
-        assert!(matches!(
-            key(dir.path(), python, &settings),
-            Err(UvError::Read { .. })
-        ));
+        assert_ne!(locked, key(&files, python, &building));
     }
 }

@@ -741,6 +741,13 @@ pub struct UvSettings {
     /// or a private CA); off: uv's built-in roots only.
     #[serde(default = "defaults::uv_system_certs")]
     pub system_certs: bool,
+    /// Let a bundle's project take packages from elsewhere than the
+    /// configured indexes: direct references (`pkg @ https://…`, `pkg @
+    /// file:///…`), `[tool.uv.sources]`, indexes of its own, locked
+    /// packages from a URL, git or a path. Off: refused at install (uv,
+    /// running as the daemon, would fetch those URLs and read those files).
+    #[serde(default)]
+    pub allow_direct_references: bool,
 }
 
 impl Default for UvSettings {
@@ -752,6 +759,7 @@ impl Default for UvSettings {
             timeout: defaults::uv_timeout(),
             build_from_source: false,
             system_certs: defaults::uv_system_certs(),
+            allow_direct_references: false,
         }
     }
 }
