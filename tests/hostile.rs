@@ -642,6 +642,60 @@ fn an_admitted_users_links_say_nothing_about_root_only_paths() {
     );
 }
 
+/// Issue 30, beyond finding 3: an admitted user installs its own bundle,
+/// then links its `manifest.json` to a file only root may read. The next
+/// start read it as root and quoted its values in the error and
+/// `last_error`; now the manifest of a folder another user owns is read
+/// with that user's rights, and nothing of the file shows.
+#[test]
+fn an_admitted_users_manifest_linked_to_a_root_only_file_is_read_with_its_rights() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    const NOBODY: u32 = 65534;
+    const MARKER: &str = "SECRET-MARKER-4711";
+    let d = Daemon::start_with(&format!("[control]\nallowed_gids = [{NOBODY}]\n"));
+    let private = d.root().join("private");
+    std::fs::create_dir(&private).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let secret = private.join("secret.json");
+    std::fs::write(
+        &secret,
+        format!("{{\"dxt_version\": \"{MARKER}\", \"manifest_version\": \"0.3\"}}"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let folder = demo_bundle_at(&d.root().join("bundles"), "theirs");
+    for own in [folder.clone(), folder.join("manifest.json")] {
+        nix::unistd::chown(&own, Some(NOBODY.into()), Some(NOBODY.into())).unwrap();
+    }
+    let out = std::process::Command::new(common::BIN)
+        .arg("--socket")
+        .arg(&d.socket)
+        .args(["install", folder.to_str().unwrap()])
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .current_dir("/")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let manifest = folder.join("manifest.json");
+    std::fs::remove_file(&manifest).unwrap();
+    std::os::unix::fs::symlink(&secret, &manifest).unwrap();
+    std::os::unix::fs::lchown(&manifest, Some(NOBODY), Some(NOBODY)).unwrap();
+    let out = d.cli(&["restart", "theirs"]);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("manifest"), "{said}");
+    assert!(!said.contains(MARKER), "a root-only file was quoted: {said}");
+    let status = d.ok(&["status", "--json"]);
+    assert!(!status.contains(MARKER), "{status}");
+    assert!(!d.log().contains(MARKER), "{}", d.log());
+}
+
 #[test]
 fn finding_7_names_on_every_control_method_are_checked() {
     let d = Daemon::start();

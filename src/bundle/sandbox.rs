@@ -351,7 +351,7 @@ const NO_GROUP: u32 = 65534;
 /// The owner of the bundle folder when it is not the daemon's uid or root
 /// (an admitted user installed it): its links are followed with that
 /// user's rights.
-fn folder_owner(folder: &Path) -> Option<u32> {
+pub(crate) fn folder_owner(folder: &Path) -> Option<u32> {
     let owner = std::fs::metadata(folder).ok()?.uid();
     (owner != 0 && owner != nix::unistd::geteuid().as_raw()).then_some(owner)
 }

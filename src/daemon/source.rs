@@ -40,7 +40,33 @@ pub fn load(source: &Path, config: &Config) -> Result<LoadedManifest, SourceErro
         let unpacked = archive::unpack(source, &root, &config.archives.limits(), &trust)?;
         return Ok(crate::manifest::load(&unpacked.dir)?);
     }
-    Ok(crate::manifest::load(source)?)
+    Ok(manifest_of(source)?)
+}
+
+/// Reads and validates the manifest of a bundle folder (or a bare manifest
+/// file). In a folder another user owns (an admitted user installed it),
+/// the manifest is read with that user's rights, at install and at every
+/// start: a manifest that user later links to a file only root may read is
+/// as unreadable as a missing one, and nothing of that file is quoted in an
+/// error, `last_error` or the log.
+pub fn manifest_of(source: &Path) -> Result<LoadedManifest, ManifestError> {
+    let file = crate::manifest::manifest_file(source);
+    let folder = file.parent().unwrap_or(Path::new("/"));
+    let Some(owner) = crate::bundle::sandbox::folder_owner(folder) else {
+        return crate::manifest::load(source);
+    };
+    let text = crate::bundle::sandbox::as_user(owner, || std::fs::read_to_string(&file))
+        .unwrap_or_else(|| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!("cannot take the rights of uid {owner}, the folder's owner, to read it"),
+            ))
+        })
+        .map_err(|source| ManifestError::Io {
+            path: file.clone(),
+            source,
+        })?;
+    crate::manifest::from_text(file, &text)
 }
 
 /// Whether `source` is an archive (the bundle folder is then its unpacked copy).

@@ -241,7 +241,7 @@ pub(super) async fn installed_manifest(
         .await
         .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?
         .ok_or_else(|| not_found(workspace, name))?;
-    tokio::task::spawn_blocking(move || crate::manifest::load(&record.source))
+    tokio::task::spawn_blocking(move || crate::daemon::source::manifest_of(&record.source))
         .await
         .map_err(unavailable)?
         .map_err(|e| {
