@@ -218,10 +218,9 @@ fn an_archive_link_that_climbs_out_through_another_link_is_refused() {
 
 /// Finding 12: under `signatures = "require"` a folder (which cannot be
 /// signed) is refused, installed by path or watched, unless the operator
-/// exempts folders; an unsigned archive installed under `warn` does not
-/// start once the config says `require`, at the boot reload or a restart.
+/// exempts folders.
 #[test]
-fn required_signatures_hold_for_folders_and_at_every_start() {
+fn required_signatures_refuse_unsigned_folders_unless_exempted() {
     let root = tempfile::tempdir().unwrap();
     let pem = ca(&root.path().join("certs"));
     let require = format!(
@@ -265,9 +264,20 @@ fn required_signatures_hold_for_folders_and_at_every_start() {
     let folder = demo_bundle_at(&d.root().join("staging"), "plain");
     d.ok(&["install", folder.to_str().unwrap()]);
     d.wait_state("default", "plain", "ready");
-    drop(d);
+}
 
-    // An unsigned archive installed under `warn` (the default)...
+/// Finding 12, the other gap: an unsigned archive installed under `warn`
+/// does not start once the config says `require` — not at the boot
+/// reload, not on a restart.
+#[test]
+fn an_unsigned_archive_installed_under_warn_does_not_start_under_require() {
+    let root = tempfile::tempdir().unwrap();
+    let pem = ca(&root.path().join("certs"));
+    let require = format!(
+        "[bundles]\nsignatures = \"require\"\ntrusted_certs = [\"{}\"]\n",
+        pem.display()
+    );
+    // Installed under `warn` (the default)...
     let mut d = Daemon::start();
     let archive = demo_archive(&d.root().join("work"), "unsigned", &[]);
     d.ok(&["install", archive.to_str().unwrap()]);
@@ -276,10 +286,7 @@ fn required_signatures_hold_for_folders_and_at_every_start() {
     // ...does not start once signatures are required: not at the boot
     // reload, not on a restart.
     let config = std::fs::read_to_string(&d.config).unwrap();
-    let config = config.replace(
-        "[bundles]\n",
-        &require.replace("[bundles]\n", "[bundles]\nallow_unsigned_folders = true\n"),
-    );
+    let config = config.replace("[bundles]\n", &require);
     std::fs::write(&d.config, config).unwrap();
     d.launch();
     let failed = d.wait_state("default", "unsigned", "failed");
