@@ -146,7 +146,10 @@ fn bundle_code_others_may_write_is_refused_at_install_and_at_every_start() {
         message.contains(&format!(
             "file {} is writable by its group",
             helper.display()
-        )) && message.contains(&format!("chmod -R go-w {}", deep.display())),
+        )) && message.contains(&format!(
+            "the whole bundle at once: chmod -R go-w {}",
+            deep.display()
+        )),
         "{message}"
     );
     assert!(d.bundle("default", "deep").is_none(), "installed");

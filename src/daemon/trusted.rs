@@ -43,24 +43,45 @@ fn check_owned(
     trust: Trust,
     also: Option<u32>,
 ) -> Result<(), String> {
+    check_in(what, path, meta, trust, also, None)
+}
+
+/// [`check_owned`] of an entry below the bundle folder `within`, which
+/// the fix for write bits names too (one command for the whole tree).
+fn check_in(
+    what: &str,
+    path: &Path,
+    meta: &std::fs::Metadata,
+    trust: Trust,
+    also: Option<u32>,
+    within: Option<&Path>,
+) -> Result<(), String> {
     let me = nix::unistd::geteuid().as_raw();
     if meta.uid() != me && meta.uid() != 0 && Some(meta.uid()) != also {
-        return Err(match also {
-            Some(owner) => format!(
-                "{what} {} belongs to uid {}, not to uid {owner} (who owns the bundle folder), the daemon's uid {me} or root; whoever owns it decides what the daemon runs. chown it to uid {owner}",
-                path.display(),
-                meta.uid()
+        let (owners, to) = match also.filter(|o| *o != me && *o != 0) {
+            Some(owner) => (
+                format!("uid {owner} (the bundle folder's owner), the daemon's uid {me} or root"),
+                owner,
             ),
-            None => format!(
-                "{what} {} belongs to uid {}, not to the daemon's uid {me} or root; whoever owns it decides what the daemon runs. chown it to uid {me}",
-                path.display(),
-                meta.uid()
-            ),
-        });
+            None => (format!("the daemon's uid {me} or root"), me),
+        };
+        return Err(format!(
+            "{what} {} belongs to uid {}, not to {owners}; whoever owns it decides what the daemon runs. chown it to uid {to}",
+            path.display(),
+            meta.uid()
+        ));
     }
     if meta.mode() & 0o022 == 0 {
         return Ok(());
     }
+    let whole = within
+        .map(|dir| {
+            format!(
+                " (the whole bundle at once: chmod -R go-w {})",
+                dir.display()
+            )
+        })
+        .unwrap_or_default();
     if trust.read_only_volume {
         match mount_id(path) {
             Some(id) if unwritable_here(path, id) => return Ok(()),
@@ -76,7 +97,7 @@ fn check_owned(
         }
     }
     Err(format!(
-        "{what} {} is writable by {} (mode {:o}); anyone who can write it decides what the daemon runs. Remove the write bits: chmod go-w {}",
+        "{what} {} is writable by {} (mode {:o}); anyone who can write it decides what the daemon runs. Remove the write bits: chmod go-w {}{whole}",
         path.display(),
         if meta.mode() & 0o002 != 0 { "every user" } else { "its group" },
         meta.mode() & 0o7777,
@@ -360,12 +381,6 @@ pub fn tree(dir: &Path, installed: &Installed) -> Result<(), String> {
     let top = std::fs::symlink_metadata(dir)
         .map_err(|e| format!("cannot read the bundle folder {}: {e}", dir.display()))?;
     let also = (!watched).then_some(top.uid());
-    let whole = |why: String| {
-        format!(
-            "{why} (to fix the whole bundle at once: chmod -R go-w {})",
-            dir.display()
-        )
-    };
     check_owned("bundle folder", dir, &top, trust, also)?;
     let mut folders = vec![dir.to_path_buf()];
     while let Some(folder) = folders.pop() {
@@ -383,7 +398,7 @@ pub fn tree(dir: &Path, installed: &Installed) -> Result<(), String> {
                 continue;
             }
             let what = if meta.is_dir() { "folder" } else { "file" };
-            check_owned(what, &entry.path(), &meta, trust, also).map_err(whole)?;
+            check_in(what, &entry.path(), &meta, trust, also, Some(dir))?;
             if meta.is_dir() {
                 folders.push(entry.path());
             }
