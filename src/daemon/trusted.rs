@@ -8,6 +8,12 @@
 //! inside the folder itself, as a Kubernetes ConfigMap volume has them —
 //! and manifests are opened without following a link, so no file outside
 //! the folder is ever read, let alone echoed.
+//!
+//! The same rule holds for everything a bundle runs from, at install and
+//! at every start ([`may_run`]): every file and folder of the bundle
+//! folder ([`tree`]; for one installed by path its owner may own them
+//! too), and under `[bundles] signatures = "require"` an archive's
+//! signature judged again, or a folder refused unless exempted.
 
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
