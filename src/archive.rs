@@ -188,6 +188,111 @@ pub fn signature_file(root: &Path, sha256: &str) -> PathBuf {
     root.join(format!("{sha256}.signature.json"))
 }
 
+/// Where the PKCS#7 signature of an unpacked archive is kept (beside its
+/// folder), when it matched the archive.
+fn pkcs7_file(root: &Path, sha256: &str) -> PathBuf {
+    root.join(format!("{sha256}.signature.p7s"))
+}
+
+/// What the signature of the archive unpacked at `dir` says under `trust`
+/// today: a bundle installed from an archive runs from its unpacked copy
+/// (the archive itself may be gone), and `[bundles] signatures` or
+/// `trusted_certs` may have changed since it was unpacked. The kept
+/// signature (checked against the archive's bytes when it was unpacked) is
+/// chained again to the trust anchors; a folder unpacked without one
+/// (unsigned, or while signatures were `off`) is unsigned. Err under
+/// `require`: why it may not run, with the fix.
+pub fn judge_unpacked(dir: &Path, trust: &Trust) -> Result<Signature, String> {
+    if trust.policy == SignaturePolicy::Off {
+        return Ok(Signature::NotChecked);
+    }
+    let (Some(sha), Some(root)) = (dir.file_name().and_then(|s| s.to_str()), dir.parent()) else {
+        return Err(format!("{} is not an unpacked archive", dir.display()));
+    };
+    let unsigned = |why: &str| {
+        match trust.policy {
+        SignaturePolicy::Require => Err(format!(
+            "the archive it was unpacked from (sha256 {sha}) {why}, and [bundles] signatures = \"require\"; install an archive signed with `mcpb sign`"
+        )),
+        _ => Ok(Signature::Unsigned),
+    }
+    };
+    match std::fs::read(pkcs7_file(root, sha)) {
+        Ok(der) => chain(&der, trust),
+        Err(_) => match recorded_signature(dir) {
+            // Recorded by a version that kept no signature: it chained to
+            // the trust anchors of the day it was unpacked.
+            Some(Signature::Signed { signer }) => Ok(Signature::Signed { signer }),
+            Some(Signature::NotChecked) => {
+                unsigned("was not checked when it was unpacked ([bundles] signatures = \"off\" then)")
+            }
+            Some(Signature::Untrusted { signer, reason }) => match trust.policy {
+                SignaturePolicy::Require => Err(format!(
+                    "the archive it was unpacked from (sha256 {sha}) is signed by {signer}, but {reason}, and [bundles] signatures = \"require\""
+                )),
+                _ => Ok(Signature::Untrusted { signer, reason }),
+            },
+            _ => unsigned("is not signed"),
+        },
+    }
+}
+
+/// Whom the signer's certificate of the PKCS#7 `der` chains to, judged
+/// against `trust` (as `verify` judges it: S/MIME signing purpose).
+fn chain(der: &[u8], trust: &Trust) -> Result<Signature, String> {
+    use openssl::pkcs7::{Pkcs7, Pkcs7Flags};
+    use openssl::stack::Stack;
+    use openssl::x509::store::X509StoreBuilder;
+    use openssl::x509::{X509PurposeId, X509StoreContext, X509};
+    let p7 = Pkcs7::from_der(der)
+        .map_err(|e| format!("its kept signature is not a PKCS#7 signature ({e})"))?;
+    let none: Stack<X509> = Stack::new().map_err(|e| e.to_string())?;
+    let signers = p7
+        .signers(&none, Pkcs7Flags::empty())
+        .map_err(|e| format!("its kept signature names no signer ({e})"))?;
+    let signer_cert = signers
+        .iter()
+        .next()
+        .ok_or("its kept signature names no signer")?
+        .to_owned();
+    let signer = subject(&signer_cert);
+    let mut included: Stack<X509> = Stack::new().map_err(|e| e.to_string())?;
+    for cert in p7
+        .signed()
+        .and_then(|s| s.certificates())
+        .into_iter()
+        .flatten()
+    {
+        included.push(cert.to_owned()).map_err(|e| e.to_string())?;
+    }
+    let mut store = X509StoreBuilder::new().map_err(|e| e.to_string())?;
+    for path in &trust.anchors {
+        for cert in load_certs(path)? {
+            store.add_cert(cert).map_err(|e| e.to_string())?;
+        }
+    }
+    store
+        .set_purpose(X509PurposeId::SMIME_SIGN)
+        .map_err(|e| e.to_string())?;
+    let store = store.build();
+    let mut context = X509StoreContext::new().map_err(|e| e.to_string())?;
+    let verdict = context
+        .init(&store, &signer_cert, &included, |c| {
+            Ok(c.verify_cert()?.then_some(()).ok_or(c.error()))
+        })
+        .map_err(|e| e.to_string())?;
+    match verdict {
+        Ok(()) => Ok(Signature::Signed { signer }),
+        Err(e) => {
+            let reason = format!("its certificate chains to none of [bundles] trusted_certs ({e})");
+            match trust.policy {
+                SignaturePolicy::Require => Err(format!("it is signed by {signer}, but {reason}")),
+                _ => Ok(Signature::Untrusted { signer, reason }),
+            }
+        }
+    }
+}
+
 /// The signature recorded for the archive unpacked at `dir`.
 pub fn recorded_signature(dir: &Path) -> Option<Signature> {
     let sha = dir.file_name()?.to_str()?;
@@ -327,7 +432,7 @@ pub fn unpack(
     })?;
     // The signature is checked on every install and start, before anything
     // is unpacked (or an earlier unpack is used): the policy may have changed.
-    let signature = {
+    let (signature, der) = {
         let bytes = std::fs::read(&copy).map_err(io)?;
         let (zip_len, der) = match signature_block(&bytes) {
             Some((at, der)) => (at, Some(der)),
@@ -341,18 +446,31 @@ pub fn unpack(
         if der.is_some() || fixed.is_some() {
             std::fs::write(&copy, fixed.as_deref().unwrap_or(zip)).map_err(io)?;
         }
-        signature
+        (signature, der.map(<[u8]>::to_vec))
     };
+    let der = der.as_deref();
     if !matches!(signature, Signature::Signed { .. } | Signature::NotChecked) {
         tracing::warn!(archive = %archive.display(), "archive signature: {signature:?}");
     }
     // What the signature said is kept beside the unpacked folder, once the
-    // archive is accepted (a refused one leaves nothing).
+    // archive is accepted (a refused one leaves nothing), and the signature
+    // itself when it was found to match the archive: every start judges it
+    // again against the trust anchors of the day ([`judge_unpacked`]).
+    let matched = matches!(
+        signature,
+        Signature::Signed { .. } | Signature::Untrusted { .. }
+    );
+    let der = der.filter(|_| matched).map(<[u8]>::to_vec);
     let record = |sha256: &str| {
         let _ = std::fs::write(
             signature_file(root, sha256),
             serde_json::to_vec(&signature).unwrap_or_default(),
         );
+        let kept = pkcs7_file(root, sha256);
+        let _ = match &der {
+            Some(der) => std::fs::write(kept, der),
+            None => std::fs::remove_file(kept),
+        };
     };
     let dir = root.join(&sha256);
     if dir.is_dir() {
@@ -426,6 +544,7 @@ pub fn collect_garbage(
         if stale && old {
             std::fs::remove_dir_all(entry.path())?;
             let _ = std::fs::remove_file(signature_file(root, &name));
+            let _ = std::fs::remove_file(pkcs7_file(root, &name));
             removed += 1;
         }
     }
@@ -702,41 +821,97 @@ fn extract<R: Read + std::io::Seek>(
             }
         }
     }
-    // Links last: none can redirect a file written after it.
-    for (path, target, text) in links {
-        if !stays_inside(&path, &text) {
-            return Err(Extracted::Rule(format!(
-                "link {} points outside the bundle (-> {text:?})",
+    // Links last: none can redirect a file written after it. Each is then
+    // judged by where it resolves among all of them, not by its text: a
+    // link whose `..`s stay inside by their count may pass through another
+    // link that already climbed (`s -> ../..`, `esc -> deep/s/../../etc`).
+    for (_, target, text) in &links {
+        std::os::unix::fs::symlink(text, target)?;
+    }
+    for (path, _, text) in &links {
+        resolve_inside(tree, path).map_err(|why| {
+            Extracted::Rule(format!(
+                "link {} (-> {text:?}) {why}; a bundle's links must lead to files or folders inside it",
                 path.display()
-            )));
-        }
-        std::os::unix::fs::symlink(&text, &target)?;
+            ))
+        })?;
     }
     Ok(())
 }
 
-/// Whether the link at `path` (relative to the bundle) pointing at `target`
-/// resolves inside the bundle, judged on the names alone.
-fn stays_inside(path: &Path, target: &str) -> bool {
-    let target = Path::new(target);
-    if target.is_absolute() || target.as_os_str().is_empty() {
-        return false;
-    }
-    let mut depth: i64 = path.components().count() as i64 - 1;
-    for part in target.components() {
-        match part {
-            Component::Normal(_) => depth += 1,
-            Component::ParentDir => {
-                depth -= 1;
-                if depth < 0 {
-                    return false;
+/// Links followed at most while one link is resolved (the kernel's own
+/// limit, `MAXSYMLINKS`).
+const MAX_LINK_HOPS: usize = 40;
+
+/// Resolves the link `link` (relative to `tree`) name by name inside
+/// `tree`, following the links it meets there (at most [`MAX_LINK_HOPS`]),
+/// as the kernel will resolve it once the bundle runs. Only folders already
+/// resolved are looked into, so nothing outside `tree` is ever read. Err:
+/// where it goes wrong (out of the bundle, absolute, nowhere, a loop).
+fn resolve_inside(tree: &Path, link: &Path) -> Result<(), String> {
+    use std::ffi::OsString;
+    // The real folders (no links) walked so far, below `tree`.
+    let mut at: Vec<OsString> = link
+        .parent()
+        .into_iter()
+        .flat_map(Path::components)
+        .map(|c| c.as_os_str().to_owned())
+        .collect();
+    // What is left to resolve, the next name last.
+    let mut pending: Vec<OsString> = Vec::new();
+    let follow = |path: &Path, pending: &mut Vec<OsString>| -> Result<(), String> {
+        let target = std::fs::read_link(path).map_err(|e| format!("cannot be read ({e})"))?;
+        if target.is_absolute() || target.as_os_str().is_empty() {
+            return Err("points outside the bundle (an absolute or empty target)".into());
+        }
+        pending.extend(target.components().rev().map(|c| c.as_os_str().to_owned()));
+        Ok(())
+    };
+    follow(&tree.join(link), &mut pending)?;
+    let mut hops = 1;
+    let mut ends_at_file = false;
+    while let Some(name) = pending.pop() {
+        if ends_at_file {
+            return Err("leads through a file as if it were a folder".into());
+        }
+        match Path::new(&name).components().next() {
+            Some(Component::CurDir) | None => {}
+            Some(Component::ParentDir) => {
+                if at.pop().is_none() {
+                    return Err("points outside the bundle (it climbs above its root, through the links inside it)".into());
                 }
             }
-            Component::CurDir => {}
-            Component::RootDir | Component::Prefix(_) => return false,
+            Some(Component::Normal(_)) => {
+                let here: PathBuf = std::iter::once(tree.as_os_str())
+                    .chain(at.iter().map(OsString::as_os_str))
+                    .chain(std::iter::once(name.as_os_str()))
+                    .collect();
+                let meta = std::fs::symlink_metadata(&here).map_err(|_| {
+                    format!(
+                        "leads nowhere ({} is not in the bundle)",
+                        here.strip_prefix(tree).unwrap_or(&here).display()
+                    )
+                })?;
+                if meta.file_type().is_symlink() {
+                    hops += 1;
+                    if hops > MAX_LINK_HOPS {
+                        return Err(format!(
+                            "goes through more than {MAX_LINK_HOPS} links (a loop)"
+                        ));
+                    }
+                    follow(&here, &mut pending)?;
+                } else if meta.is_dir() {
+                    at.push(name);
+                } else {
+                    ends_at_file = true;
+                }
+            }
+            Some(Component::RootDir | Component::Prefix(_)) => {
+                return Err("points outside the bundle (an absolute target)".into())
+            }
         }
     }
-    true
+    Ok(())
 }
 
 #[cfg(test)]
@@ -996,10 +1171,35 @@ mod tests {
 
     #[test]
     fn links_are_judged_by_where_they_resolve() {
-        assert!(stays_inside(Path::new("a/b/link"), "../c"));
-        assert!(stays_inside(Path::new("link"), "server/run"));
-        assert!(!stays_inside(Path::new("link"), "../x"));
-        assert!(!stays_inside(Path::new("a/link"), "../../x"));
-        assert!(!stays_inside(Path::new("a/link"), "/x"));
+        let dir = tempfile::tempdir().unwrap();
+        let tree = dir.path();
+        std::fs::create_dir_all(tree.join("a/b")).unwrap();
+        std::fs::create_dir_all(tree.join("server")).unwrap();
+        std::fs::write(tree.join("a/c"), "").unwrap();
+        std::fs::write(tree.join("server/run"), "").unwrap();
+        let link = |at: &str, to: &str| {
+            std::os::unix::fs::symlink(to, tree.join(at)).unwrap();
+            resolve_inside(tree, Path::new(at))
+        };
+        assert_eq!(link("a/b/up", "../c"), Ok(()));
+        assert_eq!(link("run", "server/run"), Ok(()));
+        assert_eq!(link("srv", "./server/"), Ok(()));
+        assert_eq!(link("via", "srv/run"), Ok(()), "through a link inside");
+        assert!(link("out", "../x").unwrap_err().contains("outside"));
+        assert!(link("a/out", "../../x").unwrap_err().contains("outside"));
+        assert!(link("a/abs", "/x").unwrap_err().contains("outside"));
+        assert!(link("gone", "server/nothing")
+            .unwrap_err()
+            .contains("nowhere"));
+        assert!(link("file", "run/x")
+            .unwrap_err()
+            .contains("through a file"));
+        assert!(link("loop", "loop").unwrap_err().contains("a loop"));
+        // Each `..` counted by its text stays inside; resolved, `s` is
+        // already the root's child, so `esc` climbs out.
+        std::fs::create_dir_all(tree.join("deep/1/2")).unwrap();
+        assert_eq!(link("deep/1/2/s", "../.."), Ok(()));
+        let esc = link("esc", "deep/1/2/s/../../../etc/passwd").unwrap_err();
+        assert!(esc.contains("outside"), "{esc}");
     }
 }

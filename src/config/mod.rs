@@ -922,6 +922,11 @@ pub struct BundleSettings {
     /// PEM files of the certificates a signature must chain to.
     #[serde(default)]
     pub trusted_certs: Vec<PathBuf>,
+    /// Under `signatures = "require"`, let bundles that are not archives
+    /// (bundle folders and manifest files, watched or installed by path,
+    /// which cannot be signed) install and start. Off: they are refused.
+    #[serde(default)]
+    pub allow_unsigned_folders: bool,
 }
 
 impl Default for BundleSettings {
@@ -934,6 +939,7 @@ impl Default for BundleSettings {
             max_message_bytes: defaults::max_message_bytes(),
             signatures: Default::default(),
             trusted_certs: Vec::new(),
+            allow_unsigned_folders: false,
         }
     }
 }

@@ -8,10 +8,19 @@
 //! inside the folder itself, as a Kubernetes ConfigMap volume has them —
 //! and manifests are opened without following a link, so no file outside
 //! the folder is ever read, let alone echoed.
+//!
+//! The same rule holds for everything a bundle runs from, at install and
+//! at every start ([`may_run`]): every file and folder of the bundle
+//! folder ([`tree`]; for one installed by path its owner may own them
+//! too), and under `[bundles] signatures = "require"` an archive's
+//! signature judged again, or a folder refused unless exempted.
 
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
+
+use crate::config::Config;
+use crate::manifest::LoadedManifest;
 
 /// Largest manifest read from a watched folder.
 const MAX_MANIFEST_BYTES: u64 = 4 * 1024 * 1024;
@@ -28,10 +37,42 @@ pub struct Trust {
 
 /// Whether `meta` (of `path`, a `what`) may be trusted.
 fn check(what: &str, path: &Path, meta: &std::fs::Metadata, trust: Trust) -> Result<(), String> {
+    check_owned(what, path, meta, trust, None)
+}
+
+/// [`check`], where the uid `also` (the owner of a bundle folder the
+/// operator installed by path) may own it too.
+fn check_owned(
+    what: &str,
+    path: &Path,
+    meta: &std::fs::Metadata,
+    trust: Trust,
+    also: Option<u32>,
+) -> Result<(), String> {
+    check_in(what, path, meta, trust, also, None)
+}
+
+/// [`check_owned`] of an entry below the bundle folder `within`, which
+/// the fix for write bits names too (one command for the whole tree).
+fn check_in(
+    what: &str,
+    path: &Path,
+    meta: &std::fs::Metadata,
+    trust: Trust,
+    also: Option<u32>,
+    within: Option<&Path>,
+) -> Result<(), String> {
     let me = nix::unistd::geteuid().as_raw();
-    if meta.uid() != me && meta.uid() != 0 {
+    if meta.uid() != me && meta.uid() != 0 && Some(meta.uid()) != also {
+        let (owners, to) = match also.filter(|o| *o != me && *o != 0) {
+            Some(owner) => (
+                format!("uid {owner} (the bundle folder's owner), the daemon's uid {me} or root"),
+                owner,
+            ),
+            None => (format!("the daemon's uid {me} or root"), me),
+        };
         return Err(format!(
-            "{what} {} belongs to uid {}, not to the daemon's uid {me} or root; whoever owns it decides what the daemon runs. chown it to uid {me}",
+            "{what} {} belongs to uid {}, not to {owners}; whoever owns it decides what the daemon runs. chown it to uid {to}",
             path.display(),
             meta.uid()
         ));
@@ -39,6 +80,14 @@ fn check(what: &str, path: &Path, meta: &std::fs::Metadata, trust: Trust) -> Res
     if meta.mode() & 0o022 == 0 {
         return Ok(());
     }
+    let whole = within
+        .map(|dir| {
+            format!(
+                " (the whole bundle at once: chmod -R go-w {})",
+                dir.display()
+            )
+        })
+        .unwrap_or_default();
     if trust.read_only_volume {
         match mount_id(path) {
             Some(id) if unwritable_here(path, id) => return Ok(()),
@@ -54,7 +103,7 @@ fn check(what: &str, path: &Path, meta: &std::fs::Metadata, trust: Trust) -> Res
         }
     }
     Err(format!(
-        "{what} {} is writable by {} (mode {:o}); anyone who can write it decides what the daemon runs. Remove the write bits: chmod go-w {}",
+        "{what} {} is writable by {} (mode {:o}); anyone who can write it decides what the daemon runs. Remove the write bits: chmod go-w {}{whole}",
         path.display(),
         if meta.mode() & 0o002 != 0 { "every user" } else { "its group" },
         meta.mode() & 0o7777,
@@ -288,6 +337,141 @@ pub fn manifest_text(entry: &Path, manifest: &Path, trust: Trust) -> Result<Stri
         ));
     }
     Ok(text)
+}
+
+/// How a bundle came to be installed, as far as trusting its files goes.
+#[derive(Debug, Clone)]
+pub enum Installed {
+    /// From the watched folder `dir`: it and everything the bundle runs
+    /// from must be the daemon's or root's.
+    Watched {
+        dir: std::path::PathBuf,
+        trust: Trust,
+    },
+    /// By path (`bundlevisor install PATH`): the operator chose the folder,
+    /// so its owner may own what is in it too — nobody else.
+    ByPath,
+}
+
+impl Installed {
+    /// The `[[watch]]` folder that holds `source` (an install's source), or
+    /// [`Installed::ByPath`].
+    pub fn of(source: &Path, config: &Config) -> Installed {
+        let parent = source.parent();
+        config
+            .watch
+            .iter()
+            .find(|w| parent.is_some() && w.dir.canonicalize().ok().as_deref() == parent)
+            .map_or(Installed::ByPath, |w| Installed::Watched {
+                dir: parent.unwrap_or(&w.dir).to_path_buf(),
+                trust: Trust {
+                    read_only_volume: w.read_only_volume,
+                },
+            })
+    }
+}
+
+/// Checks `dir` and every file and folder below it (links are not
+/// followed: where they lead is judged by the sandbox and the archive
+/// rules) the way a watched bundle folder is checked: owned by the daemon's
+/// uid or root — or, for a folder installed by path, by the folder's own
+/// owner — and writable by nobody else. Whoever can write any of them
+/// decides what the bundle runs, with the bundle's secrets. Every entry is
+/// looked at: a folder that cannot be read cannot be checked, and is
+/// refused.
+pub fn tree(dir: &Path, installed: &Installed) -> Result<(), String> {
+    let (trust, watched) = match installed {
+        Installed::Watched { trust, .. } => (*trust, true),
+        Installed::ByPath => (Trust::default(), false),
+    };
+    let top = std::fs::symlink_metadata(dir)
+        .map_err(|e| format!("cannot read the bundle folder {}: {e}", dir.display()))?;
+    let also = (!watched).then_some(top.uid());
+    check_owned("bundle folder", dir, &top, trust, also)?;
+    let mut folders = vec![dir.to_path_buf()];
+    while let Some(folder) = folders.pop() {
+        let unreadable = |e: std::io::Error| {
+            format!(
+                "cannot read {} of the bundle folder {} ({e}), so who may write what is in it cannot be checked",
+                folder.display(),
+                dir.display()
+            )
+        };
+        for entry in std::fs::read_dir(&folder).map_err(unreadable)? {
+            let entry = entry.map_err(unreadable)?;
+            let meta = entry.metadata().map_err(unreadable)?;
+            if meta.file_type().is_symlink() {
+                continue;
+            }
+            let what = if meta.is_dir() { "folder" } else { "file" };
+            check_in(what, &entry.path(), &meta, trust, also, Some(dir))?;
+            if meta.is_dir() {
+                folders.push(entry.path());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether the daemon may run `loaded` (installed from `source`), checked
+/// at install and again at every start (boot reload, restart, upgrade): the
+/// files it runs from pass [`tree`] (a watched folder's bundle: the folder
+/// too), and under `[bundles] signatures = "require"` it comes from an
+/// archive whose signature chains to `trusted_certs` today, or is a folder
+/// or manifest file the operator exempted (`allow_unsigned_folders`).
+/// Blocking: walks the bundle folder.
+pub fn may_run(loaded: &LoadedManifest, source: &Path, config: &Config) -> Result<(), String> {
+    use crate::archive::{judge_unpacked, unpacked_sha, SignaturePolicy};
+    use crate::manifest::Transport;
+    let remote = matches!(loaded.manifest.transport, Transport::Remote(_));
+    let name = &loaded.manifest.name;
+    let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
+    let archives = canonical(&crate::archive::root(&config.state_dir));
+    let dir = canonical(&loaded.dir);
+    let unpacked =
+        dir.parent() == Some(archives.as_path()) && unpacked_sha(&dir, &archives).is_some();
+    // Signatures: on archives only; a remote bundle runs nothing here.
+    if unpacked {
+        let trust = crate::archive::Trust {
+            policy: config.bundles.signatures,
+            anchors: config.bundles.trusted_certs.clone(),
+        };
+        judge_unpacked(&dir, &trust)
+            .map_err(|why| format!("bundle {name:?} may not run: {why}"))?;
+    } else if !remote
+        && config.bundles.signatures == SignaturePolicy::Require
+        && !config.bundles.allow_unsigned_folders
+    {
+        let what = if loaded.is_bare() {
+            "a manifest file"
+        } else {
+            "a bundle folder"
+        };
+        return Err(format!(
+            "bundle {name:?} comes from {what} ({}), which cannot be signed (MCPB signatures are on .mcpb archives), and [bundles] signatures = \"require\"; install it as an archive signed with `mcpb sign`, or let folders and manifest files run unsigned with [bundles] allow_unsigned_folders = true",
+            source.display()
+        ));
+    }
+    let installed = Installed::of(source, config);
+    if let Installed::Watched { dir, trust } = &installed {
+        folder(dir, *trust)?;
+    }
+    // An unpacked archive is the daemon's own copy (its modes masked to
+    // 0755 at most, in the state dir).
+    if unpacked {
+        return Ok(());
+    }
+    if loaded.is_bare() {
+        let trust = match &installed {
+            Installed::Watched { trust, .. } => *trust,
+            Installed::ByPath => Trust::default(),
+        };
+        let meta = std::fs::metadata(&loaded.file)
+            .map_err(|e| format!("cannot read manifest {}: {e}", loaded.file.display()))?;
+        let also = matches!(installed, Installed::ByPath).then_some(meta.uid());
+        return check_owned("manifest", &loaded.file, &meta, trust, also);
+    }
+    tree(&loaded.dir, &installed)
 }
 
 #[cfg(test)]

@@ -28,6 +28,9 @@ pub enum ErrorKind {
     ManifestInvalid,
     GateRefused,
     SandboxRefused,
+    /// Someone other than its owner (and root) may write what the bundle
+    /// runs, or it is unsigned under `signatures = "require"`.
+    BundleUntrusted,
     StartFailed,
     NotReady,
     ToolCallFailed,
@@ -94,6 +97,7 @@ impl ErrorKind {
             ErrorKind::ManifestInvalid => "manifest_invalid",
             ErrorKind::GateRefused => "gate_refused",
             ErrorKind::SandboxRefused => "sandbox_refused",
+            ErrorKind::BundleUntrusted => "bundle_untrusted",
             ErrorKind::StartFailed => "start_failed",
             ErrorKind::NotReady => "not_ready",
             ErrorKind::ToolCallFailed => "tool_call_failed",

@@ -230,6 +230,9 @@ pub async fn start(
         let (name, settings) = (name.to_string(), shared.config.clone());
         tokio::task::spawn_blocking(move || {
             let (loaded, rejected) = choose(wanted, &source, &name, &snapshot, &settings)?;
+            // Whichever manifest runs: the files it runs from, and its
+            // signature, are judged again at every start.
+            super::super::trusted::may_run(&loaded, &source, &settings)?;
             let archive = archive_info(&loaded, &settings.state_dir);
             Ok::<_, String>((loaded, rejected, archive))
         })

@@ -118,6 +118,7 @@ pub(super) fn install_error(e: InstallError) -> RpcError {
             .with("bundle", g.bundle)
             .with("missing", g.missing),
         InstallError::Sandbox(_) => RpcError::new(ErrorKind::SandboxRefused, message),
+        InstallError::Untrusted(_) => RpcError::new(ErrorKind::BundleUntrusted, message),
         InstallError::Archive(crate::archive::ArchiveError::Refused { .. }) => {
             RpcError::new(ErrorKind::ArchiveRefused, message)
         }

@@ -31,6 +31,10 @@ pub enum InstallError {
     Gate(#[from] GateRefusal),
     #[error(transparent)]
     Sandbox(#[from] crate::bundle::sandbox::SandboxError),
+    /// Others may write what the bundle runs, or it is unsigned where
+    /// signatures are required.
+    #[error("{0}")]
+    Untrusted(String),
     #[error("bundle {name:?} is already installed in workspace {workspace:?} (from {source_path}); uninstall it first, or use `bundlevisor restart {name}`")]
     AlreadyInstalled {
         workspace: String,
@@ -100,6 +104,8 @@ pub async fn install(
             _ => source,
         };
         crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)?;
+        super::super::trusted::may_run(&loaded, &source, &config)
+            .map_err(InstallError::Untrusted)?;
         loaded.check_entry_point()?;
         check_runtimes(&loaded, &config.uv)?;
         crate::bundle::sandbox::check_install(&sandbox, &protected, &loaded)?;
