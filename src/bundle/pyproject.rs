@@ -240,6 +240,7 @@ pub fn check(
         for (place, list) in &lists {
             for requirement in strings(Some(list)) {
                 if is_direct_reference(requirement) {
+                    let requirement = without_credentials(requirement);
                     problems.push(format!(
                         "{place} has the direct reference {requirement:?}: the daemon installs packages only from the configured index; publish it there, {opt_in}"
                     ));
@@ -332,6 +333,7 @@ pub fn check_exported(
                 line.split_whitespace().next().unwrap_or(line)
             ));
         } else if !allow_direct_references && is_direct_reference(line) {
+            let line = without_credentials(line);
             problems.push(format!(
                 "uv.lock locks the direct reference {line:?}: the daemon installs packages only from the configured index; publish it there, or set [uv] allow_direct_references = true for bundles you trust"
             ));
@@ -356,6 +358,28 @@ fn strings(value: Option<&toml::Value>) -> Vec<&str> {
         .flatten()
         .filter_map(|v| v.as_str())
         .collect()
+}
+
+/// A requirement as it may be shown: the user and password of every URL
+/// in it (`https://USER:TOKEN@host/…`, `git+https://TOKEN@…`) replaced by
+/// `***`, so a refusal quoting it never carries a credential.
+fn without_credentials(requirement: &str) -> String {
+    let mut shown = String::with_capacity(requirement.len());
+    let mut rest = requirement;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        shown.push_str(head);
+        let authority_end = tail.find(['/', '?', '#', ' ']).unwrap_or(tail.len());
+        match tail[..authority_end].rfind('@') {
+            Some(user_end) => {
+                shown.push_str("***");
+                rest = &tail[user_end..];
+            }
+            None => rest = tail,
+        }
+    }
+    shown.push_str(rest);
+    shown
 }
 
 /// A requirement that names where its files come from: `name @ URL`, or a
@@ -506,5 +530,22 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    #[test]
+    fn credentials_in_a_quoted_requirement_are_masked() {
+        assert_eq!(
+            without_credentials("pkg @ https://user:s3cret@host.example/p.whl"),
+            "pkg @ https://***@host.example/p.whl"
+        );
+        assert_eq!(
+            without_credentials("pkg @ git+https://TOKEN@git.example/r.git@v1"),
+            "pkg @ git+https://***@git.example/r.git@v1"
+        );
+        assert_eq!(
+            without_credentials("pkg @ file:///srv/p.whl"),
+            "pkg @ file:///srv/p.whl"
+        );
+        assert_eq!(without_credentials("pkg>=1"), "pkg>=1");
     }
 }

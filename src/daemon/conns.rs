@@ -13,8 +13,10 @@
 //!   the connection is ready for one (right after the accept, or after the
 //!   previous answer): an idle keep-alive connection is closed then too.
 //! - A TLS handshake must finish within the same time.
-//! - Each request carries its connection's [`super::http::Peer`] as axum's
-//!   `ConnectInfo` (the client's address and the connection's own).
+//! - Bundles are refused on every route: before a connection's first
+//!   request is routed, the client is looked up by the connection's own
+//!   addresses (`control::tcp_refusal`, once per connection, off the event
+//!   loop); a refused one gets 403 and the connection is closed.
 //!
 //! The request body's own deadline (`[http] body_timeout`) is applied where
 //! the body is read (the gateway endpoints).
@@ -28,7 +30,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::ConnectInfo;
+use axum::response::IntoResponse;
 use axum::Router;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -37,7 +39,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::http::Peer;
+use crate::config::SandboxSettings;
 
 /// What a listener allows its clients.
 #[derive(Debug, Clone, Copy)]
@@ -74,8 +76,11 @@ impl Limits {
     }
 }
 
-/// One open connection, as the registry sees it.
+/// One open connection, as the registry sees it (until its task ends,
+/// closing or not: its descriptor counts until then).
 struct Entry {
+    /// Told to close already (not chosen again).
+    closing: bool,
     /// Requests whose answers are not finished (a streamed body included).
     busy: Arc<AtomicUsize>,
     /// When it last became idle (or was accepted), for the eviction order.
@@ -93,22 +98,23 @@ struct Registry {
 
 impl Registry {
     /// Room for one more: closes the longest-idle connection when full.
-    /// False when every connection is busy (the newcomer is refused).
+    /// False when every connection is busy or already closing (the
+    /// newcomer is refused). A closed connection counts until its task
+    /// has dropped it, so the cap bounds descriptors, not only entries.
     fn make_room(&mut self, max: usize) -> bool {
         if self.open.len() < max {
             return true;
         }
         let oldest = self
             .open
-            .iter()
-            .filter(|(_, e)| e.busy.load(Ordering::SeqCst) == 0)
-            .min_by_key(|(_, e)| *e.idle_since.lock().unwrap_or_else(|p| p.into_inner()))
-            .map(|(id, _)| *id);
+            .values_mut()
+            .filter(|e| !e.closing && e.busy.load(Ordering::SeqCst) == 0)
+            .min_by_key(|e| *e.idle_since.lock().unwrap_or_else(|p| p.into_inner()));
         match oldest {
-            Some(id) => {
-                if let Some(e) = self.open.remove(&id) {
-                    e.close.notify_one();
-                }
+            Some(entry) => {
+                entry.closing = true;
+                entry.close.notify_one();
+                // Dropped at once (it is idle): the newcomer may have its place.
                 true
             }
             None => false,
@@ -123,8 +129,10 @@ pub async fn serve(
     tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
     router: Router,
     limits: Limits,
+    sandbox: SandboxSettings,
     shutdown: CancellationToken,
 ) {
+    let sandbox = Arc::new(sandbox);
     let registry = Arc::new(Mutex::new(Registry::default()));
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut tasks = tokio::task::JoinSet::new();
@@ -156,6 +164,7 @@ pub async fn serve(
             let id = open.next;
             open.next += 1;
             let entry = Entry {
+                closing: false,
                 busy: Arc::default(),
                 idle_since: Arc::new(Mutex::new(tokio::time::Instant::now())),
                 close: Arc::default(),
@@ -170,7 +179,12 @@ pub async fn serve(
             handles
         };
         let (id, busy, idle_since, close) = entry;
-        let peer = Peer::at(remote, stream.local_addr().ok());
+        let peer = Peer {
+            addr: remote,
+            local: stream.local_addr().ok(),
+            sandbox: sandbox.clone(),
+            refusal: tokio::sync::OnceCell::new(),
+        };
         let (router, acceptor, registry, shutdown) = (
             router.clone(),
             acceptor.clone(),
@@ -180,7 +194,7 @@ pub async fn serve(
         tasks.spawn(async move {
             let service = Service {
                 router,
-                peer,
+                peer: Arc::new(peer),
                 busy,
                 idle_since,
             };
@@ -242,6 +256,7 @@ async fn http1<I>(
 ) where
     I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let busy = service.busy.clone();
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
@@ -253,19 +268,67 @@ async fn http1<I>(
     tokio::select! {
         _ = conn.as_mut() => return,
         _ = shutdown.cancelled() => {}
-        _ = close.notified() => {}
+        _ = close.notified() => {
+            // Evicted while idle: dropped now, even with half a head read
+            // (hyper's graceful close would wait for the head's deadline).
+            if busy.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+        }
     }
-    // Closed: an idle connection ends at once; a busy one after its answer.
+    // A busy one (or the daemon stopping) ends after its answer.
     conn.as_mut().graceful_shutdown();
     let _ = conn.await;
 }
 
-/// The router for one connection: each request gets the connection's peer
-/// and counts as busy until its answer's body is finished.
+/// The client of one connection and, once looked up (for the whole
+/// connection), why it is refused, if it is: a bundle's socket.
+struct Peer {
+    addr: std::net::SocketAddr,
+    /// The connection's own address (never the wildcard it was accepted on).
+    local: Option<std::net::SocketAddr>,
+    sandbox: Arc<SandboxSettings>,
+    refusal: tokio::sync::OnceCell<Option<String>>,
+}
+
+impl Peer {
+    /// 403 (and the connection closed) for a bundle, or for a client that
+    /// cannot be identified; None to serve it.
+    async fn refused(&self) -> Option<axum::response::Response> {
+        let refused = self
+            .refusal
+            .get_or_init(|| {
+                let (addr, local, sandbox) = (self.addr, self.local, self.sandbox.clone());
+                async move {
+                    let Some(local) = local else {
+                        return Some(format!("{addr}: the connection's own address is unknown"));
+                    };
+                    tokio::task::spawn_blocking(move || {
+                        super::control::tcp_refusal(addr, local, &sandbox)
+                    })
+                    .await
+                    .unwrap_or_else(|e| Some(e.to_string()))
+                }
+            })
+            .await;
+        let why = refused.as_ref()?;
+        tracing::warn!(peer = %self.addr, "HTTP connection refused: {why}");
+        Some(
+            (
+                axum::http::StatusCode::FORBIDDEN,
+                [(axum::http::header::CONNECTION, "close")],
+            )
+                .into_response(),
+        )
+    }
+}
+
+/// The router for one connection: each request is admitted (or not) by
+/// its peer, and counts as busy until its answer's body is finished.
 #[derive(Clone)]
 struct Service {
     router: Router,
-    peer: Peer,
+    peer: Arc<Peer>,
     busy: Arc<AtomicUsize>,
     idle_since: Arc<Mutex<tokio::time::Instant>>,
 }
@@ -278,14 +341,14 @@ impl hyper::service::Service<hyper::Request<Incoming>> for Service {
 
     fn call(&self, request: hyper::Request<Incoming>) -> Self::Future {
         use tower_service::Service as _;
-        let mut request = request.map(Body::new);
-        request
-            .extensions_mut()
-            .insert(ConnectInfo(self.peer.clone()));
+        let request = request.map(Body::new);
         let busy = Busy::enter(self.busy.clone(), self.idle_since.clone());
-        let answer = self.router.clone().call(request);
+        let (peer, mut router) = (self.peer.clone(), self.router.clone());
         Box::pin(async move {
-            let response = answer.await?;
+            if let Some(no) = peer.refused().await {
+                return Ok(no);
+            }
+            let response = router.call(request).await?;
             Ok(response.map(|body| Body::new(Guarded { body, _busy: busy })))
         })
     }
@@ -358,7 +421,8 @@ mod tests {
                 }),
             );
         let shutdown = CancellationToken::new();
-        tokio::spawn(serve(listener, None, router, limits, shutdown.clone()));
+        let sandbox = SandboxSettings::default();
+        tokio::spawn(serve(listener, None, router, limits, sandbox, shutdown.clone()));
         (addr, shutdown)
     }
 
@@ -381,9 +445,13 @@ mod tests {
             head_timeout: Duration::from_secs(3600),
         };
         let (addr, _shutdown) = start(limits).await;
+        // Half a head on each: hyper alone would keep them until the
+        // head's deadline.
         let mut idle = Vec::new();
         for _ in 0..50 {
-            idle.push(TcpStream::connect(addr).await.unwrap());
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(b"G").await.unwrap();
+            idle.push(s);
         }
         let answer = tokio::time::timeout(Duration::from_secs(10), get(addr))
             .await

@@ -24,7 +24,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
-use axum::extract::{ConnectInfo, Path, Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
@@ -40,27 +40,6 @@ use crate::gateway::{Backend, Gateway, DEFAULT_WAIT_READY};
 const DEFAULT_MAX_BODY: usize = 4 * 1024 * 1024;
 
 type Endpoint = StreamableHttpService<Gateway, LocalSessionManager>;
-
-/// The client of one TCP connection, and (once looked up, for the whole
-/// connection) why it is refused, if it is: a bundle's socket.
-#[derive(Clone)]
-pub(super) struct Peer {
-    pub(super) addr: SocketAddr,
-    /// The connection's own address (never the wildcard it was accepted on).
-    local: Option<SocketAddr>,
-    refusal: Arc<tokio::sync::OnceCell<Option<String>>>,
-}
-
-impl Peer {
-    /// A new connection: not looked up yet.
-    pub(super) fn at(addr: SocketAddr, local: Option<SocketAddr>) -> Peer {
-        Peer {
-            addr,
-            local,
-            refusal: Arc::default(),
-        }
-    }
-}
 
 /// (workspace, profile) of an endpoint.
 type EndpointKey = (String, Option<String>);
@@ -150,6 +129,7 @@ pub async fn serve(
     });
     let ops = ops_router(app.shared.clone(), app.shared.config.http.metrics);
     let limits = super::conns::Limits::of(&app.shared.config.http);
+    let sandbox = app.shared.config.sandbox.clone();
     let router = Router::new()
         .route("/mcp/{workspace}", any(workspace_endpoint))
         .route("/mcp/{workspace}/{profile}", any(profile_endpoint))
@@ -164,25 +144,23 @@ pub async fn serve(
         .with_state(app)
         .merge(ops);
     tracing::info!(%addr, scheme, "MCP gateway listening (/mcp/WORKSPACE)");
-    super::conns::serve(listener, tls, router, limits, shutdown).await;
+    super::conns::serve(listener, tls, router, limits, sandbox, shutdown).await;
 }
 
 async fn workspace_endpoint(
     State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<Peer>,
     Path(workspace): Path<String>,
     request: Request,
 ) -> Response {
-    endpoint(app, peer, workspace, None, request).await
+    endpoint(app, workspace, None, request).await
 }
 
 async fn profile_endpoint(
     State(app): State<Arc<App>>,
-    ConnectInfo(peer): ConnectInfo<Peer>,
     Path((workspace, profile)): Path<(String, String)>,
     request: Request,
 ) -> Response {
-    endpoint(app, peer, workspace, Some(profile), request).await
+    endpoint(app, workspace, Some(profile), request).await
 }
 
 fn resource_path(workspace: &str, profile: Option<&str>) -> String {
@@ -281,31 +259,6 @@ fn forbidden() -> Response {
     response
 }
 
-/// Bundles may not use the daemon's listeners: looked up in /proc once
-/// per connection, off the loop. Every route asks, `/healthz` included.
-async fn refused(peer: &Peer, shared: &Shared) -> Option<Response> {
-    let refused = peer
-        .refusal
-        .get_or_init(|| {
-            let (addr, local, sandbox) = (peer.addr, peer.local, shared.config.sandbox.clone());
-            async move {
-                let Some(local) = local else {
-                    return Some(format!("{addr}: the connection's own address is unknown"));
-                };
-                tokio::task::spawn_blocking(move || {
-                    super::control::tcp_refusal(addr, local, &sandbox)
-                })
-                .await
-                .unwrap_or_else(|e| Some(e.to_string()))
-            }
-        })
-        .await;
-    let why = refused.as_ref()?;
-    tracing::warn!(peer = %peer.addr, "HTTP connection refused: {why}");
-    // And the connection closed: nothing more is served on it.
-    Some((StatusCode::FORBIDDEN, [(header::CONNECTION, "close")]).into_response())
-}
-
 /// `/healthz`, `/readyz` and (when `metrics`) `/metrics`.
 fn ops_router(shared: Arc<Shared>, metrics: bool) -> Router {
     let mut router = Router::new()
@@ -323,19 +276,13 @@ struct Ops {
 }
 
 /// Alive: the daemon answers (to anyone but a bundle).
-async fn healthz(State(ops): State<Ops>, ConnectInfo(peer): ConnectInfo<Peer>) -> Response {
-    if let Some(no) = refused(&peer, &ops.shared).await {
-        return no;
-    }
+async fn healthz() -> Response {
     "ok\n".into_response()
 }
 
 /// Ready once the boot reload has settled (every installed bundle ready,
 /// failed, or being retried: systemd's `READY=1`).
-async fn readyz(State(ops): State<Ops>, ConnectInfo(peer): ConnectInfo<Peer>) -> Response {
-    if let Some(no) = refused(&peer, &ops.shared).await {
-        return no;
-    }
+async fn readyz(State(ops): State<Ops>) -> Response {
     if ops.shared.settled.is_cancelled() {
         "ready\n".into_response()
     } else {
@@ -343,10 +290,7 @@ async fn readyz(State(ops): State<Ops>, ConnectInfo(peer): ConnectInfo<Peer>) ->
     }
 }
 
-async fn scrape(State(ops): State<Ops>, ConnectInfo(peer): ConnectInfo<Peer>) -> Response {
-    if let Some(no) = refused(&peer, &ops.shared).await {
-        return no;
-    }
+async fn scrape(State(ops): State<Ops>) -> Response {
     let text = ops.shared.metrics.render();
     ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response()
 }
@@ -355,21 +299,19 @@ async fn scrape(State(ops): State<Ops>, ConnectInfo(peer): ConnectInfo<Peer>) ->
 /// gateway's stack, until the task is dropped.
 pub async fn serve_ops(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
     let limits = super::conns::Limits::of(&shared.config.http);
+    let sandbox = shared.config.sandbox.clone();
     let router = ops_router(shared, true);
     // Until the task is dropped (which drops its connections).
-    super::conns::serve(listener, None, router, limits, CancellationToken::new()).await;
+    let never = CancellationToken::new();
+    super::conns::serve(listener, None, router, limits, sandbox, never).await;
 }
 
 async fn endpoint(
     app: Arc<App>,
-    peer: Peer,
     workspace: String,
     profile: Option<String>,
     request: Request,
 ) -> Response {
-    if let Some(no) = refused(&peer, &app.shared).await {
-        return no;
-    }
     if crate::names::check_name("workspace", &workspace).is_err()
         || profile
             .as_deref()
@@ -423,7 +365,7 @@ async fn endpoint(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     if let Some(id) = &named {
-        if Owners::of(&owners, id).is_some_and(|owner| owner != token.id) {
+        if Owners::of(&owners, id).is_none_or(|owner| owner != token.id) {
             tracing::warn!(token = %token.name, "a session of another token was named; refused");
             return no_such_session();
         }
@@ -452,7 +394,11 @@ async fn endpoint(
     } else {
         None
     };
-    let request = match within_deadline(request, settings.body_timeout).await {
+    let cap = match settings.max_body_bytes {
+        0 => DEFAULT_MAX_BODY,
+        n => n,
+    };
+    let request = match within_deadline(request, cap, settings.body_timeout).await {
         Ok(request) => request,
         Err(response) => return response,
     };
@@ -470,12 +416,14 @@ async fn endpoint(
 }
 
 /// The request with its body read within `limit` of its head (a client
-/// that trickles its body holds a connection no longer), or the answer
-/// that says it was not. Bodies over the endpoint's cap are cut short here
-/// and refused by rmcp's own check.
-async fn within_deadline(request: Request, limit: std::time::Duration) -> Result<Request, Response> {
+/// that trickles its body holds a connection no longer), and at most `cap`
+/// bytes of it (the endpoint's body cap), or the answer that says why not.
+async fn within_deadline(
+    request: Request,
+    cap: usize,
+    limit: std::time::Duration,
+) -> Result<Request, Response> {
     let (parts, body) = request.into_parts();
-    let cap = DEFAULT_MAX_BODY.max(64 * 1024 * 1024);
     match tokio::time::timeout(limit, axum::body::to_bytes(body, cap)).await {
         Ok(Ok(bytes)) => Ok(Request::from_parts(parts, axum::body::Body::from(bytes))),
         Ok(Err(_)) => Err((

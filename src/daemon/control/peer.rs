@@ -130,13 +130,20 @@ impl PeerProcess {
                 &mut len,
             )
         };
+        let unknown_option = std::io::Error::last_os_error().raw_os_error()
+            == Some(nix::libc::ENOPROTOOPT);
         let pidfd = if got == 0 && fd >= 0 {
             // SAFETY: a descriptor the kernel just made for us, owned by no one else.
             Some(unsafe { OwnedFd::from_raw_fd(fd) })
-        } else {
+        } else if got != 0 && unknown_option {
             u32::try_from(pid)
                 .ok()
                 .and_then(|p| crate::bundle::spawn::pidfd_open(p).ok())
+        } else {
+            // Any other failure (before 6.16: the peer is already reaped) leaves
+            // the peer unidentified, so refused: a pidfd opened now could
+            // name another process that took its pid.
+            None
         };
         PeerProcess { pid, pidfd }
     }
@@ -214,6 +221,18 @@ pub fn lineage(proc_root: &Path, pid: i32, ancestor: i32) -> Lineage {
     Lineage::Unknown
 }
 
+/// What makes `(uid, gid)` a bundle's identity, if it is one: a uid or
+/// gid of `[sandbox] uid_range`, or the shared `[sandbox] user`.
+fn bundle_identity(uid: u32, gid: u32, sandbox: &SandboxSettings) -> Option<String> {
+    if sandbox.uid_range.contains(uid) || sandbox.uid_range.contains(gid) {
+        return Some(format!("a bundle's ([sandbox] uid_range {})", sandbox.uid_range));
+    }
+    let name = sandbox.user.as_ref()?;
+    let shared = nix::unistd::User::from_name(name).ok().flatten()?;
+    (shared.uid.as_raw() == uid)
+        .then(|| format!("[sandbox] user {name:?}, which bundles run as"))
+}
+
 /// Why the peer `(uid, gid, process)` must be refused, or None to admit it.
 /// A peer whose process cannot be identified (none given, or it exited
 /// before its line was read) is refused: it cannot be told apart from a
@@ -231,19 +250,10 @@ pub fn refusal(
             .map(|p| p.pid.to_string())
             .unwrap_or_else(|| "?".into())
     );
-    if sandbox.uid_range.contains(uid) || sandbox.uid_range.contains(gid) {
+    if let Some(why) = bundle_identity(uid, gid, sandbox) {
         return Some(format!(
-            "{who} is a bundle's ([sandbox] uid_range {}); bundles may not control the daemon",
-            sandbox.uid_range
+            "{who} is {why}; bundles may not control the daemon"
         ));
-    }
-    if let Some(name) = &sandbox.user {
-        let shared = nix::unistd::User::from_name(name).ok().flatten();
-        if shared.is_some_and(|u| u.uid.as_raw() == uid) {
-            return Some(format!(
-                "{who} is [sandbox] user {name:?}, which bundles run as; bundles may not control the daemon"
-            ));
-        }
     }
     let me = std::process::id() as i32;
     let Some(process) = process else {
@@ -325,13 +335,7 @@ fn tcp_owner(
 /// a client can be a process here (a bundle among them). Read from the
 /// interfaces; an error counts as local (fail closed).
 fn is_local(ip: std::net::IpAddr) -> bool {
-    let ip = match ip {
-        std::net::IpAddr::V6(v6) => v6
-            .to_ipv4_mapped()
-            .map(std::net::IpAddr::V4)
-            .unwrap_or(ip),
-        v4 => v4,
-    };
+    let ip = ip.to_canonical();
     if ip.is_loopback() || ip.is_unspecified() {
         return true;
     }
@@ -401,6 +405,10 @@ fn tcp_refusal_in(
     sandbox: &SandboxSettings,
     shared_uid: Option<u32>,
 ) -> Option<String> {
+    // A dual-stack listener sees IPv4 clients as mapped IPv6 addresses; their
+    // sockets are in /proc/net/tcp under the IPv4 ones.
+    let canonical = |a: std::net::SocketAddr| std::net::SocketAddr::new(a.ip().to_canonical(), a.port());
+    let (peer, local) = (canonical(peer), canonical(local));
     if !is_local(peer.ip()) {
         return None;
     }
@@ -409,21 +417,10 @@ fn tcp_refusal_in(
             "{peer} is a local client whose socket is not in the daemon's /proc/net/tcp, so it cannot be told apart from a bundle"
         ));
     };
-    if sandbox.uid_range.contains(uid) {
+    if let Some(why) = bundle_identity(uid, uid, sandbox) {
         return Some(format!(
-            "{peer} is a bundle's socket (uid {uid}, [sandbox] uid_range); bundles may not use the daemon's listeners"
+            "{peer} (uid {uid}) is {why}; bundles may not use the daemon's listeners"
         ));
-    }
-    if let Some(name) = &sandbox.user {
-        if nix::unistd::User::from_name(name)
-            .ok()
-            .flatten()
-            .is_some_and(|u| u.uid.as_raw() == uid)
-        {
-            return Some(format!(
-                "{peer} belongs to [sandbox] user {name:?}, which bundles run as"
-            ));
-        }
     }
     if shared_uid != Some(uid) {
         return None;
@@ -601,5 +598,25 @@ mod tests {
         // socket held by nobody): refused, not served.
         let why = tcp_refusal_in(proc_root, child_peer, ours, &sandbox, me).unwrap();
         assert!(why.contains("cannot be told apart") || why.contains("no process"), "{why}");
+    }
+
+    /// A dual-stack listener sees an IPv4 client as a mapped IPv6 address;
+    /// its socket is found under the IPv4 ones (it used to be refused).
+    #[test]
+    fn an_ipv4_client_of_a_dual_stack_listener_is_found() {
+        let Ok(listener) = std::net::TcpListener::bind("[::]:0") else {
+            return;
+        };
+        let port = listener.local_addr().unwrap().port();
+        let _client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        let (accepted, peer) = listener.accept().unwrap();
+        let local = accepted.local_addr().unwrap();
+        assert!(peer.is_ipv6() && local.is_ipv6(), "{peer} {local}");
+        let me = Some(nix::unistd::geteuid().as_raw());
+        let sandbox = SandboxSettings::default();
+        assert_eq!(
+            tcp_refusal_in(Path::new("/proc"), peer, local, &sandbox, me),
+            None
+        );
     }
 }
