@@ -43,11 +43,42 @@ pub fn load(source: &Path, config: &Config) -> Result<LoadedManifest, SourceErro
     Ok(manifest_of(source)?)
 }
 
+/// The text of `file`, which must be a regular file (not a link, a FIFO or
+/// a device) of at most [`super::trusted::MAX_MANIFEST_BYTES`].
+fn read_plain_file(file: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let opened = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(file)?;
+    if !opened.metadata()?.is_file() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "not a regular file (a manifest must be a file in the bundle folder)",
+        ));
+    }
+    let mut text = String::new();
+    opened
+        .take(super::trusted::MAX_MANIFEST_BYTES + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > super::trusted::MAX_MANIFEST_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "larger than {} bytes",
+                super::trusted::MAX_MANIFEST_BYTES
+            ),
+        ));
+    }
+    Ok(text)
+}
+
 /// Reads and validates the manifest of a bundle folder (or a bare manifest
 /// file). In a folder another user owns (an admitted user installed it),
 /// the manifest is read with that user's rights, at install and at every
-/// start: a manifest that user later links to a file only root may read is
-/// as unreadable as a missing one, and nothing of that file is quoted in an
+/// start: a manifest that user later links elsewhere, or makes a FIFO or a
+/// device, is refused unread, and nothing of another file is quoted in an
 /// error, `last_error` or the log.
 pub fn manifest_of(source: &Path) -> Result<LoadedManifest, ManifestError> {
     let file = crate::manifest::manifest_file(source);
@@ -55,7 +86,7 @@ pub fn manifest_of(source: &Path) -> Result<LoadedManifest, ManifestError> {
     let Some(owner) = crate::bundle::sandbox::folder_owner(folder) else {
         return crate::manifest::load(source);
     };
-    let text = crate::bundle::sandbox::as_user(owner, || std::fs::read_to_string(&file))
+    let text = crate::bundle::sandbox::as_user(owner, || read_plain_file(&file))
         .unwrap_or_else(|| {
             Err(std::io::Error::new(
                 std::io::ErrorKind::PermissionDenied,

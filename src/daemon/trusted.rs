@@ -23,7 +23,7 @@ use crate::config::Config;
 use crate::manifest::LoadedManifest;
 
 /// Largest manifest read from a watched folder.
-const MAX_MANIFEST_BYTES: u64 = 4 * 1024 * 1024;
+pub const MAX_MANIFEST_BYTES: u64 = 4 * 1024 * 1024;
 
 /// How a watched folder's entries are judged.
 #[derive(Debug, Clone, Copy, Default)]
