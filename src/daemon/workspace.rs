@@ -75,6 +75,10 @@ pub enum FilesOp {
         filename: Option<String>,
         tags: Vec<String>,
         mime: Option<String>,
+        /// What `path` reads through (the opened file behind
+        /// `/proc/self/fd/N`) and the caller's slot: held until the put is
+        /// done, even when the caller stopped waiting.
+        held: Box<dyn Send>,
         reply: RpcReplyPort<Result<FileRecord, FileError>>,
     },
     List(RpcReplyPort<Result<Vec<FileRecord>, FileError>>),
@@ -262,9 +266,11 @@ impl WorkspaceState {
                 filename,
                 tags,
                 mime,
+                held,
                 reply,
             } => {
                 let _ = reply.send(store.put(&path, filename.as_deref(), tags, mime.as_deref()));
+                drop(held);
             }
             FilesOp::List(reply) => {
                 let _ = reply.send(store.list());

@@ -95,7 +95,7 @@ pub(super) async fn files_put(p: FilesPutParams, ctx: &Ctx) -> Result<FileRecord
     // One of the peer's slots for the whole put: the open and the read run
     // on the blocking pool, and a file system that never answers holds
     // only that peer's slots.
-    let _slot = ctx.shared.path_work.permit(ctx.peer.uid).await;
+    let slot = ctx.shared.path_work.permit(ctx.peer.uid).await;
     let (opened, peer) = (p.path.clone(), ctx.peer);
     // An admitted user's path is opened with its own rights (only the
     // read that follows is the daemon's).
@@ -126,16 +126,18 @@ pub(super) async fn files_put(p: FilesPutParams, ctx: &Ctx) -> Result<FileRecord
         .file_name()
         .map(|n| n.to_string_lossy().into_owned());
     let (tags, mime) = (p.tags, p.mime);
-    let record = files_call(ctx, &p.workspace, |reply| FilesOp::Put {
+    // The file (so fd N stays this file) and the slot go with the put: if
+    // this handler stops waiting, the read still holds both until it ends.
+    let held: Box<dyn Send> = Box::new((file, slot));
+    files_call(ctx, &p.workspace, |reply| FilesOp::Put {
         path,
         filename,
         tags,
         mime,
+        held,
         reply,
     })
-    .await?;
-    drop(file);
-    Ok(record)
+    .await
 }
 
 pub(super) async fn files_ls(p: FilesParams, ctx: &Ctx) -> Result<FilesList, RpcError> {
