@@ -272,8 +272,6 @@ print(answered, regular, round(time.time() - start, 1), flush=True)
         ["600", "600"],
         "answered, refused as not regular: {done}"
     );
-    let seconds: f64 = fields[2].parse().unwrap();
-    assert!(seconds < 15.0, "600 refusals took {seconds} s");
     d.ok(&["status"]);
 }
 
