@@ -677,7 +677,11 @@ fn an_admitted_users_manifest_linked_to_a_root_only_file_is_read_with_its_rights
         .current_dir("/")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let manifest = folder.join("manifest.json");
     std::fs::remove_file(&manifest).unwrap();
     std::os::unix::fs::symlink(&secret, &manifest).unwrap();
@@ -688,7 +692,10 @@ fn an_admitted_users_manifest_linked_to_a_root_only_file_is_read_with_its_rights
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(!said.contains(MARKER), "a root-only file was quoted: {said}");
+    assert!(
+        !said.contains(MARKER),
+        "a root-only file was quoted: {said}"
+    );
     // The last good manifest keeps running; the new one was read (with
     // the user's rights) and refused, and nothing of the file shows.
     let b = d.bundle("default", "theirs").unwrap();

@@ -422,7 +422,14 @@ mod tests {
             );
         let shutdown = CancellationToken::new();
         let sandbox = SandboxSettings::default();
-        tokio::spawn(serve(listener, None, router, limits, sandbox, shutdown.clone()));
+        tokio::spawn(serve(
+            listener,
+            None,
+            router,
+            limits,
+            sandbox,
+            shutdown.clone(),
+        ));
         (addr, shutdown)
     }
 
@@ -461,8 +468,7 @@ mod tests {
         let mut closed = 0;
         for s in idle.iter_mut().take(40) {
             let mut buf = [0u8; 16];
-            if let Ok(Ok(0)) =
-                tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await
+            if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf)).await
             {
                 closed += 1;
             }

@@ -44,11 +44,7 @@ type Endpoint = StreamableHttpService<Gateway, LocalSessionManager>;
 /// (workspace, profile) of an endpoint.
 type EndpointKey = (String, Option<String>);
 /// An endpoint's rmcp service, the sessions it keeps and their owners.
-type Served = (
-    Arc<Endpoint>,
-    Arc<LocalSessionManager>,
-    Arc<Mutex<Owners>>,
-);
+type Served = (Arc<Endpoint>, Arc<LocalSessionManager>, Arc<Mutex<Owners>>);
 
 struct App {
     /// What every gateway session asks of the daemon (in-process).

@@ -7,9 +7,9 @@
 
 pub mod board;
 pub mod bundle;
+pub mod conns;
 pub mod control;
 pub mod folder;
-pub mod conns;
 pub mod http;
 pub mod lifecycle;
 pub mod metrics;

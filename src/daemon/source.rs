@@ -65,10 +65,7 @@ fn read_plain_file(file: &Path) -> std::io::Result<String> {
     if text.len() as u64 > super::trusted::MAX_MANIFEST_BYTES {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,
-            format!(
-                "larger than {} bytes",
-                super::trusted::MAX_MANIFEST_BYTES
-            ),
+            format!("larger than {} bytes", super::trusted::MAX_MANIFEST_BYTES),
         ));
     }
     Ok(text)

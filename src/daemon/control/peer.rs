@@ -130,8 +130,8 @@ impl PeerProcess {
                 &mut len,
             )
         };
-        let unknown_option = std::io::Error::last_os_error().raw_os_error()
-            == Some(nix::libc::ENOPROTOOPT);
+        let unknown_option =
+            std::io::Error::last_os_error().raw_os_error() == Some(nix::libc::ENOPROTOOPT);
         let pidfd = if got == 0 && fd >= 0 {
             // SAFETY: a descriptor the kernel just made for us, owned by no one else.
             Some(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -225,12 +225,14 @@ pub fn lineage(proc_root: &Path, pid: i32, ancestor: i32) -> Lineage {
 /// gid of `[sandbox] uid_range`, or the shared `[sandbox] user`.
 fn bundle_identity(uid: u32, gid: u32, sandbox: &SandboxSettings) -> Option<String> {
     if sandbox.uid_range.contains(uid) || sandbox.uid_range.contains(gid) {
-        return Some(format!("a bundle's ([sandbox] uid_range {})", sandbox.uid_range));
+        return Some(format!(
+            "a bundle's ([sandbox] uid_range {})",
+            sandbox.uid_range
+        ));
     }
     let name = sandbox.user.as_ref()?;
     let shared = nix::unistd::User::from_name(name).ok().flatten()?;
-    (shared.uid.as_raw() == uid)
-        .then(|| format!("[sandbox] user {name:?}, which bundles run as"))
+    (shared.uid.as_raw() == uid).then(|| format!("[sandbox] user {name:?}, which bundles run as"))
 }
 
 /// Why the peer `(uid, gid, process)` must be refused, or None to admit it.
@@ -407,7 +409,8 @@ fn tcp_refusal_in(
 ) -> Option<String> {
     // A dual-stack listener sees IPv4 clients as mapped IPv6 addresses; their
     // sockets are in /proc/net/tcp under the IPv4 ones.
-    let canonical = |a: std::net::SocketAddr| std::net::SocketAddr::new(a.ip().to_canonical(), a.port());
+    let canonical =
+        |a: std::net::SocketAddr| std::net::SocketAddr::new(a.ip().to_canonical(), a.port());
     let (peer, local) = (canonical(peer), canonical(local));
     if !is_local(peer.ip()) {
         return None;
@@ -490,8 +493,9 @@ mod tests {
             .spawn()
             .unwrap();
         let (stream, _) = listener.accept().unwrap();
-        let cred = nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
-            .unwrap();
+        let cred =
+            nix::sys::socket::getsockopt(&stream, nix::sys::socket::sockopt::PeerCredentials)
+                .unwrap();
         let uid = cred.uid();
         (child, PeerProcess::of(stream.as_fd(), cred.pid()), uid)
     }
@@ -548,7 +552,10 @@ mod tests {
         assert!(child.wait().unwrap().success());
         let why = refusal(uid, uid, Some(&process), &control, &sandbox)
             .expect("a peer that cannot be identified is refused");
-        assert!(why.contains("exited before it could be identified"), "{why}");
+        assert!(
+            why.contains("exited before it could be identified"),
+            "{why}"
+        );
         assert!(refusal(uid, uid, None, &control, &sandbox).is_some());
     }
 
@@ -597,7 +604,10 @@ mod tests {
         // Finding 2's race over TCP: the child that connected is gone (its
         // socket held by nobody): refused, not served.
         let why = tcp_refusal_in(proc_root, child_peer, ours, &sandbox, me).unwrap();
-        assert!(why.contains("cannot be told apart") || why.contains("no process"), "{why}");
+        assert!(
+            why.contains("cannot be told apart") || why.contains("no process"),
+            "{why}"
+        );
     }
 
     /// A dual-stack listener sees an IPv4 client as a mapped IPv6 address;
