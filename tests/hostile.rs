@@ -541,18 +541,7 @@ fn finding_6_an_admitted_user_acts_with_its_own_rights() {
         return; // acting as another user needs root
     }
     let d = Daemon::start_with(&format!("[control]\nallowed_gids = [{NOBODY}]\n"));
-    let as_nobody = |args: &[&str]| {
-        use std::os::unix::process::CommandExt;
-        std::process::Command::new(common::BIN)
-            .arg("--socket")
-            .arg(&d.socket)
-            .args(args)
-            .uid(NOBODY)
-            .gid(NOBODY)
-            .current_dir("/")
-            .output()
-            .unwrap()
-    };
+    let as_nobody = |args: &[&str]| d.cli_as(NOBODY, args);
     // Root's file, and one that does not exist, get the same answer.
     let shadow = as_nobody(&["files", "put", "/etc/shadow"]);
     assert!(!shadow.status.success(), "nobody stored /etc/shadow");
@@ -592,7 +581,6 @@ fn finding_6_an_admitted_user_acts_with_its_own_rights() {
 #[test]
 fn an_admitted_users_links_say_nothing_about_root_only_paths() {
     use std::os::unix::fs::PermissionsExt;
-    use std::os::unix::process::CommandExt;
     const NOBODY: u32 = 65534;
     let d = Daemon::start_with(&format!("[control]\nallowed_gids = [{NOBODY}]\n"));
     let private = d.root().join("private");
@@ -605,15 +593,7 @@ fn an_admitted_users_links_say_nothing_about_root_only_paths() {
         for own in [folder.clone(), folder.join("manifest.json")] {
             nix::unistd::chown(&own, Some(NOBODY.into()), Some(NOBODY.into())).unwrap();
         }
-        let out = std::process::Command::new(common::BIN)
-            .arg("--socket")
-            .arg(&d.socket)
-            .args(["install", folder.to_str().unwrap()])
-            .uid(NOBODY)
-            .gid(NOBODY)
-            .current_dir("/")
-            .output()
-            .unwrap();
+        let out = d.cli_as(NOBODY, &["install", folder.to_str().unwrap()]);
         let said = format!(
             "{:?}\n{}{}",
             out.status.code(),
@@ -650,7 +630,6 @@ fn an_admitted_users_links_say_nothing_about_root_only_paths() {
 #[test]
 fn an_admitted_users_manifest_linked_to_a_root_only_file_is_read_with_its_rights() {
     use std::os::unix::fs::PermissionsExt;
-    use std::os::unix::process::CommandExt;
     const NOBODY: u32 = 65534;
     const MARKER: &str = "SECRET-MARKER-4711";
     let d = Daemon::start_with(&format!("[control]\nallowed_gids = [{NOBODY}]\n"));
@@ -668,15 +647,7 @@ fn an_admitted_users_manifest_linked_to_a_root_only_file_is_read_with_its_rights
     for own in [folder.clone(), folder.join("manifest.json")] {
         nix::unistd::chown(&own, Some(NOBODY.into()), Some(NOBODY.into())).unwrap();
     }
-    let out = std::process::Command::new(common::BIN)
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(["install", folder.to_str().unwrap()])
-        .uid(NOBODY)
-        .gid(NOBODY)
-        .current_dir("/")
-        .output()
-        .unwrap();
+    let out = d.cli_as(NOBODY, &["install", folder.to_str().unwrap()]);
     assert!(
         out.status.success(),
         "{}",

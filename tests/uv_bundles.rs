@@ -658,18 +658,7 @@ fn finding_30_3_a_linked_pyproject_leaks_nothing_of_its_target() {
             .output()
             .unwrap();
         assert!(out.status.success());
-        let install = {
-            use std::os::unix::process::CommandExt;
-            Command::new(common::BIN)
-                .arg("--socket")
-                .arg(&d.socket)
-                .args(["install", folder.to_str().unwrap()])
-                .uid(NOBODY)
-                .gid(NOBODY)
-                .current_dir("/")
-                .output()
-                .unwrap()
-        };
+        let install = d.cli_as(NOBODY, &["install", folder.to_str().unwrap()]);
         let said = String::from_utf8_lossy(&install.stderr).into_owned();
         common::assert_no_canary("the install error", said.as_bytes());
         assert!(!install.status.success(), "{said}");

@@ -335,6 +335,22 @@ impl Daemon {
         std::fs::read_to_string(self.root().join("daemon.log")).unwrap_or_default()
     }
 
+    /// The CLI run as `uid` (its own gid, in `/`): an admitted user other
+    /// than the daemon's (needs root).
+    pub fn cli_as(&self, uid: u32, args: &[&str]) -> Output {
+        use std::os::unix::process::CommandExt;
+        Command::new(BIN)
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .uid(uid)
+            .gid(uid)
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
     pub fn cli(&self, args: &[&str]) -> Output {
         let mut cmd = Command::new(BIN);
         if let Some(uid) = self.uid {
