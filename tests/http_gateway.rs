@@ -542,4 +542,22 @@ async fn finding_13_and_14_a_session_is_its_tokens_and_one_token_cannot_take_eve
     );
     let (status, _, body) = raw_initialize(&url, Some(&second)).await;
     assert_eq!(status, 200, "another token is not locked out: {body}");
+
+    // A 2026-07-28 client opens no session: the first token, at its cap,
+    // is still served on that revision.
+    use rmcp::model::{ClientConfig, ProtocolVersion};
+    use rmcp::{ClientLifecycleMode, ClientServiceExt};
+    let config = StreamableHttpClientTransportConfig::with_uri(url.clone()).auth_header(first);
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    let client = ClientConfig::default()
+        .serve_with_lifecycle(
+            transport,
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .expect("a 2026-07-28 client of a token at its session cap starts");
+    let tools = client.list_all_tools().await.unwrap();
+    assert!(tools.iter().any(|t| t.name == "demo__echo"), "{tools:?}");
 }

@@ -136,6 +136,7 @@ pub async fn serve(
     let registry = Arc::new(Mutex::new(Registry::default()));
     let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let mut tasks = tokio::task::JoinSet::new();
+    let mut last_said: Option<tokio::time::Instant> = None;
     loop {
         let (stream, remote) = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -154,11 +155,16 @@ pub async fn serve(
         let entry = {
             let mut open = registry.lock().unwrap_or_else(|p| p.into_inner());
             if !open.make_room(limits.max_connections) {
-                tracing::warn!(
-                    %remote,
-                    max = limits.max_connections,
-                    "HTTP connection refused: every connection is busy ([http] max_connections)"
-                );
+                // Said at most once a second: a flood must not fill the log.
+                let now = tokio::time::Instant::now();
+                if last_said.is_none_or(|at| now - at >= Duration::from_secs(1)) {
+                    last_said = Some(now);
+                    tracing::warn!(
+                        %remote,
+                        max = limits.max_connections,
+                        "HTTP connection refused: every connection is busy ([http] max_connections)"
+                    );
+                }
                 continue;
             }
             let id = open.next;

@@ -362,13 +362,20 @@ async fn endpoint(
         .map(str::to_string);
     if let Some(id) = &named {
         if Owners::of(&owners, id).is_none_or(|owner| owner != token.id) {
-            tracing::warn!(token = %token.name, "a session of another token was named; refused");
+            tracing::warn!(token = %token.name, "a session this token does not hold was named (another token's, or ended); 404");
             return no_such_session();
         }
     }
     // A new session (a request without one) only while there is room, in
-    // the endpoint and for this token.
-    let opens_session = named.is_none() && request.method() == axum::http::Method::POST;
+    // the endpoint and for this token. A 2026-07-28 request opens none
+    // (that revision has no sessions), so it is not counted.
+    let stateless = request
+        .headers()
+        .get("mcp-protocol-version")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v >= "2026-07-28");
+    let opens_session =
+        named.is_none() && !stateless && request.method() == axum::http::Method::POST;
     let settings = &app.shared.config.http;
     let _opening = if opens_session {
         let live = sessions.sessions.read().await;
