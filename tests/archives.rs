@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{wait_for, Daemon, DEMO_BIN, DEMO_MANIFEST};
+use common::{wait_for, Daemon, DEMO_MANIFEST};
 use serde_json::{json, Value};
 
 fn mcpb() -> PathBuf {
@@ -30,15 +30,7 @@ fn pack(dir: &Path, name: &str, version: &str) -> PathBuf {
     let folder = dir.join(format!("{name}-{version}"));
     std::fs::create_dir_all(folder.join("server")).unwrap();
     let server = folder.join("server/bundlevisor-demo");
-    let stripped = Command::new("strip")
-        .arg("-o")
-        .arg(&server)
-        .arg(DEMO_BIN)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !stripped {
-        std::fs::copy(DEMO_BIN, &server).unwrap();
-    }
+    common::stripped_demo_server(&server);
     let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
     manifest["name"] = json!(name);
     manifest["version"] = json!(version);

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{demo_bundle_at, wait_for, Daemon, DEMO_BIN, DEMO_MANIFEST};
+use common::{demo_bundle_at, wait_for, Daemon, DEMO_MANIFEST};
 use serde_json::{json, Value};
 
 const WATCH: &str =
@@ -44,15 +44,7 @@ fn demo_archive(dir: &Path, name: &str, links: &[(&str, &str)]) -> PathBuf {
     use zip::write::SimpleFileOptions;
     std::fs::create_dir_all(dir).unwrap();
     let server = dir.join(format!("{name}-server"));
-    let stripped = Command::new("strip")
-        .arg("-o")
-        .arg(&server)
-        .arg(DEMO_BIN)
-        .status()
-        .is_ok_and(|s| s.success());
-    if !stripped {
-        std::fs::copy(DEMO_BIN, &server).unwrap();
-    }
+    common::stripped_demo_server(&server);
     let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
     manifest["name"] = json!(name);
     let path = dir.join(format!("{name}.mcpb"));

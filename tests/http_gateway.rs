@@ -60,6 +60,26 @@ async fn agent(
     ().serve(transport).await.map_err(|e| e.to_string())
 }
 
+/// A 2026-07-28 client (`server/discover`, then stateless requests).
+async fn stateless_agent(
+    url: &str,
+    token: &str,
+) -> Result<rmcp::service::RunningService<rmcp::RoleClient, rmcp::model::ClientConfig>, String> {
+    use rmcp::model::{ClientConfig, ProtocolVersion};
+    use rmcp::{ClientLifecycleMode, ClientServiceExt};
+    let config = StreamableHttpClientTransportConfig::with_uri(url.to_string()).auth_header(token);
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    ClientConfig::default()
+        .serve_with_lifecycle(
+            transport,
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())
+}
+
 fn text_of(result: &rmcp::model::CallToolResult) -> String {
     serde_json::to_value(&result.content)
         .unwrap()
@@ -441,21 +461,12 @@ async fn health_readiness_and_opt_in_metrics_share_the_gateway_listener() {
 /// sessions for 2025-11-25 clients.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stateless_2026_07_28_client_lists_calls_and_reads() {
-    use rmcp::model::{ClientConfig, ProtocolVersion, ReadResourceRequestParams};
-    use rmcp::{ClientLifecycleMode, ClientServiceExt};
+    use rmcp::model::{ProtocolVersion, ReadResourceRequestParams};
+
     let (d, base) = daemon();
     let t = token(&d, &[]);
     let id = d.put_file("stateless.txt", b"read without a session");
-    let config =
-        StreamableHttpClientTransportConfig::with_uri(format!("{base}/mcp/default")).auth_header(t);
-    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
-    let client = ClientConfig::default()
-        .serve_with_lifecycle(
-            transport,
-            ClientLifecycleMode::Discover {
-                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-            },
-        )
+    let client = stateless_agent(&format!("{base}/mcp/default"), &t)
         .await
         .expect("a 2026-07-28 client starts");
     assert_eq!(
@@ -545,17 +556,7 @@ async fn finding_13_and_14_a_session_is_its_tokens_and_one_token_cannot_take_eve
 
     // A 2026-07-28 client opens no session: the first token, at its cap,
     // is still served on that revision.
-    use rmcp::model::{ClientConfig, ProtocolVersion};
-    use rmcp::{ClientLifecycleMode, ClientServiceExt};
-    let config = StreamableHttpClientTransportConfig::with_uri(url.clone()).auth_header(first);
-    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
-    let client = ClientConfig::default()
-        .serve_with_lifecycle(
-            transport,
-            ClientLifecycleMode::Discover {
-                preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-            },
-        )
+    let client = stateless_agent(&url, &first)
         .await
         .expect("a 2026-07-28 client of a token at its session cap starts");
     let tools = client.list_all_tools().await.unwrap();

@@ -590,6 +590,20 @@ pub fn shell_wrapped_demo(dir: &Path, name: &str, prefix: &str) -> PathBuf {
     write_bundle(dir, name, &manifest)
 }
 
+/// A stripped copy of the demo server at `path` (a plain copy where
+/// `strip` is missing): small enough to pack into an archive.
+pub fn stripped_demo_server(path: &Path) {
+    let stripped = Command::new("strip")
+        .arg("-o")
+        .arg(path)
+        .arg(DEMO_BIN)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !stripped {
+        std::fs::copy(DEMO_BIN, path).unwrap();
+    }
+}
+
 /// Puts the demo server binary at `path`, inside a bundle folder: a hard
 /// link (a copy across filesystems). A symlink out of the bundle folder
 /// would be refused at install, as it grants the bundle nothing.
