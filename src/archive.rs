@@ -151,23 +151,9 @@ fn verify(signed_zip: &[u8], der: Option<&[u8]>, trust: &Trust) -> Result<Signat
         .ok_or_else(|| {
             format!("its signature (by {signer}) does not match its contents: the archive was changed after it was signed")
         })?;
-    let mut store = X509StoreBuilder::new().map_err(|e| e.to_string())?;
-    for path in &trust.anchors {
-        for cert in load_certs(path)? {
-            store.add_cert(cert).map_err(|e| e.to_string())?;
-        }
-    }
-    let store = store.build();
-    match p7.verify(&none, &store, Some(content), None, Pkcs7Flags::BINARY) {
-        Ok(()) => Ok(Signature::Signed { signer }),
-        Err(e) => {
-            let reason = format!("its certificate chains to none of [bundles] trusted_certs ({e})");
-            match trust.policy {
-                SignaturePolicy::Require => Err(format!("it is signed by {signer}, but {reason}")),
-                _ => Ok(Signature::Untrusted { signer, reason }),
-            }
-        }
-    }
+    let store = anchors(trust)?.build();
+    let chained = p7.verify(&none, &store, Some(content), None, Pkcs7Flags::BINARY);
+    judged(chained, signer, trust)
 }
 
 /// A certificate's subject as `CN=…, O=…`.
@@ -242,7 +228,6 @@ pub fn judge_unpacked(dir: &Path, trust: &Trust) -> Result<Signature, String> {
 fn chain(der: &[u8], trust: &Trust) -> Result<Signature, String> {
     use openssl::pkcs7::{Pkcs7, Pkcs7Flags};
     use openssl::stack::Stack;
-    use openssl::x509::store::X509StoreBuilder;
     use openssl::x509::{X509PurposeId, X509StoreContext, X509};
     let p7 = Pkcs7::from_der(der)
         .map_err(|e| format!("its kept signature is not a PKCS#7 signature ({e})"))?;
@@ -265,12 +250,7 @@ fn chain(der: &[u8], trust: &Trust) -> Result<Signature, String> {
     {
         included.push(cert.to_owned()).map_err(|e| e.to_string())?;
     }
-    let mut store = X509StoreBuilder::new().map_err(|e| e.to_string())?;
-    for path in &trust.anchors {
-        for cert in load_certs(path)? {
-            store.add_cert(cert).map_err(|e| e.to_string())?;
-        }
-    }
+    let mut store = anchors(trust)?;
     store
         .set_purpose(X509PurposeId::SMIME_SIGN)
         .map_err(|e| e.to_string())?;
@@ -281,7 +261,28 @@ fn chain(der: &[u8], trust: &Trust) -> Result<Signature, String> {
             Ok(c.verify_cert()?.then_some(()).ok_or(c.error()))
         })
         .map_err(|e| e.to_string())?;
-    match verdict {
+    judged(verdict, signer, trust)
+}
+
+/// A store of the operator's `[bundles] trusted_certs`.
+fn anchors(trust: &Trust) -> Result<openssl::x509::store::X509StoreBuilder, String> {
+    let mut store = openssl::x509::store::X509StoreBuilder::new().map_err(|e| e.to_string())?;
+    for path in &trust.anchors {
+        for cert in load_certs(path)? {
+            store.add_cert(cert).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(store)
+}
+
+/// What a signature by `signer` is worth once its chain to the anchors was
+/// checked: signed, or (not chained) untrusted, refused under `require`.
+fn judged(
+    chained: Result<(), impl std::fmt::Display>,
+    signer: String,
+    trust: &Trust,
+) -> Result<Signature, String> {
+    match chained {
         Ok(()) => Ok(Signature::Signed { signer }),
         Err(e) => {
             let reason = format!("its certificate chains to none of [bundles] trusted_certs ({e})");

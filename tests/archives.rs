@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::{wait_for, Daemon, DEMO_MANIFEST};
+use common::{openssl, wait_for, Daemon, DEMO_MANIFEST};
 use serde_json::{json, Value};
 
 fn mcpb() -> PathBuf {
@@ -302,41 +302,11 @@ fn an_archive_is_installed_from_a_url_only_when_its_hash_matches() {
     );
 }
 
-/// Runs `openssl ARGS` in `dir`.
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// A throw-away CA, a publisher certificate it issued, and a rogue
 /// self-signed one, made with the openssl CLI in `dir`.
 fn certificates(dir: &Path) {
-    std::fs::create_dir_all(dir).unwrap();
+    common::test_ca(dir);
     let key = ["-newkey", "rsa:2048", "-nodes", "-days", "2"];
-    openssl(
-        dir,
-        &[
-            &["req", "-x509"][..],
-            &key,
-            &[
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.pem",
-                "-subj",
-                "/CN=Test CA",
-            ],
-        ]
-        .concat(),
-    );
     openssl(
         dir,
         &[

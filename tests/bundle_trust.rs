@@ -9,7 +9,6 @@ mod common;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use common::{demo_bundle_at, wait_for, Daemon, DEMO_MANIFEST};
@@ -64,32 +63,6 @@ fn demo_archive(dir: &Path, name: &str, links: &[(&str, &str)]) -> PathBuf {
     }
     out.finish().unwrap();
     path
-}
-
-/// A self-signed CA certificate (PEM) for `[bundles] trusted_certs`.
-fn ca(dir: &Path) -> PathBuf {
-    std::fs::create_dir_all(dir).unwrap();
-    let made = Command::new("openssl")
-        .current_dir(dir)
-        .args([
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-        ])
-        .args([
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-subj",
-            "/CN=Test CA",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        made.status.success(),
-        "openssl: {}",
-        String::from_utf8_lossy(&made.stderr)
-    );
-    dir.join("ca.pem")
 }
 
 /// Finding 8: a root-owned bundle folder whose server folder anyone may
@@ -217,7 +190,7 @@ fn an_archive_link_that_climbs_out_through_another_link_is_refused() {
 #[test]
 fn required_signatures_refuse_unsigned_folders_unless_exempted() {
     let root = tempfile::tempdir().unwrap();
-    let pem = ca(&root.path().join("certs"));
+    let pem = common::test_ca(&root.path().join("certs"));
     let require = format!(
         "[bundles]\nsignatures = \"require\"\ntrusted_certs = [\"{}\"]\n",
         pem.display()
@@ -267,7 +240,7 @@ fn required_signatures_refuse_unsigned_folders_unless_exempted() {
 #[test]
 fn an_unsigned_archive_installed_under_warn_does_not_start_under_require() {
     let root = tempfile::tempdir().unwrap();
-    let pem = ca(&root.path().join("certs"));
+    let pem = common::test_ca(&root.path().join("certs"));
     let require = format!(
         "[bundles]\nsignatures = \"require\"\ntrusted_certs = [\"{}\"]\n",
         pem.display()

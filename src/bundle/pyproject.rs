@@ -303,14 +303,7 @@ pub fn check(
             );
         }
     }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(ProjectError::Refused {
-            folder: folder.to_path_buf(),
-            problems,
-        })
-    }
+    refused_if_any(folder, problems)
 }
 
 /// Checks the requirements uv exported from a checked lock: only pinned
@@ -339,14 +332,7 @@ pub fn check_exported(
             ));
         }
     }
-    if problems.is_empty() {
-        Ok(())
-    } else {
-        Err(ProjectError::Refused {
-            folder: folder.to_path_buf(),
-            problems,
-        })
-    }
+    refused_if_any(folder, problems)
 }
 
 /// The strings of a TOML array (other items, such as a dependency group's
@@ -358,6 +344,17 @@ fn strings(value: Option<&toml::Value>) -> Vec<&str> {
         .flatten()
         .filter_map(|v| v.as_str())
         .collect()
+}
+
+/// Every problem found at once, or none.
+fn refused_if_any(folder: &Path, problems: Vec<String>) -> Result<(), ProjectError> {
+    if problems.is_empty() {
+        return Ok(());
+    }
+    Err(ProjectError::Refused {
+        folder: folder.to_path_buf(),
+        problems,
+    })
 }
 
 /// A requirement as it may be shown: the user and password of every URL

@@ -590,6 +590,45 @@ pub fn shell_wrapped_demo(dir: &Path, name: &str, prefix: &str) -> PathBuf {
     write_bundle(dir, name, &manifest)
 }
 
+/// Runs `openssl ARGS` in `dir` (the CLI: test certificates).
+pub fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A throw-away self-signed CA in `dir` (`ca.key`, `ca.pem`); returns the
+/// certificate's path.
+pub fn test_ca(dir: &Path) -> PathBuf {
+    std::fs::create_dir_all(dir).unwrap();
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-subj",
+            "/CN=Test CA",
+        ],
+    );
+    dir.join("ca.pem")
+}
+
 /// A stripped copy of the demo server at `path` (a plain copy where
 /// `strip` is missing): small enough to pack into an archive.
 pub fn stripped_demo_server(path: &Path) {
