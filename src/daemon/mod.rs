@@ -14,6 +14,7 @@ pub mod http;
 pub mod lifecycle;
 pub mod metrics;
 pub mod policy;
+pub mod privileges;
 pub mod source;
 pub mod supervisor;
 pub mod systemd;
@@ -110,6 +111,8 @@ pub enum DaemonError {
     Key(#[from] crate::store::crypto::KeyError),
     #[error(transparent)]
     UidRange(#[from] uid_claim::ClaimError),
+    #[error(transparent)]
+    Capabilities(#[from] privileges::MissingCapabilities),
     #[error("actor system: {0}")]
     Actor(String),
     #[error("cannot serve metrics on {addr} (metrics_addr): {source}")]
@@ -456,6 +459,7 @@ fn open_files_for(bundles: usize) {
 }
 
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), DaemonError> {
+    privileges::check()?;
     // A root daemon runs bundles under uids of their own, which traverse
     // (never list) the state dir down to their sandbox folders.
     private_state_dir(&config.state_dir, nix::unistd::geteuid().is_root())?;
