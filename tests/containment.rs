@@ -72,6 +72,39 @@ fn setsid_and_double_forked_descendants_die_on_restart_uninstall_and_daemon_sigt
     assert!(!instance.exists(), "{} is left", instance.display());
 }
 
+/// Without a cgroup (a container whose cgroup filesystem is read-only, as
+/// deploy/base's pod), a bundle under a uid of its own is still stopped
+/// whole: every process of its uid is killed with it. Before, the three
+/// escapees outlived every restart and the uninstall.
+#[test]
+fn without_a_cgroup_escapees_of_an_own_uid_bundle_die_on_restart_uninstall_and_daemon_sigterm() {
+    if !nix::unistd::geteuid().is_root() {
+        return; // bundles share the daemon's uid: nothing tells theirs apart
+    }
+    let mut d = Daemon::start_with("[sandbox]\ncgroups = \"off\"\n");
+    let bundle = shell_wrapped_demo(&d.root().join("src"), "escaper", ESCAPE);
+    d.ok(&["install", bundle.to_str().unwrap()]);
+    let b = d.bundle("default", "escaper").unwrap();
+    let containment = b["sandbox"]["containment"].as_str().unwrap().to_string();
+    assert!(
+        containment.starts_with("process group and own uid"),
+        "{containment}"
+    );
+    wait_escapees(&d.root(), 3, "the three escapees");
+    let before = escapees(&d.root());
+    d.ok(&["restart", "escaper"]);
+    wait_for(Duration::from_secs(15), "a new generation", || {
+        let now = escapees(&d.root());
+        (now.len() == 3 && now.iter().all(|p| !before.contains(p))).then_some(())
+    });
+    d.ok(&["uninstall", "escaper"]);
+    wait_escapees(&d.root(), 0, "no escapee after the uninstall");
+    d.ok(&["install", bundle.to_str().unwrap()]);
+    wait_escapees(&d.root(), 3, "the escapees again");
+    assert!(d.signal(Signal::SIGTERM).success());
+    wait_escapees(&d.root(), 0, "no escapee after the daemon stopped");
+}
+
 /// The daemon's reaper helper (`bundlevisor __reap STATE_DIR`).
 fn reaper_of(d: &Daemon) -> u32 {
     let state = d.root().join("state");
@@ -402,18 +435,58 @@ fn without_a_cgroup_status_says_so() {
     d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
     let b = d.bundle("default", "demo").unwrap();
     let containment = b["sandbox"]["containment"].as_str().unwrap();
+    // Under a uid of its own, the uid holds what left the group.
+    let holds = if nix::unistd::geteuid().is_root() {
+        "process group and own uid"
+    } else {
+        "process group only"
+    };
     assert!(
-        containment.starts_with("process group only") && containment.contains("setsid"),
+        containment.starts_with(holds) && containment.contains("setsid"),
         "{containment}"
     );
     assert!(b["sandbox"]["cgroup"].is_null(), "{b:#}");
+    // A bundle under a uid of its own (a root daemon) keeps pids_max as
+    // that uid's RLIMIT_NPROC; under the daemon's uid nothing replaces it.
+    let pids = if nix::unistd::geteuid().is_root() {
+        "pids_max: 10 as RLIMIT_NPROC of the bundle's own uid (no cgroup)"
+    } else {
+        "pids_max: not in force (no cgroup)"
+    };
     assert_eq!(
         b["sandbox"]["limits"],
-        serde_json::json!([
-            "memory_max: not in force (no cgroup)",
-            "pids_max: not in force (no cgroup)"
-        ])
+        serde_json::json!(["memory_max: not in force (no cgroup)", pids])
     );
+}
+
+/// Without a cgroup (a container whose cgroup filesystem is read-only, as
+/// deploy/base's pod), a fork bomb in a bundle under a uid of its own is
+/// still capped at pids_max: by its uid's RLIMIT_NPROC. Before, nothing
+/// capped it.
+#[test]
+fn without_a_cgroup_a_fork_bomb_is_capped_by_its_own_uid() {
+    if !nix::unistd::geteuid().is_root() {
+        return; // bundles share the daemon's uid: no per-bundle count
+    }
+    let d = Daemon::start_with("[sandbox]\ncgroups = \"off\"\npids_max = 24\n");
+    // 100 sleepers from the background: the shell says "Cannot fork" and
+    // gives up at the first fork refused, or "forks done" after all 100.
+    let bomb = "( i=0 ; while [ $i -lt 100 ] ; do sleep 3011 & i=$((i+1)) ; done ; echo forks done >&2 ) & ";
+    let bundle = shell_wrapped_demo(&d.root().join("src"), "bomb", bomb);
+    d.ok(&["install", bundle.to_str().unwrap()]);
+    let said = wait_for(Duration::from_secs(30), "the bomb's end", || {
+        let logs = d.ok(&["logs", "bomb"]);
+        (logs.contains("Cannot fork") || logs.contains("forks done")).then_some(logs)
+    });
+    assert!(said.contains("Cannot fork"), "{said}");
+    let count = || common::processes_with_cwd_under(&d.root()).len();
+    let n = count();
+    assert!(n <= 24, "{n} processes in a bundle capped at 24");
+    assert!(d.ok(&["status"]).contains("bomb"));
+    d.ok(&["uninstall", "bomb"]);
+    wait_for(Duration::from_secs(15), "nothing left of the bomb", || {
+        (count() == 0).then_some(())
+    });
 }
 
 /// A bundle under a uid of its own owns its stdin and stdout pipes, so it

@@ -187,8 +187,11 @@ async fn connect_stdio(
         &requester.bundle,
         plan.redactor.clone(),
     );
-    let cgroup = opts.sandbox.as_ref().and_then(|s| s.cgroup.clone());
-    let lifeline = Lifeline::watch(spawned.child, spawned.pid, opts.reaper.clone(), cgroup);
+    let tree = process::Tree {
+        cgroup: opts.sandbox.as_ref().and_then(|s| s.cgroup.clone()),
+        uid: opts.sandbox.as_ref().and_then(|s| s.tree_uid),
+    };
+    let lifeline = Lifeline::watch(spawned.child, spawned.pid, opts.reaper.clone(), tree);
     let ct = CancellationToken::new();
     let violation = Violation::new(plan.redactor.clone());
     let rules = Rules::new(opts.max_message_bytes, violation.clone());

@@ -252,12 +252,38 @@ fn signal_group(pgid: u32, signal: Signal) {
     }
 }
 
+/// SIGKILLs every process of `uid`: a bundle's own uid, which no other
+/// process has, so its whole tree wherever it went (`setsid`, double
+/// forks), where no cgroup holds it. A thread of its own takes the uid
+/// (raw system call: that thread only, the daemon's others stay root) and
+/// sends `kill(-1)`, which reaches exactly the processes that uid may
+/// signal, in one pass the kernel makes under its task-list lock (a fork
+/// racing it fails). The thread ends with the uid; nothing else runs on it.
+pub fn kill_uid(uid: u32) {
+    use nix::libc;
+    if uid == 0 || !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let _ = std::thread::Builder::new()
+        .name("kill-uid".into())
+        .spawn(move || {
+            // SAFETY: raw system calls that change only this thread's
+            // credentials, then signal; no memory is passed.
+            unsafe {
+                if libc::syscall(libc::SYS_setresuid, uid, uid, uid) == 0 {
+                    libc::kill(-1, libc::SIGKILL);
+                }
+            }
+        })
+        .map(|t| t.join());
+}
+
 /// SIGKILLs the process group when the last [`Lifeline`] is dropped before
 /// the process was seen to exit: a dropped handle never leaks a process.
 struct KillGuard {
     pgid: u32,
     exited: Arc<AtomicBool>,
-    cgroup: Option<Arc<super::cgroup::BundleCgroup>>,
+    tree: Tree,
 }
 
 impl Drop for KillGuard {
@@ -266,11 +292,22 @@ impl Drop for KillGuard {
             signal_group(self.pgid, Signal::SIGKILL);
             // What left the group: the watcher removes the cgroup once the
             // leader is reaped.
-            if let Some(cg) = &self.cgroup {
+            if let Some(cg) = &self.tree.cgroup {
                 cg.kill();
+            }
+            if let Some(uid) = self.tree.uid {
+                kill_uid(uid);
             }
         }
     }
+}
+
+/// What holds a bundle's whole tree beyond its process group: its cgroup,
+/// or, where it has none, its own uid ([`super::sandbox::Sandbox::tree_uid`]).
+#[derive(Clone, Default)]
+pub struct Tree {
+    pub cgroup: Option<Arc<super::cgroup::BundleCgroup>>,
+    pub uid: Option<u32>,
 }
 
 /// Observes a bundle process (or a remote bundle's session) and asks it to
@@ -335,12 +372,16 @@ impl Lifeline {
         mut child: Process,
         pid: u32,
         reaper: Option<Arc<Reaper>>,
-        cgroup: Option<Arc<super::cgroup::BundleCgroup>>,
+        tree: Tree,
     ) -> Lifeline {
         if let Some(r) = &reaper {
-            r.track(pid, cgroup.as_deref().map(|c| c.dirs()).unwrap_or_default());
+            r.track(
+                pid,
+                tree.cgroup.as_deref().map(|c| c.dirs()).unwrap_or_default(),
+            );
         }
-        let killer = cgroup.clone();
+        let killer = tree.clone();
+        let Tree { cgroup, uid } = tree;
         let (stop_tx, mut stop_rx) = mpsc::unbounded_channel::<Duration>();
         let (exit_tx, exit_rx) = watch::channel(None);
         let exited = Arc::new(AtomicBool::new(false));
@@ -352,8 +393,12 @@ impl Lifeline {
             };
             super::orphans::release(pid);
             // Grandchildren may outlive a leader that exited on its own;
-            // the cgroup holds the ones that left its group (setsid).
+            // the cgroup (or the own uid) holds the ones that left its
+            // group (setsid).
             signal_group(pid, Signal::SIGKILL);
+            if let Some(uid) = uid {
+                let _ = tokio::task::spawn_blocking(move || kill_uid(uid)).await;
+            }
             let oom_killed = match cgroup {
                 Some(cg) => tokio::task::spawn_blocking(move || cg.finish())
                     .await
@@ -389,7 +434,7 @@ impl Lifeline {
             _guard: Arc::new(Guard::Process(KillGuard {
                 pgid: pid,
                 exited,
-                cgroup: killer,
+                tree: killer,
             })),
         }
     }
@@ -619,7 +664,7 @@ mod tests {
         assert!(baseline >= 1, "the atfork handler never ran");
         let s = spawn(&plan("exit 3"), None).unwrap();
         assert_eq!(FORKS.with(|f| f.get()), baseline, "the start forked");
-        let life = Lifeline::watch(s.child, s.pid, None, None);
+        let life = Lifeline::watch(s.child, s.pid, None, Tree::default());
         assert_eq!(life.wait().await.code, Some(3));
     }
 
@@ -629,17 +674,17 @@ mod tests {
     #[tokio::test]
     async fn a_bundle_starts_with_no_signal_blocked_or_ignored() {
         let s = spawn(&plan("kill -TERM $$; exit 0"), None).unwrap();
-        let life = Lifeline::watch(s.child, s.pid, None, None);
+        let life = Lifeline::watch(s.child, s.pid, None, Tree::default());
         assert_eq!(life.wait().await.signal, Some(nix::libc::SIGTERM));
         let s = spawn(&plan("kill -PIPE $$; exit 0"), None).unwrap();
-        let life = Lifeline::watch(s.child, s.pid, None, None);
+        let life = Lifeline::watch(s.child, s.pid, None, Tree::default());
         assert_eq!(life.wait().await.signal, Some(nix::libc::SIGPIPE));
     }
 
     #[tokio::test]
     async fn exit_is_seen_and_reports_the_code() {
         let s = spawn(&plan("exit 7"), None).unwrap();
-        let life = Lifeline::watch(s.child, s.pid, None, None);
+        let life = Lifeline::watch(s.child, s.pid, None, Tree::default());
         assert_eq!(
             life.wait().await,
             ExitInfo {
@@ -660,7 +705,7 @@ mod tests {
             p = pidfile.display()
         );
         let s = spawn(&plan(&script), None).unwrap();
-        let life = Lifeline::watch(s.child, s.pid, None, None);
+        let life = Lifeline::watch(s.child, s.pid, None, Tree::default());
         let grandchild = poll_file(&pidfile).await;
         assert!(alive(grandchild));
         let exit = life.stop(Duration::from_millis(200)).await;
@@ -675,7 +720,7 @@ mod tests {
     async fn dropping_the_lifeline_kills_the_group() {
         let s = spawn(&plan("while :; do sleep 1; done"), None).unwrap();
         let pid = s.pid;
-        let life = Lifeline::watch(s.child, s.pid, None, None);
+        let life = Lifeline::watch(s.child, s.pid, None, Tree::default());
         let observer = life.observer();
         drop(life);
         assert_eq!(observer.wait().await.signal, Some(Signal::SIGKILL as i32));

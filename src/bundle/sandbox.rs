@@ -138,6 +138,9 @@ pub struct Sandbox {
     pub pass_env: Vec<String>,
     /// The bundle's cgroup, which its process joins before it runs.
     pub cgroup: Option<std::sync::Arc<super::cgroup::BundleCgroup>>,
+    /// Without a cgroup, the bundle's own uid (no other process has it):
+    /// every process of it is the bundle's, and is killed with it.
+    pub tree_uid: Option<u32>,
 }
 
 /// What one bundle may touch: the one value the Landlock ruleset and
@@ -756,6 +759,7 @@ pub fn prepare(
         landlock,
         pass_env: settings.pass_env_for(workspace, bundle),
         cgroup: None,
+        tree_uid: None,
     })
 }
 
@@ -782,10 +786,39 @@ impl Sandbox {
                 limits.pids_max.map(|_| "pids_max"),
                 limits.cpu_max.map(|_| "cpu_max"),
             ];
+            // A bundle under a uid of its own is the only user of that uid,
+            // so the kernel's per-user process count is its own: pids_max
+            // holds as RLIMIT_NPROC (unless max_processes says otherwise).
+            let own_uid = self.user.is_some() && settings.user.is_none();
+            if let (true, Some((uid, _))) = (own_uid, self.user) {
+                self.tree_uid = Some(uid);
+                self.record.containment = format!(
+                    "process group and own uid {uid}: every process of that uid is killed with the bundle, setsid or not ({})",
+                    cgroups.containment
+                );
+            }
+            let by_uid = match (limits.pids_max, self.limits.processes) {
+                (Some(n), None) if own_uid => {
+                    // Never above the daemon's own hard limit, which the
+                    // bundle could not raise to.
+                    let hard =
+                        nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NPROC)
+                            .map_or(n, |(_, hard)| hard);
+                    let n = n.min(hard);
+                    self.limits.processes = Some(n);
+                    Some(n)
+                }
+                _ => None,
+            };
             self.record.limits = asked
                 .into_iter()
                 .flatten()
-                .map(|l| format!("{l}: not in force (no cgroup)"))
+                .map(|l| match by_uid {
+                    Some(n) if l == "pids_max" => {
+                        format!("pids_max: {n} as RLIMIT_NPROC of the bundle's own uid (no cgroup)")
+                    }
+                    _ => format!("{l}: not in force (no cgroup)"),
+                })
                 .collect();
         }
         self.cgroup = cgroup.map(std::sync::Arc::new);
