@@ -115,7 +115,7 @@ run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is
 	target/release/bundlevisor daemon --config $(CONFIG)
 
 .PHONY: test
-test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers k8s-validate ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client and the mcpb CLI included
+test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers k8s-validate container-base ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client and the mcpb CLI included
 	$(CARGO) test --all-targets --features fault-injection
 
 # The gateways an operator would otherwise put in front of a stdio server,
@@ -153,6 +153,25 @@ $(K8S_VALIDATE)/.installed: tests/k8s/requirements.lock
 	$(PYTHON) -m venv $(K8S_VALIDATE)/venv
 	$(K8S_VALIDATE)/venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
 	touch $@
+
+# deploy/base's pod, run for real in `make test` (tests/deploy.rs): podman
+# with runc (crun refuses a host with hybrid cgroups), busybox-static (the
+# tools of the bundle that attacks the daemon from inside the pod), and the
+# Dockerfile's runtime base, debian:bookworm-slim, made from Debian 12's
+# packages with mmdebstrap (no image registry is reachable here; the suite
+# is pinned, as the tag is) and imported under that name.
+CONTAINER_DEPS := podman runc mmdebstrap busybox-static
+BASE_IMAGE := docker.io/library/debian:bookworm-slim
+
+.PHONY: container-base
+container-base: ## podman, runc, busybox-static and the image debian:bookworm-slim (mmdebstrap), for the pod test
+	@missing=""; for p in $(CONTAINER_DEPS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then echo "apt-get install$$missing"; apt-get update -qq && apt-get install -y -qq $$missing; fi
+	@podman image exists $(BASE_IMAGE) || { \
+	  mkdir -p target/container && \
+	  mmdebstrap --quiet --variant=minbase bookworm target/container/base.tar && \
+	  podman import --quiet target/container/base.tar $(BASE_IMAGE) && \
+	  rm target/container/base.tar; }
 
 .PHONY: bench
 bench: build bench-peers ## The benchmark suite: each figure next to its floor, with ratios and targets, the scale curve and the instruction counts (docs/performance.md)

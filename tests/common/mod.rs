@@ -27,8 +27,13 @@ pub fn free_port() -> u16 {
 
 /// `GET path` on a loopback port with `Connection: close`: the whole answer.
 pub fn http_get(port: u16, path: &str) -> String {
+    http_get_at(("127.0.0.1", port), path)
+}
+
+/// `GET path` from `addr`: the whole response, head and body.
+pub fn http_get_at(addr: impl std::net::ToSocketAddrs, path: &str) -> String {
     use std::io::Read;
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
     write!(
         s,
         "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -632,14 +637,20 @@ pub fn test_ca(dir: &Path) -> PathBuf {
 /// A stripped copy of the demo server at `path` (a plain copy where
 /// `strip` is missing): small enough to pack into an archive.
 pub fn stripped_demo_server(path: &Path) {
+    stripped(Path::new(DEMO_BIN), path);
+}
+
+/// A stripped copy of the binary `bin` at `path` (a plain copy where
+/// `strip` is missing).
+pub fn stripped(bin: &Path, path: &Path) {
     let stripped = Command::new("strip")
         .arg("-o")
         .arg(path)
-        .arg(DEMO_BIN)
+        .arg(bin)
         .status()
         .is_ok_and(|s| s.success());
     if !stripped {
-        std::fs::copy(DEMO_BIN, path).unwrap();
+        std::fs::copy(bin, path).unwrap();
     }
 }
 
