@@ -14,9 +14,10 @@
 //! - [`bundle`]: one bundle's connection: the one connect function, the
 //!   child process, the MCP client handler.
 //! - [`host_resources`]: the `ai.nimblebrain/host-resources` contract.
-//! - [`daemon`]: the actor tree and the control server; [`daemon::run`].
-//! - [`gateway`]: the workspace MCP server the daemon serves to agents (over
-//!   `bundlevisor mcp`'s stdio and over streamable HTTP).
+//! - [`daemon`]: the actor tree, its one typed door ([`daemon::api`]) and
+//!   the faces over it: the control server, the workspace MCP server
+//!   agents reach ([`daemon::gateway`], over `bundlevisor mcp`'s stdio and
+//!   over streamable HTTP), the ops endpoints; [`daemon::run`].
 //! - [`cli`]: the `bundlevisor` command line.
 //! - [`client`]: the control-socket client of the CLI, and the stdio relay of
 //!   `bundlevisor mcp`.
@@ -41,7 +42,6 @@ pub mod clock;
 pub mod config;
 pub mod daemon;
 pub mod files;
-pub mod gateway;
 pub mod host_resources;
 pub mod http_listener;
 pub mod lines;

@@ -34,7 +34,8 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
-use crate::gateway::{Backend, Gateway, DEFAULT_WAIT_READY};
+use crate::daemon::api::Api;
+use crate::daemon::gateway::{Gateway, DEFAULT_WAIT_READY};
 
 /// The request body cap when `[http] max_body_bytes` is 0.
 const DEFAULT_MAX_BODY: usize = 4 * 1024 * 1024;
@@ -48,7 +49,7 @@ type Served = (Arc<Endpoint>, Arc<LocalSessionManager>, Arc<Mutex<Owners>>);
 
 struct App {
     /// What every gateway session asks of the daemon (in-process).
-    backend: Arc<dyn Backend>,
+    api: Api,
     shared: Arc<Shared>,
     /// `http://LISTEN`: the resource URLs in the metadata and challenges.
     base: String,
@@ -106,7 +107,7 @@ pub fn tls_config(
 pub async fn serve(
     listener: tokio::net::TcpListener,
     tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
-    backend: Arc<dyn Backend>,
+    api: Api,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
 ) {
@@ -116,7 +117,7 @@ pub async fn serve(
     let scheme = if tls.is_some() { "https" } else { "http" };
     let app = Arc::new(App {
         tokens: Mutex::default(),
-        backend,
+        api,
         shared,
         base: format!("{scheme}://{addr}"),
         endpoints: Mutex::default(),
@@ -635,7 +636,7 @@ impl App {
             .entry(key)
             .or_insert_with(|| {
                 let settings = &self.shared.config.http;
-                let backend = self.backend.clone();
+                let api = self.api.clone();
                 let workspace = workspace.to_string();
                 let mut config = StreamableHttpServerConfig::default()
                     .with_cancellation_token(self.shutdown.child_token())
@@ -654,7 +655,7 @@ impl App {
                 let service = Arc::new(StreamableHttpService::new(
                     move || {
                         Ok(Gateway::new(
-                            backend.clone(),
+                            api.clone(),
                             workspace.clone(),
                             profile.clone(),
                             DEFAULT_WAIT_READY,

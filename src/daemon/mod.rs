@@ -5,11 +5,13 @@
 //! One daemon per process: actors are registered under global names
 //! (`daemon`, `workspace/WS`, `bundle/WS/NAME`).
 
+pub mod api;
 pub mod board;
 pub mod bundle;
 pub mod conns;
 pub mod control;
 pub mod folder;
+pub mod gateway;
 pub mod http;
 pub mod lifecycle;
 pub mod metrics;
@@ -627,7 +629,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         tokio_util::task::AbortOnDropHandle::new(tokio::spawn(http::serve(
             listener,
             http_tls,
-            control::backend(daemon.clone(), shared.clone()),
+            api::Api::new(daemon.clone(), shared.clone()),
             shared.clone(),
             shutdown.clone(),
         )))

@@ -65,7 +65,7 @@ pub struct PendingCall {
     /// Who the request comes from: the bundle's sampling, elicitation and
     /// roots requests while it serves this one may go to that agent only.
     pub caller: Caller,
-    pub reply: RpcReplyPort<Result<Value, CallError>>,
+    pub reply: RpcReplyPort<Result<ServerResult, CallError>>,
 }
 
 impl PendingCall {
@@ -354,14 +354,14 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
     }
 }
 
-fn answer(request: &Ask, result: ServerResult) -> Result<Value, CallError> {
+fn answer(request: &Ask, result: ServerResult) -> Result<ServerResult, CallError> {
     match (request, result) {
-        (Ask::Tool { .. }, ServerResult::CallToolResult(r)) => to_json(&r),
+        (Ask::Tool { .. }, r @ ServerResult::CallToolResult(_)) => Ok(r),
         (Ask::Tool { .. }, other) => Err(CallError::Failed(format!(
             "the bundle answered tools/call with something else: {}",
             serde_json::to_string(&other).unwrap_or_default()
         ))),
-        (Ask::Mcp(_), other) => to_json(&other),
+        (Ask::Mcp(_), other) => Ok(other),
     }
 }
 
@@ -370,8 +370,4 @@ fn answer_error(request: &Ask, e: ServiceError) -> CallError {
         (Ask::Mcp(_), ServiceError::McpError(e)) => CallError::Mcp(e),
         (_, e) => CallError::Failed(e.to_string()),
     }
-}
-
-fn to_json<T: serde::Serialize>(answer: &T) -> Result<Value, CallError> {
-    serde_json::to_value(answer).map_err(|e| CallError::Failed(e.to_string()))
 }

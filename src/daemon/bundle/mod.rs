@@ -18,7 +18,6 @@ use rmcp::handler::client::progress::ProgressDispatcher;
 use rmcp::model::{ClientRequest, PingRequest, Tool};
 use rmcp::service::Peer;
 use rmcp::RoleClient;
-use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
@@ -108,7 +107,7 @@ pub enum BundleMsg {
         /// scope the next token needs).
         challenge: Option<String>,
     },
-    Tools(RpcReplyPort<(BundleState, Vec<Value>)>),
+    Tools(RpcReplyPort<(BundleState, Vec<rmcp::model::Tool>)>),
     /// The manifest the bundle runs (None before its first start).
     Manifest(RpcReplyPort<Option<LoadedManifest>>),
     #[cfg(feature = "fault-injection")]
@@ -697,16 +696,7 @@ impl Actor for BundleActor {
                 }
             }
             BundleMsg::Tools(reply) => {
-                let tools = st
-                    .lc
-                    .session()
-                    .map(|l| {
-                        l.tools
-                            .iter()
-                            .filter_map(|t| serde_json::to_value(t).ok())
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let tools = st.lc.session().map(|l| l.tools.clone()).unwrap_or_default();
                 let _ = reply.send((st.lc.state(), tools));
             }
             BundleMsg::Manifest(reply) => {

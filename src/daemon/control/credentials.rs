@@ -15,7 +15,6 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::ask::{ask, bundle_actor, limit, not_found, unavailable};
-use super::outcome::respawn_and_wait;
 use super::{Ctx, Outbox};
 use crate::daemon::bundle::{BundleMsg, Respawn};
 use crate::daemon::PendingAuth;
@@ -143,7 +142,15 @@ pub(super) async fn configure(
             .map_err(internal)?;
     }
     tracing::info!(workspace = %p.workspace, bundle = %p.name, set = ?p.set.keys().collect::<Vec<_>>(), unset = ?p.unset, "user_config changed; respawning");
-    let bundle = respawn_and_wait(ctx, out, &p.workspace, &p.name, Respawn::Reconfigured).await?;
+    let bundle = ctx
+        .api
+        .respawn_and_wait(
+            &p.workspace,
+            &p.name,
+            Respawn::Reconfigured,
+            out.forwarding(),
+        )
+        .await?;
     let keys = describe_keys(ctx, &loaded, &p.workspace, &p.name).await?;
     Ok(ConfigureResult {
         keys,
@@ -423,6 +430,9 @@ pub(super) async fn auth_complete(
             .map_err(internal)?;
     }
     tracing::info!(workspace = %workspace, bundle = %name, "authorization completed; tokens stored");
-    let bundle = respawn_and_wait(ctx, out, &workspace, &name, Respawn::Authorized).await?;
+    let bundle = ctx
+        .api
+        .respawn_and_wait(&workspace, &name, Respawn::Authorized, out.forwarding())
+        .await?;
     Ok(BundleResult { bundle })
 }

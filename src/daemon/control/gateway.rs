@@ -4,28 +4,19 @@
 //! ready bundle), `workspace.resources` (workspace files as MCP resources,
 //! answered by the host-resources resolver) and `gateway.profile`.
 
-use std::time::Duration;
-
-use ractor::rpc::CallResult;
 use rmcp::model::ClientRequest;
 use serde_json::{json, Value};
 
-use super::ask::{bundle_actor, limit, unavailable};
-use super::files::files_call;
-use super::Ctx;
+use super::{to_value, Ctx};
 use crate::bundle::client::Caller;
-use crate::daemon::bundle::{Ask, BundleMsg, CallError, PendingCall};
-use crate::daemon::workspace::FilesOp;
+use crate::daemon::api::ApiError;
 use crate::protocol::{
     AttachParams, ErrorKind, McpParams, ProfileParams, RpcError, WorkspaceResourcesParams,
     PASSTHROUGH_METHODS,
 };
-use tokio_util::sync::CancellationToken;
 
-/// How long a passed-through request may take.
-const PASSTHROUGH_TIMEOUT: Duration = Duration::from_secs(60);
-
-pub(super) async fn mcp(p: McpParams, caller: Caller) -> Result<Value, RpcError> {
+/// `bundle.mcp`, as the operator.
+pub(super) async fn mcp(p: McpParams, ctx: &Ctx) -> Result<Value, RpcError> {
     if !PASSTHROUGH_METHODS.contains(&p.method.as_str()) {
         return Err(RpcError::new(
             ErrorKind::InvalidParams,
@@ -41,49 +32,11 @@ pub(super) async fn mcp(p: McpParams, caller: Caller) -> Result<Value, RpcError>
         "params": p.params.clone().unwrap_or_else(|| json!({})),
     }))
     .map_err(|e| RpcError::new(ErrorKind::InvalidParams, format!("{}: {e}", p.method)))?;
-    let actor = bundle_actor(&p.workspace, &p.name)?;
-    // The one path to a bundle: in-flight guard, timeout, 401 retry.
-    let answer = actor
-        .call(
-            |reply| {
-                BundleMsg::Call(PendingCall {
-                    request: Ask::Mcp(Box::new(request)),
-                    timeout: Some(PASSTHROUGH_TIMEOUT),
-                    cancel: CancellationToken::new(),
-                    progress: None,
-                    caller,
-                    reply,
-                })
-            },
-            Some(PASSTHROUGH_TIMEOUT + limit::CALL_SLACK),
-        )
-        .await
-        .map_err(unavailable)?;
-    match answer {
-        CallResult::Success(Ok(result)) => Ok(result),
-        CallResult::Success(Err(CallError::NotReady { state, .. })) => Err(RpcError::new(
-            ErrorKind::NotReady,
-            format!("bundle {:?} is {}, not ready", p.name, state.as_str()),
-        )
-        .with("state", state.as_str())),
-        CallResult::Success(Err(CallError::Timeout(_))) | CallResult::Timeout => {
-            Err(RpcError::new(
-                ErrorKind::Timeout,
-                format!("bundle {:?} did not answer {} in time", p.name, p.method),
-            ))
-        }
-        CallResult::Success(Err(CallError::Mcp(e))) => Err(RpcError::new(
-            ErrorKind::McpError,
-            format!("bundle {:?} answered {}: {}", p.name, p.method, e.message),
-        )
-        .with("mcp_code", e.code.0)
-        .with("mcp_data", e.data.unwrap_or(Value::Null))),
-        CallResult::Success(Err(e)) => Err(RpcError::new(
-            ErrorKind::ToolCallFailed,
-            format!("{} to bundle {:?} failed: {e:?}", p.method, p.name),
-        )),
-        CallResult::SenderError => Err(unavailable("the bundle did not answer")),
-    }
+    let answer = ctx
+        .api
+        .mcp(&p.workspace, &p.name, request, Caller::Operator)
+        .await?;
+    to_value(answer)
 }
 
 pub(super) async fn workspace_resources(
@@ -101,24 +54,13 @@ pub(super) async fn workspace_resources(
             ))
         }
     };
-    let mcp_error = |e: crate::host_resources::HostError| {
-        RpcError::new(ErrorKind::McpError, e.message)
-            .with("mcp_code", e.code)
-            .with("mcp_data", e.data)
-    };
-    let request = parse(method, p.params.as_ref()).map_err(mcp_error)?;
-    let answer = files_call(ctx, &p.workspace, |reply| FilesOp::Resources {
-        request,
-        reply,
-    })
-    .await?;
-    answer.map_err(mcp_error)
+    let request = parse(method, p.params.as_ref()).map_err(ApiError::from)?;
+    to_value(ctx.api.files_resources(&p.workspace, request).await?)
 }
 
 pub(super) async fn profile(p: ProfileParams, ctx: &Ctx) -> Result<Value, RpcError> {
     match ctx.shared.config.profiles.iter().find(|x| x.name == p.name) {
-        Some(found) => serde_json::to_value(found)
-            .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string())),
+        Some(found) => to_value(found),
         None => Err(profile_missing(&p.name, ctx)),
     }
 }

@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 
 use super::ask::{ask, install_error, limit};
-use super::outcome::{respawn_and_wait, wait_outcome};
 use super::{Ctx, Outbox};
 use crate::daemon::bundle::Respawn;
 use crate::daemon::supervisor::DaemonMsg;
@@ -57,7 +56,10 @@ pub(super) async fn install(
             .unwrap_or_else(|| crate::daemon::expected_status(&record));
         return Ok(BundleResult { bundle });
     }
-    let bundle = wait_outcome(events, ctx, &record.workspace, &record.name, out).await?;
+    let bundle = ctx
+        .api
+        .wait_outcome(events, &record.workspace, &record.name, out.forwarding())
+        .await?;
     Ok(BundleResult { bundle })
 }
 
@@ -93,6 +95,9 @@ pub(super) async fn restart(
     ctx: &Ctx,
     out: &Outbox,
 ) -> Result<BundleResult, RpcError> {
-    let bundle = respawn_and_wait(ctx, out, &p.workspace, &p.name, Respawn::Operator).await?;
+    let bundle = ctx
+        .api
+        .respawn_and_wait(&p.workspace, &p.name, Respawn::Operator, out.forwarding())
+        .await?;
     Ok(BundleResult { bundle })
 }

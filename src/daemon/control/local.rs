@@ -1,72 +1,15 @@
-//! The gateway inside the daemon: its [`Backend`] runs the handlers of the
-//! control methods of the same names directly — no socket, no JSON between
-//! — as the daemon's own peer; and the stdio sessions of
-//! `gateway.attach` are served here.
+//! The stdio sessions of `gateway.attach`: what is left of an attached
+//! control connection becomes an MCP session of the workspace's gateway,
+//! which asks the daemon through its API.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use futures::future::BoxFuture;
-use ractor::ActorRef;
-use rmcp::model::ProgressNotificationParam;
 use rmcp::service::RunningService;
 use rmcp::RoleServer;
-use serde_json::Value;
-use tokio::sync::{broadcast, mpsc};
-use tokio_util::sync::CancellationToken;
 
-use super::{call, gateway, peer, Ctx};
-use crate::bundle::client::{Agent, Caller};
-use crate::daemon::supervisor::DaemonMsg;
-use crate::daemon::Shared;
-use crate::gateway::{Backend, Gateway};
-use crate::protocol::{
-    AttachParams, CallParams, LifecycleEvent, McpParams, RpcError, ToolsParams, ToolsResult,
-    WorkspaceResourcesParams,
-};
-
-struct Local(Ctx);
-
-/// The backend of every gateway session the daemon serves.
-pub fn backend(daemon: ActorRef<DaemonMsg>, shared: Arc<Shared>) -> Arc<dyn Backend> {
-    Arc::new(Local(Ctx {
-        daemon,
-        shared,
-        peer: peer::Peer::daemon(),
-    }))
-}
-
-impl Backend for Local {
-    fn tools(&self, p: ToolsParams) -> BoxFuture<'_, Result<ToolsResult, RpcError>> {
-        Box::pin(call::tools(p, &self.0))
-    }
-
-    fn mcp(&self, p: McpParams, agent: Arc<dyn Agent>) -> BoxFuture<'_, Result<Value, RpcError>> {
-        Box::pin(gateway::mcp(p, Caller::Agent(agent)))
-    }
-
-    fn workspace_resources(
-        &self,
-        p: WorkspaceResourcesParams,
-    ) -> BoxFuture<'_, Result<Value, RpcError>> {
-        Box::pin(gateway::workspace_resources(p, &self.0))
-    }
-
-    fn call(
-        &self,
-        p: CallParams,
-        progress: Option<mpsc::Sender<ProgressNotificationParam>>,
-        cancel: CancellationToken,
-        agent: Arc<dyn Agent>,
-    ) -> BoxFuture<'_, Result<Value, RpcError>> {
-        let caller = Caller::Agent(agent);
-        Box::pin(async move { call::call_bundle(&p, &self.0, progress, &cancel, caller).await })
-    }
-
-    fn events(&self) -> broadcast::Receiver<LifecycleEvent> {
-        self.0.shared.board.subscribe()
-    }
-}
+use super::Ctx;
+use crate::daemon::gateway::Gateway;
+use crate::protocol::AttachParams;
 
 /// Serves the gateway on what is left of an attached connection, until
 /// the agent (or the daemon) ends it.
@@ -99,12 +42,12 @@ where
 {
     use rmcp::ServiceExt;
     let gateway = Gateway::new(
-        backend(ctx.daemon.clone(), ctx.shared.clone()),
+        ctx.api.clone(),
         p.workspace.clone(),
         profile,
         p.wait_ready_ms
             .map(Duration::from_millis)
-            .unwrap_or(crate::gateway::DEFAULT_WAIT_READY),
+            .unwrap_or(crate::daemon::gateway::DEFAULT_WAIT_READY),
     );
     match p.resume {
         Some(resume) => {

@@ -27,6 +27,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use super::api::Api;
 use super::board::Event;
 use super::supervisor::DaemonMsg;
 use super::Shared;
@@ -46,16 +47,16 @@ mod handover;
 mod install;
 mod local;
 mod logs;
-mod outcome;
 mod peer;
 pub use peer::PathWork;
 mod status;
 mod tokens;
 
-pub use local::backend;
 pub use peer::tcp_refusal;
 #[derive(Clone)]
 struct Ctx {
+    /// The daemon's one door (handlers ask through it).
+    api: Api,
     daemon: ActorRef<DaemonMsg>,
     shared: Arc<Shared>,
     /// Who is on the other end of this connection.
@@ -163,6 +164,16 @@ impl Outbox {
         });
     }
 
+    /// Each event of a bundle's start as a progress notification, for
+    /// the API's waits.
+    fn forwarding(&self) -> impl FnMut(Event) -> futures::future::BoxFuture<'static, ()> {
+        let out = self.clone();
+        move |event| {
+            let out = out.clone();
+            Box::pin(async move { out.progress(&event).await })
+        }
+    }
+
     async fn progress(&self, event: &Event) {
         let params = Progress {
             workspace: event.workspace.clone(),
@@ -221,6 +232,7 @@ pub async fn serve(
 ) {
     let slots = Slots::new(shared.config.control.max_connections);
     let ctx = Ctx {
+        api: Api::new(daemon.clone(), shared.clone()),
         daemon,
         shared,
         peer: peer::Peer::daemon(),
@@ -616,12 +628,7 @@ async fn dispatch(
         m::Tools::NAME => handle::<m::Tools, _>(p, |p| call::tools(p, ctx)).await,
         m::Call::NAME => handle::<m::Call, _>(p, |p| call::call(p, ctx, out, id, cancel)).await,
         m::Logs::NAME => handle::<m::Logs, _>(p, |p| logs::logs(p, ctx, out)).await,
-        m::Mcp::NAME => {
-            handle::<m::Mcp, _>(p, |p| {
-                gateway::mcp(p, crate::bundle::client::Caller::Operator)
-            })
-            .await
-        }
+        m::Mcp::NAME => handle::<m::Mcp, _>(p, |p| gateway::mcp(p, ctx)).await,
         m::WorkspaceResources::NAME => {
             handle::<m::WorkspaceResources, _>(p, |p| gateway::workspace_resources(p, ctx)).await
         }

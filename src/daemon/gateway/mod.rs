@@ -9,8 +9,9 @@
 //!   agent whose call they serve).
 //! - [`names`]: namespacing (`BUNDLE__TOOL`) and its collision rule.
 //!
-//! What it asks of the daemon is a [`Backend`]: the daemon implements it
-//! with direct calls to its actors, so no request crosses a socket twice.
+//! What it asks of the daemon goes through [`crate::daemon::api::Api`],
+//! typed (rmcp's model types), so no request crosses a socket twice and no
+//! answer is turned into JSON and back.
 //!
 //! A watcher follows the daemon's lifecycle events and sends
 //! `notifications/tools/list_changed` (and the prompt and resource ones)
@@ -19,48 +20,13 @@
 pub mod names;
 pub mod server;
 
-use std::sync::Arc;
-
-use futures::future::BoxFuture;
 use rmcp::model::ProgressNotificationParam;
 use rmcp::service::Peer;
 use rmcp::RoleServer;
-use serde_json::Value;
 use tokio::sync::{broadcast, mpsc};
-use tokio_util::sync::CancellationToken;
 
-use crate::bundle::client::Agent;
-use crate::protocol::{
-    CallParams, EventKind, LifecycleEvent, McpParams, RpcError, ToolsParams, ToolsResult,
-    WorkspaceResourcesParams,
-};
+use crate::protocol::EventKind;
 pub use server::{Gateway, DEFAULT_WAIT_READY};
-
-/// What the gateway asks of the daemon: the same requests (and errors) as
-/// the control methods of the same names, without a socket between.
-pub trait Backend: Send + Sync + 'static {
-    /// `bundle.tools`.
-    fn tools(&self, p: ToolsParams) -> BoxFuture<'_, Result<ToolsResult, RpcError>>;
-    /// `bundle.mcp`, on behalf of `agent`: the bundle's requests while
-    /// serving it go to that agent, and a subscription it takes is its.
-    fn mcp(&self, p: McpParams, agent: Arc<dyn Agent>) -> BoxFuture<'_, Result<Value, RpcError>>;
-    /// `workspace.resources`.
-    fn workspace_resources(
-        &self,
-        p: WorkspaceResourcesParams,
-    ) -> BoxFuture<'_, Result<Value, RpcError>>;
-    /// `bundle.call`, on behalf of `agent`: progress to `progress` (in
-    /// order, before the answer), cancelled by `cancel`.
-    fn call(
-        &self,
-        p: CallParams,
-        progress: Option<mpsc::Sender<ProgressNotificationParam>>,
-        cancel: CancellationToken,
-        agent: Arc<dyn Agent>,
-    ) -> BoxFuture<'_, Result<Value, RpcError>>;
-    /// The daemon's lifecycle events from now on.
-    fn events(&self) -> broadcast::Receiver<LifecycleEvent>;
-}
 
 /// Runs a call that reports the bundle's progress to the sender it is
 /// given (one when `wanted`), passing each report to `forward` in order and
@@ -113,7 +79,7 @@ async fn fingerprint(gateway: &Gateway) -> Option<(String, String)> {
 /// Follows the daemon's lifecycle events and tells the client when its
 /// lists changed.
 pub(crate) async fn watch_changes(gateway: Gateway, peer: Peer<RoleServer>) {
-    let mut events = gateway.0.backend.events();
+    let mut events = gateway.0.api.events();
     let mut last = fingerprint(&gateway).await;
     loop {
         match events.recv().await {

@@ -11,33 +11,31 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ClientCapabilities, ClientResult,
-    GetPromptRequestParams, GetPromptResponse, GetPromptResult, Implementation, ListPromptsResult,
-    ListResourcesResult, ListToolsResult, LoggingLevel, PaginatedRequestParams,
-    ProgressNotificationParam, ProtocolVersion, ReadResourceRequestParams, ReadResourceResponse,
-    ReadResourceResult, ResourceUpdatedNotificationParam, ServerCapabilities, ServerConfig,
-    ServerNotification, ServerRequest, SetLevelRequestParams, SubscribeRequestParams,
-    UnsubscribeRequestParams,
+    CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientRequest, ClientResult,
+    GetPromptRequest, GetPromptRequestParams, GetPromptResponse, Implementation,
+    ListPromptsRequest, ListPromptsResult, ListResourcesRequest, ListResourcesResult,
+    ListToolsResult, LoggingLevel, PaginatedRequestParams, ProgressNotificationParam, Prompt,
+    ProtocolVersion, ReadResourceRequest, ReadResourceRequestParams, ReadResourceResponse,
+    Resource, ResourceContents, ResourceUpdatedNotificationParam, ServerCapabilities, ServerConfig,
+    ServerNotification, ServerRequest, ServerResult, SetLevelRequestParams, SubscribeRequest,
+    SubscribeRequestParams, Tool, UnsubscribeRequest, UnsubscribeRequestParams,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
-use serde_json::{json, Value};
+use serde_json::json;
 use tokio::sync::Mutex;
 
 use super::names::{self, Entry};
-use super::Backend;
-use crate::bundle::client::Agent;
+use crate::bundle::client::{Agent, Caller};
 use crate::config::Profile;
-use crate::protocol::{
-    BundleState, CallParams, ErrorKind, McpParams, RpcError, ToolsParams, ToolsResult,
-    WorkspaceResourcesParams,
-};
+use crate::daemon::api::{Api, ApiError, CallRequest};
+use crate::protocol::BundleState;
 
 /// How long a call waits for a bundle that is starting or restarting.
 pub const DEFAULT_WAIT_READY: Duration = Duration::from_secs(10);
 
 pub struct Inner {
-    pub backend: Arc<dyn Backend>,
+    pub api: Api,
     pub workspace: String,
     pub profile: Option<Profile>,
     pub wait_ready: Duration,
@@ -56,13 +54,13 @@ pub struct Gateway(pub Arc<Inner>);
 
 impl Gateway {
     pub fn new(
-        backend: Arc<dyn Backend>,
+        api: Api,
         workspace: String,
         profile: Option<Profile>,
         wait_ready: Duration,
     ) -> Self {
         Gateway(Arc::new(Inner {
-            backend,
+            api,
             workspace,
             profile,
             wait_ready,
@@ -127,18 +125,12 @@ impl Gateway {
     }
 
     /// The workspace's bundles the profile allows: name, state, tools.
-    async fn bundles(&self) -> Result<Vec<(String, BundleState, Vec<Value>)>, ErrorData> {
-        let result: ToolsResult = self
+    async fn bundles(&self) -> Result<Vec<(String, BundleState, Vec<Tool>)>, ErrorData> {
+        Ok(self
             .0
-            .backend
-            .tools(ToolsParams {
-                workspace: self.0.workspace.clone(),
-                name: None,
-            })
-            .await
-            .map_err(to_mcp)?;
-        Ok(result
-            .bundles
+            .api
+            .tools(&self.0.workspace, None)
+            .await?
             .into_iter()
             .filter(|b| self.bundle_allowed(&b.name))
             .map(|b| (b.name, b.state, b.tools))
@@ -146,7 +138,7 @@ impl Gateway {
     }
 
     /// Ready bundles of the workspace the profile allows, with their tools.
-    pub async fn ready_bundles(&self) -> Result<Vec<(String, Vec<Value>)>, ErrorData> {
+    pub async fn ready_bundles(&self) -> Result<Vec<(String, Vec<Tool>)>, ErrorData> {
         Ok(self
             .bundles()
             .await?
@@ -156,15 +148,15 @@ impl Gateway {
             .collect())
     }
 
-    /// The exposed tools (namespaced, filtered), and the routes to them.
-    pub async fn tool_catalog(&self) -> Result<Vec<Value>, ErrorData> {
+    /// The exposed tools (namespaced, filtered).
+    pub async fn tools(&self) -> Result<Vec<Tool>, ErrorData> {
         self.catalog().await.map(|(tools, _)| tools)
     }
 
     /// The exposed tools and the names of the ready bundles behind them, from
     /// one listing. Routes to a bundle that is installed but not ready
     /// (restarting) are kept, so a call can wait for it.
-    pub async fn catalog(&self) -> Result<(Vec<Value>, Vec<String>), ErrorData> {
+    pub async fn catalog(&self) -> Result<(Vec<Tool>, Vec<String>), ErrorData> {
         let bundles = self.bundles().await?;
         let mut by_pair = BTreeMap::new();
         let mut waiting = std::collections::HashSet::new();
@@ -176,10 +168,8 @@ impl Gateway {
             }
             ready.push(bundle.clone());
             for tool in tools {
-                if let Some(name) = tool.get("name").and_then(Value::as_str) {
-                    if !self.tool_excluded(&bundle, name) {
-                        by_pair.insert((bundle.clone(), name.to_string()), tool.clone());
-                    }
+                if !self.tool_excluded(&bundle, &tool.name) {
+                    by_pair.insert((bundle.clone(), tool.name.to_string()), tool);
                 }
             }
         }
@@ -188,7 +178,7 @@ impl Gateway {
             .iter()
             .map(|e| {
                 let mut tool = by_pair[&(e.bundle.clone(), e.name.clone())].clone();
-                tool["name"] = json!(e.exposed);
+                tool.name = e.exposed.clone().into();
                 tool
             })
             .collect();
@@ -234,21 +224,12 @@ impl Gateway {
     async fn bundle_mcp(
         &self,
         bundle: &str,
-        method_name: &str,
-        params: Value,
+        request: ClientRequest,
         agent: Arc<dyn Agent>,
-    ) -> Result<Value, RpcError> {
+    ) -> Result<ServerResult, ApiError> {
         self.0
-            .backend
-            .mcp(
-                McpParams {
-                    workspace: self.0.workspace.clone(),
-                    name: bundle.to_string(),
-                    method: method_name.to_string(),
-                    params: Some(params),
-                },
-                agent,
-            )
+            .api
+            .mcp(&self.0.workspace, bundle, request, Caller::Agent(agent))
             .await
     }
 
@@ -256,7 +237,7 @@ impl Gateway {
     /// URI the gateway gave it, passed to that bundle for this agent.
     async fn subscription(
         &self,
-        method_name: &str,
+        request: impl FnOnce(String) -> ClientRequest,
         uri: &str,
         peer: &Peer<RoleServer>,
     ) -> Result<(), ErrorData> {
@@ -268,67 +249,60 @@ impl Gateway {
                 None,
             ));
         };
-        self.bundle_mcp(
-            &bundle,
-            method_name,
-            json!({ "uri": original }),
-            self.agent(peer),
-        )
-        .await
-        .map_err(to_mcp)?;
+        self.bundle_mcp(&bundle, request(original), self.agent(peer))
+            .await?;
         Ok(())
     }
 
-    /// Every allowed ready bundle's answer to a list method (bundles that
-    /// do not offer it are skipped).
-    async fn gather(
+    /// Every allowed ready bundle's answer to a list request, the items
+    /// `items` takes from it (bundles that do not offer it are skipped).
+    async fn gather<T>(
         &self,
-        list_method: &str,
-        field: &str,
+        request: impl Fn() -> ClientRequest,
+        items: impl Fn(ServerResult) -> Option<Vec<T>>,
         peer: &Peer<RoleServer>,
-    ) -> Result<Vec<(String, Value)>, ErrorData> {
+    ) -> Result<Vec<(String, T)>, ErrorData> {
         let bundles = self.ready_bundles().await?;
         let agent = self.agent(peer);
         let asks = bundles.iter().map(|(bundle, _)| {
-            let agent = agent.clone();
+            let (agent, request) = (agent.clone(), request());
             async move {
-                let answer = self.bundle_mcp(bundle, list_method, json!({}), agent).await;
+                let answer = self.bundle_mcp(bundle, request, agent).await;
                 (bundle.clone(), answer)
             }
         });
         let mut out = Vec::new();
         for (bundle, answer) in futures::future::join_all(asks).await {
-            match answer {
-                Ok(v) => {
-                    for item in v
-                        .get(field)
-                        .and_then(Value::as_array)
-                        .cloned()
-                        .unwrap_or_default()
-                    {
-                        out.push((bundle.clone(), item));
-                    }
-                }
-                Err(e) => tracing::debug!(bundle, "{list_method}: {e}"),
+            match answer.map(&items) {
+                Ok(Some(list)) => out.extend(list.into_iter().map(|item| (bundle.clone(), item))),
+                Ok(None) => tracing::debug!(bundle, "a list request answered with something else"),
+                Err(e) => tracing::debug!(bundle, "a list request: {e}"),
             }
         }
         Ok(out)
     }
 
-    pub async fn prompt_catalog(&self, peer: &Peer<RoleServer>) -> Result<Vec<Value>, ErrorData> {
-        let items = self.gather("prompts/list", "prompts", peer).await?;
+    pub async fn prompt_catalog(&self, peer: &Peer<RoleServer>) -> Result<Vec<Prompt>, ErrorData> {
+        let items = self
+            .gather(
+                || ClientRequest::ListPromptsRequest(ListPromptsRequest::default()),
+                |answer| match answer {
+                    ServerResult::ListPromptsResult(r) => Some(r.prompts),
+                    _ => None,
+                },
+                peer,
+            )
+            .await?;
         let mut by_pair = BTreeMap::new();
         for (bundle, prompt) in items {
-            if let Some(name) = prompt.get("name").and_then(Value::as_str) {
-                by_pair.insert((bundle, name.to_string()), prompt.clone());
-            }
+            by_pair.insert((bundle, prompt.name.clone()), prompt);
         }
         let entries = names::namespace(by_pair.keys().cloned());
         let prompts = entries
             .iter()
             .map(|e| {
                 let mut p = by_pair[&(e.bundle.clone(), e.name.clone())].clone();
-                p["name"] = json!(e.exposed);
+                p.name = e.exposed.clone();
                 p
             })
             .collect();
@@ -336,66 +310,55 @@ impl Gateway {
         Ok(prompts)
     }
 
-    pub async fn resource_catalog(&self, peer: &Peer<RoleServer>) -> Result<Vec<Value>, ErrorData> {
-        let files: Value = self
+    pub async fn resource_catalog(
+        &self,
+        peer: &Peer<RoleServer>,
+    ) -> Result<Vec<Resource>, ErrorData> {
+        let files = self
             .0
-            .backend
-            .workspace_resources(WorkspaceResourcesParams {
-                workspace: self.0.workspace.clone(),
-                method: "resources/list".into(),
-                params: None,
-            })
-            .await
-            .map_err(to_mcp)?;
-        let mut resources: Vec<Value> = files
-            .get("resources")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        for (bundle, mut resource) in self.gather("resources/list", "resources", peer).await? {
-            let (Some(uri), Some(name)) = (
-                resource
-                    .get("uri")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
-                resource
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
-            ) else {
-                continue;
-            };
-            resource["uri"] = json!(names::bundle_uri(&bundle, &uri));
-            resource["name"] = json!(format!("{bundle}{}{name}", names::SEPARATOR));
+            .api
+            .files_resources(
+                &self.0.workspace,
+                crate::host_resources::Request::List {
+                    mime_type: None,
+                    tags: Vec::new(),
+                },
+            )
+            .await?;
+        let mut resources = match files {
+            ServerResult::ListResourcesResult(r) => r.resources,
+            _ => Vec::new(),
+        };
+        let listed = self
+            .gather(
+                || ClientRequest::ListResourcesRequest(ListResourcesRequest::default()),
+                |answer| match answer {
+                    ServerResult::ListResourcesResult(r) => Some(r.resources),
+                    _ => None,
+                },
+                peer,
+            )
+            .await?;
+        for (bundle, mut resource) in listed {
+            resource.uri = names::bundle_uri(&bundle, &resource.uri);
+            resource.name = format!("{bundle}{}{}", names::SEPARATOR, resource.name);
             resources.push(resource);
         }
         Ok(resources)
     }
 }
 
-/// A daemon error as an MCP error.
-fn to_mcp(rpc: RpcError) -> ErrorData {
-    let kind = rpc.data.as_ref().map(|d| d.kind);
-    let details = rpc
-        .data
-        .as_ref()
-        .map(|d| d.details.clone())
-        .unwrap_or_default();
-    match kind {
-        Some(ErrorKind::McpError) => ErrorData::new(
-            rmcp::model::ErrorCode(
-                details
-                    .get("mcp_code")
-                    .and_then(Value::as_i64)
-                    .unwrap_or(-32603) as i32,
-            ),
-            rpc.message,
-            details.get("mcp_data").cloned().filter(|d| !d.is_null()),
-        ),
-        Some(ErrorKind::ToolNotFound | ErrorKind::InvalidParams | ErrorKind::BundleNotFound) => {
-            ErrorData::invalid_params(rpc.message, None)
+/// A daemon refusal as an MCP error: the gateway's one conversion.
+impl From<ApiError> for ErrorData {
+    fn from(e: ApiError) -> ErrorData {
+        let kind = e.kind();
+        match e {
+            ApiError::Mcp { message, error } => ErrorData::new(error.code, message, error.data),
+            e @ (ApiError::ToolNotFound(_)
+            | ApiError::InvalidParams(_)
+            | ApiError::BundleNotFound { .. }) => ErrorData::invalid_params(e.to_string(), None),
+            e => ErrorData::internal_error(e.to_string(), Some(json!({ "kind": kind }))),
         }
-        _ => ErrorData::internal_error(rpc.message, Some(json!({ "kind": kind }))),
     }
 }
 
@@ -477,12 +440,6 @@ fn severity(level: LoggingLevel) -> u8 {
     }
 }
 
-fn decode<T: serde::de::DeserializeOwned>(value: Value, what: &str) -> Result<T, ErrorData> {
-    serde_json::from_value(value).map_err(|e| {
-        ErrorData::internal_error(format!("unusable {what} from the bundle: {e}"), None)
-    })
-}
-
 impl ServerHandler for Gateway {
     async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
         self.watch(context.peer);
@@ -512,8 +469,7 @@ impl ServerHandler for Gateway {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let tools = decode(Value::Array(self.tool_catalog().await?), "tool list")?;
-        Ok(ListToolsResult::with_all_items(tools))
+        Ok(ListToolsResult::with_all_items(self.tools().await?))
     }
 
     async fn call_tool(
@@ -522,7 +478,7 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let exposed = request.name.to_string();
-        let refresh = async { self.tool_catalog().await.map(|_| ()) };
+        let refresh = async { self.tools().await.map(|_| ()) };
         let route = self.route(&self.0.tools, &exposed, refresh).await?;
         if self.tool_excluded(&route.bundle, &route.name) || !self.bundle_allowed(&route.bundle) {
             return Err(ErrorData::invalid_params(
@@ -535,16 +491,15 @@ impl ServerHandler for Gateway {
             .as_ref()
             .and_then(|m| m.get_progress_token())
             .or_else(|| context.meta.get_progress_token());
-        let params = CallParams {
+        let call = CallRequest {
             workspace: self.0.workspace.clone(),
             name: route.bundle.clone(),
             tool: route.name.clone(),
             arguments: request.arguments.clone(),
-            timeout_ms: None,
-            progress: token.is_some(),
-            wait_ready_ms: Some(self.0.wait_ready.as_millis() as u64),
+            timeout: None,
+            wait_ready: Some(self.0.wait_ready),
         };
-        let agent = self.agent(&context.peer);
+        let caller = Caller::Agent(self.agent(&context.peer));
         let notify = |mut note: ProgressNotificationParam| {
             let peer = context.peer.clone();
             let token = token.clone();
@@ -557,16 +512,11 @@ impl ServerHandler for Gateway {
         };
         let answer = super::with_progress(
             token.is_some(),
-            |progress| {
-                self.0
-                    .backend
-                    .call(params, progress, context.ct.clone(), agent)
-            },
+            |progress| self.0.api.call(&call, progress, &context.ct, caller),
             notify,
         )
         .await;
-        let result: CallToolResult = decode(answer.map_err(to_mcp)?, "tool result")?;
-        Ok(result.into())
+        Ok(answer?.into())
     }
 
     async fn list_prompts(
@@ -574,8 +524,7 @@ impl ServerHandler for Gateway {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
-        let catalog = self.prompt_catalog(&context.peer).await?;
-        let prompts = decode(Value::Array(catalog), "prompt list")?;
+        let prompts = self.prompt_catalog(&context.peer).await?;
         Ok(ListPromptsResult::with_all_items(prompts))
     }
 
@@ -586,21 +535,19 @@ impl ServerHandler for Gateway {
     ) -> Result<GetPromptResponse, ErrorData> {
         let refresh = async { self.prompt_catalog(&context.peer).await.map(|_| ()) };
         let route = self.route(&self.0.prompts, &request.name, refresh).await?;
-        let mut params = json!({ "name": route.name });
-        if let Some(arguments) = &request.arguments {
-            params["arguments"] = json!(arguments);
-        }
+        let mut params = GetPromptRequestParams::new(route.name.clone());
+        params.arguments = request.arguments.clone();
         let answer = self
             .bundle_mcp(
                 &route.bundle,
-                "prompts/get",
-                params,
+                ClientRequest::GetPromptRequest(GetPromptRequest::new(params)),
                 self.agent(&context.peer),
             )
-            .await
-            .map_err(to_mcp)?;
-        let result: GetPromptResult = decode(answer, "prompt")?;
-        Ok(result.into())
+            .await?;
+        match answer {
+            ServerResult::GetPromptResult(result) => Ok(result.into()),
+            _ => Err(unusable("prompt")),
+        }
     }
 
     async fn list_resources(
@@ -608,10 +555,7 @@ impl ServerHandler for Gateway {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
-        let resources = decode(
-            Value::Array(self.resource_catalog(&context.peer).await?),
-            "resource list",
-        )?;
+        let resources = self.resource_catalog(&context.peer).await?;
         Ok(ListResourcesResult::with_all_items(resources))
     }
 
@@ -620,8 +564,10 @@ impl ServerHandler for Gateway {
         request: SubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.subscription("resources/subscribe", &request.uri, &context.peer)
-            .await
+        let ask = |uri| {
+            ClientRequest::SubscribeRequest(SubscribeRequest::new(SubscribeRequestParams::new(uri)))
+        };
+        self.subscription(ask, &request.uri, &context.peer).await
     }
 
     async fn unsubscribe(
@@ -629,8 +575,12 @@ impl ServerHandler for Gateway {
         request: UnsubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.subscription("resources/unsubscribe", &request.uri, &context.peer)
-            .await
+        let ask = |uri| {
+            ClientRequest::UnsubscribeRequest(UnsubscribeRequest::new(
+                UnsubscribeRequestParams::new(uri),
+            ))
+        };
+        self.subscription(ask, &request.uri, &context.peer).await
     }
 
     async fn set_level(
@@ -654,36 +604,42 @@ impl ServerHandler for Gateway {
                     None,
                 ));
             }
+            let ask = ReadResourceRequest::new(ReadResourceRequestParams::new(original.clone()));
             let mut answer = self
                 .bundle_mcp(
                     &bundle,
-                    "resources/read",
-                    json!({ "uri": original }),
+                    ClientRequest::ReadResourceRequest(ask),
                     self.agent(&context.peer),
                 )
-                .await
-                .map_err(to_mcp)?;
+                .await?;
             // The contents carry the URI the client asked for.
-            if let Some(contents) = answer.get_mut("contents").and_then(Value::as_array_mut) {
-                for c in contents {
-                    if c.get("uri").and_then(Value::as_str) == Some(original.as_str()) {
-                        c["uri"] = json!(request.uri);
+            if let ServerResult::ReadResourceResult(result) = &mut answer {
+                for c in &mut result.contents {
+                    let uri = match c {
+                        ResourceContents::TextResourceContents { uri, .. }
+                        | ResourceContents::BlobResourceContents { uri, .. } => uri,
+                        _ => continue,
+                    };
+                    if *uri == original {
+                        *uri = request.uri.clone();
                     }
                 }
             }
             answer
         } else {
-            self.0
-                .backend
-                .workspace_resources(WorkspaceResourcesParams {
-                    workspace: self.0.workspace.clone(),
-                    method: "resources/read".into(),
-                    params: Some(json!({ "uri": request.uri })),
-                })
-                .await
-                .map_err(to_mcp)?
+            use crate::host_resources::{parse, METHOD_READ};
+            let read =
+                parse(METHOD_READ, Some(&json!({ "uri": request.uri }))).map_err(ApiError::from)?;
+            self.0.api.files_resources(&self.0.workspace, read).await?
         };
-        let result: ReadResourceResult = decode(answer, "resource")?;
-        Ok(result.into())
+        match answer {
+            ServerResult::ReadResourceResult(result) => Ok(result.into()),
+            _ => Err(unusable("resource")),
+        }
     }
+}
+
+/// A bundle's answer of another kind than the request's.
+fn unusable(what: &str) -> ErrorData {
+    ErrorData::internal_error(format!("unusable {what} from the bundle"), None)
 }

@@ -1,0 +1,269 @@
+//! The daemon's one door: what every face of it — the control socket, the
+//! stdio and HTTP gateways, the ops endpoints — asks of the actor tree,
+//! typed in and out. Requests and answers are domain types (rmcp's model
+//! types for MCP, [`BundleTools`], the board's statuses); a refusal is an
+//! [`ApiError`], which each face turns into its own wire error in one
+//! place (`From<ApiError>` for the control socket's `RpcError` and for
+//! MCP's `ErrorData`). No `serde_json::Value` and no wire error crosses
+//! this boundary.
+//!
+//! - [`call`]: tools, tool calls (the fast path on a ready session, the
+//!   bounded wait for a bundle on its way up), MCP requests passed to a
+//!   bundle, the workspace's files as MCP resources.
+//! - [`outcome`]: waiting for a bundle: until it is ready, and for the
+//!   outcome of its next start (restart, configure, auth).
+//!
+//! Actors are asked one way ([`Api::ask`]), with timeouts named after what
+//! is asked ([`limit`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ractor::rpc::CallResult;
+use ractor::{ActorRef, RpcReplyPort};
+
+use super::bundle::{actor_name, BundleMsg};
+use super::supervisor::{DaemonMsg, InstallError};
+use super::workspace::WorkspaceMsg;
+use super::Shared;
+use crate::protocol::{BundleState, ErrorKind};
+
+pub mod call;
+pub mod outcome;
+
+pub use call::{BundleTools, CallRequest};
+
+/// How long the daemon waits for an actor, by what it asks.
+pub mod limit {
+    use std::time::Duration;
+
+    /// A question an actor answers from its state (tools, a respawn set
+    /// under way, a workspace's actor).
+    pub const ANSWER: Duration = Duration::from_secs(10);
+    /// A workspace file operation (a large put or get).
+    pub const FILES: Duration = Duration::from_secs(120);
+    /// An install: longer than the daemon's own deadlines (reading and
+    /// checking 30 s, the workspace taking the bundle `stop_grace` + 10 s),
+    /// so the daemon, not the face that asked, says what took too long.
+    pub const INSTALL: Duration = Duration::from_secs(120);
+    /// An uninstall: until the bundle's process is gone.
+    pub const UNINSTALL: Duration = Duration::from_secs(90);
+    /// Slack on top of a call's own timeout (the bundle answers the
+    /// timeout, the actor does not).
+    pub const CALL_SLACK: Duration = Duration::from_secs(5);
+}
+
+/// Why the daemon did not do what was asked. The message is the one every
+/// face shows; [`ApiError::kind`] is the stable kind scripts match on.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("no bundle {name:?} in workspace {workspace:?}; `bundlevisor status` lists the installed bundles")]
+    BundleNotFound { workspace: String, name: String },
+    /// The bundle is not ready (and was not waited for, or did not become
+    /// ready in time).
+    #[error("{message}")]
+    NotReady { message: String, state: BundleState },
+    /// A start that did not reach ready: `state` says whether the operator
+    /// must configure or authorize it.
+    #[error("bundle {name:?} {}: {message}", not_started(*.state))]
+    NotStarted {
+        workspace: String,
+        name: String,
+        state: BundleState,
+        message: String,
+    },
+    #[error("{0}")]
+    Timeout(String),
+    #[error("{0}")]
+    Failed(String),
+    #[error("{0}")]
+    Cancelled(String),
+    #[error("{0}")]
+    ToolNotFound(String),
+    /// The bundle (or the workspace's files resolver) answered an MCP
+    /// error; `message` says whose answer it was.
+    #[error("{message}")]
+    Mcp {
+        message: String,
+        error: rmcp::ErrorData,
+    },
+    #[error("{0}")]
+    InvalidParams(String),
+    /// The actor tree is going away (or an actor is gone).
+    #[error("the daemon could not handle the request: {0}")]
+    Unavailable(String),
+    #[error(transparent)]
+    Install(#[from] InstallError),
+    #[error(transparent)]
+    File(#[from] crate::files::FileError),
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// The workspace's files resolver refused: an MCP error, as its own.
+impl From<crate::host_resources::HostError> for ApiError {
+    fn from(e: crate::host_resources::HostError) -> ApiError {
+        ApiError::Mcp {
+            message: e.message.clone(),
+            error: rmcp::ErrorData::new(
+                rmcp::model::ErrorCode(e.code),
+                e.message,
+                Some(e.data).filter(|d| !d.is_null()),
+            ),
+        }
+    }
+}
+
+fn not_started(state: BundleState) -> &'static str {
+    match state {
+        BundleState::NeedsConfig => "needs configuration",
+        BundleState::NeedsAuth => "needs authorization",
+        _ => "failed to start",
+    }
+}
+
+impl ApiError {
+    /// The stable kind of this refusal (the wire's `data.kind`).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ApiError::BundleNotFound { .. } => ErrorKind::BundleNotFound,
+            ApiError::NotReady { .. } => ErrorKind::NotReady,
+            ApiError::NotStarted { state, .. } => match state {
+                BundleState::NeedsConfig => ErrorKind::NeedsConfig,
+                BundleState::NeedsAuth => ErrorKind::NeedsAuth,
+                _ => ErrorKind::StartFailed,
+            },
+            ApiError::Timeout(_) => ErrorKind::Timeout,
+            ApiError::Failed(_) => ErrorKind::ToolCallFailed,
+            ApiError::Cancelled(_) => ErrorKind::Cancelled,
+            ApiError::ToolNotFound(_) => ErrorKind::ToolNotFound,
+            ApiError::Mcp { .. } => ErrorKind::McpError,
+            ApiError::InvalidParams(_) => ErrorKind::InvalidParams,
+            ApiError::Unavailable(_) => ErrorKind::ShuttingDown,
+            ApiError::Install(e) => install_kind(e),
+            // What the caller gave (a tag, an id) is wrong, or the store failed.
+            ApiError::File(
+                crate::files::FileError::BadTag(_) | crate::files::FileError::BadId(_),
+            ) => ErrorKind::InvalidParams,
+            ApiError::File(_) => ErrorKind::FileError,
+            ApiError::Internal(_) => ErrorKind::Internal,
+        }
+    }
+
+    pub fn not_found(workspace: &str, name: &str) -> ApiError {
+        ApiError::BundleNotFound {
+            workspace: workspace.to_string(),
+            name: name.to_string(),
+        }
+    }
+
+    pub fn unavailable(e: impl std::fmt::Display) -> ApiError {
+        ApiError::Unavailable(e.to_string())
+    }
+}
+
+/// The stable kind of an install, uninstall or workspace refusal.
+fn install_kind(e: &InstallError) -> ErrorKind {
+    match e {
+        InstallError::InvalidName(_) => ErrorKind::InvalidName,
+        InstallError::NoSuchPath { .. } => ErrorKind::InvalidParams,
+        InstallError::Manifest(_) => ErrorKind::ManifestInvalid,
+        InstallError::Gate(_) => ErrorKind::GateRefused,
+        InstallError::Sandbox(_) => ErrorKind::SandboxRefused,
+        InstallError::Untrusted(_) => ErrorKind::BundleUntrusted,
+        InstallError::Archive(crate::archive::ArchiveError::Refused { .. }) => {
+            ErrorKind::ArchiveRefused
+        }
+        InstallError::Archive(_) => ErrorKind::InvalidParams,
+        InstallError::AlreadyInstalled { .. } => ErrorKind::AlreadyInstalled,
+        InstallError::NotInstalled { .. } => ErrorKind::BundleNotFound,
+        InstallError::Watched { .. } => ErrorKind::WatchedBundle,
+        InstallError::TimedOut(_) => ErrorKind::Timeout,
+        InstallError::Store(_) | InstallError::Internal(_) => ErrorKind::Internal,
+    }
+}
+
+/// The door itself: cheap to clone, one per face (or per connection).
+#[derive(Clone)]
+pub struct Api {
+    pub(crate) daemon: ActorRef<DaemonMsg>,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Api {
+    pub fn new(daemon: ActorRef<DaemonMsg>, shared: Arc<Shared>) -> Api {
+        Api { daemon, shared }
+    }
+
+    /// What the daemon was configured with, and its shared state.
+    pub fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
+    /// The DaemonActor.
+    pub fn daemon(&self) -> &ActorRef<DaemonMsg> {
+        &self.daemon
+    }
+
+    /// Asks `actor` and waits for its answer at most `limit`; `what` names
+    /// who did not answer.
+    pub async fn ask<M, R>(
+        actor: &ActorRef<M>,
+        msg: impl FnOnce(RpcReplyPort<R>) -> M,
+        limit: Duration,
+        what: &str,
+    ) -> Result<R, ApiError>
+    where
+        M: ractor::Message,
+        R: Send + 'static,
+    {
+        match actor.call(msg, Some(limit)).await {
+            Ok(CallResult::Success(r)) => Ok(r),
+            Ok(CallResult::Timeout) => Err(ApiError::Timeout(format!(
+                "{what} did not answer within {}",
+                humantime::format_duration(limit)
+            ))),
+            Ok(CallResult::SenderError) => Err(ApiError::unavailable(format!("{what} went away"))),
+            Err(e) => Err(ApiError::unavailable(e)),
+        }
+    }
+
+    /// The actor of an installed bundle.
+    pub fn bundle_actor(workspace: &str, name: &str) -> Result<ActorRef<BundleMsg>, ApiError> {
+        ActorRef::<BundleMsg>::where_is(actor_name(workspace, name))
+            .ok_or_else(|| ApiError::not_found(workspace, name))
+    }
+
+    /// The actor of a workspace (created on first use).
+    pub async fn workspace(&self, name: &str) -> Result<ActorRef<WorkspaceMsg>, ApiError> {
+        let name = name.to_string();
+        Ok(Api::ask(
+            &self.daemon,
+            |reply| DaemonMsg::Workspace { name, reply },
+            limit::ANSWER,
+            "the daemon",
+        )
+        .await??)
+    }
+
+    /// A file operation of `workspace`'s actor.
+    pub async fn files<T: Send + 'static>(
+        &self,
+        workspace: &str,
+        op: impl FnOnce(RpcReplyPort<Result<T, crate::files::FileError>>) -> super::workspace::FilesOp,
+    ) -> Result<T, ApiError> {
+        let actor = self.workspace(workspace).await?;
+        Ok(Api::ask(
+            &actor,
+            |reply| WorkspaceMsg::Files(op(reply)),
+            limit::FILES,
+            "the file operation",
+        )
+        .await??)
+    }
+
+    /// The daemon's lifecycle events from now on.
+    pub fn events(&self) -> tokio::sync::broadcast::Receiver<super::board::Event> {
+        self.shared.board.subscribe()
+    }
+}
