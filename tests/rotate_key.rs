@@ -87,7 +87,9 @@ fn the_secrets_are_resealed_under_a_new_key_and_the_old_one_no_longer_opens_them
     assert_eq!(api_key(&d), CANARY);
 }
 
+/// Needs a daemon built with `fault-injection` (it aborts on cue).
 #[test]
+#[cfg(feature = "fault-injection")]
 fn a_rotation_cut_short_after_the_commit_is_finished_at_the_next_start() {
     let mut d = Daemon::start();
     keyed(&d);

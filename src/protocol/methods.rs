@@ -56,38 +56,9 @@ pub mod method {
     pub const TOKEN_LIST: &str = "token.list";
     pub const TOKEN_REVOKE: &str = "token.revoke";
 
-    /// Every request method the daemon serves.
-    pub const REQUESTS: &[&str] = &[
-        HELLO,
-        STATUS,
-        INSTALL,
-        UNINSTALL,
-        RESTART,
-        TOOLS,
-        CALL,
-        LOGS,
-        CONFIGURE,
-        MCP,
-        CANCEL,
-        WORKSPACE_RESOURCES,
-        PROFILE,
-        AUTH_BEGIN,
-        AUTH_COMPLETE,
-        FILES_PUT,
-        FILES_LS,
-        FILES_GET,
-        FILES_RM,
-        FILES_CHECKPOINT,
-        FILES_ROLLBACK,
-        DEBUG_PANIC,
-        EVENTS,
-        METRICS,
-        ROTATE_KEY,
-        TOKEN_CREATE,
-        TOKEN_LIST,
-        TOKEN_REVOKE,
-        ATTACH,
-    ];
+    /// Every request method the daemon serves (the one list of
+    /// [`super::super::typed`]).
+    pub use super::super::typed::TYPED as REQUESTS;
 }
 
 pub const DEFAULT_WORKSPACE: &str = "default";

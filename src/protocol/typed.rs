@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::methods::*;
+use super::{ErrorKind, RpcError};
 
 /// One control method.
 pub trait Method {
@@ -46,8 +47,30 @@ pub struct FileRemoved {
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Done {}
 
+/// The one list of methods makes everything else: a type per method (its
+/// name, params and result), the [`Request`] enum of the dispatched ones,
+/// the [`Handlers`] trait with one handler per dispatched method (a method
+/// without a handler does not compile), [`dispatch`], and [`TYPED`].
+/// `connection` methods are answered by the connection itself (before
+/// anything else, or about the connection), not dispatched.
 macro_rules! methods {
-    ($($(#[$doc:meta])* $ty:ident = $name:expr, $params:ty => $result:ty;)*) => {
+    (
+        connection {
+            $($(#[$cdoc:meta])* $cty:ident = $cname:path, $cparams:ty => $cresult:ty;)*
+        }
+        dispatched {
+            $($(#[$doc:meta])* $ty:ident($handler:ident) = $name:path, $params:ty => $result:ty;)*
+        }
+    ) => {
+        $(
+            $(#[$cdoc])*
+            pub struct $cty;
+            impl Method for $cty {
+                const NAME: &'static str = $cname;
+                type Params = $cparams;
+                type Result = $cresult;
+            }
+        )*
         $(
             $(#[$doc])*
             pub struct $ty;
@@ -57,46 +80,93 @@ macro_rules! methods {
                 type Result = $result;
             }
         )*
-        /// The names of the typed methods, in one list.
-        pub const TYPED: &[&str] = &[$($name),*];
+        /// The names of every request method, in one list.
+        pub const TYPED: &[&str] = &[$($cname,)* $($name),*];
+
+        /// A dispatched request, with its typed params.
+        pub enum Request {
+            $($ty($params)),*
+        }
+
+        impl Request {
+            /// `method` with its `params` (unknown params refused); None
+            /// when `method` is not a dispatched one.
+            pub fn parse(method: &str, params: Value) -> Option<Result<Request, serde_json::Error>> {
+                match method {
+                    $($name => Some(serde_json::from_value(params).map(Request::$ty)),)*
+                    _ => None,
+                }
+            }
+
+            /// Its method's name.
+            pub fn name(&self) -> &'static str {
+                match self {
+                    $(Request::$ty(_) => $name),*
+                }
+            }
+        }
+
+        /// One handler per dispatched method.
+        pub trait Handlers {
+            $(
+                fn $handler(&self, p: $params)
+                    -> impl std::future::Future<Output = Result<$result, RpcError>> + Send;
+            )*
+        }
+
+        /// Runs `request` by its handler; the answer as JSON.
+        pub async fn dispatch<H: Handlers + Sync>(handlers: &H, request: Request) -> Result<Value, RpcError> {
+            match request {
+                $(Request::$ty(p) => to_json(handlers.$handler(p).await?),)*
+            }
+        }
     };
 }
 
+fn to_json(v: impl Serialize) -> Result<Value, RpcError> {
+    serde_json::to_value(v).map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))
+}
+
 methods! {
-    Hello = method::HELLO, HelloParams => HelloResult;
-    Status = method::STATUS, StatusParams => StatusResult;
-    Metrics = method::METRICS, NoParams => MetricsResult;
-    Install = method::INSTALL, InstallParams => BundleResult;
-    Uninstall = method::UNINSTALL, UninstallParams => UninstallResult;
-    Restart = method::RESTART, BundleRef => BundleResult;
-    Tools = method::TOOLS, ToolsParams => ToolsResult;
-    /// The result is the bundle's MCP `CallToolResult`, as it sent it.
-    Call = method::CALL, CallParams => Value;
-    Logs = method::LOGS, LogsParams => LogsResult;
-    Configure = method::CONFIGURE, ConfigureParams => ConfigureResult;
-    /// The result is the bundle's MCP answer, as it sent it.
-    Mcp = method::MCP, McpParams => Value;
-    Cancel = method::CANCEL, CancelParams => Cancelled;
-    /// The result is the MCP `resources/list` or `resources/read` answer.
-    WorkspaceResources = method::WORKSPACE_RESOURCES, WorkspaceResourcesParams => Value;
-    /// The result is the `[[profile]]` table of the daemon's config.
-    Profile = method::PROFILE, ProfileParams => Value;
-    /// Answered once the session is ready; MCP follows on the connection.
-    Attach = method::ATTACH, AttachParams => Done;
-    AuthBegin = method::AUTH_BEGIN, AuthBeginParams => AuthBeginResult;
-    AuthComplete = method::AUTH_COMPLETE, AuthCompleteParams => BundleResult;
-    FilesPut = method::FILES_PUT, FilesPutParams => FileRecord;
-    FilesLs = method::FILES_LS, FilesParams => FilesList;
-    FilesGet = method::FILES_GET, FilesParams => FileContent;
-    FilesRm = method::FILES_RM, FilesParams => FileRemoved;
-    FilesCheckpoint = method::FILES_CHECKPOINT, FilesParams => Checkpoint;
-    FilesRollback = method::FILES_ROLLBACK, FilesParams => Rollback;
-    DebugPanic = method::DEBUG_PANIC, BundleRef => Done;
-    Events = method::EVENTS, NoParams => Subscribed;
-    RotateKey = method::ROTATE_KEY, NoParams => RotateKeyResult;
-    TokenCreate = method::TOKEN_CREATE, TokenCreateParams => TokenCreated;
-    TokenList = method::TOKEN_LIST, TokenListParams => Tokens;
-    TokenRevoke = method::TOKEN_REVOKE, TokenRevokeParams => TokenInfo;
+    connection {
+        Hello = method::HELLO, HelloParams => HelloResult;
+        Cancel = method::CANCEL, CancelParams => Cancelled;
+        /// Answered once the session is ready; MCP follows on the connection.
+        Attach = method::ATTACH, AttachParams => Done;
+    }
+    dispatched {
+        Status(status) = method::STATUS, StatusParams => StatusResult;
+        Metrics(metrics) = method::METRICS, NoParams => MetricsResult;
+        Events(events) = method::EVENTS, NoParams => Subscribed;
+        Install(install) = method::INSTALL, InstallParams => BundleResult;
+        Uninstall(uninstall) = method::UNINSTALL, UninstallParams => UninstallResult;
+        Restart(restart) = method::RESTART, BundleRef => BundleResult;
+        Tools(tools) = method::TOOLS, ToolsParams => ToolsResult;
+        /// The result is the bundle's MCP `CallToolResult`, as it sent it.
+        Call(call) = method::CALL, CallParams => Value;
+        Logs(logs) = method::LOGS, LogsParams => LogsResult;
+        Configure(configure) = method::CONFIGURE, ConfigureParams => ConfigureResult;
+        /// The result is the bundle's MCP answer, as it sent it.
+        Mcp(mcp) = method::MCP, McpParams => Value;
+        /// The result is the MCP `resources/list` or `resources/read` answer.
+        WorkspaceResources(workspace_resources) = method::WORKSPACE_RESOURCES, WorkspaceResourcesParams => Value;
+        /// The result is the `[[profile]]` table of the daemon's config.
+        Profile(profile) = method::PROFILE, ProfileParams => Value;
+        AuthBegin(auth_begin) = method::AUTH_BEGIN, AuthBeginParams => AuthBeginResult;
+        AuthComplete(auth_complete) = method::AUTH_COMPLETE, AuthCompleteParams => BundleResult;
+        FilesPut(files_put) = method::FILES_PUT, FilesPutParams => FileRecord;
+        FilesLs(files_ls) = method::FILES_LS, FilesParams => FilesList;
+        FilesGet(files_get) = method::FILES_GET, FilesParams => FileContent;
+        FilesRm(files_rm) = method::FILES_RM, FilesParams => FileRemoved;
+        FilesCheckpoint(files_checkpoint) = method::FILES_CHECKPOINT, FilesParams => Checkpoint;
+        FilesRollback(files_rollback) = method::FILES_ROLLBACK, FilesParams => Rollback;
+        /// Only served by daemons built with the `fault-injection` feature.
+        DebugPanic(debug_panic) = method::DEBUG_PANIC, BundleRef => Done;
+        RotateKey(rotate_key) = method::ROTATE_KEY, NoParams => RotateKeyResult;
+        TokenCreate(token_create) = method::TOKEN_CREATE, TokenCreateParams => TokenCreated;
+        TokenList(token_list) = method::TOKEN_LIST, TokenListParams => Tokens;
+        TokenRevoke(token_revoke) = method::TOKEN_REVOKE, TokenRevokeParams => TokenInfo;
+    }
 }
 
 #[cfg(test)]
@@ -104,14 +174,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_request_method_is_typed_once() {
+    fn every_method_is_listed_once_and_parsed_by_its_name() {
         let mut typed = TYPED.to_vec();
         typed.sort();
-        let mut requests = method::REQUESTS.to_vec();
-        requests.push(method::DEBUG_PANIC);
-        requests.sort();
-        requests.dedup();
-        assert_eq!(typed, requests);
+        typed.dedup();
+        assert_eq!(typed.len(), TYPED.len());
+        let parsed = Request::parse(method::STATUS, serde_json::json!({})).unwrap().unwrap();
+        assert_eq!(parsed.name(), method::STATUS);
+        assert!(Request::parse(method::HELLO, serde_json::json!({})).is_none());
+        assert!(Request::parse("no.such", serde_json::json!({})).is_none());
+        let junk = Request::parse(method::METRICS, serde_json::json!({"junk": 1})).unwrap();
+        assert!(junk.is_err());
     }
 
     #[test]

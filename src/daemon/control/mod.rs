@@ -32,9 +32,15 @@ use super::board::Event;
 use super::supervisor::DaemonMsg;
 use super::Shared;
 use crate::lines::{Line, LineReader};
-use crate::protocol::typed::{self as m, Cancelled, Method};
+use crate::protocol::typed::{self as m, Cancelled, Done, FileRemoved, Method, Subscribed};
 use crate::protocol::{
-    method, CancelParams, ErrorKind, Notification, Progress, Request, Response, RpcError,
+    method, AuthBeginParams, AuthBeginResult, AuthCompleteParams, BundleRef, BundleResult,
+    CallParams, CancelParams, Checkpoint, ConfigureParams, ConfigureResult, ErrorKind,
+    FileContent, FileRecord, FilesList, FilesParams, FilesPutParams, InstallParams, LogsParams,
+    LogsResult, McpParams, MetricsResult, NoParams, Notification, ProfileParams, Progress,
+    Request, Response, Rollback, RotateKeyResult, RpcError, StatusParams, StatusResult,
+    TokenCreateParams, TokenCreated, TokenInfo, TokenListParams, TokenRevokeParams, Tokens,
+    ToolsParams, ToolsResult, UninstallParams, UninstallResult, WorkspaceResourcesParams,
     MAX_REQUEST_BYTES,
 };
 
@@ -574,10 +580,15 @@ fn respond(id: Value, result: Result<Value, RpcError>) -> Response {
 /// Every method's params: the names in them checked (one rule for every
 /// handler — names become paths and actor names), then deserialized.
 fn params<T: DeserializeOwned>(value: Value) -> Result<T, RpcError> {
+    serde_json::from_value(checked(value)?)
+        .map_err(|e| RpcError::new(ErrorKind::InvalidParams, format!("invalid params: {e}")))
+}
+
+/// Params with their names checked (`null` is `{}`).
+fn checked(value: Value) -> Result<Value, RpcError> {
     let value = if value.is_null() { json!({}) } else { value };
     check_names(&value)?;
-    serde_json::from_value(value)
-        .map_err(|e| RpcError::new(ErrorKind::InvalidParams, format!("invalid params: {e}")))
+    Ok(value)
 }
 
 /// `workspace` and `name` (a bundle or profile) of any request must be
@@ -609,69 +620,142 @@ where
     to_value(run(self::params::<M::Params>(params)?).await?)
 }
 
-/// Every method after `daemon.hello` and `cancel`, by name, to its handler.
+/// The handlers of one request: every dispatched method of
+/// `protocol::typed` has one here (a method without one does not compile),
+/// each a call of its family's file.
+struct Handling<'a> {
+    ctx: &'a Ctx,
+    out: &'a Outbox,
+    id: Value,
+    cancel: &'a CancellationToken,
+}
+
+impl m::Handlers for Handling<'_> {
+    async fn status(&self, p: StatusParams) -> Result<StatusResult, RpcError> {
+        status::status(p, self.ctx).await
+    }
+    async fn metrics(&self, p: NoParams) -> Result<MetricsResult, RpcError> {
+        status::metrics(p, self.ctx).await
+    }
+    async fn events(&self, p: NoParams) -> Result<Subscribed, RpcError> {
+        status::events(p, self.ctx, self.out).await
+    }
+    async fn install(&self, p: InstallParams) -> Result<BundleResult, RpcError> {
+        install::install(p, self.ctx, self.out).await
+    }
+    async fn uninstall(&self, p: UninstallParams) -> Result<UninstallResult, RpcError> {
+        install::uninstall(p, self.ctx).await
+    }
+    async fn restart(&self, p: BundleRef) -> Result<BundleResult, RpcError> {
+        install::restart(p, self.ctx, self.out).await
+    }
+    async fn tools(&self, p: ToolsParams) -> Result<ToolsResult, RpcError> {
+        call::tools(p, self.ctx).await
+    }
+    async fn call(&self, p: CallParams) -> Result<Value, RpcError> {
+        call::call(p, self.ctx, self.out, self.id.clone(), self.cancel).await
+    }
+    async fn logs(&self, p: LogsParams) -> Result<LogsResult, RpcError> {
+        logs::logs(p, self.ctx, self.out).await
+    }
+    async fn configure(&self, p: ConfigureParams) -> Result<ConfigureResult, RpcError> {
+        credentials::configure(p, self.ctx, self.out).await
+    }
+    async fn mcp(&self, p: McpParams) -> Result<Value, RpcError> {
+        gateway::mcp(p, self.ctx).await
+    }
+    async fn workspace_resources(&self, p: WorkspaceResourcesParams) -> Result<Value, RpcError> {
+        gateway::workspace_resources(p, self.ctx).await
+    }
+    async fn profile(&self, p: ProfileParams) -> Result<Value, RpcError> {
+        gateway::profile(p, self.ctx).await
+    }
+    async fn auth_begin(&self, p: AuthBeginParams) -> Result<AuthBeginResult, RpcError> {
+        credentials::auth_begin(p, self.ctx).await
+    }
+    async fn auth_complete(&self, p: AuthCompleteParams) -> Result<BundleResult, RpcError> {
+        credentials::auth_complete(p, self.ctx, self.out).await
+    }
+    async fn files_put(&self, p: FilesPutParams) -> Result<FileRecord, RpcError> {
+        files::files_put(p, self.ctx).await
+    }
+    async fn files_ls(&self, p: FilesParams) -> Result<FilesList, RpcError> {
+        files::files_ls(p, self.ctx).await
+    }
+    async fn files_get(&self, p: FilesParams) -> Result<FileContent, RpcError> {
+        files::files_get(p, self.ctx).await
+    }
+    async fn files_rm(&self, p: FilesParams) -> Result<FileRemoved, RpcError> {
+        files::files_rm(p, self.ctx).await
+    }
+    async fn files_checkpoint(&self, p: FilesParams) -> Result<Checkpoint, RpcError> {
+        files::files_checkpoint(p, self.ctx).await
+    }
+    async fn files_rollback(&self, p: FilesParams) -> Result<Rollback, RpcError> {
+        files::files_rollback(p, self.ctx).await
+    }
+    async fn debug_panic(&self, p: BundleRef) -> Result<Done, RpcError> {
+        debug_panic(p)
+    }
+    async fn rotate_key(&self, p: NoParams) -> Result<RotateKeyResult, RpcError> {
+        credentials::rotate_key(p, self.ctx).await
+    }
+    async fn token_create(&self, p: TokenCreateParams) -> Result<TokenCreated, RpcError> {
+        tokens::create(p, self.ctx).await
+    }
+    async fn token_list(&self, p: TokenListParams) -> Result<Tokens, RpcError> {
+        tokens::list(p, self.ctx).await
+    }
+    async fn token_revoke(&self, p: TokenRevokeParams) -> Result<TokenInfo, RpcError> {
+        tokens::revoke(p, self.ctx).await
+    }
+}
+
+/// `debug.panic_bundle_actor`: only a daemon built with `fault-injection`
+/// serves it; any other answers as for a method it does not know.
+fn debug_panic(p: BundleRef) -> Result<Done, RpcError> {
+    #[cfg(feature = "fault-injection")]
+    {
+        ask::bundle_actor(&p.workspace, &p.name)?
+            .send_message(crate::daemon::bundle::BundleMsg::Panic)
+            .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?;
+        Ok(Done {})
+    }
+    #[cfg(not(feature = "fault-injection"))]
+    {
+        let _ = p;
+        Err(unknown_method(method::DEBUG_PANIC))
+    }
+}
+
+fn unknown_method(name: &str) -> RpcError {
+    RpcError::new(ErrorKind::MethodNotFound, format!("unknown method {name:?}")).with("method", name)
+}
+
+/// Every method after `daemon.hello` and `cancel`: its params' names
+/// checked, its params parsed (unknown ones refused), its handler run.
 async fn dispatch(
     request: Request,
     ctx: &Ctx,
     out: &Outbox,
     cancel: &CancellationToken,
 ) -> Result<Value, RpcError> {
-    let (id, p) = (request.id, request.params);
-    match request.method.as_str() {
-        m::Hello::NAME => handle::<m::Hello, _>(p, |p| async { status::hello(p) }).await,
-        m::Status::NAME => handle::<m::Status, _>(p, |p| status::status(p, ctx)).await,
-        m::Metrics::NAME => handle::<m::Metrics, _>(p, |p| status::metrics(p, ctx)).await,
-        m::Events::NAME => handle::<m::Events, _>(p, |p| status::events(p, ctx, out)).await,
-        m::Install::NAME => handle::<m::Install, _>(p, |p| install::install(p, ctx, out)).await,
-        m::Uninstall::NAME => handle::<m::Uninstall, _>(p, |p| install::uninstall(p, ctx)).await,
-        m::Restart::NAME => handle::<m::Restart, _>(p, |p| install::restart(p, ctx, out)).await,
-        m::Tools::NAME => handle::<m::Tools, _>(p, |p| call::tools(p, ctx)).await,
-        m::Call::NAME => handle::<m::Call, _>(p, |p| call::call(p, ctx, out, id, cancel)).await,
-        m::Logs::NAME => handle::<m::Logs, _>(p, |p| logs::logs(p, ctx, out)).await,
-        m::Mcp::NAME => handle::<m::Mcp, _>(p, |p| gateway::mcp(p, ctx)).await,
-        m::WorkspaceResources::NAME => {
-            handle::<m::WorkspaceResources, _>(p, |p| gateway::workspace_resources(p, ctx)).await
-        }
-        m::Profile::NAME => handle::<m::Profile, _>(p, |p| gateway::profile(p, ctx)).await,
-        m::Configure::NAME => {
-            handle::<m::Configure, _>(p, |p| credentials::configure(p, ctx, out)).await
-        }
-        m::AuthBegin::NAME => {
-            handle::<m::AuthBegin, _>(p, |p| credentials::auth_begin(p, ctx)).await
-        }
-        m::AuthComplete::NAME => {
-            handle::<m::AuthComplete, _>(p, |p| credentials::auth_complete(p, ctx, out)).await
-        }
-        m::RotateKey::NAME => {
-            handle::<m::RotateKey, _>(p, |p| credentials::rotate_key(p, ctx)).await
-        }
-        m::TokenCreate::NAME => handle::<m::TokenCreate, _>(p, |p| tokens::create(p, ctx)).await,
-        m::TokenList::NAME => handle::<m::TokenList, _>(p, |p| tokens::list(p, ctx)).await,
-        m::TokenRevoke::NAME => handle::<m::TokenRevoke, _>(p, |p| tokens::revoke(p, ctx)).await,
-        m::FilesPut::NAME => handle::<m::FilesPut, _>(p, |p| files::files_put(p, ctx)).await,
-        m::FilesLs::NAME => handle::<m::FilesLs, _>(p, |p| files::files_ls(p, ctx)).await,
-        m::FilesGet::NAME => handle::<m::FilesGet, _>(p, |p| files::files_get(p, ctx)).await,
-        m::FilesRm::NAME => handle::<m::FilesRm, _>(p, |p| files::files_rm(p, ctx)).await,
-        m::FilesCheckpoint::NAME => {
-            handle::<m::FilesCheckpoint, _>(p, |p| files::files_checkpoint(p, ctx)).await
-        }
-        m::FilesRollback::NAME => {
-            handle::<m::FilesRollback, _>(p, |p| files::files_rollback(p, ctx)).await
-        }
-        #[cfg(feature = "fault-injection")]
-        m::DebugPanic::NAME => {
-            handle::<m::DebugPanic, _>(p, |r| async move {
-                ask::bundle_actor(&r.workspace, &r.name)?
-                    .send_message(crate::daemon::bundle::BundleMsg::Panic)
-                    .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?;
-                Ok(m::Done {})
-            })
-            .await
-        }
-        other => Err(RpcError::new(
-            ErrorKind::MethodNotFound,
-            format!("unknown method {other:?}"),
-        )
-        .with("method", other)),
+    // Served only by a daemon built for fault injection.
+    if request.method == method::DEBUG_PANIC && !cfg!(feature = "fault-injection") {
+        return Err(unknown_method(&request.method));
     }
+    let params = checked(request.params)?;
+    let typed = match m::Request::parse(&request.method, params) {
+        None => return Err(unknown_method(&request.method)),
+        Some(parsed) => parsed.map_err(|e| {
+            RpcError::new(ErrorKind::InvalidParams, format!("invalid params: {e}"))
+        })?,
+    };
+    let handling = Handling {
+        ctx,
+        out,
+        id: request.id,
+        cancel,
+    };
+    m::dispatch(&handling, typed).await
 }
