@@ -293,7 +293,7 @@ fn every_method_refuses_unknown_params() {
     let d = Daemon::start();
     let mut raw = d.raw();
     raw.hello();
-    let methods = bundlevisor::protocol::method::REQUESTS;
+    let methods = bundlevisor::protocol::typed::TYPED;
     assert!(methods.contains(&"metrics") && methods.contains(&"events.subscribe"));
     for (i, method) in methods.iter().enumerate() {
         if *method == "daemon.hello" {

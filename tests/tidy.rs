@@ -880,6 +880,47 @@ fn top_level_modules_import_each_other_without_cycles() {
     );
 }
 
+/// At every level, not only the top: the children of each module with
+/// children (daemon/'s among them) import each other without cycles.
+#[test]
+fn the_children_of_every_module_import_each_other_without_cycles() {
+    let krate = Crate::new(library());
+    let parents: Vec<Vec<String>> = krate
+        .modules
+        .iter()
+        .filter(|m| {
+            krate
+                .modules
+                .iter()
+                .any(|c| c.len() == m.len() + 1 && c.starts_with(m))
+        })
+        .cloned()
+        .collect();
+    assert!(
+        parents.iter().any(|p| p == &["daemon".to_string()]),
+        "the parser sees daemon/'s children: {parents:?}"
+    );
+    let mut found = Vec::new();
+    for parent in &parents {
+        let names: Vec<&str> = parent.iter().map(String::as_str).collect();
+        for cycle in cycles(&graph_below(&krate, &names)) {
+            found.push(format!(
+                "in {}: {cycle}",
+                if names.is_empty() {
+                    "the crate".to_string()
+                } else {
+                    names.join("::")
+                }
+            ));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "modules that import a sibling that imports them (docs/ARCHITECTURE.md, \"No import cycles\"):\n{}",
+        found.join("\n")
+    );
+}
+
 #[test]
 fn the_manifest_modules_import_each_other_without_cycles() {
     let krate = Crate::new(library());
@@ -1117,5 +1158,98 @@ fn each_check_sees_what_it_checks() {
             .iter()
             .any(|f| f.contains("gateway/mod.rs") || f.contains("bundle/client.rs")),
         "{found:?}"
+    );
+}
+
+/// The functions of `code` (blanked, test modules gone) with a body: name,
+/// first line, number of lines from `fn` to the closing brace.
+fn functions(code: &str) -> Vec<(String, usize, usize)> {
+    let b = code.as_bytes();
+    let ident = |c: u8| c.is_ascii_alphanumeric() || c == b'_';
+    let line_of = |i: usize| code[..i].matches('\n').count() + 1;
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(at) = code[i..].find("fn ").map(|k| i + k) {
+        i = at + 3;
+        if at > 0 && ident(b[at - 1]) {
+            continue;
+        }
+        let (name, _) = read_ident(b, skip_ws(b, at + 3));
+        if name.is_empty() {
+            continue;
+        }
+        // The body: the first `{` before any `;` (a declaration has none),
+        // at bracket depth 0 of the signature.
+        let mut k = at;
+        let mut depth = 0i32;
+        let open = loop {
+            match b.get(k) {
+                None => break None,
+                Some(b';') if depth <= 0 => break None,
+                Some(b'>') if k > 0 && b[k - 1] == b'-' => {}
+                Some(b'(' | b'[' | b'<') => depth += 1,
+                Some(b')' | b']' | b'>') => depth -= 1,
+                Some(b'{') if depth <= 0 => break Some(k),
+                _ => {}
+            }
+            k += 1;
+        };
+        let Some(open) = open else { continue };
+        let mut braces = 0;
+        let mut end = open;
+        for (j, c) in b.iter().enumerate().skip(open) {
+            match c {
+                b'{' => braces += 1,
+                b'}' => {
+                    braces -= 1;
+                    if braces == 0 {
+                        end = j;
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        out.push((name, line_of(at), line_of(end) - line_of(at) + 1));
+    }
+    out
+}
+
+/// Issue 31: no function in daemon/ is longer than about a screen; a
+/// longer one is split into steps with names.
+#[test]
+fn no_function_in_the_daemon_is_over_120_lines() {
+    const MAX: usize = 120;
+    let mut long = Vec::new();
+    let mut seen = 0;
+    for (rel, code) in library() {
+        if !rel.starts_with("daemon/") {
+            continue;
+        }
+        for (name, line, lines) in functions(&blank(&code)) {
+            seen += 1;
+            if lines > MAX {
+                long.push(format!("src/{rel}:{line} fn {name}: {lines} lines"));
+            }
+        }
+    }
+    assert!(
+        seen > 300,
+        "the scanner sees the daemon's functions: {seen}"
+    );
+    assert!(
+        long.is_empty(),
+        "functions over {MAX} lines:\n{}",
+        long.join("\n")
+    );
+}
+
+#[test]
+fn the_function_scanner_measures_bodies_and_skips_declarations() {
+    let code = "trait T { fn a(&self) -> u8; }\nfn b<T: Into<u8>>(x: T) -> u8 {\n    let y = { 1 };\n    y\n}\nimpl X { pub async fn c(&self) {} }\n";
+    let found = functions(&blank(code));
+    assert_eq!(
+        found,
+        vec![("b".to_string(), 2, 4), ("c".to_string(), 6, 1)]
     );
 }

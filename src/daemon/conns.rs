@@ -15,7 +15,7 @@
 //! - A TLS handshake must finish within the same time.
 //! - Bundles are refused on every route: before a connection's first
 //!   request is routed, the client is looked up by the connection's own
-//!   addresses (`control::tcp_refusal`, once per connection, off the event
+//!   addresses (`admission::tcp_refusal`, once per connection, off the event
 //!   loop); a refused one gets 403 and the connection is closed.
 //!
 //! The request body's own deadline (`[http] body_timeout`) is applied where
@@ -310,7 +310,7 @@ impl Peer {
                         return Some(format!("{addr}: the connection's own address is unknown"));
                     };
                     tokio::task::spawn_blocking(move || {
-                        super::control::tcp_refusal(addr, local, &sandbox)
+                        super::admission::tcp_refusal(addr, local, &sandbox)
                     })
                     .await
                     .unwrap_or_else(|e| Some(e.to_string()))

@@ -177,7 +177,7 @@ impl Metrics {
     /// (anything else is counted as `other`, so that clients cannot grow
     /// the label set).
     pub fn control_request(&self, method: &str) {
-        let method = crate::protocol::method::REQUESTS
+        let method = crate::protocol::typed::TYPED
             .iter()
             .find(|m| **m == method)
             .copied()
@@ -395,13 +395,6 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
         .flatten()
         .unwrap_or(4096) as u64;
     Some(pages * page)
-}
-
-/// Serves `GET /metrics`, `/healthz` and `/readyz` on `listener` (the
-/// `metrics_addr` listener) until the task is dropped, with the gateway's
-/// HTTP stack ([`super::http::ops_router`]).
-pub async fn serve_http(listener: tokio::net::TcpListener, shared: Arc<super::Shared>) {
-    super::http::serve_ops(listener, shared).await
 }
 
 #[cfg(test)]

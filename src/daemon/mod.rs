@@ -5,6 +5,7 @@
 //! One daemon per process: actors are registered under global names
 //! (`daemon`, `workspace/WS`, `bundle/WS/NAME`).
 
+pub mod admission;
 pub mod api;
 pub mod board;
 pub mod bundle;
@@ -58,7 +59,7 @@ pub struct Shared {
     /// up holding the key the store is sealed with.
     pub key_rotation: Arc<tokio::sync::Mutex<()>>,
     /// Blocking file-system work on paths peers name, bounded per uid.
-    pub path_work: control::PathWork,
+    pub path_work: admission::PathWork,
     /// Authorization-code flows between `auth.begin` and `auth.complete`,
     /// keyed by their `state`.
     pub pending_auth: std::sync::Mutex<std::collections::HashMap<String, PendingAuth>>,
@@ -460,13 +461,14 @@ fn open_files_for(bundles: usize) {
     }
 }
 
-pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), DaemonError> {
-    privileges::check()?;
+/// The state dir made private and locked, the database opened, the
+/// credential key loaded (a rotation cut short finished or undone).
+async fn open_state(config: &Config) -> Result<(Flock<File>, Store, Credentials), DaemonError> {
     // A root daemon runs bundles under uids of their own, which traverse
     // (never list) the state dir down to their sandbox folders.
     private_state_dir(&config.state_dir, nix::unistd::geteuid().is_root())?;
     private_dir(&config.state_dir.join("logs"))?;
-    let _lock = lock_state_dir(&config.state_dir)?;
+    let lock = lock_state_dir(&config.state_dir)?;
     let db = config.db_path();
     let store = tokio::task::spawn_blocking(move || Store::open(&db))
         .await
@@ -493,9 +495,20 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
             .map_err(|e| DaemonError::Actor(e.to_string()))??
     };
     tracing::info!(key = %key_origin, "credential key loaded");
-    let listener = bind_socket(&config.socket, &config.control)?;
-    let socket = config.socket.clone();
-    let metrics_listener = match config.metrics_addr {
+    Ok((lock, store, credentials))
+}
+
+/// The daemon's listeners, bound before anything starts.
+struct Listeners {
+    control: UnixListener,
+    metrics: Option<tokio::net::TcpListener>,
+    http: Option<tokio::net::TcpListener>,
+    http_tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
+}
+
+async fn bind_listeners(config: &Config) -> Result<Listeners, DaemonError> {
+    let control = bind_socket(&config.socket, &config.control)?;
+    let metrics = match config.metrics_addr {
         None => None,
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr)
@@ -507,9 +520,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
             Some(listener)
         }
     };
-    let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
     let http_tls = http::tls_config(&config.http).map_err(DaemonError::Tls)?;
-    let http_listener = match config.http.listen {
+    let http = match config.http.listen {
         None => None,
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
@@ -517,30 +529,31 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
                 .map_err(|source| DaemonError::Http { addr, source })?,
         ),
     };
+    Ok(Listeners {
+        control,
+        metrics,
+        http,
+        http_tls,
+    })
+}
 
-    // A root daemon gives bundles uids from its range: no other daemon on
-    // the host may use the same ones at once. Claimed last, so that a
-    // daemon refused for its state dir, socket or listeners says that.
-    let _uid_claim = if nix::unistd::geteuid().is_root() && config.sandbox.user.is_none() {
-        match uid_claim::claim(config.sandbox.uid_range, &config.state_dir) {
-            Ok(claim) => Some(claim),
-            Err(e) => {
-                let _ = std::fs::remove_file(&config.socket);
-                return Err(e.into());
-            }
-        }
-    } else {
-        None
-    };
-
+/// Containment before anything is spawned: the daemon the subreaper of
+/// what bundles fork away, each bundle's cgroup found (an earlier
+/// daemon's leftovers removed; said loudly when there is none), and the
+/// reaper helper that kills bundles if the daemon dies.
+async fn contain(
+    config: &Config,
+    shutdown: &CancellationToken,
+) -> (
+    crate::bundle::cgroup::Cgroups,
+    Option<Arc<crate::bundle::reaper::Reaper>>,
+) {
     // Whatever a bundle forks away stays in the daemon's process tree (the
     // control socket refuses the daemon's descendants).
     if let Err(e) = crate::bundle::orphans::adopt() {
         tracing::warn!("cannot become the subreaper of bundle processes ({e}); a bundle's double-forked descendants leave the daemon's process tree");
     }
     tokio::spawn(crate::bundle::orphans::reap(shutdown.clone()));
-    // Each bundle's cgroup: found (and an earlier daemon's leftovers
-    // removed) before anything is spawned, said loudly when there is none.
     let cgroups = {
         let (settings, state_dir) = (config.sandbox.clone(), config.state_dir.clone());
         tokio::task::spawn_blocking(move || {
@@ -566,6 +579,55 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
             None
         }
     };
+    (cgroups, reaper)
+}
+
+/// Serves until `shutdown`: once the boot reload has settled, says so
+/// (and to systemd), and keeps systemd's watchdog fed.
+async fn serve_until(
+    shutdown: &CancellationToken,
+    shared: &Shared,
+    daemon: &ractor::ActorRef<supervisor::DaemonMsg>,
+) {
+    tokio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = boot_settled(shared) => {
+            shared.settled.cancel();
+            let (_, bundles) = shared.board.snapshot();
+            let ready = bundles.iter().filter(|b| b.state == crate::protocol::BundleState::Ready).count();
+            let message = format!("boot reload done: {ready} of {} bundles ready", bundles.len());
+            tracing::info!(elapsed_ms = shared.started_at.elapsed().as_millis() as u64, "{message}");
+            systemd::notify_or_warn(&format!("READY=1\nSTATUS={message}"));
+            let watchdog = systemd::watchdog_interval().map(|every| tokio::spawn(watchdog(every, daemon.clone())));
+            shutdown.cancelled().await;
+            if let Some(w) = watchdog {
+                w.abort();
+            }
+        }
+    }
+}
+
+pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), DaemonError> {
+    privileges::check()?;
+    let (_lock, store, credentials) = open_state(&config).await?;
+    let listeners = bind_listeners(&config).await?;
+    let socket = config.socket.clone();
+    let metrics_addr = listeners.metrics.as_ref().and_then(|l| l.local_addr().ok());
+    // A root daemon gives bundles uids from its range: no other daemon on
+    // the host may use the same ones at once. Claimed last, so that a
+    // daemon refused for its state dir, socket or listeners says that.
+    let _uid_claim = if nix::unistd::geteuid().is_root() && config.sandbox.user.is_none() {
+        match uid_claim::claim(config.sandbox.uid_range, &config.state_dir) {
+            Ok(claim) => Some(claim),
+            Err(e) => {
+                let _ = std::fs::remove_file(&config.socket);
+                return Err(e.into());
+            }
+        }
+    } else {
+        None
+    };
+    let (cgroups, reaper) = contain(&config, &shutdown).await;
     let board = StatusBoard::default();
     let cgroups = Arc::new(cgroups);
     let started_at = Instant::now();
@@ -613,22 +675,22 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         shutdown.clone(),
     ));
     let control = tokio::spawn(control::serve(
-        listener,
+        listeners.control,
         daemon.clone(),
         shared.clone(),
         shutdown.clone(),
     ));
-    let metrics_http = metrics_listener.map(|listener| {
+    let metrics_http = listeners.metrics.map(|listener| {
         tracing::info!(addr = ?metrics_addr, "serving GET /metrics");
-        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(metrics::serve_http(
+        tokio_util::task::AbortOnDropHandle::new(tokio::spawn(http::serve_ops(
             listener,
             shared.clone(),
         )))
     });
-    let http_gateway = http_listener.map(|listener| {
+    let http_gateway = listeners.http.map(|listener| {
         tokio_util::task::AbortOnDropHandle::new(tokio::spawn(http::serve(
             listener,
-            http_tls,
+            listeners.http_tls,
             api::Api::new(daemon.clone(), shared.clone()),
             shared.clone(),
             shutdown.clone(),
@@ -636,22 +698,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     });
     tracing::info!(socket = %socket.display(), pid = std::process::id(), "daemon listening");
 
-    tokio::select! {
-        _ = shutdown.cancelled() => {}
-        _ = boot_settled(&shared) => {
-            shared.settled.cancel();
-            let (_, bundles) = shared.board.snapshot();
-            let ready = bundles.iter().filter(|b| b.state == crate::protocol::BundleState::Ready).count();
-            let message = format!("boot reload done: {ready} of {} bundles ready", bundles.len());
-            tracing::info!(elapsed_ms = shared.started_at.elapsed().as_millis() as u64, "{message}");
-            systemd::notify_or_warn(&format!("READY=1\nSTATUS={message}"));
-            let watchdog = systemd::watchdog_interval().map(|every| tokio::spawn(watchdog(every, daemon.clone())));
-            shutdown.cancelled().await;
-            if let Some(w) = watchdog {
-                w.abort();
-            }
-        }
-    }
+    serve_until(&shutdown, &shared, &daemon).await;
     systemd::notify_or_warn("STOPPING=1");
     tracing::info!("shutting down: stopping every bundle");
     shared.start_permits.close();

@@ -55,10 +55,6 @@ pub mod method {
     pub const TOKEN_CREATE: &str = "token.create";
     pub const TOKEN_LIST: &str = "token.list";
     pub const TOKEN_REVOKE: &str = "token.revoke";
-
-    /// Every request method the daemon serves (the one list of
-    /// [`super::super::typed`]).
-    pub use super::super::typed::TYPED as REQUESTS;
 }
 
 pub const DEFAULT_WORKSPACE: &str = "default";

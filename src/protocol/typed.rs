@@ -179,7 +179,9 @@ mod tests {
         typed.sort();
         typed.dedup();
         assert_eq!(typed.len(), TYPED.len());
-        let parsed = Request::parse(method::STATUS, serde_json::json!({})).unwrap().unwrap();
+        let parsed = Request::parse(method::STATUS, serde_json::json!({}))
+            .unwrap()
+            .unwrap();
         assert_eq!(parsed.name(), method::STATUS);
         assert!(Request::parse(method::HELLO, serde_json::json!({})).is_none());
         assert!(Request::parse("no.such", serde_json::json!({})).is_none());

@@ -167,57 +167,12 @@ impl Api {
             break result;
         };
         let (name, tool) = (&p.name, &p.tool);
-        let refused = |e: CallError| {
-            match e {
-            CallError::NotReady { state, last_error } if deadline.is_some() => ApiError::NotReady {
-                message: format!(
-                    "bundle {name:?} did not become ready within {} (it is {}{})",
-                    humantime::format_duration(p.wait_ready.unwrap_or_default()),
-                    state.as_str(),
-                    last_error
-                        .map(|e| format!("; last error: {e}"))
-                        .unwrap_or_default()
-                ),
-                state,
-            },
-            CallError::NotReady { state, last_error } => ApiError::NotReady {
-                message: match last_error {
-                    Some(e) if state == BundleState::Failed => format!(
-                        "bundle {name:?} is failed ({e}); fix it, then `bundlevisor restart {name}`"
-                    ),
-                    Some(e) => format!(
-                        "bundle {name:?} is {}, not ready (last error: {e})",
-                        state.as_str()
-                    ),
-                    None => format!("bundle {name:?} is {}, not ready", state.as_str()),
-                },
-                state,
-            },
-            CallError::Timeout(t) => ApiError::Timeout(format!(
-                "tool {tool:?} of bundle {name:?} did not answer within {}",
-                humantime::format_duration(t)
-            )),
-            CallError::Failed(e) => {
-                ApiError::Failed(format!("tool {tool:?} of bundle {name:?} failed: {e}"))
-            }
-            CallError::Cancelled => ApiError::Cancelled(format!(
-                "the call of tool {tool:?} of bundle {name:?} was cancelled"
-            )),
-            CallError::NoSuchTool => ApiError::ToolNotFound(format!(
-                "bundle {name:?} has no tool {tool:?} (or the daemon config excludes it); `bundlevisor tools {name}` lists them"
-            )),
-            CallError::Mcp(error) => ApiError::Mcp {
-                message: format!("tool {tool:?} of bundle {name:?}: {}", error.message),
-                error,
-            },
-        }
-        };
         match result {
             CallResult::Success(Ok(ServerResult::CallToolResult(r))) => Ok(r),
             CallResult::Success(Ok(_)) => Err(ApiError::Failed(format!(
                 "tool {tool:?} of bundle {name:?} failed: the bundle answered with something else"
             ))),
-            CallResult::Success(Err(e)) => Err(refused(e)),
+            CallResult::Success(Err(e)) => Err(refusal(p, e, deadline.is_some())),
             CallResult::Timeout => Err(ApiError::Timeout(format!(
                 "bundle {name:?} did not answer in time"
             ))),
@@ -299,5 +254,54 @@ impl Api {
                 ServerResult::ReadResourceResult(serde_json::from_value(value).map_err(unusable)?)
             }
         })
+    }
+}
+
+/// Why a tool call was not answered, in words for the caller; `waited`:
+/// the call waited for the bundle to come up, in vain.
+fn refusal(p: &CallRequest, e: CallError, waited: bool) -> ApiError {
+    let (name, tool) = (&p.name, &p.tool);
+    match e {
+        CallError::NotReady { state, last_error } if waited => ApiError::NotReady {
+            message: format!(
+                "bundle {name:?} did not become ready within {} (it is {}{})",
+                humantime::format_duration(p.wait_ready.unwrap_or_default()),
+                state.as_str(),
+                last_error
+                    .map(|e| format!("; last error: {e}"))
+                    .unwrap_or_default()
+            ),
+            state,
+        },
+        CallError::NotReady { state, last_error } => ApiError::NotReady {
+            message: match last_error {
+                Some(e) if state == BundleState::Failed => format!(
+                    "bundle {name:?} is failed ({e}); fix it, then `bundlevisor restart {name}`"
+                ),
+                Some(e) => format!(
+                    "bundle {name:?} is {}, not ready (last error: {e})",
+                    state.as_str()
+                ),
+                None => format!("bundle {name:?} is {}, not ready", state.as_str()),
+            },
+            state,
+        },
+        CallError::Timeout(t) => ApiError::Timeout(format!(
+            "tool {tool:?} of bundle {name:?} did not answer within {}",
+            humantime::format_duration(t)
+        )),
+        CallError::Failed(e) => {
+            ApiError::Failed(format!("tool {tool:?} of bundle {name:?} failed: {e}"))
+        }
+        CallError::Cancelled => ApiError::Cancelled(format!(
+            "the call of tool {tool:?} of bundle {name:?} was cancelled"
+        )),
+        CallError::NoSuchTool => ApiError::ToolNotFound(format!(
+            "bundle {name:?} has no tool {tool:?} (or the daemon config excludes it); `bundlevisor tools {name}` lists them"
+        )),
+        CallError::Mcp(error) => ApiError::Mcp {
+            message: format!("tool {tool:?} of bundle {name:?}: {}", error.message),
+            error,
+        },
     }
 }

@@ -165,7 +165,7 @@ fn check_changes(
     set: &std::collections::BTreeMap<String, String>,
     unset: &[String],
     stored: &BTreeSet<String>,
-    peer: super::peer::Peer,
+    peer: crate::daemon::admission::Peer,
     name: &str,
 ) -> (Vec<String>, Vec<Change>) {
     let mut problems = Vec::new();

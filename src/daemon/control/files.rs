@@ -67,7 +67,7 @@ enum Unfit {
 /// it is a regular file. The store then
 /// reads that very inode through `/proc/self/fd`, so a path swapped after
 /// the check changes nothing.
-fn open_regular(path: &str, peer: super::peer::Peer) -> Result<std::fs::File, Unfit> {
+fn open_regular(path: &str, peer: crate::daemon::admission::Peer) -> Result<std::fs::File, Unfit> {
     use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
     let file = std::fs::OpenOptions::new()
         .read(true)

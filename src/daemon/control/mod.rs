@@ -27,6 +27,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{broadcast, mpsc};
 use tokio_util::sync::CancellationToken;
 
+use super::admission;
 use super::api::Api;
 use super::board::Event;
 use super::supervisor::DaemonMsg;
@@ -34,11 +35,11 @@ use super::Shared;
 use crate::lines::{Line, LineReader};
 use crate::protocol::typed::{self as m, Cancelled, Done, FileRemoved, Method, Subscribed};
 use crate::protocol::{
-    method, AuthBeginParams, AuthBeginResult, AuthCompleteParams, BundleRef, BundleResult,
-    CallParams, CancelParams, Checkpoint, ConfigureParams, ConfigureResult, ErrorKind,
-    FileContent, FileRecord, FilesList, FilesParams, FilesPutParams, InstallParams, LogsParams,
-    LogsResult, McpParams, MetricsResult, NoParams, Notification, ProfileParams, Progress,
-    Request, Response, Rollback, RotateKeyResult, RpcError, StatusParams, StatusResult,
+    method, AttachParams, AuthBeginParams, AuthBeginResult, AuthCompleteParams, BundleRef,
+    BundleResult, CallParams, CancelParams, Checkpoint, ConfigureParams, ConfigureResult,
+    ErrorKind, FileContent, FileRecord, FilesList, FilesParams, FilesPutParams, InstallParams,
+    LogsParams, LogsResult, McpParams, MetricsResult, NoParams, Notification, ProfileParams,
+    Progress, Request, Response, Rollback, RotateKeyResult, RpcError, StatusParams, StatusResult,
     TokenCreateParams, TokenCreated, TokenInfo, TokenListParams, TokenRevokeParams, Tokens,
     ToolsParams, ToolsResult, UninstallParams, UninstallResult, WorkspaceResourcesParams,
     MAX_REQUEST_BYTES,
@@ -53,12 +54,9 @@ mod handover;
 mod install;
 mod local;
 mod logs;
-mod peer;
-pub use peer::PathWork;
 mod status;
 mod tokens;
 
-pub use peer::tcp_refusal;
 #[derive(Clone)]
 struct Ctx {
     /// The daemon's one door (handlers ask through it).
@@ -66,7 +64,7 @@ struct Ctx {
     daemon: ActorRef<DaemonMsg>,
     shared: Arc<Shared>,
     /// Who is on the other end of this connection.
-    peer: peer::Peer,
+    peer: admission::Peer,
 }
 
 /// Sends lines to the connection's writer task; `closed` is cancelled when
@@ -241,7 +239,7 @@ pub async fn serve(
         api: Api::new(daemon.clone(), shared.clone()),
         daemon,
         shared,
-        peer: peer::Peer::daemon(),
+        peer: admission::Peer::daemon(),
     };
     loop {
         tokio::select! {
@@ -284,17 +282,17 @@ pub async fn serve(
 /// configured `allowed_uids` / `allowed_gids`, and the bundles (peer.rs).
 fn peer_allowed(
     cred: tokio::net::unix::UCred,
-    process: Option<peer::PeerProcess>,
+    process: Option<admission::PeerProcess>,
     shared: &Shared,
-) -> Result<peer::Peer, String> {
-    match peer::refusal(
+) -> Result<admission::Peer, String> {
+    match admission::refusal(
         cred.uid(),
         cred.gid(),
         process.as_ref(),
         &shared.config.control,
         &shared.config.sandbox,
     ) {
-        None => Ok(peer::Peer { uid: cred.uid() }),
+        None => Ok(admission::Peer { uid: cred.uid() }),
         Some(why) => Err(why),
     }
 }
@@ -318,146 +316,223 @@ async fn refuse(mut stream: UnixStream, error: RpcError) {
     .await;
 }
 
-async fn connection(stream: UnixStream, mut ctx: Ctx) {
-    let settings = ctx.shared.config.control.clone();
-    // The handshake deadline runs from the connection, whatever it sends.
-    let deadline = tokio::time::Instant::now() + settings.handshake_timeout;
-    // The peer check walks /proc: off the event loop.
-    let allowed = match stream.peer_cred() {
+/// The peer of a new connection, if admitted (admission.rs; the check
+/// walks /proc, so it runs off the event loop).
+async fn admit(stream: &UnixStream, ctx: &Ctx) -> Result<admission::Peer, String> {
+    match stream.peer_cred() {
         Err(e) => Err(format!("cannot read peer credentials: {e}")),
         Ok(cred) => {
             use std::os::fd::AsFd;
             // Pinned now, while the connection is fresh: SO_PEERPIDFD.
             let process = cred
                 .pid()
-                .map(|pid| peer::PeerProcess::of(stream.as_fd(), pid));
+                .map(|pid| admission::PeerProcess::of(stream.as_fd(), pid));
             let shared = ctx.shared.clone();
             tokio::task::spawn_blocking(move || peer_allowed(cred, process, &shared))
                 .await
                 .unwrap_or_else(|e| Err(format!("the peer check failed: {e}")))
         }
+    }
+}
+
+/// The connection's writer task: writes what the [`Outbox`] queues, until
+/// the client is gone or cut off, or (`handover` cancelled) until the
+/// queue is written, then gives the socket back.
+fn writer(
+    mut write: tokio::net::unix::OwnedWriteHalf,
+    mut rx: mpsc::UnboundedReceiver<String>,
+    queue: Arc<Backlog>,
+    handover: CancellationToken,
+) -> tokio::task::JoinHandle<tokio::net::unix::OwnedWriteHalf> {
+    tokio::spawn(async move {
+        loop {
+            let mut line = tokio::select! {
+                _ = queue.cut.cancelled() => break,
+                line = rx.recv() => match line {
+                    Some(line) => line,
+                    None => break,
+                },
+                _ = handover.cancelled() => match rx.try_recv() {
+                    Ok(line) => line,
+                    Err(_) => break,
+                },
+            };
+            queue.taken(line.len());
+            line.push('\n');
+            let written = tokio::select! {
+                _ = queue.cut.cancelled() => false,
+                r = write.write_all(line.as_bytes()) => r.is_ok(),
+            };
+            if !written {
+                break;
+            }
+        }
+        write
+    })
+}
+
+/// What reading the next request gave.
+enum Next {
+    Request(Request),
+    /// Nothing to handle (a blank line; an unparsable one, answered).
+    Skip,
+    Close,
+}
+
+/// Reads and parses the next request; before the hello only until the
+/// handshake deadline (then says so and closes).
+async fn next_request(
+    lines: &mut LineReader<BufReader<tokio::net::unix::OwnedReadHalf>>,
+    out: &Outbox,
+    greeted: bool,
+    deadline: tokio::time::Instant,
+    settings: &crate::config::ControlSettings,
+) -> Next {
+    let next = tokio::select! {
+        _ = out.queue.cut.cancelled() => return Next::Close,
+        next = async {
+            if greeted {
+                Some(lines.next_line().await)
+            } else {
+                tokio::time::timeout_at(deadline, lines.next_line()).await.ok()
+            }
+        } => next,
     };
-    match allowed {
-        Ok(peer) => ctx.peer = peer,
-        Err(why) => {
-            tracing::warn!("control connection refused: {why}");
-            refuse(stream, RpcError::new(ErrorKind::PermissionDenied, why)).await;
-            return;
+    let Some(next) = next else {
+        let e = RpcError::new(
+            ErrorKind::HelloRequired,
+            format!(
+                "no {} within {} of connecting; closing the connection",
+                method::HELLO,
+                humantime::format_duration(settings.handshake_timeout)
+            ),
+        );
+        out.send(&Response::err(Value::Null, e)).await;
+        return Next::Close;
+    };
+    let line = match next {
+        Ok(Line::Text(line)) => line,
+        Ok(Line::TooLong) => {
+            let e = RpcError::new(
+                ErrorKind::InvalidRequest,
+                format!("request is longer than {MAX_REQUEST_BYTES} bytes"),
+            );
+            out.send(&Response::err(Value::Null, e)).await;
+            return Next::Skip;
+        }
+        Ok(Line::Eof) | Err(_) => return Next::Close,
+    };
+    if line.trim().is_empty() {
+        return Next::Skip;
+    }
+    let request = match serde_json::from_str::<Value>(&line) {
+        Err(e) => Err((
+            Value::Null,
+            RpcError::new(ErrorKind::ParseError, format!("not valid JSON: {e}")),
+        )),
+        Ok(value) => Request::from_value(value),
+    };
+    match request {
+        Ok(r) => Next::Request(r),
+        Err((id, e)) => {
+            out.send(&Response::err(id, e)).await;
+            Next::Skip
         }
     }
-    let (read, mut write) = stream.into_split();
-    // Unbounded in lines, bounded in bytes (`Backlog`).
-    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
-    let queue = Arc::new(Backlog {
-        bytes: Default::default(),
-        cap: settings.max_output_bytes,
-        cut: CancellationToken::new(),
-        peer: format!("uid {}", ctx.peer.uid),
-    });
-    // Cancelled when the connection becomes a gateway session: the writer
-    // writes what is queued (the answer to `gateway.attach`) and gives the
-    // socket back.
-    let handover = CancellationToken::new();
-    let writer = {
-        let queue = queue.clone();
-        let handover = handover.clone();
-        tokio::spawn(async move {
-            loop {
-                let mut line = tokio::select! {
-                    _ = queue.cut.cancelled() => break,
-                    line = rx.recv() => match line {
-                        Some(line) => line,
-                        None => break,
-                    },
-                    _ = handover.cancelled() => match rx.try_recv() {
-                        Ok(line) => line,
-                        Err(_) => break,
-                    },
-                };
-                queue.taken(line.len());
-                line.push('\n');
-                let written = tokio::select! {
-                    _ = queue.cut.cancelled() => false,
-                    r = write.write_all(line.as_bytes()) => r.is_ok(),
-                };
-                if !written {
-                    break;
-                }
-            }
-            write
+}
+
+/// Requests in flight on one connection, by id, for `cancel`.
+type InFlight = Arc<std::sync::Mutex<HashMap<String, CancellationToken>>>;
+
+/// `cancel`: cancels the request of that id, if it is in flight here.
+async fn cancel(params: Value, in_flight: &InFlight) -> Result<Value, RpcError> {
+    handle::<m::Cancel, _>(params, |p: CancelParams| async move {
+        let token = in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&p.id.to_string());
+        if let Some(t) = &token {
+            t.cancel();
+        }
+        Ok(Cancelled {
+            cancelled: token.is_some(),
         })
-    };
-    let out = Outbox {
-        tx,
-        closed: CancellationToken::new(),
-        queue: queue.clone(),
-    };
-    let mut lines = LineReader::new(BufReader::new(read), MAX_REQUEST_BYTES);
+    })
+    .await
+}
+
+/// A gateway session asked for with `gateway.attach`: its params and
+/// profile, checked.
+type Attach = (AttachParams, Option<crate::config::Profile>);
+
+/// `gateway.attach`, checked: only on a connection with nothing else in
+/// flight (`idle`), as what follows the answer is MCP.
+fn attach(params: Value, idle: bool, ctx: &Ctx) -> Result<Attach, RpcError> {
+    let p = self::params::<<m::Attach as Method>::Params>(params)?;
+    if !idle {
+        return Err(RpcError::new(
+            ErrorKind::InvalidRequest,
+            format!(
+                "{} needs a connection with no request in flight",
+                m::Attach::NAME
+            ),
+        ));
+    }
+    let profile = gateway::attach_check(&p, ctx)?;
+    Ok((p, profile))
+}
+
+/// Runs a dispatched request in a task of its own, its answer queued
+/// before the connection may read the next request (`permit`).
+fn spawn_request(
+    request: Request,
+    ctx: &Ctx,
+    out: &Outbox,
+    in_flight: &InFlight,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) {
+    let key = request.id.to_string();
+    let cancel = out.closed.child_token();
+    in_flight
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(key.clone(), cancel.clone());
+    let (ctx, out, in_flight) = (ctx.clone(), out.clone(), in_flight.clone());
+    tokio::spawn(async move {
+        let id = request.id.clone();
+        let result = dispatch(request, &ctx, &out, &cancel).await;
+        in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&key);
+        out.send(&respond(id, result)).await;
+        drop(permit);
+    });
+}
+
+/// Serves the requests of an admitted connection until it closes, or
+/// until it asks to become a gateway session (returned).
+async fn serve_requests(
+    lines: &mut LineReader<BufReader<tokio::net::unix::OwnedReadHalf>>,
+    out: &Outbox,
+    ctx: &Ctx,
+    deadline: tokio::time::Instant,
+) -> Option<Attach> {
+    let settings = &ctx.shared.config.control;
     let mut greeted = false;
-    // Requests in flight on this connection, by id, for `cancel`.
-    let in_flight: Arc<std::sync::Mutex<HashMap<String, CancellationToken>>> = Arc::default();
+    let in_flight: InFlight = Arc::default();
     // At most `max_in_flight` requests are handled at once: the next line
     // is read only when a permit is free.
     let permits = Arc::new(tokio::sync::Semaphore::new(settings.max_in_flight));
-    let mut attached = None;
     loop {
         let permit = tokio::select! {
-            _ = queue.cut.cancelled() => break,
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
+            _ = out.queue.cut.cancelled() => return None,
+            p = permits.clone().acquire_owned() => p.ok()?,
         };
-        let next = tokio::select! {
-            _ = queue.cut.cancelled() => break,
-            next = async {
-                if greeted {
-                    Some(lines.next_line().await)
-                } else {
-                    tokio::time::timeout_at(deadline, lines.next_line()).await.ok()
-                }
-            } => next,
-        };
-        let Some(next) = next else {
-            let e = RpcError::new(
-                ErrorKind::HelloRequired,
-                format!(
-                    "no {} within {} of connecting; closing the connection",
-                    method::HELLO,
-                    humantime::format_duration(settings.handshake_timeout)
-                ),
-            );
-            out.send(&Response::err(Value::Null, e)).await;
-            break;
-        };
-        let line = match next {
-            Ok(Line::Text(line)) => line,
-            Ok(Line::TooLong) => {
-                let e = RpcError::new(
-                    ErrorKind::InvalidRequest,
-                    format!("request is longer than {MAX_REQUEST_BYTES} bytes"),
-                );
-                out.send(&Response::err(Value::Null, e)).await;
-                continue;
-            }
-            Ok(Line::Eof) | Err(_) => break,
-        };
-        if line.trim().is_empty() {
-            continue;
-        }
-        let request = match serde_json::from_str::<Value>(&line) {
-            Err(e) => Err((
-                Value::Null,
-                RpcError::new(ErrorKind::ParseError, format!("not valid JSON: {e}")),
-            )),
-            Ok(value) => Request::from_value(value),
-        };
-        let request = match request {
-            Ok(r) => r,
-            Err((id, e)) => {
-                out.send(&Response::err(id, e)).await;
-                continue;
-            }
+        let request = match next_request(lines, out, greeted, deadline, settings).await {
+            Next::Request(r) => r,
+            Next::Skip => continue,
+            Next::Close => return None,
         };
         ctx.shared.metrics.control_request(&request.method);
         if !greeted {
@@ -472,83 +547,65 @@ async fn connection(stream: UnixStream, mut ctx: Ctx) {
                 ))
             };
             out.send(&respond(request.id, response)).await;
-            continue;
-        }
-        if request.method == m::Attach::NAME {
-            // Only on a connection with nothing else in flight: what
-            // follows the answer is MCP.
+        } else if request.method == m::Attach::NAME {
             let idle = permits.available_permits() + 1 == settings.max_in_flight;
-            let checked = params::<<m::Attach as Method>::Params>(request.params).and_then(|p| {
-                if !idle {
-                    return Err(RpcError::new(
-                        ErrorKind::InvalidRequest,
-                        format!(
-                            "{} needs a connection with no request in flight",
-                            m::Attach::NAME
-                        ),
-                    ));
-                }
-                let profile = gateway::attach_check(&p, &ctx)?;
-                Ok((p, profile))
-            });
-            match checked {
+            match attach(request.params, idle, ctx) {
                 Ok(session) => {
                     out.send(&respond(request.id, to_value(m::Done {}))).await;
-                    attached = Some(session);
-                    break;
+                    return Some(session);
                 }
-                Err(e) => {
-                    out.send(&Response::err(request.id, e)).await;
-                    continue;
-                }
-            }
-        }
-        if request.method == m::Cancel::NAME {
-            let in_flight = &in_flight;
-            let result = handle::<m::Cancel, _>(request.params, |p: CancelParams| async move {
-                let token = in_flight
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&p.id.to_string());
-                if let Some(t) = &token {
-                    t.cancel();
-                }
-                Ok(Cancelled {
-                    cancelled: token.is_some(),
-                })
-            })
-            .await;
+                Err(e) => out.send(&Response::err(request.id, e)).await,
+            };
+        } else if request.method == m::Cancel::NAME {
+            let result = cancel(request.params, &in_flight).await;
             out.send(&respond(request.id, result)).await;
-            continue;
+        } else {
+            spawn_request(request, ctx, out, &in_flight, permit);
         }
-        let key = request.id.to_string();
-        let cancel = out.closed.child_token();
-        in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key.clone(), cancel.clone());
-        let (ctx, out, in_flight) = (ctx.clone(), out.clone(), in_flight.clone());
-        tokio::spawn(async move {
-            let id = request.id.clone();
-            let result = dispatch(request, &ctx, &out, &cancel).await;
-            in_flight
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&key);
-            out.send(&respond(id, result)).await;
-            // The answer is queued: the connection may read its next request.
-            drop(permit);
-        });
     }
+}
+
+async fn connection(stream: UnixStream, mut ctx: Ctx) {
+    let settings = ctx.shared.config.control.clone();
+    // The handshake deadline runs from the connection, whatever it sends.
+    let deadline = tokio::time::Instant::now() + settings.handshake_timeout;
+    match admit(&stream, &ctx).await {
+        Ok(peer) => ctx.peer = peer,
+        Err(why) => {
+            tracing::warn!("control connection refused: {why}");
+            refuse(stream, RpcError::new(ErrorKind::PermissionDenied, why)).await;
+            return;
+        }
+    }
+    let (read, write) = stream.into_split();
+    // Unbounded in lines, bounded in bytes (`Backlog`).
+    let (tx, rx) = mpsc::unbounded_channel::<String>();
+    let queue = Arc::new(Backlog {
+        bytes: Default::default(),
+        cap: settings.max_output_bytes,
+        cut: CancellationToken::new(),
+        peer: format!("uid {}", ctx.peer.uid),
+    });
+    // Cancelled when the connection becomes a gateway session: the writer
+    // writes what is queued (the answer to `gateway.attach`) and gives the
+    // socket back.
+    let handover = CancellationToken::new();
+    let writer = writer(write, rx, queue.clone(), handover.clone());
+    let out = Outbox {
+        tx,
+        closed: CancellationToken::new(),
+        queue,
+    };
+    let mut lines = LineReader::new(BufReader::new(read), MAX_REQUEST_BYTES);
+    let attached = serve_requests(&mut lines, &out, &ctx, deadline).await;
+    // Subscriptions of the connection stop writing.
+    out.closed.cancel();
     let Some((params, profile)) = attached else {
-        out.closed.cancel();
         drop(out);
         let _ = writer.await;
         return;
     };
-    // Subscriptions of the connection stop writing; the writer writes the
-    // answer and gives the socket back.
-    out.closed.cancel();
+    // The writer writes the answer and gives the socket back.
     handover.cancel();
     let Ok(write) = writer.await else {
         return;
@@ -729,7 +786,11 @@ fn debug_panic(p: BundleRef) -> Result<Done, RpcError> {
 }
 
 fn unknown_method(name: &str) -> RpcError {
-    RpcError::new(ErrorKind::MethodNotFound, format!("unknown method {name:?}")).with("method", name)
+    RpcError::new(
+        ErrorKind::MethodNotFound,
+        format!("unknown method {name:?}"),
+    )
+    .with("method", name)
 }
 
 /// Every method after `daemon.hello` and `cancel`: its params' names
@@ -747,9 +808,8 @@ async fn dispatch(
     let params = checked(request.params)?;
     let typed = match m::Request::parse(&request.method, params) {
         None => return Err(unknown_method(&request.method)),
-        Some(parsed) => parsed.map_err(|e| {
-            RpcError::new(ErrorKind::InvalidParams, format!("invalid params: {e}"))
-        })?,
+        Some(parsed) => parsed
+            .map_err(|e| RpcError::new(ErrorKind::InvalidParams, format!("invalid params: {e}")))?,
     };
     let handling = Handling {
         ctx,

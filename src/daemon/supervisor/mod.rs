@@ -14,7 +14,7 @@ use std::time::Duration;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent};
 
 use super::bundle::{actor_name, BundleMsg};
-use super::folder::{scan, Scan};
+use super::folder::{scan, Found, Scan};
 use super::workspace::{WorkspaceActor, WorkspaceArgs, WorkspaceMsg};
 use super::Shared;
 use crate::names::check_name;
@@ -271,24 +271,7 @@ impl DaemonState {
                 settling = true;
                 continue;
             }
-            if let Some(tree) = f.tree {
-                again = true;
-                let before = self.trees.insert(f.path.clone(), tree);
-                let record = by_source.get(&f.path);
-                if let (Some(before), Some(record)) = (before, record) {
-                    if before != tree {
-                        if let Some(actor) = ActorRef::<BundleMsg>::where_is(actor_name(
-                            &record.workspace,
-                            &record.name,
-                        )) {
-                            tracing::info!(workspace = %record.workspace, bundle = %record.name, "the files of a failed bundle changed: starting it again");
-                            let _ = actor.send_message(BundleMsg::Retry);
-                        }
-                    }
-                }
-            } else {
-                self.trees.remove(&f.path);
-            }
+            again |= self.retry_if_fixed(f, by_source.get(&f.path));
             // `f.manifest` is Some exactly when the content differs from `previous`.
             let previous = self.seen.insert(f.path.clone(), f.hash);
             let record = by_source.get(&f.path);
@@ -309,23 +292,7 @@ impl DaemonState {
                 (Some(record), Some(Ok(loaded))) => {
                     if loaded.manifest.name != record.name {
                         tracing::info!(workspace = %watch.workspace, "watched bundle renamed from {:?} to {:?}", record.name, loaded.manifest.name);
-                        let removed = self.remove_in_background(record);
-                        let path = f.path.clone();
-                        match self
-                            .install(myself, path.clone(), watch.workspace.clone(), Origin::Watch)
-                            .await
-                        {
-                            Ok(task) => {
-                                let report = self.report_install(task, &watch.workspace, path);
-                                work.push(tokio::spawn(async move {
-                                    let _ = tokio::join!(removed, report);
-                                }));
-                            }
-                            Err(e) => {
-                                work.push(removed);
-                                self.reject(&watch.workspace, &f.path, &e.to_string())
-                            }
-                        }
+                        work.push(self.rename(myself, record, &f.path, &watch.workspace).await);
                     } else if let Some(actor) =
                         ActorRef::<BundleMsg>::where_is(actor_name(&record.workspace, &record.name))
                     {
@@ -368,6 +335,59 @@ impl DaemonState {
             }
             let _ = myself.send_message(DaemonMsg::Reconciled { index });
         });
+    }
+
+    /// A watched bundle whose files are watched for a fix (it failed):
+    /// started again when they changed. True while they are watched.
+    fn retry_if_fixed(&mut self, f: &Found, record: Option<&InstallRecord>) -> bool {
+        let Some(tree) = f.tree else {
+            self.trees.remove(&f.path);
+            return false;
+        };
+        let before = self.trees.insert(f.path.clone(), tree);
+        if let (Some(before), Some(record)) = (before, record) {
+            if before != tree {
+                if let Some(actor) =
+                    ActorRef::<BundleMsg>::where_is(actor_name(&record.workspace, &record.name))
+                {
+                    tracing::info!(workspace = %record.workspace, bundle = %record.name, "the files of a failed bundle changed: starting it again");
+                    let _ = actor.send_message(BundleMsg::Retry);
+                }
+            }
+        }
+        true
+    }
+
+    /// A watched bundle whose manifest now names another bundle: the old
+    /// one uninstalled, the new one installed from `path` (both in tasks).
+    async fn rename(
+        &mut self,
+        myself: &ActorRef<DaemonMsg>,
+        record: &InstallRecord,
+        path: &Path,
+        workspace: &str,
+    ) -> tokio::task::JoinHandle<()> {
+        let removed = self.remove_in_background(record);
+        let installed = self
+            .install(
+                myself,
+                path.to_path_buf(),
+                workspace.to_string(),
+                Origin::Watch,
+            )
+            .await;
+        match installed {
+            Ok(task) => {
+                let report = self.report_install(task, workspace, path.to_path_buf());
+                tokio::spawn(async move {
+                    let _ = tokio::join!(removed, report);
+                })
+            }
+            Err(e) => {
+                self.reject(workspace, path, &e.to_string());
+                removed
+            }
+        }
     }
 
     /// Awaits a watched install; a refusal is announced like a rejected manifest.

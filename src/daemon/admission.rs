@@ -1,10 +1,16 @@
-//! Who is on the other end of a control connection. Besides the uid rule
-//! (the daemon's uid, `allowed_uids`, `allowed_gids`), a peer that is a
-//! bundle is refused whatever its uid: one whose uid is a bundle uid (the
-//! `[sandbox] uid_range`, or the shared `[sandbox] user`), or whose process
-//! descends from the daemon (every bundle process does, unless it
-//! double-forked away — which is why a daemon without uid separation needs
-//! the operator's opt-in; docs/security.md).
+//! Admission: who may use the daemon's listeners — the control socket and
+//! the TCP listeners (the HTTP gateway, the ops endpoints) — in one module
+//! both use. Every check here fails closed: a peer the daemon cannot
+//! identify is refused.
+//!
+//! On the control socket, besides the uid rule (the daemon's uid,
+//! `allowed_uids`, `allowed_gids`), a peer that is a bundle is refused
+//! whatever its uid: one whose uid is a bundle uid (the `[sandbox]
+//! uid_range`, or the shared `[sandbox] user`), or whose process descends
+//! from the daemon (every bundle process does, unless it double-forked
+//! away — which is why a daemon without uid separation needs the
+//! operator's opt-in; docs/security.md). On a TCP listener, a client that
+//! is a local bundle ([`tcp_refusal`]).
 
 use std::collections::HashMap;
 use std::path::Path;
