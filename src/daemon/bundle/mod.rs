@@ -7,6 +7,7 @@
 //! one path of a request to the bundle.
 
 mod call;
+mod session;
 mod start;
 
 use std::path::PathBuf;
@@ -14,8 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef, RpcReplyPort};
-use rmcp::handler::client::progress::ProgressDispatcher;
-use rmcp::model::{ClientRequest, PingRequest, Tool};
+use rmcp::model::{ClientRequest, PingRequest};
 use rmcp::service::Peer;
 use rmcp::RoleClient;
 use serde_json::Value;
@@ -24,7 +24,7 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::lifecycle::{Effect, Env, Exit, Input, Lifecycle, Note, Route, StartFailure, Why};
 use super::Shared;
-use crate::bundle::process::{ExitInfo, Lifeline, StderrTail};
+use crate::bundle::process::{ExitInfo, StderrTail};
 use crate::bundle::HostContext;
 use crate::config::Supervision;
 use crate::host_resources::HostRequest;
@@ -33,7 +33,8 @@ use crate::protocol::{
     BundleState, BundleStatus, EventKind, ExitStatus, LifecycleEvent, SandboxRecord,
 };
 
-pub use call::{run, Ask, CallError, LaneSource, Lanes, PendingCall};
+pub use call::{run, Ask, CallError, PendingCall};
+pub use session::{Lane, Lanes, Live};
 pub use start::{snapshot_files, snapshot_path, Started};
 
 /// Registry name of a bundle's actor.
@@ -126,22 +127,9 @@ pub enum Respawn {
     Authorized,
 }
 
-/// A ready session: what the lifecycle's `Ready` phase owns.
-pub struct Live {
-    peer: Peer<RoleClient>,
-    lifeline: Lifeline,
-    tools: Vec<Tool>,
-    _pinger: Option<AbortOnDropHandle<()>>,
-    in_flight: call::InFlight,
-    progress: ProgressDispatcher,
-    callers: crate::bundle::client::Callers,
-    subscribers: crate::bundle::client::Subscribers,
-    violation: crate::bundle::guard::Violation,
-}
-
 pub struct BundleActorState {
     args: BundleArgs,
-    lc: Lifecycle<Live>,
+    lc: Lifecycle<Arc<Live>>,
     /// The manifest the bundle runs (the last good one).
     manifest: Option<LoadedManifest>,
     /// A validated manifest the next start must use (install, upgrade).
@@ -165,6 +153,8 @@ pub struct BundleActorState {
     queued: Vec<(PendingCall, bool)>,
     /// The generation whose session is published in `Shared::lanes`.
     published: Option<u64>,
+    /// The liveness check of the ready session (of that generation).
+    pinger: Option<(u64, AbortOnDropHandle<()>)>,
 }
 
 impl BundleActorState {
@@ -176,10 +166,10 @@ impl BundleActorState {
             name: self.args.name.clone(),
             version: self.manifest.as_ref().map(|m| m.manifest.version.clone()),
             state: self.lc.state(),
-            pid: live.and_then(|l| l.lifeline.pid()),
+            pid: live.and_then(|l| l.session.lifeline.pid()),
             uptime_secs: None,
             restarts: self.lc.restarts(),
-            tools: live.map_or(0, |l| l.tools.len()),
+            tools: live.map_or(0, |l| l.session.tools.len()),
             last_error: self.lc.last_error().map(str::to_string),
             source: self.args.source.display().to_string(),
             sandbox: self.sandbox.clone(),
@@ -201,10 +191,14 @@ impl BundleActorState {
     }
 
     /// Feeds one input to the lifecycle and runs what it asks for.
-    fn step(&mut self, myself: &ActorRef<BundleMsg>, input: Input<Live>) {
+    fn step(&mut self, myself: &ActorRef<BundleMsg>, input: Input<Arc<Live>>) {
         let effects = self.decide(input, fastrand::f64());
         self.run(myself, effects);
         self.publish_lane();
+        let ready = self.lc.session().map(|l| l.generation);
+        if self.pinger.as_ref().map(|(g, _)| *g) != ready {
+            self.pinger = None;
+        }
     }
 
     /// Publishes the session calls may run on directly: the ready one, or
@@ -219,16 +213,7 @@ impl BundleActorState {
         }
         self.published = source;
         let lane = match self.lc.route() {
-            Route::Send(live) => Some(LaneSource {
-                peer: live.peer.clone(),
-                in_flight: live.in_flight.clone(),
-                progress: live.progress.clone(),
-                callers: live.callers.clone(),
-                subscribers: live.subscribers.clone(),
-                generation: self.lc.generation(),
-                timeout: self.args.shared.config.bundles.call_timeout,
-                tools: live.tools.iter().map(|t| t.name.to_string()).collect(),
-            }),
+            Route::Send(live) => Some(live.clone()),
             _ => None,
         };
         self.args
@@ -237,7 +222,7 @@ impl BundleActorState {
             .publish(&self.args.workspace, &self.args.name, lane);
     }
 
-    fn decide(&mut self, input: Input<Live>, jitter: f64) -> Vec<Effect<Live>> {
+    fn decide(&mut self, input: Input<Arc<Live>>, jitter: f64) -> Vec<Effect<Arc<Live>>> {
         let shared = self.args.shared.clone();
         let sup = &shared.config.supervision;
         let env = Env {
@@ -250,7 +235,7 @@ impl BundleActorState {
 
     /// Runs the effects of one step; then the status it led to is
     /// published, followed by its events in order.
-    fn run(&mut self, myself: &ActorRef<BundleMsg>, effects: Vec<Effect<Live>>) {
+    fn run(&mut self, myself: &ActorRef<BundleMsg>, effects: Vec<Effect<Arc<Live>>>) {
         let grace = self.args.shared.config.bundles.stop_grace;
         let mut notes = Vec::new();
         for effect in effects {
@@ -270,8 +255,7 @@ impl BundleActorState {
                 } => {
                     let myself = myself.clone();
                     tokio::spawn(async move {
-                        let Live { lifeline, .. } = session;
-                        lifeline.stop(grace).await;
+                        session.session.lifeline.stop(grace).await;
                         if let Some(generation) = then_start {
                             let _ = myself.send_message(BundleMsg::Start { generation });
                         }
@@ -280,7 +264,7 @@ impl BundleActorState {
                 Effect::Release(session) => drop(session),
                 Effect::Kill => {
                     if let Some(live) = self.lc.session() {
-                        let lifeline = live.lifeline.clone();
+                        let lifeline = live.session.lifeline.clone();
                         tokio::spawn(async move { lifeline.stop(grace).await });
                     }
                 }
@@ -341,7 +325,7 @@ impl BundleActorState {
             }
             EventKind::Ready => {
                 let live = self.lc.session();
-                tracing::info!(workspace = %ws, bundle = %bundle, pid = ?live.and_then(|l| l.lifeline.pid()), tools = live.map_or(0, |l| l.tools.len()), "bundle ready")
+                tracing::info!(workspace = %ws, bundle = %bundle, pid = ?live.and_then(|l| l.session.lifeline.pid()), tools = live.map_or(0, |l| l.session.tools.len()), "bundle ready")
             }
             EventKind::Restarting | EventKind::Upgrading | EventKind::Reconfigured => {
                 tracing::info!(workspace = %ws, bundle = %bundle, "{message}")
@@ -427,7 +411,7 @@ impl BundleActorState {
             {
                 // The actor is gone: do not leave the process behind.
                 started
-                    .connection
+                    .session
                     .lifeline
                     .stop(shared.config.bundles.stop_grace)
                     .await;
@@ -446,46 +430,40 @@ impl BundleActorState {
         let mut rejected = None;
         let result = result.map(|started| {
             let Started {
-                connection,
+                mut session,
                 manifest,
                 archive,
                 reauthorized,
                 rejected: refused,
             } = *started;
-            let observer = connection.lifeline.observer();
             let excluded = self
                 .args
                 .shared
                 .config
                 .excluded_tools(&self.args.workspace, &self.args.name);
-            let tools = connection
+            session
                 .tools
-                .into_iter()
-                .filter(|t| !excluded.iter().any(|e| e == t.name.as_ref()))
-                .collect();
+                .retain(|t| !excluded.iter().any(|e| e == t.name.as_ref()));
             if generation == self.lc.generation() {
                 self.manifest = Some(manifest);
                 self.archive = archive;
                 rejected = refused;
-                watch_exit(observer, connection.stderr, myself.clone(), generation);
-            }
-            let live = Live {
-                _pinger: spawn_pinger(
-                    connection.peer.clone(),
+                watch_exit(
+                    session.lifeline.observer(),
+                    session.stderr.clone(),
+                    myself.clone(),
+                    generation,
+                );
+                self.pinger = spawn_pinger(
+                    session.peer.clone(),
                     self.supervision(),
                     myself.clone(),
                     generation,
-                ),
-                peer: connection.peer,
-                lifeline: connection.lifeline,
-                tools,
-                in_flight: call::InFlight::default(),
-                progress: connection.progress,
-                callers: connection.callers,
-                subscribers: connection.subscribers,
-                violation: connection.violation,
-            };
-            (live, reauthorized)
+                )
+                .map(|p| (generation, p));
+            }
+            let timeout = self.args.shared.config.bundles.call_timeout;
+            (Live::new(session, generation, timeout), reauthorized)
         });
         self.step(myself, Input::Started { generation, result });
         if let Some(why) = rejected {
@@ -499,12 +477,12 @@ impl BundleActorState {
         match self.lc.route() {
             Route::Send(live) => {
                 if let Some(tool) = call.tool() {
-                    if !live.tools.iter().any(|t| t.name == tool) {
+                    if !live.serves(tool) {
                         let _ = call.reply.send(Err(CallError::NoSuchTool));
                         return;
                     }
                 }
-                if live.peer.is_transport_closed() {
+                if live.closed() {
                     // The session just ended and its exit is on the way: the
                     // call was never sent, and the bundle is about to restart
                     // (a caller may wait for that).
@@ -514,15 +492,7 @@ impl BundleActorState {
                     }));
                     return;
                 }
-                let lane = call::Lane {
-                    peer: live.peer.clone(),
-                    in_flight: live.in_flight.enter(),
-                    progress: live.progress.clone(),
-                    callers: live.callers.clone(),
-                    subscribers: live.subscribers.clone(),
-                    generation: self.lc.generation(),
-                    timeout: self.args.shared.config.bundles.call_timeout,
-                };
+                let lane = live.lane();
                 call::spawn(lane, call, retry, myself.clone());
             }
             Route::Queue => self.queued.push((call, retry)),
@@ -537,20 +507,11 @@ impl BundleActorState {
     /// The old session of a 401 rebuild is not cut: requests in flight on
     /// it finish (or come back with their own 401 and wait for the new
     /// session), and it is closed once idle or after the call timeout.
-    fn drain(&self, old: Live) {
+    fn drain(&self, old: Arc<Live>) {
         let limit = self.args.shared.config.bundles.call_timeout;
         tokio::spawn(async move {
-            let Live {
-                peer,
-                lifeline,
-                _pinger,
-                in_flight,
-                ..
-            } = old;
-            drop(_pinger);
-            let _ = tokio::time::timeout(limit, in_flight.idle()).await;
-            drop(peer);
-            lifeline.stop(Duration::ZERO).await;
+            let _ = tokio::time::timeout(limit, old.idle()).await;
+            old.session.lifeline.stop(Duration::ZERO).await;
         });
     }
 }
@@ -581,6 +542,7 @@ impl Actor for BundleActor {
             preparing: None,
             queued: Vec::new(),
             published: None,
+            pinger: None,
         })
     }
 
@@ -628,8 +590,8 @@ impl Actor for BundleActor {
                         oom_killed: exit.oom_killed,
                     },
                     text: exit.to_string(),
-                    pid: live.and_then(|l| l.lifeline.pid()),
-                    violation: live.and_then(|l| l.violation.get()),
+                    pid: live.and_then(|l| l.session.lifeline.pid()),
+                    violation: live.and_then(|l| l.session.violation.get()),
                     stderr,
                 };
                 st.step(&myself, Input::Exited { generation, exit });
@@ -701,7 +663,8 @@ impl Actor for BundleActor {
                     .lc
                     .session()
                     .map(|l| {
-                        l.tools
+                        l.session
+                            .tools
                             .iter()
                             .filter_map(|t| serde_json::to_value(t).ok())
                             .collect()
@@ -738,6 +701,7 @@ impl Actor for BundleActor {
             match effect {
                 Effect::Stop { session, .. } => {
                     let exit = session
+                        .session
                         .lifeline
                         .stop(st.args.shared.config.bundles.stop_grace)
                         .await;

@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::bundle::{connect, ConnectError, ConnectOptions, Connection, HostContext};
+use crate::bundle::{connect, ConnectError, ConnectOptions, HostContext, Session};
 use crate::config::Config;
 use crate::host_resources::PROVIDED_CAPABILITIES;
 use crate::manifest::{LoadedManifest, Plan, PlanError, RemotePlan};
@@ -35,7 +35,7 @@ pub enum Wanted {
 
 /// A successful start.
 pub struct Started {
-    pub connection: Connection,
+    pub session: Session,
     /// The manifest the bundle now runs (the last good one from now on).
     pub manifest: LoadedManifest,
     /// The archive it was unpacked from, with what its signature said.
@@ -336,9 +336,9 @@ pub async fn start(
         max_message_bytes: shared.config.bundles.max_message_bytes,
         sandbox,
     };
-    let (connection, reauthorized) = match &plan {
+    let (session, reauthorized) = match &plan {
         Plan::Stdio(_) => match connect(&plan, host, &opts).await {
-            Ok(connection) => (connection, false),
+            Ok(session) => (session, false),
             Err(e) => {
                 if let ConnectError::Exited { exit, .. } = &e {
                     if exit.oom_killed {
@@ -365,7 +365,7 @@ pub async fn start(
         }
     };
     Ok(Started {
-        connection,
+        session,
         manifest: loaded,
         archive,
         reauthorized,
@@ -500,7 +500,7 @@ async fn connect_with_auth(
     mut opts: ConnectOptions,
     // The challenge that ended the last session (its token lacked a scope).
     pending: Option<String>,
-) -> Result<(Connection, bool), StartFailure> {
+) -> Result<(Session, bool), StartFailure> {
     let stored = {
         shared
             .credentials_of(workspace, name, |c, w, n| c.tokens(w, n))
@@ -525,7 +525,7 @@ async fn connect_with_auth(
         None
     } else {
         match connect(plan, host.clone(), &opts).await {
-            Ok(connection) => return Ok((connection, false)),
+            Ok(session) => return Ok((session, false)),
             Err(ConnectError::Unauthorized { challenge }) => challenge,
             Err(e) => return Err(transient(plan, e)),
         }
@@ -617,7 +617,7 @@ async fn connect_with_auth(
             "new token obtained; rebuilding the session"
         );
         match connect(plan, host.clone(), &opts).await {
-            Ok(connection) => return Ok((connection, true)),
+            Ok(session) => return Ok((session, true)),
             Err(ConnectError::Unauthorized { challenge: again }) => {
                 let scope = crate::oauth::step_up(again.as_deref());
                 match scope {
