@@ -3,13 +3,11 @@
 //! sandbox, then the one connect function — with the OAuth retry of remote
 //! bundles.
 //!
-//! Which manifest: a restart by the policy (or after `configure`/`auth`)
-//! uses the one the bundle runs, an upgrade the validated new one; the
-//! first start, a boot reload and an operator's `restart` read the disk and
-//! fall back to the last good manifest (kept in memory, and — for MCPB
-//! manifests, which hold no secrets — in `STATE_DIR/manifests/WS/NAME.json`
-//! across daemon restarts) when the file is broken, half-written or renames
-//! the bundle.
+//! Which manifest is the lifecycle's decision ([`Wanted`]); when it is the
+//! file on disk, the start falls back to the last good manifest (kept in
+//! memory, and — for MCPB manifests, which hold no secrets — in
+//! `STATE_DIR/manifests/WS/NAME.json` across daemon restarts) when the file
+//! is broken, half-written or renames the bundle.
 
 use std::path::{Path, PathBuf};
 
@@ -21,17 +19,8 @@ use crate::oauth::Silent;
 use crate::protocol::SandboxRecord;
 use crate::store::TokenSet;
 
-use super::super::lifecycle::{FailKind, StartFailure};
+use super::super::lifecycle::{FailKind, StartFailure, Wanted};
 use super::super::Shared;
-
-/// Which manifest a start uses.
-pub enum Wanted {
-    /// This one, already validated (the running one, or an upgrade).
-    Exactly(LoadedManifest),
-    /// The file on disk; if it no longer passes, `last_good` (or the copy
-    /// kept in the state dir).
-    FromDisk { last_good: Option<LoadedManifest> },
-}
 
 /// A successful start.
 pub struct Started {
@@ -114,8 +103,6 @@ enum Refused {
     Invalid(String),
 }
 
-/// Reads and checks the manifest on disk: valid, still naming this bundle,
-/// and accepted by the install gate.
 /// The last good manifest kept at `path`, validated again.
 fn read_snapshot(path: &Path) -> Option<LoadedManifest> {
     let kept: serde_json::Value =
@@ -139,6 +126,8 @@ pub fn snapshot_files(state_dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Reads and checks the manifest on disk: valid, still naming this bundle,
+/// and accepted by the install gate.
 fn from_disk(source: &Path, name: &str, config: &Config) -> Result<LoadedManifest, Refused> {
     let loaded = super::super::source::load(source, config).map_err(|e| {
         if e.is_gone() {
@@ -165,7 +154,7 @@ fn check(loaded: &LoadedManifest, name: &str) -> Result<(), String> {
 /// The manifest a start uses, and why the disk's was refused if it was.
 /// Runs on the blocking pool.
 fn choose(
-    wanted: Wanted,
+    wanted: Wanted<LoadedManifest>,
     source: &Path,
     name: &str,
     snapshot: &Path,
@@ -204,7 +193,8 @@ fn choose(
 
 /// What one start is asked to do.
 pub struct Attempt {
-    pub wanted: Wanted,
+    /// Which manifest, as the lifecycle decided.
+    pub wanted: Wanted<LoadedManifest>,
     /// The challenge of the 401 or 403 that ended the last session (a
     /// remote bundle gets a token for it before connecting).
     pub challenge: Option<String>,
