@@ -166,7 +166,9 @@ pub enum Respawn {
 enum Why {
     Asked(Respawn),
     /// A watched manifest changed and passed validation.
-    Upgrade { version: String },
+    Upgrade {
+        version: String,
+    },
     /// The files of a failed watched bundle changed.
     FilesChanged,
 }
@@ -489,13 +491,22 @@ impl<S: Session, M: Manifest, C: Call> Lifecycle<S, M, C> {
         effects
     }
 
-    fn transition(&mut self, input: Input<S, M, C>, now: Instant, env: &Env) -> Vec<Effect<S, M, C>> {
+    fn transition(
+        &mut self,
+        input: Input<S, M, C>,
+        now: Instant,
+        env: &Env,
+    ) -> Vec<Effect<S, M, C>> {
         let now_generation = self.generation;
         let current = |g: u64| g == now_generation;
         match input {
             Input::Start { generation } if current(generation) => self.start_due(),
-            Input::Started { generation, result } => self.started(current(generation), result, now, env),
-            Input::Exited { generation, exit } if current(generation) => self.exited(exit, now, env),
+            Input::Started { generation, result } => {
+                self.started(current(generation), result, now, env)
+            }
+            Input::Exited { generation, exit } if current(generation) => {
+                self.exited(exit, now, env)
+            }
             Input::Unresponsive { generation, reason } if current(generation) => {
                 match &mut self.phase {
                     Phase::Ready { kill, .. } if kill.is_none() => {
@@ -1359,7 +1370,10 @@ mod tests {
         let effects = w.step(expired(Some(Req("echo"))));
         assert!(effects.is_empty(), "{effects:?}");
         w.due();
-        assert!(w.step(Input::Call(Req("sum"))).is_empty(), "a new call waits as well");
+        assert!(
+            w.step(Input::Call(Req("sum"))).is_empty(),
+            "a new call waits as well"
+        );
         let g = w.g();
         let effects = w.step(Input::Started {
             generation: g,

@@ -156,7 +156,12 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
         // Progress: the bundle reports against the token rmcp put in the
         // request. Forwarded in order, ahead of the answer.
         let mut subscription = match &call.progress {
-            Some(_) => Some(session.progress.subscribe(handle.progress_token.clone()).await),
+            Some(_) => Some(
+                session
+                    .progress
+                    .subscribe(handle.progress_token.clone())
+                    .await,
+            ),
             None => None,
         };
         let response = tokio::time::timeout(timeout, handle.await_response());

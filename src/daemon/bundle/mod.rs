@@ -26,13 +26,17 @@ use serde_json::Value;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::lifecycle::{self, Env, Exit, Input, Lifecycle, Note, Refusal, StartFailure, Up, Wanted};
+use super::lifecycle::{
+    self, Env, Exit, Input, Lifecycle, Note, Refusal, StartFailure, Up, Wanted,
+};
 use super::Shared;
 use crate::bundle::HostContext;
 use crate::config::Supervision;
 use crate::host_resources::HostRequest;
 use crate::manifest::LoadedManifest;
-use crate::protocol::{BundleState, BundleStatus, EventKind, ExitStatus, LifecycleEvent, SandboxRecord};
+use crate::protocol::{
+    BundleState, BundleStatus, EventKind, ExitStatus, LifecycleEvent, SandboxRecord,
+};
 
 pub use super::lifecycle::Respawn;
 pub use call::{run, Ask, CallError, PendingCall};
@@ -196,7 +200,11 @@ impl BundleActorState {
     }
 
     /// Feeds one input to the lifecycle and runs what it asks for.
-    fn step(&mut self, myself: &ActorRef<BundleMsg>, input: Input<Arc<Live>, LoadedManifest, PendingCall>) {
+    fn step(
+        &mut self,
+        myself: &ActorRef<BundleMsg>,
+        input: Input<Arc<Live>, LoadedManifest, PendingCall>,
+    ) {
         let effects = self.decide(input, fastrand::f64());
         self.run(myself, effects);
         // The pinger belongs to the ready session.
@@ -460,13 +468,8 @@ impl BundleActorState {
         };
         let (generation, peer) = (live.generation, live.session.peer.clone());
         watch_exit(live, myself.clone());
-        self.pinger = spawn_pinger(
-            peer,
-            self.supervision(),
-            myself.clone(),
-            generation,
-        )
-        .map(|p| (generation, p));
+        self.pinger = spawn_pinger(peer, self.supervision(), myself.clone(), generation)
+            .map(|p| (generation, p));
     }
 
     /// The old session of a 401 rebuild is not cut: requests in flight on

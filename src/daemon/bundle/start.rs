@@ -200,6 +200,14 @@ pub struct Attempt {
     pub challenge: Option<String>,
 }
 
+/// A start failure that a restart cannot fix.
+fn config(reason: String) -> StartFailure {
+    StartFailure {
+        kind: FailKind::Config,
+        reason,
+    }
+}
+
 /// Chooses the manifest, resolves the launch plan, prepares the sandbox and
 /// connects.
 pub async fn start(
@@ -211,49 +219,13 @@ pub async fn start(
     host: HostContext,
     report_sandbox: impl FnOnce(SandboxRecord),
 ) -> Result<Started, StartFailure> {
-    let config = |reason: String| StartFailure {
-        kind: FailKind::Config,
-        reason,
-    };
-    let (loaded, rejected, archive) = {
-        let snapshot = snapshot_path(&shared.config.state_dir, workspace, name);
-        let (name, settings) = (name.to_string(), shared.config.clone());
-        tokio::task::spawn_blocking(move || {
-            let (loaded, rejected) = choose(wanted, &source, &name, &snapshot, &settings)?;
-            // Whichever manifest runs: the files it runs from, and its
-            // signature, are judged again at every start.
-            super::super::trusted::may_run(&loaded, &source, &settings)?;
-            let archive = archive_info(&loaded, &settings.state_dir);
-            Ok::<_, String>((loaded, rejected, archive))
-        })
-        .await
-        .map_err(|e| config(format!("manifest reader failed: {e}")))?
-        .map_err(config)?
-    };
-    let manifest = &loaded.manifest;
-    let values = shared
-        .credentials_of(workspace, name, |c, w, n| c.values(w, n))
-        .await
-        .map_err(|e| config(e.to_string()))?;
-    // `${HOME}` is the bundle's own home (its sandbox data folder).
-    let home = crate::bundle::sandbox::data_dir(&shared.config.state_dir, workspace, name);
-    let mut plan = manifest
-        .plan_with_home(&loaded.dir, &values, Some(&home))
-        .map_err(|e| match e {
-            PlanError::MissingConfig(keys) => StartFailure {
-                kind: FailKind::NeedsConfig,
-                reason: format!(
-                    "required user_config value(s) not set: {}; set them with `bundlevisor configure {name} -w {workspace} {}`",
-                    keys.join(", "),
-                    keys.iter().map(|k| format!("{k}=VALUE")).collect::<Vec<_>>().join(" ")
-                ),
-            },
-            other => config(other.to_string()),
-        })?;
+    let (loaded, rejected, archive) =
+        read_manifest(shared, (workspace, name), source, wanted).await?;
+    let mut plan = resolve_plan(shared, (workspace, name), &loaded).await?;
     // A uv bundle runs in the environment built for its version (built
     // now if there is none yet: after an install or an upgrade).
     let environment = match &mut plan {
-        Plan::Stdio(launch) if manifest.is_uv() => {
+        Plan::Stdio(launch) if loaded.manifest.is_uv() => {
             Some(uv_environment(shared, workspace, name, &loaded, launch).await?)
         }
         _ => None,
@@ -266,42 +238,7 @@ pub async fn start(
     // The sandbox of a stdio bundle: created (or found) before each start.
     let sandbox = match &plan {
         Plan::Stdio(launch) => {
-            let (settings, state_dir, protected, ws, bundle, cwd, command) = (
-                shared.config.sandbox.clone(),
-                shared.config.state_dir.clone(),
-                shared.config.protected_paths(),
-                workspace.to_string(),
-                name.to_string(),
-                launch.cwd.clone(),
-                launch.command.clone(),
-            );
-            let configured = launch.paths.clone();
-            let cgroups = shared.cgroups.clone();
-            let environment = environment.clone();
-            // A bare manifest file's folder is not the bundle's to read.
-            let folder = (!loaded.is_bare()).then(|| loaded.dir.clone());
-            let prepared = tokio::task::spawn_blocking(move || {
-                let target = crate::bundle::sandbox::Target {
-                    workspace: &ws,
-                    bundle: &bundle,
-                    folder: folder.as_deref(),
-                    command: &command,
-                    cwd: &cwd,
-                    configured: &configured,
-                    environment: environment.as_deref(),
-                };
-                let mut sandbox =
-                    crate::bundle::sandbox::prepare(&settings, &state_dir, &protected, &target)
-                        .map_err(|e| e.to_string())?;
-                sandbox
-                    .contain(&cgroups, &settings, &ws, &bundle)
-                    .map_err(|e| e.to_string())?;
-                Ok::<_, String>(sandbox)
-            })
-            .await
-            .map_err(|e| config(format!("sandbox task failed: {e}")))?
-            .map_err(config)?;
-            Some(prepared)
+            Some(prepare_sandbox(shared, (workspace, name), &loaded, launch, environment).await?)
         }
         Plan::Remote(_) => None,
     };
@@ -361,6 +298,110 @@ pub async fn start(
         reauthorized,
         rejected,
     })
+}
+
+/// What a start runs: the manifest, why the disk's was refused (if it
+/// was), and the archive it came from.
+type Chosen = (
+    LoadedManifest,
+    Option<String>,
+    Option<crate::protocol::ArchiveInfo>,
+);
+
+/// The manifest the start uses, its files and signature judged again
+/// (whichever manifest runs), and the archive it came from. On the
+/// blocking pool.
+async fn read_manifest(
+    shared: &Shared,
+    (workspace, name): (&str, &str),
+    source: PathBuf,
+    wanted: Wanted<LoadedManifest>,
+) -> Result<Chosen, StartFailure> {
+    let snapshot = snapshot_path(&shared.config.state_dir, workspace, name);
+    let (name, settings) = (name.to_string(), shared.config.clone());
+    tokio::task::spawn_blocking(move || {
+        let (loaded, rejected) = choose(wanted, &source, &name, &snapshot, &settings)?;
+        super::super::trusted::may_run(&loaded, &source, &settings)?;
+        let archive = archive_info(&loaded, &settings.state_dir);
+        Ok::<_, String>((loaded, rejected, archive))
+    })
+    .await
+    .map_err(|e| config(format!("manifest reader failed: {e}")))?
+    .map_err(config)
+}
+
+/// The launch plan, with the bundle's stored user_config values; a
+/// missing required one is `needs_config`.
+async fn resolve_plan(
+    shared: &Shared,
+    (workspace, name): (&str, &str),
+    loaded: &LoadedManifest,
+) -> Result<Plan, StartFailure> {
+    let values = shared
+        .credentials_of(workspace, name, |c, w, n| c.values(w, n))
+        .await
+        .map_err(|e| config(e.to_string()))?;
+    // `${HOME}` is the bundle's own home (its sandbox data folder).
+    let home = crate::bundle::sandbox::data_dir(&shared.config.state_dir, workspace, name);
+    loaded
+        .manifest
+        .plan_with_home(&loaded.dir, &values, Some(&home))
+        .map_err(|e| match e {
+            PlanError::MissingConfig(keys) => StartFailure {
+                kind: FailKind::NeedsConfig,
+                reason: format!(
+                    "required user_config value(s) not set: {}; set them with `bundlevisor configure {name} -w {workspace} {}`",
+                    keys.join(", "),
+                    keys.iter().map(|k| format!("{k}=VALUE")).collect::<Vec<_>>().join(" ")
+                ),
+            },
+            other => config(other.to_string()),
+        })
+}
+
+/// The sandbox of a stdio bundle, created (or found) and its cgroup
+/// joined, on the blocking pool.
+async fn prepare_sandbox(
+    shared: &Shared,
+    (workspace, name): (&str, &str),
+    loaded: &LoadedManifest,
+    launch: &crate::manifest::LaunchPlan,
+    environment: Option<PathBuf>,
+) -> Result<crate::bundle::sandbox::Sandbox, StartFailure> {
+    let (settings, state_dir, protected, ws, bundle, cwd, command) = (
+        shared.config.sandbox.clone(),
+        shared.config.state_dir.clone(),
+        shared.config.protected_paths(),
+        workspace.to_string(),
+        name.to_string(),
+        launch.cwd.clone(),
+        launch.command.clone(),
+    );
+    let configured = launch.paths.clone();
+    let cgroups = shared.cgroups.clone();
+    // A bare manifest file's folder is not the bundle's to read.
+    let folder = (!loaded.is_bare()).then(|| loaded.dir.clone());
+    tokio::task::spawn_blocking(move || {
+        let target = crate::bundle::sandbox::Target {
+            workspace: &ws,
+            bundle: &bundle,
+            folder: folder.as_deref(),
+            command: &command,
+            cwd: &cwd,
+            configured: &configured,
+            environment: environment.as_deref(),
+        };
+        let mut sandbox =
+            crate::bundle::sandbox::prepare(&settings, &state_dir, &protected, &target)
+                .map_err(|e| e.to_string())?;
+        sandbox
+            .contain(&cgroups, &settings, &ws, &bundle)
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>(sandbox)
+    })
+    .await
+    .map_err(|e| config(format!("sandbox task failed: {e}")))?
+    .map_err(config)
 }
 
 /// Finds or builds the environment of the uv bundle `loaded` (each line uv
@@ -542,56 +583,10 @@ async fn connect_with_auth(
         let tokens =
             match crate::oauth::obtain_silently(&http, remote, &stored, challenge.as_deref()).await
             {
-                Err(e) => {
-                    return Err(StartFailure {
-                        // A URL or metadata the rules refuse does not get better by
-                        // retrying: the operator has to change the bundle or the server.
-                        kind: match e {
-                            crate::oauth::OAuthError::InsecureUrl { .. }
-                            | crate::oauth::OAuthError::Mismatch(_) => FailKind::Config,
-                            _ => FailKind::Transient,
-                        },
-                        reason: format!(
-                            "the remote server wants a new token, and getting one failed: {e}"
-                        ),
-                    });
-                }
+                Err(e) => return Err(grant_failed(e)),
                 Ok(Silent::Interactive(why)) => {
-                    // A scope the server wants is asked for by `bundlevisor auth`.
-                    let wanted = crate::oauth::step_up(challenge.as_deref()).unwrap_or_default();
-                    let wanted_scopes =
-                        crate::oauth::union(stored.wanted_scopes.clone(), wanted.clone());
-                    let keep = if wanted.is_empty() {
-                        // Tokens that no longer work are forgotten; a
-                        // registered client is kept.
-                        TokenSet {
-                            client_id: stored.client_id.clone(),
-                            client_secret: stored.client_secret.clone(),
-                            wanted_scopes,
-                            ..Default::default()
-                        }
-                    } else {
-                        // They work for what they cover: kept.
-                        TokenSet {
-                            wanted_scopes,
-                            ..stored.clone()
-                        }
-                    };
-                    let why = if wanted.is_empty() {
-                        why
-                    } else {
-                        format!(
-                            "it needs the scope {:?}, which a silent grant did not get: {why}",
-                            wanted.join(" ")
-                        )
-                    };
-                    if let Err(e) = save(keep).await {
-                        tracing::warn!(
-                            workspace,
-                            bundle = name,
-                            "cannot forget refused tokens: {e}"
-                        );
-                    }
+                    let (keep, why) = refused_silently(&stored, challenge.as_deref(), why);
+                    keep_tokens(shared, (workspace, name), keep, "forget refused tokens").await;
                     return Err(needs_auth(&why));
                 }
                 Ok(Silent::Tokens(tokens)) => tokens,
@@ -628,13 +623,8 @@ async fn connect_with_auth(
                             ),
                             ..tokens
                         };
-                        if let Err(e) = save(wanted).await {
-                            tracing::warn!(
-                                workspace,
-                                bundle = name,
-                                "cannot store the wanted scope: {e}"
-                            );
-                        }
+                        keep_tokens(shared, (workspace, name), wanted, "store the wanted scope")
+                            .await;
                         return Err(needs_auth(&format!(
                             "it needs the scope {:?}, which a silent grant did not get",
                             scope.join(" ")
@@ -647,4 +637,62 @@ async fn connect_with_auth(
         }
     }
     unreachable!("the last attempt returns")
+}
+
+/// A silent grant that failed. A URL or metadata the rules refuse does not
+/// get better by retrying: the operator has to change the bundle or the
+/// server.
+fn grant_failed(e: crate::oauth::OAuthError) -> StartFailure {
+    StartFailure {
+        kind: match e {
+            crate::oauth::OAuthError::InsecureUrl { .. }
+            | crate::oauth::OAuthError::Mismatch(_) => FailKind::Config,
+            _ => FailKind::Transient,
+        },
+        reason: format!("the remote server wants a new token, and getting one failed: {e}"),
+    }
+}
+
+/// Only `bundlevisor auth` can help: the tokens to keep meanwhile, and why.
+/// A scope the server wants is asked for by `bundlevisor auth`; tokens that
+/// no longer work are forgotten (a registered client is kept), tokens that
+/// only lack a scope work for what they cover and are kept.
+fn refused_silently(stored: &TokenSet, challenge: Option<&str>, why: String) -> (TokenSet, String) {
+    let wanted = crate::oauth::step_up(challenge).unwrap_or_default();
+    let wanted_scopes = crate::oauth::union(stored.wanted_scopes.clone(), wanted.clone());
+    if wanted.is_empty() {
+        let keep = TokenSet {
+            client_id: stored.client_id.clone(),
+            client_secret: stored.client_secret.clone(),
+            wanted_scopes,
+            ..Default::default()
+        };
+        return (keep, why);
+    }
+    let keep = TokenSet {
+        wanted_scopes,
+        ..stored.clone()
+    };
+    let why = format!(
+        "it needs the scope {:?}, which a silent grant did not get: {why}",
+        wanted.join(" ")
+    );
+    (keep, why)
+}
+
+/// Stores `tokens` for the bundle; a failure to (`what`) is logged only.
+async fn keep_tokens(
+    shared: &Shared,
+    (workspace, name): (&str, &str),
+    tokens: TokenSet,
+    what: &str,
+) {
+    let stored = shared
+        .credentials_of(workspace, name, move |c, w, n| {
+            c.set_tokens(w, n, Some(&tokens))
+        })
+        .await;
+    if let Err(e) = stored {
+        tracing::warn!(workspace, bundle = name, "cannot {what}: {e}");
+    }
 }
