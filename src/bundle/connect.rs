@@ -90,8 +90,10 @@ fn stderr_hint(line: &Option<String>) -> String {
     }
 }
 
-/// A live, initialized bundle connection.
-pub struct Connection {
+/// A live, initialized bundle session: the one struct that holds its
+/// handles. The daemon shares it (behind an `Arc`) between the lifecycle's
+/// ready phase and every call that runs on it.
+pub struct Session {
     /// Cloneable handle for requests; calls on clones run concurrently.
     pub peer: Peer<RoleClient>,
     pub tools: Vec<Tool>,
@@ -118,7 +120,7 @@ pub async fn connect(
     plan: &Plan,
     host: HostContext,
     opts: &ConnectOptions,
-) -> Result<Connection, ConnectError> {
+) -> Result<Session, ConnectError> {
     let requester = host.requester().clone();
     let client = BundleClient::new(
         host.clone(),
@@ -178,7 +180,7 @@ async fn connect_stdio(
     host: HostContext,
     requester: &Requester,
     opts: &ConnectOptions,
-) -> Result<Connection, ConnectError> {
+) -> Result<Session, ConnectError> {
     let spawned = process::spawn(plan, opts.sandbox.as_ref())?;
     let stderr = process::capture_stderr(
         spawned.stderr,
@@ -246,7 +248,7 @@ async fn connect_remote(
     client: BundleClient,
     requester: &Requester,
     opts: &ConnectOptions,
-) -> Result<Connection, ConnectError> {
+) -> Result<Session, ConnectError> {
     let handshake_error = |message: String| ConnectError::Handshake {
         message,
         stderr: None,
@@ -326,7 +328,7 @@ fn connected(
     ct: CancellationToken,
     requester: &Requester,
     opts: &ConnectOptions,
-) -> Connection {
+) -> Session {
     let peer = service.peer().clone();
     let progress = service.service().progress();
     let callers = service.service().callers();
@@ -344,7 +346,7 @@ fn connected(
         }
     });
     tracing::debug!(workspace = %requester.workspace, bundle = %requester.bundle, pid = ?lifeline.pid(), tools = tools.len(), "bundle connected");
-    Connection {
+    Session {
         peer,
         tools,
         server,

@@ -22,4 +22,4 @@ pub mod transport;
 pub mod uv;
 
 pub use client::HostContext;
-pub use connect::{connect, ConnectError, ConnectOptions, Connection};
+pub use connect::{connect, ConnectError, ConnectOptions, Session};

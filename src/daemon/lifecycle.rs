@@ -1,19 +1,28 @@
-//! The bundle lifecycle as one pure state machine.
+//! The bundle lifecycle as one pure state machine, and all of a bundle's
+//! lifecycle state.
 //!
 //! [`Lifecycle::step`] takes one [`Input`] (a start is due, a start ended,
 //! the process exited, the liveness check gave up, a 401, an operator's
-//! respawn, a refused manifest change, shutdown) and the current time, moves
-//! the [`Phase`] and returns the [`Effect`]s the BundleActor runs: start a
-//! task, schedule a start, stop or drain a session, answer the calls that
-//! waited, publish an event. It does no I/O and reads no clock; the restart
-//! decision is [`RestartTracker::decide`] with the jitter it is given. So
-//! every transition is tested here on a paused clock, and the table in
-//! docs/ARCHITECTURE.md is checked against [`table`] by a test.
+//! respawn, an upgrade, a refused manifest change, a call, shutdown) and the
+//! current time, moves the [`Phase`] and returns the [`Effect`]s the
+//! BundleActor runs: start a task (with the manifest it must use), schedule
+//! a start, stop or drain a session, run or refuse a call, publish an event.
+//! Besides the phase it keeps what the next start needs (the running
+//! manifest, an upgrade's, whether to read the disk, a 401's challenge), the
+//! calls that wait for a rebuilt session, the tools `[[exclude_tools]]`
+//! removes, and the restart history and counters. It does no I/O and reads
+//! no clock; the restart decision is [`RestartTracker::decide`] with the
+//! jitter it is given. So every transition is tested here on a paused
+//! clock, and the table in docs/ARCHITECTURE.md is checked against
+//! [`table`] by a test.
 //!
-//! The session type `S` is the actor's live connection (peer, lifeline,
-//! tools); a phase owns it, so a session belongs to exactly one generation
-//! and everything known about it (since when it is ready, why the daemon
-//! killed it) goes away with it.
+//! The lifecycle never looks inside the actor's types: a session answers
+//! [`Session`] (which tools it serves, whether its transport closed), a
+//! manifest [`Manifest`] (its version, whether it needs an environment built
+//! before it can start), a call [`Call`] (the tool it names). A phase owns
+//! its session, so a session belongs to exactly one generation and
+//! everything known about it (since when it is ready, why the daemon killed
+//! it) goes away with it.
 
 use std::time::Duration;
 
@@ -22,6 +31,28 @@ use tokio::time::Instant;
 use super::policy::{Decision, RestartTracker, Stop};
 use crate::config::{RestartPolicy, Supervision};
 use crate::protocol::{BundleState, EventKind, ExitStatus};
+
+/// What the lifecycle asks of a ready session.
+pub trait Session {
+    /// The session lists `tool` (excluded tools are not listed).
+    fn serves(&self, tool: &str) -> bool;
+    /// Its transport closed: it just ended, and its exit is on the way.
+    fn closed(&self) -> bool;
+}
+
+/// What the lifecycle asks of a manifest.
+pub trait Manifest: Clone {
+    fn version(&self) -> &str;
+    /// An environment must be built before this version can start (a uv
+    /// bundle's): an upgrade builds it while the running version serves.
+    fn needs_environment(&self) -> bool;
+}
+
+/// What the lifecycle asks of a request to the bundle.
+pub trait Call {
+    /// The tool a tool call names; None for a passed-through MCP request.
+    fn tool(&self) -> Option<&str>;
+}
 
 /// Where a bundle is in its life. Each variant carries what is true only in it.
 #[derive(Debug)]
@@ -91,6 +122,18 @@ pub struct StartFailure {
     pub reason: String,
 }
 
+/// A start that came up.
+#[derive(Debug)]
+pub struct Up<S, M> {
+    pub session: S,
+    /// The manifest it runs (the last good one from now on).
+    pub manifest: M,
+    /// A remote bundle got a new token on the way.
+    pub reauthorized: bool,
+    /// The manifest on disk was refused, and the last good one runs instead.
+    pub rejected: Option<String>,
+}
+
 /// A session's end, as its watcher saw it.
 #[derive(Debug, Clone)]
 pub struct Exit {
@@ -103,19 +146,29 @@ pub struct Exit {
     pub violation: Option<String>,
     /// The last stderr lines.
     pub stderr: Vec<String>,
+    /// The one of them that says most about the crash, if any.
+    pub telling: Option<String>,
 }
 
-/// Why a bundle is stopped and started again at once on request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Why {
-    /// `bundlevisor restart`.
+/// Why an operator asks for a bundle to be stopped and started again at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Respawn {
+    /// `bundlevisor restart`: the manifest is read from disk again.
     Operator,
     /// `configure` stored new user_config values.
     Reconfigured,
     /// `auth` stored new tokens.
     Authorized,
+}
+
+/// Why a bundle is stopped and started again at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Why {
+    Asked(Respawn),
     /// A watched manifest changed and passed validation.
-    Upgrade { version: String },
+    Upgrade {
+        version: String,
+    },
     /// The files of a failed watched bundle changed.
     FilesChanged,
 }
@@ -123,12 +176,14 @@ pub enum Why {
 impl Why {
     fn event(&self) -> (EventKind, String) {
         match self {
-            Why::Operator => (EventKind::Restarting, "restarting on request".into()),
-            Why::Reconfigured => (
+            Why::Asked(Respawn::Operator) => {
+                (EventKind::Restarting, "restarting on request".into())
+            }
+            Why::Asked(Respawn::Reconfigured) => (
                 EventKind::Reconfigured,
                 "user_config changed: restarting with the new values".into(),
             ),
-            Why::Authorized => (
+            Why::Asked(Respawn::Authorized) => (
                 EventKind::Reauthorized,
                 "authorized by the operator: starting with the new token".into(),
             ),
@@ -142,29 +197,60 @@ impl Why {
             ),
         }
     }
+
+    /// The next start reads the manifest from disk (falling back to the
+    /// last good one) instead of reusing the running one.
+    fn rereads(&self) -> bool {
+        matches!(self, Why::Asked(Respawn::Operator) | Why::FilesChanged)
+    }
+}
+
+/// Which manifest a start uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wanted<M> {
+    /// This one, already validated (the running one, an install's, an upgrade's).
+    Exactly(M),
+    /// The file on disk; if it no longer passes, `last_good` (or the copy
+    /// kept in the state dir).
+    FromDisk { last_good: Option<M> },
 }
 
 /// What happened.
 #[derive(Debug)]
-pub enum Input<S> {
+pub enum Input<S, M, C> {
     /// A scheduled start of `generation` is due.
     Start { generation: u64 },
-    /// The start task of `generation` ended; `reauthorized`: a remote
-    /// bundle got a new token on the way.
+    /// The start task of `generation` ended.
     Started {
         generation: u64,
-        result: Result<(S, bool), StartFailure>,
+        result: Result<Up<S, M>, StartFailure>,
     },
     /// The process (or remote session) of `generation` ended.
     Exited { generation: u64, exit: Exit },
     /// The liveness check gave up on the process of `generation`.
     Unresponsive { generation: u64, reason: String },
-    /// A remote server answered 401 on the session of `generation`.
-    AuthExpired { generation: u64 },
+    /// A remote server answered 401 (or 403 `insufficient_scope`, whose
+    /// `challenge` the next start gets a token for) on the session of
+    /// `generation`, to a ping or to `call` (retried once, on the rebuilt
+    /// session).
+    AuthExpired {
+        generation: u64,
+        challenge: Option<String>,
+        call: Option<C>,
+    },
     /// Stop whatever runs and start again at once; clears the breaker.
-    Respawn(Why),
-    /// A watched manifest change was refused; the bundle keeps its version.
+    Respawn(Respawn),
+    /// A watched manifest changed and passed validation: restart with it.
+    Upgrade(M),
+    /// The environment of an upgrade is built: restart with it.
+    Prepared(M),
+    /// The files of a failed watched bundle changed: start it again from
+    /// the manifest on disk, breaker cleared.
+    FilesChanged,
+    /// A manifest change was refused; the bundle keeps its version.
     Rejected(String),
+    /// A request to the bundle.
+    Call(C),
     /// Uninstall or daemon shutdown.
     Shutdown,
 }
@@ -193,11 +279,28 @@ impl Note {
     }
 }
 
+/// Why a call is answered without running.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The bundle has no such tool, or `[[exclude_tools]]` removed it.
+    NoSuchTool,
+    /// Not now: the bundle is in `state`.
+    NotReady {
+        state: BundleState,
+        last_error: Option<String>,
+    },
+}
+
 /// What the actor must do, in order.
 #[derive(Debug)]
-pub enum Effect<S> {
-    /// Run the start task of `generation`.
-    Spawn { generation: u64 },
+pub enum Effect<S, M, C> {
+    /// Run the start task of `generation` with `manifest`; a remote bundle
+    /// gets a token for `challenge` first.
+    Spawn {
+        generation: u64,
+        manifest: Wanted<M>,
+        challenge: Option<String>,
+    },
     /// Send `Start { generation }` after `delay` (zero: at once).
     Schedule { generation: u64, delay: Duration },
     /// Stop `session` (SIGTERM, `stop_grace`, SIGKILL) in a task, then send
@@ -206,16 +309,29 @@ pub enum Effect<S> {
     /// The session ended by itself: drop its handle (what is left of its
     /// process group dies with it).
     Release(S),
+    /// Watch the session that just became ready: its exit, its liveness.
+    Watch,
     /// Kill the ready session's process; its exit comes back as `Exited`.
     Kill,
     /// Close `session` once the calls in flight on it are done (401 rebuild).
     Drain(S),
     /// Cancel the start task in progress; a half-started process dies with it.
     AbortStart,
-    /// Send the calls that waited for a rebuild to the new session.
-    FlushQueue,
-    /// Refuse the calls that waited: the rebuild did not come up.
-    FailQueue(String),
+    /// Build the environment of the upgrade `M` while the running version
+    /// serves (replacing a build under way); `Prepared` comes back, or
+    /// `Rejected` if it cannot be built.
+    Prepare(M),
+    /// Drop a build of an upgrade's environment under way.
+    AbortPrepare,
+    /// Run `call` on the ready session; `retry`: a 401 may send it back
+    /// once.
+    Send { call: C, retry: bool },
+    /// Answer `call` without running it.
+    Refuse { call: C, refusal: Refusal },
+    /// The ready session may take tool calls directly (`Shared::lanes`).
+    OpenLane,
+    /// It may no longer: every call goes through the actor.
+    CloseLane,
     /// Publish an event (and the status it leads to).
     Publish(Note),
 }
@@ -228,24 +344,18 @@ pub struct Env<'a> {
     pub jitter: f64,
 }
 
-/// Where a call to the bundle goes now.
-#[derive(Debug)]
-pub enum Route<'a, S> {
-    /// To the ready session.
-    Send(&'a S),
-    /// Wait for the session being rebuilt after a 401.
+/// Where a call goes now.
+enum Route {
+    Send,
     Queue,
-    /// Not now: the bundle is in `state`.
-    Refuse {
-        state: BundleState,
-        last_error: Option<String>,
-    },
+    Refuse(Refusal),
 }
 
-/// One bundle's lifecycle: the phase, the generation, the restart history
-/// and the counters `status` and the metrics show.
+/// One bundle's lifecycle: the phase, the generation, what the next start
+/// uses, the calls waiting for a rebuild, the restart history and the
+/// counters `status` and the metrics show.
 #[derive(Debug)]
-pub struct Lifecycle<S> {
+pub struct Lifecycle<S, M, C> {
     phase: Phase<S>,
     /// Bumped for every start that is scheduled; inputs of an earlier
     /// generation are stale (a restart during a start or a backoff never
@@ -260,13 +370,35 @@ pub struct Lifecycle<S> {
     /// liveness checks, starts that failed and are retried.
     crashes: u64,
     last_error: Option<String>,
+    /// The manifest the bundle runs (the last good one).
+    manifest: Option<M>,
+    /// A validated manifest the next start must use (install, upgrade).
+    next_manifest: Option<M>,
+    /// The next start reads the disk (operator restart, files changed).
+    reread: bool,
+    /// The challenge of the 401 or 403 that ended the last session: the
+    /// next start gets a token for it before connecting.
+    challenge: Option<String>,
+    /// Calls waiting for the session rebuilt after a 401, each with
+    /// whether it may still be retried after another 401.
+    queued: Vec<(C, bool)>,
+    /// The tools `[[exclude_tools]]` removes from this bundle.
+    excluded: Vec<String>,
+    /// The generation whose session takes calls directly (`OpenLane`).
+    lane: Option<u64>,
 }
 
-impl<S> Lifecycle<S> {
+impl<S: Session, M: Manifest, C: Call> Lifecycle<S, M, C> {
     /// A bundle coming up for the first time in this actor; `restarts` and
-    /// `crashes` carry over from a panicked predecessor. [`begin`](Self::begin)
+    /// `crashes` carry over from a panicked predecessor; `installed` is the
+    /// manifest an install validated (None: read the disk). [`begin`](Self::begin)
     /// gives the effects of its first start.
-    pub fn new(restarts: u32, crashes: u64) -> Lifecycle<S> {
+    pub fn new(
+        restarts: u32,
+        crashes: u64,
+        installed: Option<M>,
+        excluded: Vec<String>,
+    ) -> Lifecycle<S, M, C> {
         Lifecycle {
             phase: Phase::Starting { reauth: false },
             generation: 0,
@@ -274,16 +406,21 @@ impl<S> Lifecycle<S> {
             restarts,
             crashes,
             last_error: None,
+            manifest: None,
+            next_manifest: installed,
+            reread: false,
+            challenge: None,
+            queued: Vec::new(),
+            excluded,
+            lane: None,
         }
     }
 
     /// The first start: announce it and run it.
-    pub fn begin(&self) -> Vec<Effect<S>> {
+    pub fn begin(&mut self) -> Vec<Effect<S, M, C>> {
         vec![
             Effect::Publish(Note::new(EventKind::Starting, "starting")),
-            Effect::Spawn {
-                generation: self.generation,
-            },
+            self.spawn(),
         ]
     }
 
@@ -311,6 +448,18 @@ impl<S> Lifecycle<S> {
         self.last_error.as_deref()
     }
 
+    /// The manifest the bundle runs (None before its first start).
+    pub fn manifest(&self) -> Option<&M> {
+        self.manifest.as_ref()
+    }
+
+    /// Whether `[[exclude_tools]]` removes `tool` from this bundle: the
+    /// one decision, applied to the session's tool list when it comes up
+    /// and to every call.
+    pub fn excludes(&self, tool: &str) -> bool {
+        self.excluded.iter().any(|e| e == tool)
+    }
+
     /// The ready session, if any.
     pub fn session(&self) -> Option<&S> {
         match &self.phase {
@@ -327,146 +476,36 @@ impl<S> Lifecycle<S> {
         }
     }
 
-    /// Where a call goes now.
-    pub fn route(&self) -> Route<'_, S> {
-        match &self.phase {
-            Phase::Ready { session, .. } => Route::Send(session),
-            p if p.reauthing() => Route::Queue,
-            p => Route::Refuse {
-                state: p.state(),
-                last_error: self.last_error.clone(),
-            },
+    /// Moves the lifecycle by one input; returns what the actor must do.
+    /// The step ends with the lane's change, if the ready session changed.
+    pub fn step(&mut self, input: Input<S, M, C>, now: Instant, env: &Env) -> Vec<Effect<S, M, C>> {
+        let mut effects = self.transition(input, now, env);
+        let lane = self.session().map(|_| self.generation);
+        if lane != self.lane {
+            self.lane = lane;
+            effects.push(match lane {
+                Some(_) => Effect::OpenLane,
+                None => Effect::CloseLane,
+            });
         }
+        effects
     }
 
-    /// Moves the lifecycle by one input; returns what the actor must do.
-    pub fn step(&mut self, input: Input<S>, now: Instant, env: &Env) -> Vec<Effect<S>> {
-        let current = |g: u64| g == self.generation;
+    fn transition(
+        &mut self,
+        input: Input<S, M, C>,
+        now: Instant,
+        env: &Env,
+    ) -> Vec<Effect<S, M, C>> {
+        let now_generation = self.generation;
+        let current = |g: u64| g == now_generation;
         match input {
-            Input::Start { generation } if current(generation) => match self.phase {
-                Phase::Restarting { reauth } => {
-                    if !reauth {
-                        self.restarts += 1;
-                    }
-                    self.phase = Phase::Starting { reauth };
-                    vec![
-                        Effect::Publish(Note::new(EventKind::Starting, "starting")),
-                        Effect::Spawn { generation },
-                    ]
-                }
-                _ => Vec::new(),
-            },
-            Input::Started { generation, result } if !current(generation) => match result {
-                // A superseded start that came up anyway: not ours any more.
-                Ok((session, _)) => vec![Effect::Stop {
-                    session,
-                    then_start: None,
-                }],
-                Err(_) => Vec::new(),
-            },
-            Input::Started { result, .. } if !matches!(self.phase, Phase::Starting { .. }) => {
-                match result {
-                    Ok((session, _)) => vec![Effect::Stop {
-                        session,
-                        then_start: None,
-                    }],
-                    Err(_) => Vec::new(),
-                }
-            }
-            Input::Started {
-                result: Ok((session, reauthorized)),
-                ..
-            } => {
-                self.phase = Phase::Ready {
-                    session,
-                    since: now,
-                    kill: None,
-                };
-                self.last_error = None;
-                let mut effects = Vec::new();
-                if reauthorized {
-                    effects.push(Effect::Publish(Note::new(
-                        EventKind::Reauthorized,
-                        "new token obtained; session rebuilt",
-                    )));
-                }
-                effects.push(Effect::Publish(Note::new(EventKind::Ready, "ready")));
-                effects.push(Effect::FlushQueue);
-                effects
-            }
-            Input::Started {
-                result: Err(StartFailure { kind, reason }),
-                ..
-            } => {
-                let mut effects = vec![Effect::FailQueue(reason.clone())];
-                let down = match kind {
-                    FailKind::Config => Phase::Failed { reason },
-                    FailKind::NeedsConfig => Phase::NeedsConfig { reason },
-                    FailKind::NeedsAuth => Phase::NeedsAuth { reason },
-                    FailKind::Transient => {
-                        self.crashes += 1;
-                        effects.extend(self.after_stop(
-                            Stop::Failure(reason),
-                            None,
-                            None,
-                            now,
-                            env,
-                        ));
-                        return effects;
-                    }
-                };
-                effects.extend(self.settle(down));
-                effects
+            Input::Start { generation } if current(generation) => self.start_due(),
+            Input::Started { generation, result } => {
+                self.started(current(generation), result, now, env)
             }
             Input::Exited { generation, exit } if current(generation) => {
-                // Only a ready session has a watcher that reports its exit.
-                if !matches!(self.phase, Phase::Ready { .. }) {
-                    return Vec::new();
-                }
-                let Phase::Ready {
-                    session,
-                    since,
-                    kill,
-                } = std::mem::replace(&mut self.phase, Phase::Restarting { reauth: false })
-                else {
-                    return Vec::new();
-                };
-                let stop = match exit.violation.clone().or(kill) {
-                    Some(reason) => Stop::Failure(format!("{reason}; process {}", exit.text)),
-                    None if exit.status.code == Some(0) => {
-                        Stop::Clean("process exited cleanly (exit code 0)".into())
-                    }
-                    None if exit.pid.is_none() => {
-                        Stop::Failure("the remote session ended (connection closed)".into())
-                    }
-                    None => {
-                        Stop::Failure(match crate::bundle::process::telling_line(&exit.stderr) {
-                            Some(line) => format!("process exited ({}): {line}", exit.text),
-                            None => format!("process exited ({})", exit.text),
-                        })
-                    }
-                };
-                if matches!(stop, Stop::Failure(_)) {
-                    self.crashes += 1;
-                }
-                let mut exited = Note::new(
-                    EventKind::Exited,
-                    match exit.pid {
-                        Some(pid) => format!("process {pid} exited ({})", exit.text),
-                        None => "remote session ended".to_string(),
-                    },
-                );
-                exited.exit = Some(exit.status);
-                exited.stderr = exit.stderr;
-                let mut effects = vec![Effect::Release(session)];
-                effects.extend(self.after_stop(
-                    stop,
-                    Some(now.saturating_duration_since(since)),
-                    Some(exited),
-                    now,
-                    env,
-                ));
-                effects
+                self.exited(exit, now, env)
             }
             Input::Unresponsive { generation, reason } if current(generation) => {
                 match &mut self.phase {
@@ -477,84 +516,48 @@ impl<S> Lifecycle<S> {
                     _ => Vec::new(),
                 }
             }
-            Input::AuthExpired { generation } if current(generation) => {
-                // The first 401 of this session: one rebuild, however many
-                // calls were refused (they wait for it). Not a restart.
-                if !matches!(self.phase, Phase::Ready { .. }) {
-                    return Vec::new();
-                }
-                let Phase::Ready { session, .. } =
-                    std::mem::replace(&mut self.phase, Phase::Restarting { reauth: true })
-                else {
-                    return Vec::new();
-                };
-                self.generation += 1;
-                vec![
-                    Effect::Drain(session),
-                    Effect::Publish(Note::new(
-                        EventKind::Restarting,
-                        "the remote server answered 401 (authorization expired): getting a new token and rebuilding the session",
-                    )),
-                    Effect::Schedule {
-                        generation: self.generation,
-                        delay: Duration::ZERO,
-                    },
-                ]
-            }
-            Input::Respawn(why) => {
-                self.tracker.reset();
-                self.generation += 1;
+            Input::AuthExpired {
+                generation,
+                challenge,
+                call,
+            } => {
                 let mut effects = Vec::new();
-                if self.phase.reauthing() {
-                    effects.push(Effect::FailQueue(
-                        "the bundle is being restarted".to_string(),
-                    ));
+                if current(generation) {
+                    self.challenge = challenge;
+                    effects = self.auth_expired();
                 }
-                let old = std::mem::replace(&mut self.phase, Phase::Restarting { reauth: false });
-                let (kind, message) = why.event();
-                effects.push(Effect::Publish(Note::new(kind, message)));
-                let generation = self.generation;
-                match old {
-                    Phase::Ready { session, .. } => effects.push(Effect::Stop {
-                        session,
-                        then_start: Some(generation),
-                    }),
-                    Phase::Starting { .. } => {
-                        effects.push(Effect::AbortStart);
-                        effects.push(Effect::Schedule {
-                            generation,
-                            delay: Duration::ZERO,
-                        });
-                    }
-                    _ => effects.push(Effect::Schedule {
-                        generation,
-                        delay: Duration::ZERO,
-                    }),
+                // Retried once: on the rebuilt session (queued meanwhile),
+                // or on a later session that is already up.
+                if let Some(call) = call {
+                    effects.extend(self.route(call, false));
                 }
                 effects
             }
-            Input::Rejected(reason) => {
-                let message = match self.phase {
-                    Phase::Ready { .. } | Phase::Starting { .. } => format!(
-                        "manifest change rejected, the running version keeps running: {reason}"
-                    ),
-                    _ => format!("manifest change rejected: {reason}"),
-                };
-                self.last_error = Some(message.clone());
-                vec![Effect::Publish(Note::new(
-                    EventKind::ManifestRejected,
-                    message,
-                ))]
+            Input::Respawn(asked) => self.restart(Why::Asked(asked)),
+            Input::Upgrade(manifest) => {
+                if manifest.needs_environment() && matches!(self.phase, Phase::Ready { .. }) {
+                    // Built while the running version serves; the restart
+                    // comes once it is.
+                    return vec![Effect::Prepare(manifest)];
+                }
+                let mut effects = vec![Effect::AbortPrepare];
+                effects.extend(self.upgrade(manifest));
+                effects
             }
+            Input::Prepared(manifest) => self.upgrade(manifest),
+            Input::FilesChanged => self.restart(Why::FilesChanged),
+            Input::Rejected(reason) => self.rejected(reason),
+            Input::Call(call) => self.route(call, true),
             Input::Shutdown => {
                 self.generation += 1;
-                let mut effects = vec![Effect::FailQueue("the bundle is stopping".to_string())];
-                match std::mem::replace(
+                let old = std::mem::replace(
                     &mut self.phase,
                     Phase::Stopped {
                         reason: "stopped".into(),
                     },
-                ) {
+                );
+                let mut effects = self.refuse_queued("the bundle is stopping");
+                match old {
                     Phase::Ready { session, .. } => effects.push(Effect::Stop {
                         session,
                         then_start: None,
@@ -565,16 +568,311 @@ impl<S> Lifecycle<S> {
                 effects.push(Effect::Publish(Note::new(EventKind::Stopped, "stopped")));
                 effects
             }
-            // Stale: an earlier generation's start, exit, liveness report or 401.
-            Input::Start { .. }
-            | Input::Exited { .. }
-            | Input::Unresponsive { .. }
-            | Input::AuthExpired { .. } => Vec::new(),
+            // Stale: an earlier generation's start, exit or liveness report.
+            Input::Start { .. } | Input::Exited { .. } | Input::Unresponsive { .. } => Vec::new(),
         }
     }
 
+    /// The start task of the current generation, with the manifest it must
+    /// use: an install's or an upgrade's; the disk's (the running one as
+    /// fallback) after an operator restart, a change of a failed bundle's
+    /// files, or when none runs yet; else the running one.
+    fn spawn(&mut self) -> Effect<S, M, C> {
+        let manifest = match (self.next_manifest.take(), &self.manifest) {
+            (Some(m), _) => Wanted::Exactly(m),
+            (None, Some(running)) if !self.reread => Wanted::Exactly(running.clone()),
+            (None, last_good) => Wanted::FromDisk {
+                last_good: last_good.clone(),
+            },
+        };
+        self.reread = false;
+        Effect::Spawn {
+            generation: self.generation,
+            manifest,
+            challenge: self.challenge.take(),
+        }
+    }
+
+    /// A scheduled start is due.
+    fn start_due(&mut self) -> Vec<Effect<S, M, C>> {
+        let Phase::Restarting { reauth } = self.phase else {
+            return Vec::new();
+        };
+        if !reauth {
+            self.restarts += 1;
+        }
+        self.phase = Phase::Starting { reauth };
+        vec![
+            Effect::Publish(Note::new(EventKind::Starting, "starting")),
+            self.spawn(),
+        ]
+    }
+
+    fn started(
+        &mut self,
+        current: bool,
+        result: Result<Up<S, M>, StartFailure>,
+        now: Instant,
+        env: &Env,
+    ) -> Vec<Effect<S, M, C>> {
+        if !current || !matches!(self.phase, Phase::Starting { .. }) {
+            // A superseded start that came up anyway: not ours any more.
+            return match result {
+                Ok(up) => vec![Effect::Stop {
+                    session: up.session,
+                    then_start: None,
+                }],
+                Err(_) => Vec::new(),
+            };
+        }
+        let Up {
+            session,
+            manifest,
+            reauthorized,
+            rejected,
+        } = match result {
+            Ok(up) => up,
+            Err(failure) => return self.start_failed(failure, now, env),
+        };
+        self.phase = Phase::Ready {
+            session,
+            since: now,
+            kill: None,
+        };
+        self.manifest = Some(manifest);
+        self.last_error = None;
+        let mut effects = vec![Effect::Watch];
+        if reauthorized {
+            effects.push(Effect::Publish(Note::new(
+                EventKind::Reauthorized,
+                "new token obtained; session rebuilt",
+            )));
+        }
+        effects.push(Effect::Publish(Note::new(EventKind::Ready, "ready")));
+        for (call, retry) in std::mem::take(&mut self.queued) {
+            effects.extend(self.route(call, retry));
+        }
+        if let Some(why) = rejected {
+            effects.extend(self.rejected(why));
+        }
+        effects
+    }
+
+    fn start_failed(
+        &mut self,
+        StartFailure { kind, reason }: StartFailure,
+        now: Instant,
+        env: &Env,
+    ) -> Vec<Effect<S, M, C>> {
+        let down = match kind {
+            FailKind::Config => Phase::Failed {
+                reason: reason.clone(),
+            },
+            FailKind::NeedsConfig => Phase::NeedsConfig {
+                reason: reason.clone(),
+            },
+            FailKind::NeedsAuth => Phase::NeedsAuth {
+                reason: reason.clone(),
+            },
+            FailKind::Transient => {
+                self.crashes += 1;
+                let decided = self.after_stop(Stop::Failure(reason.clone()), None, None, now, env);
+                let mut effects = self.refuse_queued(&reason);
+                effects.extend(decided);
+                return effects;
+            }
+        };
+        let settled = self.settle(down);
+        let mut effects = self.refuse_queued(&reason);
+        effects.extend(settled);
+        effects
+    }
+
+    fn exited(&mut self, exit: Exit, now: Instant, env: &Env) -> Vec<Effect<S, M, C>> {
+        // Only a ready session has a watcher that reports its exit.
+        if !matches!(self.phase, Phase::Ready { .. }) {
+            return Vec::new();
+        }
+        let Phase::Ready {
+            session,
+            since,
+            kill,
+        } = std::mem::replace(&mut self.phase, Phase::Restarting { reauth: false })
+        else {
+            return Vec::new();
+        };
+        let stop = match exit.violation.clone().or(kill) {
+            Some(reason) => Stop::Failure(format!("{reason}; process {}", exit.text)),
+            None if exit.status.code == Some(0) => {
+                Stop::Clean("process exited cleanly (exit code 0)".into())
+            }
+            None if exit.pid.is_none() => {
+                Stop::Failure("the remote session ended (connection closed)".into())
+            }
+            None => Stop::Failure(match &exit.telling {
+                Some(line) => format!("process exited ({}): {line}", exit.text),
+                None => format!("process exited ({})", exit.text),
+            }),
+        };
+        if matches!(stop, Stop::Failure(_)) {
+            self.crashes += 1;
+        }
+        let mut exited = Note::new(
+            EventKind::Exited,
+            match exit.pid {
+                Some(pid) => format!("process {pid} exited ({})", exit.text),
+                None => "remote session ended".to_string(),
+            },
+        );
+        exited.exit = Some(exit.status);
+        exited.stderr = exit.stderr;
+        let mut effects = vec![Effect::Release(session)];
+        effects.extend(self.after_stop(
+            stop,
+            Some(now.saturating_duration_since(since)),
+            Some(exited),
+            now,
+            env,
+        ));
+        effects
+    }
+
+    /// The first 401 of the ready session: one rebuild, however many calls
+    /// were refused (they wait for it). Not a restart.
+    fn auth_expired(&mut self) -> Vec<Effect<S, M, C>> {
+        if !matches!(self.phase, Phase::Ready { .. }) {
+            return Vec::new();
+        }
+        let Phase::Ready { session, .. } =
+            std::mem::replace(&mut self.phase, Phase::Restarting { reauth: true })
+        else {
+            return Vec::new();
+        };
+        self.generation += 1;
+        vec![
+            Effect::Drain(session),
+            Effect::Publish(Note::new(
+                EventKind::Restarting,
+                "the remote server answered 401 (authorization expired): getting a new token and rebuilding the session",
+            )),
+            Effect::Schedule {
+                generation: self.generation,
+                delay: Duration::ZERO,
+            },
+        ]
+    }
+
+    /// Restarts with the validated new manifest.
+    fn upgrade(&mut self, manifest: M) -> Vec<Effect<S, M, C>> {
+        let version = manifest.version().to_string();
+        self.next_manifest = Some(manifest);
+        self.restart(Why::Upgrade { version })
+    }
+
+    /// Stops whatever runs and starts again at once; clears the breaker.
+    fn restart(&mut self, why: Why) -> Vec<Effect<S, M, C>> {
+        self.tracker.reset();
+        self.generation += 1;
+        if why.rereads() {
+            self.reread = true;
+        }
+        let reauthing = self.phase.reauthing();
+        let old = std::mem::replace(&mut self.phase, Phase::Restarting { reauth: false });
+        let mut effects = Vec::new();
+        if reauthing {
+            effects.extend(self.refuse_queued("the bundle is being restarted"));
+        }
+        let (kind, message) = why.event();
+        effects.push(Effect::Publish(Note::new(kind, message)));
+        let generation = self.generation;
+        match old {
+            Phase::Ready { session, .. } => effects.push(Effect::Stop {
+                session,
+                then_start: Some(generation),
+            }),
+            Phase::Starting { .. } => {
+                effects.push(Effect::AbortStart);
+                effects.push(Effect::Schedule {
+                    generation,
+                    delay: Duration::ZERO,
+                });
+            }
+            _ => effects.push(Effect::Schedule {
+                generation,
+                delay: Duration::ZERO,
+            }),
+        }
+        effects
+    }
+
+    fn rejected(&mut self, reason: String) -> Vec<Effect<S, M, C>> {
+        let message = match self.phase {
+            Phase::Ready { .. } | Phase::Starting { .. } => {
+                format!("manifest change rejected, the running version keeps running: {reason}")
+            }
+            _ => format!("manifest change rejected: {reason}"),
+        };
+        self.last_error = Some(message.clone());
+        vec![Effect::Publish(Note::new(
+            EventKind::ManifestRejected,
+            message,
+        ))]
+    }
+
+    /// Where a call goes: an excluded or unknown tool is refused in any
+    /// state; the ready session runs it unless its transport just closed;
+    /// a 401 rebuild queues it; any other state refuses it.
+    fn route(&mut self, call: C, retry: bool) -> Vec<Effect<S, M, C>> {
+        let route = match (&self.phase, call.tool()) {
+            (_, Some(tool)) if self.excludes(tool) => Route::Refuse(Refusal::NoSuchTool),
+            (Phase::Ready { session, .. }, tool) => {
+                if tool.is_some_and(|t| !session.serves(t)) {
+                    Route::Refuse(Refusal::NoSuchTool)
+                } else if session.closed() {
+                    // Its exit is on the way: the call was never sent, and
+                    // the bundle is about to restart (a caller may wait).
+                    Route::Refuse(Refusal::NotReady {
+                        state: BundleState::Restarting,
+                        last_error: Some("the bundle's session just ended".into()),
+                    })
+                } else {
+                    Route::Send
+                }
+            }
+            (p, _) if p.reauthing() => Route::Queue,
+            (p, _) => Route::Refuse(Refusal::NotReady {
+                state: p.state(),
+                last_error: self.last_error.clone(),
+            }),
+        };
+        match route {
+            Route::Send => vec![Effect::Send { call, retry }],
+            Route::Queue => {
+                self.queued.push((call, retry));
+                Vec::new()
+            }
+            Route::Refuse(refusal) => vec![Effect::Refuse { call, refusal }],
+        }
+    }
+
+    /// Refuses the calls that waited for a rebuild that will not come,
+    /// with the state the step leads to (called once the phase moved).
+    fn refuse_queued(&mut self, reason: &str) -> Vec<Effect<S, M, C>> {
+        let state = self.phase.state();
+        std::mem::take(&mut self.queued)
+            .into_iter()
+            .map(|(call, _)| Effect::Refuse {
+                call,
+                refusal: Refusal::NotReady {
+                    state,
+                    last_error: Some(reason.to_string()),
+                },
+            })
+            .collect()
+    }
+
     /// Down until the operator acts.
-    fn settle(&mut self, down: Phase<S>) -> Vec<Effect<S>> {
+    fn settle(&mut self, down: Phase<S>) -> Vec<Effect<S, M, C>> {
         let (kind, reason) = match &down {
             Phase::Failed { reason } => (EventKind::Failed, reason.clone()),
             Phase::NeedsConfig { reason } => (EventKind::NeedsConfig, reason.clone()),
@@ -598,8 +896,8 @@ impl<S> Lifecycle<S> {
         before: Option<Note>,
         now: Instant,
         env: &Env,
-    ) -> Vec<Effect<S>> {
-        let mut effects: Vec<Effect<S>> = before.map(Effect::Publish).into_iter().collect();
+    ) -> Vec<Effect<S, M, C>> {
+        let mut effects: Vec<Effect<S, M, C>> = before.map(Effect::Publish).into_iter().collect();
         let decision = self.tracker.decide(
             env.supervision,
             env.policy,
@@ -726,22 +1024,69 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// A session is its name; it serves every tool but `missing`, and the
+    /// one named `closed` has a transport that just closed.
+    impl Session for &'static str {
+        fn serves(&self, tool: &str) -> bool {
+            tool != "missing"
+        }
+        fn closed(&self) -> bool {
+            *self == "closed"
+        }
+    }
+
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    struct Man {
+        version: &'static str,
+        /// Needs an environment built before it starts.
+        uv: bool,
+    }
+
+    impl Manifest for Man {
+        fn version(&self) -> &str {
+            self.version
+        }
+        fn needs_environment(&self) -> bool {
+            self.uv
+        }
+    }
+
+    fn v(version: &'static str) -> Man {
+        Man { version, uv: false }
+    }
+
+    /// A call of the tool it names; `Req("")` is a passed-through request.
+    #[derive(Debug, PartialEq, Eq)]
+    struct Req(&'static str);
+
+    impl Call for Req {
+        fn tool(&self) -> Option<&str> {
+            (!self.0.is_empty()).then_some(self.0)
+        }
+    }
+
+    type Effects = Vec<Effect<&'static str, Man, Req>>;
+
     struct World {
         sup: Supervision,
         policy: RestartPolicy,
-        lc: Lifecycle<&'static str>,
+        lc: Lifecycle<&'static str, Man, Req>,
     }
 
     impl World {
+        /// A bundle installed with version 1.0.0, whose `hidden` tool is excluded.
+        /// Its first start is under way.
         fn new() -> World {
+            let mut lc = Lifecycle::new(0, 0, Some(v("1.0.0")), vec!["hidden".into()]);
+            lc.begin();
             World {
                 sup: super::super::policy::test_supervision(),
                 policy: RestartPolicy::Always,
-                lc: Lifecycle::new(0, 0),
+                lc,
             }
         }
 
-        fn step(&mut self, input: Input<&'static str>) -> Vec<Effect<&'static str>> {
+        fn step(&mut self, input: Input<&'static str, Man, Req>) -> Effects {
             let env = Env {
                 supervision: &self.sup,
                 policy: self.policy,
@@ -754,16 +1099,25 @@ mod tests {
             self.lc.generation()
         }
 
-        fn up(&mut self, session: &'static str) {
+        fn started(&mut self, session: &'static str, manifest: Man) -> Effects {
             let g = self.g();
             self.step(Input::Started {
                 generation: g,
-                result: Ok((session, false)),
-            });
+                result: Ok(Up {
+                    session,
+                    manifest,
+                    reauthorized: false,
+                    rejected: None,
+                }),
+            })
+        }
+
+        fn up(&mut self, session: &'static str) {
+            self.started(session, v("1.0.0"));
             assert_eq!(self.lc.state(), BundleState::Ready);
         }
 
-        fn exit(&mut self, code: i32) -> Vec<Effect<&'static str>> {
+        fn exit(&mut self, code: i32) -> Effects {
             let g = self.g();
             self.step(Input::Exited {
                 generation: g,
@@ -771,12 +1125,48 @@ mod tests {
             })
         }
 
-        /// Runs the start the last step scheduled.
-        fn due(&mut self) {
+        /// Runs the start the last step scheduled; returns the manifest
+        /// and challenge it is given.
+        fn due(&mut self) -> (Wanted<Man>, Option<String>) {
             let g = self.g();
-            self.step(Input::Start { generation: g });
+            let effects = self.step(Input::Start { generation: g });
             assert_eq!(self.lc.state(), BundleState::Starting);
+            spawned(effects)
         }
+    }
+
+    fn spawned(effects: Effects) -> (Wanted<Man>, Option<String>) {
+        effects
+            .into_iter()
+            .find_map(|e| match e {
+                Effect::Spawn {
+                    manifest,
+                    challenge,
+                    ..
+                } => Some((manifest, challenge)),
+                _ => None,
+            })
+            .expect("a start is spawned")
+    }
+
+    fn refusals(effects: &Effects) -> Vec<(&'static str, Refusal)> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Refuse { call, refusal } => Some((call.0, refusal.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn sent(effects: &Effects) -> Vec<(&'static str, bool)> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Send { call, retry } => Some((call.0, *retry)),
+                _ => None,
+            })
+            .collect()
     }
 
     fn exit(code: i32) -> Exit {
@@ -789,11 +1179,12 @@ mod tests {
             text: format!("exit code {code}"),
             pid: Some(42),
             violation: None,
-            stderr: vec!["last words".into()],
+            stderr: vec!["at main.js:1".into(), "last words".into()],
+            telling: Some("last words".into()),
         }
     }
 
-    fn notes<S>(effects: &[Effect<S>]) -> Vec<(EventKind, String)> {
+    fn notes(effects: &Effects) -> Vec<(EventKind, String)> {
         effects
             .iter()
             .filter_map(|e| match e {
@@ -850,7 +1241,7 @@ mod tests {
             reason: "liveness check failed: 2 pings in a row".into(),
         });
         assert!(matches!(effects[..], [Effect::Kill]));
-        w.step(Input::Respawn(Why::Operator));
+        w.step(Input::Respawn(Respawn::Operator));
         w.due();
         w.up("s2");
         // The old session's exit is stale.
@@ -915,7 +1306,7 @@ mod tests {
             .starts_with("crash loop: 3 restarts within 30s"));
         assert_eq!((w.lc.restarts(), w.lc.crashes()), (3, 4));
         // An operator restart clears the breaker and counts as a restart.
-        w.step(Input::Respawn(Why::Operator));
+        w.step(Input::Respawn(Respawn::Operator));
         w.due();
         assert_eq!(w.lc.restarts(), 4);
     }
@@ -935,7 +1326,7 @@ mod tests {
             (FailKind::NeedsConfig, BundleState::NeedsConfig),
             (FailKind::NeedsAuth, BundleState::NeedsAuth),
         ] {
-            w.step(Input::Respawn(Why::Operator));
+            w.step(Input::Respawn(Respawn::Operator));
             w.due();
             let g = w.g();
             let effects = w.step(Input::Started {
@@ -943,7 +1334,7 @@ mod tests {
                 result: Err(failure(kind)),
             });
             assert_eq!(w.lc.state(), state);
-            assert!(matches!(effects[0], Effect::FailQueue(_)));
+            assert!(refusals(&effects).is_empty(), "no call waited");
             assert_eq!(w.lc.crashes(), 1, "not a crash: {kind:?}");
             assert_eq!(w.lc.last_error(), Some("why"));
         }
@@ -965,24 +1356,43 @@ mod tests {
         let mut w = World::new();
         w.up("s1");
         let g = w.g();
-        let effects = w.step(Input::AuthExpired { generation: g });
+        let expired = |call| Input::AuthExpired {
+            generation: g,
+            challenge: None,
+            call,
+        };
+        // The call that got the 401 waits for the rebuilt session, and
+        // is not retried a second time.
+        let effects = w.step(expired(Some(Req("add"))));
         assert!(matches!(effects[0], Effect::Drain("s1")));
-        assert!(matches!(w.lc.route(), Route::Queue));
-        // Further 401s of the old session change nothing.
-        assert!(w.step(Input::AuthExpired { generation: g }).is_empty());
+        assert!(sent(&effects).is_empty());
+        // Further 401s of the old session rebuild nothing; their calls wait too.
+        let effects = w.step(expired(Some(Req("echo"))));
+        assert!(effects.is_empty(), "{effects:?}");
         w.due();
-        assert!(matches!(w.lc.route(), Route::Queue));
+        assert!(
+            w.step(Input::Call(Req("sum"))).is_empty(),
+            "a new call waits as well"
+        );
         let g = w.g();
         let effects = w.step(Input::Started {
             generation: g,
-            result: Ok(("s2", true)),
+            result: Ok(Up {
+                session: "s2",
+                manifest: v("1.0.0"),
+                reauthorized: true,
+                rejected: None,
+            }),
         });
         assert_eq!(
             notes(&effects).iter().map(|n| n.0).collect::<Vec<_>>(),
             vec![EventKind::Reauthorized, EventKind::Ready]
         );
-        assert!(matches!(effects.last(), Some(Effect::FlushQueue)));
-        assert!(matches!(w.lc.route(), Route::Send(&"s2")));
+        assert_eq!(
+            sent(&effects),
+            vec![("add", false), ("echo", false), ("sum", true)]
+        );
+        assert_eq!(w.lc.session(), Some(&"s2"));
         assert_eq!(w.lc.restarts(), 0);
     }
 
@@ -990,12 +1400,11 @@ mod tests {
     async fn a_superseded_start_is_stopped_when_it_comes_up() {
         let mut w = World::new();
         let first = w.g();
-        let effects = w.step(Input::Respawn(Why::Upgrade {
-            version: "2.0.0".into(),
-        }));
+        let effects = w.step(Input::Upgrade(v("2.0.0")));
         assert!(matches!(
             effects[..],
             [
+                Effect::AbortPrepare,
                 Effect::Publish(_),
                 Effect::AbortStart,
                 Effect::Schedule { .. }
@@ -1007,7 +1416,12 @@ mod tests {
         );
         let effects = w.step(Input::Started {
             generation: first,
-            result: Ok(("old", false)),
+            result: Ok(Up {
+                session: "old",
+                manifest: v("1.0.0"),
+                reauthorized: false,
+                rejected: None,
+            }),
         });
         assert!(matches!(
             effects[..],
@@ -1036,18 +1450,317 @@ mod tests {
         let mut w = World::new();
         w.up("s");
         let effects = w.step(Input::Shutdown);
-        assert!(matches!(effects[0], Effect::FailQueue(_)));
         assert!(matches!(
-            effects[1],
+            effects[0],
             Effect::Stop {
                 session: "s",
                 then_start: None
             }
         ));
+        assert!(matches!(effects.last(), Some(Effect::CloseLane)));
         assert_eq!(w.lc.state(), BundleState::Stopped);
         // Nothing that was under way can bring it back.
         let g = w.g();
         assert!(w.step(Input::Start { generation: g }).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_start_uses_the_installed_manifest_then_the_running_one() {
+        let mut lc: Lifecycle<&'static str, Man, Req> =
+            Lifecycle::new(0, 0, Some(v("1.0.0")), Vec::new());
+        assert_eq!(spawned(lc.begin()), (Wanted::Exactly(v("1.0.0")), None));
+        let mut w = World::new();
+        w.up("s1");
+        assert_eq!(w.lc.manifest(), Some(&v("1.0.0")));
+        tokio::time::advance(Duration::from_secs(11)).await;
+        w.exit(1);
+        // A crash restart runs what ran, without reading the disk.
+        assert_eq!(w.due(), (Wanted::Exactly(v("1.0.0")), None));
+        // So do `configure` and `auth`.
+        w.up("s2");
+        w.step(Input::Respawn(Respawn::Reconfigured));
+        assert_eq!(w.due().0, Wanted::Exactly(v("1.0.0")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_start_without_an_install_reads_the_disk() {
+        let mut lc: Lifecycle<&'static str, Man, Req> = Lifecycle::new(2, 1, None, Vec::new());
+        assert_eq!(
+            spawned(lc.begin()),
+            (Wanted::FromDisk { last_good: None }, None)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_operator_restart_reads_the_disk_with_the_running_manifest_as_fallback() {
+        let mut w = World::new();
+        w.up("s1");
+        w.step(Input::Respawn(Respawn::Operator));
+        assert_eq!(
+            w.due().0,
+            Wanted::FromDisk {
+                last_good: Some(v("1.0.0"))
+            }
+        );
+        // Only that start: the next crash restart runs what the disk gave.
+        w.up("s2");
+        tokio::time::advance(Duration::from_secs(11)).await;
+        w.exit(1);
+        assert_eq!(w.due().0, Wanted::Exactly(v("1.0.0")));
+        // A failed watched bundle whose files changed reads the disk too.
+        w.step(Input::FilesChanged);
+        assert!(matches!(w.due().0, Wanted::FromDisk { .. }));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_upgrade_restarts_with_its_manifest_which_then_runs() {
+        let mut w = World::new();
+        w.up("s1");
+        let effects = w.step(Input::Upgrade(v("2.0.0")));
+        assert_eq!(
+            notes(&effects),
+            vec![(
+                EventKind::Upgrading,
+                "manifest changed (version 2.0.0): restarting with it".into()
+            )]
+        );
+        assert!(effects.iter().any(|e| matches!(
+            e,
+            Effect::Stop {
+                session: "s1",
+                then_start: Some(_)
+            }
+        )));
+        assert_eq!(w.due().0, Wanted::Exactly(v("2.0.0")));
+        w.started("s2", v("2.0.0"));
+        assert_eq!(w.lc.manifest(), Some(&v("2.0.0")));
+        assert_eq!(w.lc.restarts(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_upgrade_that_needs_an_environment_is_built_while_the_running_version_serves() {
+        let mut w = World::new();
+        w.up("s1");
+        let uv = Man {
+            version: "2.0.0",
+            uv: true,
+        };
+        let effects = w.step(Input::Upgrade(uv.clone()));
+        assert!(matches!(&effects[..], [Effect::Prepare(m)] if *m == uv));
+        assert_eq!(w.lc.session(), Some(&"s1"), "still serving");
+        // Built: now the restart, with it.
+        let effects = w.step(Input::Prepared(uv.clone()));
+        assert_eq!(notes(&effects)[0].0, EventKind::Upgrading);
+        assert_eq!(w.due().0, Wanted::Exactly(uv.clone()));
+        // A bundle that is not serving has nothing to keep running: its
+        // start builds the environment.
+        let effects = w.step(Input::Upgrade(Man {
+            version: "3.0.0",
+            uv: true,
+        }));
+        assert!(matches!(effects[0], Effect::AbortPrepare));
+        assert_eq!(notes(&effects)[0].0, EventKind::Upgrading);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_challenge_of_a_401_goes_to_the_next_start_only() {
+        let mut w = World::new();
+        w.up("s1");
+        let g = w.g();
+        w.step(Input::AuthExpired {
+            generation: g,
+            challenge: Some("Bearer error=\"insufficient_scope\"".into()),
+            call: None,
+        });
+        assert_eq!(
+            w.due(),
+            (
+                Wanted::Exactly(v("1.0.0")),
+                Some("Bearer error=\"insufficient_scope\"".into())
+            )
+        );
+        w.started("s2", v("1.0.0"));
+        w.step(Input::Respawn(Respawn::Authorized));
+        assert_eq!(w.due().1, None);
+        // A stale session's 401 leaves no challenge behind.
+        w.up("s3");
+        w.step(Input::AuthExpired {
+            generation: g,
+            challenge: Some("stale".into()),
+            call: None,
+        });
+        assert_eq!(w.lc.session(), Some(&"s3"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_excluded_tool_is_refused_in_every_state_and_an_unknown_one_when_ready() {
+        let mut w = World::new();
+        let effects = w.step(Input::Call(Req("hidden")));
+        assert_eq!(refusals(&effects), vec![("hidden", Refusal::NoSuchTool)]);
+        assert!(w.lc.excludes("hidden") && !w.lc.excludes("add"));
+        // Any other call is told the bundle is starting.
+        let effects = w.step(Input::Call(Req("missing")));
+        assert!(matches!(
+            &refusals(&effects)[..],
+            [(
+                "missing",
+                Refusal::NotReady {
+                    state: BundleState::Starting,
+                    ..
+                }
+            )]
+        ));
+        w.up("s1");
+        for tool in ["hidden", "missing"] {
+            let effects = w.step(Input::Call(Req(tool)));
+            assert_eq!(refusals(&effects), vec![(tool, Refusal::NoSuchTool)]);
+        }
+        let effects = w.step(Input::Call(Req("add")));
+        assert_eq!(sent(&effects), vec![("add", true)]);
+        // A passed-through request names no tool: it runs.
+        let effects = w.step(Input::Call(Req("")));
+        assert_eq!(sent(&effects), vec![("", true)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_on_a_session_whose_transport_closed_is_told_the_bundle_restarts() {
+        let mut w = World::new();
+        w.up("closed");
+        let effects = w.step(Input::Call(Req("add")));
+        assert_eq!(
+            refusals(&effects),
+            vec![(
+                "add",
+                Refusal::NotReady {
+                    state: BundleState::Restarting,
+                    last_error: Some("the bundle's session just ended".into())
+                }
+            )]
+        );
+        assert_eq!(w.lc.state(), BundleState::Ready, "its exit decides");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_waiting_for_a_rebuild_are_refused_with_the_state_it_ended_in() {
+        let mut w = World::new();
+        w.up("s1");
+        let g = w.g();
+        w.step(Input::AuthExpired {
+            generation: g,
+            challenge: None,
+            call: Some(Req("add")),
+        });
+        w.due();
+        let g = w.g();
+        let effects = w.step(Input::Started {
+            generation: g,
+            result: Err(failure(FailKind::NeedsAuth)),
+        });
+        assert_eq!(
+            refusals(&effects),
+            vec![(
+                "add",
+                Refusal::NotReady {
+                    state: BundleState::NeedsAuth,
+                    last_error: Some("why".into())
+                }
+            )]
+        );
+        // And on shutdown, as stopping.
+        w.step(Input::Respawn(Respawn::Authorized));
+        w.due();
+        w.up("s2");
+        let g = w.g();
+        w.step(Input::AuthExpired {
+            generation: g,
+            challenge: None,
+            call: Some(Req("echo")),
+        });
+        let effects = w.step(Input::Shutdown);
+        assert_eq!(
+            refusals(&effects),
+            vec![(
+                "echo",
+                Refusal::NotReady {
+                    state: BundleState::Stopped,
+                    last_error: Some("the bundle is stopping".into())
+                }
+            )]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_lane_opens_with_a_ready_session_and_closes_when_it_goes() {
+        let mut w = World::new();
+        let effects = w.started("s1", v("1.0.0"));
+        assert!(matches!(effects[0], Effect::Watch));
+        assert!(matches!(effects.last(), Some(Effect::OpenLane)));
+        // Nothing changes for the lane while the same session serves.
+        let effects = w.step(Input::Call(Req("add")));
+        assert!(!effects
+            .iter()
+            .any(|e| matches!(e, Effect::OpenLane | Effect::CloseLane)));
+        let g = w.g();
+        let effects = w.step(Input::AuthExpired {
+            generation: g,
+            challenge: None,
+            call: None,
+        });
+        assert!(matches!(effects.last(), Some(Effect::CloseLane)));
+        w.due();
+        let effects = w.started("s2", v("1.0.0"));
+        assert!(matches!(effects.last(), Some(Effect::OpenLane)));
+        tokio::time::advance(Duration::from_secs(11)).await;
+        let effects = w.exit(1);
+        assert!(matches!(effects.last(), Some(Effect::CloseLane)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_disk_manifest_shows_while_the_last_good_one_runs() {
+        let mut w = World::new();
+        w.up("s1");
+        w.step(Input::Respawn(Respawn::Operator));
+        w.due();
+        let g = w.g();
+        let effects = w.step(Input::Started {
+            generation: g,
+            result: Ok(Up {
+                session: "s2",
+                manifest: v("1.0.0"),
+                reauthorized: false,
+                rejected: Some("half-written".into()),
+            }),
+        });
+        assert_eq!(
+            notes(&effects).iter().map(|n| n.0).collect::<Vec<_>>(),
+            vec![EventKind::Ready, EventKind::ManifestRejected]
+        );
+        assert_eq!(w.lc.state(), BundleState::Ready);
+        assert_eq!(
+            w.lc.last_error(),
+            Some("manifest change rejected, the running version keeps running: half-written")
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_crash_is_explained_by_its_telling_stderr_line_or_its_exit_alone() {
+        let mut w = World::new();
+        w.up("s1");
+        tokio::time::advance(Duration::from_secs(11)).await;
+        let g = w.g();
+        let effects = w.step(Input::Exited {
+            generation: g,
+            exit: Exit {
+                telling: None,
+                ..exit(2)
+            },
+        });
+        assert_eq!(w.lc.last_error(), Some("process exited (exit code 2)"));
+        // The event carries the stderr lines as they were.
+        assert!(effects.iter().any(|e| matches!(
+            e,
+            Effect::Publish(n) if n.kind == EventKind::Exited && n.stderr.len() == 2
+        )));
     }
 
     /// The predicates the control server and the gateway use agree with

@@ -4,12 +4,10 @@
 //! once idle), under a timeout, cancellable, with progress forwarded, and a
 //! 401 sent back to the actor for one retry on the rebuilt session.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{ActorRef, RpcReplyPort};
-use rmcp::handler::client::progress::{ProgressDispatcher, ProgressSubscriber};
+use rmcp::handler::client::progress::ProgressSubscriber;
 use rmcp::model::{
     CallToolRequestParams, CancelledNotificationParam, ClientRequest, ProgressNotificationParam,
     RequestId, ServerResult,
@@ -20,8 +18,9 @@ use serde_json::{Map, Value};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+use super::session::Lane;
 use super::BundleMsg;
-use crate::bundle::client::{Caller, Callers, Subscribers};
+use crate::bundle::client::Caller;
 use crate::protocol::BundleState;
 
 /// Why a request could not be answered by the bundle.
@@ -111,124 +110,6 @@ impl Drop for AbandonGuard {
     }
 }
 
-/// Counts the requests in flight on one session, so a session being
-/// replaced can be closed once they are done.
-#[derive(Clone, Default)]
-pub struct InFlight(Arc<(AtomicUsize, tokio::sync::Notify)>);
-
-pub struct InFlightGuard(InFlight);
-
-impl InFlight {
-    pub fn enter(&self) -> InFlightGuard {
-        self.0 .0.fetch_add(1, Ordering::SeqCst);
-        InFlightGuard(self.clone())
-    }
-
-    pub async fn idle(&self) {
-        loop {
-            let notified = self.0 .1.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.0 .0.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
-
-impl Drop for InFlightGuard {
-    fn drop(&mut self) {
-        let InFlight(inner) = &self.0;
-        if inner.0.fetch_sub(1, Ordering::SeqCst) == 1 {
-            inner.1.notify_waiters();
-        }
-    }
-}
-
-/// What a request needs of the session it runs on.
-pub struct Lane {
-    pub peer: Peer<RoleClient>,
-    pub in_flight: InFlightGuard,
-    pub progress: ProgressDispatcher,
-    pub callers: Callers,
-    pub subscribers: Subscribers,
-    /// The session's generation (a 401 names it).
-    pub generation: u64,
-    pub timeout: Duration,
-}
-
-/// The ready session of each bundle, as its actor last published it: a
-/// tool call reads it and runs on the session in its own task, without a
-/// round trip through the actor (whose mailbox and task are two thread
-/// wake-ups a call; docs/performance.md). Only a session the actor would
-/// send to is here; anything else (starting, restarting, a 401 rebuild, a
-/// tool the bundle lacks, a transport just closed) takes the actor's path.
-#[derive(Default)]
-pub struct Lanes(std::sync::RwLock<LaneMap>);
-
-/// workspace → bundle → its ready session (looked up by `&str`, no key
-/// is built per call).
-type LaneMap = std::collections::HashMap<String, std::collections::HashMap<String, LaneSource>>;
-
-/// What a call needs of a ready session, to make its [`Lane`].
-#[derive(Clone)]
-pub struct LaneSource {
-    pub peer: Peer<RoleClient>,
-    pub in_flight: InFlight,
-    pub progress: ProgressDispatcher,
-    pub callers: Callers,
-    pub subscribers: Subscribers,
-    pub generation: u64,
-    pub timeout: Duration,
-    /// The names of the session's tools.
-    pub tools: Arc<[String]>,
-}
-
-impl LaneSource {
-    /// A lane for a call of `tool`, if this session serves it now.
-    pub fn lane_for(&self, tool: &str) -> Option<Lane> {
-        if self.peer.is_transport_closed() || !self.tools.iter().any(|t| t == tool) {
-            return None;
-        }
-        Some(Lane {
-            peer: self.peer.clone(),
-            in_flight: self.in_flight.enter(),
-            progress: self.progress.clone(),
-            callers: self.callers.clone(),
-            subscribers: self.subscribers.clone(),
-            generation: self.generation,
-            timeout: self.timeout,
-        })
-    }
-}
-
-impl Lanes {
-    pub fn publish(&self, workspace: &str, name: &str, source: Option<LaneSource>) {
-        let mut map = self.0.write().unwrap_or_else(|e| e.into_inner());
-        match source {
-            Some(source) => {
-                map.entry(workspace.to_string())
-                    .or_default()
-                    .insert(name.to_string(), source);
-            }
-            None => {
-                if let Some(bundles) = map.get_mut(workspace) {
-                    bundles.remove(name);
-                    if bundles.is_empty() {
-                        map.remove(workspace);
-                    }
-                }
-            }
-        }
-    }
-
-    pub fn get(&self, workspace: &str, name: &str) -> Option<LaneSource> {
-        let map = self.0.read().unwrap_or_else(|e| e.into_inner());
-        map.get(workspace)?.get(name).cloned()
-    }
-}
-
 /// Runs `call` on the session in a task. A 401 from a remote server sends
 /// the call back to the actor to be retried once (`retry`) on the rebuilt
 /// session.
@@ -239,18 +120,13 @@ pub fn spawn(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bundle
 /// Runs `call` on the session, in the caller's task (see [`spawn`]).
 pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<BundleMsg>) {
     {
-        let Lane {
-            peer,
-            in_flight,
-            progress: dispatcher,
-            callers,
-            subscribers,
-            generation,
-            timeout,
-        } = lane;
+        // Borrowed from a clone: the lane itself is given up early on a 401.
+        let live = lane.live.clone();
+        let session = &live.session;
+        let (peer, callers, subscribers) = (&session.peer, &session.callers, &session.subscribers);
         // The caller is the bundle's client for as long as the request runs.
         let caller = callers.enter(call.caller.clone());
-        let timeout = call.timeout.unwrap_or(timeout);
+        let timeout = call.timeout.unwrap_or(live.timeout);
         let request = match &call.request {
             Ask::Tool { name, arguments } => {
                 let mut params = CallToolRequestParams::new(name.clone());
@@ -280,7 +156,12 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
         // Progress: the bundle reports against the token rmcp put in the
         // request. Forwarded in order, ahead of the answer.
         let mut subscription = match &call.progress {
-            Some(_) => Some(dispatcher.subscribe(handle.progress_token.clone()).await),
+            Some(_) => Some(
+                session
+                    .progress
+                    .subscribe(handle.progress_token.clone())
+                    .await,
+            ),
             None => None,
         };
         let response = tokio::time::timeout(timeout, handle.await_response());
@@ -324,7 +205,7 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
                         e.auth_challenge(),
                     ) =>
             {
-                drop(in_flight);
+                let generation = lane.leave().generation;
                 let _ = myself.send_message(BundleMsg::AuthExpired {
                     generation,
                     call: Some(call),
@@ -349,7 +230,7 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
                 answer(&call.request, result)
             }
         };
-        drop((in_flight, caller));
+        drop((lane, caller));
         let _ = call.reply.send(result);
     }
 }

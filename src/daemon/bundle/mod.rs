@@ -1,12 +1,17 @@
 //! BundleActor: owns one installed bundle's process and MCP session.
 //!
-//! The lifecycle is [`Lifecycle`](super::lifecycle::Lifecycle), a pure state
-//! machine; this actor turns messages into its inputs and runs the effects
-//! it returns (start tasks, timers, stops, events). `start.rs` is the start
-//! task (which manifest, plan, sandbox, connect, OAuth retry); `call.rs` the
-//! one path of a request to the bundle.
+//! All of a bundle's lifecycle state is [`Lifecycle`]'s, a pure state
+//! machine (which manifest a start uses, the calls waiting for a rebuilt
+//! session, which tools are excluded included); this actor holds it, its
+//! mailbox and the handles of the effects it runs: it turns messages into
+//! inputs and runs the effects `step` returns (start tasks, timers, stops,
+//! calls, events). `start.rs` is the start task (manifest on disk, plan,
+//! sandbox, connect, OAuth retry); `session.rs` the ready session
+//! ([`Live`]) that the actor, [`Lanes`] and calls share; `call.rs` the one
+//! path of a request to the bundle.
 
 mod call;
+mod session;
 mod start;
 
 use std::path::PathBuf;
@@ -14,16 +19,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ractor::{Actor, ActorProcessingErr, ActorRef, DerivedActorRef, RpcReplyPort};
-use rmcp::handler::client::progress::ProgressDispatcher;
-use rmcp::model::{ClientRequest, PingRequest, Tool};
+use rmcp::model::{ClientRequest, PingRequest};
 use rmcp::service::Peer;
 use rmcp::RoleClient;
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::lifecycle::{Effect, Env, Exit, Input, Lifecycle, Note, Route, StartFailure, Why};
+use super::lifecycle::{
+    self, Env, Exit, Input, Lifecycle, Note, Refusal, StartFailure, Up, Wanted,
+};
 use super::Shared;
-use crate::bundle::process::{ExitInfo, Lifeline, StderrTail};
 use crate::bundle::HostContext;
 use crate::config::Supervision;
 use crate::host_resources::HostRequest;
@@ -32,7 +37,9 @@ use crate::protocol::{
     BundleState, BundleStatus, EventKind, ExitStatus, LifecycleEvent, SandboxRecord,
 };
 
-pub use call::{run, Ask, CallError, LaneSource, Lanes, PendingCall};
+pub use super::lifecycle::Respawn;
+pub use call::{run, Ask, CallError, PendingCall};
+pub use session::{Lane, Lanes, Live};
 pub use start::{snapshot_files, snapshot_path, Started};
 
 /// Registry name of a bundle's actor.
@@ -74,10 +81,10 @@ pub enum BundleMsg {
         generation: u64,
         record: SandboxRecord,
     },
+    /// The ready session of `generation` ended (its watcher saw it).
     Exited {
         generation: u64,
-        exit: ExitInfo,
-        stderr: Vec<String>,
+        exit: Exit,
     },
     /// The liveness check gave up on the process.
     Unresponsive {
@@ -114,42 +121,37 @@ pub enum BundleMsg {
     Panic,
 }
 
-/// Why a bundle is respawned on request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Respawn {
-    /// `bundlevisor restart`.
-    Operator,
-    /// `configure` stored new user_config values.
-    Reconfigured,
-    /// `auth` stored new tokens.
-    Authorized,
+impl lifecycle::Session for Arc<Live> {
+    fn serves(&self, tool: &str) -> bool {
+        Live::serves(self, tool)
+    }
+
+    fn closed(&self) -> bool {
+        Live::closed(self)
+    }
 }
 
-/// A ready session: what the lifecycle's `Ready` phase owns.
-pub struct Live {
-    peer: Peer<RoleClient>,
-    lifeline: Lifeline,
-    tools: Vec<Tool>,
-    _pinger: Option<AbortOnDropHandle<()>>,
-    in_flight: call::InFlight,
-    progress: ProgressDispatcher,
-    callers: crate::bundle::client::Callers,
-    subscribers: crate::bundle::client::Subscribers,
-    violation: crate::bundle::guard::Violation,
+impl lifecycle::Manifest for LoadedManifest {
+    fn version(&self) -> &str {
+        &self.manifest.version
+    }
+
+    fn needs_environment(&self) -> bool {
+        self.manifest.is_uv()
+    }
 }
+
+impl lifecycle::Call for PendingCall {
+    fn tool(&self) -> Option<&str> {
+        PendingCall::tool(self)
+    }
+}
+
+type Effect = lifecycle::Effect<Arc<Live>, LoadedManifest, PendingCall>;
 
 pub struct BundleActorState {
     args: BundleArgs,
-    lc: Lifecycle<Live>,
-    /// The manifest the bundle runs (the last good one).
-    manifest: Option<LoadedManifest>,
-    /// A validated manifest the next start must use (install, upgrade).
-    next_manifest: Option<LoadedManifest>,
-    /// The next start reads the disk (first start, operator restart).
-    reread: bool,
-    /// The challenge of the 401 or 403 that ended the last session: the
-    /// next start gets a token for it before connecting.
-    challenge: Option<String>,
+    lc: Lifecycle<Arc<Live>, LoadedManifest, PendingCall>,
     /// The sandbox of the current generation (stdio bundles).
     sandbox: Option<SandboxRecord>,
     /// The archive the bundle runs from, if it came as one.
@@ -159,11 +161,8 @@ pub struct BundleActorState {
     /// The environment of an upgrade being built while the running
     /// version serves (aborted if dropped: a newer upgrade, an uninstall).
     preparing: Option<AbortOnDropHandle<()>>,
-    /// Calls waiting for the session rebuilt after a 401, each with
-    /// whether it may still be retried after another 401.
-    queued: Vec<(PendingCall, bool)>,
-    /// The generation whose session is published in `Shared::lanes`.
-    published: Option<u64>,
+    /// The liveness check of the ready session (of that generation).
+    pinger: Option<(u64, AbortOnDropHandle<()>)>,
 }
 
 impl BundleActorState {
@@ -173,12 +172,12 @@ impl BundleActorState {
         BundleStatus {
             workspace: self.args.workspace.clone(),
             name: self.args.name.clone(),
-            version: self.manifest.as_ref().map(|m| m.manifest.version.clone()),
+            version: self.lc.manifest().map(|m| m.manifest.version.clone()),
             state: self.lc.state(),
-            pid: live.and_then(|l| l.lifeline.pid()),
+            pid: live.and_then(|l| l.session.lifeline.pid()),
             uptime_secs: None,
             restarts: self.lc.restarts(),
-            tools: live.map_or(0, |l| l.tools.len()),
+            tools: live.map_or(0, |l| l.session.tools.len()),
             last_error: self.lc.last_error().map(str::to_string),
             source: self.args.source.display().to_string(),
             sandbox: self.sandbox.clone(),
@@ -200,43 +199,25 @@ impl BundleActorState {
     }
 
     /// Feeds one input to the lifecycle and runs what it asks for.
-    fn step(&mut self, myself: &ActorRef<BundleMsg>, input: Input<Live>) {
+    fn step(
+        &mut self,
+        myself: &ActorRef<BundleMsg>,
+        input: Input<Arc<Live>, LoadedManifest, PendingCall>,
+    ) {
         let effects = self.decide(input, fastrand::f64());
         self.run(myself, effects);
-        self.publish_lane();
-    }
-
-    /// Publishes the session calls may run on directly: the ready one, or
-    /// none (then every call comes through the actor).
-    fn publish_lane(&mut self) {
-        let source = match self.lc.route() {
-            Route::Send(_) => Some(self.lc.generation()),
-            _ => None,
-        };
-        if source == self.published {
-            return;
+        // The pinger belongs to the ready session.
+        let ready = self.lc.session().map(|l| l.generation);
+        if self.pinger.as_ref().map(|(g, _)| *g) != ready {
+            self.pinger = None;
         }
-        self.published = source;
-        let lane = match self.lc.route() {
-            Route::Send(live) => Some(LaneSource {
-                peer: live.peer.clone(),
-                in_flight: live.in_flight.clone(),
-                progress: live.progress.clone(),
-                callers: live.callers.clone(),
-                subscribers: live.subscribers.clone(),
-                generation: self.lc.generation(),
-                timeout: self.args.shared.config.bundles.call_timeout,
-                tools: live.tools.iter().map(|t| t.name.to_string()).collect(),
-            }),
-            _ => None,
-        };
-        self.args
-            .shared
-            .lanes
-            .publish(&self.args.workspace, &self.args.name, lane);
     }
 
-    fn decide(&mut self, input: Input<Live>, jitter: f64) -> Vec<Effect<Live>> {
+    fn decide(
+        &mut self,
+        input: Input<Arc<Live>, LoadedManifest, PendingCall>,
+        jitter: f64,
+    ) -> Vec<Effect> {
         let shared = self.args.shared.clone();
         let sup = &shared.config.supervision;
         let env = Env {
@@ -249,58 +230,11 @@ impl BundleActorState {
 
     /// Runs the effects of one step; then the status it led to is
     /// published, followed by its events in order.
-    fn run(&mut self, myself: &ActorRef<BundleMsg>, effects: Vec<Effect<Live>>) {
-        let grace = self.args.shared.config.bundles.stop_grace;
-        let mut notes = Vec::new();
-        for effect in effects {
-            match effect {
-                Effect::Spawn { generation } => self.spawn_start(myself, generation),
-                Effect::Schedule { generation, delay } => {
-                    let start = move || BundleMsg::Start { generation };
-                    if delay.is_zero() {
-                        let _ = myself.send_message(start());
-                    } else {
-                        myself.send_after(delay, start);
-                    }
-                }
-                Effect::Stop {
-                    session,
-                    then_start,
-                } => {
-                    let myself = myself.clone();
-                    tokio::spawn(async move {
-                        let Live { lifeline, .. } = session;
-                        lifeline.stop(grace).await;
-                        if let Some(generation) = then_start {
-                            let _ = myself.send_message(BundleMsg::Start { generation });
-                        }
-                    });
-                }
-                Effect::Release(session) => drop(session),
-                Effect::Kill => {
-                    if let Some(live) = self.lc.session() {
-                        let lifeline = live.lifeline.clone();
-                        tokio::spawn(async move { lifeline.stop(grace).await });
-                    }
-                }
-                Effect::Drain(session) => self.drain(session),
-                Effect::AbortStart => self.start_task = None,
-                Effect::FlushQueue => {
-                    for (call, retry) in std::mem::take(&mut self.queued) {
-                        self.send(myself, call, retry);
-                    }
-                }
-                Effect::FailQueue(reason) => {
-                    for (call, _) in self.queued.drain(..) {
-                        let _ = call.reply.send(Err(CallError::NotReady {
-                            state: self.lc.state(),
-                            last_error: Some(reason.clone()),
-                        }));
-                    }
-                }
-                Effect::Publish(note) => notes.push(note),
-            }
-        }
+    fn run(&mut self, myself: &ActorRef<BundleMsg>, effects: Vec<Effect>) {
+        let notes: Vec<Note> = effects
+            .into_iter()
+            .filter_map(|effect| self.run_one(myself, effect))
+            .collect();
         if notes.is_empty() {
             return;
         }
@@ -309,6 +243,75 @@ impl BundleActorState {
             self.log(&note);
             self.args.shared.board.emit(self.event(note));
         }
+    }
+
+    /// Runs one effect; an event to publish is handed back.
+    fn run_one(&mut self, myself: &ActorRef<BundleMsg>, effect: Effect) -> Option<Note> {
+        let grace = self.args.shared.config.bundles.stop_grace;
+        match effect {
+            Effect::Spawn {
+                generation,
+                manifest,
+                challenge,
+            } => self.spawn_start(myself, generation, manifest, challenge),
+            Effect::Schedule { generation, delay } => {
+                let start = move || BundleMsg::Start { generation };
+                if delay.is_zero() {
+                    let _ = myself.send_message(start());
+                } else {
+                    myself.send_after(delay, start);
+                }
+            }
+            Effect::Stop {
+                session,
+                then_start,
+            } => {
+                let myself = myself.clone();
+                tokio::spawn(async move {
+                    session.session.lifeline.stop(grace).await;
+                    if let Some(generation) = then_start {
+                        let _ = myself.send_message(BundleMsg::Start { generation });
+                    }
+                });
+            }
+            Effect::Release(session) => drop(session),
+            Effect::Watch => self.watch(myself),
+            Effect::Kill => {
+                if let Some(live) = self.lc.session() {
+                    let lifeline = live.session.lifeline.clone();
+                    tokio::spawn(async move { lifeline.stop(grace).await });
+                }
+            }
+            Effect::Drain(session) => self.drain(session),
+            Effect::AbortStart => self.start_task = None,
+            Effect::Prepare(manifest) => self.prepare_upgrade(myself, manifest),
+            Effect::AbortPrepare => self.preparing = None,
+            Effect::Send { call, retry } => match self.lc.session() {
+                Some(live) => call::spawn(live.lane(), call, retry, myself.clone()),
+                None => unreachable!("the lifecycle sends only to a ready session"),
+            },
+            Effect::Refuse { call, refusal } => {
+                let _ = call.reply.send(Err(match refusal {
+                    Refusal::NoSuchTool => CallError::NoSuchTool,
+                    Refusal::NotReady { state, last_error } => {
+                        CallError::NotReady { state, last_error }
+                    }
+                }));
+            }
+            Effect::OpenLane => self.publish_lane(self.lc.session().cloned()),
+            Effect::CloseLane => self.publish_lane(None),
+            Effect::Publish(note) => return Some(note),
+        }
+        None
+    }
+
+    /// Publishes the session calls may run on directly, or none (then
+    /// every call comes through the actor).
+    fn publish_lane(&self, live: Option<Arc<Live>>) {
+        self.args
+            .shared
+            .lanes
+            .publish(&self.args.workspace, &self.args.name, live);
     }
 
     fn event(&self, note: Note) -> LifecycleEvent {
@@ -340,7 +343,7 @@ impl BundleActorState {
             }
             EventKind::Ready => {
                 let live = self.lc.session();
-                tracing::info!(workspace = %ws, bundle = %bundle, pid = ?live.and_then(|l| l.lifeline.pid()), tools = live.map_or(0, |l| l.tools.len()), "bundle ready")
+                tracing::info!(workspace = %ws, bundle = %bundle, pid = ?live.and_then(|l| l.session.lifeline.pid()), tools = live.map_or(0, |l| l.session.tools.len()), "bundle ready")
             }
             EventKind::Restarting | EventKind::Upgrading | EventKind::Reconfigured => {
                 tracing::info!(workspace = %ws, bundle = %bundle, "{message}")
@@ -350,13 +353,6 @@ impl BundleActorState {
             }
             _ => tracing::debug!(workspace = %ws, bundle = %bundle, kind = ?note.kind, "{message}"),
         }
-    }
-
-    /// Restarts with the validated new manifest.
-    fn upgrade(&mut self, myself: &ActorRef<BundleMsg>, manifest: LoadedManifest) {
-        let version = manifest.manifest.version.clone();
-        self.next_manifest = Some(manifest);
-        self.step(myself, Input::Respawn(Why::Upgrade { version }));
     }
 
     /// Builds the environment of a uv bundle's new version while the
@@ -385,21 +381,19 @@ impl BundleActorState {
         })));
     }
 
-    /// Starts the task that brings generation `generation` up. Held by the
-    /// actor: a start superseded by a newer one, or cut short by an
-    /// uninstall or shutdown, is aborted, and its half-started process
-    /// killed with it (the Lifeline guard).
-    fn spawn_start(&mut self, myself: &ActorRef<BundleMsg>, generation: u64) {
+    /// Starts the task that brings generation `generation` up with the
+    /// manifest the lifecycle chose. Held by the actor: a start superseded
+    /// by a newer one, or cut short by an uninstall or shutdown, is
+    /// aborted, and its half-started process killed with it (the Lifeline
+    /// guard).
+    fn spawn_start(
+        &mut self,
+        myself: &ActorRef<BundleMsg>,
+        generation: u64,
+        wanted: Wanted<LoadedManifest>,
+        challenge: Option<String>,
+    ) {
         self.sandbox = None;
-        let wanted = match self.next_manifest.take() {
-            Some(m) => start::Wanted::Exactly(m),
-            None if self.reread || self.manifest.is_none() => start::Wanted::FromDisk {
-                last_good: self.manifest.clone(),
-            },
-            None => start::Wanted::Exactly(self.manifest.clone().expect("checked above")),
-        };
-        self.reread = false;
-        let challenge = self.challenge.take();
         let shared = self.args.shared.clone();
         let (workspace, name, source) = (
             self.args.workspace.clone(),
@@ -426,7 +420,7 @@ impl BundleActorState {
             {
                 // The actor is gone: do not leave the process behind.
                 started
-                    .connection
+                    .session
                     .lifeline
                     .stop(shared.config.bundles.stop_grace)
                     .await;
@@ -434,122 +428,57 @@ impl BundleActorState {
         })));
     }
 
-    /// A start ended: a ready session for the lifecycle (with its exit
-    /// watcher and pinger), or the failure.
+    /// A start ended: its session (without the excluded tools) for the
+    /// lifecycle, or the failure.
     fn started(
         &mut self,
         myself: &ActorRef<BundleMsg>,
         generation: u64,
         result: Result<Box<Started>, StartFailure>,
     ) {
-        let mut rejected = None;
         let result = result.map(|started| {
             let Started {
-                connection,
+                mut session,
                 manifest,
                 archive,
                 reauthorized,
-                rejected: refused,
+                rejected,
             } = *started;
-            let observer = connection.lifeline.observer();
-            let excluded = self
-                .args
-                .shared
-                .config
-                .excluded_tools(&self.args.workspace, &self.args.name);
-            let tools = connection
-                .tools
-                .into_iter()
-                .filter(|t| !excluded.iter().any(|e| e == t.name.as_ref()))
-                .collect();
+            session.tools.retain(|t| !self.lc.excludes(&t.name));
             if generation == self.lc.generation() {
-                self.manifest = Some(manifest);
                 self.archive = archive;
-                rejected = refused;
-                watch_exit(observer, connection.stderr, myself.clone(), generation);
             }
-            let live = Live {
-                _pinger: spawn_pinger(
-                    connection.peer.clone(),
-                    self.supervision(),
-                    myself.clone(),
-                    generation,
-                ),
-                peer: connection.peer,
-                lifeline: connection.lifeline,
-                tools,
-                in_flight: call::InFlight::default(),
-                progress: connection.progress,
-                callers: connection.callers,
-                subscribers: connection.subscribers,
-                violation: connection.violation,
-            };
-            (live, reauthorized)
+            let timeout = self.args.shared.config.bundles.call_timeout;
+            Up {
+                session: Live::new(session, generation, timeout),
+                manifest,
+                reauthorized,
+                rejected,
+            }
         });
         self.step(myself, Input::Started { generation, result });
-        if let Some(why) = rejected {
-            self.step(myself, Input::Rejected(why));
-        }
     }
 
-    /// Routes a request: to the ready session, into the queue of a 401
-    /// rebuild, or refused with the state the bundle is in.
-    fn send(&mut self, myself: &ActorRef<BundleMsg>, call: PendingCall, retry: bool) {
-        match self.lc.route() {
-            Route::Send(live) => {
-                if let Some(tool) = call.tool() {
-                    if !live.tools.iter().any(|t| t.name == tool) {
-                        let _ = call.reply.send(Err(CallError::NoSuchTool));
-                        return;
-                    }
-                }
-                if live.peer.is_transport_closed() {
-                    // The session just ended and its exit is on the way: the
-                    // call was never sent, and the bundle is about to restart
-                    // (a caller may wait for that).
-                    let _ = call.reply.send(Err(CallError::NotReady {
-                        state: BundleState::Restarting,
-                        last_error: Some("the bundle's session just ended".into()),
-                    }));
-                    return;
-                }
-                let lane = call::Lane {
-                    peer: live.peer.clone(),
-                    in_flight: live.in_flight.enter(),
-                    progress: live.progress.clone(),
-                    callers: live.callers.clone(),
-                    subscribers: live.subscribers.clone(),
-                    generation: self.lc.generation(),
-                    timeout: self.args.shared.config.bundles.call_timeout,
-                };
-                call::spawn(lane, call, retry, myself.clone());
-            }
-            Route::Queue => self.queued.push((call, retry)),
-            Route::Refuse { state, last_error } => {
-                let _ = call
-                    .reply
-                    .send(Err(CallError::NotReady { state, last_error }));
-            }
-        }
+    /// Watches the session that just became ready: its exit (with its
+    /// last stderr lines) and its liveness.
+    fn watch(&mut self, myself: &ActorRef<BundleMsg>) {
+        let Some(live) = self.lc.session() else {
+            return;
+        };
+        let (generation, peer) = (live.generation, live.session.peer.clone());
+        watch_exit(live, myself.clone());
+        self.pinger = spawn_pinger(peer, self.supervision(), myself.clone(), generation)
+            .map(|p| (generation, p));
     }
 
     /// The old session of a 401 rebuild is not cut: requests in flight on
     /// it finish (or come back with their own 401 and wait for the new
     /// session), and it is closed once idle or after the call timeout.
-    fn drain(&self, old: Live) {
+    fn drain(&self, old: Arc<Live>) {
         let limit = self.args.shared.config.bundles.call_timeout;
         tokio::spawn(async move {
-            let Live {
-                peer,
-                lifeline,
-                _pinger,
-                in_flight,
-                ..
-            } = old;
-            drop(_pinger);
-            let _ = tokio::time::timeout(limit, in_flight.idle()).await;
-            drop(peer);
-            lifeline.stop(Duration::ZERO).await;
+            let _ = tokio::time::timeout(limit, old.idle()).await;
+            old.session.lifeline.stop(Duration::ZERO).await;
         });
     }
 }
@@ -565,21 +494,20 @@ impl Actor for BundleActor {
         _myself: ActorRef<BundleMsg>,
         mut args: BundleArgs,
     ) -> Result<BundleActorState, ActorProcessingErr> {
-        let lc = Lifecycle::new(args.restarts, args.crashes);
-        let next_manifest = args.manifest.take().map(|m| *m);
+        let excluded = args
+            .shared
+            .config
+            .excluded_tools(&args.workspace, &args.name);
+        let installed = args.manifest.take().map(|m| *m);
+        let lc = Lifecycle::new(args.restarts, args.crashes, installed, excluded);
         Ok(BundleActorState {
             args,
             lc,
-            manifest: None,
-            next_manifest,
-            reread: false,
-            challenge: None,
             sandbox: None,
             archive: None,
             start_task: None,
             preparing: None,
-            queued: Vec::new(),
-            published: None,
+            pinger: None,
         })
     }
 
@@ -599,115 +527,73 @@ impl Actor for BundleActor {
         msg: BundleMsg,
         st: &mut BundleActorState,
     ) -> Result<(), ActorProcessingErr> {
-        match msg {
-            BundleMsg::Start { generation } => st.step(&myself, Input::Start { generation }),
+        let input = match msg {
+            BundleMsg::Start { generation } => Input::Start { generation },
             BundleMsg::SandboxReady { generation, record } => {
                 if generation == st.lc.generation() {
                     st.sandbox = Some(record);
                     st.update_board();
                 }
+                return Ok(());
             }
-            BundleMsg::Started { generation, result } => st.started(&myself, generation, result),
-            BundleMsg::Exited {
-                generation,
-                exit,
-                stderr,
-            } => {
-                let live = st.lc.session().filter(|_| generation == st.lc.generation());
-                if exit.oom_killed {
+            BundleMsg::Started { generation, result } => {
+                st.started(&myself, generation, result);
+                return Ok(());
+            }
+            BundleMsg::Exited { generation, exit } => {
+                if exit.status.oom_killed {
                     st.args
                         .shared
                         .metrics
                         .oom_killed(&st.args.workspace, &st.args.name);
                 }
-                let exit = Exit {
-                    status: ExitStatus {
-                        code: exit.code,
-                        signal: exit.signal,
-                        oom_killed: exit.oom_killed,
-                    },
-                    text: exit.to_string(),
-                    pid: live.and_then(|l| l.lifeline.pid()),
-                    violation: live.and_then(|l| l.violation.get()),
-                    stderr,
-                };
-                st.step(&myself, Input::Exited { generation, exit });
+                Input::Exited { generation, exit }
             }
             BundleMsg::Unresponsive { generation, reason } => {
                 if generation == st.lc.generation() {
                     tracing::warn!(workspace = %st.args.workspace, bundle = %st.args.name, "{reason}; killing the bundle");
                 }
-                st.step(&myself, Input::Unresponsive { generation, reason });
+                Input::Unresponsive { generation, reason }
             }
             BundleMsg::Respawn(why, reply) => {
-                let why = match why {
-                    Respawn::Operator => {
-                        st.reread = true;
-                        Why::Operator
-                    }
-                    Respawn::Reconfigured => Why::Reconfigured,
-                    Respawn::Authorized => Why::Authorized,
-                };
                 st.step(&myself, Input::Respawn(why));
                 let _ = reply.send(());
+                return Ok(());
             }
-            BundleMsg::Upgrade(manifest) => {
-                st.preparing = None;
-                if manifest.manifest.is_uv() && st.lc.state() == BundleState::Ready {
-                    st.prepare_upgrade(&myself, *manifest);
-                } else {
-                    st.upgrade(&myself, *manifest);
-                }
-            }
-            BundleMsg::Prepared(manifest) => {
-                st.preparing = None;
-                st.upgrade(&myself, *manifest);
-            }
-            BundleMsg::ManifestRejected(reason) => st.step(&myself, Input::Rejected(reason)),
-            BundleMsg::Retry => {
-                st.reread = true;
-                st.step(&myself, Input::Respawn(Why::FilesChanged));
-            }
-            BundleMsg::Call(call) => {
-                let excluded = st
-                    .args
-                    .shared
-                    .config
-                    .excluded_tools(&st.args.workspace, &st.args.name);
-                if call.tool().is_some_and(|t| excluded.iter().any(|e| e == t)) {
-                    let _ = call.reply.send(Err(CallError::NoSuchTool));
-                } else {
-                    st.send(&myself, call, true);
-                }
-            }
+            BundleMsg::Upgrade(manifest) => Input::Upgrade(*manifest),
+            BundleMsg::Prepared(manifest) => Input::Prepared(*manifest),
+            BundleMsg::ManifestRejected(reason) => Input::Rejected(reason),
+            BundleMsg::Retry => Input::FilesChanged,
+            BundleMsg::Call(call) => Input::Call(call),
             BundleMsg::AuthExpired {
                 generation,
                 call,
                 challenge,
-            } => {
-                if st.lc.generation() == generation {
-                    st.challenge = challenge;
-                }
-                st.step(&myself, Input::AuthExpired { generation });
-                // Retried once: on the rebuilt session (queued meanwhile),
-                // or on a later session that is already up.
-                if let Some(call) = call {
-                    st.send(&myself, call, false);
-                }
-            }
+            } => Input::AuthExpired {
+                generation,
+                challenge,
+                call,
+            },
             BundleMsg::Tools(reply) => {
-                let tools = st.lc.session().map(|l| l.tools.clone()).unwrap_or_default();
+                let tools = st
+                    .lc
+                    .session()
+                    .map(|l| l.session.tools.clone())
+                    .unwrap_or_default();
                 let _ = reply.send((st.lc.state(), tools));
+                return Ok(());
             }
             BundleMsg::Manifest(reply) => {
-                let _ = reply.send(st.manifest.clone());
+                let _ = reply.send(st.lc.manifest().cloned());
+                return Ok(());
             }
             #[cfg(feature = "fault-injection")]
             BundleMsg::Panic => panic!(
                 "fault injection: bundle actor {} panics on request",
                 st.args.name
             ),
-        }
+        };
+        st.step(&myself, input);
         Ok(())
     }
 
@@ -716,10 +602,7 @@ impl Actor for BundleActor {
         myself: ActorRef<BundleMsg>,
         st: &mut BundleActorState,
     ) -> Result<(), ActorProcessingErr> {
-        st.args
-            .shared
-            .lanes
-            .publish(&st.args.workspace, &st.args.name, None);
+        st.publish_lane(None);
         let effects = st.decide(Input::Shutdown, 0.0);
         // The process is stopped here, not in a task: the actor is gone
         // only once its process is.
@@ -728,6 +611,7 @@ impl Actor for BundleActor {
             match effect {
                 Effect::Stop { session, .. } => {
                     let exit = session
+                        .session
                         .lifeline
                         .stop(st.args.shared.config.bundles.stop_grace)
                         .await;
@@ -741,24 +625,36 @@ impl Actor for BundleActor {
     }
 }
 
-/// Reports the process's exit (with its last stderr lines) to the actor.
-fn watch_exit(
-    observer: crate::bundle::process::ProcessObserver,
-    stderr: StderrTail,
-    myself: ActorRef<BundleMsg>,
-    generation: u64,
-) {
+/// Reports the end of the ready session `live` to the actor: its exit, and
+/// for a process its pid, a transport violation that ended it and its last
+/// stderr lines (with the most telling one).
+fn watch_exit(live: &Live, myself: ActorRef<BundleMsg>) {
+    let (generation, session) = (live.generation, &live.session);
+    let observer = session.lifeline.observer();
+    let (pid, violation, stderr) = (
+        session.lifeline.pid(),
+        session.violation.clone(),
+        session.stderr.clone(),
+    );
     tokio::spawn(async move {
         let exit = observer.wait().await;
         stderr.drained(Duration::from_millis(200)).await;
         let mut lines = stderr.lines();
         let keep = lines.len().saturating_sub(CRASH_STDERR_LINES);
-        let stderr = lines.split_off(keep);
-        let _ = myself.send_message(BundleMsg::Exited {
-            generation,
-            exit,
-            stderr,
-        });
+        let lines = lines.split_off(keep);
+        let exit = Exit {
+            status: ExitStatus {
+                code: exit.code,
+                signal: exit.signal,
+                oom_killed: exit.oom_killed,
+            },
+            text: exit.to_string(),
+            pid,
+            violation: violation.get(),
+            telling: crate::bundle::process::telling_line(&lines),
+            stderr: lines,
+        };
+        let _ = myself.send_message(BundleMsg::Exited { generation, exit });
     });
 }
 

@@ -3,17 +3,15 @@
 //! sandbox, then the one connect function — with the OAuth retry of remote
 //! bundles.
 //!
-//! Which manifest: a restart by the policy (or after `configure`/`auth`)
-//! uses the one the bundle runs, an upgrade the validated new one; the
-//! first start, a boot reload and an operator's `restart` read the disk and
-//! fall back to the last good manifest (kept in memory, and — for MCPB
-//! manifests, which hold no secrets — in `STATE_DIR/manifests/WS/NAME.json`
-//! across daemon restarts) when the file is broken, half-written or renames
-//! the bundle.
+//! Which manifest is the lifecycle's decision ([`Wanted`]); when it is the
+//! file on disk, the start falls back to the last good manifest (kept in
+//! memory, and — for MCPB manifests, which hold no secrets — in
+//! `STATE_DIR/manifests/WS/NAME.json` across daemon restarts) when the file
+//! is broken, half-written or renames the bundle.
 
 use std::path::{Path, PathBuf};
 
-use crate::bundle::{connect, ConnectError, ConnectOptions, Connection, HostContext};
+use crate::bundle::{connect, ConnectError, ConnectOptions, HostContext, Session};
 use crate::config::Config;
 use crate::host_resources::PROVIDED_CAPABILITIES;
 use crate::manifest::{LoadedManifest, Plan, PlanError, RemotePlan};
@@ -21,21 +19,12 @@ use crate::oauth::Silent;
 use crate::protocol::SandboxRecord;
 use crate::store::TokenSet;
 
-use super::super::lifecycle::{FailKind, StartFailure};
+use super::super::lifecycle::{FailKind, StartFailure, Wanted};
 use super::super::Shared;
-
-/// Which manifest a start uses.
-pub enum Wanted {
-    /// This one, already validated (the running one, or an upgrade).
-    Exactly(LoadedManifest),
-    /// The file on disk; if it no longer passes, `last_good` (or the copy
-    /// kept in the state dir).
-    FromDisk { last_good: Option<LoadedManifest> },
-}
 
 /// A successful start.
 pub struct Started {
-    pub connection: Connection,
+    pub session: Session,
     /// The manifest the bundle now runs (the last good one from now on).
     pub manifest: LoadedManifest,
     /// The archive it was unpacked from, with what its signature said.
@@ -114,8 +103,6 @@ enum Refused {
     Invalid(String),
 }
 
-/// Reads and checks the manifest on disk: valid, still naming this bundle,
-/// and accepted by the install gate.
 /// The last good manifest kept at `path`, validated again.
 fn read_snapshot(path: &Path) -> Option<LoadedManifest> {
     let kept: serde_json::Value =
@@ -139,6 +126,8 @@ pub fn snapshot_files(state_dir: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// Reads and checks the manifest on disk: valid, still naming this bundle,
+/// and accepted by the install gate.
 fn from_disk(source: &Path, name: &str, config: &Config) -> Result<LoadedManifest, Refused> {
     let loaded = super::super::source::load(source, config).map_err(|e| {
         if e.is_gone() {
@@ -165,7 +154,7 @@ fn check(loaded: &LoadedManifest, name: &str) -> Result<(), String> {
 /// The manifest a start uses, and why the disk's was refused if it was.
 /// Runs on the blocking pool.
 fn choose(
-    wanted: Wanted,
+    wanted: Wanted<LoadedManifest>,
     source: &Path,
     name: &str,
     snapshot: &Path,
@@ -204,10 +193,19 @@ fn choose(
 
 /// What one start is asked to do.
 pub struct Attempt {
-    pub wanted: Wanted,
+    /// Which manifest, as the lifecycle decided.
+    pub wanted: Wanted<LoadedManifest>,
     /// The challenge of the 401 or 403 that ended the last session (a
     /// remote bundle gets a token for it before connecting).
     pub challenge: Option<String>,
+}
+
+/// A start failure that a restart cannot fix.
+fn config(reason: String) -> StartFailure {
+    StartFailure {
+        kind: FailKind::Config,
+        reason,
+    }
 }
 
 /// Chooses the manifest, resolves the launch plan, prepares the sandbox and
@@ -221,49 +219,13 @@ pub async fn start(
     host: HostContext,
     report_sandbox: impl FnOnce(SandboxRecord),
 ) -> Result<Started, StartFailure> {
-    let config = |reason: String| StartFailure {
-        kind: FailKind::Config,
-        reason,
-    };
-    let (loaded, rejected, archive) = {
-        let snapshot = snapshot_path(&shared.config.state_dir, workspace, name);
-        let (name, settings) = (name.to_string(), shared.config.clone());
-        tokio::task::spawn_blocking(move || {
-            let (loaded, rejected) = choose(wanted, &source, &name, &snapshot, &settings)?;
-            // Whichever manifest runs: the files it runs from, and its
-            // signature, are judged again at every start.
-            super::super::trusted::may_run(&loaded, &source, &settings)?;
-            let archive = archive_info(&loaded, &settings.state_dir);
-            Ok::<_, String>((loaded, rejected, archive))
-        })
-        .await
-        .map_err(|e| config(format!("manifest reader failed: {e}")))?
-        .map_err(config)?
-    };
-    let manifest = &loaded.manifest;
-    let values = shared
-        .credentials_of(workspace, name, |c, w, n| c.values(w, n))
-        .await
-        .map_err(|e| config(e.to_string()))?;
-    // `${HOME}` is the bundle's own home (its sandbox data folder).
-    let home = crate::bundle::sandbox::data_dir(&shared.config.state_dir, workspace, name);
-    let mut plan = manifest
-        .plan_with_home(&loaded.dir, &values, Some(&home))
-        .map_err(|e| match e {
-            PlanError::MissingConfig(keys) => StartFailure {
-                kind: FailKind::NeedsConfig,
-                reason: format!(
-                    "required user_config value(s) not set: {}; set them with `bundlevisor configure {name} -w {workspace} {}`",
-                    keys.join(", "),
-                    keys.iter().map(|k| format!("{k}=VALUE")).collect::<Vec<_>>().join(" ")
-                ),
-            },
-            other => config(other.to_string()),
-        })?;
+    let (loaded, rejected, archive) =
+        read_manifest(shared, (workspace, name), source, wanted).await?;
+    let mut plan = resolve_plan(shared, (workspace, name), &loaded).await?;
     // A uv bundle runs in the environment built for its version (built
     // now if there is none yet: after an install or an upgrade).
     let environment = match &mut plan {
-        Plan::Stdio(launch) if manifest.is_uv() => {
+        Plan::Stdio(launch) if loaded.manifest.is_uv() => {
             Some(uv_environment(shared, workspace, name, &loaded, launch).await?)
         }
         _ => None,
@@ -276,42 +238,7 @@ pub async fn start(
     // The sandbox of a stdio bundle: created (or found) before each start.
     let sandbox = match &plan {
         Plan::Stdio(launch) => {
-            let (settings, state_dir, protected, ws, bundle, cwd, command) = (
-                shared.config.sandbox.clone(),
-                shared.config.state_dir.clone(),
-                shared.config.protected_paths(),
-                workspace.to_string(),
-                name.to_string(),
-                launch.cwd.clone(),
-                launch.command.clone(),
-            );
-            let configured = launch.paths.clone();
-            let cgroups = shared.cgroups.clone();
-            let environment = environment.clone();
-            // A bare manifest file's folder is not the bundle's to read.
-            let folder = (!loaded.is_bare()).then(|| loaded.dir.clone());
-            let prepared = tokio::task::spawn_blocking(move || {
-                let target = crate::bundle::sandbox::Target {
-                    workspace: &ws,
-                    bundle: &bundle,
-                    folder: folder.as_deref(),
-                    command: &command,
-                    cwd: &cwd,
-                    configured: &configured,
-                    environment: environment.as_deref(),
-                };
-                let mut sandbox =
-                    crate::bundle::sandbox::prepare(&settings, &state_dir, &protected, &target)
-                        .map_err(|e| e.to_string())?;
-                sandbox
-                    .contain(&cgroups, &settings, &ws, &bundle)
-                    .map_err(|e| e.to_string())?;
-                Ok::<_, String>(sandbox)
-            })
-            .await
-            .map_err(|e| config(format!("sandbox task failed: {e}")))?
-            .map_err(config)?;
-            Some(prepared)
+            Some(prepare_sandbox(shared, (workspace, name), &loaded, launch, environment).await?)
         }
         Plan::Remote(_) => None,
     };
@@ -336,9 +263,9 @@ pub async fn start(
         max_message_bytes: shared.config.bundles.max_message_bytes,
         sandbox,
     };
-    let (connection, reauthorized) = match &plan {
+    let (session, reauthorized) = match &plan {
         Plan::Stdio(_) => match connect(&plan, host, &opts).await {
-            Ok(connection) => (connection, false),
+            Ok(session) => (session, false),
             Err(e) => {
                 if let ConnectError::Exited { exit, .. } = &e {
                     if exit.oom_killed {
@@ -365,12 +292,116 @@ pub async fn start(
         }
     };
     Ok(Started {
-        connection,
+        session,
         manifest: loaded,
         archive,
         reauthorized,
         rejected,
     })
+}
+
+/// What a start runs: the manifest, why the disk's was refused (if it
+/// was), and the archive it came from.
+type Chosen = (
+    LoadedManifest,
+    Option<String>,
+    Option<crate::protocol::ArchiveInfo>,
+);
+
+/// The manifest the start uses, its files and signature judged again
+/// (whichever manifest runs), and the archive it came from. On the
+/// blocking pool.
+async fn read_manifest(
+    shared: &Shared,
+    (workspace, name): (&str, &str),
+    source: PathBuf,
+    wanted: Wanted<LoadedManifest>,
+) -> Result<Chosen, StartFailure> {
+    let snapshot = snapshot_path(&shared.config.state_dir, workspace, name);
+    let (name, settings) = (name.to_string(), shared.config.clone());
+    tokio::task::spawn_blocking(move || {
+        let (loaded, rejected) = choose(wanted, &source, &name, &snapshot, &settings)?;
+        super::super::trusted::may_run(&loaded, &source, &settings)?;
+        let archive = archive_info(&loaded, &settings.state_dir);
+        Ok::<_, String>((loaded, rejected, archive))
+    })
+    .await
+    .map_err(|e| config(format!("manifest reader failed: {e}")))?
+    .map_err(config)
+}
+
+/// The launch plan, with the bundle's stored user_config values; a
+/// missing required one is `needs_config`.
+async fn resolve_plan(
+    shared: &Shared,
+    (workspace, name): (&str, &str),
+    loaded: &LoadedManifest,
+) -> Result<Plan, StartFailure> {
+    let values = shared
+        .credentials_of(workspace, name, |c, w, n| c.values(w, n))
+        .await
+        .map_err(|e| config(e.to_string()))?;
+    // `${HOME}` is the bundle's own home (its sandbox data folder).
+    let home = crate::bundle::sandbox::data_dir(&shared.config.state_dir, workspace, name);
+    loaded
+        .manifest
+        .plan_with_home(&loaded.dir, &values, Some(&home))
+        .map_err(|e| match e {
+            PlanError::MissingConfig(keys) => StartFailure {
+                kind: FailKind::NeedsConfig,
+                reason: format!(
+                    "required user_config value(s) not set: {}; set them with `bundlevisor configure {name} -w {workspace} {}`",
+                    keys.join(", "),
+                    keys.iter().map(|k| format!("{k}=VALUE")).collect::<Vec<_>>().join(" ")
+                ),
+            },
+            other => config(other.to_string()),
+        })
+}
+
+/// The sandbox of a stdio bundle, created (or found) and its cgroup
+/// joined, on the blocking pool.
+async fn prepare_sandbox(
+    shared: &Shared,
+    (workspace, name): (&str, &str),
+    loaded: &LoadedManifest,
+    launch: &crate::manifest::LaunchPlan,
+    environment: Option<PathBuf>,
+) -> Result<crate::bundle::sandbox::Sandbox, StartFailure> {
+    let (settings, state_dir, protected, ws, bundle, cwd, command) = (
+        shared.config.sandbox.clone(),
+        shared.config.state_dir.clone(),
+        shared.config.protected_paths(),
+        workspace.to_string(),
+        name.to_string(),
+        launch.cwd.clone(),
+        launch.command.clone(),
+    );
+    let configured = launch.paths.clone();
+    let cgroups = shared.cgroups.clone();
+    // A bare manifest file's folder is not the bundle's to read.
+    let folder = (!loaded.is_bare()).then(|| loaded.dir.clone());
+    tokio::task::spawn_blocking(move || {
+        let target = crate::bundle::sandbox::Target {
+            workspace: &ws,
+            bundle: &bundle,
+            folder: folder.as_deref(),
+            command: &command,
+            cwd: &cwd,
+            configured: &configured,
+            environment: environment.as_deref(),
+        };
+        let mut sandbox =
+            crate::bundle::sandbox::prepare(&settings, &state_dir, &protected, &target)
+                .map_err(|e| e.to_string())?;
+        sandbox
+            .contain(&cgroups, &settings, &ws, &bundle)
+            .map_err(|e| e.to_string())?;
+        Ok::<_, String>(sandbox)
+    })
+    .await
+    .map_err(|e| config(format!("sandbox task failed: {e}")))?
+    .map_err(config)
 }
 
 /// Finds or builds the environment of the uv bundle `loaded` (each line uv
@@ -500,7 +531,7 @@ async fn connect_with_auth(
     mut opts: ConnectOptions,
     // The challenge that ended the last session (its token lacked a scope).
     pending: Option<String>,
-) -> Result<(Connection, bool), StartFailure> {
+) -> Result<(Session, bool), StartFailure> {
     let stored = {
         shared
             .credentials_of(workspace, name, |c, w, n| c.tokens(w, n))
@@ -525,7 +556,7 @@ async fn connect_with_auth(
         None
     } else {
         match connect(plan, host.clone(), &opts).await {
-            Ok(connection) => return Ok((connection, false)),
+            Ok(session) => return Ok((session, false)),
             Err(ConnectError::Unauthorized { challenge }) => challenge,
             Err(e) => return Err(transient(plan, e)),
         }
@@ -552,56 +583,10 @@ async fn connect_with_auth(
         let tokens =
             match crate::oauth::obtain_silently(&http, remote, &stored, challenge.as_deref()).await
             {
-                Err(e) => {
-                    return Err(StartFailure {
-                        // A URL or metadata the rules refuse does not get better by
-                        // retrying: the operator has to change the bundle or the server.
-                        kind: match e {
-                            crate::oauth::OAuthError::InsecureUrl { .. }
-                            | crate::oauth::OAuthError::Mismatch(_) => FailKind::Config,
-                            _ => FailKind::Transient,
-                        },
-                        reason: format!(
-                            "the remote server wants a new token, and getting one failed: {e}"
-                        ),
-                    });
-                }
+                Err(e) => return Err(grant_failed(e)),
                 Ok(Silent::Interactive(why)) => {
-                    // A scope the server wants is asked for by `bundlevisor auth`.
-                    let wanted = crate::oauth::step_up(challenge.as_deref()).unwrap_or_default();
-                    let wanted_scopes =
-                        crate::oauth::union(stored.wanted_scopes.clone(), wanted.clone());
-                    let keep = if wanted.is_empty() {
-                        // Tokens that no longer work are forgotten; a
-                        // registered client is kept.
-                        TokenSet {
-                            client_id: stored.client_id.clone(),
-                            client_secret: stored.client_secret.clone(),
-                            wanted_scopes,
-                            ..Default::default()
-                        }
-                    } else {
-                        // They work for what they cover: kept.
-                        TokenSet {
-                            wanted_scopes,
-                            ..stored.clone()
-                        }
-                    };
-                    let why = if wanted.is_empty() {
-                        why
-                    } else {
-                        format!(
-                            "it needs the scope {:?}, which a silent grant did not get: {why}",
-                            wanted.join(" ")
-                        )
-                    };
-                    if let Err(e) = save(keep).await {
-                        tracing::warn!(
-                            workspace,
-                            bundle = name,
-                            "cannot forget refused tokens: {e}"
-                        );
-                    }
+                    let (keep, why) = refused_silently(&stored, challenge.as_deref(), why);
+                    keep_tokens(shared, (workspace, name), keep, "forget refused tokens").await;
                     return Err(needs_auth(&why));
                 }
                 Ok(Silent::Tokens(tokens)) => tokens,
@@ -617,7 +602,7 @@ async fn connect_with_auth(
             "new token obtained; rebuilding the session"
         );
         match connect(plan, host.clone(), &opts).await {
-            Ok(connection) => return Ok((connection, true)),
+            Ok(session) => return Ok((session, true)),
             Err(ConnectError::Unauthorized { challenge: again }) => {
                 let scope = crate::oauth::step_up(again.as_deref());
                 match scope {
@@ -638,13 +623,8 @@ async fn connect_with_auth(
                             ),
                             ..tokens
                         };
-                        if let Err(e) = save(wanted).await {
-                            tracing::warn!(
-                                workspace,
-                                bundle = name,
-                                "cannot store the wanted scope: {e}"
-                            );
-                        }
+                        keep_tokens(shared, (workspace, name), wanted, "store the wanted scope")
+                            .await;
                         return Err(needs_auth(&format!(
                             "it needs the scope {:?}, which a silent grant did not get",
                             scope.join(" ")
@@ -657,4 +637,62 @@ async fn connect_with_auth(
         }
     }
     unreachable!("the last attempt returns")
+}
+
+/// A silent grant that failed. A URL or metadata the rules refuse does not
+/// get better by retrying: the operator has to change the bundle or the
+/// server.
+fn grant_failed(e: crate::oauth::OAuthError) -> StartFailure {
+    StartFailure {
+        kind: match e {
+            crate::oauth::OAuthError::InsecureUrl { .. }
+            | crate::oauth::OAuthError::Mismatch(_) => FailKind::Config,
+            _ => FailKind::Transient,
+        },
+        reason: format!("the remote server wants a new token, and getting one failed: {e}"),
+    }
+}
+
+/// Only `bundlevisor auth` can help: the tokens to keep meanwhile, and why.
+/// A scope the server wants is asked for by `bundlevisor auth`; tokens that
+/// no longer work are forgotten (a registered client is kept), tokens that
+/// only lack a scope work for what they cover and are kept.
+fn refused_silently(stored: &TokenSet, challenge: Option<&str>, why: String) -> (TokenSet, String) {
+    let wanted = crate::oauth::step_up(challenge).unwrap_or_default();
+    let wanted_scopes = crate::oauth::union(stored.wanted_scopes.clone(), wanted.clone());
+    if wanted.is_empty() {
+        let keep = TokenSet {
+            client_id: stored.client_id.clone(),
+            client_secret: stored.client_secret.clone(),
+            wanted_scopes,
+            ..Default::default()
+        };
+        return (keep, why);
+    }
+    let keep = TokenSet {
+        wanted_scopes,
+        ..stored.clone()
+    };
+    let why = format!(
+        "it needs the scope {:?}, which a silent grant did not get: {why}",
+        wanted.join(" ")
+    );
+    (keep, why)
+}
+
+/// Stores `tokens` for the bundle; a failure to (`what`) is logged only.
+async fn keep_tokens(
+    shared: &Shared,
+    (workspace, name): (&str, &str),
+    tokens: TokenSet,
+    what: &str,
+) {
+    let stored = shared
+        .credentials_of(workspace, name, move |c, w, n| {
+            c.set_tokens(w, n, Some(&tokens))
+        })
+        .await;
+    if let Err(e) = stored {
+        tracing::warn!(workspace, bundle = name, "cannot {what}: {e}");
+    }
 }
