@@ -305,9 +305,10 @@ pub fn recorded_signature(dir: &Path) -> Option<Signature> {
 /// compression-ratio rule (small text compresses well).
 const RATIO_FLOOR: u64 = 1024 * 1024;
 
-/// What an archive may hold (`[archives]` in the daemon config).
+/// What an archive may hold (`[archives]` in the daemon config; its
+/// defaults are `config::defaults`').
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
+pub struct ArchiveLimits {
     /// Size of the `.mcpb` file itself.
     pub max_archive_bytes: u64,
     /// Files, folders and links in it.
@@ -316,17 +317,6 @@ pub struct Limits {
     pub max_unpacked_bytes: u64,
     /// Unpacked size over compressed size of one entry (of 1 MiB or more).
     pub max_ratio: u64,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_archive_bytes: 512 * 1024 * 1024,
-            max_entries: 50_000,
-            max_unpacked_bytes: 1024 * 1024 * 1024,
-            max_ratio: 100,
-        }
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -399,7 +389,7 @@ fn hex(bytes: &[u8]) -> String {
 pub fn unpack(
     archive: &Path,
     root: &Path,
-    limits: &Limits,
+    limits: &ArchiveLimits,
     trust: &Trust,
 ) -> Result<Unpacked, ArchiveError> {
     let io = |source| ArchiveError::Io {
@@ -640,7 +630,7 @@ type Plan = Vec<(usize, PathBuf, Kind, u32)>;
 /// anything is written.
 fn check<R: Read + std::io::Seek>(
     zip: &mut zip::ZipArchive<R>,
-    limits: &Limits,
+    limits: &ArchiveLimits,
 ) -> Result<Plan, String> {
     if zip.len() as u64 > limits.max_entries {
         return Err(format!(
@@ -762,7 +752,7 @@ fn extract<R: Read + std::io::Seek>(
     zip: &mut zip::ZipArchive<R>,
     plan: &Plan,
     tree: &Path,
-    limits: &Limits,
+    limits: &ArchiveLimits,
 ) -> Result<(), Extracted> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new().mode(0o755).create(tree)?;
@@ -921,6 +911,10 @@ mod tests {
     use std::io::Cursor;
     use zip::write::SimpleFileOptions;
 
+    fn default_limits() -> ArchiveLimits {
+        crate::config::ArchiveSettings::default().limits()
+    }
+
     /// A ZIP made in memory: (name, unix mode, content).
     fn zip_of(entries: &[(&str, u32, &[u8])]) -> Vec<u8> {
         let mut out = zip::ZipWriter::new(Cursor::new(Vec::new()));
@@ -963,7 +957,7 @@ mod tests {
 
     fn unpack_bytes(
         bytes: &[u8],
-        limits: &Limits,
+        limits: &ArchiveLimits,
     ) -> (tempfile::TempDir, Result<Unpacked, ArchiveError>) {
         let dir = tempfile::tempdir().unwrap();
         let archive = dir.path().join("b.mcpb");
@@ -978,7 +972,7 @@ mod tests {
     }
 
     /// Nothing of a refused archive is left: no folder, no scratch.
-    fn assert_refused(bytes: &[u8], limits: &Limits, rule: &str) {
+    fn assert_refused(bytes: &[u8], limits: &ArchiveLimits, rule: &str) {
         let (dir, result) = unpack_bytes(bytes, limits);
         match result {
             Err(ArchiveError::Refused { rule: r, archive }) => {
@@ -1005,7 +999,7 @@ mod tests {
             ("server/link", 0o120777, b"run"),
         ]);
         let bytes = with_mode(bytes, "server/run", 0o104755);
-        let (dir, result) = unpack_bytes(&bytes, &Limits::default());
+        let (dir, result) = unpack_bytes(&bytes, &default_limits());
         let unpacked = result.unwrap();
         let mode = |p: &str| {
             use std::os::unix::fs::PermissionsExt;
@@ -1031,7 +1025,7 @@ mod tests {
         let again = unpack(
             &dir.path().join("b.mcpb"),
             &dir.path().join("archives"),
-            &Limits::default(),
+            &default_limits(),
             &Trust::default(),
         )
         .unwrap();
@@ -1054,7 +1048,7 @@ mod tests {
 
     #[test]
     fn hostile_archives_are_refused_by_rule_and_leave_nothing() {
-        let d = Limits::default();
+        let d = default_limits();
         assert_refused(
             &zip_of(&[MANIFEST, ("../evil", 0o100644, b"x")]),
             &d,
@@ -1106,7 +1100,7 @@ mod tests {
         assert_refused(b"this is no zip at all", &d, "not a ZIP");
         let good = zip_of(&[MANIFEST, ("a", 0o100644, b"x")]);
         assert_refused(&good[..good.len() - 30], &d, "not a ZIP");
-        let few = Limits {
+        let few = ArchiveLimits {
             max_entries: 1,
             ..d
         };
@@ -1114,13 +1108,13 @@ mod tests {
         let zeros = vec![0u8; 4 * 1024 * 1024];
         let bomb = zip_of(&[MANIFEST, ("zeros", 0o100644, &zeros)]);
         assert_refused(&bomb, &d, "zip bomb");
-        let small = Limits {
+        let small = ArchiveLimits {
             max_unpacked_bytes: 1024,
             max_ratio: 1_000_000,
             ..d
         };
         assert_refused(&bomb, &small, "max_unpacked_bytes");
-        let tiny = Limits {
+        let tiny = ArchiveLimits {
             max_archive_bytes: 10,
             ..d
         };
@@ -1136,7 +1130,7 @@ mod tests {
             Some(&b"not-a-real-pkcs7"[..])
         );
         // Checked: not a signature at all.
-        assert_refused(&bytes, &Limits::default(), "not a PKCS#7 signature");
+        assert_refused(&bytes, &default_limits(), "not a PKCS#7 signature");
         // Not checked: cut off, and the ZIP before it unpacked.
         let dir = tempfile::tempdir().unwrap();
         let archive = dir.path().join("b.mcpb");
@@ -1148,7 +1142,7 @@ mod tests {
         let unpacked = unpack(
             &archive,
             &dir.path().join("archives"),
-            &Limits::default(),
+            &default_limits(),
             &off,
         )
         .unwrap();
@@ -1159,7 +1153,7 @@ mod tests {
     #[test]
     fn an_unsigned_archive_is_refused_only_when_signatures_are_required() {
         let bytes = zip_of(&[MANIFEST]);
-        let (_dir, result) = unpack_bytes(&bytes, &Limits::default());
+        let (_dir, result) = unpack_bytes(&bytes, &default_limits());
         assert_eq!(result.unwrap().signature, Signature::Unsigned);
         let require = Trust {
             policy: SignaturePolicy::Require,

@@ -939,19 +939,74 @@ fn the_manifest_modules_import_each_other_without_cycles() {
 
 #[test]
 fn the_control_handlers_import_each_other_without_cycles() {
-    // ask.rs is what every handler shares; a handler file never needs another.
+    // wire.rs is what every handler shares; a handler file never needs another.
     let krate = Crate::new(library());
     let graph = graph_below(&krate, &["daemon", "control"]);
     assert!(
-        graph.contains_key("ask") && graph.values().any(|deps| !deps.is_empty()),
+        graph.contains_key("wire") && graph.values().any(|deps| !deps.is_empty()),
         "the parser sees daemon/control/: {graph:?}"
     );
     let found = cycles(&graph);
     assert!(
         found.is_empty(),
-        "daemon/control/ modules that import each other (move the shared part into ask.rs):\n{}",
+        "daemon/control/ modules that import each other (move the shared part into wire.rs):\n{}",
         found.join("\n")
     );
+}
+
+/// The control socket's handler files ask the daemon through its API and
+/// share only `wire.rs`: none imports another control file.
+#[test]
+fn the_control_handlers_import_no_other_control_file_but_wire() {
+    let krate = Crate::new(library());
+    let graph = graph_below(&krate, &["daemon", "control"]);
+    let handlers = [
+        "status",
+        "install",
+        "call",
+        "logs",
+        "files",
+        "gateway",
+        "credentials",
+        "tokens",
+    ];
+    let mut found = Vec::new();
+    for handler in handlers {
+        let deps = graph
+            .get(handler)
+            .unwrap_or_else(|| panic!("no control handler {handler}: {graph:?}"));
+        for (dep, at) in deps {
+            if dep != "wire" {
+                found.push(format!("{handler} → {dep}: {at}"));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "control handlers that import another control file (move the shared part into daemon::api or wire.rs):\n{}",
+        found.join("\n")
+    );
+}
+
+/// A `HostContext` needs the workspace's host port, which only the
+/// WorkspaceActor hands out (to the BundleActors it spawns), and only the
+/// BundleActor makes one: so every bundle connection serves host-resources
+/// requests for its own workspace.
+#[test]
+fn only_the_workspace_hands_out_its_host_port_and_only_the_bundle_actor_makes_a_host_context() {
+    let mut made = Vec::new();
+    let mut ported = Vec::new();
+    for (rel, code) in library() {
+        let code = blank(&code);
+        if code.contains("HostContext::new(") {
+            made.push(rel.clone());
+        }
+        if code.contains("get_derived()") {
+            ported.push(rel);
+        }
+    }
+    assert_eq!(made, ["daemon/bundle/mod.rs"]);
+    assert_eq!(ported, ["daemon/workspace.rs"]);
 }
 
 #[test]

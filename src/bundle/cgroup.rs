@@ -32,7 +32,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::config::{CgroupLimits, LandlockMode, SandboxSettings};
+use crate::config::{CgroupLimits, Enforcement, SandboxSettings};
 
 /// The controllers bundlevisor uses, as cgroup v2 names them.
 const CONTROLLERS: [&str; 3] = ["memory", "pids", "cpu"];
@@ -62,7 +62,7 @@ pub struct Cgroups {
     v1: BTreeMap<&'static str, PathBuf>,
     /// Said in `status` and at start.
     pub containment: String,
-    mode: LandlockMode,
+    mode: Enforcement,
 }
 
 /// One line of `/proc/self/mountinfo` that mounts a cgroup hierarchy.
@@ -160,14 +160,14 @@ impl Cgroups {
             containment: format!(
                 "process group only: {why}; a bundle's descendants that leave its process group (setsid) can outlive it"
             ),
-            mode: LandlockMode::Off,
+            mode: Enforcement::Off,
         }
     }
 
     /// Finds where bundle cgroups can go and prepares it; what is left by a
     /// daemon of this state dir that was killed is emptied and removed.
     pub fn detect(settings: &SandboxSettings, state_dir: &Path) -> Cgroups {
-        if settings.cgroups == LandlockMode::Off {
+        if settings.cgroups == Enforcement::Off {
             return Cgroups::none("[sandbox] cgroups = \"off\"");
         }
         let mounts = cgroup_mounts();
@@ -301,7 +301,7 @@ impl Cgroups {
         use std::sync::atomic::{AtomicU64, Ordering};
         static STARTS: AtomicU64 = AtomicU64::new(1);
         if !self.available() {
-            if self.mode == LandlockMode::Required {
+            if self.mode == Enforcement::Required {
                 return Err(CgroupError::Required(self.containment.clone()));
             }
             return Ok(None);

@@ -48,8 +48,9 @@ pub const BUNDLE_PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion::V_2025_11_
 const HOST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Who a connection belongs to and where its host-resources requests go.
-/// Only the WorkspaceActor creates these (it hands out a handle to itself);
-/// a clone serves a rebuilt connection of the same bundle.
+/// Made by the BundleActor from the host port its WorkspaceActor handed
+/// it (only the WorkspaceActor hands one out; `tests/tidy.rs`); a clone
+/// serves a rebuilt connection of the same bundle.
 #[derive(Clone)]
 pub struct HostContext {
     requester: Requester,

@@ -193,7 +193,7 @@ pub(super) fn spawn(
         env.retain(|(k, _)| k != key);
         env.push((key.into(), value));
     };
-    let mut limits = super::sandbox::Limits::default();
+    let mut limits = super::sandbox::Rlimits::default();
     let mut ruleset = None;
     let mut user = None;
     // The cgroup.procs files the child joins (kept open here until the

@@ -30,7 +30,7 @@ use landlock::{
     Scope, ABI,
 };
 
-use crate::config::{LandlockMode, SandboxSettings, UidRange};
+use crate::config::{Enforcement, SandboxSettings, UidRange};
 use crate::protocol::SandboxRecord;
 
 /// The highest Landlock ABI whose rights this build uses (9: connecting to
@@ -116,7 +116,7 @@ pub enum SandboxError {
 
 /// Resource limits applied before exec (`None`: not limited).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Limits {
+pub struct Rlimits {
     pub open_files: Option<u64>,
     pub processes: Option<u64>,
     pub address_space: Option<u64>,
@@ -131,7 +131,7 @@ pub struct Sandbox {
     pub tmp: PathBuf,
     /// (uid, gid) to run as; None: the daemon's own.
     pub user: Option<(u32, u32)>,
-    pub limits: Limits,
+    pub limits: Rlimits,
     /// Landlock rules, when enforced.
     pub landlock: Option<Grants>,
     /// `[sandbox] pass_env`: daemon variables passed through the scrub.
@@ -563,7 +563,7 @@ pub fn check_install(
     protected: &[PathBuf],
     loaded: &crate::manifest::LoadedManifest,
 ) -> Result<(), SandboxError> {
-    if settings.landlock == LandlockMode::Off {
+    if settings.landlock == Enforcement::Off {
         return Ok(());
     }
     let no_values = std::collections::BTreeMap::new();
@@ -618,7 +618,7 @@ fn identity(
             ),
         ));
     }
-    let landlock_on = settings.landlock != LandlockMode::Off;
+    let landlock_on = settings.landlock != Enforcement::Off;
     let abi = landlock.as_ref().ok().copied().unwrap_or(0);
     private_dir(data, None)?;
     if landlock_on && abi >= WANTED_ABI_NUMBER as i64 {
@@ -688,7 +688,7 @@ pub fn prepare(
         .unwrap_or_else(|| nix::unistd::geteuid().as_raw());
 
     let mut parts = vec!["private data dir".to_string(), "no_new_privs".to_string()];
-    let limits = Limits {
+    let limits = Rlimits {
         open_files: Some(settings.max_open_files).filter(|n| *n > 0),
         processes: Some(settings.max_processes).filter(|n| *n > 0),
         address_space: Some(settings.max_address_space).filter(|n| *n > 0),
@@ -699,7 +699,7 @@ pub fn prepare(
         parts.push(format!("uid {uid}"));
     }
     let (landlock, landlock_state, abi) = match settings.landlock {
-        LandlockMode::Off => (None, "off ([sandbox] landlock = \"off\")".to_string(), None),
+        Enforcement::Off => (None, "off ([sandbox] landlock = \"off\")".to_string(), None),
         mode => match kernel {
             Ok(kernel) => {
                 let grants = grants(settings, protected, target, &data, &tmp)?;
@@ -718,7 +718,7 @@ pub fn prepare(
                     Some(abi),
                 )
             }
-            Err(why) if mode == LandlockMode::Required => {
+            Err(why) if mode == Enforcement::Required => {
                 return Err(SandboxError::LandlockRequired(why))
             }
             Err(why) => (None, format!("unavailable: {why}"), None),
@@ -855,7 +855,7 @@ impl Grants {
 
 /// In the forked child, before exec: `no_new_privs`, the limits, then
 /// Landlock. Only async-signal-safe system calls.
-pub fn apply_in_child(limits: &Limits, ruleset: Option<&OwnedFd>) -> std::io::Result<()> {
+pub fn apply_in_child(limits: &Rlimits, ruleset: Option<&OwnedFd>) -> std::io::Result<()> {
     use nix::sys::resource::{setrlimit, Resource};
     let set = |resource, value: Option<u64>| -> std::io::Result<()> {
         if let Some(v) = value {

@@ -34,7 +34,7 @@ use std::path::Path;
 use tokio::io::unix::AsyncFd;
 use tokio::process::{ChildStderr, ChildStdin, ChildStdout};
 
-use super::sandbox::Limits;
+use super::sandbox::Rlimits;
 
 /// What a bundle process is started with.
 pub struct Launch<'a> {
@@ -44,7 +44,7 @@ pub struct Launch<'a> {
     pub cwd: &'a Path,
     /// (uid, gid) to run as; None: the daemon's own.
     pub user: Option<(u32, u32)>,
-    pub limits: Limits,
+    pub limits: Rlimits,
     pub ruleset: Option<&'a OwnedFd>,
     /// cgroup.procs files to join (opened by the daemon, which may write them).
     pub cgroups: &'a [OwnedFd],
@@ -132,14 +132,14 @@ fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
 }
 
 /// What the child needs, all of it ready before the clone.
-struct Plan {
+struct ChildPlan {
     stdio: [RawFd; 3],
     report: RawFd,
     cgroups: Vec<RawFd>,
     ruleset: Option<RawFd>,
     cwd: CString,
     user: Option<(u32, u32)>,
-    limits: Limits,
+    limits: Rlimits,
     daemon: nix::libc::pid_t,
     /// Where to exec: the program, or each `PATH` candidate for a bare name.
     candidates: Vec<CString>,
@@ -203,7 +203,7 @@ pub fn spawn(launch: &Launch) -> std::io::Result<(Process, ChildStdin, ChildStdo
         v.push(std::ptr::null());
         v
     };
-    let plan = Plan {
+    let plan = ChildPlan {
         stdio: [
             stdin_r.as_raw_fd(),
             stdout_w.as_raw_fd(),
@@ -256,7 +256,7 @@ const CHILD_STACK: usize = 64 << 10;
 
 /// Clones the child with every signal blocked (so that none of the
 /// daemon's handlers runs in it), then restores this thread's mask.
-fn clone_child(plan: &Plan, stack: &mut [u8]) -> std::io::Result<nix::libc::pid_t> {
+fn clone_child(plan: &ChildPlan, stack: &mut [u8]) -> std::io::Result<nix::libc::pid_t> {
     use nix::libc;
     // SAFETY: sigset and mask calls on this thread's own state; `clone`
     // with CLONE_VFORK returns once the child has exec'd or exited, so the
@@ -272,7 +272,7 @@ fn clone_child(plan: &Plan, stack: &mut [u8]) -> std::io::Result<nix::libc::pid_
             child_main,
             top as *mut libc::c_void,
             libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            plan as *const Plan as *mut libc::c_void,
+            plan as *const ChildPlan as *mut libc::c_void,
         );
         let mut cloned = std::io::Error::last_os_error();
         // Valgrind (make bench-callgrind) knows no such clone: a fork,
@@ -281,7 +281,7 @@ fn clone_child(plan: &Plan, stack: &mut [u8]) -> std::io::Result<nix::libc::pid_
             Some(libc::ENOSYS | libc::EINVAL) if pid < 0 => {
                 let forked = libc::fork();
                 if forked == 0 {
-                    child_main(plan as *const Plan as *mut libc::c_void);
+                    child_main(plan as *const ChildPlan as *mut libc::c_void);
                 }
                 cloned = std::io::Error::last_os_error();
                 forked
@@ -299,7 +299,7 @@ fn clone_child(plan: &Plan, stack: &mut [u8]) -> std::io::Result<nix::libc::pid_
 /// The child, in the daemon's memory: system calls only, then exec.
 extern "C" fn child_main(arg: *mut nix::libc::c_void) -> nix::libc::c_int {
     // SAFETY: `arg` is the plan `clone_child` passed, alive until the exec.
-    let plan = unsafe { &*(arg as *const Plan) };
+    let plan = unsafe { &*(arg as *const ChildPlan) };
     let Err((step, errno)) = confine_and_exec(plan);
     let bytes = errno.to_ne_bytes();
     // SAFETY: writes to the report pipe and exits; a lost report leaves
@@ -318,7 +318,7 @@ fn errno(step: &'static str) -> Step {
     (step, nix::errno::Errno::last_raw())
 }
 
-fn confine_and_exec(plan: &Plan) -> Result<std::convert::Infallible, Step> {
+fn confine_and_exec(plan: &ChildPlan) -> Result<std::convert::Infallible, Step> {
     use nix::libc;
     // SAFETY: plain system calls on this (child) process's own state, in
     // the order the old pre_exec made them.

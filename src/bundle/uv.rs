@@ -120,7 +120,7 @@ pub struct Project<'a> {
 
 /// A ready environment.
 #[derive(Debug, Clone)]
-pub struct Env {
+pub struct Environment {
     /// `…/env/KEY`: `bin/python` runs the bundle.
     pub dir: PathBuf,
     /// Built by this call (false: an existing one was found).
@@ -134,7 +134,7 @@ pub async fn ensure(
     cache: &Path,
     project: &Project<'_>,
     mut progress: impl FnMut(&str),
-) -> Result<Env, UvError> {
+) -> Result<Environment, UvError> {
     let uv = find_program(&settings.command).ok_or_else(|| UvError::NoUv {
         program: settings.command.display().to_string(),
         source: std::io::Error::new(std::io::ErrorKind::NotFound, "not found"),
@@ -164,7 +164,7 @@ pub async fn ensure(
     let key = key(&files, &python, settings);
     let dir = root.join(&key);
     if dir.join(STAMP).is_file() {
-        return Ok(Env { dir, built: false });
+        return Ok(Environment { dir, built: false });
     }
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -277,7 +277,7 @@ pub async fn ensure(
             source: std::io::Error::other(e),
         })??;
     progress("the Python environment is ready");
-    Ok(Env { dir, built: true })
+    Ok(Environment { dir, built: true })
 }
 
 /// Makes the environment readable by the bundle's uid and writes the stamp.
@@ -358,7 +358,7 @@ impl Drop for ProjectCopy {
     }
 }
 
-impl Env {
+impl Environment {
     /// Removes the bundle's other environments (earlier versions'), once
     /// nothing runs in them: called by a start, after the old process stopped.
     pub fn remove_others(&self) {

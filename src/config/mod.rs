@@ -16,16 +16,20 @@ pub mod defaults {
     /// `[archives]`: a `.mcpb` file of at most 512 MiB, 50,000 entries,
     /// 1 GiB unpacked, no entry of 1 MiB or more expanding over 100-fold.
     pub fn archive_max_bytes() -> u64 {
-        crate::archive::Limits::default().max_archive_bytes
+        512 * 1024 * 1024
     }
     pub fn archive_max_entries() -> u64 {
-        crate::archive::Limits::default().max_entries
+        50_000
     }
     pub fn archive_max_unpacked_bytes() -> u64 {
-        crate::archive::Limits::default().max_unpacked_bytes
+        1024 * 1024 * 1024
     }
     pub fn archive_max_ratio() -> u64 {
-        crate::archive::Limits::default().max_ratio
+        100
+    }
+    /// `[http] max_body_bytes = 0`: a request body of at most 4 MiB.
+    pub fn http_max_body_bytes() -> usize {
+        4 * 1024 * 1024
     }
 
     /// `[uv]`: `uv` and `python3` from the daemon's `PATH`, a build of at
@@ -137,11 +141,11 @@ pub mod defaults {
     pub fn max_message_bytes() -> usize {
         16 * 1024 * 1024
     }
-    pub fn landlock() -> super::LandlockMode {
-        super::LandlockMode::Auto
+    pub fn landlock() -> super::Enforcement {
+        super::Enforcement::Auto
     }
-    pub fn cgroups() -> super::LandlockMode {
-        super::LandlockMode::Auto
+    pub fn cgroups() -> super::Enforcement {
+        super::Enforcement::Auto
     }
     pub fn max_open_files() -> u64 {
         4096
@@ -392,11 +396,12 @@ pub struct SupervisionOverride {
     pub restart: RestartPolicy,
 }
 
-/// Whether bundles are confined with Landlock.
+/// Whether a confinement (`[sandbox] landlock`, `[sandbox] cgroups`) is
+/// enforced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
-pub enum LandlockMode {
-    /// Enforced where the kernel supports it; `status` says when it cannot be.
+pub enum Enforcement {
+    /// Enforced where the system supports it; `status` says when it cannot be.
     Auto,
     /// A bundle is not started without it.
     Required,
@@ -408,7 +413,7 @@ pub enum LandlockMode {
 #[serde(deny_unknown_fields)]
 pub struct SandboxSettings {
     #[serde(default = "defaults::landlock")]
-    pub landlock: LandlockMode,
+    pub landlock: Enforcement,
     /// When the daemon runs as root: one unprivileged user every bundle runs
     /// as (instead of a uid of its own from `uid_range`).
     #[serde(default)]
@@ -455,7 +460,7 @@ pub struct SandboxSettings {
     /// "Containment"): `auto` where one is writable (said loudly when not),
     /// `required` (a bundle does not start without it), `off`.
     #[serde(default = "defaults::cgroups")]
-    pub cgroups: LandlockMode,
+    pub cgroups: Enforcement,
     /// Where the bundles' cgroups are made (a cgroup v2 folder). Default:
     /// the daemon's own cgroup when it is delegated (`Delegate=yes`), or
     /// `bundlevisor/` at the top of the hierarchy when the daemon is there.
@@ -703,8 +708,8 @@ impl Default for ArchiveSettings {
 }
 
 impl ArchiveSettings {
-    pub fn limits(&self) -> crate::archive::Limits {
-        crate::archive::Limits {
+    pub fn limits(&self) -> crate::archive::ArchiveLimits {
+        crate::archive::ArchiveLimits {
             max_archive_bytes: self.max_archive_bytes,
             max_entries: self.max_entries,
             max_unpacked_bytes: self.max_unpacked_bytes,

@@ -43,7 +43,7 @@ use crate::config::SandboxSettings;
 
 /// What a listener allows its clients.
 #[derive(Debug, Clone, Copy)]
-pub struct Limits {
+pub struct ConnLimits {
     /// Connections open at once (TLS handshakes included).
     pub max_connections: usize,
     /// For a request head (from when the connection is ready for one), and
@@ -51,13 +51,13 @@ pub struct Limits {
     pub head_timeout: Duration,
 }
 
-impl Limits {
+impl ConnLimits {
     /// The configured limits, with the connection cap lowered to a quarter
     /// of the open-files limit when that is less: the two listeners
     /// together then hold at most half the daemon's descriptors, and the
     /// rest (bundles' pipes, the store, the control socket's accepts) stay
     /// free whatever TCP clients do.
-    pub fn of(http: &crate::config::HttpSettings) -> Limits {
+    pub fn of(http: &crate::config::HttpSettings) -> ConnLimits {
         use nix::sys::resource::{getrlimit, Resource};
         let budget = getrlimit(Resource::RLIMIT_NOFILE)
             .map(|(soft, _)| usize::try_from(soft / 4).unwrap_or(usize::MAX))
@@ -69,7 +69,7 @@ impl Limits {
                 "[http] max_connections is more than a quarter of the open-files limit; each listener keeps at most a quarter (raise LimitNOFILE= to serve more)"
             );
         }
-        Limits {
+        ConnLimits {
             max_connections: http.max_connections.min(budget).max(1),
             head_timeout: http.head_timeout,
         }
@@ -128,7 +128,7 @@ pub async fn serve(
     listener: TcpListener,
     tls: Option<Arc<tokio_rustls::rustls::ServerConfig>>,
     router: Router,
-    limits: Limits,
+    limits: ConnLimits,
     sandbox: SandboxSettings,
     shutdown: CancellationToken,
 ) {
@@ -185,7 +185,7 @@ pub async fn serve(
             handles
         };
         let (id, busy, idle_since, close) = entry;
-        let peer = Peer {
+        let peer = Client {
             addr: remote,
             local: stream.local_addr().ok(),
             sandbox: sandbox.clone(),
@@ -230,7 +230,7 @@ async fn connection(
     stream: TcpStream,
     acceptor: Option<tokio_rustls::TlsAcceptor>,
     service: Service,
-    limits: Limits,
+    limits: ConnLimits,
     shutdown: &CancellationToken,
     close: &Notify,
 ) {
@@ -256,7 +256,7 @@ async fn connection(
 async fn http1<I>(
     io: I,
     service: Service,
-    limits: Limits,
+    limits: ConnLimits,
     shutdown: &CancellationToken,
     close: &Notify,
 ) where
@@ -289,7 +289,7 @@ async fn http1<I>(
 
 /// The client of one connection and, once looked up (for the whole
 /// connection), why it is refused, if it is: a bundle's socket.
-struct Peer {
+struct Client {
     addr: std::net::SocketAddr,
     /// The connection's own address (never the wildcard it was accepted on).
     local: Option<std::net::SocketAddr>,
@@ -297,7 +297,7 @@ struct Peer {
     refusal: tokio::sync::OnceCell<Option<String>>,
 }
 
-impl Peer {
+impl Client {
     /// 403 (and the connection closed) for a bundle, or for a client that
     /// cannot be identified; None to serve it.
     async fn refused(&self) -> Option<axum::response::Response> {
@@ -334,7 +334,7 @@ impl Peer {
 #[derive(Clone)]
 struct Service {
     router: Router,
-    peer: Arc<Peer>,
+    peer: Arc<Client>,
     busy: Arc<AtomicUsize>,
     idle_since: Arc<Mutex<tokio::time::Instant>>,
 }
@@ -414,7 +414,7 @@ mod tests {
     use std::net::SocketAddr;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    async fn start(limits: Limits) -> (SocketAddr, CancellationToken) {
+    async fn start(limits: ConnLimits) -> (SocketAddr, CancellationToken) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let router = Router::new()
@@ -453,7 +453,7 @@ mod tests {
     /// descriptor each for ever; now a newcomer closes the longest idle.
     #[tokio::test]
     async fn idle_connections_beyond_the_cap_are_closed_oldest_first_and_requests_get_through() {
-        let limits = Limits {
+        let limits = ConnLimits {
             max_connections: 8,
             head_timeout: Duration::from_secs(3600),
         };
@@ -484,7 +484,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_busy_connection_is_not_evicted_and_when_all_are_busy_the_newcomer_is_refused() {
-        let limits = Limits {
+        let limits = ConnLimits {
             max_connections: 2,
             head_timeout: Duration::from_secs(3600),
         };
@@ -523,7 +523,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_head_not_sent_in_time_closes_the_connection() {
-        let limits = Limits {
+        let limits = ConnLimits {
             max_connections: 8,
             head_timeout: Duration::from_secs(5),
         };

@@ -38,7 +38,7 @@ pub struct Found {
 }
 
 /// What a scan needs to know besides the folder.
-pub struct Ask<'a> {
+pub struct ScanInputs<'a> {
     pub seen: &'a HashMap<PathBuf, u64>,
     pub config: &'a Config,
     /// How long a bundle folder's files must have been quiet.
@@ -126,7 +126,7 @@ fn still_arriving(
 
 /// Reads every bundle of a watched folder, each manifest once; parses only
 /// those whose content hash differs from `seen`. None when the folder is missing.
-pub fn scan(dir: &Path, ask: &Ask) -> Option<(PathBuf, Vec<Found>)> {
+pub fn scan(dir: &Path, ask: &ScanInputs) -> Option<(PathBuf, Vec<Found>)> {
     let (seen, config) = (ask.seen, ask.config);
     let (sandbox, protected) = (&config.sandbox, config.protected_paths());
     let dir = dir.canonicalize().ok().filter(|d| d.is_dir())?;

@@ -37,9 +37,6 @@ use super::Shared;
 use crate::daemon::api::Api;
 use crate::daemon::gateway::{Gateway, DEFAULT_WAIT_READY};
 
-/// The request body cap when `[http] max_body_bytes` is 0.
-const DEFAULT_MAX_BODY: usize = 4 * 1024 * 1024;
-
 type Endpoint = StreamableHttpService<Gateway, LocalSessionManager>;
 
 /// (workspace, profile) of an endpoint.
@@ -125,7 +122,7 @@ pub async fn serve(
         shutdown: shutdown.clone(),
     });
     let ops = ops_router(app.shared.clone(), app.shared.config.http.metrics);
-    let limits = super::conns::Limits::of(&app.shared.config.http);
+    let limits = super::conns::ConnLimits::of(&app.shared.config.http);
     let sandbox = app.shared.config.sandbox.clone();
     let router = Router::new()
         .route("/mcp/{workspace}", any(workspace_endpoint))
@@ -295,7 +292,7 @@ async fn scrape(State(ops): State<Ops>) -> Response {
 /// The `metrics_addr` listener: `/metrics`, `/healthz`, `/readyz` on the
 /// gateway's stack, until the task is dropped.
 pub async fn serve_ops(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
-    let limits = super::conns::Limits::of(&shared.config.http);
+    let limits = super::conns::ConnLimits::of(&shared.config.http);
     let sandbox = shared.config.sandbox.clone();
     let router = ops_router(shared, true);
     // Until the task is dropped (which drops its connections).
@@ -399,7 +396,7 @@ async fn endpoint(
         None
     };
     let cap = match settings.max_body_bytes {
-        0 => DEFAULT_MAX_BODY,
+        0 => crate::config::defaults::http_max_body_bytes(),
         n => n,
     };
     let request = match within_deadline(request, cap, settings.body_timeout).await {
@@ -641,7 +638,7 @@ impl App {
                 let mut config = StreamableHttpServerConfig::default()
                     .with_cancellation_token(self.shutdown.child_token())
                     .with_max_request_body_bytes(match settings.max_body_bytes {
-                        0 => DEFAULT_MAX_BODY,
+                        0 => crate::config::defaults::http_max_body_bytes(),
                         n => n,
                     })
                     .with_allowed_origins(settings.allowed_origins.clone())

@@ -12,7 +12,7 @@
 //! calls that wait for a rebuilt session, the tools `[[exclude_tools]]`
 //! removes, and the restart history and counters. It does no I/O and reads
 //! no clock; the restart decision is [`RestartTracker::decide`] with the
-//! jitter it is given. So every transition is tested here on a paused
+//! jitter it is given. So its transitions are tested here on a paused
 //! clock, and the table in docs/ARCHITECTURE.md is checked against
 //! [`table`] by a test.
 //!
@@ -337,7 +337,7 @@ pub enum Effect<S, M, C> {
 }
 
 /// What the restart decision needs besides the history.
-pub struct Env<'a> {
+pub struct RestartRules<'a> {
     pub supervision: &'a Supervision,
     pub policy: RestartPolicy,
     /// In [0, 1): spreads the backoff of bundles that crash together.
@@ -478,7 +478,12 @@ impl<S: Session, M: Manifest, C: Call> Lifecycle<S, M, C> {
 
     /// Moves the lifecycle by one input; returns what the actor must do.
     /// The step ends with the lane's change, if the ready session changed.
-    pub fn step(&mut self, input: Input<S, M, C>, now: Instant, env: &Env) -> Vec<Effect<S, M, C>> {
+    pub fn step(
+        &mut self,
+        input: Input<S, M, C>,
+        now: Instant,
+        env: &RestartRules,
+    ) -> Vec<Effect<S, M, C>> {
         let mut effects = self.transition(input, now, env);
         let lane = self.session().map(|_| self.generation);
         if lane != self.lane {
@@ -495,7 +500,7 @@ impl<S: Session, M: Manifest, C: Call> Lifecycle<S, M, C> {
         &mut self,
         input: Input<S, M, C>,
         now: Instant,
-        env: &Env,
+        env: &RestartRules,
     ) -> Vec<Effect<S, M, C>> {
         let now_generation = self.generation;
         let current = |g: u64| g == now_generation;
@@ -613,7 +618,7 @@ impl<S: Session, M: Manifest, C: Call> Lifecycle<S, M, C> {
         current: bool,
         result: Result<Up<S, M>, StartFailure>,
         now: Instant,
-        env: &Env,
+        env: &RestartRules,
     ) -> Vec<Effect<S, M, C>> {
         if !current || !matches!(self.phase, Phase::Starting { .. }) {
             // A superseded start that came up anyway: not ours any more.
@@ -662,7 +667,7 @@ impl<S: Session, M: Manifest, C: Call> Lifecycle<S, M, C> {
         &mut self,
         StartFailure { kind, reason }: StartFailure,
         now: Instant,
-        env: &Env,
+        env: &RestartRules,
     ) -> Vec<Effect<S, M, C>> {
         let down = match kind {
             FailKind::Config => Phase::Failed {
@@ -688,7 +693,7 @@ impl<S: Session, M: Manifest, C: Call> Lifecycle<S, M, C> {
         effects
     }
 
-    fn exited(&mut self, exit: Exit, now: Instant, env: &Env) -> Vec<Effect<S, M, C>> {
+    fn exited(&mut self, exit: Exit, now: Instant, env: &RestartRules) -> Vec<Effect<S, M, C>> {
         // Only a ready session has a watcher that reports its exit.
         if !matches!(self.phase, Phase::Ready { .. }) {
             return Vec::new();
@@ -895,7 +900,7 @@ impl<S: Session, M: Manifest, C: Call> Lifecycle<S, M, C> {
         ready_for: Option<Duration>,
         before: Option<Note>,
         now: Instant,
-        env: &Env,
+        env: &RestartRules,
     ) -> Vec<Effect<S, M, C>> {
         let mut effects: Vec<Effect<S, M, C>> = before.map(Effect::Publish).into_iter().collect();
         let decision = self.tracker.decide(
@@ -948,8 +953,9 @@ pub struct Row {
     pub to: &'static str,
 }
 
-/// The transition table, as docs/ARCHITECTURE.md shows it; every row is
-/// exercised against [`Lifecycle::step`] by the tests below.
+/// The transition table, as docs/ARCHITECTURE.md shows it (a test checks
+/// the doc against it). It summarizes [`Lifecycle::step`]; the tests below
+/// exercise `step` itself, not the rows one by one.
 pub fn table() -> Vec<Row> {
     let row = |from, input, to| Row { from, input, to };
     vec![
@@ -1087,7 +1093,7 @@ mod tests {
         }
 
         fn step(&mut self, input: Input<&'static str, Man, Req>) -> Effects {
-            let env = Env {
+            let env = RestartRules {
                 supervision: &self.sup,
                 policy: self.policy,
                 jitter: 0.5,

@@ -120,7 +120,7 @@ impl TryFrom<WorkspaceMsg> for HostRequest {
     }
 }
 
-struct Slot {
+struct BundleSlot {
     actor: Option<ActorRef<BundleMsg>>,
     source: PathBuf,
     /// Counters carried over to the actor that replaces a panicked one.
@@ -144,9 +144,9 @@ struct Add {
     reply: RpcReplyPort<Result<(), AddError>>,
 }
 
-impl Slot {
-    fn new(add: Add) -> (Slot, RpcReplyPort<Result<(), AddError>>) {
-        let slot = Slot {
+impl BundleSlot {
+    fn new(add: Add) -> (BundleSlot, RpcReplyPort<Result<(), AddError>>) {
+        let slot = BundleSlot {
             actor: None,
             source: add.source,
             restarts: 0,
@@ -162,7 +162,7 @@ pub struct WorkspaceState {
     /// Shared with every host-resources answer (counted per workspace).
     name: Arc<str>,
     shared: Arc<Shared>,
-    bundles: HashMap<String, Slot>,
+    bundles: HashMap<String, BundleSlot>,
     files: FileStore,
     /// Host-resources token buckets, by bundle.
     buckets: HashMap<String, TokenBucket>,
@@ -311,7 +311,7 @@ impl WorkspaceState {
         &self,
         myself: &ActorRef<WorkspaceMsg>,
         name: &str,
-        slot: &mut Slot,
+        slot: &mut BundleSlot,
     ) -> Result<ActorRef<BundleMsg>, AddError> {
         let args = BundleArgs {
             workspace: self.name.to_string(),
@@ -339,7 +339,7 @@ impl WorkspaceState {
 
     /// Starts supervising `name` with a new slot; answers the install.
     async fn add(&mut self, myself: &ActorRef<WorkspaceMsg>, name: String, add: Add) {
-        let (mut slot, reply) = Slot::new(add);
+        let (mut slot, reply) = BundleSlot::new(add);
         let result = self.spawn_bundle(myself, &name, &mut slot).await;
         if let Ok(actor) = &result {
             slot.actor = Some(actor.clone());
@@ -415,7 +415,7 @@ impl Actor for WorkspaceActor {
                     // install starts once the old process is gone (two
                     // actors never share a name, and the old one's exit
                     // never removes the new one from status).
-                    Some(Slot {
+                    Some(BundleSlot {
                         stopping: Some(stopping),
                         ..
                     }) if stopping.then.is_none() => stopping.then = Some(add),

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::outcome::wait_ready;
 use super::{limit, Api, ApiError};
 use crate::bundle::client::Caller;
-use crate::daemon::bundle::{run, Ask, BundleMsg, CallError, PendingCall};
+use crate::daemon::bundle::{run, BundleMsg, BundleRequest, CallError, PendingCall};
 use crate::daemon::workspace::FilesOp;
 use crate::protocol::BundleState;
 
@@ -117,7 +117,7 @@ impl Api {
             // back to ready cannot be missed.
             let mut events = p.wait_ready.map(|_| self.shared.board.subscribe());
             let pending = |reply| PendingCall {
-                request: Ask::Tool {
+                request: BundleRequest::Tool {
                     name: p.tool.clone(),
                     arguments: p.arguments.clone(),
                 },
@@ -197,7 +197,7 @@ impl Api {
             .call(
                 |reply| {
                     BundleMsg::Call(PendingCall {
-                        request: Ask::Mcp(Box::new(request)),
+                        request: BundleRequest::Mcp(Box::new(request)),
                         timeout: Some(PASSTHROUGH_TIMEOUT),
                         cancel: CancellationToken::new(),
                         progress: None,

@@ -10,6 +10,7 @@
 //! - [`call`]: tools, tool calls (the fast path on a ready session, the
 //!   bounded wait for a bundle on its way up), MCP requests passed to a
 //!   bundle, the workspace's files as MCP resources.
+//! - [`bundles`]: installing and removing bundles, the manifest one runs.
 //! - [`outcome`]: waiting for a bundle: until it is ready, and for the
 //!   outcome of its next start (restart, configure, auth).
 //!
@@ -28,6 +29,7 @@ use super::workspace::WorkspaceMsg;
 use super::Shared;
 use crate::protocol::{BundleState, ErrorKind};
 
+pub mod bundles;
 pub mod call;
 pub mod outcome;
 
@@ -87,6 +89,11 @@ pub enum ApiError {
         message: String,
         error: rmcp::ErrorData,
     },
+    #[error("no workspace {workspace:?}; known: {}", if .known.is_empty() { "none (install a bundle with -w WORKSPACE)".to_string() } else { .known.join(", ") })]
+    WorkspaceNotFound {
+        workspace: String,
+        known: Vec<String>,
+    },
     #[error("{0}")]
     InvalidParams(String),
     /// The actor tree is going away (or an actor is gone).
@@ -96,6 +103,8 @@ pub enum ApiError {
     Install(#[from] InstallError),
     #[error(transparent)]
     File(#[from] crate::files::FileError),
+    #[error("cannot read the manifest of bundle {name:?} to check the values: {reason}")]
+    ManifestUnreadable { name: String, reason: String },
     #[error("{0}")]
     Internal(String),
 }
@@ -138,6 +147,7 @@ impl ApiError {
             ApiError::Cancelled(_) => ErrorKind::Cancelled,
             ApiError::ToolNotFound(_) => ErrorKind::ToolNotFound,
             ApiError::Mcp { .. } => ErrorKind::McpError,
+            ApiError::WorkspaceNotFound { .. } => ErrorKind::WorkspaceNotFound,
             ApiError::InvalidParams(_) => ErrorKind::InvalidParams,
             ApiError::Unavailable(_) => ErrorKind::ShuttingDown,
             ApiError::Install(e) => install_kind(e),
@@ -146,6 +156,7 @@ impl ApiError {
                 crate::files::FileError::BadTag(_) | crate::files::FileError::BadId(_),
             ) => ErrorKind::InvalidParams,
             ApiError::File(_) => ErrorKind::FileError,
+            ApiError::ManifestUnreadable { .. } => ErrorKind::ManifestInvalid,
             ApiError::Internal(_) => ErrorKind::Internal,
         }
     }
@@ -260,6 +271,29 @@ impl Api {
             "the file operation",
         )
         .await??)
+    }
+
+    /// Workspaces with bundles (or files), those a watched folder feeds,
+    /// and the default one.
+    pub fn known_workspaces(&self) -> Vec<String> {
+        let (mut known, _) = self.shared.board.snapshot();
+        known.push(crate::protocol::DEFAULT_WORKSPACE.to_string());
+        known.extend(self.shared.config.watch.iter().map(|w| w.workspace.clone()));
+        known.sort();
+        known.dedup();
+        known
+    }
+
+    /// Err (naming the ones it knows) unless the daemon knows `workspace`.
+    pub fn known_workspace(&self, workspace: &str) -> Result<(), ApiError> {
+        let known = self.known_workspaces();
+        match known.iter().any(|w| w == workspace) {
+            true => Ok(()),
+            false => Err(ApiError::WorkspaceNotFound {
+                workspace: workspace.to_string(),
+                known,
+            }),
+        }
     }
 
     /// The daemon's lifecycle events from now on.

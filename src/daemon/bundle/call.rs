@@ -42,7 +42,7 @@ pub enum CallError {
 
 /// What is asked of the bundle.
 #[derive(Debug, Clone)]
-pub enum Ask {
+pub enum BundleRequest {
     /// `tools/call`.
     Tool {
         name: String,
@@ -54,7 +54,7 @@ pub enum Ask {
 
 /// A request on its way to the bundle.
 pub struct PendingCall {
-    pub request: Ask,
+    pub request: BundleRequest,
     /// None: `[bundles] call_timeout`.
     pub timeout: Option<Duration>,
     /// Cancelling it cancels the call (`notifications/cancelled` to the bundle).
@@ -71,8 +71,8 @@ impl PendingCall {
     /// The tool this call names, if it is a tool call.
     pub fn tool(&self) -> Option<&str> {
         match &self.request {
-            Ask::Tool { name, .. } => Some(name),
-            Ask::Mcp(_) => None,
+            BundleRequest::Tool { name, .. } => Some(name),
+            BundleRequest::Mcp(_) => None,
         }
     }
 }
@@ -128,14 +128,14 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
         let caller = callers.enter(call.caller.clone());
         let timeout = call.timeout.unwrap_or(live.timeout);
         let request = match &call.request {
-            Ask::Tool { name, arguments } => {
+            BundleRequest::Tool { name, arguments } => {
                 let mut params = CallToolRequestParams::new(name.clone());
                 if let Some(arguments) = arguments.clone() {
                     params = params.with_arguments(arguments);
                 }
                 ClientRequest::CallToolRequest(rmcp::model::Request::new(params))
             }
-            Ask::Mcp(request) => (**request).clone(),
+            BundleRequest::Mcp(request) => (**request).clone(),
         };
         let handle = match peer
             .send_cancellable_request(request, PeerRequestOptions::no_options())
@@ -216,7 +216,9 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
             Some(Ok(Err(e))) => Err(answer_error(&call.request, e)),
             Some(Ok(Ok(result))) => {
                 // A subscription the bundle took is the agent's.
-                if let (Ask::Mcp(request), Caller::Agent(agent)) = (&call.request, &call.caller) {
+                if let (BundleRequest::Mcp(request), Caller::Agent(agent)) =
+                    (&call.request, &call.caller)
+                {
                     match &**request {
                         ClientRequest::SubscribeRequest(r) => {
                             subscribers.add(&r.params.uri, agent.clone())
@@ -235,20 +237,20 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
     }
 }
 
-fn answer(request: &Ask, result: ServerResult) -> Result<ServerResult, CallError> {
+fn answer(request: &BundleRequest, result: ServerResult) -> Result<ServerResult, CallError> {
     match (request, result) {
-        (Ask::Tool { .. }, r @ ServerResult::CallToolResult(_)) => Ok(r),
-        (Ask::Tool { .. }, other) => Err(CallError::Failed(format!(
+        (BundleRequest::Tool { .. }, r @ ServerResult::CallToolResult(_)) => Ok(r),
+        (BundleRequest::Tool { .. }, other) => Err(CallError::Failed(format!(
             "the bundle answered tools/call with something else: {}",
             serde_json::to_string(&other).unwrap_or_default()
         ))),
-        (Ask::Mcp(_), other) => Ok(other),
+        (BundleRequest::Mcp(_), other) => Ok(other),
     }
 }
 
-fn answer_error(request: &Ask, e: ServiceError) -> CallError {
+fn answer_error(request: &BundleRequest, e: ServiceError) -> CallError {
     match (request, e) {
-        (Ask::Mcp(_), ServiceError::McpError(e)) => CallError::Mcp(e),
+        (BundleRequest::Mcp(_), ServiceError::McpError(e)) => CallError::Mcp(e),
         (_, e) => CallError::Failed(e.to_string()),
     }
 }

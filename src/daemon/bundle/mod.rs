@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::lifecycle::{
-    self, Env, Exit, Input, Lifecycle, Note, Refusal, StartFailure, Up, Wanted,
+    self, Exit, Input, Lifecycle, Note, Refusal, RestartRules, StartFailure, Up, Wanted,
 };
 use super::Shared;
 use crate::bundle::HostContext;
@@ -38,7 +38,7 @@ use crate::protocol::{
 };
 
 pub use super::lifecycle::Respawn;
-pub use call::{run, Ask, CallError, PendingCall};
+pub use call::{run, BundleRequest, CallError, PendingCall};
 pub use session::{Lane, Lanes, Live};
 pub use start::{snapshot_files, snapshot_path, Started};
 
@@ -220,7 +220,7 @@ impl BundleActorState {
     ) -> Vec<Effect> {
         let shared = self.args.shared.clone();
         let sup = &shared.config.supervision;
-        let env = Env {
+        let env = RestartRules {
             supervision: sup,
             policy: sup.restart_for(&self.args.workspace, &self.args.name),
             jitter,

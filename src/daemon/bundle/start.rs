@@ -413,7 +413,7 @@ pub(super) async fn build_uv_environment(
     name: &str,
     loaded: &LoadedManifest,
     state: crate::protocol::BundleState,
-) -> Result<crate::bundle::uv::Env, crate::bundle::uv::UvError> {
+) -> Result<crate::bundle::uv::Environment, crate::bundle::uv::UvError> {
     use crate::protocol::{EventKind, LifecycleEvent};
     let pass_env = shared.config.sandbox.pass_env_for(workspace, name);
     let project = crate::bundle::uv::Project {

@@ -14,9 +14,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::ask::{ask, bundle_actor, limit, not_found, unavailable};
+use super::wire::{bundle_actor, unavailable};
 use super::{Ctx, Outbox};
-use crate::daemon::bundle::{BundleMsg, Respawn};
+use crate::daemon::bundle::Respawn;
 use crate::daemon::PendingAuth;
 use crate::manifest::{LoadedManifest, Plan, RemotePlan, UserConfigType};
 use crate::protocol::{
@@ -86,10 +86,10 @@ pub(super) async fn configure(
     ctx: &Ctx,
     out: &Outbox,
 ) -> Result<ConfigureResult, RpcError> {
-    let actor = bundle_actor(&p.workspace, &p.name)?;
+    bundle_actor(&p.workspace, &p.name)?;
     let lock = ctx.shared.configure_lock(&p.workspace, &p.name);
     let _serialized = lock.lock().await;
-    let loaded = running_manifest(ctx, &actor, &p.workspace, &p.name).await?;
+    let loaded = ctx.api.running_manifest(&p.workspace, &p.name).await?;
     let stored: BTreeSet<String> = {
         ctx.shared
             .credentials_of(&p.workspace, &p.name, move |c, w, n| c.keys(w, n))
@@ -213,52 +213,6 @@ fn check_changes(
     (problems, changes)
 }
 
-/// The manifest a bundle runs (the last good one: a broken file on disk
-/// does not stop `configure`); read from disk before its first start.
-async fn running_manifest(
-    ctx: &Ctx,
-    actor: &ractor::ActorRef<BundleMsg>,
-    workspace: &str,
-    name: &str,
-) -> Result<LoadedManifest, RpcError> {
-    match ask(
-        actor,
-        BundleMsg::Manifest,
-        limit::ANSWER,
-        "the bundle's actor",
-    )
-    .await?
-    {
-        Some(running) => Ok(running),
-        None => installed_manifest(ctx, workspace, name).await,
-    }
-}
-
-/// The manifest of an installed bundle, read from where it was installed.
-pub(super) async fn installed_manifest(
-    ctx: &Ctx,
-    workspace: &str,
-    name: &str,
-) -> Result<LoadedManifest, RpcError> {
-    let (ws, n) = (workspace.to_string(), name.to_string());
-    let record = ctx
-        .shared
-        .store
-        .call(move |s| s.get(&ws, &n))
-        .await
-        .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?
-        .ok_or_else(|| not_found(workspace, name))?;
-    tokio::task::spawn_blocking(move || crate::daemon::source::manifest_of(&record.source))
-        .await
-        .map_err(unavailable)?
-        .map_err(|e| {
-            RpcError::new(
-                ErrorKind::ManifestInvalid,
-                format!("cannot read the manifest of bundle {name:?} to check the values: {e}"),
-            )
-        })
-}
-
 /// The manifest's keys with what is stored for each (values of sensitive
 /// keys never leave the daemon).
 async fn describe_keys(
@@ -312,7 +266,7 @@ fn auth_failed(e: impl std::fmt::Display) -> RpcError {
 
 /// The resolved remote plan of an installed remote bundle.
 async fn remote_plan(ctx: &Ctx, workspace: &str, name: &str) -> Result<RemotePlan, RpcError> {
-    let loaded = installed_manifest(ctx, workspace, name).await?;
+    let loaded = ctx.api.installed_manifest(workspace, name).await?;
     let values = ctx
         .shared
         .credentials_of(workspace, name, move |c, w, n| c.values(w, n))

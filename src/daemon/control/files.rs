@@ -5,9 +5,8 @@ use std::path::{Path, PathBuf};
 
 use ractor::RpcReplyPort;
 
-use super::ask::{ask, limit, workspace};
 use super::Ctx;
-use crate::daemon::workspace::{FilesOp, WorkspaceMsg};
+use crate::daemon::workspace::FilesOp;
 use crate::files::FileError;
 use crate::protocol::typed::FileRemoved;
 use crate::protocol::{
@@ -16,27 +15,12 @@ use crate::protocol::{
 };
 
 /// Runs one FileStore operation in a workspace.
-pub(super) async fn files_call<T: Send + 'static>(
+async fn files_call<T: Send + 'static>(
     ctx: &Ctx,
     ws: &str,
     op: impl FnOnce(RpcReplyPort<Result<T, FileError>>) -> FilesOp,
 ) -> Result<T, RpcError> {
-    let actor = workspace(ctx, ws).await?;
-    ask(
-        &actor,
-        |reply| WorkspaceMsg::Files(op(reply)),
-        limit::FILES,
-        "the file operation",
-    )
-    .await?
-    .map_err(|e| {
-        let kind = match e {
-            // What the caller gave (a tag, an id) is wrong.
-            FileError::BadTag(_) | FileError::BadId(_) => ErrorKind::InvalidParams,
-            FileError::Io { .. } | FileError::Store(_) => ErrorKind::FileError,
-        };
-        RpcError::new(kind, e.to_string())
-    })
+    Ok(ctx.api.files(ws, op).await?)
 }
 
 fn file_not_found(ws: &str, id: &str) -> RpcError {
@@ -104,7 +88,7 @@ pub(super) async fn files_put(p: FilesPutParams, ctx: &Ctx) -> Result<FileRecord
             .unwrap_or(Err(Unfit::NotTheirs))
     })
     .await
-    .map_err(super::ask::unavailable)?;
+    .map_err(super::wire::unavailable)?;
     let file = match file {
         Ok(f) => f,
         // An admitted user learns nothing about paths it does not own.

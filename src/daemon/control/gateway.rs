@@ -90,9 +90,7 @@ pub(super) fn attach_check(
     p: &AttachParams,
     ctx: &Ctx,
 ) -> Result<Option<crate::config::Profile>, RpcError> {
-    if !super::status::known_workspaces(ctx).contains(&p.workspace) {
-        return Err(super::status::no_workspace(ctx, &p.workspace));
-    }
+    ctx.api.known_workspace(&p.workspace)?;
     if let Some(resume) = &p.resume {
         serde_json::from_value::<rmcp::model::InitializeRequestParams>(resume.clone()).map_err(
             |e| {

@@ -25,7 +25,7 @@ use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::UnixStream;
 use tokio::sync::{mpsc, Notify};
 
-use super::{local, Ctx};
+use super::{attached, Ctx};
 use crate::protocol::{AttachParams, HandoverNote};
 
 /// A request open this long is announced to `bundlevisor mcp`.
@@ -213,7 +213,7 @@ async fn session(
     let gone = client_gone(from_client);
     tokio::pin!(gone);
     let service = tokio::select! {
-        s = local::start(transport, p, profile, ctx) => s,
+        s = attached::start(transport, p, profile, ctx) => s,
         _ = &mut gone => return,
     };
     let Some(service) = service else {

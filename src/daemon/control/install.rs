@@ -4,10 +4,8 @@
 
 use std::path::PathBuf;
 
-use super::ask::{ask, install_error, limit};
 use super::{Ctx, Outbox};
 use crate::daemon::bundle::Respawn;
-use crate::daemon::supervisor::DaemonMsg;
 use crate::protocol::{
     BundleRef, BundleResult, ErrorKind, InstallParams, RpcError, UninstallParams, UninstallResult,
 };
@@ -34,19 +32,7 @@ pub(super) async fn install(
         ));
     }
     let events = ctx.shared.board.subscribe();
-    let record = ask(
-        &ctx.daemon,
-        |reply| DaemonMsg::Install {
-            path,
-            workspace: p.workspace.clone(),
-            origin: Origin::Cli,
-            reply,
-        },
-        limit::INSTALL,
-        "the daemon",
-    )
-    .await?
-    .map_err(install_error)?;
+    let record = ctx.api.install(path, &p.workspace, Origin::Cli).await?;
     if p.no_wait {
         // The bundle's actor may not have published its first status yet.
         let bundle = ctx
@@ -64,26 +50,7 @@ pub(super) async fn install(
 }
 
 pub(super) async fn uninstall(p: UninstallParams, ctx: &Ctx) -> Result<UninstallResult, RpcError> {
-    let (workspace, name) = (p.workspace.clone(), p.name.clone());
-    ask(
-        &ctx.daemon,
-        |reply| DaemonMsg::Uninstall {
-            workspace,
-            name,
-            reply,
-        },
-        limit::UNINSTALL,
-        "the uninstall",
-    )
-    .await?
-    .map_err(install_error)?;
-    if p.purge {
-        ctx.shared
-            .credentials_of(&p.workspace, &p.name, |c, w, n| c.purge(w, n))
-            .await
-            .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?;
-        tracing::info!(workspace = %p.workspace, bundle = %p.name, "stored credentials and tokens purged");
-    }
+    ctx.api.uninstall(&p.workspace, &p.name, p.purge).await?;
     Ok(UninstallResult {
         workspace: p.workspace,
         name: p.name,

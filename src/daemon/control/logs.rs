@@ -4,7 +4,7 @@
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
-use super::ask::not_found;
+use super::wire::not_found;
 use super::{Ctx, Outbox};
 use crate::protocol::{method, ErrorKind, LogsParams, LogsResult, RpcError};
 

@@ -5,13 +5,14 @@
 //! through one writer task per connection.
 //!
 //! Every method is a type (`protocol::typed`: name, params, result) that
-//! the clients share; [`dispatch`] deserializes the params of that type
-//! (unknown params refused, names checked) and hands them to the method's
-//! handler, one file per request family: `status.rs`, `install.rs`,
-//! `call.rs`, `logs.rs`, `files.rs`, `gateway.rs`, `credentials.rs`,
-//! `tokens.rs`.
-//! Actors are asked one way, with named timeouts (`ask.rs`); the
-//! respawn-and-wait of `restart`, `configure` and `auth` is `outcome.rs`.
+//! the clients share, made from one list with the `Request` enum and the
+//! `Handlers` trait; [`dispatch`] parses the params of that type (unknown
+//! params refused, names checked) and runs the method's handler
+//! ([`Handling`]: one per method, or it does not compile), each a call of
+//! its family's file: `status.rs`, `install.rs`, `call.rs`, `logs.rs`,
+//! `files.rs`, `gateway.rs`, `credentials.rs`, `tokens.rs`. Handlers ask
+//! the daemon through its API (`daemon::api`); `wire.rs` turns its
+//! refusals into this face's errors.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -45,23 +46,23 @@ use crate::protocol::{
     MAX_REQUEST_BYTES,
 };
 
-mod ask;
+mod attached;
 mod call;
 mod credentials;
 mod files;
 mod gateway;
 mod handover;
 mod install;
-mod local;
 mod logs;
 mod status;
 mod tokens;
+mod wire;
 
 #[derive(Clone)]
 struct Ctx {
     /// The daemon's one door (handlers ask through it).
     api: Api,
-    daemon: ActorRef<DaemonMsg>,
+    /// What the daemon was configured with, and its shared state.
     shared: Arc<Shared>,
     /// Who is on the other end of this connection.
     peer: admission::Peer,
@@ -194,27 +195,27 @@ impl Outbox {
 /// Connection slots: `max_connections` in all, of which the last is only
 /// for the daemon's own uid (and root), so that other allowed users can
 /// never lock the operator out.
-struct Slots {
+struct ConnectionSlots {
     all: Arc<tokio::sync::Semaphore>,
     others: Arc<tokio::sync::Semaphore>,
 }
 
 /// A held connection slot (both permits, for a peer that is not the operator).
-struct Slot(
+struct ConnectionSlot(
     #[allow(dead_code)] tokio::sync::OwnedSemaphorePermit,
     #[allow(dead_code)] Option<tokio::sync::OwnedSemaphorePermit>,
 );
 
-impl Slots {
-    fn new(max: usize) -> Slots {
-        Slots {
+impl ConnectionSlots {
+    fn new(max: usize) -> ConnectionSlots {
+        ConnectionSlots {
             all: Arc::new(tokio::sync::Semaphore::new(max)),
             others: Arc::new(tokio::sync::Semaphore::new(max.saturating_sub(1))),
         }
     }
 
     /// A slot for a peer of uid `uid` (None: unknown), if one is free to it.
-    fn take(&self, uid: Option<u32>) -> Option<Slot> {
+    fn take(&self, uid: Option<u32>) -> Option<ConnectionSlot> {
         let me = nix::unistd::geteuid().as_raw();
         let operator = uid.is_some_and(|u| u == me || u == 0);
         let other = if operator {
@@ -223,7 +224,7 @@ impl Slots {
             Some(self.others.clone().try_acquire_owned().ok()?)
         };
         let all = self.all.clone().try_acquire_owned().ok()?;
-        Some(Slot(all, other))
+        Some(ConnectionSlot(all, other))
     }
 }
 
@@ -234,10 +235,9 @@ pub async fn serve(
     shared: Arc<Shared>,
     shutdown: CancellationToken,
 ) {
-    let slots = Slots::new(shared.config.control.max_connections);
+    let slots = ConnectionSlots::new(shared.config.control.max_connections);
     let ctx = Ctx {
-        api: Api::new(daemon.clone(), shared.clone()),
-        daemon,
+        api: Api::new(daemon, shared.clone()),
         shared,
         peer: admission::Peer::daemon(),
     };
@@ -614,7 +614,7 @@ async fn connection(stream: UnixStream, mut ctx: Ctx) {
     // Whatever the agent sent after its request is still in the reader.
     let read = lines.into_inner();
     if !params.handover {
-        local::serve_attached(read, write, params, profile, &ctx).await;
+        attached::serve_attached(read, write, params, profile, &ctx).await;
         return;
     }
     // The client sends its descriptors after the answer, and nothing else.
@@ -773,7 +773,7 @@ impl m::Handlers for Handling<'_> {
 fn debug_panic(p: BundleRef) -> Result<Done, RpcError> {
     #[cfg(feature = "fault-injection")]
     {
-        ask::bundle_actor(&p.workspace, &p.name)?
+        wire::bundle_actor(&p.workspace, &p.name)?
             .send_message(crate::daemon::bundle::BundleMsg::Panic)
             .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?;
         Ok(Done {})

@@ -29,9 +29,7 @@ pub(super) fn hello(p: HelloParams) -> Result<HelloResult, RpcError> {
 pub(super) async fn status(p: StatusParams, ctx: &Ctx) -> Result<StatusResult, RpcError> {
     let (mut workspaces, mut bundles) = ctx.shared.board.snapshot();
     if let Some(ws) = &p.workspace {
-        if !known_workspaces(ctx).contains(ws) {
-            return Err(no_workspace(ctx, ws));
-        }
+        ctx.api.known_workspace(ws)?;
         workspaces.retain(|w| w == ws);
         bundles.retain(|b| &b.workspace == ws);
     }
@@ -64,34 +62,6 @@ pub(super) async fn status(p: StatusParams, ctx: &Ctx) -> Result<StatusResult, R
         workspaces,
         bundles,
     })
-}
-
-/// Workspaces with bundles (or files), those a watched folder feeds, and
-/// the default one.
-pub(super) fn known_workspaces(ctx: &Ctx) -> Vec<String> {
-    let (mut known, _) = ctx.shared.board.snapshot();
-    known.push(crate::protocol::DEFAULT_WORKSPACE.to_string());
-    known.extend(ctx.shared.config.watch.iter().map(|w| w.workspace.clone()));
-    known.sort();
-    known.dedup();
-    known
-}
-
-/// A workspace the daemon does not know, with the ones it does.
-pub(super) fn no_workspace(ctx: &Ctx, ws: &str) -> RpcError {
-    let known = known_workspaces(ctx);
-    RpcError::new(
-        ErrorKind::WorkspaceNotFound,
-        format!(
-            "no workspace {ws:?}; known: {}",
-            if known.is_empty() {
-                "none (install a bundle with -w WORKSPACE)".to_string()
-            } else {
-                known.join(", ")
-            }
-        ),
-    )
-    .with("workspace", ws)
 }
 
 pub(super) async fn metrics(_: NoParams, ctx: &Ctx) -> Result<MetricsResult, RpcError> {

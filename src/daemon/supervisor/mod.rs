@@ -196,7 +196,7 @@ impl DaemonState {
         tokio::spawn(async move {
             let (dir, config) = (watch.dir.clone(), shared.config.clone());
             let found = tokio::task::spawn_blocking(move || {
-                let ask = super::folder::Ask {
+                let ask = super::folder::ScanInputs {
                     seen: &seen,
                     config: &config,
                     quiet: config.watch_debounce,

@@ -1,22 +1,16 @@
 //! The control socket's side of the daemon's API: its refusals as the
 //! wire's `RpcError` (the one `From<ApiError>` of this face, keeping each
 //! kind's details: a state, an MCP code, a manifest's problems), and the
-//! shortcuts the handlers use to ask through [`Api`].
+//! shortcuts the handlers share.
 
-use std::time::Duration;
-
-use ractor::{ActorRef, RpcReplyPort};
+use ractor::ActorRef;
 use serde_json::{json, Value};
 
-use super::Ctx;
 use crate::daemon::api::{Api, ApiError};
 use crate::daemon::bundle::BundleMsg;
 use crate::daemon::supervisor::InstallError;
-use crate::daemon::workspace::WorkspaceMsg;
 use crate::manifest::ManifestError;
 use crate::protocol::RpcError;
-
-pub(super) use crate::daemon::api::limit;
 
 impl From<ApiError> for RpcError {
     fn from(e: ApiError) -> RpcError {
@@ -39,6 +33,9 @@ impl From<ApiError> for RpcError {
                 .with("mcp_code", error.code.0)
                 .with("mcp_data", error.data.unwrap_or(Value::Null)),
             ApiError::Install(e) => install_details(RpcError::new(kind, message), e),
+            ApiError::WorkspaceNotFound { workspace, .. } => {
+                RpcError::new(kind, message).with("workspace", workspace)
+            }
             _ => RpcError::new(kind, message),
         }
     }
@@ -61,20 +58,6 @@ fn install_details(error: RpcError, e: InstallError) -> RpcError {
     }
 }
 
-/// Asks `actor` and waits for its answer at most `limit`.
-pub(super) async fn ask<M, R>(
-    actor: &ActorRef<M>,
-    msg: impl FnOnce(RpcReplyPort<R>) -> M,
-    limit: Duration,
-    what: &str,
-) -> Result<R, RpcError>
-where
-    M: ractor::Message,
-    R: Send + 'static,
-{
-    Ok(Api::ask(actor, msg, limit, what).await?)
-}
-
 pub(super) fn not_found(workspace: &str, name: &str) -> RpcError {
     ApiError::not_found(workspace, name).into()
 }
@@ -85,14 +68,4 @@ pub(super) fn bundle_actor(workspace: &str, name: &str) -> Result<ActorRef<Bundl
 
 pub(super) fn unavailable(e: impl std::fmt::Display) -> RpcError {
     ApiError::unavailable(e).into()
-}
-
-/// The actor of a workspace (created on first use).
-pub(super) async fn workspace(ctx: &Ctx, name: &str) -> Result<ActorRef<WorkspaceMsg>, RpcError> {
-    Ok(ctx.api.workspace(name).await?)
-}
-
-/// An install, uninstall or workspace refusal of the DaemonActor.
-pub(super) fn install_error(e: InstallError) -> RpcError {
-    ApiError::Install(e).into()
 }
