@@ -121,7 +121,7 @@ pub async fn serve(
         buckets: Mutex::default(),
         shutdown: shutdown.clone(),
     });
-    let ops = ops_router(app.shared.clone(), app.shared.config.http.metrics);
+    let ops = ops_router(app.api.clone(), app.shared.config.http.metrics);
     let limits = super::conns::ConnLimits::of(&app.shared.config.http);
     let sandbox = app.shared.config.sandbox.clone();
     let router = Router::new()
@@ -253,20 +253,16 @@ fn forbidden() -> Response {
     response
 }
 
-/// `/healthz`, `/readyz` and (when `metrics`) `/metrics`.
-fn ops_router(shared: Arc<Shared>, metrics: bool) -> Router {
+/// `/healthz`, `/readyz` and (when `metrics`) `/metrics`: adapters of the
+/// daemon's API.
+fn ops_router(api: Api, metrics: bool) -> Router {
     let mut router = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz));
     if metrics {
         router = router.route("/metrics", get(scrape));
     }
-    router.with_state(Ops { shared })
-}
-
-#[derive(Clone)]
-struct Ops {
-    shared: Arc<Shared>,
+    router.with_state(api)
 }
 
 /// Alive: the daemon answers (to anyone but a bundle).
@@ -276,25 +272,25 @@ async fn healthz() -> Response {
 
 /// Ready once the boot reload has settled (every installed bundle ready,
 /// failed, or being retried: systemd's `READY=1`).
-async fn readyz(State(ops): State<Ops>) -> Response {
-    if ops.shared.settled.is_cancelled() {
+async fn readyz(State(api): State<Api>) -> Response {
+    if api.ready() {
         "ready\n".into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, "booting\n").into_response()
     }
 }
 
-async fn scrape(State(ops): State<Ops>) -> Response {
-    let text = ops.shared.metrics.render();
+async fn scrape(State(api): State<Api>) -> Response {
+    let text = api.metrics_text();
     ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response()
 }
 
 /// The `metrics_addr` listener: `/metrics`, `/healthz`, `/readyz` on the
 /// gateway's stack, until the task is dropped.
-pub async fn serve_ops(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
-    let limits = super::conns::ConnLimits::of(&shared.config.http);
-    let sandbox = shared.config.sandbox.clone();
-    let router = ops_router(shared, true);
+pub async fn serve_ops(listener: tokio::net::TcpListener, api: Api) {
+    let limits = super::conns::ConnLimits::of(&api.shared().config.http);
+    let sandbox = api.shared().config.sandbox.clone();
+    let router = ops_router(api, true);
     // Until the task is dropped (which drops its connections).
     let never = CancellationToken::new();
     super::conns::serve(listener, None, router, limits, sandbox, never).await;

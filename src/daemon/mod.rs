@@ -684,7 +684,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         tracing::info!(addr = ?metrics_addr, "serving GET /metrics");
         tokio_util::task::AbortOnDropHandle::new(tokio::spawn(http::serve_ops(
             listener,
-            shared.clone(),
+            api::Api::new(daemon.clone(), shared.clone()),
         )))
     });
     let http_gateway = listeners.http.map(|listener| {

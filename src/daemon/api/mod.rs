@@ -11,6 +11,7 @@
 //!   bounded wait for a bundle on its way up), MCP requests passed to a
 //!   bundle, the workspace's files as MCP resources.
 //! - [`bundles`]: installing and removing bundles, the manifest one runs.
+//! - [`tokens`]: the HTTP gateway's access tokens.
 //! - [`outcome`]: waiting for a bundle: until it is ready, and for the
 //!   outcome of its next start (restart, configure, auth).
 //!
@@ -32,6 +33,7 @@ use crate::protocol::{BundleState, ErrorKind};
 pub mod bundles;
 pub mod call;
 pub mod outcome;
+pub mod tokens;
 
 pub use call::{BundleTools, CallRequest};
 
@@ -103,6 +105,12 @@ pub enum ApiError {
     Install(#[from] InstallError),
     #[error(transparent)]
     File(#[from] crate::files::FileError),
+    #[error("there is no profile {profile:?} in the daemon's config (profiles: {}); add a [[profile]] table, or leave --profile out", if .known.is_empty() { "none".to_string() } else { .known.join(", ") })]
+    NoSuchProfile { profile: String, known: Vec<String> },
+    #[error("a token named {0:?} exists already; pick another --name, or `bundlevisor token revoke {0}` first")]
+    TokenExists(String),
+    #[error("no token is named {0:?} or has that id; `bundlevisor token ls` lists them")]
+    TokenNotFound(String),
     #[error("cannot read the manifest of bundle {name:?} to check the values: {reason}")]
     ManifestUnreadable { name: String, reason: String },
     #[error("{0}")]
@@ -157,6 +165,9 @@ impl ApiError {
             ) => ErrorKind::InvalidParams,
             ApiError::File(_) => ErrorKind::FileError,
             ApiError::ManifestUnreadable { .. } => ErrorKind::ManifestInvalid,
+            ApiError::NoSuchProfile { .. } => ErrorKind::InvalidParams,
+            ApiError::TokenExists(_) => ErrorKind::TokenExists,
+            ApiError::TokenNotFound(_) => ErrorKind::TokenNotFound,
             ApiError::Internal(_) => ErrorKind::Internal,
         }
     }
@@ -294,6 +305,62 @@ impl Api {
                 known,
             }),
         }
+    }
+
+    /// Whether the boot reload has settled (every installed bundle ready,
+    /// failed, or being retried).
+    pub fn ready(&self) -> bool {
+        self.shared.settled.is_cancelled()
+    }
+
+    /// The daemon's metrics, in Prometheus' text format.
+    pub fn metrics_text(&self) -> String {
+        self.shared.metrics.render()
+    }
+
+    /// Every bundle's status (of one workspace), with its resource use
+    /// when `usage`.
+    pub fn status(
+        &self,
+        workspace: Option<&str>,
+        usage: bool,
+    ) -> Result<crate::protocol::StatusResult, ApiError> {
+        use crate::protocol::{DaemonInfo, StatusResult, Usage};
+        let (mut workspaces, mut bundles) = self.shared.board.snapshot();
+        if let Some(ws) = workspace {
+            self.known_workspace(ws)?;
+            workspaces.retain(|w| w == ws);
+            bundles.retain(|b| b.workspace == ws);
+        }
+        if usage {
+            for b in &mut bundles {
+                let (calls, errors) = self.shared.metrics.calls_of(&b.workspace, &b.name);
+                let (memory_bytes, cpu_usec) = match b.pid {
+                    Some(_) => self.shared.cgroups.usage(&b.workspace, &b.name),
+                    None => (None, None),
+                };
+                b.usage = Some(Usage {
+                    memory_bytes,
+                    cpu_usec,
+                    rss_bytes: b.pid.and_then(crate::daemon::metrics::rss_bytes),
+                    calls,
+                    errors,
+                });
+            }
+        }
+        let config = &self.shared.config;
+        Ok(StatusResult {
+            daemon: DaemonInfo {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+                pid: std::process::id(),
+                uptime_secs: self.shared.started_at.elapsed().as_secs(),
+                socket: config.socket.display().to_string(),
+                state_dir: config.state_dir.display().to_string(),
+                metrics_addr: self.shared.metrics_addr.map(|a| a.to_string()),
+            },
+            workspaces,
+            bundles,
+        })
     }
 
     /// The daemon's lifecycle events from now on.

@@ -36,6 +36,12 @@ impl From<ApiError> for RpcError {
             ApiError::WorkspaceNotFound { workspace, .. } => {
                 RpcError::new(kind, message).with("workspace", workspace)
             }
+            ApiError::NoSuchProfile { profile, .. } => {
+                RpcError::new(kind, message).with("profile", profile)
+            }
+            ApiError::TokenExists(name) | ApiError::TokenNotFound(name) => {
+                RpcError::new(kind, message).with("name", name)
+            }
             _ => RpcError::new(kind, message),
         }
     }
