@@ -9,36 +9,11 @@
 #   two runs of N1 and N2 reads, the difference / (N2 - N1) (start-up and
 #   the MCP handshake cancel out).
 # - floor: the bench's pipe-echo peer, the same two-run difference.
-#
-# Callgrind does not know Landlock's system calls and refuses a child's
-# RLIMIT_NOFILE above its own, so this daemon runs with `landlock = "off"`
-# and no rlimits: neither is on the read path.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BV=${BV:-target/release/bundlevisor}
-DEMO=${DEMO:-target/release/bundlevisor-demo}
 SUITE=${SUITE:-$(ls -t target/release/deps/suite-* | grep -v '\.d$' | head -1)}
 N=${CALLGRIND_READS:-2000}
-command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
-
-work=$(mktemp -d /tmp/bv-callgrind.XXXXXX)
-chmod 1777 "$work"
-cleanup() {
-  [ -n "${daemon:-}" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
-  rm -rf "$work"
-}
-trap cleanup EXIT
-export BUNDLEVISOR_SOCKET=$work/bv.sock
-cat >"$work/bv.toml" <<EOF
-state_dir = "state"
-socket = "bv.sock"
-[host_resources]
-rate_per_sec = 1000000
-burst = 1000000
-[sandbox]
-landlock = "off"
-max_open_files = 0
-EOF
+. benches/callgrind-common.sh
 for b in demo vg; do
   mkdir -p "$work/$b/server"
   cp "$DEMO" "$work/$b/server/"
@@ -56,16 +31,11 @@ cfg["args"] = ["--tool=callgrind", f"--callgrind-out-file={work}/bundle.%p.out",
 cfg["command"] = "/usr/bin/valgrind"
 json.dump(m, open(f"{work}/vg/manifest.json", "w"))
 EOF
-(cd "$work" && exec valgrind --tool=callgrind --instr-atstart=no \
-  --callgrind-out-file="$work/daemon.%p.out" "$OLDPWD/$BV" daemon --config bv.toml \
-  >"$work/daemon.log" 2>&1) &
-daemon=$!
-for _ in $(seq 300); do "$BV" status >/dev/null 2>&1 && break; sleep 0.1; done
+start_daemon "$(printf '[host_resources]\nrate_per_sec = 1000000\nburst = 1000000')"
 "$BV" install "$work/demo" >/dev/null
 head -c 4096 /dev/zero | tr '\0' a >"$work/small.txt"
 uri="files://$("$BV" files put "$work/small.txt")"
 reads() { "$BV" call --timeout 600s "$1" host_bench "{\"uri\":\"$uri\",\"count\":$2}" >/dev/null; }
-totals() { grep -h '^totals:' "$@" | awk '{s += $2} END {print s}'; }
 
 # The daemon.
 vgpid=$daemon

@@ -36,6 +36,23 @@ fn wait_escapees(root: &Path, n: usize, what: &str) {
     });
 }
 
+/// The escaper bundle (installed from `bundle`) with its three escapees:
+/// a restart takes the first generation's (the second's are there), an
+/// uninstall leaves none; then it is installed again, escapees and all.
+fn restart_and_uninstall_take_every_escapee(d: &Daemon, bundle: &Path) {
+    wait_escapees(&d.root(), 3, "the three escapees");
+    let before = escapees(&d.root());
+    d.ok(&["restart", "escaper"]);
+    wait_for(Duration::from_secs(15), "a new generation", || {
+        let now = escapees(&d.root());
+        (now.len() == 3 && now.iter().all(|p| !before.contains(p))).then_some(())
+    });
+    d.ok(&["uninstall", "escaper"]);
+    wait_escapees(&d.root(), 0, "no escapee after the uninstall");
+    d.ok(&["install", bundle.to_str().unwrap()]);
+    wait_escapees(&d.root(), 3, "the escapees again");
+}
+
 #[test]
 fn setsid_and_double_forked_descendants_die_on_restart_uninstall_and_daemon_sigterm() {
     let mut d = Daemon::start();
@@ -45,23 +62,9 @@ fn setsid_and_double_forked_descendants_die_on_restart_uninstall_and_daemon_sigt
     let containment = b["sandbox"]["containment"].as_str().unwrap().to_string();
     assert!(containment.starts_with("cgroup"), "{containment}");
     assert!(b["sandbox"]["cgroup"].as_str().is_some(), "{b:#}");
-    wait_escapees(&d.root(), 3, "the three escapees");
-
-    // Restart: the first generation's escapees go, the second's are there.
-    let before = escapees(&d.root());
-    d.ok(&["restart", "escaper"]);
-    wait_for(Duration::from_secs(15), "a new generation", || {
-        let now = escapees(&d.root());
-        (now.len() == 3 && now.iter().all(|p| !before.contains(p))).then_some(())
-    });
-
-    // Uninstall: nothing left.
-    d.ok(&["uninstall", "escaper"]);
-    wait_escapees(&d.root(), 0, "no escapee after the uninstall");
+    restart_and_uninstall_take_every_escapee(&d, &bundle);
 
     // Daemon SIGTERM: nothing left, and no cgroup of this daemon.
-    d.ok(&["install", bundle.to_str().unwrap()]);
-    wait_escapees(&d.root(), 3, "the escapees again");
     let cgroup = d.bundle("default", "escaper").unwrap()["sandbox"]["cgroup"]
         .as_str()
         .unwrap()
@@ -90,17 +93,7 @@ fn without_a_cgroup_escapees_of_an_own_uid_bundle_die_on_restart_uninstall_and_d
         containment.starts_with("process group and own uid"),
         "{containment}"
     );
-    wait_escapees(&d.root(), 3, "the three escapees");
-    let before = escapees(&d.root());
-    d.ok(&["restart", "escaper"]);
-    wait_for(Duration::from_secs(15), "a new generation", || {
-        let now = escapees(&d.root());
-        (now.len() == 3 && now.iter().all(|p| !before.contains(p))).then_some(())
-    });
-    d.ok(&["uninstall", "escaper"]);
-    wait_escapees(&d.root(), 0, "no escapee after the uninstall");
-    d.ok(&["install", bundle.to_str().unwrap()]);
-    wait_escapees(&d.root(), 3, "the escapees again");
+    restart_and_uninstall_take_every_escapee(&d, &bundle);
     assert!(d.signal(Signal::SIGTERM).success());
     wait_escapees(&d.root(), 0, "no escapee after the daemon stopped");
 }
