@@ -11,6 +11,8 @@
 //!   bounded wait for a bundle on its way up), MCP requests passed to a
 //!   bundle, the workspace's files as MCP resources.
 //! - [`bundles`]: installing and removing bundles, the manifest one runs.
+//! - [`credentials`]: `configure`, the authorization of remote bundles,
+//!   the credential key's rotation.
 //! - [`tokens`]: the HTTP gateway's access tokens.
 //! - [`outcome`]: waiting for a bundle: until it is ready, and for the
 //!   outcome of its next start (restart, configure, auth).
@@ -32,6 +34,7 @@ use crate::protocol::{BundleState, ErrorKind};
 
 pub mod bundles;
 pub mod call;
+pub mod credentials;
 pub mod outcome;
 pub mod tokens;
 
@@ -113,6 +116,19 @@ pub enum ApiError {
     TokenNotFound(String),
     #[error("cannot read the manifest of bundle {name:?} to check the values: {reason}")]
     ManifestUnreadable { name: String, reason: String },
+    /// `configure` values that do not fit their user_config declaration.
+    #[error("{message}")]
+    InvalidConfigValue {
+        message: String,
+        problems: Vec<String>,
+    },
+    /// What is asked needs `configure` first.
+    #[error("{0}")]
+    NotConfigured(String),
+    #[error("{0}")]
+    AuthFailed(String),
+    #[error("{0}")]
+    KeyRotationFailed(String),
     #[error("{0}")]
     Internal(String),
 }
@@ -168,6 +184,10 @@ impl ApiError {
             ApiError::NoSuchProfile { .. } => ErrorKind::InvalidParams,
             ApiError::TokenExists(_) => ErrorKind::TokenExists,
             ApiError::TokenNotFound(_) => ErrorKind::TokenNotFound,
+            ApiError::InvalidConfigValue { .. } => ErrorKind::InvalidConfigValue,
+            ApiError::NotConfigured(_) => ErrorKind::NeedsConfig,
+            ApiError::AuthFailed(_) => ErrorKind::AuthFailed,
+            ApiError::KeyRotationFailed(_) => ErrorKind::KeyRotationFailed,
             ApiError::Internal(_) => ErrorKind::Internal,
         }
     }

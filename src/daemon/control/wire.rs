@@ -42,6 +42,9 @@ impl From<ApiError> for RpcError {
             ApiError::TokenExists(name) | ApiError::TokenNotFound(name) => {
                 RpcError::new(kind, message).with("name", name)
             }
+            ApiError::InvalidConfigValue { problems, .. } => {
+                RpcError::new(kind, message).with("problems", problems)
+            }
             _ => RpcError::new(kind, message),
         }
     }
