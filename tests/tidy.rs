@@ -988,6 +988,43 @@ fn the_control_handlers_import_no_other_control_file_but_wire() {
     );
 }
 
+/// The daemon's faces (the control socket, the gateway, the HTTP routes)
+/// reach the actor tree only through `daemon::api`: none names an actor's
+/// message, the status board or the ready sessions (the fault-injection
+/// panic of a bundle's actor excepted).
+#[test]
+fn the_faces_reach_the_actors_only_through_the_api() {
+    let faces = |rel: &str| {
+        rel.starts_with("daemon/control/")
+            || rel.starts_with("daemon/gateway/")
+            || rel == "daemon/http.rs"
+            || rel == "daemon/conns.rs"
+    };
+    let mut found = Vec::new();
+    let mut seen = 0;
+    for (rel, code) in library().into_iter().filter(|(rel, _)| faces(rel)) {
+        seen += 1;
+        let code = blank(&code).replace("BundleMsg::Panic", "");
+        for needle in [
+            "DaemonMsg::",
+            "WorkspaceMsg::",
+            "BundleMsg::",
+            ".board.",
+            ".lanes",
+        ] {
+            if code.contains(needle) {
+                found.push(format!("src/{rel} names {needle}"));
+            }
+        }
+    }
+    assert!(seen > 10, "the faces are read: {seen}");
+    assert!(
+        found.is_empty(),
+        "a face that goes around daemon::api (add what it needs to the API):\n{}",
+        found.join("\n")
+    );
+}
+
 /// A `HostContext` needs the workspace's host port, which only the
 /// WorkspaceActor hands out (to the BundleActors it spawns), and only the
 /// BundleActor makes one: so every bundle connection serves host-resources

@@ -7,19 +7,25 @@ use super::{limit, Api, ApiError};
 use crate::daemon::bundle::BundleMsg;
 use crate::daemon::supervisor::DaemonMsg;
 use crate::manifest::LoadedManifest;
+use crate::protocol::BundleStatus;
 use crate::store::{InstallRecord, Origin};
 
 impl Api {
-    /// Installs the bundle at `path` in `workspace` (its start follows; see
-    /// [`Api::wait_outcome`]).
-    pub async fn install(
+    /// Installs the bundle at `path` in `workspace`; with `wait`, waits
+    /// for the outcome of its start (each transition passed to `seen`),
+    /// else answers with its status as soon as it is installed.
+    pub async fn install<F: std::future::Future<Output = ()>>(
         &self,
         path: PathBuf,
         workspace: &str,
         origin: Origin,
-    ) -> Result<InstallRecord, ApiError> {
+        wait: bool,
+        seen: impl FnMut(crate::daemon::board::Event) -> F,
+    ) -> Result<BundleStatus, ApiError> {
+        // Subscribed before the install: no transition of its start is missed.
+        let events = self.shared.board.subscribe();
         let workspace = workspace.to_string();
-        Ok(Api::ask(
+        let record = Api::ask(
             &self.daemon,
             |reply| DaemonMsg::Install {
                 path,
@@ -30,7 +36,20 @@ impl Api {
             limit::INSTALL,
             "the daemon",
         )
-        .await??)
+        .await??;
+        if !wait {
+            // The bundle's actor may not have published its first status yet.
+            return Ok(self
+                .bundle_status(&record.workspace, &record.name)
+                .unwrap_or_else(|| crate::daemon::expected_status(&record)));
+        }
+        self.wait_outcome(events, &record.workspace, &record.name, seen)
+            .await
+    }
+
+    /// What the status board shows of a bundle.
+    pub fn bundle_status(&self, workspace: &str, name: &str) -> Option<BundleStatus> {
+        self.shared.board.get(workspace, name)
     }
 
     /// Stops and removes a bundle; `purge`: its stored credentials and

@@ -31,20 +31,15 @@ pub(super) async fn install(
             ctx.peer.not_theirs("bundle folder or manifest", &p.path),
         ));
     }
-    let events = ctx.shared.board.subscribe();
-    let record = ctx.api.install(path, &p.workspace, Origin::Cli).await?;
-    if p.no_wait {
-        // The bundle's actor may not have published its first status yet.
-        let bundle = ctx
-            .shared
-            .board
-            .get(&record.workspace, &record.name)
-            .unwrap_or_else(|| crate::daemon::expected_status(&record));
-        return Ok(BundleResult { bundle });
-    }
     let bundle = ctx
         .api
-        .wait_outcome(events, &record.workspace, &record.name, out.forwarding())
+        .install(
+            path,
+            &p.workspace,
+            Origin::Cli,
+            !p.no_wait,
+            out.forwarding(),
+        )
         .await?;
     Ok(BundleResult { bundle })
 }

@@ -11,7 +11,7 @@ use crate::protocol::{method, ErrorKind, LogsParams, LogsResult, RpcError};
 pub(super) async fn logs(p: LogsParams, ctx: &Ctx, out: &Outbox) -> Result<LogsResult, RpcError> {
     let path = ctx.shared.config.log_path(&p.workspace, &p.name);
     let exists = tokio::fs::try_exists(&path).await.unwrap_or(false);
-    if !exists && ctx.shared.board.get(&p.workspace, &p.name).is_none() {
+    if !exists && ctx.api.bundle_status(&p.workspace, &p.name).is_none() {
         return Err(not_found(&p.workspace, &p.name));
     }
     if p.follow {
