@@ -4,8 +4,8 @@
 # Callgrind does not know Landlock's system calls and refuses a child's
 # RLIMIT_NOFILE above its own, so the daemon runs with `landlock = "off"`
 # and no rlimits: neither is on the paths measured.
-BV=${BV:-target/release/bundlevisor}
-DEMO=${DEMO:-target/release/bundlevisor-demo}
+BV=$(realpath "${BV:-target/release/bundlevisor}")
+DEMO=$(realpath "${DEMO:-target/release/bundlevisor-demo}")
 command -v valgrind >/dev/null || { echo "valgrind is not installed (apt-get install valgrind)" >&2; exit 1; }
 
 work=$(mktemp -d /tmp/bv-callgrind.XXXXXX)
@@ -24,7 +24,7 @@ start_daemon() {
   printf 'state_dir = "state"\nsocket = "bv.sock"\n[sandbox]\nlandlock = "off"\nmax_open_files = 0\n%s\n' \
     "${1:-}" >"$work/bv.toml"
   (cd "$work" && exec valgrind --tool=callgrind --instr-atstart=no \
-    --callgrind-out-file="$work/daemon.%p.out" "$OLDPWD/$BV" daemon --config bv.toml \
+    --callgrind-out-file="$work/daemon.%p.out" "$BV" daemon --config bv.toml \
     >"$work/daemon.log" 2>&1) &
   daemon=$!
   for _ in $(seq 300); do "$BV" status >/dev/null 2>&1 && return; sleep 0.1; done

@@ -773,7 +773,7 @@ impl m::Handlers for Handling<'_> {
 fn debug_panic(p: BundleRef) -> Result<Done, RpcError> {
     #[cfg(feature = "fault-injection")]
     {
-        wire::bundle_actor(&p.workspace, &p.name)?
+        Api::bundle_actor(&p.workspace, &p.name)?
             .send_message(crate::daemon::bundle::BundleMsg::Panic)
             .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))?;
         Ok(Done {})

@@ -3,11 +3,9 @@
 //! kind's details: a state, an MCP code, a manifest's problems), and the
 //! shortcuts the handlers share.
 
-use ractor::ActorRef;
 use serde_json::{json, Value};
 
-use crate::daemon::api::{Api, ApiError};
-use crate::daemon::bundle::BundleMsg;
+use crate::daemon::api::ApiError;
 use crate::daemon::supervisor::InstallError;
 use crate::manifest::ManifestError;
 use crate::protocol::RpcError;
@@ -69,10 +67,6 @@ fn install_details(error: RpcError, e: InstallError) -> RpcError {
 
 pub(super) fn not_found(workspace: &str, name: &str) -> RpcError {
     ApiError::not_found(workspace, name).into()
-}
-
-pub(super) fn bundle_actor(workspace: &str, name: &str) -> Result<ActorRef<BundleMsg>, RpcError> {
-    Ok(Api::bundle_actor(workspace, name)?)
 }
 
 pub(super) fn unavailable(e: impl std::fmt::Display) -> RpcError {
