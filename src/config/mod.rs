@@ -32,8 +32,6 @@ pub mod defaults {
         4 * 1024 * 1024
     }
 
-    /// `[uv]`: `uv` and `python3` from the daemon's `PATH`, a build of at
-    /// most 10 minutes, the system's certificate store.
     /// `[http]`: each token 50 requests a second, bursts of 200.
     pub fn http_rate_per_sec() -> f64 {
         50.0
@@ -59,6 +57,8 @@ pub mod defaults {
     pub fn http_body_timeout() -> Duration {
         Duration::from_secs(30)
     }
+    /// `[uv]`: `uv` and `python3` from the daemon's `PATH`, a build of at
+    /// most 10 minutes, the system's certificate store.
     pub fn uv_command() -> PathBuf {
         PathBuf::from("uv")
     }
