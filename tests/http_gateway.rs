@@ -495,6 +495,90 @@ async fn a_stateless_2026_07_28_client_lists_calls_and_reads() {
     client.cancel().await.unwrap();
 }
 
+/// A stateless MCP 2026-07-28 request, as the revision's clients send it
+/// (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name`, the version and
+/// capabilities in `_meta`): the JSON-RPC answer to it, as sent.
+async fn stateless(url: &str, token: &str, method: &str, name: &str, mut params: Value) -> Value {
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "wire-check", "version": "1"},
+    });
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params});
+    let response = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", method)
+        .header("Mcp-Name", name)
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let text = response.text().await.unwrap();
+    // JSON, or server-sent events whose data lines carry the answer.
+    let answers: Vec<Value> = match serde_json::from_str(&text) {
+        Ok(v) => vec![v],
+        Err(_) => text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str(d.trim()).ok())
+            .collect(),
+    };
+    answers
+        .into_iter()
+        .find(|a| a["id"] == 7)
+        .unwrap_or_else(|| panic!("no answer to {method} in: {text}"))
+}
+
+/// Issue 32, point 1: what an agent on MCP 2026-07-28 gets carries
+/// `resultType`, which the revision requires (the Python SDK 2.3 and the
+/// TypeScript SDK 2 clients reject a result without it). A bundle on
+/// 2025-11-25 and the workspace's files resolver send none; before, the
+/// gateway passed their results on without it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_for_a_2026_07_28_agent_say_their_result_type() {
+    let (d, base) = daemon();
+    let t = token(&d, &[]);
+    let id = d.put_file("typed.txt", b"typed");
+    let url = format!("{base}/mcp/default");
+    let call = stateless(
+        &url,
+        &t,
+        "tools/call",
+        "demo__echo",
+        json!({"name": "demo__echo", "arguments": {"text": "typed"}}),
+    )
+    .await;
+    assert_eq!(call["result"]["resultType"], "complete", "{call}");
+    assert_eq!(call["result"]["content"][0]["text"], "typed", "{call}");
+    let uri = format!("files://{id}");
+    let read = stateless(&url, &t, "resources/read", &uri, json!({"uri": uri})).await;
+    assert_eq!(read["result"]["resultType"], "complete", "{read}");
+    let list = stateless(&url, &t, "tools/list", "", json!({})).await;
+    assert_eq!(list["result"]["resultType"], "complete", "{list}");
+    // A 2025-11-25 session keeps its wire shape: no `resultType`.
+    let client = agent(&url, &t).await.unwrap();
+    assert_eq!(
+        client
+            .peer()
+            .peer_info()
+            .map(|i| i.protocol_version.to_string()),
+        Some("2025-11-25".to_string())
+    );
+    let result = client
+        .call_tool(
+            CallToolRequestParams::new("demo__echo")
+                .with_arguments(json!({"text": "old"}).as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(result.result_type, None, "{result:?}");
+    client.cancel().await.unwrap();
+}
+
 /// A request on session `session` with token `token`: its status and body.
 async fn on_session(url: &str, token: &str, session: &str, body: Value) -> (u16, String) {
     let response = reqwest::Client::new()

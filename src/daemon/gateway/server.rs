@@ -16,9 +16,9 @@ use rmcp::model::{
     ListPromptsRequest, ListPromptsResult, ListResourcesRequest, ListResourcesResult,
     ListToolsResult, LoggingLevel, PaginatedRequestParams, ProgressNotificationParam, Prompt,
     ProtocolVersion, ReadResourceRequest, ReadResourceRequestParams, ReadResourceResponse,
-    Resource, ResourceContents, ResourceUpdatedNotificationParam, ServerCapabilities, ServerConfig,
-    ServerNotification, ServerRequest, ServerResult, SetLevelRequestParams, SubscribeRequest,
-    SubscribeRequestParams, Tool, UnsubscribeRequest, UnsubscribeRequestParams,
+    Resource, ResourceContents, ResourceUpdatedNotificationParam, ResultType, ServerCapabilities,
+    ServerConfig, ServerNotification, ServerRequest, ServerResult, SetLevelRequestParams,
+    SubscribeRequest, SubscribeRequestParams, Tool, UnsubscribeRequest, UnsubscribeRequestParams,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -516,7 +516,9 @@ impl ServerHandler for Gateway {
             notify,
         )
         .await;
-        Ok(answer?.into())
+        let mut result = answer?;
+        result.result_type.get_or_insert(ResultType::COMPLETE);
+        Ok(result.into())
     }
 
     async fn list_prompts(
@@ -545,7 +547,10 @@ impl ServerHandler for Gateway {
             )
             .await?;
         match answer {
-            ServerResult::GetPromptResult(result) => Ok(result.into()),
+            ServerResult::GetPromptResult(mut result) => {
+                result.result_type.get_or_insert(ResultType::COMPLETE);
+                Ok(result.into())
+            }
             _ => Err(unusable("prompt")),
         }
     }
@@ -633,11 +638,19 @@ impl ServerHandler for Gateway {
             self.0.api.files_resources(&self.0.workspace, read).await?
         };
         match answer {
-            ServerResult::ReadResourceResult(result) => Ok(result.into()),
+            ServerResult::ReadResourceResult(mut result) => {
+                result.result_type.get_or_insert(ResultType::COMPLETE);
+                Ok(result.into())
+            }
             _ => Err(unusable("resource")),
         }
     }
 }
+
+// Results handed on from a bundle (or the workspace's files) say
+// `resultType: "complete"` unless they say otherwise: MCP 2026-07-28 requires
+// the field, and a bundle on 2025-11-25 (or the files resolver) sends none;
+// rmcp strips "complete" again for agents on older revisions.
 
 /// A bundle's answer of another kind than the request's.
 fn unusable(what: &str) -> ErrorData {
