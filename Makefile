@@ -115,7 +115,7 @@ run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is
 	target/release/bundlevisor daemon --config $(CONFIG)
 
 .PHONY: test
-test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers k8s-validate container-base ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client and the mcpb CLI included
+test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers k8s-validate container-base mcp-py2 ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client and the mcpb CLI included
 	$(CARGO) test --all-targets --features fault-injection
 
 # The gateways an operator would otherwise put in front of a stdio server,
@@ -144,6 +144,19 @@ $(MCP_PROXY)/.installed: tests/mcp-proxy/requirements.lock
 # kubernetes-validate (PyPI, pinned by tests/k8s/requirements.lock): the
 # rendered deploy/ manifests checked against the Kubernetes schemas.
 K8S_VALIDATE := target/k8s-validate
+
+# The Python SDK 2.3 client, which picks MCP 2026-07-28 when the server
+# offers it, for the gateway test (tests/mcp-py2/agent.py).
+MCP_PY2 := target/mcp-py2
+
+.PHONY: mcp-py2
+mcp-py2: $(MCP_PY2)/.installed ## The Python SDK 2.3 client (MCP 2026-07-28), pinned, for the gateway test
+
+$(MCP_PY2)/.installed: tests/mcp-py2/requirements.lock
+	rm -rf $(MCP_PY2)
+	$(PYTHON) -m venv $(MCP_PY2)/venv
+	$(MCP_PY2)/venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
+	touch $@
 
 .PHONY: k8s-validate
 k8s-validate: $(K8S_VALIDATE)/.installed ## kubernetes-validate, pinned, for the deployment test
