@@ -22,7 +22,7 @@ NPM ?= npm
 
 .PHONY: help
 help: ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 
 # Debian packages the build and the tests need: OpenSSL's headers (archive
 # signatures), pkg-config to find them, the openssl CLI (test certificates)
