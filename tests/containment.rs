@@ -98,6 +98,59 @@ fn without_a_cgroup_escapees_of_an_own_uid_bundle_die_on_restart_uninstall_and_d
     wait_escapees(&d.root(), 0, "no escapee after the daemon stopped");
 }
 
+/// Without a cgroup, a restart while the bundle is still starting: the
+/// superseded start is dropped, and the kill of its uid (which lands a
+/// moment later) must not take the next process, which runs under the same
+/// uid, with it. The next start waits until that kill is done.
+#[test]
+fn without_a_cgroup_a_restart_during_the_start_leaves_the_new_process_alone() {
+    if !nix::unistd::geteuid().is_root() {
+        return; // bundles share the daemon's uid: nothing is killed by uid
+    }
+    let d = Daemon::start_with("[sandbox]\ncgroups = \"off\"\n");
+    // A start that takes a moment: the process is there, not ready yet.
+    let bundle = shell_wrapped_demo(&d.root().join("src"), "slow", "sleep 0.5 ;");
+    // Its shell, sleeping before it becomes the demo server: a start that
+    // has its process and is not ready yet.
+    let starting = || {
+        common::processes_with_cwd_under(&d.root())
+            .into_iter()
+            .find(|pid| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.starts_with(b"sleep\x000.5"))
+            })
+    };
+    d.ok(&["install", "--no-wait", bundle.to_str().unwrap()]);
+    let mut sleeper = wait_for(Duration::from_secs(10), "the first start", starting);
+    for round in 0..4 {
+        // From the second round on, a restart in the background begins a
+        // start, and this one supersedes it.
+        let background = (round > 0).then(|| {
+            let mut cli = std::process::Command::new(common::BIN);
+            cli.arg("--socket").arg(&d.socket).args(["restart", "slow"]);
+            std::thread::spawn(move || cli.output())
+        });
+        if round > 0 {
+            sleeper = wait_for(Duration::from_secs(10), "a new start", || {
+                starting().filter(|pid| *pid != sleeper)
+            });
+        }
+        let out = d.cli(&["restart", "slow"]);
+        assert!(
+            out.status.success(),
+            "round {round}: the start after a restart during the start failed: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            d.log()
+        );
+        if let Some(b) = background {
+            let _ = b.join();
+        }
+    }
+    let b = d.wait_state("default", "slow", "ready");
+    let pid = b["pid"].as_u64().unwrap();
+    assert!(Path::new(&format!("/proc/{pid}")).exists(), "{b:#}");
+}
+
 /// The daemon's reaper helper (`bundlevisor __reap STATE_DIR`).
 fn reaper_of(d: &Daemon) -> u32 {
     let state = d.root().join("state");

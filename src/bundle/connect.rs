@@ -181,6 +181,16 @@ async fn connect_stdio(
     requester: &Requester,
     opts: &ConnectOptions,
 ) -> Result<Session, ConnectError> {
+    // A bundle held by its own uid starts once the kill of its previous
+    // process is done (process::uid_free).
+    if let Some(uid) = opts.sandbox.as_ref().and_then(|s| s.tree_uid) {
+        if !process::uid_free(uid, opts.start_timeout).await {
+            tracing::warn!(
+                uid,
+                "an earlier process of this bundle is still being stopped; starting anyway"
+            );
+        }
+    }
     let spawned = process::spawn(plan, opts.sandbox.as_ref())?;
     let stderr = process::capture_stderr(
         spawned.stderr,

@@ -302,6 +302,58 @@ impl Drop for KillGuard {
     }
 }
 
+/// The uids whose processes a [`Lifeline`] is still answerable for (a
+/// bundle held by its own uid, without a cgroup): how many lifelines per
+/// uid, until each one's last `kill_uid` is done. A new process of the
+/// same bundle starts only once the uid is free ([`uid_free`]): the kill
+/// of a superseded generation, which can land a moment after the next one
+/// was started (an aborted start is dropped asynchronously), would
+/// otherwise take the new process with it.
+static HELD_UIDS: Mutex<Vec<(u32, usize)>> = Mutex::new(Vec::new());
+static UID_RELEASED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+fn hold_uid(uid: u32) {
+    let mut held = HELD_UIDS.lock().unwrap_or_else(|e| e.into_inner());
+    match held.iter_mut().find(|(u, _)| *u == uid) {
+        Some((_, n)) => *n += 1,
+        None => held.push((uid, 1)),
+    }
+}
+
+fn release_uid(uid: u32) {
+    let mut held = HELD_UIDS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(i) = held.iter().position(|(u, _)| *u == uid) {
+        held[i].1 -= 1;
+        if held[i].1 == 0 {
+            held.swap_remove(i);
+        }
+    }
+    drop(held);
+    UID_RELEASED.notify_waiters();
+}
+
+fn uid_held(uid: u32) -> bool {
+    let held = HELD_UIDS.lock().unwrap_or_else(|e| e.into_inner());
+    held.iter().any(|(u, _)| *u == uid)
+}
+
+/// Waits (at most `limit`) until no earlier process of `uid` is still to
+/// be killed; false when the limit passed first.
+pub async fn uid_free(uid: u32, limit: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let released = UID_RELEASED.notified();
+        tokio::pin!(released);
+        released.as_mut().enable();
+        if !uid_held(uid) {
+            return true;
+        }
+        if tokio::time::timeout_at(deadline, released).await.is_err() {
+            return false;
+        }
+    }
+}
+
 /// What holds a bundle's whole tree beyond its process group: its cgroup,
 /// or, where it has none, its own uid ([`super::sandbox::Sandbox::tree_uid`]).
 #[derive(Clone, Default)]
@@ -382,6 +434,9 @@ impl Lifeline {
         }
         let killer = tree.clone();
         let Tree { cgroup, uid } = tree;
+        if let Some(uid) = uid {
+            hold_uid(uid);
+        }
         let (stop_tx, mut stop_rx) = mpsc::unbounded_channel::<Duration>();
         let (exit_tx, exit_rx) = watch::channel(None);
         let exited = Arc::new(AtomicBool::new(false));
@@ -398,6 +453,7 @@ impl Lifeline {
             signal_group(pid, Signal::SIGKILL);
             if let Some(uid) = uid {
                 let _ = tokio::task::spawn_blocking(move || kill_uid(uid)).await;
+                release_uid(uid);
             }
             let oom_killed = match cgroup {
                 Some(cg) => tokio::task::spawn_blocking(move || cg.finish())
