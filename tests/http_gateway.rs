@@ -495,42 +495,14 @@ async fn a_stateless_2026_07_28_client_lists_calls_and_reads() {
     client.cancel().await.unwrap();
 }
 
-/// A stateless MCP 2026-07-28 request, as the revision's clients send it
-/// (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name`, the version and
-/// capabilities in `_meta`): the JSON-RPC answer to it, as sent.
-async fn stateless(url: &str, token: &str, method: &str, name: &str, mut params: Value) -> Value {
-    params["_meta"] = json!({
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {},
-        "io.modelcontextprotocol/clientInfo": {"name": "wire-check", "version": "1"},
-    });
-    let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params});
-    let response = reqwest::Client::new()
-        .post(url)
-        .bearer_auth(token)
-        .header("Accept", "application/json, text/event-stream")
-        .header("Content-Type", "application/json")
-        .header("MCP-Protocol-Version", "2026-07-28")
-        .header("Mcp-Method", method)
-        .header("Mcp-Name", name)
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    let text = response.text().await.unwrap();
-    // JSON, or server-sent events whose data lines carry the answer.
-    let answers: Vec<Value> = match serde_json::from_str(&text) {
-        Ok(v) => vec![v],
-        Err(_) => text
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .filter_map(|d| serde_json::from_str(d.trim()).ok())
-            .collect(),
-    };
+/// The answer to a stateless MCP 2026-07-28 request of an agent that
+/// declared no capabilities.
+async fn stateless(url: &str, token: &str, method: &str, name: &str, params: Value) -> Value {
+    let (_, answers) = common::post_2026(url, token, method, name, params, json!({})).await;
     answers
         .into_iter()
         .find(|a| a["id"] == 7)
-        .unwrap_or_else(|| panic!("no answer to {method} in: {text}"))
+        .unwrap_or_else(|| panic!("no answer to {method}"))
 }
 
 /// Issue 32, point 1: what an agent on MCP 2026-07-28 gets carries

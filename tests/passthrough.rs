@@ -370,11 +370,14 @@ fn a_request_outside_any_agents_call_is_refused_at_once() {
     assert!(text.contains("no agent's call is in flight"), "{text}");
 }
 
-/// A 2026-07-28 agent (stateless requests, no stream the daemon could send
-/// a request on): the bundle's sampling request fails at once, with the
-/// reason, instead of waiting for an answer that cannot come.
+/// Issue 32, point 2: a 2026-07-28 agent (stateless requests, no stream
+/// the daemon could send a request on) is asked by `input_required`
+/// results: rmcp's client answers each through its handler and retries, and
+/// the everything server (on 2025-11-25) gets its sampling, elicitation and
+/// roots answers within the same call. Before, the bundle was refused at
+/// once ("no stream to send it a request on").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stateless_agent_cannot_be_asked_and_the_bundle_learns_it_at_once() {
+async fn a_stateless_agent_is_asked_by_input_required_and_the_call_goes_on() {
     use rmcp::model::ProtocolVersion;
     use rmcp::{ClientLifecycleMode, ClientServiceExt};
     let (d, port) = daemon();
@@ -395,12 +398,40 @@ async fn a_stateless_agent_cannot_be_asked_and_the_bundle_learns_it_at_once() {
         )
         .await
         .unwrap();
-    sampling_is_refused(
-        &client,
-        &agent,
-        "speaks MCP 2026-07-28, whose stateless requests leave no stream",
+    let call = |tool: &str, args: Value| {
+        let params = CallToolRequestParams::new(format!("everything__{tool}"))
+            .with_arguments(args.as_object().unwrap().clone());
+        let client = &client;
+        async move {
+            let result = tokio::time::timeout(Duration::from_secs(30), client.call_tool(params))
+                .await
+                .expect("no hang")
+                .unwrap();
+            let text = serde_json::to_string(&result.content).unwrap();
+            assert_ne!(result.is_error, Some(true), "{text}");
+            text
+        }
+    };
+    let text = call(
+        "trigger-sampling-request",
+        json!({"prompt": "six times seven?"}),
     )
     .await;
+    assert!(
+        text.contains("forty-two") && text.contains("agent-model-7"),
+        "{text}"
+    );
+    let text = call("trigger-elicitation-request", json!({})).await;
+    assert!(text.contains("Ada from the agent"), "{text}");
+    let text = call("get-roots-list", json!({})).await;
+    assert!(text.contains("file:///agent/project-root"), "{text}");
+    let seen = agent.seen();
+    for asked in ["sampling", "elicitation", "roots"] {
+        assert!(
+            seen.iter().any(|s| s.starts_with(asked)),
+            "{asked}: {seen:?}"
+        );
+    }
     client.cancel().await.unwrap();
 }
 

@@ -48,6 +48,14 @@ pub mod defaults {
     pub fn http_max_sessions_per_token() -> usize {
         8
     }
+    /// `[http]`: a request that asked its agent for input (MCP 2026-07-28)
+    /// waits 5 minutes for the retry; one token has at most 16 waiting.
+    pub fn http_input_timeout() -> Duration {
+        Duration::from_secs(300)
+    }
+    pub fn http_max_waiting_for_input() -> usize {
+        16
+    }
     pub fn http_max_connections() -> usize {
         256
     }
@@ -807,6 +815,14 @@ pub struct HttpSettings {
     /// take them all); a new one beyond gets 503 with `Retry-After`.
     #[serde(default = "defaults::http_max_sessions_per_token")]
     pub max_sessions_per_token: usize,
+    /// A 2026-07-28 agent's request whose bundle asked for input (an
+    /// `input_required` result) waits this long for the agent's retry;
+    /// then it is ended at the bundle.
+    #[serde(default = "defaults::http_input_timeout", with = "humantime_serde")]
+    pub input_timeout: Duration,
+    /// Requests one token may have waiting for its input at once.
+    #[serde(default = "defaults::http_max_waiting_for_input")]
+    pub max_waiting_for_input: usize,
     /// Connections a listener (this one and `metrics_addr`) keeps open; a
     /// newcomer beyond closes the longest-idle one, or is refused when all
     /// are busy.

@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Shared;
 use crate::daemon::api::Api;
+use crate::daemon::gateway::rounds::{AgentKey, RoundLimits, Rounds};
 use crate::daemon::gateway::{Gateway, DEFAULT_WAIT_READY};
 
 type Endpoint = StreamableHttpService<Gateway, LocalSessionManager>;
@@ -395,10 +396,12 @@ async fn endpoint(
         0 => crate::config::defaults::http_max_body_bytes(),
         n => n,
     };
-    let request = match within_deadline(request, cap, settings.body_timeout).await {
+    let mut request = match within_deadline(request, cap, settings.body_timeout).await {
         Ok(request) => request,
         Err(response) => return response,
     };
+    // Whose request it is, for resuming a call that waits for its input.
+    request.extensions_mut().insert(AgentKey(token.id.clone()));
     let response = service.handle(request).await.into_response();
     if opens_session {
         if let Some(id) = response
@@ -645,6 +648,13 @@ impl App {
                 }
                 let sessions = Arc::new(LocalSessionManager::default());
                 let owners = Arc::new(Mutex::new(Owners::default()));
+                // A 2026-07-28 request gets a gateway of its own; the calls
+                // waiting for their agents' input are the endpoint's.
+                let rounds = Rounds::new(RoundLimits {
+                    timeout: settings.input_timeout,
+                    per_agent: settings.max_waiting_for_input,
+                    ..RoundLimits::default()
+                });
                 let service = Arc::new(StreamableHttpService::new(
                     move || {
                         Ok(Gateway::new(
@@ -652,6 +662,7 @@ impl App {
                             workspace.clone(),
                             profile.clone(),
                             DEFAULT_WAIT_READY,
+                            rounds.clone(),
                         ))
                     },
                     sessions.clone(),

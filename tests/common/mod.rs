@@ -913,3 +913,50 @@ impl Drop for Unmount {
         }
     }
 }
+
+/// A stateless MCP 2026-07-28 request as the revision's clients send it
+/// (`MCP-Protocol-Version`, `Mcp-Method`, `Mcp-Name`, and in `_meta` the
+/// version, `capabilities` and client info, beside any `_meta` of
+/// `params`): the HTTP status and every JSON-RPC message of the answer (a
+/// JSON body, or the data lines of its server-sent events).
+pub async fn post_2026(
+    url: &str,
+    token: &str,
+    method: &str,
+    name: &str,
+    mut params: Value,
+    capabilities: Value,
+) -> (u16, Vec<Value>) {
+    let meta = params
+        .as_object_mut()
+        .expect("params are an object")
+        .entry("_meta")
+        .or_insert_with(|| json!({}));
+    meta["io.modelcontextprotocol/protocolVersion"] = json!("2026-07-28");
+    meta["io.modelcontextprotocol/clientCapabilities"] = capabilities;
+    meta["io.modelcontextprotocol/clientInfo"] = json!({"name": "wire-check", "version": "1"});
+    let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params});
+    let response = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", method)
+        .header("Mcp-Name", name)
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    let messages = match serde_json::from_str(&text) {
+        Ok(v) => vec![v],
+        Err(_) => text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str(d.trim()).ok())
+            .collect(),
+    };
+    (status, messages)
+}

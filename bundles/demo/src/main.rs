@@ -8,6 +8,10 @@
 //! back over the MCP session and return the raw JSON result (or, as a tool
 //! error, the JSON-RPC error `{code, message, data}`).
 //!
+//! `confirm` asks the client (`elicitation/create`) `times` times (0:
+//! until it declines), logging each question first (`notifications/message`
+//! at `info`), and answers with every reply.
+//!
 //! Prompt: `ask` (argument `question`) asks the client for an LLM
 //! completion (`sampling/createMessage`) while it serves `prompts/get`, and
 //! answers with the client's reply, or with why there was none.
@@ -26,9 +30,11 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolResult, ClientResult, ContentBlock, CreateMessageRequestParams, CustomRequest,
-    CustomResult, GetPromptRequestParams, GetPromptResponse, GetPromptResult, ListPromptsResult,
-    PaginatedRequestParams, ProgressNotificationParam, Prompt, PromptArgument, PromptMessage, Role,
-    SamplingMessage, ServerCapabilities, ServerConfig, ServerRequest, Tool,
+    CustomResult, ElicitRequest, ElicitRequestParams, ElicitationAction, GetPromptRequestParams,
+    GetPromptResponse, GetPromptResult, ListPromptsResult, LoggingLevel,
+    LoggingMessageNotificationParam, PaginatedRequestParams, ProgressNotificationParam, Prompt,
+    PromptArgument, PromptMessage, Role, SamplingMessage, ServerCapabilities, ServerConfig,
+    ServerRequest, Tool,
 };
 use rmcp::service::{RequestContext, ServiceError};
 use rmcp::{
@@ -105,6 +111,13 @@ struct HostBenchArgs {
     /// Also return every read's round trip (`samples_us`).
     #[serde(default)]
     samples: bool,
+}
+
+#[derive(Deserialize, schemars::JsonSchema)]
+struct ConfirmArgs {
+    /// How many times to ask (0: until the client declines).
+    #[serde(default)]
+    times: u32,
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]
@@ -264,6 +277,59 @@ impl Demo {
         Ok(CallToolResult::success(vec![ContentBlock::text(format!(
             "holding {total} bytes"
         ))]))
+    }
+
+    #[tool(
+        description = "Ask the client to confirm (elicitation) TIMES times (0: until it declines); answers with every reply"
+    )]
+    async fn confirm(
+        &self,
+        peer: Peer<RoleServer>,
+        Parameters(args): Parameters<ConfirmArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let mut replies = Vec::new();
+        let mut round = 0;
+        while args.times == 0 || round < args.times {
+            round += 1;
+            let question = format!("confirm {round}?");
+            let _ = peer
+                .notify_logging_message(LoggingMessageNotificationParam::new(
+                    LoggingLevel::Info,
+                    serde_json::json!(format!("demo: asking {question}")),
+                ))
+                .await;
+            let params: ElicitRequestParams = serde_json::from_value(serde_json::json!({
+                "message": question,
+                "requestedSchema": {
+                    "type": "object",
+                    "properties": { "ok": { "type": "boolean" } },
+                },
+            }))
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+            let request = ServerRequest::ElicitRequest(ElicitRequest::new(params));
+            match peer.send_request(request).await {
+                Ok(ClientResult::ElicitResult(reply)) => {
+                    let declined = !matches!(reply.action, ElicitationAction::Accept);
+                    replies.push(serde_json::to_value(&reply).unwrap_or_default());
+                    if declined {
+                        break;
+                    }
+                }
+                Ok(_) => {
+                    return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+                        "round {round}: not an elicitation result"
+                    ))]))
+                }
+                Err(e) => {
+                    return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+                        "round {round}: {e}"
+                    ))]))
+                }
+            }
+        }
+        Ok(CallToolResult::success(vec![ContentBlock::text(
+            serde_json::Value::Array(replies).to_string(),
+        )]))
     }
 
     #[tool(description = "Read a workspace file through ai.nimblebrain/resources/read")]

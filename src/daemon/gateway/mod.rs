@@ -17,10 +17,15 @@
 //! `notifications/tools/list_changed` (and the prompt and resource ones)
 //! when what the agent sees has changed. See docs/gateway.md.
 
+// Logging is deprecated by SEP-2577 in the newest revision, and still
+// there (the severity order below).
+#![allow(deprecated)]
+
 pub mod names;
+pub mod rounds;
 pub mod server;
 
-use rmcp::model::ProgressNotificationParam;
+use rmcp::model::{LoggingLevel, ProgressNotificationParam};
 use rmcp::service::Peer;
 use rmcp::RoleServer;
 use tokio::sync::{broadcast, mpsc};
@@ -67,6 +72,20 @@ where
         }
     }
     answer
+}
+
+/// RFC 5424 order, least severe first.
+pub(crate) fn severity(level: LoggingLevel) -> u8 {
+    match level {
+        LoggingLevel::Debug => 0,
+        LoggingLevel::Info => 1,
+        LoggingLevel::Notice => 2,
+        LoggingLevel::Warning => 3,
+        LoggingLevel::Error => 4,
+        LoggingLevel::Critical => 5,
+        LoggingLevel::Alert => 6,
+        LoggingLevel::Emergency => 7,
+    }
 }
 
 /// What the agent sees, as comparable text: the exposed tools, and the set

@@ -26,6 +26,7 @@ use serde_json::json;
 use tokio::sync::Mutex;
 
 use super::names::{self, Entry};
+use super::rounds::{Origin, Outcome, Rounds, Running, Served};
 use crate::bundle::client::{Agent, Caller};
 use crate::config::Profile;
 use crate::daemon::api::{Api, ApiError, CallRequest};
@@ -47,6 +48,9 @@ pub struct Inner {
     agent: std::sync::OnceLock<Arc<dyn Agent>>,
     /// The least severe log level the agent wants (`logging/setLevel`).
     log_level: Arc<std::sync::Mutex<Option<LoggingLevel>>>,
+    /// The calls of 2026-07-28 agents waiting for their input: the
+    /// endpoint's (HTTP, shared by its requests) or the connection's.
+    rounds: Arc<Rounds>,
 }
 
 #[derive(Clone)]
@@ -58,12 +62,14 @@ impl Gateway {
         workspace: String,
         profile: Option<Profile>,
         wait_ready: Duration,
+        rounds: Arc<Rounds>,
     ) -> Self {
         Gateway(Arc::new(Inner {
             api,
             workspace,
             profile,
             wait_ready,
+            rounds,
             tools: Mutex::default(),
             prompts: Mutex::default(),
             agent: std::sync::OnceLock::new(),
@@ -348,6 +354,75 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// A request of a 2026-07-28 agent, served in rounds ([`super::rounds`]):
+    /// a new call made by `call`, or the retry that resumes one.
+    async fn in_rounds(
+        &self,
+        origin: Origin,
+        state: Option<&str>,
+        responses: Option<rmcp::model::InputResponses>,
+        context: &RequestContext<RoleServer>,
+        progress_token: Option<rmcp::model::ProgressToken>,
+        call: impl FnOnce(
+            Arc<dyn Agent>,
+            Option<tokio::sync::mpsc::Sender<ProgressNotificationParam>>,
+            tokio_util::sync::CancellationToken,
+        )
+            -> futures::future::BoxFuture<'static, Result<ServerResult, ErrorData>>,
+    ) -> Result<Outcome, ErrorData> {
+        let wants_progress = progress_token.is_some();
+        let served = Served {
+            context,
+            progress_token,
+        };
+        self.0
+            .rounds
+            .serve(origin, state, responses, served, || {
+                Running::start(context, wants_progress, call)
+            })
+            .await
+    }
+
+    /// A request passed to `bundle` for a 2026-07-28 agent, in rounds.
+    async fn bundle_in_rounds(
+        &self,
+        origin: Origin,
+        state: &Option<String>,
+        responses: &Option<rmcp::model::InputResponses>,
+        context: &RequestContext<RoleServer>,
+        bundle: String,
+        request: ClientRequest,
+    ) -> Result<Outcome, ErrorData> {
+        let (api, workspace) = (self.0.api.clone(), self.0.workspace.clone());
+        let call = move |agent, _progress, _cancel| -> futures::future::BoxFuture<'static, _> {
+            Box::pin(async move {
+                api.mcp(&workspace, &bundle, request, Caller::Agent(agent))
+                    .await
+                    .map_err(ErrorData::from)
+            })
+        };
+        let progress = context.meta.get_progress_token();
+        self.in_rounds(
+            origin,
+            state.as_deref(),
+            responses.clone(),
+            context,
+            progress,
+            call,
+        )
+        .await
+    }
+}
+
+/// Whether a request is of MCP 2026-07-28 or newer: stateless, so its agent
+/// is asked for input by `input_required` results, never by a request.
+fn stateless(context: &RequestContext<RoleServer>) -> bool {
+    context
+        .protocol_version()
+        .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28)
+}
+
 /// A daemon refusal as an MCP error: the gateway's one conversion.
 impl From<ApiError> for ErrorData {
     fn from(e: ApiError) -> ErrorData {
@@ -395,7 +470,7 @@ impl Agent for PeerAgent {
     fn notify(&self, notification: ServerNotification) -> futures::future::BoxFuture<'static, ()> {
         if let ServerNotification::LoggingMessageNotification(n) = &notification {
             let wanted = *self.log_level.lock().unwrap_or_else(|e| e.into_inner());
-            if wanted.is_some_and(|min| severity(n.params.level) < severity(min)) {
+            if wanted.is_some_and(|min| super::severity(n.params.level) < super::severity(min)) {
                 return Box::pin(async {});
             }
         }
@@ -423,20 +498,6 @@ impl Agent for PeerAgent {
         (version >= ProtocolVersion::V_2026_07_28).then(|| {
             format!("the agent that made this call speaks MCP {version}, whose stateless requests leave no stream to send it a request on")
         })
-    }
-}
-
-/// RFC 5424 order, least severe first.
-fn severity(level: LoggingLevel) -> u8 {
-    match level {
-        LoggingLevel::Debug => 0,
-        LoggingLevel::Info => 1,
-        LoggingLevel::Notice => 2,
-        LoggingLevel::Warning => 3,
-        LoggingLevel::Error => 4,
-        LoggingLevel::Critical => 5,
-        LoggingLevel::Alert => 6,
-        LoggingLevel::Emergency => 7,
     }
 }
 
@@ -499,6 +560,38 @@ impl ServerHandler for Gateway {
             timeout: None,
             wait_ready: Some(self.0.wait_ready),
         };
+        if stateless(&context) {
+            let api = self.0.api.clone();
+            let origin = Origin {
+                method: "tools/call",
+                name: exposed,
+            };
+            let outcome = self
+                .in_rounds(
+                    origin,
+                    request.request_state.as_deref(),
+                    request.input_responses.clone(),
+                    &context,
+                    token,
+                    move |agent, progress, cancel| {
+                        Box::pin(async move {
+                            api.call(&call, progress, &cancel, Caller::Agent(agent))
+                                .await
+                                .map(ServerResult::CallToolResult)
+                                .map_err(ErrorData::from)
+                        })
+                    },
+                )
+                .await?;
+            return match outcome {
+                Outcome::InputRequired(asks) => Ok(CallToolResponse::InputRequired(asks)),
+                Outcome::Complete(ServerResult::CallToolResult(mut result)) => {
+                    result.result_type.get_or_insert(ResultType::COMPLETE);
+                    Ok(result.into())
+                }
+                Outcome::Complete(_) => Err(unusable("tool result")),
+            };
+        }
         let caller = Caller::Agent(self.agent(&context.peer));
         let notify = |mut note: ProgressNotificationParam| {
             let peer = context.peer.clone();
@@ -539,13 +632,30 @@ impl ServerHandler for Gateway {
         let route = self.route(&self.0.prompts, &request.name, refresh).await?;
         let mut params = GetPromptRequestParams::new(route.name.clone());
         params.arguments = request.arguments.clone();
-        let answer = self
-            .bundle_mcp(
-                &route.bundle,
-                ClientRequest::GetPromptRequest(GetPromptRequest::new(params)),
-                self.agent(&context.peer),
-            )
-            .await?;
+        let ask = ClientRequest::GetPromptRequest(GetPromptRequest::new(params));
+        let answer = if stateless(&context) {
+            let origin = Origin {
+                method: "prompts/get",
+                name: request.name.clone(),
+            };
+            let outcome = self
+                .bundle_in_rounds(
+                    origin,
+                    &request.request_state,
+                    &request.input_responses,
+                    &context,
+                    route.bundle,
+                    ask,
+                )
+                .await?;
+            match outcome {
+                Outcome::InputRequired(asks) => return Ok(GetPromptResponse::InputRequired(asks)),
+                Outcome::Complete(answer) => answer,
+            }
+        } else {
+            self.bundle_mcp(&route.bundle, ask, self.agent(&context.peer))
+                .await?
+        };
         match answer {
             ServerResult::GetPromptResult(mut result) => {
                 result.result_type.get_or_insert(ResultType::COMPLETE);
@@ -609,14 +719,34 @@ impl ServerHandler for Gateway {
                     None,
                 ));
             }
-            let ask = ReadResourceRequest::new(ReadResourceRequestParams::new(original.clone()));
-            let mut answer = self
-                .bundle_mcp(
-                    &bundle,
-                    ClientRequest::ReadResourceRequest(ask),
-                    self.agent(&context.peer),
-                )
-                .await?;
+            let ask = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(
+                ReadResourceRequestParams::new(original.clone()),
+            ));
+            let mut answer = if stateless(&context) {
+                let origin = Origin {
+                    method: "resources/read",
+                    name: request.uri.clone(),
+                };
+                let outcome = self
+                    .bundle_in_rounds(
+                        origin,
+                        &request.request_state,
+                        &request.input_responses,
+                        &context,
+                        bundle,
+                        ask,
+                    )
+                    .await?;
+                match outcome {
+                    Outcome::InputRequired(asks) => {
+                        return Ok(ReadResourceResponse::InputRequired(asks))
+                    }
+                    Outcome::Complete(answer) => answer,
+                }
+            } else {
+                self.bundle_mcp(&bundle, ask, self.agent(&context.peer))
+                    .await?
+            };
             // The contents carry the URI the client asked for.
             if let ServerResult::ReadResourceResult(result) = &mut answer {
                 for c in &mut result.contents {

@@ -1,0 +1,592 @@
+//! Multi-round-trip requests (MCP 2026-07-28, SEP-2322) for bundles that
+//! ask the old way.
+//!
+//! An agent on 2026-07-28 cannot be sent a request: it is asked for input
+//! by an `input_required` result, and answers by retrying its request with
+//! `inputResponses` and the `requestState` it was given. A bundle on
+//! 2025-11-25 asks (`elicitation/create`, `sampling/createMessage`,
+//! `roots/list`) in the middle of serving the call, and waits for the
+//! answer. The bridge:
+//!
+//! 1. A 2026-07-28 agent's `tools/call`, `prompts/get` or `resources/read`
+//!    runs with a [`RoundAgent`] as its caller. While the bundle only
+//!    works, the request is served inline, like any other.
+//! 2. When the bundle asks, the call is parked (its future moves to a task
+//!    of its own and keeps waiting for the answer), and the agent gets
+//!    `input_required` with the bundle's requests and a `requestState`: a
+//!    random handle to the parked call, nothing else (so nothing in it can
+//!    be forged; a state the daemon did not hand out names nothing).
+//! 3. The retry names the parked call by that handle. It must come from the
+//!    same agent (the access token, over HTTP; the connection, on stdio)
+//!    and be the same request (method and name). Its answers go to the
+//!    bundle's waiting requests, and the call goes on: to its result, or
+//!    to the next `input_required` (a new handle: each is used once).
+//!
+//! Bounded: a parked call ends when its agent does not retry within
+//! [`RoundLimits::timeout`]; one agent has at most
+//! [`RoundLimits::per_agent`] parked; a call asks at most
+//! [`RoundLimits::rounds`] times. An ended call is cancelled at the bundle
+//! and holds no memory.
+
+// Sampling, roots and logging are deprecated by SEP-2577 in 2026-07-28,
+// and still there.
+#![allow(deprecated)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use rmcp::model::{
+    ClientCapabilities, ClientResult, CreateMessageResult, ElicitResult, InputRequest,
+    InputRequests, InputRequiredResult, InputResponses, ListRootsResult, LoggingLevel,
+    ProgressNotificationParam, ProgressToken, ServerNotification, ServerRequest, ServerResult,
+};
+use rmcp::service::{Peer, RequestContext};
+use rmcp::{ErrorData, RoleServer};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+
+use crate::bundle::client::Agent;
+
+/// How long a parked call waits for its agent's retry, how many one agent
+/// may have parked, and how many times one call may ask.
+#[derive(Debug, Clone, Copy)]
+pub struct RoundLimits {
+    pub timeout: Duration,
+    pub per_agent: usize,
+    pub rounds: u32,
+}
+
+impl Default for RoundLimits {
+    fn default() -> Self {
+        RoundLimits {
+            timeout: crate::config::defaults::http_input_timeout(),
+            per_agent: crate::config::defaults::http_max_waiting_for_input(),
+            rounds: MAX_ROUNDS,
+        }
+    }
+}
+
+/// Times one call may ask its agent for input: a bundle that keeps asking
+/// is ended here, not served forever.
+pub const MAX_ROUNDS: u32 = 32;
+
+/// Who made a request, as far as resuming a parked call goes: the access
+/// token's id over HTTP (the listener puts it in the request's
+/// extensions). On stdio there is one agent per connection, and the
+/// connection has its own [`Rounds`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentKey(pub String);
+
+/// The request a parked call serves: its method and name (tool, prompt,
+/// or URI). A retry must be the same request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    pub method: &'static str,
+    pub name: String,
+}
+
+/// The parked calls of one endpoint (HTTP) or connection (stdio).
+pub struct Rounds {
+    parked: Mutex<HashMap<String, Parked>>,
+    limits: RoundLimits,
+    me: Weak<Rounds>,
+}
+
+/// What a request of a 2026-07-28 agent ends with. Most end complete:
+/// boxing that variant would cost every call an allocation.
+#[allow(clippy::large_enum_variant)]
+pub enum Outcome {
+    Complete(ServerResult),
+    InputRequired(InputRequiredResult),
+}
+
+/// A call waiting for its agent's retry.
+struct Parked {
+    owner: Option<AgentKey>,
+    origin: Origin,
+    running: Running,
+    /// The bundle's requests the agent was asked, by key: what it asked,
+    /// and where its answer goes.
+    waiting: BTreeMap<String, Waiting>,
+    /// Keys are never reused within a call (the spec asks them unique).
+    next_key: u64,
+    rounds: u32,
+}
+
+struct Waiting {
+    request: InputRequest,
+    reply: oneshot::Sender<Result<ClientResult, ErrorData>>,
+}
+
+/// What a call asks of the request that is being served for it.
+enum Event {
+    Ask(
+        ServerRequest,
+        oneshot::Sender<Result<ClientResult, ErrorData>>,
+    ),
+    Log(ServerNotification),
+}
+
+/// A call run for a 2026-07-28 agent: its answer to come, what it asks
+/// on the way, and its progress.
+pub struct Running {
+    answer: BoxFuture<'static, Result<ServerResult, ErrorData>>,
+    spawned: bool,
+    events: mpsc::Receiver<Event>,
+    progress: Option<mpsc::Receiver<ProgressNotificationParam>>,
+    level: Arc<Mutex<Option<LoggingLevel>>>,
+    /// Cancelled when the call is given up (dropped): the bundle is told.
+    cancel: CancellationToken,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// Where a running call's notifications go now: the request being served.
+pub struct Served<'a> {
+    pub context: &'a RequestContext<RoleServer>,
+    pub progress_token: Option<ProgressToken>,
+}
+
+/// What the call did while a request was served (mostly: answered).
+#[allow(clippy::large_enum_variant)]
+enum Step {
+    Done(Result<ServerResult, ErrorData>),
+    Asked(
+        Vec<(
+            ServerRequest,
+            oneshot::Sender<Result<ClientResult, ErrorData>>,
+        )>,
+    ),
+    Cancelled,
+}
+
+/// The agent of a 2026-07-28 request, as the bundle's requests reach it:
+/// they become input requests of the request being served.
+struct RoundAgent {
+    events: mpsc::Sender<Event>,
+    capabilities: ClientCapabilities,
+    level: Arc<Mutex<Option<LoggingLevel>>>,
+}
+
+impl Agent for RoundAgent {
+    fn capabilities(&self) -> ClientCapabilities {
+        self.capabilities.clone()
+    }
+
+    fn request(
+        &self,
+        request: ServerRequest,
+    ) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
+        let events = self.events.clone();
+        Box::pin(async move {
+            let (reply, answer) = oneshot::channel();
+            let ended = || {
+                ErrorData::internal_error(
+                    "the agent's request ended before it answered (it did not retry with inputResponses in time, or the call was given up)",
+                    None,
+                )
+            };
+            events
+                .send(Event::Ask(request, reply))
+                .await
+                .map_err(|_| ended())?;
+            answer.await.map_err(|_| ended())?
+        })
+    }
+
+    fn notify(&self, notification: ServerNotification) -> BoxFuture<'static, ()> {
+        // Log messages only for a request that asked for them, at its level
+        // (2026-07-28: "MUST NOT emit notifications/message for a request
+        // that does not include" `logLevel`).
+        if let ServerNotification::LoggingMessageNotification(n) = &notification {
+            let wanted = *self.level.lock().unwrap_or_else(|e| e.into_inner());
+            match wanted {
+                Some(min) if super::severity(n.params.level) >= super::severity(min) => {}
+                _ => return Box::pin(async {}),
+            }
+        }
+        let _ = self.events.try_send(Event::Log(notification));
+        Box::pin(async {})
+    }
+
+    fn resource_updated(&self, _bundle: &str, _uri: &str) -> BoxFuture<'static, ()> {
+        // 2026-07-28 agents hear of updates on `subscriptions/listen`.
+        Box::pin(async {})
+    }
+
+    fn gone(&self) -> bool {
+        self.events.is_closed()
+    }
+
+    fn unreachable(&self) -> Option<String> {
+        None
+    }
+}
+
+impl Running {
+    /// Starts a call: `call` gets the agent its bundle's requests go to, a
+    /// progress sender (when the request asked for progress) and the
+    /// token that cancels it.
+    pub fn start(
+        context: &RequestContext<RoleServer>,
+        wants_progress: bool,
+        call: impl FnOnce(
+            Arc<dyn Agent>,
+            Option<mpsc::Sender<ProgressNotificationParam>>,
+            CancellationToken,
+        ) -> BoxFuture<'static, Result<ServerResult, ErrorData>>,
+    ) -> Running {
+        let (events_tx, events) = mpsc::channel(16);
+        let level = Arc::new(Mutex::new(context.meta.log_level()));
+        let agent = Arc::new(RoundAgent {
+            events: events_tx,
+            capabilities: context.client_capabilities().unwrap_or_default(),
+            level: level.clone(),
+        });
+        let (progress_tx, progress) = if wants_progress {
+            let (tx, rx) = mpsc::channel(16);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        let cancel = CancellationToken::new();
+        Running {
+            answer: call(agent, progress_tx, cancel.clone()),
+            spawned: false,
+            events,
+            progress,
+            level,
+            cancel,
+        }
+    }
+
+    /// Serves the call for one request until it answers, asks, or the
+    /// request is cancelled; its progress and log messages go to that
+    /// request.
+    async fn step(&mut self, served: &Served<'_>) -> Step {
+        *self.level.lock().unwrap_or_else(|e| e.into_inner()) = served.context.meta.log_level();
+        let peer = &served.context.peer;
+        loop {
+            tokio::select! {
+                biased;
+                Some(report) = async {
+                    match self.progress.as_mut() {
+                        Some(rx) => rx.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => send_progress(peer, served.progress_token.clone(), report).await,
+                Some(event) = self.events.recv() => match event {
+                    Event::Log(note) => {
+                        let _ = peer.send_notification(note).await;
+                    }
+                    Event::Ask(request, reply) => {
+                        let mut asked = vec![(request, reply)];
+                        // Whatever else it asked at the same time, together.
+                        while let Ok(event) = self.events.try_recv() {
+                            match event {
+                                Event::Ask(r, tx) => asked.push((r, tx)),
+                                Event::Log(note) => {
+                                    let _ = peer.send_notification(note).await;
+                                }
+                            }
+                        }
+                        return Step::Asked(asked);
+                    }
+                },
+                answer = &mut self.answer => return Step::Done(answer),
+                _ = served.context.ct.cancelled() => return Step::Cancelled,
+            }
+        }
+    }
+
+    /// Moves the call to a task of its own, so it goes on waiting for its
+    /// bundle while no request of the agent is being served.
+    fn detach(&mut self) {
+        if self.spawned {
+            return;
+        }
+        let call = std::mem::replace(&mut self.answer, Box::pin(std::future::pending()));
+        let cancel = self.cancel.clone();
+        // A call that does not watch its token ends when it is given up.
+        let task = tokio::spawn(async move {
+            tokio::select! {
+                biased;
+                answer = call => answer,
+                _ = cancel.cancelled() => Err(cancelled()),
+            }
+        });
+        self.answer = Box::pin(async move {
+            task.await.unwrap_or_else(|e| {
+                Err(ErrorData::internal_error(
+                    format!("the call's task ended: {e}"),
+                    None,
+                ))
+            })
+        });
+        self.spawned = true;
+    }
+}
+
+async fn send_progress(
+    peer: &Peer<RoleServer>,
+    token: Option<ProgressToken>,
+    mut report: ProgressNotificationParam,
+) {
+    if let Some(token) = token {
+        report.progress_token = token;
+        let _ = peer.notify_progress(report).await;
+    }
+}
+
+/// The agent that made a request, for resuming: the listener's mark.
+pub fn agent_key(context: &RequestContext<RoleServer>) -> Option<AgentKey> {
+    context
+        .extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<AgentKey>())
+        .cloned()
+}
+
+/// `params.requestState` named nothing this agent may resume.
+fn no_such_state(timeout: Duration) -> ErrorData {
+    ErrorData::invalid_params(
+        format!(
+            "requestState names no request waiting for this agent's input: it was already answered (each state is used once), it expired ({} after it was handed out), or it was not handed to this agent; send the request again without requestState and inputResponses",
+            humantime::format_duration(timeout)
+        ),
+        None,
+    )
+}
+
+impl Rounds {
+    pub fn new(limits: RoundLimits) -> Arc<Rounds> {
+        Arc::new_cyclic(|me| Rounds {
+            parked: Mutex::default(),
+            limits,
+            me: me.clone(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Parked>> {
+        self.parked.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Calls parked now (for tests and status).
+    pub fn parked(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Serves one request of a 2026-07-28 agent: a new call (`start`), or
+    /// with `requestState` the retry of a parked one.
+    pub async fn serve(
+        &self,
+        origin: Origin,
+        state: Option<&str>,
+        responses: Option<InputResponses>,
+        served: Served<'_>,
+        start: impl FnOnce() -> Running,
+    ) -> Result<Outcome, ErrorData> {
+        let owner = agent_key(served.context);
+        let mut parked = match state {
+            None => {
+                if responses.as_ref().is_some_and(|r| !r.is_empty()) {
+                    return Err(ErrorData::invalid_params(
+                        "inputResponses without requestState: send the requestState of the input_required result they answer",
+                        None,
+                    ));
+                }
+                let mut running = start();
+                match running.step(&served).await {
+                    Step::Done(answer) => return answer.map(Outcome::Complete),
+                    Step::Cancelled => return Err(cancelled()),
+                    Step::Asked(asked) => Parked {
+                        owner,
+                        origin,
+                        running,
+                        waiting: BTreeMap::new(),
+                        next_key: 1,
+                        rounds: 0,
+                    }
+                    .with(asked),
+                }
+            }
+            Some(state) => {
+                let parked = self.take(state, owner.as_ref())?;
+                if parked.origin != origin {
+                    return Err(ErrorData::invalid_params(
+                        format!(
+                            "requestState was handed out for {} {:?}, not for {} {:?}; the waiting request was ended",
+                            parked.origin.method, parked.origin.name, origin.method, origin.name
+                        ),
+                        None,
+                    ));
+                }
+                Self::resume(parked, responses.unwrap_or_default())?
+            }
+        };
+        loop {
+            if parked.rounds >= self.limits.rounds {
+                return Err(ErrorData::invalid_request(
+                    format!(
+                        "the bundle asked for input {} times in one request; bundlevisor ends it there (a bundle that keeps asking is not served forever)",
+                        self.limits.rounds
+                    ),
+                    None,
+                ));
+            }
+            // Answered but the bundle's requests still wait: ask again.
+            if !parked.waiting.is_empty() {
+                return self.park(parked).map(Outcome::InputRequired);
+            }
+            match parked.running.step(&served).await {
+                Step::Done(answer) => return answer.map(Outcome::Complete),
+                Step::Cancelled => return Err(cancelled()),
+                Step::Asked(asked) => parked = parked.with(asked),
+            }
+        }
+    }
+
+    /// Hands the parked call's answers to the bundle's waiting requests.
+    fn resume(mut parked: Parked, responses: InputResponses) -> Result<Parked, ErrorData> {
+        let mut answers = Vec::new();
+        for (key, value) in responses {
+            // Answers to keys it was not asked are ignored (the spec's SHOULD).
+            let Some(waiting) = parked.waiting.get(&key) else {
+                continue;
+            };
+            let answer = parse_response(&waiting.request, value).map_err(|why| {
+                ErrorData::invalid_params(
+                    format!("inputResponses[{key:?}]: {why}; the waiting request was ended"),
+                    None,
+                )
+            })?;
+            answers.push((key, answer));
+        }
+        for (key, answer) in answers {
+            if let Some(waiting) = parked.waiting.remove(&key) {
+                let _ = waiting.reply.send(Ok(answer));
+            }
+        }
+        Ok(parked)
+    }
+
+    /// Takes the parked call `state` names, if `owner` made it.
+    fn take(&self, state: &str, owner: Option<&AgentKey>) -> Result<Parked, ErrorData> {
+        let mut parked = self.lock();
+        match parked.get(state) {
+            Some(p) if p.owner.as_ref() == owner => Ok(parked.remove(state).expect("present")),
+            Some(_) => {
+                tracing::warn!("a requestState handed to another agent was presented; refused");
+                Err(no_such_state(self.limits.timeout))
+            }
+            None => Err(no_such_state(self.limits.timeout)),
+        }
+    }
+
+    /// Parks the call under a new state, and the result that asks the agent.
+    fn park(&self, mut parked: Parked) -> Result<InputRequiredResult, ErrorData> {
+        let mut map = self.lock();
+        let holds = map.values().filter(|p| p.owner == parked.owner).count();
+        if holds >= self.limits.per_agent {
+            return Err(ErrorData::invalid_request(
+                format!(
+                    "this agent already has {holds} requests waiting for its input (at most {}: [http] max_waiting_for_input); answer them, or let them expire ({}), then call again",
+                    self.limits.per_agent,
+                    humantime::format_duration(self.limits.timeout)
+                ),
+                None,
+            ));
+        }
+        parked.running.detach();
+        parked.rounds += 1;
+        let requests: InputRequests = parked
+            .waiting
+            .iter()
+            .map(|(key, w)| (key.clone(), w.request.clone()))
+            .collect();
+        let state = new_state();
+        map.insert(state.clone(), parked);
+        drop(map);
+        let (me, timeout, expiring) = (self.me.clone(), self.limits.timeout, state.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            if let Some(rounds) = me.upgrade() {
+                if rounds.lock().remove(&expiring).is_some() {
+                    tracing::debug!("a call waiting for its agent's input expired");
+                }
+            }
+        });
+        Ok(InputRequiredResult::new(Some(requests), Some(state)))
+    }
+}
+
+impl Parked {
+    /// Adds the bundle's new requests; one that is not an input request
+    /// is answered with an error at once.
+    fn with(
+        mut self,
+        asked: Vec<(
+            ServerRequest,
+            oneshot::Sender<Result<ClientResult, ErrorData>>,
+        )>,
+    ) -> Parked {
+        for (request, reply) in asked {
+            let request = match request {
+                ServerRequest::CreateMessageRequest(r) => InputRequest::CreateMessage(r),
+                ServerRequest::ElicitRequest(r) => InputRequest::Elicitation(r),
+                ServerRequest::ListRootsRequest(r) => InputRequest::ListRoots(r),
+                _ => {
+                    let _ = reply.send(Err(ErrorData::invalid_request(
+                        "only sampling, elicitation and roots requests can be passed to an agent on MCP 2026-07-28",
+                        None,
+                    )));
+                    continue;
+                }
+            };
+            let key = self.next_key.to_string();
+            self.next_key += 1;
+            self.waiting.insert(key, Waiting { request, reply });
+        }
+        self
+    }
+}
+
+/// The agent's answer to `request`, as the bundle's client gets it.
+fn parse_response(
+    request: &InputRequest,
+    value: serde_json::Value,
+) -> Result<ClientResult, String> {
+    let fail = |what: &str, e: serde_json::Error| format!("not a valid {what} result: {e}");
+    Ok(match request {
+        InputRequest::Elicitation(_) => ClientResult::ElicitResult(
+            serde_json::from_value::<ElicitResult>(value)
+                .map_err(|e| fail("elicitation/create", e))?,
+        ),
+        InputRequest::CreateMessage(_) => ClientResult::CreateMessageResult(Box::new(
+            serde_json::from_value::<CreateMessageResult>(value)
+                .map_err(|e| fail("sampling/createMessage", e))?,
+        )),
+        InputRequest::ListRoots(_) => ClientResult::ListRootsResult(
+            serde_json::from_value::<ListRootsResult>(value).map_err(|e| fail("roots/list", e))?,
+        ),
+        _ => return Err("an answer to a request bundlevisor did not ask".into()),
+    })
+}
+
+/// A handle nobody can guess: 128 random bits.
+fn new_state() -> String {
+    use chacha20poly1305::aead::rand_core::RngCore;
+    let mut bytes = [0u8; 16];
+    chacha20poly1305::aead::OsRng.fill_bytes(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn cancelled() -> ErrorData {
+    ErrorData::internal_error("the request was cancelled", None)
+}

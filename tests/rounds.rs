@@ -1,0 +1,341 @@
+//! Issue 32, points 2 and 6: a bundle on MCP 2025-11-25 asks for input
+//! (`elicitation/create`, `sampling/createMessage`) while serving the call
+//! of an agent on 2026-07-28, which cannot be sent a request. The gateway
+//! answers the agent `input_required` with the bundle's request, and the
+//! agent's retry (`inputResponses`, `requestState`) answers the bundle,
+//! whose call goes on to its real result. Before, the bundle was refused
+//! ("no stream to send it a request on") and the agent never asked.
+//!
+//! The bundle is the demo: its `confirm` tool elicits TIMES times (0:
+//! until declined), logging each question first; its `ask` prompt samples.
+//! The agents are raw HTTP (to see and forge the wire) and the Python SDK
+//! `mcp` 2.3.0 `Client` (pinned in tests/mcp-py2, `make mcp-py2`).
+
+mod common;
+
+use common::{free_port, post_2026, Daemon};
+use serde_json::{json, Value};
+
+fn daemon(http: &str) -> (Daemon, String) {
+    let port = free_port();
+    let d = Daemon::start_with(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n{http}\n"));
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    (d, format!("http://127.0.0.1:{port}/mcp/default"))
+}
+
+fn token(d: &Daemon) -> String {
+    d.ok(&["token", "create"]).trim().to_string()
+}
+
+const ELICITS: &str = r#"{"elicitation": {}}"#;
+
+/// What a `demo__confirm` request answers: the JSON-RPC answer (id 7) and
+/// the log messages that came before it on its stream.
+async fn confirm(url: &str, token: &str, params: Value) -> (Value, Vec<String>) {
+    let capabilities: Value = serde_json::from_str(ELICITS).unwrap();
+    let name = params["name"].as_str().unwrap().to_string();
+    let (_, messages) = post_2026(url, token, "tools/call", &name, params, capabilities).await;
+    let logs = messages
+        .iter()
+        .filter(|m| m["method"] == "notifications/message")
+        .map(|m| m["params"]["data"].to_string())
+        .collect();
+    let answer = messages
+        .into_iter()
+        .find(|m| m["id"] == 7)
+        .expect("an answer to the call");
+    (answer, logs)
+}
+
+fn first_call(times: u32) -> Value {
+    first_call_of("demo", times)
+}
+
+/// `BUNDLE__confirm` asking `times` times.
+fn first_call_of(bundle: &str, times: u32) -> Value {
+    json!({"name": format!("{bundle}__confirm"), "arguments": {"times": times}})
+}
+
+fn retry(times: u32, state: &Value, responses: Value) -> Value {
+    retry_of("demo", times, state, responses)
+}
+
+fn retry_of(bundle: &str, times: u32, state: &Value, responses: Value) -> Value {
+    json!({
+        "name": format!("{bundle}__confirm"),
+        "arguments": {"times": times},
+        "requestState": state,
+        "inputResponses": responses,
+    })
+}
+
+fn accept() -> Value {
+    json!({"action": "accept", "content": {"ok": true}})
+}
+
+/// The `requestState` of an `input_required` answer, checking it asks for
+/// exactly the elicitation `message` under `key`.
+fn asks(answer: &Value, key: &str, message: &str) -> Value {
+    let result = &answer["result"];
+    assert_eq!(result["resultType"], "input_required", "{answer}");
+    let requests = result["inputRequests"].as_object().expect("inputRequests");
+    assert_eq!(requests.len(), 1, "{answer}");
+    assert_eq!(requests[key]["method"], "elicitation/create", "{answer}");
+    assert_eq!(requests[key]["params"]["message"], message, "{answer}");
+    result["requestState"].clone()
+}
+
+/// Two rounds and the result: each `input_required` carries the bundle's
+/// elicitation and a new state; each retry's answer reaches the bundle;
+/// the call ends with both replies. A state is used once. Log messages go
+/// only to a request that asked for them (`_meta` `logLevel`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundles_elicitation_reaches_a_2026_agent_as_input_required_and_the_call_goes_on() {
+    let (d, url) = daemon("");
+    let t = token(&d);
+    let mut first = first_call(2);
+    first["_meta"] = json!({"io.modelcontextprotocol/logLevel": "info"});
+    let (answer, logs) = confirm(&url, &t, first).await;
+    let state1 = asks(&answer, "1", "confirm 1?");
+    assert_eq!(logs, vec![r#""demo: asking confirm 1?""#], "{answer}");
+
+    let (answer, logs) = confirm(&url, &t, retry(2, &state1, json!({"1": accept()}))).await;
+    let state2 = asks(&answer, "2", "confirm 2?");
+    assert_ne!(state1, state2);
+    assert!(logs.is_empty(), "no logLevel, no log messages: {logs:?}");
+
+    let declined = json!({"2": {"action": "decline"}});
+    let (answer, _) = confirm(&url, &t, retry(2, &state2, declined.clone())).await;
+    let result = &answer["result"];
+    assert_eq!(result["resultType"], "complete", "{answer}");
+    let replies: Value =
+        serde_json::from_str(result["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(replies[0]["action"], "accept", "{answer}");
+    assert_eq!(replies[0]["content"]["ok"], true, "{answer}");
+    assert_eq!(replies[1]["action"], "decline", "{answer}");
+
+    // Used once: the same state again names nothing.
+    let (answer, _) = confirm(&url, &t, retry(2, &state2, declined)).await;
+    let error = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(error.contains("names no request waiting"), "{answer}");
+}
+
+/// An agent that declared no elicitation is not asked: the bundle is told
+/// why at once, and the call ends with the bundle's own answer to that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_without_elicitation_is_not_asked() {
+    let (d, url) = daemon("");
+    let t = token(&d);
+    let (_, messages) = post_2026(
+        &url,
+        &t,
+        "tools/call",
+        "demo__confirm",
+        first_call(1),
+        json!({}),
+    )
+    .await;
+    let answer = messages.iter().find(|m| m["id"] == 7).unwrap();
+    assert_eq!(answer["result"]["resultType"], "complete", "{answer}");
+    assert_eq!(answer["result"]["isError"], true, "{answer}");
+    let text = answer["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(
+        text.contains("did not declare the elicitation capability"),
+        "{text}"
+    );
+}
+
+/// Installs copies of the demo named `names` beside the first one. Over
+/// stdio nothing ties a bundle's request to one of several calls in flight
+/// on it (each 2026-07-28 request is a caller of its own), so calls that
+/// wait at once are made on bundles of their own.
+fn more_demos(d: &Daemon, names: &[&str]) {
+    for name in names {
+        d.ok(&["install", d.demo_bundle(name).to_str().unwrap()]);
+    }
+}
+
+/// Point 6: another agent's state, a forged one, and an answer that is not
+/// an elicitation result are refused with a clear error. Another agent
+/// cannot end the call; a bad answer ends it, and its place in the
+/// agent's allowance is free again ([http] max_waiting_for_input).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_agents_forged_state_and_bad_answers_are_refused_and_hold_nothing() {
+    let (d, url) = daemon("max_waiting_for_input = 2");
+    more_demos(&d, &["demo2", "demo3"]);
+    let (a, b) = (token(&d), token(&d));
+    let (answer, _) = confirm(&url, &a, first_call(1)).await;
+    let state = asks(&answer, "1", "confirm 1?");
+
+    let (answer, _) = confirm(&url, &b, retry(1, &state, json!({"1": accept()}))).await;
+    let error = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(error.contains("not handed to this agent"), "{answer}");
+    let forged = json!("00000000000000000000000000000000");
+    let (answer, _) = confirm(&url, &a, retry(1, &forged, json!({"1": accept()}))).await;
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("names no request waiting"),
+        "{answer}"
+    );
+    let (answer, _) = confirm(
+        &url,
+        &a,
+        json!({"name": "demo__confirm", "inputResponses": {"1": accept()}}),
+    )
+    .await;
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("inputResponses without requestState"),
+        "{answer}"
+    );
+
+    // A's allowance: this one and a second; a third is refused.
+    let (answer, _) = confirm(&url, &a, first_call_of("demo2", 1)).await;
+    let second = asks(&answer, "1", "confirm 1?");
+    let (answer, _) = confirm(&url, &a, first_call_of("demo3", 1)).await;
+    let error = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("already has 2 requests waiting") && error.contains("max_waiting_for_input"),
+        "{answer}"
+    );
+
+    // B's attempt did not end A's call: A resumes it.
+    let bad = json!({"1": {"action": 42}});
+    let (answer, _) = confirm(&url, &a, retry(1, &state, bad)).await;
+    let error = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(r#"inputResponses["1"]"#) && error.contains("elicitation/create"),
+        "{answer}"
+    );
+    // That ended it: its state is gone, and its place is free.
+    let (answer, _) = confirm(&url, &a, retry(1, &state, json!({"1": accept()}))).await;
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("names no request waiting"),
+        "{answer}"
+    );
+    let (answer, _) = confirm(&url, &a, first_call_of("demo3", 1)).await;
+    asks(&answer, "1", "confirm 1?");
+    let (answer, _) = confirm(
+        &url,
+        &a,
+        retry_of("demo2", 1, &second, json!({"1": accept()})),
+    )
+    .await;
+    assert_eq!(answer["result"]["resultType"], "complete", "{answer}");
+}
+
+/// A call whose agent does not come back expires ([http] input_timeout):
+/// its place is free again and its state names nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_agent_does_not_retry_expires() {
+    let (d, url) = daemon("max_waiting_for_input = 1\ninput_timeout = \"1s\"");
+    more_demos(&d, &["demo2"]);
+    let t = token(&d);
+    let (answer, _) = confirm(&url, &t, first_call(1)).await;
+    let state = asks(&answer, "1", "confirm 1?");
+    let (answer, _) = confirm(&url, &t, first_call_of("demo2", 1)).await;
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("already has 1 requests waiting"),
+        "{answer}"
+    );
+    // Refused until the first expires; then the new call is parked.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let (answer, _) = confirm(&url, &t, first_call_of("demo2", 1)).await;
+        if answer["result"]["resultType"] == "input_required" {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never expired: {answer}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let (answer, _) = confirm(&url, &t, retry(1, &state, json!({"1": accept()}))).await;
+    let error = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("names no request waiting") && error.contains("expired (1s"),
+        "{answer}"
+    );
+}
+
+/// A bundle that asks forever is ended after 32 rounds, with a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bundle_that_asks_forever_is_ended() {
+    let (d, url) = daemon("");
+    let t = token(&d);
+    let (mut answer, _) = confirm(&url, &t, first_call(0)).await;
+    let mut rounds = 0;
+    while answer["result"]["resultType"] == "input_required" {
+        rounds += 1;
+        let key = rounds.to_string();
+        let state = asks(&answer, &key, &format!("confirm {rounds}?"));
+        answer = confirm(&url, &t, retry(0, &state, json!({ key: accept() })))
+            .await
+            .0;
+    }
+    assert_eq!(rounds, 32, "{answer}");
+    let error = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(error.contains("asked for input 32 times"), "{answer}");
+}
+
+/// The operator's `bundlevisor call` cannot be asked: the bundle is told
+/// so, and the CLI shows it.
+#[test]
+fn the_cli_says_when_a_bundle_needs_input_it_cannot_give() {
+    let (d, _) = daemon("");
+    let out = d.cli(&["call", "demo", "confirm", r#"{"times": 1}"#]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("from the operator's control socket") && text.contains("nobody to ask"),
+        "{text}"
+    );
+}
+
+/// A real agent: the Python SDK 2.3 `Client` (2026-07-28) answers the
+/// bundle's elicitation (a tool) and sampling (a prompt) through its
+/// callbacks and its own input_required loop, and hears the log messages
+/// it opted in to.
+#[test]
+fn the_python_sdk_2_3_client_answers_a_2025_bundles_requests() {
+    let (d, url) = daemon("");
+    let t = token(&d);
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = std::process::Command::new(format!("{root}/target/mcp-py2/venv/bin/python"))
+        .arg(format!("{root}/tests/mcp-py2/asked.py"))
+        .args([url, t])
+        .output()
+        .expect("run `make mcp-py2` first");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let said: Vec<&str> = stdout.lines().collect();
+    assert_eq!(said[0], "protocol 2026-07-28", "{stdout}");
+    assert!(
+        said[1].starts_with("confirm ") && said[1].matches("accept").count() == 2,
+        "{stdout}"
+    );
+    assert_eq!(said[2], "asked confirm 1? | confirm 2?", "{stdout}");
+    assert!(
+        said[3].contains("the client's answer") && said[3].contains("forty-two from python"),
+        "{stdout}"
+    );
+    assert_eq!(
+        said[4], "logs demo: asking confirm 1? | demo: asking confirm 2?",
+        "{stdout}"
+    );
+}
