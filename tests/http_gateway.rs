@@ -643,3 +643,106 @@ async fn finding_13_and_14_a_session_is_its_tokens_and_one_token_cannot_take_eve
     let tools = client.list_all_tools().await.unwrap();
     assert!(tools.iter().any(|t| t.name == "demo__echo"), "{tools:?}");
 }
+
+/// A raw POST: the status and body of the answer.
+async fn post_raw(url: &str, token: &str, headers: &[(&str, &str)], body: Value) -> (u16, String) {
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.body(body.to_string()).send().await.unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
+/// Issue 32, point 1, on the wire: headers that do not match the body get
+/// 400 and the revision's HeaderMismatch error (-32020); a version the
+/// gateway does not speak gets 400 and UnsupportedProtocolVersion (-32022)
+/// naming the versions it does; lists and reads carry caching hints
+/// (`ttlMs`, and `cacheScope: "private"`: what an agent sees depends on
+/// its token); `ping` is gone from the revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_2026_07_28_wire_rules_hold() {
+    let (d, base) = daemon();
+    let t = token(&d, &[]);
+    let url = format!("{base}/mcp/default");
+    let meta = |version: &str| {
+        json!({
+            "io.modelcontextprotocol/protocolVersion": version,
+            "io.modelcontextprotocol/clientCapabilities": {},
+        })
+    };
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "demo__echo", "arguments": {"text": "x"}, "_meta": meta("2026-07-28")}});
+    let (status, body) = post_raw(
+        &url,
+        &t,
+        &[
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", "demo__add"),
+        ],
+        call.clone(),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("-32020") && body.contains("Mcp-Name"),
+        "{body}"
+    );
+    let (status, body) = post_raw(
+        &url,
+        &t,
+        &[
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/list"),
+            ("Mcp-Name", "demo__echo"),
+        ],
+        call,
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("-32020") && body.contains("Mcp-Method"),
+        "{body}"
+    );
+
+    for (headers, params) in [
+        (
+            vec![
+                ("MCP-Protocol-Version", "2099-01-01"),
+                ("Mcp-Method", "tools/list"),
+            ],
+            json!({"_meta": meta("2099-01-01")}),
+        ),
+        (
+            vec![("MCP-Protocol-Version", "1900-01-01")],
+            json!({"_meta": meta("1900-01-01")}),
+        ),
+        // Only the header (as a client of an older revision sends it).
+        (vec![("MCP-Protocol-Version", "1900-01-01")], json!({})),
+    ] {
+        let version = headers[0].1;
+        let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list", "params": params});
+        let (status, body) = post_raw(&url, &t, &headers, list).await;
+        assert_eq!(status, 400, "{version}: {body}");
+        let answer: Value = serde_json::from_str(&body)
+            .unwrap_or_else(|_| panic!("{version}: not JSON-RPC: {body}"));
+        assert_eq!(answer["error"]["code"], -32022, "{answer}");
+        assert_eq!(answer["error"]["data"]["requested"], version, "{answer}");
+        let supported = answer["error"]["data"]["supported"].to_string();
+        assert!(
+            supported.contains("2026-07-28") && supported.contains("2025-11-25"),
+            "{answer}"
+        );
+    }
+
+    let list = stateless(&url, &t, "tools/list", "", json!({})).await;
+    assert!(list["result"]["ttlMs"].is_u64(), "{list}");
+    assert_eq!(list["result"]["cacheScope"], "private", "{list}");
+    let ping = stateless(&url, &t, "ping", "", json!({})).await;
+    assert_eq!(ping["error"]["code"], -32601, "{ping}");
+}

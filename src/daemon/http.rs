@@ -396,10 +396,14 @@ async fn endpoint(
         0 => crate::config::defaults::http_max_body_bytes(),
         n => n,
     };
+    let unsupported = unsupported_version(request.headers());
     let mut request = match within_deadline(request, cap, settings.body_timeout).await {
         Ok(request) => request,
         Err(response) => return response,
     };
+    if let Some(requested) = unsupported {
+        return refuse_version(request, &requested).await;
+    }
     // Whose request it is, for resuming a call that waits for its input.
     request.extensions_mut().insert(AgentKey(token.id.clone()));
     let response = service.handle(request).await.into_response();
@@ -447,6 +451,47 @@ async fn within_deadline(
         )
             .into_response()),
     }
+}
+
+/// The `MCP-Protocol-Version` of a request, when the gateway does not
+/// speak it.
+fn unsupported_version(headers: &axum::http::HeaderMap) -> Option<String> {
+    let requested = headers.get("mcp-protocol-version")?;
+    let known = rmcp::model::ProtocolVersion::KNOWN_VERSIONS
+        .iter()
+        .any(|v| v.as_str().as_bytes() == requested.as_bytes());
+    (!known).then(|| String::from_utf8_lossy(requested.as_bytes()).into_owned())
+}
+
+/// The revision's answer to a version the gateway does not speak (400,
+/// JSON-RPC -32022 naming the versions it does), whatever revision the
+/// request is of. rmcp answers so only when the request's `_meta` names a
+/// version too; a request of an older revision (the header alone) would
+/// get plain text.
+async fn refuse_version(request: Request, requested: &str) -> Response {
+    let body = axum::body::to_bytes(request.into_body(), usize::MAX)
+        .await
+        .unwrap_or_default();
+    let id = serde_json::from_slice::<serde_json::Value>(&body)
+        .map(|v| v["id"].clone())
+        .unwrap_or(serde_json::Value::Null);
+    let supported: Vec<&str> = rmcp::model::ProtocolVersion::KNOWN_VERSIONS
+        .iter()
+        .map(|v| v.as_str())
+        .collect();
+    (
+        StatusCode::BAD_REQUEST,
+        Json(serde_json::json!({
+            "jsonrpc": "2.0",
+            "id": id,
+            "error": {
+                "code": -32022,
+                "message": format!("Unsupported protocol version {requested:?}: this gateway speaks {}", supported.join(", ")),
+                "data": { "supported": supported, "requested": requested },
+            },
+        })),
+    )
+        .into_response()
 }
 
 /// 404 for a session this token may not use: what rmcp answers for one

@@ -95,9 +95,30 @@ async fn fingerprint(gateway: &Gateway) -> Option<(String, String)> {
     Some((serde_json::to_string(&tools).ok()?, ready.join(",")))
 }
 
-/// Follows the daemon's lifecycle events and tells the client when its
-/// lists changed.
-pub(crate) async fn watch_changes(gateway: Gateway, peer: Peer<RoleServer>) {
+/// One of the lists an agent sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum List {
+    Tools,
+    Prompts,
+    Resources,
+}
+
+/// Tells a 2025-11-25 session's agent that a list changed.
+pub(crate) async fn tell_session(peer: &Peer<RoleServer>, list: List) {
+    let _ = match list {
+        List::Tools => peer.notify_tool_list_changed().await,
+        List::Prompts => peer.notify_prompt_list_changed().await,
+        List::Resources => peer.notify_resource_list_changed().await,
+    };
+}
+
+/// Follows the daemon's lifecycle events and tells the agent (`tell`: its
+/// session, or its `subscriptions/listen` stream) when its lists changed.
+pub(crate) async fn watch_changes<F, Fut>(gateway: Gateway, tell: F)
+where
+    F: Fn(List) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let mut events = gateway.0.api.events();
     let mut last = fingerprint(&gateway).await;
     loop {
@@ -120,7 +141,7 @@ pub(crate) async fn watch_changes(gateway: Gateway, peer: Peer<RoleServer>) {
                 Err(broadcast::error::TryRecvError::Closed) => return,
             }
         }
-        check(&gateway, &peer, &mut last).await;
+        check(&gateway, &tell, &mut last).await;
     }
 }
 
@@ -134,17 +155,21 @@ fn changes_lists(kind: EventKind) -> bool {
     )
 }
 
-async fn check(gateway: &Gateway, peer: &Peer<RoleServer>, last: &mut Option<(String, String)>) {
+async fn check<F, Fut>(gateway: &Gateway, tell: &F, last: &mut Option<(String, String)>)
+where
+    F: Fn(List) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
     let Some(now) = fingerprint(gateway).await else {
         return;
     };
     if let Some(before) = last.as_ref() {
         if before.0 != now.0 {
-            let _ = peer.notify_tool_list_changed().await;
+            tell(List::Tools).await;
         }
         if before.1 != now.1 {
-            let _ = peer.notify_prompt_list_changed().await;
-            let _ = peer.notify_resource_list_changed().await;
+            tell(List::Prompts).await;
+            tell(List::Resources).await;
         }
     }
     *last = Some(now);

@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use rmcp::model::SubscriptionFilter;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientRequest, ClientResult,
     GetPromptRequest, GetPromptRequestParams, GetPromptResponse, Implementation,
@@ -20,7 +21,7 @@ use rmcp::model::{
     ServerConfig, ServerNotification, ServerRequest, ServerResult, SetLevelRequestParams,
     SubscribeRequest, SubscribeRequestParams, Tool, UnsubscribeRequest, UnsubscribeRequestParams,
 };
-use rmcp::service::{Peer, RequestContext};
+use rmcp::service::{Peer, RequestContext, SubscriptionContext, SubscriptionSink};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::json;
 use tokio::sync::Mutex;
@@ -92,8 +93,12 @@ impl Gateway {
                     }
                 }
             };
+            let tell = |list| {
+                let peer = peer.clone();
+                async move { super::tell_session(&peer, list).await }
+            };
             tokio::select! {
-                _ = super::watch_changes(gateway, peer) => {}
+                _ = super::watch_changes(gateway, tell) => {}
                 _ = closed => {}
             }
         });
@@ -501,6 +506,49 @@ impl Agent for PeerAgent {
     }
 }
 
+/// A `subscriptions/listen` stream of a 2026-07-28 agent, as the bundles
+/// whose resources it follows see it: their updates go to the stream.
+struct Listener {
+    sink: SubscriptionSink,
+}
+
+impl Agent for Listener {
+    fn capabilities(&self) -> ClientCapabilities {
+        ClientCapabilities::default()
+    }
+
+    fn request(
+        &self,
+        _request: ServerRequest,
+    ) -> futures::future::BoxFuture<'static, Result<ClientResult, ErrorData>> {
+        Box::pin(async {
+            Err(ErrorData::invalid_request(
+                "a subscription stream cannot be asked anything",
+                None,
+            ))
+        })
+    }
+
+    fn notify(&self, _notification: ServerNotification) -> futures::future::BoxFuture<'static, ()> {
+        Box::pin(async {})
+    }
+
+    fn resource_updated(&self, bundle: &str, uri: &str) -> futures::future::BoxFuture<'static, ()> {
+        let (sink, uri) = (self.sink.clone(), names::bundle_uri(bundle, uri));
+        Box::pin(async move {
+            let _ = sink.notify_resource_updated(uri).await;
+        })
+    }
+
+    fn gone(&self) -> bool {
+        false
+    }
+
+    fn unreachable(&self) -> Option<String> {
+        Some("the agent's subscription stream carries notifications only".into())
+    }
+}
+
 impl ServerHandler for Gateway {
     async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
         self.watch(context.peer);
@@ -696,6 +744,75 @@ impl ServerHandler for Gateway {
             ))
         };
         self.subscription(ask, &request.uri, &context.peer).await
+    }
+
+    /// `subscriptions/listen` (2026-07-28): list changes, and updates of
+    /// the bundles' resources it names, on one stream.
+    fn accepted_subscription_filter(
+        &self,
+        requested: &SubscriptionFilter,
+    ) -> Option<SubscriptionFilter> {
+        let mut accepted = requested.clone();
+        // Only bundles' resources can be followed (files:// cannot), of
+        // bundles this profile allows; the rest is left out of the
+        // acknowledgement, so the agent knows.
+        if let Some(uris) = &mut accepted.resource_subscriptions {
+            uris.retain(|uri| {
+                names::parse_bundle_uri(uri).is_some_and(|(bundle, _)| self.bundle_allowed(&bundle))
+            });
+        }
+        Some(accepted)
+    }
+
+    async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
+        let sink = context.sink().clone();
+        let uris = context
+            .accepted()
+            .resource_subscriptions
+            .clone()
+            .unwrap_or_default();
+        let listener: Arc<dyn Agent> = Arc::new(Listener { sink: sink.clone() });
+        let follow = |subscribe: bool| {
+            let listener = listener.clone();
+            let uris = &uris;
+            async move {
+                for uri in uris {
+                    let Some((bundle, original)) = names::parse_bundle_uri(uri) else {
+                        continue;
+                    };
+                    let request = if subscribe {
+                        ClientRequest::SubscribeRequest(SubscribeRequest::new(
+                            SubscribeRequestParams::new(original),
+                        ))
+                    } else {
+                        ClientRequest::UnsubscribeRequest(UnsubscribeRequest::new(
+                            UnsubscribeRequestParams::new(original),
+                        ))
+                    };
+                    if let Err(e) = self.bundle_mcp(&bundle, request, listener.clone()).await {
+                        tracing::debug!(bundle, "a listen stream's resource subscription: {e}");
+                    }
+                }
+            }
+        };
+        follow(true).await;
+        let tell = |list| {
+            let sink = sink.clone();
+            async move {
+                // The sink sends only what the agent asked for.
+                let _ = match list {
+                    super::List::Tools => sink.notify_tool_list_changed().await,
+                    super::List::Prompts => sink.notify_prompt_list_changed().await,
+                    super::List::Resources => sink.notify_resource_list_changed().await,
+                };
+            }
+        };
+        tokio::select! {
+            _ = super::watch_changes(self.clone(), tell) => {}
+            _ = context.cancelled() => {}
+        }
+        follow(false).await;
+        Ok(())
     }
 
     async fn set_level(
