@@ -152,7 +152,7 @@ fn aggregates_bundles_under_namespaced_names_and_routes_concurrent_calls() {
     install_demos(&d, &["alpha", "beta", "gamma"]);
     let agent = Agent::connect(&d, &[]);
     let names = agent.tool_names();
-    assert_eq!(names.len(), 33, "{names:?}");
+    assert_eq!(names.len(), 3 * common::DEMO_TOOLS, "{names:?}");
     for bundle in ["alpha", "beta", "gamma"] {
         for tool in ["echo", "add", "sleep", "progress", "host_read"] {
             assert!(names.contains(&format!("{bundle}__{tool}")), "{names:?}");
@@ -202,7 +202,7 @@ fn tool_list_changed_is_sent_when_bundles_come_and_go() {
     let d = Daemon::start();
     install_demos(&d, &["alpha"]);
     let agent = Agent::connect(&d, &[]);
-    assert_eq!(agent.tool_names().len(), 11);
+    assert_eq!(agent.tool_names().len(), common::DEMO_TOOLS);
     install_demos(&d, &["beta"]);
     wait_for(
         Duration::from_secs(10),
@@ -217,7 +217,7 @@ fn tool_list_changed_is_sent_when_bundles_come_and_go() {
         "tools/list_changed after uninstall",
         || (agent.recorder.count("tools_changed") > before).then_some(()),
     );
-    assert_eq!(agent.tool_names().len(), 11);
+    assert_eq!(agent.tool_names().len(), common::DEMO_TOOLS);
     wait_for(
         Duration::from_secs(10),
         "resources/list_changed twice",
@@ -515,7 +515,7 @@ fn a_call_to_a_restarting_bundle_waits_for_it() {
     std::fs::write(&server, "#!/bin/sh\nexit 1\n").unwrap();
     std::fs::set_permissions(&server, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let quick = Agent::connect(&d, &["--wait-ready", "1s"]);
-    assert_eq!(quick.tool_names().len(), 11);
+    assert_eq!(quick.tool_names().len(), common::DEMO_TOOLS);
     assert!(quick.call("alpha__crash", json!({"code": 3})).is_err());
     let started = std::time::Instant::now();
     let err = quick.call("alpha__echo", json!({"text": "x"})).unwrap_err();

@@ -65,7 +65,7 @@ fn the_mcp_inspector_lists_calls_and_reads_through_the_gateway() {
         names.contains(&"alpha__echo") && names.contains(&"beta__add"),
         "{names:?}"
     );
-    assert_eq!(names.len(), 22);
+    assert_eq!(names.len(), 2 * common::DEMO_TOOLS);
 
     let result = inspect(
         &d,

@@ -15,7 +15,7 @@ fn install_status_tools_call_uninstall() {
     let out = d.ok(&["install", bundle.to_str().unwrap(), "--json"]);
     let installed: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(installed["bundle"]["state"], "ready");
-    assert_eq!(installed["bundle"]["tools"], 11);
+    assert_eq!(installed["bundle"]["tools"], common::DEMO_TOOLS);
     let pid = installed["bundle"]["pid"].as_u64().unwrap() as u32;
     assert_eq!(d.bundle_processes(), vec![pid]);
 

@@ -514,11 +514,33 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> 
             .await
             .expect("initialize over HTTP")
     };
+    // An agent on MCP 2026-07-28: `server/discover`, then stateless
+    // requests (no session), with the same token.
+    let stateless = {
+        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+        use rmcp::{ClientLifecycleMode, ClientServiceExt};
+        let config = StreamableHttpClientTransportConfig::with_uri(format!(
+            "http://127.0.0.1:{http_port}/mcp/default"
+        ))
+        .auth_header(token.clone());
+        let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
+            reqwest::Client::new(),
+            config,
+        );
+        ().serve_with_lifecycle(
+            transport,
+            ClientLifecycleMode::Discover {
+                preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+            },
+        )
+        .await
+        .expect("server/discover over HTTP")
+    };
     let (_supergateway, supergateway) = floors::peer_gateway("supergateway").await;
     let (_mcp_proxy, mcp_proxy) = floors::peer_gateway("mcp-proxy").await;
     let rmcp_http = floors::rmcp_http_echo().await;
     let (mut got, mut floor, mut relay) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut control, mut over_http) = (Vec::new(), Vec::new());
+    let (mut control, mut over_http, mut over_stateless) = (Vec::new(), Vec::new(), Vec::new());
     let (mut peer_sg, mut peer_mp, mut bare_http) = (Vec::new(), Vec::new(), Vec::new());
     let args = json!({"name": "gw", "tool": "echo", "arguments": {"text": "ping"}});
     for _ in 0..ROUNDS {
@@ -526,6 +548,7 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> 
         relay.extend(echo_calls(&relayed, "echo", n / ROUNDS).await);
         got.extend(echo_calls(&client, "gw__echo", n / ROUNDS).await);
         over_http.extend(echo_calls(&http, "gw__echo", n / ROUNDS).await);
+        over_stateless.extend(echo_calls(&stateless, "gw__echo", n / ROUNDS).await);
         peer_sg.extend(echo_calls(&supergateway, "echo", n / ROUNDS).await);
         peer_mp.extend(echo_calls(&mcp_proxy, "echo", n / ROUNDS).await);
         bare_http.extend(echo_calls(&rmcp_http, "echo", n / ROUNDS).await);
@@ -540,6 +563,7 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> 
         direct,
         relayed,
         http,
+        stateless,
         supergateway,
         mcp_proxy,
         rmcp_http,
@@ -559,6 +583,14 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> 
         Row::latency(
             "gateway: echo via the daemon's HTTP endpoint",
             summarize(over_http),
+            Some(floor),
+        )
+        .target(Target::OverFloorAtMost(Duration::from_micros(50))),
+        // The same endpoint for an agent on MCP 2026-07-28 (issue 32): no
+        // session, the version and capabilities in every request's `_meta`.
+        Row::latency(
+            "gateway: echo via HTTP, MCP 2026-07-28 (stateless)",
+            summarize(over_stateless),
             Some(floor),
         )
         .target(Target::OverFloorAtMost(Duration::from_micros(50))),

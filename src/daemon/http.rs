@@ -331,21 +331,9 @@ async fn endpoint(
     if let Err(wait_ms) = app.take(&token.id) {
         return too_many(&app, wait_ms);
     }
-    let the_profile = match &profile {
-        None => None,
-        Some(name) => match app.shared.config.profiles.iter().find(|p| &p.name == name) {
-            Some(p) => Some(p.clone()),
-            None => {
-                return (
-                    StatusCode::NOT_FOUND,
-                    Json(serde_json::json!({
-                        "error": "not_found",
-                        "error_description": format!("there is no profile {name:?} in the daemon's config"),
-                    })),
-                )
-                    .into_response()
-            }
-        },
+    let the_profile = match profile_named(&app, profile.as_deref()) {
+        Ok(p) => p,
+        Err(response) => return response,
     };
     let (service, sessions, owners) = app.endpoint(&workspace, the_profile);
     // A session is its token's: another token naming it is told it does
@@ -447,6 +435,27 @@ async fn within_deadline(
                     "the request body did not arrive within {} of its head ([http] body_timeout)",
                     humantime::format_duration(limit)
                 ),
+            })),
+        )
+            .into_response()),
+    }
+}
+
+/// The profile an endpoint names, or the 404 that says there is none.
+fn profile_named(
+    app: &App,
+    name: Option<&str>,
+) -> Result<Option<crate::config::Profile>, Response> {
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    match app.shared.config.profiles.iter().find(|p| p.name == name) {
+        Some(p) => Ok(Some(p.clone())),
+        None => Err((
+            StatusCode::NOT_FOUND,
+            Json(serde_json::json!({
+                "error": "not_found",
+                "error_description": format!("there is no profile {name:?} in the daemon's config"),
             })),
         )
             .into_response()),
