@@ -465,9 +465,7 @@ fn token_set(answer: &impl serde::Serialize) -> Result<TokenSet, OAuthError> {
             .get("expires_in")
             .and_then(Value::as_i64)
             .map(|s| crate::clock::unix_secs() + s),
-        client_id: None,
-        client_secret: None,
-        wanted_scopes: Vec::new(),
+        ..TokenSet::default()
     })
 }
 
@@ -566,6 +564,7 @@ pub async fn obtain_silently(
         tokens.client_id = stored.client_id.clone();
         tokens.client_secret = stored.client_secret.clone();
         tokens.wanted_scopes = wanted.clone();
+        tokens.challenge = stored.challenge.clone();
         Silent::Tokens(tokens)
     };
     let mut why = Vec::new();
@@ -846,11 +845,14 @@ pub struct Pending {
     /// The registered client (dynamic registration, now or before), to
     /// be stored with the tokens.
     registered: Option<(String, Option<Secret>)>,
+    /// The challenge the flow discovered from, kept with the tokens.
+    challenge: Option<String>,
 }
 
-/// Discovers the server, picks the client (the bundle file's, a client ID
-/// metadata document, or a registered one) and builds the authorization
-/// URL for `redirect_uri`.
+/// Discovers the server (from the challenge of its last 401 or 403, kept
+/// with `stored`, when there is one), picks the client (the bundle
+/// file's, a client ID metadata document, or a registered one) and builds
+/// the authorization URL for `redirect_uri`.
 pub async fn begin(
     http: &Http,
     plan: &RemotePlan,
@@ -858,7 +860,8 @@ pub async fn begin(
     redirect_uri: &str,
 ) -> Result<Pending, OAuthError> {
     let auth = plan.auth.as_ref();
-    let (mut manager, metadata, published) = manager(http, plan, None).await?;
+    let challenge = stored.challenge.as_deref();
+    let (mut manager, metadata, published) = manager(http, plan, challenge).await?;
     // The 2025-11-25 spec: no advertised PKCE support, no authorization
     // (rmcp only warns). The 2025-03-26 fallback has nothing to advertise.
     if published && metadata.code_challenge_methods_supported.is_none() {
@@ -910,9 +913,14 @@ pub async fn begin(
             request = request.with_client_secret(secret.expose());
         }
     }
-    // The bundle file's scopes, with any the server said a token lacked.
+    // The bundle file's scopes, with any the server said a token lacked;
+    // else the challenge's; else (rmcp's initial selection) the protected
+    // resource's `scopes_supported`, else none.
     let configured = auth.map(|a| a.scopes.clone()).unwrap_or_default();
-    let scopes = union(configured, stored.wanted_scopes.clone());
+    let mut scopes = union(configured, stored.wanted_scopes.clone());
+    if scopes.is_empty() {
+        scopes = challenge.and_then(challenge_scope).unwrap_or_default();
+    }
     request = if scopes.is_empty() {
         request.with_initial_scope_selection()
     } else {
@@ -942,12 +950,30 @@ pub async fn begin(
         state,
         authorization_url,
         registered,
+        challenge: stored.challenge.clone(),
     })
 }
 
 /// Exchanges the authorization code for tokens; `issuer` is the
 /// redirect's `iss` (RFC 9207), checked when the server sends one.
 pub async fn complete(
+    http: &Http,
+    pending: &Pending,
+    code: &str,
+    issuer: Option<&str>,
+) -> Result<TokenSet, OAuthError> {
+    let mut tokens = exchange_code(http, pending, code, issuer).await?;
+    if let Some((id, secret)) = &pending.registered {
+        tokens.client_id = Some(id.clone());
+        tokens.client_secret = secret.clone();
+    }
+    tokens.challenge = pending.challenge.clone();
+    Ok(tokens)
+}
+
+/// The code exchange of [`complete`]: by rmcp, or here with
+/// `private_key_jwt`.
+async fn exchange_code(
     http: &Http,
     pending: &Pending,
     code: &str,
@@ -991,12 +1017,7 @@ pub async fn complete(
             let code = Redactor::new([Secret::new(code.to_string())]);
             mask(http.explain(e), &code)
         })?;
-    let mut tokens = token_set(&answer)?;
-    if let Some((id, secret)) = &pending.registered {
-        tokens.client_id = Some(id.clone());
-        tokens.client_secret = secret.clone();
-    }
-    Ok(tokens)
+    token_set(&answer)
 }
 
 #[cfg(test)]

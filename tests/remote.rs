@@ -1007,6 +1007,72 @@ fn a_scope_no_silent_grant_can_get_is_named_and_asked_for_by_the_next_authorizat
     assert_eq!(fx.with(|s| s.code_grants), 2);
 }
 
+/// Installs a remote bundle with no auth settings, which the fixture's
+/// first 401 puts in `needs_auth`.
+fn install_needing_auth(d: &Daemon, fx: &Fixture, name: &str) {
+    let path = write_remote(d, fx, name, json!({}));
+    let _ = d.cli(&["install", path.to_str().unwrap()]);
+    d.wait_state("default", name, "needs_auth");
+}
+
+#[test]
+fn bundlevisor_auth_discovers_through_the_first_challenges_resource_metadata_alone() {
+    // The protected-resource metadata is only where the challenge says
+    // (no well-known URL leads to it), and the authorization server's
+    // endpoints live under its issuer's path: guessing finds nothing, and
+    // the origin's /register is a 404. Only the first 401 (to a POST) has
+    // the challenge: the server has no GET to probe.
+    let fx = Fixture::start(None);
+    fx.lay_out(Layout {
+        prm: Prm::ChallengeOnly,
+        issuer_path: "/tenant".into(),
+        no_get: true,
+        ..Default::default()
+    });
+    let d = Daemon::start();
+    install_needing_auth(&d, &fx, "notes");
+    let metadata_reads = fx.with(|s| s.resource_metadata_requests);
+    authorize(&d, &fx, "notes");
+    d.wait_state("default", "notes", "ready");
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+    assert_eq!(fx.with(|s| (s.registrations, s.code_grants)), (1, 1));
+    assert!(
+        fx.with(|s| s.resource_metadata_requests) > metadata_reads,
+        "auth read the metadata the challenge names"
+    );
+}
+
+#[test]
+fn bundlevisor_auth_asks_for_the_scope_of_the_first_challenge() {
+    // The challenge's scope, not the metadata's scopes_supported: a token
+    // for notes:read alone would get a 403.
+    let fx = Fixture::start(None);
+    fx.lay_out(Layout {
+        challenge_scope: Some("notes:write".into()),
+        scopes_supported: Some(vec!["notes:read".into()]),
+        required_scope: Some("notes:write".into()),
+        no_get: true,
+        ..Default::default()
+    });
+    let d = Daemon::start();
+    install_needing_auth(&d, &fx, "notes");
+    authorize(&d, &fx, "notes");
+    d.wait_state("default", "notes", "ready");
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+    assert_eq!(
+        fx.with(|s| s.authorize_scopes.clone()),
+        vec![Some("notes:write".to_string())]
+    );
+    // One authorization was enough: no 403, no second code grant.
+    assert_eq!(fx.with(|s| (s.insufficient, s.code_grants)), (0, 1));
+}
+
 #[test]
 fn a_gracefully_closed_stream_is_resumed_after_its_retry_with_last_event_id() {
     let fx = Fixture::start(None);

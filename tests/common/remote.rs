@@ -84,6 +84,13 @@ pub struct AuthState {
     pub token_forms: Vec<TokenRequest>,
     /// Client ids seen at `/authorize`.
     pub authorize_clients: Vec<String>,
+    /// The `scope` of each request to `/authorize`.
+    pub authorize_scopes: Vec<Option<String>>,
+    /// The body of each dynamic registration.
+    pub registration_bodies: Vec<Value>,
+    /// The issuer each dynamically registered client and each refresh
+    /// token belongs to: neither is accepted once the issuer has changed.
+    issued_by: HashMap<String, String>,
     /// `/sse-mcp`: the answer held back when the call's stream was closed,
     /// and when that was.
     held: Option<(Value, std::time::Instant)>,
@@ -116,6 +123,9 @@ pub enum Prm {
     Root,
     /// Nowhere (a 2025-03-26 server).
     Absent,
+    /// Only at `/prm/mcp`, which no well-known rule leads to: found
+    /// through the 401 challenge's `resource_metadata` alone.
+    ChallengeOnly,
 }
 
 /// Where the authorization-server metadata is published.
@@ -157,6 +167,11 @@ pub struct Layout {
     pub no_client_credentials: bool,
     /// The metadata leaves out `code_challenge_methods_supported`.
     pub no_pkce_advertised: bool,
+    /// `GET /mcp` is answered 405 before any token is looked at, with no
+    /// challenge: a 2026-07-28 server has no GET stream, and one that
+    /// routes by method never gets to its token check. Only the answer to
+    /// a real request (a POST) carries the challenge.
+    pub no_get: bool,
 }
 
 /// What a token request carried.
@@ -267,9 +282,13 @@ impl Fixture {
             .route("/tenant/.well-known/{*rest}", get(tenant_well_known))
             .route("/moved", axum::routing::any(moved))
             .route("/sse-mcp", axum::routing::any(resumable))
+            .route("/prm/mcp", get(challenge_only_metadata))
             .route("/register", post(register))
             .route("/authorize", get(authorize))
             .route("/token", post(token))
+            .route("/tenant/register", post(register))
+            .route("/tenant/authorize", get(authorize))
+            .route("/tenant/token", post(token))
             .with_state(app.clone());
         let stop = ct.clone();
         rt.spawn(async move {
@@ -344,6 +363,9 @@ async fn guard(
     if !request.uri().path().starts_with("/mcp") {
         return next.run(request).await;
     }
+    if request.method() == axum::http::Method::GET && app.state.lock().unwrap().layout.no_get {
+        return StatusCode::METHOD_NOT_ALLOWED.into_response();
+    }
     let token = request
         .headers()
         .get("authorization")
@@ -395,6 +417,7 @@ async fn guard(
                 "{}/.well-known/oauth-protected-resource/mcp",
                 app.base
             )),
+            Prm::ChallengeOnly => Some(format!("{}/prm/mcp", app.base)),
             Prm::Absent => None,
         }
         .filter(|_| !layout.no_challenge_metadata);
@@ -461,6 +484,44 @@ async fn tenant_well_known(
     not_found()
 }
 
+/// `/prm/mcp`: the protected-resource metadata of [`Prm::ChallengeOnly`].
+async fn challenge_only_metadata(State(app): State<App>) -> Response {
+    let mut state = app.state.lock().unwrap();
+    if state.layout.prm != Prm::ChallengeOnly {
+        return not_found();
+    }
+    resource_metadata(&app, &mut state)
+}
+
+impl AuthState {
+    /// The issuer the authorization server is now.
+    fn issuer(&self, app: &App) -> String {
+        format!("{}{}", app.base, self.layout.issuer_path)
+    }
+
+    /// The authorization server's endpoints live under its issuer's path
+    /// (`/tenant/token`); a server that publishes no metadata has them at
+    /// the origin (the 2025-03-26 fallback). Elsewhere: 404.
+    fn serves(&self, path: &str, endpoint: &str) -> bool {
+        let prefix = match self.layout.asm {
+            Asm::Absent => "",
+            _ => self.layout.issuer_path.as_str(),
+        };
+        path == format!("{prefix}/{endpoint}")
+    }
+
+    /// A client the authorization server knows now: configured ones
+    /// always, a registered one only while the issuer that registered it is
+    /// the server's.
+    fn knows(&self, app: &App, client: &str) -> bool {
+        self.clients.contains_key(client)
+            && self
+                .issued_by
+                .get(client)
+                .is_none_or(|by| *by == self.issuer(app))
+    }
+}
+
 fn resource_metadata(app: &App, state: &mut AuthState) -> Response {
     state.resource_metadata_requests += 1;
     let resource = state.lies.resource.clone().unwrap_or(app.mcp_url.clone());
@@ -473,13 +534,13 @@ fn resource_metadata(app: &App, state: &mut AuthState) -> Response {
 }
 
 fn server_metadata(app: &App, state: &AuthState) -> Response {
-    let b = &app.base;
+    let b = &format!("{}{}", app.base, state.layout.issuer_path);
     let layout = &state.layout;
     let issuer = state
         .lies
         .issuer
         .clone()
-        .unwrap_or_else(|| format!("{b}{}", layout.issuer_path));
+        .unwrap_or_else(|| b.clone());
     let methods = layout
         .auth_methods
         .clone()
@@ -505,12 +566,22 @@ fn server_metadata(app: &App, state: &AuthState) -> Response {
     Json(metadata).into_response()
 }
 
-async fn register(State(app): State<App>, Json(body): Json<Value>) -> Json<Value> {
+async fn register(
+    State(app): State<App>,
+    uri: axum::http::Uri,
+    Json(body): Json<Value>,
+) -> Response {
     let mut state = app.state.lock().unwrap();
+    if !state.serves(uri.path(), "register") {
+        return not_found();
+    }
     state.registrations += 1;
+    state.registration_bodies.push(body.clone());
     let id = state.mint("client");
     state.clients.insert(id.clone(), None);
-    Json(json!({ "client_id": id, "redirect_uris": body["redirect_uris"] }))
+    let issuer = state.issuer(&app);
+    state.issued_by.insert(id.clone(), issuer);
+    Json(json!({ "client_id": id, "redirect_uris": body["redirect_uris"] })).into_response()
 }
 
 /// A temporary redirect to the decoy's `/mcp`: another origin.
@@ -546,13 +617,21 @@ fn oauth_error(error: &str) -> Response {
     (StatusCode::BAD_REQUEST, Json(json!({ "error": error }))).into_response()
 }
 
-async fn authorize(State(app): State<App>, Query(q): Query<HashMap<String, String>>) -> Response {
+async fn authorize(
+    State(app): State<App>,
+    uri: axum::http::Uri,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
     let mut state = app.state.lock().unwrap();
+    if !state.serves(uri.path(), "authorize") {
+        return not_found();
+    }
     let client = q.get("client_id").cloned().unwrap_or_default();
     state.authorize_clients.push(client.clone());
+    state.authorize_scopes.push(q.get("scope").cloned());
     // A client ID metadata document names the client by its https URL
     // (the fixture does not fetch it).
-    let known = state.clients.contains_key(&client)
+    let known = state.knows(&app, &client)
         || (state.layout.cimd && client.starts_with("https://"));
     let ok = known
         && q.get("response_type").map(String::as_str) == Some("code")
@@ -643,15 +722,22 @@ fn client_auth(
 
 async fn token(
     State(app): State<App>,
+    uri: axum::http::Uri,
     headers: HeaderMap,
     Form(f): Form<HashMap<String, String>>,
 ) -> Response {
     let mut state = app.state.lock().unwrap();
+    if !state.serves(uri.path(), "token") {
+        return not_found();
+    }
     state.token_requests += 1;
     let (auth, client, secret) = match client_auth(&app, &state, &headers, &f) {
         Ok(who) => who,
         Err(refused) => return oauth_error(refused),
     };
+    if state.clients.contains_key(&client) && !state.knows(&app, &client) {
+        return oauth_error("invalid_client");
+    }
     state.token_forms.push(TokenRequest {
         auth,
         grant_type: f.get("grant_type").cloned().unwrap_or_default(),
@@ -684,7 +770,10 @@ async fn token(
         }
         Some("refresh_token") => {
             let presented = f.get("refresh_token").cloned().unwrap_or_default();
-            if !state.refresh.contains(&presented) {
+            let issuer = state.issuer(&app);
+            if !state.refresh.contains(&presented)
+                || state.issued_by.get(&presented).is_some_and(|by| *by != issuer)
+            {
                 state.refused_refresh_grants += 1;
                 return oauth_error("invalid_grant");
             }
@@ -731,6 +820,8 @@ async fn token(
     if with_refresh {
         let refresh = state.mint("rt");
         state.refresh.insert(refresh.clone());
+        let issuer = state.issuer(&app);
+        state.issued_by.insert(refresh.clone(), issuer);
         state.refresh_scopes.insert(refresh.clone(), granted);
         body["refresh_token"] = json!(refresh);
     }
