@@ -9,8 +9,11 @@
 //!   server's origin) when nothing is published;
 //! - the client identity in the spec's order: the bundle file's
 //!   `auth.client_id`, a client ID metadata document
-//!   (`auth.client_metadata_url`) when the server supports them, dynamic
-//!   registration otherwise;
+//!   (`auth.client_metadata_url`) when the server supports them, a client
+//!   the same server registered before, dynamic registration (with
+//!   `application_type`) when it offers it, else an error saying what to
+//!   set; a registered client and tokens are kept with the issuer of the
+//!   server that issued them and never used with another;
 //! - the token endpoint's authentication from the server's
 //!   `token_endpoint_auth_methods_supported` (`client_secret_basic`,
 //!   `client_secret_post`, `none`; `private_key_jwt` for the
@@ -450,6 +453,71 @@ impl ClientId {
     }
 }
 
+/// The identifier of the authorization server `metadata` describes: its
+/// `issuer`; for the 2025-03-26 fallback, which has none, the origin of
+/// its authorization endpoint.
+fn issuer_of(metadata: &AuthorizationMetadata) -> String {
+    metadata.issuer.clone().unwrap_or_else(|| {
+        url::Url::parse(&metadata.authorization_endpoint)
+            .map(|u| u.origin().ascii_serialization())
+            .unwrap_or_else(|_| metadata.authorization_endpoint.clone())
+    })
+}
+
+/// What of `stored` may be used with the authorization server `issuer`:
+/// all of it when that server registered the client and issued the tokens
+/// (or when the set predates the record of its issuer); else only what
+/// the MCP server said (its challenge, the scopes it wants). A client
+/// registration or a refresh token never goes to another server.
+fn for_issuer(stored: &TokenSet, issuer: &str) -> TokenSet {
+    match &stored.issuer {
+        Some(was) if was != issuer => {
+            tracing::info!(
+                was = %was,
+                now = %issuer,
+                "the MCP server's authorization server changed: its stored client and tokens are not used with the new one"
+            );
+            TokenSet {
+                wanted_scopes: stored.wanted_scopes.clone(),
+                challenge: stored.challenge.clone(),
+                ..TokenSet::default()
+            }
+        }
+        _ => stored.clone(),
+    }
+}
+
+/// The `application_type` of a registration (OpenID Connect Dynamic
+/// Client Registration, required by the MCP authorization spec):
+/// `native` for a redirect to a loopback address, `web` otherwise.
+fn application_type(redirect_uri: &str) -> &'static str {
+    let loopback = url::Url::parse(redirect_uri).is_ok_and(|u| match u.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d == "localhost",
+        None => false,
+    });
+    if loopback {
+        "native"
+    } else {
+        "web"
+    }
+}
+
+/// Why no client can be had from the authorization server `issuer`, and
+/// what the operator can set.
+fn no_client(issuer: &str, cimd: bool) -> String {
+    if cimd {
+        format!(
+            "the authorization server {issuer} offers no dynamic client registration; it accepts client ID metadata documents: set auth.client_metadata_url in the bundle file to the https URL of a client metadata document that you host (bundlevisor is a daemon and serves none itself; docs/credentials.md shows one), or set auth.client_id to a client registered with it; nothing was sent to it"
+        )
+    } else {
+        format!(
+            "the authorization server {issuer} offers neither dynamic client registration nor client ID metadata documents: register a client with it and set auth.client_id in the bundle file (with auth.client_secret or auth.private_key for a confidential client); nothing was sent to it"
+        )
+    }
+}
+
 /// A token answer as our [`TokenSet`] (the client fields left empty).
 fn token_set(answer: &impl serde::Serialize) -> Result<TokenSet, OAuthError> {
     let v = serde_json::to_value(answer).unwrap_or_default();
@@ -518,8 +586,6 @@ pub async fn obtain_silently(
     challenge: Option<&str>,
 ) -> Result<Silent, OAuthError> {
     let auth = plan.auth.as_ref();
-    let client = ClientId::of(auth, stored);
-    let refresh = stored.refresh_token.as_ref().zip(client.id.as_ref());
     let credentials = auth.and_then(|a| {
         let id = a.client_id.as_ref()?;
         if let Some(key) = &a.private_key {
@@ -527,12 +593,24 @@ pub async fn obtain_silently(
         }
         a.client_secret.as_ref().map(|s| Grant::Secret(id, s))
     });
-    if refresh.is_none() && credentials.is_none() {
+    let refreshable = stored.refresh_token.is_some() && ClientId::of(auth, stored).id.is_some();
+    if !refreshable && credentials.is_none() {
         return Ok(Silent::Interactive(
             "no stored refresh token and no client credentials configured".into(),
         ));
     }
     let (mut manager, metadata, _) = manager(http, plan, challenge).await?;
+    let issuer = issuer_of(&metadata);
+    let mut why = Vec::new();
+    if stored.issuer.as_deref().is_some_and(|was| was != issuer) {
+        why.push(format!(
+            "the stored tokens are from the authorization server {}, and the MCP server's is now {issuer}",
+            stored.issuer.as_deref().unwrap_or_default()
+        ));
+    }
+    let stored = &for_issuer(stored, &issuer);
+    let client = ClientId::of(auth, stored);
+    let refresh = stored.refresh_token.as_ref().zip(client.id.as_ref());
     // What the requests carried stays out of any error text about them.
     let secrets = || {
         Redactor::new(
@@ -565,9 +643,9 @@ pub async fn obtain_silently(
         tokens.client_secret = stored.client_secret.clone();
         tokens.wanted_scopes = wanted.clone();
         tokens.challenge = stored.challenge.clone();
+        tokens.issuer = Some(issuer.clone());
         Silent::Tokens(tokens)
     };
-    let mut why = Vec::new();
     if let (Some((refresh, id)), Some(key)) = (refresh, Jwt::of(auth, &metadata)) {
         // private_key_jwt, which rmcp offers for client credentials only.
         let mut form = vec![
@@ -847,6 +925,8 @@ pub struct Pending {
     registered: Option<(String, Option<Secret>)>,
     /// The challenge the flow discovered from, kept with the tokens.
     challenge: Option<String>,
+    /// The authorization server's issuer, kept with the tokens.
+    issuer: String,
 }
 
 /// Discovers the server (from the challenge of its last 401 or 403, kept
@@ -869,43 +949,76 @@ pub async fn begin(
             "the authorization server's metadata does not list code_challenge_methods_supported, so it may not support PKCE, which the MCP authorization spec requires; nothing was sent to it".into(),
         ));
     }
+    let issuer = issuer_of(&metadata);
+    let stored = &for_issuer(stored, &issuer);
     let verifiers = InMemoryStateStore::new();
     manager.set_state_store(verifiers.clone());
-    let mut request = AuthorizationRequest::new(redirect_uri).with_client_name("bundlevisor");
-    let mut client = ClientId::of(auth, stored);
-    let from_file = auth.is_some_and(|a| a.client_id.is_some());
-    // The client kept with the tokens: one registered (now or before),
-    // never the bundle file's.
-    let mut registered = (!from_file)
-        .then(|| client.id.clone().map(|id| (id, client.secret.clone())))
-        .flatten();
+    // A redirect to the CLI's loopback listener: a native application
+    // (the MCP authorization spec's `application_type` for registration).
+    // rmcp registers with the application type of the manager's client
+    // configuration, set here (the client itself is chosen below).
+    manager
+        .configure_client(
+            OAuthClientConfig::new("bundlevisor", redirect_uri)
+                .with_application_type(application_type(redirect_uri)),
+        )
+        .map_err(|e| http.explain(e))?;
+    let mut request = AuthorizationRequest::new(redirect_uri)
+        .with_client_name("bundlevisor")
+        .with_application_type(application_type(redirect_uri));
     let cimd = metadata
         .additional_fields
         .get("client_id_metadata_document_supported")
         .is_some_and(|v| v == &Value::Bool(true));
-    match auth.and_then(|a| a.client_metadata_url.as_deref()) {
-        _ if client.id.is_some() => {}
-        Some(url) if cimd => request = request.with_client_metadata_url(url),
-        _ => {
-            // Registered here rather than by rmcp, so that a secret the
-            // server issues is kept with the tokens.
-            http.forget();
-            let config = manager
-                .register_client("bundlevisor", redirect_uri, &[])
-                .await
-                .map_err(|e| {
-                    OAuthError::Unsupported(format!(
-                        "dynamic client registration failed: {}; if the authorization server does not offer it, set auth.client_id in the bundle file",
-                        http.explain(e)
-                    ))
-                })?;
-            let secret = config.client_secret.map(Secret::new);
-            registered = Some((config.client_id.clone(), secret.clone()));
-            client = ClientId {
-                id: Some(config.client_id),
-                secret,
-            };
-        }
+    let document = auth
+        .and_then(|a| a.client_metadata_url.as_deref())
+        .filter(|_| cimd);
+    // The client, in the spec's order: pre-registered (the bundle file's),
+    // a client ID metadata document, a client this authorization server
+    // registered before, a new registration. The client kept with the
+    // tokens is any but the bundle file's.
+    let mut client = ClientId::default();
+    let mut registered = None;
+    if let Some(id) = auth.and_then(|a| a.client_id.clone()) {
+        client = ClientId {
+            id: Some(id),
+            secret: auth.and_then(|a| a.client_secret.clone()),
+        };
+    } else if let Some(url) = document {
+        request = request.with_client_metadata_url(url);
+        registered = Some((url.to_string(), None));
+    } else if let Some(id) = stored
+        .client_id
+        .clone()
+        // A document's URL is no registration.
+        .filter(|id| !id.starts_with("https://"))
+    {
+        registered = Some((id.clone(), stored.client_secret.clone()));
+        client = ClientId {
+            id: Some(id),
+            secret: stored.client_secret.clone(),
+        };
+    } else if metadata.registration_endpoint.is_some() {
+        // Registered here rather than by rmcp, so that a secret the
+        // server issues is kept with the tokens.
+        http.forget();
+        let config = manager
+            .register_client("bundlevisor", redirect_uri, &[])
+            .await
+            .map_err(|e| {
+                OAuthError::Unsupported(format!(
+                    "dynamic client registration at {issuer} failed: {}; if the authorization server does not offer it, register a client with it and set auth.client_id in the bundle file",
+                    http.explain(e)
+                ))
+            })?;
+        let secret = config.client_secret.map(Secret::new);
+        registered = Some((config.client_id.clone(), secret.clone()));
+        client = ClientId {
+            id: Some(config.client_id),
+            secret,
+        };
+    } else {
+        return Err(OAuthError::Unsupported(no_client(&issuer, cimd)));
     }
     if let Some(id) = &client.id {
         request = request.with_preregistered_client(id);
@@ -951,6 +1064,7 @@ pub async fn begin(
         authorization_url,
         registered,
         challenge: stored.challenge.clone(),
+        issuer,
     })
 }
 
@@ -968,6 +1082,7 @@ pub async fn complete(
         tokens.client_secret = secret.clone();
     }
     tokens.challenge = pending.challenge.clone();
+    tokens.issuer = Some(pending.issuer.clone());
     Ok(tokens)
 }
 
@@ -1049,6 +1164,44 @@ mod tests {
             challenge_scope(shouted),
             Some(vec!["Files:Read".to_string()])
         );
+    }
+
+    #[test]
+    fn a_loopback_redirect_registers_a_native_application() {
+        for uri in [
+            "http://127.0.0.1:4000/callback",
+            "http://[::1]:4000/callback",
+            "http://localhost:4000/callback",
+        ] {
+            assert_eq!(application_type(uri), "native", "{uri}");
+        }
+        assert_eq!(application_type("https://app.example/callback"), "web");
+    }
+
+    #[test]
+    fn stored_tokens_are_used_with_their_own_authorization_server_only() {
+        let stored = TokenSet {
+            refresh_token: Some(Secret::new("rt")),
+            client_id: Some("client-1".into()),
+            wanted_scopes: vec!["notes:write".into()],
+            issuer: Some("https://as.example".into()),
+            challenge: Some("Bearer scope=\"notes:write\"".into()),
+            ..TokenSet::default()
+        };
+        assert_eq!(for_issuer(&stored, "https://as.example"), stored);
+        let elsewhere = for_issuer(&stored, "https://other.example");
+        assert_eq!(
+            (elsewhere.refresh_token, elsewhere.client_id, elsewhere.issuer),
+            (None, None, None)
+        );
+        assert_eq!(elsewhere.wanted_scopes, stored.wanted_scopes);
+        assert_eq!(elsewhere.challenge, stored.challenge);
+        // A set stored before the issuer was recorded is used as it is.
+        let older = TokenSet {
+            issuer: None,
+            ..stored.clone()
+        };
+        assert_eq!(for_issuer(&older, "https://other.example"), older);
     }
 
     #[test]

@@ -1074,6 +1074,112 @@ fn bundlevisor_auth_asks_for_the_scope_of_the_first_challenge() {
 }
 
 #[test]
+fn the_client_is_the_pre_registered_one_then_a_metadata_document_then_a_registration() {
+    let d = Daemon::start();
+    let document = "https://bundlevisor.example/oauth/client.json";
+    // Pre-registered beats a metadata document the server would take.
+    let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
+    fx.lay_out(Layout {
+        cimd: true,
+        no_client_credentials: true,
+        ..Default::default()
+    });
+    let path = write_remote(
+        &d,
+        &fx,
+        "pre",
+        json!({"auth": {"client_id": "bv-daemon", "client_secret": CLIENT_SECRET, "client_metadata_url": document}}),
+    );
+    let _ = d.cli(&["install", path.to_str().unwrap()]);
+    d.wait_state("default", "pre", "needs_auth");
+    authorize(&d, &fx, "pre");
+    d.wait_state("default", "pre", "ready");
+    assert_eq!(
+        fx.with(|s| (s.authorize_clients.clone(), s.registrations)),
+        (vec!["bv-daemon".to_string()], 0)
+    );
+
+    // A registration says what kind of application registers: a native
+    // one, whose redirect goes to a loopback address.
+    let fx = Fixture::start(None);
+    install_needing_auth(&d, &fx, "dcr");
+    authorize(&d, &fx, "dcr");
+    let bodies = fx.with(|s| s.registration_bodies.clone());
+    assert_eq!(bodies.len(), 1);
+    assert_eq!(bodies[0]["application_type"], "native", "{bodies:?}");
+
+    // Neither a registration endpoint nor a way to name a client: the
+    // operator is told what to set, and nothing is sent.
+    for (name, cimd, needed) in [
+        ("tell-cimd", true, "set auth.client_metadata_url"),
+        ("tell-id", false, "set auth.client_id"),
+    ] {
+        let fx = Fixture::start(None);
+        fx.lay_out(Layout {
+            cimd,
+            no_registration: true,
+            ..Default::default()
+        });
+        install_needing_auth(&d, &fx, name);
+        let out = d.cli(&["auth", name, "--timeout", "10s"]);
+        assert!(!out.status.success());
+        let msg = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            msg.contains("offers no dynamic client registration")
+                || msg.contains("offers neither dynamic client registration"),
+            "{msg}"
+        );
+        assert!(msg.contains(needed), "{name}: {msg}");
+        assert_eq!(
+            fx.with(|s| (s.registrations, s.authorize_clients.len())),
+            (0, 0),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn a_client_registration_is_never_used_with_another_authorization_server() {
+    let fx = Fixture::start(None);
+    let d = Daemon::start();
+    install_needing_auth(&d, &fx, "notes");
+    authorize(&d, &fx, "notes");
+    d.wait_state("default", "notes", "ready");
+    let first = fx.with(|s| s.authorize_clients[0].clone());
+
+    // The MCP server moves to another authorization server (issuer
+    // BASE/tenant): the old one's refresh token is not sent to it, and
+    // its registration is not used there.
+    fx.lay_out(Layout {
+        issuer_path: "/tenant".into(),
+        ..Default::default()
+    });
+    fx.revoke_access_tokens();
+    let token_requests = fx.with(|s| s.token_requests);
+    let out = d.cli(&["call", "notes", "whoami", "{}"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let b = d.wait_state("default", "notes", "needs_auth");
+    let error = b["last_error"].as_str().unwrap();
+    assert!(
+        error.contains("the stored tokens are from the authorization server")
+            && error.contains("bundlevisor auth notes"),
+        "{error}"
+    );
+    assert_eq!(fx.with(|s| s.token_requests), token_requests);
+
+    // `auth` registers again, with the new server, and the bundle comes up.
+    authorize(&d, &fx, "notes");
+    d.wait_state("default", "notes", "ready");
+    let (registrations, clients) = fx.with(|s| (s.registrations, s.authorize_clients.clone()));
+    assert_eq!(registrations, 2);
+    assert_ne!(clients[1], first, "{clients:?}");
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+}
+
+#[test]
 fn a_gracefully_closed_stream_is_resumed_after_its_retry_with_last_event_id() {
     let fx = Fixture::start(None);
     let d = Daemon::start();

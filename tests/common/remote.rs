@@ -172,6 +172,8 @@ pub struct Layout {
     /// routes by method never gets to its token check. Only the answer to
     /// a real request (a POST) carries the challenge.
     pub no_get: bool,
+    /// The metadata names no `registration_endpoint`.
+    pub no_registration: bool,
 }
 
 /// What a token request carried.
@@ -562,6 +564,12 @@ fn server_metadata(app: &App, state: &AuthState) -> Response {
             .as_object_mut()
             .unwrap()
             .remove("code_challenge_methods_supported");
+    }
+    if layout.no_registration {
+        metadata
+            .as_object_mut()
+            .unwrap()
+            .remove("registration_endpoint");
     }
     Json(metadata).into_response()
 }
