@@ -74,6 +74,12 @@ pub enum OAuthError {
         error: String,
         description: Option<String>,
     },
+    /// The enterprise identity provider refused the token exchange.
+    #[error("the enterprise identity provider refused the token exchange: {error}{}", .description.as_ref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    IdpRefused {
+        error: String,
+        description: Option<String>,
+    },
     #[error("OAuth discovery failed: {0}")]
     Discovery(String),
     /// Network trouble or an unusable answer: worth retrying later.
@@ -81,6 +87,10 @@ pub enum OAuthError {
     Http { url: String, message: String },
     #[error("{0}")]
     Unsupported(String),
+    /// The bundle file asks for what the server does not offer: only a
+    /// change of the file or of the server helps.
+    #[error("{0}")]
+    Config(String),
     /// A URL given or discovered fails the https-or-loopback rule.
     #[error("refused {what} {url}: it {reason}; nothing was sent there")]
     InsecureUrl {
@@ -586,7 +596,11 @@ pub async fn obtain_silently(
     challenge: Option<&str>,
 ) -> Result<Silent, OAuthError> {
     let auth = plan.auth.as_ref();
-    let credentials = auth.and_then(|a| {
+    let enterprise = auth.and_then(|a| a.enterprise.as_ref());
+    // With Enterprise-Managed Authorization the client's secret or key
+    // authenticates the ID-JAG grant: a token of the client itself
+    // (client credentials) would stand in for the user's.
+    let credentials = auth.filter(|_| enterprise.is_none()).and_then(|a| {
         let id = a.client_id.as_ref()?;
         if let Some(key) = &a.private_key {
             return Some(Grant::Jwt(id, key, a.signing_alg));
@@ -594,7 +608,7 @@ pub async fn obtain_silently(
         a.client_secret.as_ref().map(|s| Grant::Secret(id, s))
     });
     let refreshable = stored.refresh_token.is_some() && ClientId::of(auth, stored).id.is_some();
-    if !refreshable && credentials.is_none() {
+    if !refreshable && credentials.is_none() && enterprise.is_none() {
         return Ok(Silent::Interactive(
             "no stored refresh token and no client credentials configured".into(),
         ));
@@ -618,6 +632,7 @@ pub async fn obtain_silently(
                 stored.refresh_token.clone(),
                 client.secret.clone(),
                 auth.and_then(|a| a.private_key.clone()),
+                enterprise.map(|e| e.client_secret.clone()),
             ]
             .into_iter()
             .flatten(),
@@ -703,6 +718,28 @@ pub async fn obtain_silently(
             },
         }
     }
+    if let Some(enterprise) = enterprise {
+        let scopes = if asked.is_empty() {
+            initial_scopes(&manager).await
+        } else {
+            asked
+        };
+        let grant = EnterpriseGrant {
+            enterprise,
+            auth,
+            metadata: &metadata,
+            resource: &plan.url,
+            scopes,
+        };
+        match grant.obtain(http).await {
+            Ok(tokens) => return Ok(kept(tokens, false)),
+            Err(e @ (OAuthError::Refused { .. } | OAuthError::IdpRefused { .. })) => {
+                why.push(format!("enterprise-managed authorization: {}", masked(e)))
+            }
+            Err(e) => return Err(mask(e, &secrets())),
+        }
+        return Ok(Silent::Interactive(why.join("; ")));
+    }
     if let Some(grant) = credentials {
         let scopes = if asked.is_empty() {
             initial_scopes(&manager).await
@@ -752,12 +789,17 @@ fn mask(e: OAuthError, redactor: &Redactor) -> OAuthError {
             error: mask(error),
             description: description.map(mask),
         },
+        OAuthError::IdpRefused { error, description } => OAuthError::IdpRefused {
+            error: mask(error),
+            description: description.map(mask),
+        },
         OAuthError::Http { url, message } => OAuthError::Http {
             url: mask(url),
             message: mask(message),
         },
         OAuthError::Discovery(m) => OAuthError::Discovery(mask(m)),
         OAuthError::Unsupported(m) => OAuthError::Unsupported(mask(m)),
+        OAuthError::Config(m) => OAuthError::Config(mask(m)),
         other => other,
     }
 }
@@ -873,6 +915,217 @@ impl Jwt {
             _ => failed(format!("HTTP {status}")),
         })
     }
+}
+
+const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+const ID_JAG: &str = "urn:ietf:params:oauth:token-type:id-jag";
+const ID_TOKEN: &str = "urn:ietf:params:oauth:token-type:id_token";
+const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
+const ID_JAG_PROFILE: &str = "urn:ietf:params:oauth:grant-profile:id-jag";
+
+/// Enterprise-Managed Authorization (the
+/// `io.modelcontextprotocol/enterprise-managed-authorization` extension,
+/// SEP-990): the user's ID token is exchanged at the enterprise identity
+/// provider for an ID-JAG (RFC 8693), and the ID-JAG at the MCP server's
+/// authorization server for an access token (RFC 7523 JWT bearer grant).
+struct EnterpriseGrant<'a> {
+    enterprise: &'a crate::manifest::EnterprisePlan,
+    auth: Option<&'a AuthPlan>,
+    metadata: &'a AuthorizationMetadata,
+    /// The MCP server's URL: the RFC 8707 resource.
+    resource: &'a str,
+    scopes: Vec<String>,
+}
+
+impl EnterpriseGrant<'_> {
+    async fn obtain(&self, http: &Http) -> Result<TokenSet, OAuthError> {
+        let issuer = issuer_of(self.metadata);
+        let profiles = self
+            .metadata
+            .additional_fields
+            .get("authorization_grant_profiles_supported")
+            .and_then(Value::as_array);
+        if !profiles.is_some_and(|p| p.iter().any(|p| p == ID_JAG_PROFILE)) {
+            return Err(OAuthError::Config(format!(
+                "the authorization server {issuer} does not list {ID_JAG_PROFILE} in its authorization_grant_profiles_supported, so it takes no ID-JAG; nothing was sent to the identity provider — remove auth.enterprise from the bundle file, or have the authorization server enable Enterprise-Managed Authorization"
+            )));
+        }
+        let id_token = self.id_token().await?;
+        let mut secrets = Redactor::new([id_token.clone(), self.enterprise.client_secret.clone()]);
+        let idp = &self.enterprise.token_endpoint;
+        let mut form = vec![
+            ("grant_type", TOKEN_EXCHANGE.to_string()),
+            ("requested_token_type", ID_JAG.to_string()),
+            ("audience", issuer.clone()),
+            ("resource", self.resource.to_string()),
+            ("subject_token", id_token.expose().to_string()),
+            ("subject_token_type", ID_TOKEN.to_string()),
+        ];
+        if !self.scopes.is_empty() {
+            form.push(("scope", self.scopes.join(" ")));
+        }
+        let basic = (
+            self.enterprise.client_id.as_str(),
+            &self.enterprise.client_secret,
+        );
+        let answer = post_form(
+            http,
+            "the identity provider's token endpoint",
+            idp,
+            form,
+            Some(basic),
+        )
+        .await
+        .map_err(|e| match mask(e, &secrets) {
+            OAuthError::Refused { error, description } => {
+                OAuthError::IdpRefused { error, description }
+            }
+            other => other,
+        })?;
+        let text = |k: &str| answer.get(k).and_then(Value::as_str);
+        if text("issued_token_type") != Some(ID_JAG) {
+            return Err(OAuthError::Http {
+                url: idp.clone(),
+                message: format!(
+                    "the token exchange answered issued_token_type {:?}, not {ID_JAG}; the identity provider does not issue ID-JAGs to this client",
+                    text("issued_token_type").unwrap_or("(none)")
+                ),
+            });
+        }
+        let assertion = Secret::new(text("access_token").unwrap_or_default());
+        if assertion.expose().is_empty() {
+            return Err(OAuthError::Http {
+                url: idp.clone(),
+                message: "the token exchange's answer has no access_token (the ID-JAG)".into(),
+            });
+        }
+        secrets = Redactor::new([
+            id_token,
+            self.enterprise.client_secret.clone(),
+            assertion.clone(),
+        ]);
+        let form = vec![
+            ("grant_type", JWT_BEARER.to_string()),
+            ("assertion", assertion.expose().to_string()),
+        ];
+        self.redeem(http, form).await.map_err(|e| mask(e, &secrets))
+    }
+
+    /// The user's ID token, read now (a file is read at each exchange).
+    async fn id_token(&self) -> Result<Secret, OAuthError> {
+        use crate::manifest::IdToken;
+        let token = match &self.enterprise.id_token {
+            IdToken::Value(v) => v.clone(),
+            IdToken::File(path) => {
+                let read = tokio::fs::read_to_string(path).await.map_err(|e| {
+                    OAuthError::Unsupported(format!(
+                        "cannot read the ID token from {} (auth.enterprise.id_token_file): {e}; the identity provider's sign-in must keep the user's ID token there",
+                        path.display()
+                    ))
+                })?;
+                Secret::new(read.trim())
+            }
+        };
+        if token.expose().is_empty() {
+            return Err(OAuthError::Unsupported(
+                "the user's ID token (auth.enterprise) is empty; sign in with the identity provider again, or set it with `bundlevisor configure`".into(),
+            ));
+        }
+        Ok(token)
+    }
+
+    /// The JWT bearer grant at the authorization server, the client
+    /// authenticating as for its other grants.
+    async fn redeem(
+        &self,
+        http: &Http,
+        mut form: Vec<(&str, String)>,
+    ) -> Result<TokenSet, OAuthError> {
+        let auth = self.auth;
+        let id = auth.and_then(|a| a.client_id.clone()).unwrap_or_default();
+        if let Some(key) = Jwt::of(auth, self.metadata) {
+            return key
+                .token_request(http, self.metadata, &id, self.resource, form)
+                .await;
+        }
+        form.push(("resource", self.resource.to_string()));
+        if !self.scopes.is_empty() {
+            form.push(("scope", self.scopes.join(" ")));
+        }
+        let secret = auth.and_then(|a| a.client_secret.as_ref());
+        let methods = self
+            .metadata
+            .additional_fields
+            .get("token_endpoint_auth_methods_supported")
+            .and_then(Value::as_array);
+        let offers = |m: &str| methods.is_some_and(|a| a.iter().any(|x| x == m));
+        // As rmcp does for the other grants: the form when the server
+        // offers only that, else HTTP Basic (RFC 6749 §2.3.1).
+        let basic = match secret {
+            Some(secret) if !(offers("client_secret_post") && !offers("client_secret_basic")) => {
+                Some((id.as_str(), secret))
+            }
+            Some(secret) => {
+                form.push(("client_id", id.clone()));
+                form.push(("client_secret", secret.expose().to_string()));
+                None
+            }
+            None => {
+                form.push(("client_id", id.clone()));
+                None
+            }
+        };
+        let endpoint = &self.metadata.token_endpoint;
+        let answer = post_form(http, "the token endpoint", endpoint, form, basic).await?;
+        token_set(&answer)
+    }
+}
+
+/// Posts `form` to the OAuth endpoint `url` (`what` names it), with HTTP
+/// Basic client authentication when `basic` is given; the answer's JSON,
+/// or [`OAuthError::Refused`] for an OAuth error answer. The form's
+/// values are wiped once sent.
+async fn post_form(
+    http: &Http,
+    what: &'static str,
+    url: &str,
+    mut form: Vec<(&str, String)>,
+    basic: Option<(&str, &Secret)>,
+) -> Result<Value, OAuthError> {
+    checked(what, url)?;
+    let failed = |message: String| OAuthError::Http {
+        url: url.to_string(),
+        message,
+    };
+    let mut request = http
+        .0
+        .client
+        .post(url)
+        .header("accept", "application/json")
+        .form(&form);
+    if let Some((id, secret)) = basic {
+        // RFC 6749 §2.3.1: both form-urlencoded before they are joined.
+        let encode =
+            |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+        request = request.basic_auth(encode(id), Some(encode(secret.expose())));
+    }
+    let sent = request.send().await;
+    for (_, value) in form.iter_mut() {
+        zeroize::Zeroize::zeroize(value);
+    }
+    let response = sent.map_err(|e| failed(e.to_string()))?;
+    let status = response.status();
+    let body = bounded(&mut { response }).await.map_err(failed)?;
+    if status.is_success() {
+        return serde_json::from_slice(&body).map_err(|e| failed(format!("unusable answer: {e}")));
+    }
+    Err(match serde_json::from_slice::<ErrorResponse>(&body) {
+        Ok(e) if status.is_client_error() => OAuthError::Refused {
+            error: e.error,
+            description: e.error_description,
+        },
+        _ => failed(format!("HTTP {status}")),
+    })
 }
 
 /// How the client-credentials grant authenticates.
@@ -1191,7 +1444,11 @@ mod tests {
         assert_eq!(for_issuer(&stored, "https://as.example"), stored);
         let elsewhere = for_issuer(&stored, "https://other.example");
         assert_eq!(
-            (elsewhere.refresh_token, elsewhere.client_id, elsewhere.issuer),
+            (
+                elsewhere.refresh_token,
+                elsewhere.client_id,
+                elsewhere.issuer
+            ),
             (None, None, None)
         );
         assert_eq!(elsewhere.wanted_scopes, stored.wanted_scopes);

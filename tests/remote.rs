@@ -1179,6 +1179,192 @@ fn a_client_registration_is_never_used_with_another_authorization_server() {
     );
 }
 
+const IDP_SECRET: &str = "idp-CANARY-5f1c3a7e";
+
+/// An authorization server that takes ID-JAGs, an IdP that issues them to
+/// client `bv-idp` (for client `bv-daemon` at the authorization server),
+/// and a bundle `notes` of that client whose user's ID token is in the
+/// file `id_token` (which the IdP takes, for user `alice`). Returns the
+/// file and the ID token.
+fn enterprise_start() -> (Fixture, Daemon, PathBuf, String) {
+    let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
+    fx.lay_out(Layout {
+        id_jag: true,
+        ..Default::default()
+    });
+    let id_token = "idt-CANARY-alice-01".to_string();
+    {
+        let mut s = fx.state.lock().unwrap();
+        s.idp_clients
+            .insert("bv-idp".into(), (IDP_SECRET.into(), "bv-daemon".into()));
+        s.id_tokens.insert(id_token.clone(), "alice".into());
+    }
+    let d = Daemon::start();
+    let file = d.root().join("id_token");
+    std::fs::write(&file, format!("{id_token}\n")).unwrap();
+    let sensitive = |title: &str| json!({"type": "string", "title": title, "sensitive": true, "required": true});
+    let path = write_remote(
+        &d,
+        &fx,
+        "notes",
+        json!({
+            "user_config": {
+                "client_secret": sensitive("Client secret"),
+                "idp_secret": sensitive("IdP client secret"),
+                "id_token_file": {"type": "file", "title": "ID token file", "required": true}
+            },
+            "auth": {
+                "client_id": "bv-daemon",
+                "client_secret": "${user_config.client_secret}",
+                "scopes": ["notes:read"],
+                "enterprise": {
+                    "token_endpoint": format!("{}/idp/token", fx.base),
+                    "client_id": "bv-idp",
+                    "client_secret": "${user_config.idp_secret}",
+                    "id_token_file": "${user_config.id_token_file}"
+                }
+            }
+        }),
+    );
+    let _ = d.cli(&["install", path.to_str().unwrap()]);
+    d.wait_state("default", "notes", "needs_config");
+    (fx, d, file, id_token)
+}
+
+/// Sets the bundle's three values; what `configure` printed.
+fn configure_enterprise(d: &Daemon, file: &std::path::Path) -> String {
+    let out = d.cli(&[
+        "configure",
+        "notes",
+        &format!("client_secret={CLIENT_SECRET}"),
+        &format!("idp_secret={IDP_SECRET}"),
+        &format!("id_token_file={}", file.display()),
+    ]);
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn enterprise_managed_authorization_exchanges_the_users_id_token_for_an_id_jag_and_a_token() {
+    let (fx, d, file, first_token) = enterprise_start();
+    let out = configure_enterprise(&d, &file);
+    assert!(out.contains("reconfigured: ready"), "{out}\n{}", d.log());
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+    // The exchange named the authorization server, the MCP server and the
+    // scope; the ID-JAG became a token; no client-credentials token stood
+    // in for the user's.
+    let exchanges = fx.with(|s| s.exchanges.clone());
+    assert_eq!(exchanges.len(), 1);
+    assert_eq!(exchanges[0].audience, fx.base);
+    assert_eq!(exchanges[0].resource.as_deref(), Some(fx.mcp_url.as_str()));
+    assert_eq!(exchanges[0].scope.as_deref(), Some("notes:read"));
+    let forms = fx.with(|s| s.token_forms.clone());
+    assert_eq!(
+        forms
+            .iter()
+            .map(|f| (f.auth, f.grant_type.as_str()))
+            .collect::<Vec<_>>(),
+        vec![("post", "urn:ietf:params:oauth:grant-type:jwt-bearer")]
+    );
+    assert_eq!(fx.with(|s| s.client_credentials_grants), 0);
+
+    // The token expires; the user's ID token was renewed in the file
+    // meanwhile (the old one is no longer taken): the file is read again,
+    // and a new ID-JAG is asked for (an ID-JAG is never replayed).
+    let second_token = "idt-CANARY-alice-02".to_string();
+    {
+        let mut s = fx.state.lock().unwrap();
+        s.id_tokens.clear();
+        s.id_tokens.insert(second_token.clone(), "alice".into());
+    }
+    std::fs::write(&file, &second_token).unwrap();
+    fx.revoke_access_tokens();
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+    assert_eq!(
+        fx.with(|s| (
+            s.exchanges.len(),
+            s.jwt_bearer_grants,
+            s.refused_assertions.clone()
+        )),
+        (2, 2, Vec::new())
+    );
+
+    let mut secrets = vec![
+        CLIENT_SECRET.to_string(),
+        IDP_SECRET.to_string(),
+        first_token,
+        second_token,
+    ];
+    secrets.extend(
+        fx.with(|s| s.issued.clone())
+            .into_iter()
+            .filter(|t| !t.starts_with("jti-")),
+    );
+    std::fs::remove_file(&file).unwrap();
+    assert_no_leak(&d, &secrets, &[out]);
+}
+
+#[test]
+fn an_id_jag_for_another_audience_is_refused_and_the_bundle_waits_for_the_operator() {
+    let (fx, d, file, id_token) = enterprise_start();
+    fx.lie(Lies {
+        id_jag_audience: Some("https://elsewhere.example".into()),
+        ..Default::default()
+    });
+    let out = configure_enterprise(&d, &file);
+    assert!(!out.contains("reconfigured: ready"), "{out}");
+    let b = d.wait_state("default", "notes", "needs_auth");
+    let error = b["last_error"].as_str().unwrap();
+    assert!(
+        error.contains("enterprise-managed authorization")
+            && error.contains("invalid_grant")
+            && error.contains("audience is not this authorization server"),
+        "{error}"
+    );
+    assert_eq!(
+        fx.with(|s| (
+            s.jwt_bearer_grants,
+            s.refused_assertions.len(),
+            s.access.len()
+        )),
+        (0, 1, 0)
+    );
+    let mut secrets = vec![CLIENT_SECRET.to_string(), IDP_SECRET.to_string(), id_token];
+    secrets.extend(fx.with(|s| {
+        s.exchanges
+            .iter()
+            .map(|e| e.id_jag.clone())
+            .collect::<Vec<_>>()
+    }));
+    std::fs::remove_file(&file).unwrap();
+    assert_no_leak(&d, &secrets, &[out]);
+}
+
+#[test]
+fn enterprise_authorization_asks_the_idp_nothing_when_the_server_takes_no_id_jag() {
+    let (fx, d, file, _) = enterprise_start();
+    fx.lay_out(Layout::default());
+    let _ = configure_enterprise(&d, &file);
+    // A setting the server cannot serve: failed, not retried.
+    let b = d.wait_state("default", "notes", "failed");
+    let error = b["last_error"].as_str().unwrap();
+    assert!(
+        error.contains("does not list urn:ietf:params:oauth:grant-profile:id-jag in its authorization_grant_profiles_supported")
+            && error.contains("remove auth.enterprise"),
+        "{error}"
+    );
+    assert_eq!(fx.with(|s| (s.idp_requests, s.token_requests)), (0, 0));
+}
+
 #[test]
 fn a_gracefully_closed_stream_is_resumed_after_its_retry_with_last_event_id() {
     let fx = Fixture::start(None);

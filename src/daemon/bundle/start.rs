@@ -659,7 +659,8 @@ fn grant_failed(e: crate::oauth::OAuthError) -> StartFailure {
     StartFailure {
         kind: match e {
             crate::oauth::OAuthError::InsecureUrl { .. }
-            | crate::oauth::OAuthError::Mismatch(_) => FailKind::Config,
+            | crate::oauth::OAuthError::Mismatch(_)
+            | crate::oauth::OAuthError::Config(_) => FailKind::Config,
             _ => FailKind::Transient,
         },
         reason: format!("the remote server wants a new token, and getting one failed: {e}"),
