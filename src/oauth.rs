@@ -1061,10 +1061,9 @@ impl EnterpriseGrant<'_> {
         let offers = |m: &str| methods.is_some_and(|a| a.iter().any(|x| x == m));
         // As rmcp does for the other grants: the form when the server
         // offers only that, else HTTP Basic (RFC 6749 §2.3.1).
+        let post_only = offers("client_secret_post") && !offers("client_secret_basic");
         let basic = match secret {
-            Some(secret) if !(offers("client_secret_post") && !offers("client_secret_basic")) => {
-                Some((id.as_str(), secret))
-            }
+            Some(secret) if !post_only => Some((id.as_str(), secret)),
             Some(secret) => {
                 form.push(("client_id", id.clone()));
                 form.push(("client_secret", secret.expose().to_string()));

@@ -10,7 +10,12 @@
 //! laid out that way: every discovery path (including a 2025-03-26 server
 //! with no metadata), each token-endpoint authentication method (basic,
 //! post, none, private_key_jwt), client ID metadata documents, the scopes
-//! a client asks for, and step-up on `403 insufficient_scope`.
+//! a client asks for, and step-up on `403 insufficient_scope`. Then the
+//! 2026-07-28 revision's: `bundlevisor auth` discovering from and asking
+//! for the first 401's challenge (a server without GET), the client in the
+//! spec's order with `application_type`, stored credentials used with
+//! their own authorization server only, and Enterprise-Managed
+//! Authorization (an ID-JAG from the fixture's IdP).
 
 mod common;
 #[path = "common/remote.rs"]

@@ -77,7 +77,7 @@ pub struct RemoteAuth {
     pub signing_alg: Option<String>,
     /// Enterprise-Managed Authorization: tokens from an ID-JAG that the
     /// operator's identity provider issues.
-    pub enterprise: Option<EnterpriseAuth>,
+    pub enterprise: Option<Box<EnterpriseAuth>>,
 }
 
 /// The identity-provider side of Enterprise-Managed Authorization (the
@@ -268,7 +268,8 @@ fn auth(
     }
     let enterprise = c
         .object(obj, "enterprise", "$.auth", false)
-        .and_then(|e| enterprise(c, e, user_config));
+        .and_then(|e| enterprise(c, e, user_config))
+        .map(Box::new);
     if enterprise.is_some() && client_id.is_none() {
         c.problem(
             "$.auth.enterprise",
