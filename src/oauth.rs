@@ -9,8 +9,11 @@
 //!   server's origin) when nothing is published;
 //! - the client identity in the spec's order: the bundle file's
 //!   `auth.client_id`, a client ID metadata document
-//!   (`auth.client_metadata_url`) when the server supports them, dynamic
-//!   registration otherwise;
+//!   (`auth.client_metadata_url`) when the server supports them, a client
+//!   the same server registered before, dynamic registration (with
+//!   `application_type`) when it offers it, else an error saying what to
+//!   set; a registered client and tokens are kept with the issuer of the
+//!   server that issued them and never used with another;
 //! - the token endpoint's authentication from the server's
 //!   `token_endpoint_auth_methods_supported` (`client_secret_basic`,
 //!   `client_secret_post`, `none`; `private_key_jwt` for the
@@ -71,6 +74,12 @@ pub enum OAuthError {
         error: String,
         description: Option<String>,
     },
+    /// The enterprise identity provider refused the token exchange.
+    #[error("the enterprise identity provider refused the token exchange: {error}{}", .description.as_ref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    IdpRefused {
+        error: String,
+        description: Option<String>,
+    },
     #[error("OAuth discovery failed: {0}")]
     Discovery(String),
     /// Network trouble or an unusable answer: worth retrying later.
@@ -78,6 +87,10 @@ pub enum OAuthError {
     Http { url: String, message: String },
     #[error("{0}")]
     Unsupported(String),
+    /// The bundle file asks for what the server does not offer: only a
+    /// change of the file or of the server helps.
+    #[error("{0}")]
+    Config(String),
     /// A URL given or discovered fails the https-or-loopback rule.
     #[error("refused {what} {url}: it {reason}; nothing was sent there")]
     InsecureUrl {
@@ -450,6 +463,71 @@ impl ClientId {
     }
 }
 
+/// The identifier of the authorization server `metadata` describes: its
+/// `issuer`; for the 2025-03-26 fallback, which has none, the origin of
+/// its authorization endpoint.
+fn issuer_of(metadata: &AuthorizationMetadata) -> String {
+    metadata.issuer.clone().unwrap_or_else(|| {
+        url::Url::parse(&metadata.authorization_endpoint)
+            .map(|u| u.origin().ascii_serialization())
+            .unwrap_or_else(|_| metadata.authorization_endpoint.clone())
+    })
+}
+
+/// What of `stored` may be used with the authorization server `issuer`:
+/// all of it when that server registered the client and issued the tokens
+/// (or when the set predates the record of its issuer); else only what
+/// the MCP server said (its challenge, the scopes it wants). A client
+/// registration or a refresh token never goes to another server.
+fn for_issuer(stored: &TokenSet, issuer: &str) -> TokenSet {
+    match &stored.issuer {
+        Some(was) if was != issuer => {
+            tracing::info!(
+                was = %was,
+                now = %issuer,
+                "the MCP server's authorization server changed: its stored client and tokens are not used with the new one"
+            );
+            TokenSet {
+                wanted_scopes: stored.wanted_scopes.clone(),
+                challenge: stored.challenge.clone(),
+                ..TokenSet::default()
+            }
+        }
+        _ => stored.clone(),
+    }
+}
+
+/// The `application_type` of a registration (OpenID Connect Dynamic
+/// Client Registration, required by the MCP authorization spec):
+/// `native` for a redirect to a loopback address, `web` otherwise.
+fn application_type(redirect_uri: &str) -> &'static str {
+    let loopback = url::Url::parse(redirect_uri).is_ok_and(|u| match u.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d == "localhost",
+        None => false,
+    });
+    if loopback {
+        "native"
+    } else {
+        "web"
+    }
+}
+
+/// Why no client can be had from the authorization server `issuer`, and
+/// what the operator can set.
+fn no_client(issuer: &str, cimd: bool) -> String {
+    if cimd {
+        format!(
+            "the authorization server {issuer} offers no dynamic client registration; it accepts client ID metadata documents: set auth.client_metadata_url in the bundle file to the https URL of a client metadata document that you host (bundlevisor is a daemon and serves none itself; docs/credentials.md shows one), or set auth.client_id to a client registered with it; nothing was sent to it"
+        )
+    } else {
+        format!(
+            "the authorization server {issuer} offers neither dynamic client registration nor client ID metadata documents: register a client with it and set auth.client_id in the bundle file (with auth.client_secret or auth.private_key for a confidential client); nothing was sent to it"
+        )
+    }
+}
+
 /// A token answer as our [`TokenSet`] (the client fields left empty).
 fn token_set(answer: &impl serde::Serialize) -> Result<TokenSet, OAuthError> {
     let v = serde_json::to_value(answer).unwrap_or_default();
@@ -465,9 +543,7 @@ fn token_set(answer: &impl serde::Serialize) -> Result<TokenSet, OAuthError> {
             .get("expires_in")
             .and_then(Value::as_i64)
             .map(|s| crate::clock::unix_secs() + s),
-        client_id: None,
-        client_secret: None,
-        wanted_scopes: Vec::new(),
+        ..TokenSet::default()
     })
 }
 
@@ -520,21 +596,35 @@ pub async fn obtain_silently(
     challenge: Option<&str>,
 ) -> Result<Silent, OAuthError> {
     let auth = plan.auth.as_ref();
-    let client = ClientId::of(auth, stored);
-    let refresh = stored.refresh_token.as_ref().zip(client.id.as_ref());
-    let credentials = auth.and_then(|a| {
+    let enterprise = auth.and_then(|a| a.enterprise.as_ref());
+    // With Enterprise-Managed Authorization the client's secret or key
+    // authenticates the ID-JAG grant: a token of the client itself
+    // (client credentials) would stand in for the user's.
+    let credentials = auth.filter(|_| enterprise.is_none()).and_then(|a| {
         let id = a.client_id.as_ref()?;
         if let Some(key) = &a.private_key {
             return Some(Grant::Jwt(id, key, a.signing_alg));
         }
         a.client_secret.as_ref().map(|s| Grant::Secret(id, s))
     });
-    if refresh.is_none() && credentials.is_none() {
+    let refreshable = stored.refresh_token.is_some() && ClientId::of(auth, stored).id.is_some();
+    if !refreshable && credentials.is_none() && enterprise.is_none() {
         return Ok(Silent::Interactive(
             "no stored refresh token and no client credentials configured".into(),
         ));
     }
     let (mut manager, metadata, _) = manager(http, plan, challenge).await?;
+    let issuer = issuer_of(&metadata);
+    let mut why = Vec::new();
+    if stored.issuer.as_deref().is_some_and(|was| was != issuer) {
+        why.push(format!(
+            "the stored tokens are from the authorization server {}, and the MCP server's is now {issuer}",
+            stored.issuer.as_deref().unwrap_or_default()
+        ));
+    }
+    let stored = &for_issuer(stored, &issuer);
+    let client = ClientId::of(auth, stored);
+    let refresh = stored.refresh_token.as_ref().zip(client.id.as_ref());
     // What the requests carried stays out of any error text about them.
     let secrets = || {
         Redactor::new(
@@ -542,6 +632,7 @@ pub async fn obtain_silently(
                 stored.refresh_token.clone(),
                 client.secret.clone(),
                 auth.and_then(|a| a.private_key.clone()),
+                enterprise.map(|e| e.client_secret.clone()),
             ]
             .into_iter()
             .flatten(),
@@ -566,9 +657,10 @@ pub async fn obtain_silently(
         tokens.client_id = stored.client_id.clone();
         tokens.client_secret = stored.client_secret.clone();
         tokens.wanted_scopes = wanted.clone();
+        tokens.challenge = stored.challenge.clone();
+        tokens.issuer = Some(issuer.clone());
         Silent::Tokens(tokens)
     };
-    let mut why = Vec::new();
     if let (Some((refresh, id)), Some(key)) = (refresh, Jwt::of(auth, &metadata)) {
         // private_key_jwt, which rmcp offers for client credentials only.
         let mut form = vec![
@@ -626,6 +718,28 @@ pub async fn obtain_silently(
             },
         }
     }
+    if let Some(enterprise) = enterprise {
+        let scopes = if asked.is_empty() {
+            initial_scopes(&manager).await
+        } else {
+            asked
+        };
+        let grant = EnterpriseGrant {
+            enterprise,
+            auth,
+            metadata: &metadata,
+            resource: &plan.url,
+            scopes,
+        };
+        match grant.obtain(http).await {
+            Ok(tokens) => return Ok(kept(tokens, false)),
+            Err(e @ (OAuthError::Refused { .. } | OAuthError::IdpRefused { .. })) => {
+                why.push(format!("enterprise-managed authorization: {}", masked(e)))
+            }
+            Err(e) => return Err(mask(e, &secrets())),
+        }
+        return Ok(Silent::Interactive(why.join("; ")));
+    }
     if let Some(grant) = credentials {
         let scopes = if asked.is_empty() {
             initial_scopes(&manager).await
@@ -675,12 +789,17 @@ fn mask(e: OAuthError, redactor: &Redactor) -> OAuthError {
             error: mask(error),
             description: description.map(mask),
         },
+        OAuthError::IdpRefused { error, description } => OAuthError::IdpRefused {
+            error: mask(error),
+            description: description.map(mask),
+        },
         OAuthError::Http { url, message } => OAuthError::Http {
             url: mask(url),
             message: mask(message),
         },
         OAuthError::Discovery(m) => OAuthError::Discovery(mask(m)),
         OAuthError::Unsupported(m) => OAuthError::Unsupported(mask(m)),
+        OAuthError::Config(m) => OAuthError::Config(mask(m)),
         other => other,
     }
 }
@@ -798,6 +917,216 @@ impl Jwt {
     }
 }
 
+const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+const ID_JAG: &str = "urn:ietf:params:oauth:token-type:id-jag";
+const ID_TOKEN: &str = "urn:ietf:params:oauth:token-type:id_token";
+const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
+const ID_JAG_PROFILE: &str = "urn:ietf:params:oauth:grant-profile:id-jag";
+
+/// Enterprise-Managed Authorization (the
+/// `io.modelcontextprotocol/enterprise-managed-authorization` extension,
+/// SEP-990): the user's ID token is exchanged at the enterprise identity
+/// provider for an ID-JAG (RFC 8693), and the ID-JAG at the MCP server's
+/// authorization server for an access token (RFC 7523 JWT bearer grant).
+struct EnterpriseGrant<'a> {
+    enterprise: &'a crate::manifest::EnterprisePlan,
+    auth: Option<&'a AuthPlan>,
+    metadata: &'a AuthorizationMetadata,
+    /// The MCP server's URL: the RFC 8707 resource.
+    resource: &'a str,
+    scopes: Vec<String>,
+}
+
+impl EnterpriseGrant<'_> {
+    async fn obtain(&self, http: &Http) -> Result<TokenSet, OAuthError> {
+        let issuer = issuer_of(self.metadata);
+        let profiles = self
+            .metadata
+            .additional_fields
+            .get("authorization_grant_profiles_supported")
+            .and_then(Value::as_array);
+        if !profiles.is_some_and(|p| p.iter().any(|p| p == ID_JAG_PROFILE)) {
+            return Err(OAuthError::Config(format!(
+                "the authorization server {issuer} does not list {ID_JAG_PROFILE} in its authorization_grant_profiles_supported, so it takes no ID-JAG; nothing was sent to the identity provider — remove auth.enterprise from the bundle file, or have the authorization server enable Enterprise-Managed Authorization"
+            )));
+        }
+        let id_token = self.id_token().await?;
+        let mut secrets = Redactor::new([id_token.clone(), self.enterprise.client_secret.clone()]);
+        let idp = &self.enterprise.token_endpoint;
+        let mut form = vec![
+            ("grant_type", TOKEN_EXCHANGE.to_string()),
+            ("requested_token_type", ID_JAG.to_string()),
+            ("audience", issuer.clone()),
+            ("resource", self.resource.to_string()),
+            ("subject_token", id_token.expose().to_string()),
+            ("subject_token_type", ID_TOKEN.to_string()),
+        ];
+        if !self.scopes.is_empty() {
+            form.push(("scope", self.scopes.join(" ")));
+        }
+        let basic = (
+            self.enterprise.client_id.as_str(),
+            &self.enterprise.client_secret,
+        );
+        let answer = post_form(
+            http,
+            "the identity provider's token endpoint",
+            idp,
+            form,
+            Some(basic),
+        )
+        .await
+        .map_err(|e| match mask(e, &secrets) {
+            OAuthError::Refused { error, description } => {
+                OAuthError::IdpRefused { error, description }
+            }
+            other => other,
+        })?;
+        let text = |k: &str| answer.get(k).and_then(Value::as_str);
+        if text("issued_token_type") != Some(ID_JAG) {
+            return Err(OAuthError::Http {
+                url: idp.clone(),
+                message: format!(
+                    "the token exchange answered issued_token_type {:?}, not {ID_JAG}; the identity provider does not issue ID-JAGs to this client",
+                    text("issued_token_type").unwrap_or("(none)")
+                ),
+            });
+        }
+        let assertion = Secret::new(text("access_token").unwrap_or_default());
+        if assertion.expose().is_empty() {
+            return Err(OAuthError::Http {
+                url: idp.clone(),
+                message: "the token exchange's answer has no access_token (the ID-JAG)".into(),
+            });
+        }
+        secrets = Redactor::new([
+            id_token,
+            self.enterprise.client_secret.clone(),
+            assertion.clone(),
+        ]);
+        let form = vec![
+            ("grant_type", JWT_BEARER.to_string()),
+            ("assertion", assertion.expose().to_string()),
+        ];
+        self.redeem(http, form).await.map_err(|e| mask(e, &secrets))
+    }
+
+    /// The user's ID token, read now (a file is read at each exchange).
+    async fn id_token(&self) -> Result<Secret, OAuthError> {
+        use crate::manifest::IdToken;
+        let token = match &self.enterprise.id_token {
+            IdToken::Value(v) => v.clone(),
+            IdToken::File(path) => {
+                let read = tokio::fs::read_to_string(path).await.map_err(|e| {
+                    OAuthError::Unsupported(format!(
+                        "cannot read the ID token from {} (auth.enterprise.id_token_file): {e}; the identity provider's sign-in must keep the user's ID token there",
+                        path.display()
+                    ))
+                })?;
+                Secret::new(read.trim())
+            }
+        };
+        if token.expose().is_empty() {
+            return Err(OAuthError::Unsupported(
+                "the user's ID token (auth.enterprise) is empty; sign in with the identity provider again, or set it with `bundlevisor configure`".into(),
+            ));
+        }
+        Ok(token)
+    }
+
+    /// The JWT bearer grant at the authorization server, the client
+    /// authenticating as for its other grants.
+    async fn redeem(
+        &self,
+        http: &Http,
+        mut form: Vec<(&str, String)>,
+    ) -> Result<TokenSet, OAuthError> {
+        let auth = self.auth;
+        let id = auth.and_then(|a| a.client_id.clone()).unwrap_or_default();
+        if let Some(key) = Jwt::of(auth, self.metadata) {
+            return key
+                .token_request(http, self.metadata, &id, self.resource, form)
+                .await;
+        }
+        form.push(("resource", self.resource.to_string()));
+        if !self.scopes.is_empty() {
+            form.push(("scope", self.scopes.join(" ")));
+        }
+        let secret = auth.and_then(|a| a.client_secret.as_ref());
+        let methods = self
+            .metadata
+            .additional_fields
+            .get("token_endpoint_auth_methods_supported")
+            .and_then(Value::as_array);
+        let offers = |m: &str| methods.is_some_and(|a| a.iter().any(|x| x == m));
+        // As rmcp does for the other grants: the form when the server
+        // offers only that, else HTTP Basic (RFC 6749 §2.3.1).
+        let post_only = offers("client_secret_post") && !offers("client_secret_basic");
+        let basic = match secret {
+            Some(secret) if !post_only => Some((id.as_str(), secret)),
+            Some(secret) => {
+                form.push(("client_id", id.clone()));
+                form.push(("client_secret", secret.expose().to_string()));
+                None
+            }
+            None => {
+                form.push(("client_id", id.clone()));
+                None
+            }
+        };
+        let endpoint = &self.metadata.token_endpoint;
+        let answer = post_form(http, "the token endpoint", endpoint, form, basic).await?;
+        token_set(&answer)
+    }
+}
+
+/// Posts `form` to the OAuth endpoint `url` (`what` names it), with HTTP
+/// Basic client authentication when `basic` is given; the answer's JSON,
+/// or [`OAuthError::Refused`] for an OAuth error answer. The form's
+/// values are wiped once sent.
+async fn post_form(
+    http: &Http,
+    what: &'static str,
+    url: &str,
+    mut form: Vec<(&str, String)>,
+    basic: Option<(&str, &Secret)>,
+) -> Result<Value, OAuthError> {
+    checked(what, url)?;
+    let failed = |message: String| OAuthError::Http {
+        url: url.to_string(),
+        message,
+    };
+    let mut request = http
+        .0
+        .client
+        .post(url)
+        .header("accept", "application/json")
+        .form(&form);
+    if let Some((id, secret)) = basic {
+        // RFC 6749 §2.3.1: both form-urlencoded before they are joined.
+        let encode =
+            |s: &str| url::form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+        request = request.basic_auth(encode(id), Some(encode(secret.expose())));
+    }
+    let sent = request.send().await;
+    for (_, value) in form.iter_mut() {
+        zeroize::Zeroize::zeroize(value);
+    }
+    let response = sent.map_err(|e| failed(e.to_string()))?;
+    let status = response.status();
+    let body = bounded(&mut { response }).await.map_err(failed)?;
+    if status.is_success() {
+        return serde_json::from_slice(&body).map_err(|e| failed(format!("unusable answer: {e}")));
+    }
+    Err(match serde_json::from_slice::<ErrorResponse>(&body) {
+        Ok(e) if status.is_client_error() => OAuthError::Refused {
+            error: e.error,
+            description: e.error_description,
+        },
+        _ => failed(format!("HTTP {status}")),
+    })
+}
+
 /// How the client-credentials grant authenticates.
 enum Grant<'a> {
     /// `client_secret_basic` or `client_secret_post`, as the server offers.
@@ -846,11 +1175,16 @@ pub struct Pending {
     /// The registered client (dynamic registration, now or before), to
     /// be stored with the tokens.
     registered: Option<(String, Option<Secret>)>,
+    /// The challenge the flow discovered from, kept with the tokens.
+    challenge: Option<String>,
+    /// The authorization server's issuer, kept with the tokens.
+    issuer: String,
 }
 
-/// Discovers the server, picks the client (the bundle file's, a client ID
-/// metadata document, or a registered one) and builds the authorization
-/// URL for `redirect_uri`.
+/// Discovers the server (from the challenge of its last 401 or 403, kept
+/// with `stored`, when there is one), picks the client (the bundle
+/// file's, a client ID metadata document, or a registered one) and builds
+/// the authorization URL for `redirect_uri`.
 pub async fn begin(
     http: &Http,
     plan: &RemotePlan,
@@ -858,7 +1192,8 @@ pub async fn begin(
     redirect_uri: &str,
 ) -> Result<Pending, OAuthError> {
     let auth = plan.auth.as_ref();
-    let (mut manager, metadata, published) = manager(http, plan, None).await?;
+    let challenge = stored.challenge.as_deref();
+    let (mut manager, metadata, published) = manager(http, plan, challenge).await?;
     // The 2025-11-25 spec: no advertised PKCE support, no authorization
     // (rmcp only warns). The 2025-03-26 fallback has nothing to advertise.
     if published && metadata.code_challenge_methods_supported.is_none() {
@@ -866,43 +1201,76 @@ pub async fn begin(
             "the authorization server's metadata does not list code_challenge_methods_supported, so it may not support PKCE, which the MCP authorization spec requires; nothing was sent to it".into(),
         ));
     }
+    let issuer = issuer_of(&metadata);
+    let stored = &for_issuer(stored, &issuer);
     let verifiers = InMemoryStateStore::new();
     manager.set_state_store(verifiers.clone());
-    let mut request = AuthorizationRequest::new(redirect_uri).with_client_name("bundlevisor");
-    let mut client = ClientId::of(auth, stored);
-    let from_file = auth.is_some_and(|a| a.client_id.is_some());
-    // The client kept with the tokens: one registered (now or before),
-    // never the bundle file's.
-    let mut registered = (!from_file)
-        .then(|| client.id.clone().map(|id| (id, client.secret.clone())))
-        .flatten();
+    // A redirect to the CLI's loopback listener: a native application
+    // (the MCP authorization spec's `application_type` for registration).
+    // rmcp registers with the application type of the manager's client
+    // configuration, set here (the client itself is chosen below).
+    manager
+        .configure_client(
+            OAuthClientConfig::new("bundlevisor", redirect_uri)
+                .with_application_type(application_type(redirect_uri)),
+        )
+        .map_err(|e| http.explain(e))?;
+    let mut request = AuthorizationRequest::new(redirect_uri)
+        .with_client_name("bundlevisor")
+        .with_application_type(application_type(redirect_uri));
     let cimd = metadata
         .additional_fields
         .get("client_id_metadata_document_supported")
         .is_some_and(|v| v == &Value::Bool(true));
-    match auth.and_then(|a| a.client_metadata_url.as_deref()) {
-        _ if client.id.is_some() => {}
-        Some(url) if cimd => request = request.with_client_metadata_url(url),
-        _ => {
-            // Registered here rather than by rmcp, so that a secret the
-            // server issues is kept with the tokens.
-            http.forget();
-            let config = manager
-                .register_client("bundlevisor", redirect_uri, &[])
-                .await
-                .map_err(|e| {
-                    OAuthError::Unsupported(format!(
-                        "dynamic client registration failed: {}; if the authorization server does not offer it, set auth.client_id in the bundle file",
-                        http.explain(e)
-                    ))
-                })?;
-            let secret = config.client_secret.map(Secret::new);
-            registered = Some((config.client_id.clone(), secret.clone()));
-            client = ClientId {
-                id: Some(config.client_id),
-                secret,
-            };
-        }
+    let document = auth
+        .and_then(|a| a.client_metadata_url.as_deref())
+        .filter(|_| cimd);
+    // The client, in the spec's order: pre-registered (the bundle file's),
+    // a client ID metadata document, a client this authorization server
+    // registered before, a new registration. The client kept with the
+    // tokens is any but the bundle file's.
+    let mut client = ClientId::default();
+    let mut registered = None;
+    if let Some(id) = auth.and_then(|a| a.client_id.clone()) {
+        client = ClientId {
+            id: Some(id),
+            secret: auth.and_then(|a| a.client_secret.clone()),
+        };
+    } else if let Some(url) = document {
+        request = request.with_client_metadata_url(url);
+        registered = Some((url.to_string(), None));
+    } else if let Some(id) = stored
+        .client_id
+        .clone()
+        // A document's URL is no registration.
+        .filter(|id| !id.starts_with("https://"))
+    {
+        registered = Some((id.clone(), stored.client_secret.clone()));
+        client = ClientId {
+            id: Some(id),
+            secret: stored.client_secret.clone(),
+        };
+    } else if metadata.registration_endpoint.is_some() {
+        // Registered here rather than by rmcp, so that a secret the
+        // server issues is kept with the tokens.
+        http.forget();
+        let config = manager
+            .register_client("bundlevisor", redirect_uri, &[])
+            .await
+            .map_err(|e| {
+                OAuthError::Unsupported(format!(
+                    "dynamic client registration at {issuer} failed: {}; if the authorization server does not offer it, register a client with it and set auth.client_id in the bundle file",
+                    http.explain(e)
+                ))
+            })?;
+        let secret = config.client_secret.map(Secret::new);
+        registered = Some((config.client_id.clone(), secret.clone()));
+        client = ClientId {
+            id: Some(config.client_id),
+            secret,
+        };
+    } else {
+        return Err(OAuthError::Unsupported(no_client(&issuer, cimd)));
     }
     if let Some(id) = &client.id {
         request = request.with_preregistered_client(id);
@@ -910,9 +1278,14 @@ pub async fn begin(
             request = request.with_client_secret(secret.expose());
         }
     }
-    // The bundle file's scopes, with any the server said a token lacked.
+    // The bundle file's scopes, with any the server said a token lacked;
+    // else the challenge's; else (rmcp's initial selection) the protected
+    // resource's `scopes_supported`, else none.
     let configured = auth.map(|a| a.scopes.clone()).unwrap_or_default();
-    let scopes = union(configured, stored.wanted_scopes.clone());
+    let mut scopes = union(configured, stored.wanted_scopes.clone());
+    if scopes.is_empty() {
+        scopes = challenge.and_then(challenge_scope).unwrap_or_default();
+    }
     request = if scopes.is_empty() {
         request.with_initial_scope_selection()
     } else {
@@ -942,12 +1315,32 @@ pub async fn begin(
         state,
         authorization_url,
         registered,
+        challenge: stored.challenge.clone(),
+        issuer,
     })
 }
 
 /// Exchanges the authorization code for tokens; `issuer` is the
 /// redirect's `iss` (RFC 9207), checked when the server sends one.
 pub async fn complete(
+    http: &Http,
+    pending: &Pending,
+    code: &str,
+    issuer: Option<&str>,
+) -> Result<TokenSet, OAuthError> {
+    let mut tokens = exchange_code(http, pending, code, issuer).await?;
+    if let Some((id, secret)) = &pending.registered {
+        tokens.client_id = Some(id.clone());
+        tokens.client_secret = secret.clone();
+    }
+    tokens.challenge = pending.challenge.clone();
+    tokens.issuer = Some(pending.issuer.clone());
+    Ok(tokens)
+}
+
+/// The code exchange of [`complete`]: by rmcp, or here with
+/// `private_key_jwt`.
+async fn exchange_code(
     http: &Http,
     pending: &Pending,
     code: &str,
@@ -991,12 +1384,7 @@ pub async fn complete(
             let code = Redactor::new([Secret::new(code.to_string())]);
             mask(http.explain(e), &code)
         })?;
-    let mut tokens = token_set(&answer)?;
-    if let Some((id, secret)) = &pending.registered {
-        tokens.client_id = Some(id.clone());
-        tokens.client_secret = secret.clone();
-    }
-    Ok(tokens)
+    token_set(&answer)
 }
 
 #[cfg(test)]
@@ -1028,6 +1416,48 @@ mod tests {
             challenge_scope(shouted),
             Some(vec!["Files:Read".to_string()])
         );
+    }
+
+    #[test]
+    fn a_loopback_redirect_registers_a_native_application() {
+        for uri in [
+            "http://127.0.0.1:4000/callback",
+            "http://[::1]:4000/callback",
+            "http://localhost:4000/callback",
+        ] {
+            assert_eq!(application_type(uri), "native", "{uri}");
+        }
+        assert_eq!(application_type("https://app.example/callback"), "web");
+    }
+
+    #[test]
+    fn stored_tokens_are_used_with_their_own_authorization_server_only() {
+        let stored = TokenSet {
+            refresh_token: Some(Secret::new("rt")),
+            client_id: Some("client-1".into()),
+            wanted_scopes: vec!["notes:write".into()],
+            issuer: Some("https://as.example".into()),
+            challenge: Some("Bearer scope=\"notes:write\"".into()),
+            ..TokenSet::default()
+        };
+        assert_eq!(for_issuer(&stored, "https://as.example"), stored);
+        let elsewhere = for_issuer(&stored, "https://other.example");
+        assert_eq!(
+            (
+                elsewhere.refresh_token,
+                elsewhere.client_id,
+                elsewhere.issuer
+            ),
+            (None, None, None)
+        );
+        assert_eq!(elsewhere.wanted_scopes, stored.wanted_scopes);
+        assert_eq!(elsewhere.challenge, stored.challenge);
+        // A set stored before the issuer was recorded is used as it is.
+        let older = TokenSet {
+            issuer: None,
+            ..stored.clone()
+        };
+        assert_eq!(for_issuer(&older, "https://other.example"), older);
     }
 
     #[test]

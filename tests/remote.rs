@@ -10,7 +10,12 @@
 //! laid out that way: every discovery path (including a 2025-03-26 server
 //! with no metadata), each token-endpoint authentication method (basic,
 //! post, none, private_key_jwt), client ID metadata documents, the scopes
-//! a client asks for, and step-up on `403 insufficient_scope`.
+//! a client asks for, and step-up on `403 insufficient_scope`. Then the
+//! 2026-07-28 revision's: `bundlevisor auth` discovering from and asking
+//! for the first 401's challenge (a server without GET), the client in the
+//! spec's order with `application_type`, stored credentials used with
+//! their own authorization server only, and Enterprise-Managed
+//! Authorization (an ID-JAG from the fixture's IdP).
 
 mod common;
 #[path = "common/remote.rs"]
@@ -1005,6 +1010,364 @@ fn a_scope_no_silent_grant_can_get_is_named_and_asked_for_by_the_next_authorizat
     );
     // Never a restart loop: two authorizations, two code grants.
     assert_eq!(fx.with(|s| s.code_grants), 2);
+}
+
+/// Installs a remote bundle with no auth settings, which the fixture's
+/// first 401 puts in `needs_auth`.
+fn install_needing_auth(d: &Daemon, fx: &Fixture, name: &str) {
+    let path = write_remote(d, fx, name, json!({}));
+    let _ = d.cli(&["install", path.to_str().unwrap()]);
+    d.wait_state("default", name, "needs_auth");
+}
+
+#[test]
+fn bundlevisor_auth_discovers_through_the_first_challenges_resource_metadata_alone() {
+    // The protected-resource metadata is only where the challenge says
+    // (no well-known URL leads to it), and the authorization server's
+    // endpoints live under its issuer's path: guessing finds nothing, and
+    // the origin's /register is a 404. Only the first 401 (to a POST) has
+    // the challenge: the server has no GET to probe.
+    let fx = Fixture::start(None);
+    fx.lay_out(Layout {
+        prm: Prm::ChallengeOnly,
+        issuer_path: "/tenant".into(),
+        no_get: true,
+        ..Default::default()
+    });
+    let d = Daemon::start();
+    install_needing_auth(&d, &fx, "notes");
+    let metadata_reads = fx.with(|s| s.resource_metadata_requests);
+    authorize(&d, &fx, "notes");
+    d.wait_state("default", "notes", "ready");
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+    assert_eq!(fx.with(|s| (s.registrations, s.code_grants)), (1, 1));
+    assert!(
+        fx.with(|s| s.resource_metadata_requests) > metadata_reads,
+        "auth read the metadata the challenge names"
+    );
+}
+
+#[test]
+fn bundlevisor_auth_asks_for_the_scope_of_the_first_challenge() {
+    // The challenge's scope, not the metadata's scopes_supported: a token
+    // for notes:read alone would get a 403.
+    let fx = Fixture::start(None);
+    fx.lay_out(Layout {
+        challenge_scope: Some("notes:write".into()),
+        scopes_supported: Some(vec!["notes:read".into()]),
+        required_scope: Some("notes:write".into()),
+        no_get: true,
+        ..Default::default()
+    });
+    let d = Daemon::start();
+    install_needing_auth(&d, &fx, "notes");
+    authorize(&d, &fx, "notes");
+    d.wait_state("default", "notes", "ready");
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+    assert_eq!(
+        fx.with(|s| s.authorize_scopes.clone()),
+        vec![Some("notes:write".to_string())]
+    );
+    // One authorization was enough: no 403, no second code grant.
+    assert_eq!(fx.with(|s| (s.insufficient, s.code_grants)), (0, 1));
+}
+
+#[test]
+fn the_client_is_the_pre_registered_one_then_a_metadata_document_then_a_registration() {
+    let d = Daemon::start();
+    let document = "https://bundlevisor.example/oauth/client.json";
+    // Pre-registered beats a metadata document the server would take.
+    let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
+    fx.lay_out(Layout {
+        cimd: true,
+        no_client_credentials: true,
+        ..Default::default()
+    });
+    let path = write_remote(
+        &d,
+        &fx,
+        "pre",
+        json!({"auth": {"client_id": "bv-daemon", "client_secret": CLIENT_SECRET, "client_metadata_url": document}}),
+    );
+    let _ = d.cli(&["install", path.to_str().unwrap()]);
+    d.wait_state("default", "pre", "needs_auth");
+    authorize(&d, &fx, "pre");
+    d.wait_state("default", "pre", "ready");
+    assert_eq!(
+        fx.with(|s| (s.authorize_clients.clone(), s.registrations)),
+        (vec!["bv-daemon".to_string()], 0)
+    );
+
+    // A registration says what kind of application registers: a native
+    // one, whose redirect goes to a loopback address.
+    let fx = Fixture::start(None);
+    install_needing_auth(&d, &fx, "dcr");
+    authorize(&d, &fx, "dcr");
+    let bodies = fx.with(|s| s.registration_bodies.clone());
+    assert_eq!(bodies.len(), 1);
+    assert_eq!(bodies[0]["application_type"], "native", "{bodies:?}");
+
+    // Neither a registration endpoint nor a way to name a client: the
+    // operator is told what to set, and nothing is sent.
+    for (name, cimd, needed) in [
+        ("tell-cimd", true, "set auth.client_metadata_url"),
+        ("tell-id", false, "set auth.client_id"),
+    ] {
+        let fx = Fixture::start(None);
+        fx.lay_out(Layout {
+            cimd,
+            no_registration: true,
+            ..Default::default()
+        });
+        install_needing_auth(&d, &fx, name);
+        let out = d.cli(&["auth", name, "--timeout", "10s"]);
+        assert!(!out.status.success());
+        let msg = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            msg.contains("offers no dynamic client registration")
+                || msg.contains("offers neither dynamic client registration"),
+            "{msg}"
+        );
+        assert!(msg.contains(needed), "{name}: {msg}");
+        assert_eq!(
+            fx.with(|s| (s.registrations, s.authorize_clients.len())),
+            (0, 0),
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn a_client_registration_is_never_used_with_another_authorization_server() {
+    let fx = Fixture::start(None);
+    let d = Daemon::start();
+    install_needing_auth(&d, &fx, "notes");
+    authorize(&d, &fx, "notes");
+    d.wait_state("default", "notes", "ready");
+    let first = fx.with(|s| s.authorize_clients[0].clone());
+
+    // The MCP server moves to another authorization server (issuer
+    // BASE/tenant): the old one's refresh token is not sent to it, and
+    // its registration is not used there.
+    fx.lay_out(Layout {
+        issuer_path: "/tenant".into(),
+        ..Default::default()
+    });
+    fx.revoke_access_tokens();
+    let token_requests = fx.with(|s| s.token_requests);
+    let out = d.cli(&["call", "notes", "whoami", "{}"]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let b = d.wait_state("default", "notes", "needs_auth");
+    let error = b["last_error"].as_str().unwrap();
+    assert!(
+        error.contains("the stored tokens are from the authorization server")
+            && error.contains("bundlevisor auth notes"),
+        "{error}"
+    );
+    assert_eq!(fx.with(|s| s.token_requests), token_requests);
+
+    // `auth` registers again, with the new server, and the bundle comes up.
+    authorize(&d, &fx, "notes");
+    d.wait_state("default", "notes", "ready");
+    let (registrations, clients) = fx.with(|s| (s.registrations, s.authorize_clients.clone()));
+    assert_eq!(registrations, 2);
+    assert_ne!(clients[1], first, "{clients:?}");
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+}
+
+const IDP_SECRET: &str = "idp-CANARY-5f1c3a7e";
+
+/// An authorization server that takes ID-JAGs, an IdP that issues them to
+/// client `bv-idp` (for client `bv-daemon` at the authorization server),
+/// and a bundle `notes` of that client whose user's ID token is in the
+/// file `id_token` (which the IdP takes, for user `alice`). Returns the
+/// file and the ID token.
+fn enterprise_start() -> (Fixture, Daemon, PathBuf, String) {
+    let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
+    fx.lay_out(Layout {
+        id_jag: true,
+        ..Default::default()
+    });
+    let id_token = "idt-CANARY-alice-01".to_string();
+    {
+        let mut s = fx.state.lock().unwrap();
+        s.idp_clients
+            .insert("bv-idp".into(), (IDP_SECRET.into(), "bv-daemon".into()));
+        s.id_tokens.insert(id_token.clone(), "alice".into());
+    }
+    let d = Daemon::start();
+    let file = d.root().join("id_token");
+    std::fs::write(&file, format!("{id_token}\n")).unwrap();
+    let sensitive = |title: &str| json!({"type": "string", "title": title, "sensitive": true, "required": true});
+    let path = write_remote(
+        &d,
+        &fx,
+        "notes",
+        json!({
+            "user_config": {
+                "client_secret": sensitive("Client secret"),
+                "idp_secret": sensitive("IdP client secret"),
+                "id_token_file": {"type": "file", "title": "ID token file", "required": true}
+            },
+            "auth": {
+                "client_id": "bv-daemon",
+                "client_secret": "${user_config.client_secret}",
+                "scopes": ["notes:read"],
+                "enterprise": {
+                    "token_endpoint": format!("{}/idp/token", fx.base),
+                    "client_id": "bv-idp",
+                    "client_secret": "${user_config.idp_secret}",
+                    "id_token_file": "${user_config.id_token_file}"
+                }
+            }
+        }),
+    );
+    let _ = d.cli(&["install", path.to_str().unwrap()]);
+    d.wait_state("default", "notes", "needs_config");
+    (fx, d, file, id_token)
+}
+
+/// Sets the bundle's three values; what `configure` printed.
+fn configure_enterprise(d: &Daemon, file: &std::path::Path) -> String {
+    let out = d.cli(&[
+        "configure",
+        "notes",
+        &format!("client_secret={CLIENT_SECRET}"),
+        &format!("idp_secret={IDP_SECRET}"),
+        &format!("id_token_file={}", file.display()),
+    ]);
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn enterprise_managed_authorization_exchanges_the_users_id_token_for_an_id_jag_and_a_token() {
+    let (fx, d, file, first_token) = enterprise_start();
+    let out = configure_enterprise(&d, &file);
+    assert!(out.contains("reconfigured: ready"), "{out}\n{}", d.log());
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+    // The exchange named the authorization server, the MCP server and the
+    // scope; the ID-JAG became a token; no client-credentials token stood
+    // in for the user's.
+    let exchanges = fx.with(|s| s.exchanges.clone());
+    assert_eq!(exchanges.len(), 1);
+    assert_eq!(exchanges[0].audience, fx.base);
+    assert_eq!(exchanges[0].resource.as_deref(), Some(fx.mcp_url.as_str()));
+    assert_eq!(exchanges[0].scope.as_deref(), Some("notes:read"));
+    let forms = fx.with(|s| s.token_forms.clone());
+    assert_eq!(
+        forms
+            .iter()
+            .map(|f| (f.auth, f.grant_type.as_str()))
+            .collect::<Vec<_>>(),
+        vec![("post", "urn:ietf:params:oauth:grant-type:jwt-bearer")]
+    );
+    assert_eq!(fx.with(|s| s.client_credentials_grants), 0);
+
+    // The token expires; the user's ID token was renewed in the file
+    // meanwhile (the old one is no longer taken): the file is read again,
+    // and a new ID-JAG is asked for (an ID-JAG is never replayed).
+    let second_token = "idt-CANARY-alice-02".to_string();
+    {
+        let mut s = fx.state.lock().unwrap();
+        s.id_tokens.clear();
+        s.id_tokens.insert(second_token.clone(), "alice".into());
+    }
+    std::fs::write(&file, &second_token).unwrap();
+    fx.revoke_access_tokens();
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+    assert_eq!(
+        fx.with(|s| (
+            s.exchanges.len(),
+            s.jwt_bearer_grants,
+            s.refused_assertions.clone()
+        )),
+        (2, 2, Vec::new())
+    );
+
+    let mut secrets = vec![
+        CLIENT_SECRET.to_string(),
+        IDP_SECRET.to_string(),
+        first_token,
+        second_token,
+    ];
+    secrets.extend(
+        fx.with(|s| s.issued.clone())
+            .into_iter()
+            .filter(|t| !t.starts_with("jti-")),
+    );
+    std::fs::remove_file(&file).unwrap();
+    assert_no_leak(&d, &secrets, &[out]);
+}
+
+#[test]
+fn an_id_jag_for_another_audience_is_refused_and_the_bundle_waits_for_the_operator() {
+    let (fx, d, file, id_token) = enterprise_start();
+    fx.lie(Lies {
+        id_jag_audience: Some("https://elsewhere.example".into()),
+        ..Default::default()
+    });
+    let out = configure_enterprise(&d, &file);
+    assert!(!out.contains("reconfigured: ready"), "{out}");
+    let b = d.wait_state("default", "notes", "needs_auth");
+    let error = b["last_error"].as_str().unwrap();
+    assert!(
+        error.contains("enterprise-managed authorization")
+            && error.contains("invalid_grant")
+            && error.contains("audience is not this authorization server"),
+        "{error}"
+    );
+    assert_eq!(
+        fx.with(|s| (
+            s.jwt_bearer_grants,
+            s.refused_assertions.len(),
+            s.access.len()
+        )),
+        (0, 1, 0)
+    );
+    let mut secrets = vec![CLIENT_SECRET.to_string(), IDP_SECRET.to_string(), id_token];
+    secrets.extend(fx.with(|s| {
+        s.exchanges
+            .iter()
+            .map(|e| e.id_jag.clone())
+            .collect::<Vec<_>>()
+    }));
+    std::fs::remove_file(&file).unwrap();
+    assert_no_leak(&d, &secrets, &[out]);
+}
+
+#[test]
+fn enterprise_authorization_asks_the_idp_nothing_when_the_server_takes_no_id_jag() {
+    let (fx, d, file, _) = enterprise_start();
+    fx.lay_out(Layout::default());
+    let _ = configure_enterprise(&d, &file);
+    // A setting the server cannot serve: failed, not retried.
+    let b = d.wait_state("default", "notes", "failed");
+    let error = b["last_error"].as_str().unwrap();
+    assert!(
+        error.contains("does not list urn:ietf:params:oauth:grant-profile:id-jag in its authorization_grant_profiles_supported")
+            && error.contains("remove auth.enterprise"),
+        "{error}"
+    );
+    assert_eq!(fx.with(|s| (s.idp_requests, s.token_requests)), (0, 0));
 }
 
 #[test]

@@ -250,6 +250,46 @@ pub struct AuthPlan {
     /// `private_key_jwt` (RFC 7523) instead of a secret, for every grant.
     pub private_key: Option<Secret>,
     pub signing_alg: Option<rmcp::transport::JwtSigningAlgorithm>,
+    /// Enterprise-Managed Authorization (an ID-JAG from the operator's
+    /// identity provider).
+    pub enterprise: Option<EnterprisePlan>,
+}
+
+/// Resolved `auth.enterprise` of a remote bundle.
+#[derive(Clone)]
+pub struct EnterprisePlan {
+    pub token_endpoint: String,
+    pub client_id: String,
+    pub client_secret: Secret,
+    pub id_token: IdToken,
+}
+
+impl fmt::Debug for EnterprisePlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EnterprisePlan")
+            .field("token_endpoint", &self.token_endpoint)
+            .field("client_id", &self.client_id)
+            .field("id_token", &self.id_token)
+            .finish()
+    }
+}
+
+/// Where the user's ID token comes from.
+#[derive(Clone)]
+pub enum IdToken {
+    /// The token (a sensitive user_config value).
+    Value(Secret),
+    /// A file holding it, read at each exchange.
+    File(std::path::PathBuf),
+}
+
+impl fmt::Debug for IdToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IdToken::Value(_) => f.write_str("Value([redacted])"),
+            IdToken::File(path) => f.debug_tuple("File").field(path).finish(),
+        }
+    }
 }
 
 /// What the daemon runs: the manifest's command with every variable resolved.
@@ -465,6 +505,19 @@ impl Manifest {
                             None => None,
                         },
                         signing_alg: a.signing_alg.as_deref().and_then(remote::signing_alg),
+                        enterprise: match &a.enterprise {
+                            None => None,
+                            Some(e) => Some(EnterprisePlan {
+                                token_endpoint: e.token_endpoint.clone(),
+                                client_id: e.client_id.clone(),
+                                client_secret: Secret::new(sub(&e.client_secret)?),
+                                id_token: match (&e.id_token, &e.id_token_file) {
+                                    (Some(v), _) => IdToken::Value(Secret::new(sub(v)?)),
+                                    (None, Some(p)) => IdToken::File(sub(p)?.into()),
+                                    (None, None) => unreachable!("checked when the file was read"),
+                                },
+                            }),
+                        },
                     }),
                 };
                 let headers = remote

@@ -75,6 +75,29 @@ pub struct RemoteAuth {
     pub private_key: Option<String>,
     /// The JWT's algorithm (RS256 unless said).
     pub signing_alg: Option<String>,
+    /// Enterprise-Managed Authorization: tokens from an ID-JAG that the
+    /// operator's identity provider issues.
+    pub enterprise: Option<Box<EnterpriseAuth>>,
+}
+
+/// The identity-provider side of Enterprise-Managed Authorization (the
+/// `io.modelcontextprotocol/enterprise-managed-authorization` extension):
+/// the user's ID token is exchanged at the IdP's token endpoint for an
+/// ID-JAG (RFC 8693), which the MCP server's authorization server takes
+/// for an access token (RFC 7523).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EnterpriseAuth {
+    /// The IdP's token endpoint.
+    pub token_endpoint: String,
+    /// The daemon's client at the IdP.
+    pub client_id: String,
+    /// Usually `${user_config.KEY}` of a sensitive entry.
+    pub client_secret: String,
+    /// `${user_config.KEY}` of a sensitive entry: the ID token itself.
+    pub id_token: Option<String>,
+    /// `${user_config.KEY}` of a `file` entry: a file holding the ID
+    /// token, read again at each exchange.
+    pub id_token_file: Option<String>,
 }
 
 /// A `signing_alg` value as rmcp's algorithm.
@@ -179,6 +202,7 @@ fn auth(
         "client_metadata_url",
         "private_key",
         "signing_alg",
+        "enterprise",
     ];
     for key in obj.keys() {
         if !AUTH_KEYS.contains(&key.as_str()) {
@@ -242,6 +266,16 @@ fn auth(
             "must be one of RS256, RS384, RS512, ES256, ES384",
         );
     }
+    let enterprise = c
+        .object(obj, "enterprise", "$.auth", false)
+        .and_then(|e| enterprise(c, e, user_config))
+        .map(Box::new);
+    if enterprise.is_some() && client_id.is_none() {
+        c.problem(
+            "$.auth.enterprise",
+            "needs auth.client_id: the authorization server's ID-JAG names the client it is for, which authenticates with it",
+        );
+    }
     RemoteAuth {
         client_id,
         client_secret,
@@ -250,7 +284,82 @@ fn auth(
         client_metadata_url,
         private_key,
         signing_alg: alg,
+        enterprise,
     }
+}
+
+/// `auth.enterprise`: every problem at once.
+fn enterprise(
+    c: &mut Checker,
+    obj: &Map<String, Value>,
+    user_config: &BTreeMap<String, super::UserConfigEntry>,
+) -> Option<EnterpriseAuth> {
+    const KEYS: &[&str] = &[
+        "token_endpoint",
+        "client_id",
+        "client_secret",
+        "id_token",
+        "id_token_file",
+    ];
+    const AT: &str = "$.auth.enterprise";
+    for key in obj.keys() {
+        if !KEYS.contains(&key.as_str()) {
+            c.problem(
+                format!("{AT}.{key}"),
+                format!("unknown key; known keys: {}", KEYS.join(", ")),
+            );
+        }
+    }
+    let token_endpoint = c.string(obj, "token_endpoint", AT, true);
+    if let Some(u) = &token_endpoint {
+        check_url(c, "$.auth.enterprise.token_endpoint", u);
+    }
+    let client_id = c.string(obj, "client_id", AT, true);
+    let client_secret = c.string(obj, "client_secret", AT, true);
+    if let Some(s) = &client_secret {
+        check_variables(c, format!("{AT}.client_secret"), s, user_config);
+    }
+    // Exactly `${user_config.KEY}` of an entry that `kind` accepts.
+    let entry = |value: &str, kind: &dyn Fn(&super::UserConfigEntry) -> bool| {
+        value
+            .strip_prefix("${user_config.")
+            .and_then(|rest| rest.strip_suffix('}'))
+            .and_then(|key| user_config.get(key))
+            .is_some_and(kind)
+    };
+    let id_token = c.string(obj, "id_token", AT, false);
+    if id_token
+        .as_deref()
+        .is_some_and(|v| !entry(v, &|e| e.sensitive))
+    {
+        c.problem(
+            format!("{AT}.id_token"),
+            "must be exactly ${user_config.KEY} of a sensitive user_config entry, so the token is stored encrypted, never in the file",
+        );
+    }
+    let id_token_file = c.string(obj, "id_token_file", AT, false);
+    if id_token_file
+        .as_deref()
+        .is_some_and(|v| !entry(v, &|e| e.kind == super::UserConfigType::File))
+    {
+        c.problem(
+            format!("{AT}.id_token_file"),
+            "must be exactly ${user_config.KEY} of a user_config entry of type \"file\", so the path is set with `bundlevisor configure`, which checks it",
+        );
+    }
+    if id_token.is_some() == id_token_file.is_some() {
+        c.problem(
+            AT,
+            "needs exactly one of id_token (the user's ID token, sealed) and id_token_file (a file the identity provider's sign-in keeps it in)",
+        );
+    }
+    Some(EnterpriseAuth {
+        token_endpoint: token_endpoint?,
+        client_id: client_id?,
+        client_secret: client_secret?,
+        id_token,
+        id_token_file,
+    })
 }
 
 /// The https-or-loopback rule ([`crate::remote_http::check_url`]): tokens

@@ -288,6 +288,98 @@ fn remote_bundle_problems_are_all_reported() {
     assert!(parse(&ok).is_ok());
 }
 
+#[test]
+fn enterprise_auth_needs_its_idp_client_and_one_sealed_or_configured_id_token() {
+    let file = |enterprise: Value| {
+        json!({
+            "name": "notes",
+            "url": "https://mcp.example.com/mcp",
+            "user_config": {
+                "idp_secret": {"type": "string", "title": "IdP secret", "sensitive": true, "required": true},
+                "plain": {"type": "string", "title": "Not sensitive"},
+                "token": {"type": "string", "title": "ID token", "sensitive": true},
+                "token_file": {"type": "file", "title": "ID token file"}
+            },
+            "auth": {"client_id": "bv", "enterprise": enterprise}
+        })
+        .to_string()
+    };
+    let good = json!({
+        "token_endpoint": "https://idp.example.com/token",
+        "client_id": "bv-idp",
+        "client_secret": "${user_config.idp_secret}",
+        "id_token": "${user_config.token}"
+    });
+    let m = parse(&file(good.clone())).unwrap();
+    let values = BTreeMap::from([
+        ("idp_secret".to_string(), Secret::new("idp-canary-1")),
+        ("token".to_string(), Secret::new("idt-canary-1")),
+    ]);
+    let Plan::Remote(plan) = m.plan(Path::new("/b"), &values).unwrap() else {
+        panic!("a remote file makes a remote plan");
+    };
+    let e = plan.auth.as_ref().unwrap().enterprise.as_ref().unwrap();
+    assert_eq!(e.client_secret.expose(), "idp-canary-1");
+    assert!(!format!("{plan:?}").contains("canary"), "{plan:?}");
+
+    for (enterprise, path, says) in [
+        (
+            json!({"token_endpoint": "http://idp.example.com/token", "client_id": "x", "client_secret": "s", "id_token": "${user_config.token}"}),
+            "$.auth.enterprise.token_endpoint",
+            "https",
+        ),
+        (
+            json!({"token_endpoint": "https://idp.example.com/token", "client_secret": "s", "id_token": "${user_config.token}"}),
+            "$.auth.enterprise.client_id",
+            "",
+        ),
+        (
+            json!({"token_endpoint": "https://idp.example.com/token", "client_id": "x", "client_secret": "s", "id_token": "${user_config.plain}"}),
+            "$.auth.enterprise.id_token",
+            "sensitive",
+        ),
+        (
+            json!({"token_endpoint": "https://idp.example.com/token", "client_id": "x", "client_secret": "s", "id_token_file": "/tmp/t"}),
+            "$.auth.enterprise.id_token_file",
+            "type \"file\"",
+        ),
+        (
+            json!({"token_endpoint": "https://idp.example.com/token", "client_id": "x", "client_secret": "s"}),
+            "$.auth.enterprise",
+            "exactly one of id_token",
+        ),
+        (
+            json!({"token_endpoint": "https://idp.example.com/token", "client_id": "x", "client_secret": "s",
+                   "id_token": "${user_config.token}", "id_token_file": "${user_config.token_file}"}),
+            "$.auth.enterprise",
+            "exactly one of id_token",
+        ),
+    ] {
+        let Err(ParseFailure::Invalid(problems)) = parse(&file(enterprise)) else {
+            panic!("{path}: expected problems");
+        };
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.path == path && p.message.contains(says)),
+            "{path}: {problems:#?}"
+        );
+    }
+    // The ID-JAG names the authorization server's client: auth.client_id.
+    let mut no_client: Value = serde_json::from_str(&file(good)).unwrap();
+    no_client["auth"]
+        .as_object_mut()
+        .unwrap()
+        .remove("client_id");
+    let Err(ParseFailure::Invalid(problems)) = parse(&no_client.to_string()) else {
+        panic!("expected problems");
+    };
+    assert!(
+        problems.iter().any(|p| p.path == "$.auth.enterprise"),
+        "{problems:#?}"
+    );
+}
+
 /// Issue 18, point 1: every version the official CLI validates.
 #[test]
 fn every_version_the_mcpb_cli_validates_is_accepted() {

@@ -55,6 +55,14 @@ pub struct TokenSet {
     /// Scopes the server said a token lacks (403 `insufficient_scope`)
     /// and no silent grant got: the next authorization asks for them.
     pub wanted_scopes: Vec<String>,
+    /// The `issuer` of the authorization server that registered the client
+    /// and issued the tokens: neither is used with another one. `None` in
+    /// sets stored before the issuer was recorded.
+    pub issuer: Option<String>,
+    /// The `WWW-Authenticate` challenge of the server's last 401 or 403:
+    /// `bundlevisor auth` discovers from its `resource_metadata` and asks
+    /// for its `scope`.
+    pub challenge: Option<String>,
 }
 
 impl std::fmt::Debug for TokenSet {
@@ -65,6 +73,8 @@ impl std::fmt::Debug for TokenSet {
             .field("expires_at", &self.expires_at)
             .field("client_id", &self.client_id)
             .field("wanted_scopes", &self.wanted_scopes)
+            .field("issuer", &self.issuer)
+            .field("challenge", &self.challenge)
             .finish()
     }
 }
@@ -79,6 +89,10 @@ struct TokenJson {
     client_secret: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     wanted_scopes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    issuer: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    challenge: Option<String>,
 }
 
 fn credential_aad(workspace: &str, bundle: &str, key: &str) -> Vec<u8> {
@@ -351,6 +365,8 @@ impl Credentials {
             client_id: json.client_id,
             client_secret: json.client_secret.map(Secret::new),
             wanted_scopes: json.wanted_scopes,
+            issuer: json.issuer,
+            challenge: json.challenge,
         }))
     }
 
@@ -384,6 +400,8 @@ impl Credentials {
                     .as_ref()
                     .map(|s| s.expose().to_string()),
                 wanted_scopes: tokens.wanted_scopes.clone(),
+                issuer: tokens.issuer.clone(),
+                challenge: tokens.challenge.clone(),
             })
             .expect("token JSON serializes"),
         );

@@ -6,7 +6,9 @@
 //! The authorization server serves RFC 9728 / RFC 8414 metadata, dynamic
 //! registration, `/authorize` (approves at once, redirecting with a code),
 //! and `/token` with the authorization-code (PKCE S256 checked),
-//! refresh-token (rotating) and client-credentials grants. The MCP server
+//! refresh-token (rotating), client-credentials and JWT bearer (an ID-JAG
+//! from its enterprise IdP, `/idp/token`, which exchanges an ID token for
+//! one: Enterprise-Managed Authorization) grants. The MCP server
 //! answers 401 with a `resource_metadata` challenge to any request without a
 //! live access token; its `read_file` tool reads a workspace file back
 //! through the daemon's host-resources handlers.
@@ -84,6 +86,28 @@ pub struct AuthState {
     pub token_forms: Vec<TokenRequest>,
     /// Client ids seen at `/authorize`.
     pub authorize_clients: Vec<String>,
+    /// The `scope` of each request to `/authorize`.
+    pub authorize_scopes: Vec<Option<String>>,
+    /// The body of each dynamic registration.
+    pub registration_bodies: Vec<Value>,
+    /// The issuer each dynamically registered client and each refresh
+    /// token belongs to: neither is accepted once the issuer has changed.
+    issued_by: HashMap<String, String>,
+    /// The enterprise IdP's clients: id -> (secret, the client at the
+    /// authorization server its ID-JAGs are for).
+    pub idp_clients: HashMap<String, (String, String)>,
+    /// ID tokens the IdP takes as subject tokens: token -> user.
+    pub id_tokens: HashMap<String, String>,
+    /// Every token exchange the IdP answered with an ID-JAG.
+    pub exchanges: Vec<Exchange>,
+    /// Every request to the IdP's token endpoint, answered or refused.
+    pub idp_requests: u32,
+    /// `jti`s of the ID-JAGs redeemed: a second use is a replay.
+    jtis: HashSet<String>,
+    /// JWT bearer grants answered with a token.
+    pub jwt_bearer_grants: u32,
+    /// Why each refused JWT bearer grant was refused.
+    pub refused_assertions: Vec<String>,
     /// `/sse-mcp`: the answer held back when the call's stream was closed,
     /// and when that was.
     held: Option<(Value, std::time::Instant)>,
@@ -104,7 +128,27 @@ pub struct Lies {
     pub resource: Option<String>,
     /// `issuer` of the authorization-server metadata.
     pub issuer: Option<String>,
+    /// `aud` of the ID-JAGs the IdP issues (the truth: the audience asked).
+    pub id_jag_audience: Option<String>,
 }
+
+/// What a token exchange at the IdP asked for.
+#[derive(Clone, Debug)]
+pub struct Exchange {
+    pub audience: String,
+    pub resource: Option<String>,
+    pub scope: Option<String>,
+    /// The ID-JAG issued, for leak scans.
+    pub id_jag: String,
+}
+
+/// The IdP's ID-JAGs are signed with this key (HS256), which the
+/// authorization server trusts: in the fixture both are one process.
+const ID_JAG_KEY: &[u8] = b"fixture enterprise idp signing key";
+const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+const ID_JAG: &str = "urn:ietf:params:oauth:token-type:id-jag";
+const ID_TOKEN: &str = "urn:ietf:params:oauth:token-type:id_token";
+const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 
 /// Where the protected-resource metadata is published.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -116,6 +160,9 @@ pub enum Prm {
     Root,
     /// Nowhere (a 2025-03-26 server).
     Absent,
+    /// Only at `/prm/mcp`, which no well-known rule leads to: found
+    /// through the 401 challenge's `resource_metadata` alone.
+    ChallengeOnly,
 }
 
 /// Where the authorization-server metadata is published.
@@ -157,6 +204,16 @@ pub struct Layout {
     pub no_client_credentials: bool,
     /// The metadata leaves out `code_challenge_methods_supported`.
     pub no_pkce_advertised: bool,
+    /// `GET /mcp` is answered 405 before any token is looked at, with no
+    /// challenge: a 2026-07-28 server has no GET stream, and one that
+    /// routes by method never gets to its token check. Only the answer to
+    /// a real request (a POST) carries the challenge.
+    pub no_get: bool,
+    /// The metadata names no `registration_endpoint`.
+    pub no_registration: bool,
+    /// The authorization server takes ID-JAGs (its metadata lists the
+    /// `id-jag` grant profile and the JWT bearer grant).
+    pub id_jag: bool,
 }
 
 /// What a token request carried.
@@ -267,9 +324,14 @@ impl Fixture {
             .route("/tenant/.well-known/{*rest}", get(tenant_well_known))
             .route("/moved", axum::routing::any(moved))
             .route("/sse-mcp", axum::routing::any(resumable))
+            .route("/prm/mcp", get(challenge_only_metadata))
             .route("/register", post(register))
             .route("/authorize", get(authorize))
             .route("/token", post(token))
+            .route("/tenant/register", post(register))
+            .route("/tenant/authorize", get(authorize))
+            .route("/tenant/token", post(token))
+            .route("/idp/token", post(idp_token))
             .with_state(app.clone());
         let stop = ct.clone();
         rt.spawn(async move {
@@ -344,6 +406,9 @@ async fn guard(
     if !request.uri().path().starts_with("/mcp") {
         return next.run(request).await;
     }
+    if request.method() == axum::http::Method::GET && app.state.lock().unwrap().layout.no_get {
+        return StatusCode::METHOD_NOT_ALLOWED.into_response();
+    }
     let token = request
         .headers()
         .get("authorization")
@@ -395,6 +460,7 @@ async fn guard(
                 "{}/.well-known/oauth-protected-resource/mcp",
                 app.base
             )),
+            Prm::ChallengeOnly => Some(format!("{}/prm/mcp", app.base)),
             Prm::Absent => None,
         }
         .filter(|_| !layout.no_challenge_metadata);
@@ -461,6 +527,44 @@ async fn tenant_well_known(
     not_found()
 }
 
+/// `/prm/mcp`: the protected-resource metadata of [`Prm::ChallengeOnly`].
+async fn challenge_only_metadata(State(app): State<App>) -> Response {
+    let mut state = app.state.lock().unwrap();
+    if state.layout.prm != Prm::ChallengeOnly {
+        return not_found();
+    }
+    resource_metadata(&app, &mut state)
+}
+
+impl AuthState {
+    /// The issuer the authorization server is now.
+    fn issuer(&self, app: &App) -> String {
+        format!("{}{}", app.base, self.layout.issuer_path)
+    }
+
+    /// The authorization server's endpoints live under its issuer's path
+    /// (`/tenant/token`); a server that publishes no metadata has them at
+    /// the origin (the 2025-03-26 fallback). Elsewhere: 404.
+    fn serves(&self, path: &str, endpoint: &str) -> bool {
+        let prefix = match self.layout.asm {
+            Asm::Absent => "",
+            _ => self.layout.issuer_path.as_str(),
+        };
+        path == format!("{prefix}/{endpoint}")
+    }
+
+    /// A client the authorization server knows now: configured ones
+    /// always, a registered one only while the issuer that registered it is
+    /// the server's.
+    fn knows(&self, app: &App, client: &str) -> bool {
+        self.clients.contains_key(client)
+            && self
+                .issued_by
+                .get(client)
+                .is_none_or(|by| *by == self.issuer(app))
+    }
+}
+
 fn resource_metadata(app: &App, state: &mut AuthState) -> Response {
     state.resource_metadata_requests += 1;
     let resource = state.lies.resource.clone().unwrap_or(app.mcp_url.clone());
@@ -473,13 +577,9 @@ fn resource_metadata(app: &App, state: &mut AuthState) -> Response {
 }
 
 fn server_metadata(app: &App, state: &AuthState) -> Response {
-    let b = &app.base;
+    let b = &format!("{}{}", app.base, state.layout.issuer_path);
     let layout = &state.layout;
-    let issuer = state
-        .lies
-        .issuer
-        .clone()
-        .unwrap_or_else(|| format!("{b}{}", layout.issuer_path));
+    let issuer = state.lies.issuer.clone().unwrap_or_else(|| b.clone());
     let methods = layout
         .auth_methods
         .clone()
@@ -502,15 +602,39 @@ fn server_metadata(app: &App, state: &AuthState) -> Response {
             .unwrap()
             .remove("code_challenge_methods_supported");
     }
+    if layout.id_jag {
+        metadata["authorization_grant_profiles_supported"] =
+            json!(["urn:ietf:params:oauth:grant-profile:id-jag"]);
+        metadata["grant_types_supported"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!(JWT_BEARER));
+    }
+    if layout.no_registration {
+        metadata
+            .as_object_mut()
+            .unwrap()
+            .remove("registration_endpoint");
+    }
     Json(metadata).into_response()
 }
 
-async fn register(State(app): State<App>, Json(body): Json<Value>) -> Json<Value> {
+async fn register(
+    State(app): State<App>,
+    uri: axum::http::Uri,
+    Json(body): Json<Value>,
+) -> Response {
     let mut state = app.state.lock().unwrap();
+    if !state.serves(uri.path(), "register") {
+        return not_found();
+    }
     state.registrations += 1;
+    state.registration_bodies.push(body.clone());
     let id = state.mint("client");
     state.clients.insert(id.clone(), None);
-    Json(json!({ "client_id": id, "redirect_uris": body["redirect_uris"] }))
+    let issuer = state.issuer(&app);
+    state.issued_by.insert(id.clone(), issuer);
+    Json(json!({ "client_id": id, "redirect_uris": body["redirect_uris"] })).into_response()
 }
 
 /// A temporary redirect to the decoy's `/mcp`: another origin.
@@ -546,14 +670,181 @@ fn oauth_error(error: &str) -> Response {
     (StatusCode::BAD_REQUEST, Json(json!({ "error": error }))).into_response()
 }
 
-async fn authorize(State(app): State<App>, Query(q): Query<HashMap<String, String>>) -> Response {
+fn oauth_refusal(error: &str, description: &str) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        Json(json!({ "error": error, "error_description": description })),
+    )
+        .into_response()
+}
+
+/// The client id and secret of an HTTP Basic `Authorization` header, each
+/// form-urlencoded (RFC 6749 §2.3.1).
+fn basic_credentials(headers: &HeaderMap) -> Option<(String, String)> {
+    let basic = headers
+        .get("authorization")?
+        .to_str()
+        .ok()?
+        .strip_prefix("Basic ")?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(basic)
+        .ok()?;
+    let decoded = String::from_utf8(decoded).ok()?;
+    let (id, secret) = decoded.split_once(':')?;
+    let unescape = |s: &str| {
+        url::form_urlencoded::parse(format!("x={s}").as_bytes())
+            .next()
+            .map(|(_, v)| v.into_owned())
+            .unwrap_or_default()
+    };
+    Some((unescape(id), unescape(secret)))
+}
+
+/// `/idp/token`: the enterprise identity provider's token endpoint, which
+/// exchanges a user's ID token for an ID-JAG (RFC 8693) for a client that
+/// authenticates with HTTP Basic.
+async fn idp_token(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Form(f): Form<HashMap<String, String>>,
+) -> Response {
     let mut state = app.state.lock().unwrap();
+    state.idp_requests += 1;
+    let Some((id, secret)) = basic_credentials(&headers) else {
+        return oauth_error("invalid_client");
+    };
+    let Some((expected, as_client)) = state.idp_clients.get(&id).cloned() else {
+        return oauth_error("invalid_client");
+    };
+    if secret != expected {
+        return oauth_error("invalid_client");
+    }
+    let field = |k: &str| f.get(k).map(String::as_str);
+    if field("grant_type") != Some(TOKEN_EXCHANGE)
+        || field("requested_token_type") != Some(ID_JAG)
+        || field("subject_token_type") != Some(ID_TOKEN)
+    {
+        return oauth_error("invalid_request");
+    }
+    let Some(audience) = f.get("audience").cloned() else {
+        return oauth_error("invalid_request");
+    };
+    let Some(user) = field("subject_token")
+        .and_then(|t| state.id_tokens.get(t))
+        .cloned()
+    else {
+        return oauth_refusal("invalid_grant", "the subject token is not a valid ID token");
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let mut claims = json!({
+        "iss": format!("{}/idp", app.base),
+        "sub": user,
+        "aud": state.lies.id_jag_audience.clone().unwrap_or(audience.clone()),
+        "client_id": as_client,
+        "jti": state.mint("jti"),
+        "iat": now,
+        "exp": now + 300,
+    });
+    if let Some(resource) = f.get("resource") {
+        claims["resource"] = json!(resource);
+    }
+    if let Some(scope) = f.get("scope") {
+        claims["scope"] = json!(scope);
+    }
+    let mut header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::HS256);
+    header.typ = Some("oauth-id-jag+jwt".into());
+    let id_jag = jsonwebtoken::encode(
+        &header,
+        &claims,
+        &jsonwebtoken::EncodingKey::from_secret(ID_JAG_KEY),
+    )
+    .unwrap();
+    state.issued.push(id_jag.clone());
+    state.exchanges.push(Exchange {
+        audience,
+        resource: f.get("resource").cloned(),
+        scope: f.get("scope").cloned(),
+        id_jag: id_jag.clone(),
+    });
+    Json(json!({
+        "issued_token_type": ID_JAG,
+        "access_token": id_jag,
+        "token_type": "N_A",
+        "expires_in": 300,
+    }))
+    .into_response()
+}
+
+/// Checks an ID-JAG presented by `client` (RFC 7523 JWT bearer grant): the
+/// IdP's signature and `typ`, this server as its audience, the MCP server
+/// as its resource, the client it names, and no replay of its `jti`. The
+/// scope granted, or why it is refused.
+fn redeem_id_jag(
+    app: &App,
+    state: &mut AuthState,
+    client: &str,
+    assertion: &str,
+) -> Result<String, String> {
+    let header = jsonwebtoken::decode_header(assertion).map_err(|e| e.to_string())?;
+    if header.typ.as_deref() != Some("oauth-id-jag+jwt") {
+        return Err(format!("typ {:?} is not oauth-id-jag+jwt", header.typ));
+    }
+    let mut validation = jsonwebtoken::Validation::new(jsonwebtoken::Algorithm::HS256);
+    validation.set_audience(&[state.issuer(app)]);
+    validation.set_issuer(&[format!("{}/idp", app.base)]);
+    validation.set_required_spec_claims(&["exp", "aud", "iss", "sub"]);
+    let claims = jsonwebtoken::decode::<Value>(
+        assertion,
+        &jsonwebtoken::DecodingKey::from_secret(ID_JAG_KEY),
+        &validation,
+    )
+    .map_err(|e| match e.kind() {
+        jsonwebtoken::errors::ErrorKind::InvalidAudience => {
+            format!(
+                "the ID-JAG's audience is not this authorization server ({})",
+                state.issuer(app)
+            )
+        }
+        _ => format!("the ID-JAG is invalid: {e}"),
+    })?
+    .claims;
+    if claims["resource"] != json!(app.mcp_url) {
+        return Err(format!(
+            "the ID-JAG's resource {} is not this server's",
+            claims["resource"]
+        ));
+    }
+    if claims["client_id"] != json!(client) {
+        return Err(format!(
+            "the ID-JAG is for client {}, not {client}",
+            claims["client_id"]
+        ));
+    }
+    let jti = claims["jti"].as_str().unwrap_or_default().to_string();
+    if jti.is_empty() || !state.jtis.insert(jti) {
+        return Err("the ID-JAG was used before (its jti is replayed)".into());
+    }
+    Ok(claims["scope"].as_str().unwrap_or_default().to_string())
+}
+
+async fn authorize(
+    State(app): State<App>,
+    uri: axum::http::Uri,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let mut state = app.state.lock().unwrap();
+    if !state.serves(uri.path(), "authorize") {
+        return not_found();
+    }
     let client = q.get("client_id").cloned().unwrap_or_default();
     state.authorize_clients.push(client.clone());
+    state.authorize_scopes.push(q.get("scope").cloned());
     // A client ID metadata document names the client by its https URL
     // (the fixture does not fetch it).
-    let known = state.clients.contains_key(&client)
-        || (state.layout.cimd && client.starts_with("https://"));
+    let known = state.knows(&app, &client) || (state.layout.cimd && client.starts_with("https://"));
     let ok = known
         && q.get("response_type").map(String::as_str) == Some("code")
         && q.get("code_challenge_method").map(String::as_str) == Some("S256")
@@ -643,15 +934,22 @@ fn client_auth(
 
 async fn token(
     State(app): State<App>,
+    uri: axum::http::Uri,
     headers: HeaderMap,
     Form(f): Form<HashMap<String, String>>,
 ) -> Response {
     let mut state = app.state.lock().unwrap();
+    if !state.serves(uri.path(), "token") {
+        return not_found();
+    }
     state.token_requests += 1;
     let (auth, client, secret) = match client_auth(&app, &state, &headers, &f) {
         Ok(who) => who,
         Err(refused) => return oauth_error(refused),
     };
+    if state.clients.contains_key(&client) && !state.knows(&app, &client) {
+        return oauth_error("invalid_client");
+    }
     state.token_forms.push(TokenRequest {
         auth,
         grant_type: f.get("grant_type").cloned().unwrap_or_default(),
@@ -684,7 +982,13 @@ async fn token(
         }
         Some("refresh_token") => {
             let presented = f.get("refresh_token").cloned().unwrap_or_default();
-            if !state.refresh.contains(&presented) {
+            let issuer = state.issuer(&app);
+            if !state.refresh.contains(&presented)
+                || state
+                    .issued_by
+                    .get(&presented)
+                    .is_some_and(|by| *by != issuer)
+            {
                 state.refused_refresh_grants += 1;
                 return oauth_error("invalid_grant");
             }
@@ -707,6 +1011,23 @@ async fn token(
             state.refresh.remove(&presented);
             state.refresh_grants += 1;
             true
+        }
+        Some(JWT_BEARER) => {
+            let by_key = auth == "jwt";
+            let expected = state.clients.get(&client).cloned().flatten();
+            if !by_key && expected.is_some() && secret != expected {
+                return oauth_error("invalid_client");
+            }
+            let assertion = f.get("assertion").cloned().unwrap_or_default();
+            match redeem_id_jag(&app, &mut state, &client, &assertion) {
+                Ok(scope) => granted = scope,
+                Err(why) => {
+                    state.refused_assertions.push(why.clone());
+                    return oauth_refusal("invalid_grant", &why);
+                }
+            }
+            state.jwt_bearer_grants += 1;
+            false
         }
         Some("client_credentials") if state.layout.no_client_credentials => {
             return oauth_error("unauthorized_client");
@@ -731,6 +1052,8 @@ async fn token(
     if with_refresh {
         let refresh = state.mint("rt");
         state.refresh.insert(refresh.clone());
+        let issuer = state.issuer(&app);
+        state.issued_by.insert(refresh.clone(), issuer);
         state.refresh_scopes.insert(refresh.clone(), granted);
         body["refresh_token"] = json!(refresh);
     }

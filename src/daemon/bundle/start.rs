@@ -577,6 +577,12 @@ async fn connect_with_auth(
     };
     let http = crate::oauth::http_client();
     let (mut stored, mut challenge) = (stored, challenge);
+    // Kept with the tokens: `bundlevisor auth` discovers from it and asks
+    // for its scope (rmcp's own probe is a GET, which a server without a
+    // GET stream answers 405, with no challenge).
+    if challenge.is_some() {
+        stored.challenge = challenge.clone();
+    }
     // The first silent grant, then at most one step-up for a scope the
     // new token lacks (403 `insufficient_scope`): bounded, never a loop.
     for attempt in 0..=MAX_STEP_UPS {
@@ -612,7 +618,13 @@ async fn connect_with_auth(
                             bundle = name,
                             "the new token lacks a scope; asking for it too"
                         );
-                        (stored, challenge) = (tokens, again);
+                        (stored, challenge) = (
+                            TokenSet {
+                                challenge: again.clone(),
+                                ..tokens
+                            },
+                            again,
+                        );
                     }
                     Some(scope) => {
                         // `bundlevisor auth` asks for it next.
@@ -621,6 +633,7 @@ async fn connect_with_auth(
                                 tokens.wanted_scopes.clone(),
                                 scope.clone(),
                             ),
+                            challenge: again,
                             ..tokens
                         };
                         keep_tokens(shared, (workspace, name), wanted, "store the wanted scope")
@@ -646,7 +659,8 @@ fn grant_failed(e: crate::oauth::OAuthError) -> StartFailure {
     StartFailure {
         kind: match e {
             crate::oauth::OAuthError::InsecureUrl { .. }
-            | crate::oauth::OAuthError::Mismatch(_) => FailKind::Config,
+            | crate::oauth::OAuthError::Mismatch(_)
+            | crate::oauth::OAuthError::Config(_) => FailKind::Config,
             _ => FailKind::Transient,
         },
         reason: format!("the remote server wants a new token, and getting one failed: {e}"),
@@ -665,6 +679,8 @@ fn refused_silently(stored: &TokenSet, challenge: Option<&str>, why: String) -> 
             client_id: stored.client_id.clone(),
             client_secret: stored.client_secret.clone(),
             wanted_scopes,
+            issuer: stored.issuer.clone(),
+            challenge: stored.challenge.clone(),
             ..Default::default()
         };
         return (keep, why);
