@@ -115,7 +115,7 @@ run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is
 	target/release/bundlevisor daemon --config $(CONFIG)
 
 .PHONY: test
-test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers k8s-validate container-base mcp-py2 ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client and the mcpb CLI included
+test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers k8s-validate container-base mcp-py2 fastmcp ts-sdk2 ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client and the mcpb CLI included
 	$(CARGO) test --all-targets --features fault-injection
 
 # The gateways an operator would otherwise put in front of a stdio server,
@@ -157,6 +157,30 @@ $(MCP_PY2)/.installed: tests/mcp-py2/requirements.lock
 	$(PYTHON) -m venv $(MCP_PY2)/venv
 	$(MCP_PY2)/venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
 	touch $@
+
+# fastmcp 4.1.6, whose Client picks MCP 2026-07-28 when the server offers
+# it, for the agents test (tests/fastmcp/agent.py, tests/agents_2026.rs).
+FASTMCP := target/fastmcp
+
+.PHONY: fastmcp
+fastmcp: $(FASTMCP)/.installed ## fastmcp 4.1.6's client (MCP 2026-07-28), pinned, for the agents test
+
+$(FASTMCP)/.installed: tests/fastmcp/requirements.lock
+	rm -rf $(FASTMCP)
+	$(PYTHON) -m venv $(FASTMCP)/venv
+	$(FASTMCP)/venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
+	touch $@
+
+# The MCP TypeScript SDK 2 client (npm `@modelcontextprotocol/client`, pinned
+# by tests/ts-sdk2/package-lock.json) and the agent tests/agents_2026.rs runs
+# with it, in its default mode (2025-11-25) and on 2026-07-28.
+TS_SDK2 := target/ts-sdk2
+
+.PHONY: ts-sdk2
+ts-sdk2: $(TS_SDK2)/agent.mjs ## The pinned MCP TypeScript SDK 2 client for the agents test (npm ci)
+
+$(TS_SDK2)/agent.mjs: tests/ts-sdk2/agent.mjs $(TS_SDK2)/.installed
+	cp $< $@
 
 .PHONY: k8s-validate
 k8s-validate: $(K8S_VALIDATE)/.installed ## kubernetes-validate, pinned, for the deployment test

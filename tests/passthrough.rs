@@ -378,8 +378,6 @@ fn a_request_outside_any_agents_call_is_refused_at_once() {
 /// once ("no stream to send it a request on").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stateless_agent_is_asked_by_input_required_and_the_call_goes_on() {
-    use rmcp::model::ProtocolVersion;
-    use rmcp::{ClientLifecycleMode, ClientServiceExt};
     let (d, port) = daemon();
     let token = d.ok(&["token", "create"]).trim().to_string();
     let config = StreamableHttpClientTransportConfig::with_uri(format!(
@@ -388,6 +386,36 @@ async fn a_stateless_agent_is_asked_by_input_required_and_the_call_goes_on() {
     .auth_header(token);
     let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
     let agent = Answering::new(all_capabilities());
+    let client = on_2026_07_28(&agent, transport).await;
+    is_asked_by_input_required(&client, &agent).await;
+    listens_for_updates_and_list_changes(&d, &client).await;
+    client.cancel().await.unwrap();
+}
+
+/// The same over `bundlevisor mcp` (stdio), where the connection is the
+/// agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stateless_stdio_agent_is_asked_by_input_required_and_the_call_goes_on() {
+    let (d, _) = daemon();
+    let mut child = d.spawn_mcp(&[]);
+    let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
+    let agent = Answering::new(all_capabilities());
+    let client = on_2026_07_28(&agent, io).await;
+    is_asked_by_input_required(&client, &agent).await;
+    client.cancel().await.unwrap();
+}
+
+/// `agent` on `transport`, speaking MCP 2026-07-28 (`server/discover`).
+async fn on_2026_07_28<T, E, A>(
+    agent: &Answering,
+    transport: T,
+) -> RunningService<RoleClient, Answering>
+where
+    T: rmcp::transport::IntoTransport<RoleClient, E, A>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    use rmcp::model::ProtocolVersion;
+    use rmcp::{ClientLifecycleMode, ClientServiceExt};
     let client = agent
         .clone()
         .serve_with_lifecycle(
@@ -398,10 +426,22 @@ async fn a_stateless_agent_is_asked_by_input_required_and_the_call_goes_on() {
         )
         .await
         .unwrap();
+    assert_eq!(
+        client.peer_info().map(|i| i.protocol_version.clone()),
+        Some(ProtocolVersion::V_2026_07_28)
+    );
+    client
+}
+
+/// Sampling, elicitation and roots of the everything server, each answered
+/// by the agent through `input_required` within one call.
+async fn is_asked_by_input_required(
+    client: &RunningService<RoleClient, Answering>,
+    agent: &Answering,
+) {
     let call = |tool: &str, args: Value| {
         let params = CallToolRequestParams::new(format!("everything__{tool}"))
             .with_arguments(args.as_object().unwrap().clone());
-        let client = &client;
         async move {
             let result = tokio::time::timeout(Duration::from_secs(30), client.call_tool(params))
                 .await
@@ -432,7 +472,57 @@ async fn a_stateless_agent_is_asked_by_input_required_and_the_call_goes_on() {
             "{asked}: {seen:?}"
         );
     }
-    client.cancel().await.unwrap();
+}
+
+/// Issue 32, point 1: `subscriptions/listen` on the gateway: updates of a
+/// bundle's resource (the bundle is subscribed to on the stream's behalf)
+/// and the workspace's tool list changes, on one stream; a files://
+/// resource cannot be followed and is left out of the acknowledgement.
+async fn listens_for_updates_and_list_changes(
+    d: &Daemon,
+    client: &RunningService<RoleClient, Answering>,
+) {
+    use rmcp::model::{ServerNotification, SubscriptionFilter};
+    let resources = client.list_all_resources().await.unwrap();
+    let uri = resources
+        .iter()
+        .map(|r| r.uri.clone())
+        .find(|u| !u.starts_with("files://"))
+        .unwrap_or_else(|| panic!("no bundle resource in {resources:?}"));
+    let filter = SubscriptionFilter::builder()
+        .tools_list_changed()
+        .resource_subscriptions([uri.clone(), "files://fl_000000000000000000000000".into()])
+        .build();
+    let mut stream = client.peer().listen(filter).await.unwrap();
+    assert_eq!(
+        stream.acknowledged().resource_subscriptions,
+        Some(vec![uri.clone()])
+    );
+    let (text, error) = text_of_call(client, "everything__toggle-subscriber-updates", json!({}))
+        .await
+        .unwrap();
+    assert!(!error, "{text}");
+    match next_on(&mut stream).await {
+        ServerNotification::ResourceUpdatedNotification(n) => assert_eq!(n.params.uri, uri),
+        other => panic!("{other:?}"),
+    }
+    install_demo(d);
+    loop {
+        match next_on(&mut stream).await {
+            ServerNotification::ToolListChangedNotification(_) => break,
+            ServerNotification::ResourceUpdatedNotification(n) => assert_eq!(n.params.uri, uri),
+            other => panic!("not asked for: {other:?}"),
+        }
+    }
+}
+
+/// The next notification on a `subscriptions/listen` stream (15 s at most).
+async fn next_on(stream: &mut rmcp::service::Subscription) -> rmcp::model::ServerNotification {
+    tokio::time::timeout(Duration::from_secs(15), stream.next())
+        .await
+        .expect("a notification within 15 s")
+        .unwrap()
+        .expect("the stream is open")
 }
 
 /// Installs a copy of the demo bundle (its `ask` prompt asks the client

@@ -505,7 +505,7 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> 
         let config = StreamableHttpClientTransportConfig::with_uri(format!(
             "http://127.0.0.1:{http_port}/mcp/default"
         ))
-        .auth_header(token);
+        .auth_header(token.clone());
         let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
             reqwest::Client::new(),
             config,

@@ -333,7 +333,7 @@ async fn endpoint(
     }
     let the_profile = match profile_named(&app, profile.as_deref()) {
         Ok(p) => p,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let (service, sessions, owners) = app.endpoint(&workspace, the_profile);
     // A session is its token's: another token naming it is told it does
@@ -445,20 +445,22 @@ async fn within_deadline(
 fn profile_named(
     app: &App,
     name: Option<&str>,
-) -> Result<Option<crate::config::Profile>, Response> {
+) -> Result<Option<crate::config::Profile>, Box<Response>> {
     let Some(name) = name else {
         return Ok(None);
     };
     match app.shared.config.profiles.iter().find(|p| p.name == name) {
         Some(p) => Ok(Some(p.clone())),
-        None => Err((
+        None => Err(Box::new(
+            (
             StatusCode::NOT_FOUND,
             Json(serde_json::json!({
                 "error": "not_found",
                 "error_description": format!("there is no profile {name:?} in the daemon's config"),
             })),
         )
-            .into_response()),
+            .into_response(),
+        )),
     }
 }
 
