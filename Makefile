@@ -115,7 +115,7 @@ run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is
 	target/release/bundlevisor daemon --config $(CONFIG)
 
 .PHONY: test
-test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers k8s-validate container-base mcp-py2 fastmcp ts-sdk2 ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client and the mcpb CLI included
+test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers k8s-validate container-base mcp-py2 mcp-py2-bundle fastmcp ts-sdk2 ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client and the mcpb CLI included
 	$(CARGO) test --all-targets --features fault-injection
 
 # The gateways an operator would otherwise put in front of a stdio server,
@@ -156,6 +156,23 @@ $(MCP_PY2)/.installed: tests/mcp-py2/requirements.lock
 	rm -rf $(MCP_PY2)
 	$(PYTHON) -m venv $(MCP_PY2)/venv
 	$(MCP_PY2)/venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
+	touch $@
+
+# A bundle on the Python SDK mcp 2.3.0's MCPServer, which speaks MCP
+# 2026-07-28 (and 2025-11-25), for the multi-round-trip tests
+# (tests/mcp-py2/bundle, tests/rounds.rs): its own venv inside its folder.
+MCP_PY2_BUNDLE := target/mcp-py2-bundle
+
+.PHONY: mcp-py2-bundle
+mcp-py2-bundle: $(MCP_PY2_BUNDLE)/.installed ## A bundle on mcp 2.3.0 (MCP 2026-07-28), pinned, for the multi-round-trip tests
+
+$(MCP_PY2_BUNDLE)/.installed: tests/mcp-py2/requirements.lock tests/mcp-py2/bundle/server.py tests/mcp-py2/bundle/manifest.json
+	rm -rf $(MCP_PY2_BUNDLE)
+	mkdir -p $(MCP_PY2_BUNDLE)/server
+	cp tests/mcp-py2/bundle/manifest.json $(MCP_PY2_BUNDLE)/
+	cp tests/mcp-py2/bundle/server.py $(MCP_PY2_BUNDLE)/server/main.py
+	$(PYTHON) -m venv $(MCP_PY2_BUNDLE)/.venv
+	$(MCP_PY2_BUNDLE)/.venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
 	touch $@
 
 # fastmcp 4.1.6, whose Client picks MCP 2026-07-28 when the server offers

@@ -33,8 +33,19 @@ use serde_json::{json, Value};
 const CLIENT_SECRET: &str = "cs-CANARY-0b6e2d9a";
 
 /// Writes `bundles/NAME.json`: a remote bundle for the fixture's server.
+/// Its `read_file` tool reads workspace files through host-resources, so
+/// the file declares it (and the daemon speaks MCP 2025-11-25 with it:
+/// docs/gateway.md, "Bundles and revisions").
 fn write_remote(d: &Daemon, fx: &Fixture, name: &str, extra: Value) -> PathBuf {
-    let mut file = json!({ "name": name, "url": fx.mcp_url, "description": "fixture" });
+    let mut file = json!({
+        "name": name,
+        "url": fx.mcp_url,
+        "description": "fixture",
+        "_meta": {"ai.nimblebrain/host": {
+            "host_version": "1.1",
+            "host_capabilities": {"ai.nimblebrain/host-resources": {"required": false}},
+        }},
+    });
     for (k, v) in extra.as_object().unwrap() {
         file[k] = v.clone();
     }

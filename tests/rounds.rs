@@ -339,3 +339,77 @@ fn the_python_sdk_2_3_client_answers_a_2025_bundles_requests() {
         "{stdout}"
     );
 }
+
+/// Issue 32, point 3: a bundle that speaks MCP 2026-07-28 (the Python SDK
+/// `mcp` 2.3.0 `MCPServer`, `make mcp-py2-bundle`) is spoken to in it
+/// (`server/discover`), and `status` says so; one whose manifest declares
+/// host-resources (the demo) is kept on 2025-11-25, and `status` says why.
+fn with_py_asker(d: &Daemon) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcp-py2-bundle");
+    assert!(
+        dir.join(".installed").exists(),
+        "{} is not built; run `make mcp-py2-bundle` (make test does)",
+        dir.display()
+    );
+    d.ok(&["install", dir.to_str().unwrap()]);
+}
+
+#[test]
+fn a_bundle_on_2026_07_28_is_spoken_to_in_it_and_status_says_each_revision() {
+    let (d, _) = daemon("");
+    with_py_asker(&d);
+    let mcp = |name: &str| d.bundle("default", name).expect(name)["mcp"].clone();
+    assert_eq!(
+        mcp("py-asker")["revision"],
+        "2026-07-28",
+        "{}",
+        mcp("py-asker")
+    );
+    assert!(mcp("py-asker")["why"].is_null(), "{}", mcp("py-asker"));
+    assert_eq!(mcp("demo")["revision"], "2025-11-25", "{}", mcp("demo"));
+    let why = mcp("demo")["why"].as_str().unwrap_or_default().to_string();
+    assert!(why.contains("ai.nimblebrain/host-resources"), "{why}");
+}
+
+/// Point 2, the other way: the bundle answers `input_required`. The
+/// operator's `bundlevisor call` cannot give input and says so; an agent on
+/// a 2025-11-25 session is asked by requests on its session, and one on
+/// 2026-07-28 by the gateway's own `input_required`; the daemon retries the
+/// bundle with the answers and its `requestState`, and the call completes.
+#[test]
+fn a_2026_bundles_input_required_reaches_agents_of_both_revisions() {
+    let (d, url) = daemon("");
+    with_py_asker(&d);
+    let out = d.cli(&["call", "py-asker", "greet", "{}"]);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains(r#"the bundle needs input (elicitation/create "what is your name?")"#)
+            && text.contains("nobody to ask"),
+        "{text}"
+    );
+    let t = token(&d);
+    let root = env!("CARGO_MANIFEST_DIR");
+    for (mode, protocol) in [("legacy", "2025-11-25"), ("auto", "2026-07-28")] {
+        let out = std::process::Command::new(format!("{root}/target/mcp-py2/venv/bin/python"))
+            .arg(format!("{root}/tests/mcp-py2/asked.py"))
+            .args([url.as_str(), t.as_str(), mode])
+            .output()
+            .expect("run `make mcp-py2` first");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{mode}: {stdout}\n{stderr}");
+        let said: Vec<&str> = stdout.lines().collect();
+        assert_eq!(said[0], format!("protocol {protocol}"), "{stdout}");
+        assert_eq!(said[1], "greet hello Grace (on 2026-07-28)", "{stdout}");
+        assert_eq!(
+            said[2], "ponder the model said forty-two from python (on 2026-07-28)",
+            "{stdout}"
+        );
+        assert_eq!(said[3], "asked what is your name?", "{stdout}");
+    }
+}

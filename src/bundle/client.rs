@@ -29,9 +29,10 @@ use rmcp::model::ProgressNotificationParam;
 use rmcp::model::{
     ClientCapabilities, ClientConfig, ClientResult, CreateMessageRequest,
     CreateMessageRequestParams, CreateMessageResult, CustomRequest, CustomResult, ElicitRequest,
-    ElicitRequestParams, ElicitResult, ErrorCode, Implementation, ListRootsRequest,
-    ListRootsResult, LoggingMessageNotification, LoggingMessageNotificationParam, ProtocolVersion,
-    RequestMetaObject, ResourceUpdatedNotificationParam, ServerNotification, ServerRequest,
+    ElicitRequestParams, ElicitResult, ErrorCode, Implementation, InputRequest, InputRequests,
+    InputResponses, ListRootsRequest, ListRootsResult, LoggingMessageNotification,
+    LoggingMessageNotificationParam, ProtocolVersion, RequestMetaObject,
+    ResourceUpdatedNotificationParam, ServerNotification, ServerRequest,
 };
 use rmcp::service::{InboundStreamOrigin, RequestContext};
 use rmcp::{ClientHandler, ErrorData, RoleClient};
@@ -302,6 +303,90 @@ impl Callers {
             ));
         }
         agent.request(request).await
+    }
+}
+
+/// The answers of `caller` to a bundle's input requests (a bundle on MCP
+/// 2026-07-28 answered `input_required`): each asked of the agent, all at
+/// once — on its session, or for an agent on 2026-07-28 as its own
+/// `input_required` — or why they cannot be.
+pub async fn fulfil(caller: &Caller, requests: InputRequests) -> Result<InputResponses, String> {
+    let agent = match caller {
+        Caller::Agent(agent) => agent,
+        Caller::Operator => {
+            let asked: Vec<String> = requests.values().map(describe).collect();
+            return Err(format!(
+                "the bundle needs input ({}), and {OPERATOR}",
+                asked.join("; ")
+            ));
+        }
+    };
+    if let Some(why) = agent.unreachable() {
+        return Err(why);
+    }
+    let capabilities = agent.capabilities();
+    let mut asks = Vec::new();
+    for (key, request) in requests {
+        let (what, declared, request) = match request {
+            InputRequest::Elicitation(r) => (
+                "elicitation",
+                capabilities.elicitation.is_some(),
+                ServerRequest::ElicitRequest(r),
+            ),
+            InputRequest::CreateMessage(r) => (
+                "sampling",
+                capabilities.sampling.is_some(),
+                ServerRequest::CreateMessageRequest(r),
+            ),
+            InputRequest::ListRoots(r) => (
+                "roots",
+                capabilities.roots.is_some(),
+                ServerRequest::ListRootsRequest(r),
+            ),
+            _ => {
+                return Err("the bundle asked for input of a kind bundlevisor does not know".into())
+            }
+        };
+        if !declared {
+            return Err(format!(
+                "the bundle asked for {what}, and the agent that made this call did not declare the {what} capability"
+            ));
+        }
+        let agent = agent.clone();
+        asks.push(async move {
+            let answer = agent.request(request).await.map_err(|e| {
+                format!(
+                    "the bundle asked for {what}, and the agent answered with an error: {}",
+                    e.message
+                )
+            })?;
+            let value = match answer {
+                ClientResult::ElicitResult(r) => serde_json::to_value(r),
+                ClientResult::CreateMessageResult(r) => serde_json::to_value(r),
+                ClientResult::ListRootsResult(r) => serde_json::to_value(r),
+                _ => return Err(format!("the agent answered {what} with something else")),
+            };
+            value
+                .map(|v| (key, v))
+                .map_err(|e| format!("the agent's answer to {what}: {e}"))
+        });
+    }
+    futures::future::join_all(asks).await.into_iter().collect()
+}
+
+/// An input request, for an error message: its method and what it asks.
+fn describe(request: &InputRequest) -> String {
+    match request {
+        InputRequest::Elicitation(r) => {
+            let message = serde_json::to_value(&r.params)
+                .ok()
+                .and_then(|v| v["message"].as_str().map(str::to_string))
+                .unwrap_or_default();
+            format!("elicitation/create {message:?}")
+        }
+        InputRequest::CreateMessage(_) => "sampling/createMessage".into(),
+        InputRequest::ListRoots(_) => "roots/list".into(),
+        _ => "an input request".into(),
     }
 }
 

@@ -9,8 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::handler::client::progress::ProgressDispatcher;
-use rmcp::model::{Implementation, Tool};
-use rmcp::service::{serve_client_with_ct, Peer, RunningService};
+use rmcp::model::{Implementation, ProtocolVersion, Tool};
+use rmcp::service::{
+    serve_client_with_ct, serve_client_with_lifecycle_and_ct, Peer, RunningService,
+};
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::{ClientCacheConfig, RoleClient};
@@ -44,6 +46,10 @@ pub struct ConnectOptions {
     pub max_message_bytes: usize,
     /// How a stdio bundle's process is confined.
     pub sandbox: Option<super::sandbox::Sandbox>,
+    /// Speak MCP 2025-11-25 only (`initialize`, no `server/discover`), and
+    /// why: a bundle that uses host-resources, whose requests from bundle to
+    /// host have no path on 2026-07-28.
+    pub legacy: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +113,10 @@ pub struct Session {
     pub callers: crate::bundle::client::Callers,
     /// The agents subscribed to its resources.
     pub subscribers: crate::bundle::client::Subscribers,
+    /// The MCP revision spoken with the bundle, and why when it is not the
+    /// newest the daemon knows.
+    pub revision: ProtocolVersion,
+    pub revision_why: Option<String>,
     /// Set when the bundle broke the transport rules (overlong or non-JSON
     /// output) and its stream was cut: the reason it stopped.
     pub violation: Violation,
@@ -126,9 +136,40 @@ pub async fn connect(
         host.clone(),
         crate::host_resources::capability(&opts.host_resources),
     );
+    let first = match plan {
+        Plan::Stdio(plan) => {
+            connect_stdio(
+                plan,
+                client,
+                host.clone(),
+                &requester,
+                opts,
+                opts.legacy.as_deref(),
+            )
+            .await
+        }
+        Plan::Remote(plan) => {
+            connect_remote(plan, client, &requester, opts, opts.legacy.as_deref()).await
+        }
+    };
+    // A bundle that fails the 2026-07-28 handshake in a way rmcp does not
+    // take for "legacy" (a server that answers `server/discover` with an
+    // empty result, say) is started again with `initialize`.
+    let message = match first {
+        Err(ConnectError::Handshake { message, .. }) if opts.legacy.is_none() => message,
+        other => return other,
+    };
+    tracing::info!(workspace = %requester.workspace, bundle = %requester.bundle,
+        "the bundle failed the MCP 2026-07-28 handshake ({message}); starting it again with initialize (2025-11-25)");
+    let why =
+        format!("it failed the MCP 2026-07-28 handshake ({message}); spoken to with initialize");
+    let client = BundleClient::new(
+        host.clone(),
+        crate::host_resources::capability(&opts.host_resources),
+    );
     match plan {
-        Plan::Stdio(plan) => connect_stdio(plan, client, host, &requester, opts).await,
-        Plan::Remote(plan) => connect_remote(plan, client, &requester, opts).await,
+        Plan::Stdio(plan) => connect_stdio(plan, client, host, &requester, opts, Some(&why)).await,
+        Plan::Remote(plan) => connect_remote(plan, client, &requester, opts, Some(&why)).await,
     }
 }
 
@@ -139,24 +180,36 @@ struct HandshakeFailure {
     unauthorized: Option<Option<String>>,
 }
 
-/// `initialize` + `tools/list` over any transport, with the client's list
-/// cache turned off.
+/// `server/discover` (or, for a bundle that does not know it or must stay
+/// on 2025-11-25, `initialize`) + `tools/list` over any transport, with the
+/// client's list cache turned off.
 async fn handshake<T, E, A>(
     client: BundleClient,
     transport: T,
     ct: CancellationToken,
+    legacy: bool,
 ) -> Result<(RunningService<RoleClient, BundleClient>, Vec<Tool>), HandshakeFailure>
 where
     T: rmcp::transport::IntoTransport<RoleClient, E, A>,
     E: std::error::Error + Send + Sync + 'static,
 {
-    let service = serve_client_with_ct(client, transport, ct)
-        .await
-        .map_err(|e| HandshakeFailure {
-            message: e.to_string(),
-            unauthorized: wants_token(e.is_authorization_required(), e.auth_challenge())
-                .then(|| e.auth_challenge().map(str::to_string)),
-        })?;
+    let started = if legacy {
+        serve_client_with_ct(client, transport, ct).await
+    } else {
+        // The newest revision the bundle speaks: `server/discover` first;
+        // a bundle that refuses it (or does not answer it within 10 s) is
+        // a 2025-11-25 server, spoken to with `initialize`.
+        let lifecycle = rmcp::ClientLifecycleMode::Auto {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            legacy_version: Some(super::client::BUNDLE_PROTOCOL_VERSION),
+        };
+        serve_client_with_lifecycle_and_ct(client, transport, lifecycle, ct).await
+    };
+    let service = started.map_err(|e| HandshakeFailure {
+        message: e.to_string(),
+        unauthorized: wants_token(e.is_authorization_required(), e.auth_challenge())
+            .then(|| e.auth_challenge().map(str::to_string)),
+    })?;
     // A supervisor must see the bundle's current lists, never a cache.
     service
         .peer()
@@ -180,6 +233,7 @@ async fn connect_stdio(
     host: HostContext,
     requester: &Requester,
     opts: &ConnectOptions,
+    legacy: Option<&str>,
 ) -> Result<Session, ConnectError> {
     // A bundle held by its own uid starts once the kill of its previous
     // process is done (process::uid_free).
@@ -210,7 +264,7 @@ async fn connect_stdio(
     let transport = BundleStdio::new(spawned.stdout, spawned.stdin, rules, host);
 
     let outcome = tokio::select! {
-        r = tokio::time::timeout(opts.start_timeout, handshake(client, transport, ct.clone())) => match r {
+        r = tokio::time::timeout(opts.start_timeout, handshake(client, transport, ct.clone(), legacy.is_some())) => match r {
             Ok(Ok(ok)) => Ok(ok),
             Ok(Err(failure)) => Err(ConnectError::Handshake { message: failure.message, stderr: None }),
             Err(_) => Err(ConnectError::Timeout { after: opts.start_timeout, stderr: None }),
@@ -249,7 +303,7 @@ async fn connect_stdio(
         }
     };
     Ok(connected(
-        service, tools, lifeline, stderr, violation, ct, requester, opts,
+        service, tools, lifeline, stderr, violation, ct, requester, opts, legacy,
     ))
 }
 
@@ -258,6 +312,7 @@ async fn connect_remote(
     client: BundleClient,
     requester: &Requester,
     opts: &ConnectOptions,
+    legacy: Option<&str>,
 ) -> Result<Session, ConnectError> {
     let handshake_error = |message: String| ConnectError::Handshake {
         message,
@@ -290,8 +345,11 @@ async fn connect_remote(
         .map_err(|e| handshake_error(format!("HTTP client: {e}")))?;
     let transport = StreamableHttpClientTransport::with_client(http, config);
     let ct = CancellationToken::new();
-    let outcome =
-        tokio::time::timeout(opts.start_timeout, handshake(client, transport, ct.clone())).await;
+    let outcome = tokio::time::timeout(
+        opts.start_timeout,
+        handshake(client, transport, ct.clone(), legacy.is_some()),
+    )
+    .await;
     let (service, tools) = match outcome {
         Ok(Ok(ok)) => ok,
         Ok(Err(failure)) => {
@@ -322,6 +380,7 @@ async fn connect_remote(
         ct,
         requester,
         opts,
+        legacy,
     ))
 }
 
@@ -338,6 +397,7 @@ fn connected(
     ct: CancellationToken,
     requester: &Requester,
     opts: &ConnectOptions,
+    legacy: Option<&str>,
 ) -> Session {
     let peer = service.peer().clone();
     let progress = service.service().progress();
@@ -347,6 +407,18 @@ fn connected(
         .peer()
         .peer_info()
         .and_then(|i| i.server_info.clone());
+    let revision = service
+        .peer()
+        .peer_info()
+        .map(|i| i.protocol_version.clone())
+        .unwrap_or(super::client::BUNDLE_PROTOCOL_VERSION);
+    let revision_why = match legacy {
+        Some(why) => Some(why.to_string()),
+        None if revision < ProtocolVersion::V_2026_07_28 => {
+            Some("the bundle does not speak MCP 2026-07-28 (it refused server/discover)".into())
+        }
+        None => None,
+    };
     let observer = lifeline.observer();
     let grace = opts.stop_grace;
     tokio::spawn(async move {
@@ -364,6 +436,8 @@ fn connected(
         progress,
         callers,
         subscribers,
+        revision,
+        revision_why,
         violation,
         stderr,
     }

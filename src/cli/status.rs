@@ -298,6 +298,7 @@ mod tests {
                 sandbox: None,
                 usage: None,
                 archive: None,
+                mcp: None,
             }],
         };
         let text = table(&status);

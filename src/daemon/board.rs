@@ -208,6 +208,7 @@ mod tests {
             sandbox: None,
             usage: None,
             archive: None,
+            mcp: None,
         }
     }
 

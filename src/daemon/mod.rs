@@ -405,6 +405,7 @@ pub fn expected_status(record: &crate::store::InstallRecord) -> crate::protocol:
         sandbox: None,
         usage: None,
         archive: None,
+        mcp: None,
     }
 }
 

@@ -167,6 +167,19 @@ pub struct BundleStatus {
     /// and the folder it was unpacked into (absent otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub archive: Option<ArchiveInfo>,
+    /// The MCP revision the daemon speaks with the bundle (while it runs),
+    /// and why when it is not the newest (2026-07-28).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<McpRevision>,
+}
+
+/// The MCP revision spoken with a bundle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct McpRevision {
+    /// `2026-07-28`, `2025-11-25`, …
+    pub revision: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
 }
 
 /// Where an archive-installed bundle runs from.

@@ -3,7 +3,13 @@ elicitation and sampling callbacks and log messages opted in, against the
 HTTP gateway: the demo bundle (on 2025-11-25) asks while serving its call,
 the gateway hands its request to the agent as `input_required`, the SDK
 answers and retries, and the call ends with its real result. Prints one
-line per step; tests/rounds.rs checks them. Usage: asked.py URL TOKEN"""
+line per step; tests/rounds.rs checks them.
+
+With MODE (`legacy`: a 2025-11-25 session; `auto`: 2026-07-28) it calls
+the py-asker bundle (tests/mcp-py2/bundle, on 2026-07-28) instead: its
+`input_required` reaches the agent through the gateway either way.
+
+Usage: asked.py URL TOKEN [MODE]"""
 import asyncio
 import sys
 
@@ -17,7 +23,8 @@ logs = []
 
 async def elicitation(context, params):
     asked.append(params.message)
-    return types.ElicitResult(action="accept", content={"ok": True})
+    content = {"name": "Grace"} if "name" in params.message else {"ok": True}
+    return types.ElicitResult(action="accept", content=content)
 
 
 async def sampling(context, params):
@@ -50,4 +57,23 @@ async def main(url: str, token: str) -> None:
         print("logs", " | ".join(logs))
 
 
-asyncio.run(main(*sys.argv[1:3]))
+async def py_asker(url: str, token: str, mode: str) -> None:
+    http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"})
+    async with Client(
+        streamable_http_client(url, http_client=http),
+        mode=mode,
+        elicitation_callback=elicitation,
+        sampling_callback=sampling,
+    ) as client:
+        print("protocol", client.protocol_version)
+        result = await client.call_tool("py-asker__greet", {})
+        print("greet", result.content[0].text)
+        result = await client.call_tool("py-asker__ponder", {"question": "six times seven?"})
+        print("ponder", result.content[0].text)
+        print("asked", " | ".join(asked))
+
+
+if len(sys.argv) > 3:
+    asyncio.run(py_asker(*sys.argv[1:4]))
+else:
+    asyncio.run(main(*sys.argv[1:3]))

@@ -9,8 +9,8 @@ use std::time::Duration;
 use ractor::{ActorRef, RpcReplyPort};
 use rmcp::handler::client::progress::ProgressSubscriber;
 use rmcp::model::{
-    CallToolRequestParams, CancelledNotificationParam, ClientRequest, ProgressNotificationParam,
-    RequestId, ServerResult,
+    CallToolRequestParams, CancelledNotificationParam, ClientRequest, InputResponses,
+    ProgressNotificationParam, RequestId, ServerResult,
 };
 use rmcp::service::{Peer, PeerRequestOptions, ServiceError};
 use rmcp::RoleClient;
@@ -117,88 +117,28 @@ pub fn spawn(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bundle
     tokio::spawn(run(lane, call, retry, myself));
 }
 
-/// Runs `call` on the session, in the caller's task (see [`spawn`]).
+/// Times one call may ask its caller for input (a bundle on MCP
+/// 2026-07-28 answering `input_required`): a bundle that keeps asking is
+/// ended here, not served forever.
+const MAX_INPUT_ROUNDS: u32 = 32;
+
+/// Runs `call` on the session, in the caller's task (see [`spawn`]). A
+/// bundle on MCP 2026-07-28 that answers `input_required` is answered
+/// from the caller (its agent is asked) and the request sent again with
+/// the answers and the bundle's `requestState`, until it completes.
 pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<BundleMsg>) {
-    {
-        // Borrowed from a clone: the lane itself is given up early on a 401.
-        let live = lane.live.clone();
-        let session = &live.session;
-        let (peer, callers, subscribers) = (&session.peer, &session.callers, &session.subscribers);
-        // The caller is the bundle's client for as long as the request runs.
-        let caller = callers.enter(call.caller.clone());
-        let timeout = call.timeout.unwrap_or(live.timeout);
-        let request = match &call.request {
-            BundleRequest::Tool { name, arguments } => {
-                let mut params = CallToolRequestParams::new(name.clone());
-                if let Some(arguments) = arguments.clone() {
-                    params = params.with_arguments(arguments);
-                }
-                ClientRequest::CallToolRequest(rmcp::model::Request::new(params))
-            }
-            BundleRequest::Mcp(request) => (**request).clone(),
-        };
-        let handle = match peer
-            .send_cancellable_request(request, PeerRequestOptions::no_options())
-            .await
-        {
-            Ok(handle) => {
-                caller.sent_as(handle.id.clone());
-                handle
-            }
-            Err(e) => {
-                let _ = call.reply.send(Err(CallError::Failed(e.to_string())));
-                return;
-            }
-        };
-        // Until the answer arrives, dropping this (timeout, cancel) sends
-        // notifications/cancelled to the bundle.
-        let mut abandon = AbandonGuard(Some((peer.clone(), handle.id.clone())));
-        // Progress: the bundle reports against the token rmcp put in the
-        // request. Forwarded in order, ahead of the answer.
-        let mut subscription = match &call.progress {
-            Some(_) => Some(
-                session
-                    .progress
-                    .subscribe(handle.progress_token.clone())
-                    .await,
-            ),
-            None => None,
-        };
-        let response = tokio::time::timeout(timeout, handle.await_response());
-        tokio::pin!(response);
-        let mut reported = false;
-        let outcome = loop {
-            tokio::select! {
-                biased;
-                Some(p) = next_progress(&mut subscription) => {
-                    reported = true;
-                    if let Some(tx) = &call.progress {
-                        let _ = tx.send(p).await;
-                    }
-                }
-                r = &mut response => break Some(r),
-                _ = call.cancel.cancelled() => break None,
-            }
-        };
-        // rmcp hands each notification to a task of its own, so one a
-        // reporting bundle sent just before its answer may still be on its
-        // way. (Calls that reported nothing do not wait: every MCP client
-        // asks for progress, few tools send any.)
-        if let (true, Some(sub), Some(tx)) = (reported, subscription.as_mut(), &call.progress) {
-            while let Ok(Some(p)) =
-                tokio::time::timeout(PROGRESS_STRAGGLER_WAIT, futures::StreamExt::next(sub)).await
-            {
-                let _ = tx.send(p).await;
-            }
-        }
-        if let Some(Ok(_)) = &outcome {
-            abandon.0 = None;
-        }
-        drop(abandon);
-        let result = match outcome {
-            None => Err(CallError::Cancelled),
-            Some(Err(_)) => Err(CallError::Timeout(timeout)),
-            Some(Ok(Err(e)))
+    // Borrowed from a clone: the lane itself is given up early on a 401.
+    let live = lane.live.clone();
+    let session = &live.session;
+    // The caller is the bundle's client for as long as the request runs.
+    let caller = session.callers.enter(call.caller.clone());
+    let timeout = call.timeout.unwrap_or(live.timeout);
+    let mut request = first_request(&call.request);
+    let mut rounds = 0;
+    let result = loop {
+        match exchange(session, &call, request.clone(), &caller, timeout).await {
+            Err(e) => break Err(e),
+            Ok(Err(e))
                 if retry
                     && crate::bundle::connect::wants_token(
                         e.is_authorization_required(),
@@ -213,27 +153,153 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
                 });
                 return;
             }
-            Some(Ok(Err(e))) => Err(answer_error(&call.request, e)),
-            Some(Ok(Ok(result))) => {
+            Ok(Err(e)) => break Err(answer_error(&call.request, e)),
+            Ok(Ok(ServerResult::InputRequiredResult(asked))) => {
+                rounds += 1;
+                if rounds > MAX_INPUT_ROUNDS {
+                    break Err(CallError::Failed(format!(
+                        "the bundle asked for input {MAX_INPUT_ROUNDS} times in one request; bundlevisor ends it there"
+                    )));
+                }
+                match crate::bundle::client::fulfil(
+                    &call.caller,
+                    asked.input_requests.unwrap_or_default(),
+                )
+                .await
+                {
+                    Ok(responses) => request = with_input(request, responses, asked.request_state),
+                    Err(why) => break Err(CallError::Failed(why)),
+                }
+            }
+            Ok(Ok(result)) => {
                 // A subscription the bundle took is the agent's.
                 if let (BundleRequest::Mcp(request), Caller::Agent(agent)) =
                     (&call.request, &call.caller)
                 {
                     match &**request {
                         ClientRequest::SubscribeRequest(r) => {
-                            subscribers.add(&r.params.uri, agent.clone())
+                            session.subscribers.add(&r.params.uri, agent.clone())
                         }
                         ClientRequest::UnsubscribeRequest(r) => {
-                            subscribers.remove(&r.params.uri, agent)
+                            session.subscribers.remove(&r.params.uri, agent)
                         }
                         _ => {}
                     }
                 }
-                answer(&call.request, result)
+                break answer(&call.request, result);
             }
-        };
-        drop((lane, caller));
-        let _ = call.reply.send(result);
+        }
+    };
+    drop((lane, caller));
+    let _ = call.reply.send(result);
+}
+
+/// The MCP request a call first sends.
+fn first_request(request: &BundleRequest) -> ClientRequest {
+    match request {
+        BundleRequest::Tool { name, arguments } => {
+            let mut params = CallToolRequestParams::new(name.clone());
+            if let Some(arguments) = arguments.clone() {
+                params = params.with_arguments(arguments);
+            }
+            ClientRequest::CallToolRequest(rmcp::model::Request::new(params))
+        }
+        BundleRequest::Mcp(request) => (**request).clone(),
+    }
+}
+
+/// `request` again, carrying the caller's answers and the bundle's state
+/// (only `tools/call`, `prompts/get` and `resources/read` can be asked for
+/// input).
+fn with_input(
+    mut request: ClientRequest,
+    responses: InputResponses,
+    state: Option<String>,
+) -> ClientRequest {
+    match &mut request {
+        ClientRequest::CallToolRequest(r) => {
+            r.params.input_responses = Some(responses);
+            r.params.request_state = state;
+        }
+        ClientRequest::GetPromptRequest(r) => {
+            r.params.input_responses = Some(responses);
+            r.params.request_state = state;
+        }
+        ClientRequest::ReadResourceRequest(r) => {
+            r.params.input_responses = Some(responses);
+            r.params.request_state = state;
+        }
+        _ => {}
+    }
+    request
+}
+
+/// One request to the bundle and its answer: progress forwarded ahead of
+/// it, `notifications/cancelled` sent when it is abandoned (timeout,
+/// cancel). The outer error is ours (not sent, cancelled, timed out), the
+/// inner the bundle's.
+async fn exchange(
+    session: &crate::bundle::connect::Session,
+    call: &PendingCall,
+    request: ClientRequest,
+    caller: &crate::bundle::client::CallerGuard,
+    timeout: Duration,
+) -> Result<Result<ServerResult, ServiceError>, CallError> {
+    let peer = &session.peer;
+    let handle = peer
+        .send_cancellable_request(request, PeerRequestOptions::no_options())
+        .await
+        .map_err(|e| CallError::Failed(e.to_string()))?;
+    caller.sent_as(handle.id.clone());
+    // Until the answer arrives, dropping this (timeout, cancel) sends
+    // notifications/cancelled to the bundle.
+    let mut abandon = AbandonGuard(Some((peer.clone(), handle.id.clone())));
+    // Progress: the bundle reports against the token rmcp put in the
+    // request. Forwarded in order, ahead of the answer.
+    let mut subscription = match &call.progress {
+        Some(_) => Some(
+            session
+                .progress
+                .subscribe(handle.progress_token.clone())
+                .await,
+        ),
+        None => None,
+    };
+    let response = tokio::time::timeout(timeout, handle.await_response());
+    tokio::pin!(response);
+    let mut reported = false;
+    let outcome = loop {
+        tokio::select! {
+            biased;
+            Some(p) = next_progress(&mut subscription) => {
+                reported = true;
+                if let Some(tx) = &call.progress {
+                    let _ = tx.send(p).await;
+                }
+            }
+            r = &mut response => break Some(r),
+            _ = call.cancel.cancelled() => break None,
+        }
+    };
+    // rmcp hands each notification to a task of its own, so one a
+    // reporting bundle sent just before its answer may still be on its
+    // way. (Calls that reported nothing do not wait: every MCP client
+    // asks for progress, few tools send any.)
+    if let (true, Some(sub), Some(tx)) = (reported, subscription.as_mut(), &call.progress) {
+        while let Ok(Some(p)) =
+            tokio::time::timeout(PROGRESS_STRAGGLER_WAIT, futures::StreamExt::next(sub)).await
+        {
+            let _ = tx.send(p).await;
+        }
+    }
+    if let Some(Ok(_)) = &outcome {
+        abandon.0 = None;
+    }
+    drop(abandon);
+    match outcome {
+        None => Err(CallError::Cancelled),
+        Some(Err(_)) => Err(CallError::Timeout(timeout)),
+        Some(Ok(answer)) => Ok(answer),
     }
 }
 

@@ -183,6 +183,10 @@ impl BundleActorState {
             sandbox: self.sandbox.clone(),
             usage: None,
             archive: self.archive.clone(),
+            mcp: live.map(|l| crate::protocol::McpRevision {
+                revision: l.session.revision.to_string(),
+                why: l.session.revision_why.clone(),
+            }),
         }
     }
 
@@ -658,7 +662,8 @@ fn watch_exit(live: &Live, myself: ActorRef<BundleMsg>) {
     });
 }
 
-/// Pings the bundle every `ping_interval` while it is ready; after
+/// Pings the bundle (`ping`; on MCP 2026-07-28, `server/discover`) every
+/// `ping_interval` while it is ready; after
 /// `ping_failures` failures in a row it reports the bundle unresponsive.
 fn spawn_pinger(
     peer: Peer<RoleClient>,
@@ -676,10 +681,21 @@ fn spawn_pinger(
         let mut failures = 0;
         loop {
             ticks.tick().await;
-            let ping = ClientRequest::PingRequest(PingRequest {
-                method: Default::default(),
-                extensions: Default::default(),
-            });
+            // MCP 2026-07-28 has no `ping`: `server/discover`, which every
+            // server of that revision must answer, is the cheap request.
+            let modern = peer
+                .peer_info()
+                .is_some_and(|i| i.protocol_version >= rmcp::model::ProtocolVersion::V_2026_07_28);
+            let ping = if modern {
+                ClientRequest::DiscoverRequest(rmcp::model::DiscoverRequest::new(
+                    rmcp::model::DiscoverRequestParams::default(),
+                ))
+            } else {
+                ClientRequest::PingRequest(PingRequest {
+                    method: Default::default(),
+                    extensions: Default::default(),
+                })
+            };
             let last = match tokio::time::timeout(timeout, peer.send_request(ping)).await {
                 Ok(Ok(_)) => {
                     failures = 0;

@@ -262,6 +262,7 @@ pub async fn start(
         bearer: None,
         max_message_bytes: shared.config.bundles.max_message_bytes,
         sandbox,
+        legacy: legacy_revision(&loaded.manifest),
     };
     let (session, reauthorized) = match &plan {
         Plan::Stdio(_) => match connect(&plan, host, &opts).await {
@@ -561,20 +562,7 @@ async fn connect_with_auth(
             Err(e) => return Err(transient(plan, e)),
         }
     };
-    let needs_auth = |why: &str| {
-        StartFailure {
-        kind: FailKind::NeedsAuth,
-        reason: format!(
-            "the remote server {} requires authorization ({why}); run `bundlevisor auth {name} -w {workspace}`",
-            remote.url
-        ),
-    }
-    };
-    let save = |tokens: TokenSet| {
-        shared.credentials_of(workspace, name, move |c, w, n| {
-            c.set_tokens(w, n, Some(&tokens))
-        })
-    };
+    let needs_auth = |why: &str| needs_auth(&remote.url, (workspace, name), why);
     let http = crate::oauth::http_client();
     let (mut stored, mut challenge) = (stored, challenge);
     // Kept with the tokens: `bundlevisor auth` discovers from it and asks
@@ -598,14 +586,11 @@ async fn connect_with_auth(
                 Ok(Silent::Tokens(tokens)) => tokens,
             };
         opts.bearer = tokens.access_token.clone();
-        save(tokens.clone()).await.map_err(|e| StartFailure {
-            kind: FailKind::Transient,
-            reason: format!("cannot store the new token: {e}"),
-        })?;
+        store_tokens(shared, (workspace, name), tokens.clone()).await?;
         tracing::info!(
             workspace,
             bundle = name,
-            "new token obtained; rebuilding the session"
+            "new token; rebuilding the session"
         );
         match connect(plan, host.clone(), &opts).await {
             Ok(session) => return Ok((session, true)),
@@ -650,6 +635,16 @@ async fn connect_with_auth(
         }
     }
     unreachable!("the last attempt returns")
+}
+
+/// A remote bundle that waits for `bundlevisor auth`, and why.
+fn needs_auth(url: &str, (workspace, name): (&str, &str), why: &str) -> StartFailure {
+    StartFailure {
+        kind: FailKind::NeedsAuth,
+        reason: format!(
+            "the remote server {url} requires authorization ({why}); run `bundlevisor auth {name} -w {workspace}`"
+        ),
+    }
 }
 
 /// A silent grant that failed. A URL or metadata the rules refuse does not
@@ -697,6 +692,23 @@ fn refused_silently(stored: &TokenSet, challenge: Option<&str>, why: String) -> 
 }
 
 /// Stores `tokens` for the bundle; a failure to (`what`) is logged only.
+/// Stores a new token set; a start that cannot is retried later.
+async fn store_tokens(
+    shared: &Shared,
+    (workspace, name): (&str, &str),
+    tokens: TokenSet,
+) -> Result<(), StartFailure> {
+    shared
+        .credentials_of(workspace, name, move |c, w, n| {
+            c.set_tokens(w, n, Some(&tokens))
+        })
+        .await
+        .map_err(|e| StartFailure {
+            kind: FailKind::Transient,
+            reason: format!("cannot store the new token: {e}"),
+        })
+}
+
 async fn keep_tokens(
     shared: &Shared,
     (workspace, name): (&str, &str),
@@ -711,4 +723,21 @@ async fn keep_tokens(
     if let Err(e) = stored {
         tracing::warn!(workspace, bundle = name, "cannot {what}: {e}");
     }
+}
+
+/// Why a bundle is spoken to in MCP 2025-11-25 only, if it is: its manifest
+/// declares `ai.nimblebrain/host-resources` (required or not), whose
+/// requests from bundle to host have no path on 2026-07-28 (a stdio server
+/// must not write requests there; docs/host-resources.md).
+fn legacy_revision(manifest: &crate::manifest::Manifest) -> Option<String> {
+    let declared = manifest.host.as_ref().is_some_and(|h| {
+        h.capabilities
+            .contains_key(crate::host_resources::EXTENSION)
+    });
+    declared.then(|| {
+        format!(
+            "kept on MCP 2025-11-25: its manifest declares {}, whose requests from bundle to host have no path on 2026-07-28",
+            crate::host_resources::EXTENSION
+        )
+    })
 }

@@ -1,0 +1,44 @@
+"""A bundle on the Python SDK `mcp` 2.3.0 `MCPServer`, which speaks MCP
+2026-07-28 and 2025-11-25: `greet` elicits a name and `ponder` samples the
+client's model, through the SDK's resolvers (on 2026-07-28 they answer
+`input_required` and resume on the retry; on 2025-11-25 they send a request
+mid-call). tests/rounds.rs runs it as a bundle (the daemon is its client)."""
+from typing import Annotated
+
+from mcp.server.mcpserver import Context, Elicit, MCPServer, Resolve
+from mcp.server.mcpserver.resolve import Sample
+from mcp_types import CreateMessageResult, SamplingMessage, TextContent
+from pydantic import BaseModel
+
+server = MCPServer("py-asker")
+
+
+class Name(BaseModel):
+    name: str
+
+
+def ask_name() -> Elicit[Name]:
+    return Elicit("what is your name?", Name)
+
+
+def ask_model(question: str) -> Sample:
+    return Sample(
+        [SamplingMessage(role="user", content=TextContent(type="text", text=question))],
+        max_tokens=50,
+    )
+
+
+@server.tool()
+async def greet(name: Annotated[Name, Resolve(ask_name)], ctx: Context) -> str:
+    """Ask the client for a name (elicitation), then greet it."""
+    return f"hello {name.name} (on {ctx.protocol_version})"
+
+
+@server.tool()
+async def ponder(question: str, reply: Annotated[CreateMessageResult, Resolve(ask_model)], ctx: Context) -> str:
+    """Ask the client's model the question (sampling), then answer with its reply."""
+    return f"the model said {reply.content.text} (on {ctx.protocol_version})"
+
+
+if __name__ == "__main__":
+    server.run("stdio")
