@@ -115,7 +115,7 @@ run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is
 	target/release/bundlevisor daemon --config $(CONFIG)
 
 .PHONY: test
-test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers k8s-validate container-base mcp-py2 mcp-py2-bundle fastmcp ts-sdk2 ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client and the mcpb CLI included
+test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers k8s-validate container-base mcp-py2 mcp-py2-bundle asker-bundles fastmcp ts-sdk2 ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client and the mcpb CLI included
 	$(CARGO) test --all-targets --features fault-injection
 
 # The gateways an operator would otherwise put in front of a stdio server,
@@ -174,6 +174,53 @@ $(MCP_PY2_BUNDLE)/.installed: tests/mcp-py2/requirements.lock tests/mcp-py2/bund
 	$(PYTHON) -m venv $(MCP_PY2_BUNDLE)/.venv
 	$(MCP_PY2_BUNDLE)/.venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
 	touch $@
+
+# Bundles that ask their client for input on three more SDKs, for the
+# multi-round-trip matrix (tests/rounds_matrix.rs): each has `greet`
+# (elicits a name) and `ponder` (samples), and is built into
+# target/NAME-bundle with everything it runs inside its folder.
+# fastmcp-asker: fastmcp 4.1.6 (tests/fastmcp/bundle, its venv pinned by
+# tests/fastmcp/requirements.lock); ts1-asker: the TypeScript SDK 1.32.2
+# server (tests/ts-sdk/bundle); ts2-asker: the TypeScript SDK 2 server
+# 2.4.0 (tests/ts-sdk2/bundle); the node bundles pinned by their
+# package-lock.json. The matrix's TypeScript agents are placed beside the
+# clients they import (target/ts-sdk, target/ts-sdk2).
+ASKER_BUNDLES := fastmcp-asker ts1-asker ts2-asker
+
+.PHONY: asker-bundles
+asker-bundles: $(ASKER_BUNDLES:%=target/%-bundle/.installed) target/ts-sdk/matrix.mjs target/ts-sdk2/matrix.mjs ## Bundles on fastmcp 4.1.6 and the TypeScript SDKs 1.32.2 and 2.4.0 that elicit and sample, pinned, for the multi-round-trip matrix
+
+target/fastmcp-asker-bundle/.installed: tests/fastmcp/requirements.lock tests/fastmcp/bundle/server.py tests/fastmcp/bundle/manifest.json
+	rm -rf target/fastmcp-asker-bundle
+	mkdir -p target/fastmcp-asker-bundle/server
+	cp tests/fastmcp/bundle/manifest.json target/fastmcp-asker-bundle/
+	cp tests/fastmcp/bundle/server.py target/fastmcp-asker-bundle/server/main.py
+	$(PYTHON) -m venv target/fastmcp-asker-bundle/.venv
+	target/fastmcp-asker-bundle/.venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
+	touch $@
+
+# $(call node_asker_bundle,SOURCE,BUNDLE): a node bundle built from its
+# source folder (manifest.json, package.json, package-lock.json, server.mjs).
+define node_asker_bundle
+rm -rf $(2)
+mkdir -p $(2)/server
+cp $(1)/manifest.json $(1)/package.json $(1)/package-lock.json $(2)/
+cp $(1)/server.mjs $(2)/server/index.mjs
+cd $(2) && $(NPM) ci --no-audit --no-fund --ignore-scripts --loglevel=error
+touch $(2)/.installed
+endef
+
+target/ts1-asker-bundle/.installed: $(addprefix tests/ts-sdk/bundle/,manifest.json package.json package-lock.json server.mjs)
+	$(call node_asker_bundle,tests/ts-sdk/bundle,target/ts1-asker-bundle)
+
+target/ts2-asker-bundle/.installed: $(addprefix tests/ts-sdk2/bundle/,manifest.json package.json package-lock.json server.mjs)
+	$(call node_asker_bundle,tests/ts-sdk2/bundle,target/ts2-asker-bundle)
+
+target/ts-sdk/matrix.mjs: tests/ts-sdk/matrix.mjs target/ts-sdk/.installed
+	cp $< $@
+
+target/ts-sdk2/matrix.mjs: tests/ts-sdk2/matrix.mjs target/ts-sdk2/.installed
+	cp $< $@
 
 # fastmcp 4.1.6, whose Client picks MCP 2026-07-28 when the server offers
 # it, for the agents test (tests/fastmcp/agent.py, tests/agents_2026.rs).
