@@ -477,3 +477,48 @@ fn results_and_errors_match_the_golden_wire_shapes() {
     shape["data"]["retryAfterMs"] = json!("<ms>");
     golden("error_rate_limited", &shape);
 }
+
+/// Issue 32, point 4: a bundle that speaks MCP 2026-07-28 only (the demo
+/// with `DEMO_ONLY_2026=1` refuses `initialize`), where a stdio server
+/// must not write requests to stdout, reads and lists its workspace's
+/// files on the host-resources channel the daemon gives it (descriptor 3,
+/// `NIMBLEBRAIN_HOST_CHANNEL_FD`), with the contract's answers and errors.
+#[test]
+fn a_bundle_on_2026_07_28_reads_and_lists_on_the_host_channel() {
+    let d = Daemon::start();
+    let mut manifest: Value = serde_json::from_str(common::DEMO_MANIFEST).unwrap();
+    manifest["name"] = json!("modern");
+    manifest["server"]["mcp_config"]["env"]["DEMO_ONLY_2026"] = json!("1");
+    let dir = common::write_bundle(&d.root().join("bundles"), "modern", &manifest);
+    d.ok(&["install", dir.to_str().unwrap()]);
+    let status = d.bundle("default", "modern").unwrap();
+    assert_eq!(status["mcp"]["revision"], "2026-07-28", "{status}");
+    let env = d.ok(&[
+        "call",
+        "modern",
+        "env",
+        r#"{"name": "NIMBLEBRAIN_HOST_CHANNEL_FD"}"#,
+    ]);
+    assert!(env.contains('3'), "{env}");
+
+    let id = d.put_file("channel.txt", b"read on the channel");
+    let read = d.ok(&[
+        "call",
+        "modern",
+        "host_read",
+        &json!({"uri": format!("files://{id}")}).to_string(),
+    ]);
+    assert!(read.contains("read on the channel"), "{read}");
+    let list = d.ok(&["call", "modern", "host_list", "{}"]);
+    assert!(list.contains(&id) && list.contains("channel.txt"), "{list}");
+    // The contract's errors, as in-band: a file that does not exist.
+    let out = d.cli(&[
+        "call",
+        "modern",
+        "host_read",
+        r#"{"uri": "files://fl_000000000000000000000000"}"#,
+    ]);
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("-32002"), "{text}");
+}

@@ -298,8 +298,6 @@ impl Cgroups {
         bundle: &str,
         limits: CgroupLimits,
     ) -> Result<Option<BundleCgroup>, CgroupError> {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static STARTS: AtomicU64 = AtomicU64::new(1);
         if !self.available() {
             if self.mode == Enforcement::Required {
                 return Err(CgroupError::Required(self.containment.clone()));
@@ -325,8 +323,7 @@ impl Cgroups {
             std::fs::create_dir_all(dir).map_err(io(dir))?;
         }
         let limits = bundle_dirs.apply(limits);
-        let leaf = format!("g{}", STARTS.fetch_add(1, Ordering::Relaxed));
-        let mut cg = bundle_dirs.with_leaf(std::ffi::OsStr::new(&leaf));
+        let mut cg = bundle_dirs.with_leaf(&next_leaf());
         for dir in cg.dirs() {
             std::fs::create_dir(&dir).map_err(io(&dir))?;
         }
@@ -418,6 +415,13 @@ fn describe(
     }
 }
 
+/// The name of a start's folder: `gN`, N counting the daemon's starts.
+fn next_leaf() -> std::ffi::OsString {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static STARTS: AtomicU64 = AtomicU64::new(1);
+    format!("g{}", STARTS.fetch_add(1, Ordering::Relaxed)).into()
+}
+
 /// One start's cgroup: its leaf folder in each hierarchy, below the
 /// bundle's folder (limits, usage and the OOM count are the bundle's).
 #[derive(Debug, Clone)]
@@ -468,6 +472,17 @@ impl BundleCgroup {
             oom_before: 0,
             limits: Vec::new(),
         }
+    }
+
+    /// A folder for another start of the same bundle in the same place
+    /// (a start tried again at once: the first one's folder goes with its
+    /// process).
+    pub fn next_start(&self) -> std::io::Result<BundleCgroup> {
+        let cg = self.with_leaf(&next_leaf());
+        for dir in cg.dirs() {
+            std::fs::create_dir(&dir)?;
+        }
+        Ok(cg)
     }
 
     fn with_leaf(&self, leaf: &std::ffi::OsStr) -> BundleCgroup {

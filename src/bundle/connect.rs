@@ -30,6 +30,7 @@ use crate::manifest::{LaunchPlan, Plan, RemotePlan};
 use crate::secret::Secret;
 
 /// What [`connect`] needs besides the launch plan.
+#[derive(Clone)]
 pub struct ConnectOptions {
     /// Where the bundle's stderr goes.
     pub log: LogTarget,
@@ -50,6 +51,9 @@ pub struct ConnectOptions {
     /// why: a bundle that uses host-resources, whose requests from bundle to
     /// host have no path on 2026-07-28.
     pub legacy: Option<String>,
+    /// Give a stdio bundle the host-resources channel (its descriptor 3;
+    /// [`super::channel`]): one whose manifest declares host-resources.
+    pub host_channel: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -132,10 +136,7 @@ pub async fn connect(
     opts: &ConnectOptions,
 ) -> Result<Session, ConnectError> {
     let requester = host.requester().clone();
-    let client = BundleClient::new(
-        host.clone(),
-        crate::host_resources::capability(&opts.host_resources),
-    );
+    let client = bundle_client(plan, &host, opts);
     let first = match plan {
         Plan::Stdio(plan) => {
             connect_stdio(
@@ -152,25 +153,63 @@ pub async fn connect(
             connect_remote(plan, client, &requester, opts, opts.legacy.as_deref()).await
         }
     };
-    // A bundle that fails the 2026-07-28 handshake in a way rmcp does not
-    // take for "legacy" (a server that answers `server/discover` with an
-    // empty result, say) is started again with `initialize`.
+    // A bundle that fails the handshake is started again with the other:
+    // one that fails the 2026-07-28 handshake in a way rmcp does not take
+    // for "legacy" (it answers `server/discover` with an empty result, say)
+    // with `initialize`; a host-resources bundle that refuses `initialize`
+    // (it speaks 2026-07-28 only) with `server/discover`, its host-resources
+    // requests then on its channel.
     let message = match first {
-        Err(ConnectError::Handshake { message, .. }) if opts.legacy.is_none() => message,
+        Err(ConnectError::Handshake { message, .. }) => message,
+        // A server of the new revision only may end at an `initialize`.
+        Err(e @ ConnectError::Exited { .. }) if opts.legacy.is_some() => e.to_string(),
         other => return other,
     };
+    let (why, again) = match &opts.legacy {
+        None => (
+            Some(format!(
+                "it failed the MCP 2026-07-28 handshake ({message}); spoken to with initialize"
+            )),
+            "initialize (2025-11-25)",
+        ),
+        Some(_) => (None, "server/discover (2026-07-28)"),
+    };
     tracing::info!(workspace = %requester.workspace, bundle = %requester.bundle,
-        "the bundle failed the MCP 2026-07-28 handshake ({message}); starting it again with initialize (2025-11-25)");
-    let why =
-        format!("it failed the MCP 2026-07-28 handshake ({message}); spoken to with initialize");
-    let client = BundleClient::new(
-        host.clone(),
-        crate::host_resources::capability(&opts.host_resources),
-    );
-    match plan {
-        Plan::Stdio(plan) => connect_stdio(plan, client, host, &requester, opts, Some(&why)).await,
-        Plan::Remote(plan) => connect_remote(plan, client, &requester, opts, Some(&why)).await,
+        "the bundle failed the MCP handshake ({message}); starting it again with {again}");
+    // A stdio bundle's start had a cgroup folder of its own, which went
+    // with its process: the new start gets another.
+    let mut opts = opts.clone();
+    if let Some(cg) = opts.sandbox.as_mut().and_then(|s| s.cgroup.as_mut()) {
+        *cg = Arc::new(cg.next_start().map_err(|e| ConnectError::Handshake {
+            message: format!("{message}; and no cgroup folder for a second start: {e}"),
+            stderr: None,
+        })?);
     }
+    let opts = &opts;
+    let client = bundle_client(plan, &host, opts);
+    match plan {
+        Plan::Stdio(plan) => {
+            connect_stdio(plan, client, host, &requester, opts, why.as_deref()).await
+        }
+        Plan::Remote(plan) => connect_remote(plan, client, &requester, opts, why.as_deref()).await,
+    }
+}
+
+/// The daemon's client of the bundle: host-resources declared in its
+/// capabilities, with the channel a stdio bundle that declares the
+/// extension gets (`"channel": {"fd": 3, "env": …}`).
+fn bundle_client(plan: &Plan, host: &HostContext, opts: &ConnectOptions) -> BundleClient {
+    let mut extension = crate::host_resources::capability(&opts.host_resources);
+    if opts.host_channel && matches!(plan, Plan::Stdio(_)) {
+        extension.insert(
+            "channel".into(),
+            serde_json::json!({
+                "fd": super::spawn::CHANNEL_FD,
+                "env": super::channel::CHANNEL_ENV,
+            }),
+        );
+    }
+    BundleClient::new(host.clone(), extension)
 }
 
 /// Why `initialize` + `tools/list` did not complete.
@@ -245,7 +284,25 @@ async fn connect_stdio(
             );
         }
     }
-    let spawned = process::spawn(plan, opts.sandbox.as_ref())?;
+    // The host-resources channel, for a bundle on 2026-07-28 (the bundle's
+    // end is closed here once it has it).
+    let channel = if opts.host_channel {
+        Some(super::channel::pair().map_err(|e| SpawnError {
+            command: plan.command.clone(),
+            cwd: plan.cwd.clone(),
+            source: e,
+        })?)
+    } else {
+        None
+    };
+    let spawned = process::spawn(plan, opts.sandbox.as_ref(), channel.as_ref().map(|c| &c.1))?;
+    if let Some((ours, _theirs)) = channel {
+        tokio::spawn(super::channel::serve(
+            ours,
+            host.clone(),
+            opts.max_message_bytes,
+        ));
+    }
     let stderr = process::capture_stderr(
         spawned.stderr,
         opts.log.clone(),

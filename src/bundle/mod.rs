@@ -2,13 +2,15 @@
 //! ([`connect::connect`]), the bundle's child process ([`process`]), its
 //! stdio transport, which answers the bundle's host-resources requests
 //! ([`transport`]), and the MCP client handler, which answers them for a
-//! remote bundle ([`client`]).
+//! remote bundle ([`client`]); the host-resources channel of a bundle on
+//! MCP 2026-07-28 ([`channel`]).
 //!
 //! Architecture invariant: [`connect::connect`] is the only place that
 //! constructs a bundle's MCP client and stdio transport, and it cannot be
 //! called without a [`client::HostContext`].
 
 pub mod cgroup;
+pub mod channel;
 pub mod client;
 pub mod connect;
 pub mod guard;

@@ -179,6 +179,7 @@ pub fn bundle_env(plan: &LaunchPlan) -> Vec<(String, String)> {
 pub(super) fn spawn(
     plan: &LaunchPlan,
     sandbox: Option<&super::sandbox::Sandbox>,
+    channel: Option<&std::os::fd::OwnedFd>,
 ) -> Result<Spawned, SpawnError> {
     let spawn_error = |source| SpawnError {
         command: plan.command.clone(),
@@ -221,6 +222,11 @@ pub(super) fn spawn(
                 .map_err(|e| spawn_error(std::io::Error::other(e)))?;
         }
     }
+    if channel.is_some() {
+        env.retain(|(k, _)| k != super::channel::CHANNEL_ENV);
+        let fd = super::spawn::CHANNEL_FD.to_string();
+        env.push((super::channel::CHANNEL_ENV.into(), fd.into()));
+    }
     let launch = super::spawn::Launch {
         program: plan.command.as_ref(),
         args: &plan.args,
@@ -230,6 +236,7 @@ pub(super) fn spawn(
         limits,
         ruleset: ruleset.as_ref(),
         cgroups: &cgroup_files,
+        fd3: channel,
     };
     let spawning = super::orphans::spawning();
     let (child, stdin, stdout, stderr) = super::spawn::spawn(&launch).map_err(spawn_error)?;
@@ -718,7 +725,7 @@ mod tests {
         forked.status().unwrap();
         let baseline = FORKS.with(|f| f.get());
         assert!(baseline >= 1, "the atfork handler never ran");
-        let s = spawn(&plan("exit 3"), None).unwrap();
+        let s = spawn(&plan("exit 3"), None, None).unwrap();
         assert_eq!(FORKS.with(|f| f.get()), baseline, "the start forked");
         let life = Lifeline::watch(s.child, s.pid, None, Tree::default());
         assert_eq!(life.wait().await.code, Some(3));
@@ -729,17 +736,17 @@ mod tests {
     /// SIGKILL), nor the daemon's ignored SIGPIPE.
     #[tokio::test]
     async fn a_bundle_starts_with_no_signal_blocked_or_ignored() {
-        let s = spawn(&plan("kill -TERM $$; exit 0"), None).unwrap();
+        let s = spawn(&plan("kill -TERM $$; exit 0"), None, None).unwrap();
         let life = Lifeline::watch(s.child, s.pid, None, Tree::default());
         assert_eq!(life.wait().await.signal, Some(nix::libc::SIGTERM));
-        let s = spawn(&plan("kill -PIPE $$; exit 0"), None).unwrap();
+        let s = spawn(&plan("kill -PIPE $$; exit 0"), None, None).unwrap();
         let life = Lifeline::watch(s.child, s.pid, None, Tree::default());
         assert_eq!(life.wait().await.signal, Some(nix::libc::SIGPIPE));
     }
 
     #[tokio::test]
     async fn exit_is_seen_and_reports_the_code() {
-        let s = spawn(&plan("exit 7"), None).unwrap();
+        let s = spawn(&plan("exit 7"), None, None).unwrap();
         let life = Lifeline::watch(s.child, s.pid, None, Tree::default());
         assert_eq!(
             life.wait().await,
@@ -760,7 +767,7 @@ mod tests {
             "trap '' TERM; sh -c 'trap \"\" TERM; echo $$ > {p}; while :; do sleep 1; done' & while :; do sleep 1; done",
             p = pidfile.display()
         );
-        let s = spawn(&plan(&script), None).unwrap();
+        let s = spawn(&plan(&script), None, None).unwrap();
         let life = Lifeline::watch(s.child, s.pid, None, Tree::default());
         let grandchild = poll_file(&pidfile).await;
         assert!(alive(grandchild));
@@ -774,7 +781,7 @@ mod tests {
 
     #[tokio::test]
     async fn dropping_the_lifeline_kills_the_group() {
-        let s = spawn(&plan("while :; do sleep 1; done"), None).unwrap();
+        let s = spawn(&plan("while :; do sleep 1; done"), None, None).unwrap();
         let pid = s.pid;
         let life = Lifeline::watch(s.child, s.pid, None, Tree::default());
         let observer = life.observer();
@@ -786,7 +793,7 @@ mod tests {
     #[tokio::test]
     async fn environment_is_scrubbed_to_the_allowlist_plus_bundle_env() {
         std::env::set_var("BUNDLEVISOR_TEST_LEAK", "leaked");
-        let s = spawn(&plan("env"), None).unwrap();
+        let s = spawn(&plan("env"), None, None).unwrap();
         let mut out = String::new();
         let mut stdout = s.stdout;
         tokio::io::AsyncReadExt::read_to_string(&mut stdout, &mut out)

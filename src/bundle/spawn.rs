@@ -48,7 +48,12 @@ pub struct Launch<'a> {
     pub ruleset: Option<&'a OwnedFd>,
     /// cgroup.procs files to join (opened by the daemon, which may write them).
     pub cgroups: &'a [OwnedFd],
+    /// Given to the bundle as its descriptor 3 (the host-resources channel).
+    pub fd3: Option<&'a OwnedFd>,
 }
+
+/// The descriptor number a bundle gets [`Launch::fd3`] as.
+pub const CHANNEL_FD: RawFd = 3;
 
 /// A spawned bundle process: its pid and a way to wait for its exit.
 pub struct Process {
@@ -134,6 +139,7 @@ fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
 /// What the child needs, all of it ready before the clone.
 struct ChildPlan {
     stdio: [RawFd; 3],
+    fd3: Option<RawFd>,
     report: RawFd,
     cgroups: Vec<RawFd>,
     ruleset: Option<RawFd>,
@@ -203,12 +209,25 @@ pub fn spawn(launch: &Launch) -> std::io::Result<(Process, ChildStdin, ChildStdo
         v.push(std::ptr::null());
         v
     };
+    // The child's dup2 onto 3 would close whatever else it had there (the
+    // daemon opens its own long-lived files at start, so pipes made now do
+    // not get 3; said, should that change).
+    let in_use = [report_w.as_raw_fd()]
+        .into_iter()
+        .chain(launch.cgroups.iter().map(AsRawFd::as_raw_fd))
+        .chain(launch.ruleset.map(AsRawFd::as_raw_fd));
+    if launch.fd3.is_some() && in_use.into_iter().any(|fd| fd == CHANNEL_FD) {
+        return Err(std::io::Error::other(
+            "descriptor 3, which the bundle gets its host channel as, is one the start needs",
+        ));
+    }
     let plan = ChildPlan {
         stdio: [
             stdin_r.as_raw_fd(),
             stdout_w.as_raw_fd(),
             stderr_w.as_raw_fd(),
         ],
+        fd3: launch.fd3.map(AsRawFd::as_raw_fd),
         report: report_w.as_raw_fd(),
         cgroups: launch.cgroups.iter().map(AsRawFd::as_raw_fd).collect(),
         ruleset: launch.ruleset.map(AsRawFd::as_raw_fd),
@@ -348,6 +367,16 @@ fn confine_and_exec(plan: &ChildPlan) -> Result<std::convert::Infallible, Step> 
             };
             if done < 0 {
                 return Err(errno("stdio"));
+            }
+        }
+        if let Some(fd) = plan.fd3 {
+            let done = if fd == CHANNEL_FD {
+                libc::fcntl(CHANNEL_FD, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, CHANNEL_FD)
+            };
+            if done < 0 {
+                return Err(errno("host channel"));
             }
         }
         if libc::setsid() < 0 {

@@ -127,12 +127,92 @@ struct HostListArgs {
     params: Option<serde_json::Map<String, serde_json::Value>>,
 }
 
-/// Sends a host-resources request to the client and renders the outcome.
-async fn ask_host(
-    peer: &Peer<RoleServer>,
+/// The host-resources channel of a bundle on MCP 2026-07-28
+/// (docs/host-resources.md): the descriptor the host names in
+/// `NIMBLEBRAIN_HOST_CHANNEL_FD`, JSON-RPC requests and answers one per
+/// line. One request at a time here (a demo).
+struct Channel {
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::net::unix::OwnedReadHalf>>,
+    write: tokio::net::unix::OwnedWriteHalf,
+    next_id: u64,
+}
+
+static CHANNEL: tokio::sync::OnceCell<Option<tokio::sync::Mutex<Channel>>> =
+    tokio::sync::OnceCell::const_new();
+
+async fn channel() -> Option<&'static tokio::sync::Mutex<Channel>> {
+    use std::os::fd::FromRawFd;
+    CHANNEL
+        .get_or_init(|| async {
+            let fd: i32 = std::env::var("NIMBLEBRAIN_HOST_CHANNEL_FD")
+                .ok()?
+                .parse()
+                .ok()?;
+            // SAFETY: the host gave this process the descriptor for this use.
+            let socket = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
+            socket.set_nonblocking(true).ok()?;
+            let (read, write) = tokio::net::UnixStream::from_std(socket).ok()?.into_split();
+            let lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(read));
+            Some(tokio::sync::Mutex::new(Channel {
+                lines,
+                write,
+                next_id: 1,
+            }))
+        })
+        .await
+        .as_ref()
+}
+
+/// A host-resources request on the channel: the answer's `result`, or its
+/// `error` as the tool error.
+async fn over_channel(
+    channel: &tokio::sync::Mutex<Channel>,
     method: &str,
     params: serde_json::Value,
 ) -> CallToolResult {
+    use tokio::io::AsyncWriteExt;
+    let mut channel = channel.lock().await;
+    let id = channel.next_id;
+    channel.next_id += 1;
+    let mut line =
+        serde_json::json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params})
+            .to_string();
+    line.push('\n');
+    if let Err(e) = channel.write.write_all(line.as_bytes()).await {
+        return CallToolResult::error(vec![ContentBlock::text(format!("channel: {e}"))]);
+    }
+    let answer = match channel.lines.next_line().await {
+        Ok(Some(answer)) => answer,
+        Ok(None) => return CallToolResult::error(vec![ContentBlock::text("channel closed")]),
+        Err(e) => return CallToolResult::error(vec![ContentBlock::text(format!("channel: {e}"))]),
+    };
+    let answer: serde_json::Value = serde_json::from_str(&answer).unwrap_or_default();
+    match answer.get("result") {
+        Some(result) => CallToolResult::success(vec![ContentBlock::text(result.to_string())]),
+        None => CallToolResult::error(vec![ContentBlock::text(answer["error"].to_string())]),
+    }
+}
+
+/// Sends a host-resources request to the client and renders the outcome:
+/// in-band on MCP 2025-11-25, on the host's channel on 2026-07-28 (where a
+/// stdio server must not send requests).
+async fn ask_host(
+    context: &RequestContext<RoleServer>,
+    method: &str,
+    params: serde_json::Value,
+) -> CallToolResult {
+    let modern = context
+        .protocol_version()
+        .is_some_and(|v| v >= rmcp::model::ProtocolVersion::V_2026_07_28);
+    if modern {
+        return match channel().await {
+            Some(channel) => over_channel(channel, method, params).await,
+            None => CallToolResult::error(vec![ContentBlock::text(
+                "on MCP 2026-07-28 and the host gave no host-resources channel",
+            )]),
+        };
+    }
+    let peer = &context.peer;
     let request = ServerRequest::CustomRequest(CustomRequest::new(method, Some(params)));
     match peer.send_request(request).await {
         Ok(ClientResult::CustomResult(CustomResult(v))) => {
@@ -335,11 +415,11 @@ impl Demo {
     #[tool(description = "Read a workspace file through ai.nimblebrain/resources/read")]
     async fn host_read(
         &self,
-        peer: Peer<RoleServer>,
+        context: RequestContext<RoleServer>,
         Parameters(args): Parameters<HostReadArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         Ok(ask_host(
-            &peer,
+            &context,
             "ai.nimblebrain/resources/read",
             serde_json::json!({ "uri": args.uri }),
         )
@@ -398,11 +478,11 @@ impl Demo {
     #[tool(description = "List workspace files through ai.nimblebrain/resources/list")]
     async fn host_list(
         &self,
-        peer: Peer<RoleServer>,
+        context: RequestContext<RoleServer>,
         Parameters(args): Parameters<HostListArgs>,
     ) -> Result<CallToolResult, ErrorData> {
         let params = serde_json::Value::Object(args.params.unwrap_or_default());
-        Ok(ask_host(&peer, "ai.nimblebrain/resources/list", params).await)
+        Ok(ask_host(&context, "ai.nimblebrain/resources/list", params).await)
     }
 
     #[tool(description = "Read an environment variable of the bundle process")]
@@ -417,6 +497,24 @@ impl Demo {
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Demo {
+    /// With `DEMO_ONLY_2026=1` the demo speaks MCP 2026-07-28 only: it
+    /// refuses `initialize` (a bundle of the new revision, for the
+    /// host-resources channel's test).
+    async fn initialize(
+        &self,
+        request: rmcp::model::InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::InitializeResult, ErrorData> {
+        if std::env::var("DEMO_ONLY_2026").is_ok_and(|v| v == "1") {
+            return Err(ErrorData::invalid_request(
+                "this server speaks MCP 2026-07-28 only: use server/discover",
+                None,
+            ));
+        }
+        context.peer.set_peer_info(request.clone());
+        self.negotiate_initialize(&request)
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(
             ServerCapabilities::builder()

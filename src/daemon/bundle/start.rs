@@ -263,6 +263,7 @@ pub async fn start(
         max_message_bytes: shared.config.bundles.max_message_bytes,
         sandbox,
         legacy: legacy_revision(&loaded.manifest),
+        host_channel: legacy_revision(&loaded.manifest).is_some(),
     };
     let (session, reauthorized) = match &plan {
         Plan::Stdio(_) => match connect(&plan, host, &opts).await {
