@@ -560,20 +560,12 @@ fn a_python_sdk_2_3_agent_on_2026_07_28_lists_calls_and_reads() {
     let (d, base) = daemon();
     let t = token(&d, &[]);
     let id = d.put_file("py2.txt", b"read by mcp 2.3.0");
-    let root = env!("CARGO_MANIFEST_DIR");
-    let out = std::process::Command::new(format!("{root}/target/mcp-py2/venv/bin/python"))
-        .arg(format!("{root}/tests/mcp-py2/agent.py"))
-        .args([format!("{base}/mcp/default"), t, id])
-        .output()
-        .expect("run `make mcp-py2` first");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let said: Vec<&str> = stdout.lines().collect();
-    assert_eq!(said[0], "protocol 2026-07-28", "{stdout}");
-    assert!(said[1].contains("demo__echo"), "{stdout}");
-    assert_eq!(said[2], "call from mcp 2.3.0", "{stdout}");
-    assert_eq!(said[3], "read read by mcp 2.3.0", "{stdout}");
+    let url = format!("{base}/mcp/default");
+    let said = common::mcp_py2("tests/mcp-py2/agent.py", &[&url, &t, &id]);
+    assert_eq!(said[0], "protocol 2026-07-28", "{said:?}");
+    assert!(said[1].contains("demo__echo"), "{said:?}");
+    assert_eq!(said[2], "call from mcp 2.3.0", "{said:?}");
+    assert_eq!(said[3], "read read by mcp 2.3.0", "{said:?}");
 }
 
 /// A request on session `session` with token `token`: its status and body.

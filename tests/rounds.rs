@@ -69,6 +69,11 @@ fn retry_of(bundle: &str, times: u32, state: &Value, responses: Value) -> Value 
     })
 }
 
+/// The message of a JSON-RPC error answer ("" for a result).
+fn error_of(answer: &Value) -> &str {
+    answer["error"]["message"].as_str().unwrap_or_default()
+}
+
 fn accept() -> Value {
     json!({"action": "accept", "content": {"ok": true}})
 }
@@ -116,7 +121,7 @@ async fn a_bundles_elicitation_reaches_a_2026_agent_as_input_required_and_the_ca
 
     // Used once: the same state again names nothing.
     let (answer, _) = confirm(&url, &t, retry(2, &state2, declined)).await;
-    let error = answer["error"]["message"].as_str().unwrap_or_default();
+    let error = error_of(&answer);
     assert!(error.contains("names no request waiting"), "{answer}");
 }
 
@@ -168,15 +173,12 @@ async fn other_agents_forged_state_and_bad_answers_are_refused_and_hold_nothing(
     let state = asks(&answer, "1", "confirm 1?");
 
     let (answer, _) = confirm(&url, &b, retry(1, &state, json!({"1": accept()}))).await;
-    let error = answer["error"]["message"].as_str().unwrap_or_default();
+    let error = error_of(&answer);
     assert!(error.contains("not handed to this agent"), "{answer}");
     let forged = json!("00000000000000000000000000000000");
     let (answer, _) = confirm(&url, &a, retry(1, &forged, json!({"1": accept()}))).await;
     assert!(
-        answer["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("names no request waiting"),
+        error_of(&answer).contains("names no request waiting"),
         "{answer}"
     );
     let (answer, _) = confirm(
@@ -186,10 +188,7 @@ async fn other_agents_forged_state_and_bad_answers_are_refused_and_hold_nothing(
     )
     .await;
     assert!(
-        answer["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("inputResponses without requestState"),
+        error_of(&answer).contains("inputResponses without requestState"),
         "{answer}"
     );
 
@@ -197,7 +196,7 @@ async fn other_agents_forged_state_and_bad_answers_are_refused_and_hold_nothing(
     let (answer, _) = confirm(&url, &a, first_call_of("demo2", 1)).await;
     let second = asks(&answer, "1", "confirm 1?");
     let (answer, _) = confirm(&url, &a, first_call_of("demo3", 1)).await;
-    let error = answer["error"]["message"].as_str().unwrap_or_default();
+    let error = error_of(&answer);
     assert!(
         error.contains("already has 2 requests waiting") && error.contains("max_waiting_for_input"),
         "{answer}"
@@ -206,7 +205,7 @@ async fn other_agents_forged_state_and_bad_answers_are_refused_and_hold_nothing(
     // B's attempt did not end A's call: A resumes it.
     let bad = json!({"1": {"action": 42}});
     let (answer, _) = confirm(&url, &a, retry(1, &state, bad)).await;
-    let error = answer["error"]["message"].as_str().unwrap_or_default();
+    let error = error_of(&answer);
     assert!(
         error.contains(r#"inputResponses["1"]"#) && error.contains("elicitation/create"),
         "{answer}"
@@ -214,10 +213,7 @@ async fn other_agents_forged_state_and_bad_answers_are_refused_and_hold_nothing(
     // That ended it: its state is gone, and its place is free.
     let (answer, _) = confirm(&url, &a, retry(1, &state, json!({"1": accept()}))).await;
     assert!(
-        answer["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("names no request waiting"),
+        error_of(&answer).contains("names no request waiting"),
         "{answer}"
     );
     let (answer, _) = confirm(&url, &a, first_call_of("demo3", 1)).await;
@@ -242,10 +238,7 @@ async fn a_call_whose_agent_does_not_retry_expires() {
     let state = asks(&answer, "1", "confirm 1?");
     let (answer, _) = confirm(&url, &t, first_call_of("demo2", 1)).await;
     assert!(
-        answer["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("already has 1 requests waiting"),
+        error_of(&answer).contains("already has 1 requests waiting"),
         "{answer}"
     );
     // Refused until the first expires; then the new call is parked.
@@ -262,7 +255,7 @@ async fn a_call_whose_agent_does_not_retry_expires() {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
     let (answer, _) = confirm(&url, &t, retry(1, &state, json!({"1": accept()}))).await;
-    let error = answer["error"]["message"].as_str().unwrap_or_default();
+    let error = error_of(&answer);
     assert!(
         error.contains("names no request waiting") && error.contains("expired (1s"),
         "{answer}"
@@ -285,7 +278,7 @@ async fn a_bundle_that_asks_forever_is_ended() {
             .0;
     }
     assert_eq!(rounds, 32, "{answer}");
-    let error = answer["error"]["message"].as_str().unwrap_or_default();
+    let error = error_of(&answer);
     assert!(error.contains("asked for input 32 times"), "{answer}");
 }
 
@@ -314,16 +307,8 @@ fn the_cli_says_when_a_bundle_needs_input_it_cannot_give() {
 fn the_python_sdk_2_3_client_answers_a_2025_bundles_requests() {
     let (d, url) = daemon("");
     let t = token(&d);
-    let root = env!("CARGO_MANIFEST_DIR");
-    let out = std::process::Command::new(format!("{root}/target/mcp-py2/venv/bin/python"))
-        .arg(format!("{root}/tests/mcp-py2/asked.py"))
-        .args([url, t])
-        .output()
-        .expect("run `make mcp-py2` first");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    let said: Vec<&str> = stdout.lines().collect();
+    let said = common::mcp_py2("tests/mcp-py2/asked.py", &[&url, &t]);
+    let stdout = said.join("\n");
     assert_eq!(said[0], "protocol 2026-07-28", "{stdout}");
     assert!(
         said[1].starts_with("confirm ") && said[1].matches("accept").count() == 2,
@@ -393,17 +378,9 @@ fn a_2026_bundles_input_required_reaches_agents_of_both_revisions() {
         "{text}"
     );
     let t = token(&d);
-    let root = env!("CARGO_MANIFEST_DIR");
     for (mode, protocol) in [("legacy", "2025-11-25"), ("auto", "2026-07-28")] {
-        let out = std::process::Command::new(format!("{root}/target/mcp-py2/venv/bin/python"))
-            .arg(format!("{root}/tests/mcp-py2/asked.py"))
-            .args([url.as_str(), t.as_str(), mode])
-            .output()
-            .expect("run `make mcp-py2` first");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(out.status.success(), "{mode}: {stdout}\n{stderr}");
-        let said: Vec<&str> = stdout.lines().collect();
+        let said = common::mcp_py2("tests/mcp-py2/asked.py", &[&url, &t, mode]);
+        let stdout = said.join("\n");
         assert_eq!(said[0], format!("protocol {protocol}"), "{stdout}");
         assert_eq!(said[1], "greet hello Grace (on 2026-07-28)", "{stdout}");
         assert_eq!(

@@ -489,6 +489,20 @@ async fn echo_calls(
     sample
 }
 
+/// rmcp's streamable HTTP client of the daemon's `default` endpoint,
+/// with `token`.
+fn http_transport(
+    port: u16,
+    token: &str,
+) -> rmcp::transport::StreamableHttpClientTransport<reqwest::Client> {
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    let config = StreamableHttpClientTransportConfig::with_uri(format!(
+        "http://127.0.0.1:{port}/mcp/default"
+    ))
+    .auth_header(token.to_string());
+    rmcp::transport::StreamableHttpClientTransport::with_client(reqwest::Client::new(), config)
+}
+
 /// An `echo` call directly to the bundle and through `bundlevisor mcp`.
 async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> {
     let n = scaled(2000);
@@ -500,41 +514,19 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> 
     // An agent over streamable HTTP, with a token.
     let made = call(ctl, method::TOKEN_CREATE, json!({"workspace": "default"})).await;
     let token = made["token"].as_str().expect("a token").to_string();
-    let http = {
-        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
-        let config = StreamableHttpClientTransportConfig::with_uri(format!(
-            "http://127.0.0.1:{http_port}/mcp/default"
-        ))
-        .auth_header(token.clone());
-        let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
-            reqwest::Client::new(),
-            config,
-        );
-        rmcp::ServiceExt::serve((), transport)
-            .await
-            .expect("initialize over HTTP")
-    };
+    let http = rmcp::ServiceExt::serve((), http_transport(http_port, &token))
+        .await
+        .expect("initialize over HTTP");
     // An agent on MCP 2026-07-28: `server/discover`, then stateless
     // requests (no session), with the same token.
     let stateless = {
-        use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
         use rmcp::{ClientLifecycleMode, ClientServiceExt};
-        let config = StreamableHttpClientTransportConfig::with_uri(format!(
-            "http://127.0.0.1:{http_port}/mcp/default"
-        ))
-        .auth_header(token.clone());
-        let transport = rmcp::transport::StreamableHttpClientTransport::with_client(
-            reqwest::Client::new(),
-            config,
-        );
-        ().serve_with_lifecycle(
-            transport,
-            ClientLifecycleMode::Discover {
-                preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
-            },
-        )
-        .await
-        .expect("server/discover over HTTP")
+        let discover = ClientLifecycleMode::Discover {
+            preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+        };
+        ().serve_with_lifecycle(http_transport(http_port, &token), discover)
+            .await
+            .expect("server/discover over HTTP")
     };
     let (_supergateway, supergateway) = floors::peer_gateway("supergateway").await;
     let (_mcp_proxy, mcp_proxy) = floors::peer_gateway("mcp-proxy").await;

@@ -962,3 +962,18 @@ pub async fn post_2026(
     };
     (status, messages)
 }
+
+/// Runs `script` (under the crate) with the pinned Python SDK 2.3 venv
+/// (`make mcp-py2`) and `args`; the lines it printed, once it succeeded.
+pub fn mcp_py2(script: &str, args: &[&str]) -> Vec<String> {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = Command::new(format!("{root}/target/mcp-py2/venv/bin/python"))
+        .arg(format!("{root}/{script}"))
+        .args(args)
+        .output()
+        .expect("run `make mcp-py2` first");
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{script}: {stdout}\n{stderr}");
+    stdout.lines().map(str::to_string).collect()
+}

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rmcp::model::SubscriptionFilter;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientRequest, ClientResult,
     GetPromptRequest, GetPromptRequestParams, GetPromptResponse, Implementation,
@@ -21,6 +20,7 @@ use rmcp::model::{
     ServerConfig, ServerNotification, ServerRequest, ServerResult, SetLevelRequestParams,
     SubscribeRequest, SubscribeRequestParams, Tool, UnsubscribeRequest, UnsubscribeRequestParams,
 };
+use rmcp::model::{InputRequiredResult, SubscriptionFilter};
 use rmcp::service::{Peer, RequestContext, SubscriptionContext, SubscriptionSink};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::json;
@@ -389,8 +389,10 @@ impl Gateway {
             .await
     }
 
-    /// A request passed to `bundle` for a 2026-07-28 agent, in rounds.
-    async fn bundle_in_rounds(
+    /// A request passed to `bundle` for this request's agent: directly for
+    /// a session's, in rounds for a 2026-07-28 agent's — then the
+    /// `input_required` to answer with, when the bundle asked for input.
+    async fn pass_to_bundle(
         &self,
         origin: Origin,
         state: &Option<String>,
@@ -398,7 +400,11 @@ impl Gateway {
         context: &RequestContext<RoleServer>,
         bundle: String,
         request: ClientRequest,
-    ) -> Result<Outcome, ErrorData> {
+    ) -> Result<Result<ServerResult, InputRequiredResult>, ErrorData> {
+        if !stateless(context) {
+            let agent = self.agent(&context.peer);
+            return Ok(Ok(self.bundle_mcp(&bundle, request, agent).await?));
+        }
         let (api, workspace) = (self.0.api.clone(), self.0.workspace.clone());
         let call = move |agent, _progress, _cancel| -> futures::future::BoxFuture<'static, _> {
             Box::pin(async move {
@@ -408,15 +414,20 @@ impl Gateway {
             })
         };
         let progress = context.meta.get_progress_token();
-        self.in_rounds(
-            origin,
-            state.as_deref(),
-            responses.clone(),
-            context,
-            progress,
-            call,
-        )
-        .await
+        let outcome = self
+            .in_rounds(
+                origin,
+                state.as_deref(),
+                responses.clone(),
+                context,
+                progress,
+                call,
+            )
+            .await?;
+        Ok(match outcome {
+            Outcome::Complete(answer) => Ok(answer),
+            Outcome::InputRequired(asks) => Err(asks),
+        })
     }
 }
 
@@ -681,28 +692,17 @@ impl ServerHandler for Gateway {
         let mut params = GetPromptRequestParams::new(route.name.clone());
         params.arguments = request.arguments.clone();
         let ask = ClientRequest::GetPromptRequest(GetPromptRequest::new(params));
-        let answer = if stateless(&context) {
-            let origin = Origin {
-                method: "prompts/get",
-                name: request.name.clone(),
-            };
-            let outcome = self
-                .bundle_in_rounds(
-                    origin,
-                    &request.request_state,
-                    &request.input_responses,
-                    &context,
-                    route.bundle,
-                    ask,
-                )
-                .await?;
-            match outcome {
-                Outcome::InputRequired(asks) => return Ok(GetPromptResponse::InputRequired(asks)),
-                Outcome::Complete(answer) => answer,
-            }
-        } else {
-            self.bundle_mcp(&route.bundle, ask, self.agent(&context.peer))
-                .await?
+        let origin = Origin {
+            method: "prompts/get",
+            name: request.name.clone(),
+        };
+        let (state, responses) = (&request.request_state, &request.input_responses);
+        let answer = match self
+            .pass_to_bundle(origin, state, responses, &context, route.bundle, ask)
+            .await?
+        {
+            Ok(answer) => answer,
+            Err(asks) => return Ok(GetPromptResponse::InputRequired(asks)),
         };
         match answer {
             ServerResult::GetPromptResult(mut result) => {
@@ -839,30 +839,17 @@ impl ServerHandler for Gateway {
             let ask = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(
                 ReadResourceRequestParams::new(original.clone()),
             ));
-            let mut answer = if stateless(&context) {
-                let origin = Origin {
-                    method: "resources/read",
-                    name: request.uri.clone(),
-                };
-                let outcome = self
-                    .bundle_in_rounds(
-                        origin,
-                        &request.request_state,
-                        &request.input_responses,
-                        &context,
-                        bundle,
-                        ask,
-                    )
-                    .await?;
-                match outcome {
-                    Outcome::InputRequired(asks) => {
-                        return Ok(ReadResourceResponse::InputRequired(asks))
-                    }
-                    Outcome::Complete(answer) => answer,
-                }
-            } else {
-                self.bundle_mcp(&bundle, ask, self.agent(&context.peer))
-                    .await?
+            let origin = Origin {
+                method: "resources/read",
+                name: request.uri.clone(),
+            };
+            let (state, responses) = (&request.request_state, &request.input_responses);
+            let mut answer = match self
+                .pass_to_bundle(origin, state, responses, &context, bundle, ask)
+                .await?
+            {
+                Ok(answer) => answer,
+                Err(asks) => return Ok(ReadResourceResponse::InputRequired(asks)),
             };
             // The contents carry the URI the client asked for.
             if let ServerResult::ReadResourceResult(result) = &mut answer {
