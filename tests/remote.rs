@@ -168,7 +168,7 @@ fn client_credentials_rebuild_retries_the_call_and_host_resources_work_on_the_ne
     let b = d.bundle("default", "notes").unwrap();
     assert_eq!(
         (b["tools"].as_u64(), b["pid"].is_null()),
-        (Some(2), true),
+        (Some(3), true),
         "{b}"
     );
     assert_eq!(
@@ -1271,6 +1271,13 @@ fn enterprise_managed_authorization_exchanges_the_users_id_token_for_an_id_jag_a
     assert_eq!(
         call_text(&d, "notes", "whoami", json!({})),
         "remote fixture"
+    );
+    // The client declares the extension it uses.
+    let declared = call_text(&d, "notes", "extensions", json!({}));
+    assert!(
+        declared.contains("io.modelcontextprotocol/enterprise-managed-authorization")
+            && declared.contains("ai.nimblebrain/host-resources"),
+        "{declared}"
     );
     // The exchange named the authorization server, the MCP server and the
     // scope; the ID-JAG became a token; no client-credentials token stood

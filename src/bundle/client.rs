@@ -411,13 +411,16 @@ pub(super) struct BundleClient {
 }
 
 impl BundleClient {
-    pub(super) fn new(host: HostContext, extension: Map<String, Value>) -> Self {
+    /// `extensions`: what the daemon declares under
+    /// `capabilities.extensions` (host-resources, and others a bundle's
+    /// settings call for).
+    pub(super) fn new(host: HostContext, extensions: Vec<(String, Map<String, Value>)>) -> Self {
         let mut capabilities = ClientCapabilities::builder()
             .enable_sampling()
             .enable_elicitation()
             .enable_roots()
             .build();
-        capabilities.extensions = Some([(host_resources::EXTENSION.to_string(), extension)].into());
+        capabilities.extensions = Some(extensions.into_iter().collect());
         let config = ClientConfig::new(
             capabilities,
             Implementation::new("bundlevisor", env!("CARGO_PKG_VERSION")),

@@ -195,9 +195,13 @@ pub async fn connect(
     }
 }
 
+/// The extension of Enterprise-Managed Authorization (SEP-990).
+const ENTERPRISE_AUTH: &str = "io.modelcontextprotocol/enterprise-managed-authorization";
+
 /// The daemon's client of the bundle: host-resources declared in its
 /// capabilities, with the channel a stdio bundle that declares the
-/// extension gets (`"channel": {"fd": 3, "env": …}`).
+/// extension gets (`"channel": {"fd": 3, "env": …}`), and the enterprise
+/// authorization extension for a remote bundle that uses it.
 fn bundle_client(plan: &Plan, host: &HostContext, opts: &ConnectOptions) -> BundleClient {
     let mut extension = crate::host_resources::capability(&opts.host_resources);
     if opts.host_channel && matches!(plan, Plan::Stdio(_)) {
@@ -209,7 +213,15 @@ fn bundle_client(plan: &Plan, host: &HostContext, opts: &ConnectOptions) -> Bund
             }),
         );
     }
-    BundleClient::new(host.clone(), extension)
+    let mut extensions = vec![(crate::host_resources::EXTENSION.to_string(), extension)];
+    // A remote bundle authorized the enterprise way says so (the
+    // extension's client declaration; its settings are the bundle file's).
+    if let Plan::Remote(remote) = plan {
+        if remote.auth.as_ref().is_some_and(|a| a.enterprise.is_some()) {
+            extensions.push((ENTERPRISE_AUTH.to_string(), Default::default()));
+        }
+    }
+    BundleClient::new(host.clone(), extensions)
 }
 
 /// Why `initialize` + `tools/list` did not complete.

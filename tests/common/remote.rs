@@ -1156,6 +1156,11 @@ impl ServerHandler for RemoteServer {
                 object(json!({"type": "object"})),
             ),
             Tool::new(
+                "extensions",
+                "The extensions the client declared, by name, one per line",
+                object(json!({"type": "object"})),
+            ),
+            Tool::new(
                 "read_file",
                 "Reads a workspace file back through host-resources",
                 object(json!({
@@ -1175,6 +1180,15 @@ impl ServerHandler for RemoteServer {
         match request.name.as_ref() {
             "whoami" => {
                 Ok(CallToolResult::success(vec![ContentBlock::text("remote fixture")]).into())
+            }
+            "extensions" => {
+                let names: Vec<String> = context
+                    .peer
+                    .peer_info()
+                    .and_then(|i| i.capabilities.extensions.clone())
+                    .map(|e| e.keys().cloned().collect())
+                    .unwrap_or_default();
+                Ok(CallToolResult::success(vec![ContentBlock::text(names.join("\n"))]).into())
             }
             "read_file" => {
                 let id = request
