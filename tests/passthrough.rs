@@ -666,3 +666,55 @@ async fn a_bundles_request_while_serving_the_operators_call_never_reaches_an_age
     long.abort();
     client_a.cancel().await.unwrap();
 }
+
+/// Review of issue 32: the bundle has one subscription per resource, not
+/// one per agent. Two agents follow a resource; one leaves; the other
+/// still hears its updates (before, the first agent's unsubscribe ended
+/// the bundle's subscription for both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_leaving_a_resource_does_not_end_anothers_subscription() {
+    let (d, port) = daemon();
+    let (a, b) = (
+        Answering::new(all_capabilities()),
+        Answering::new(all_capabilities()),
+    );
+    let client_a = http_agent(&d, port, a.clone()).await;
+    let client_b = http_agent(&d, port, b.clone()).await;
+    let resources = client_a.peer().list_all_resources().await.unwrap();
+    let uri = resources
+        .iter()
+        .map(|r| r.uri.clone())
+        .find(|u| !u.starts_with("files://"))
+        .unwrap_or_else(|| panic!("no bundle resource in {resources:?}"));
+    for client in [&client_a, &client_b] {
+        client
+            .peer()
+            .subscribe(SubscribeRequestParams::new(uri.clone()))
+            .await
+            .unwrap();
+    }
+    client_a
+        .peer()
+        .unsubscribe(rmcp::model::UnsubscribeRequestParams::new(uri.clone()))
+        .await
+        .unwrap();
+    let (text, error) = text_of_call(
+        &client_b,
+        "everything__toggle-subscriber-updates",
+        json!({}),
+    )
+    .await
+    .unwrap();
+    assert!(!error, "{text}");
+    until(&b, &format!("updated {uri}"), |s| {
+        *s == format!("updated {uri}")
+    })
+    .await;
+    assert!(
+        !a.seen().iter().any(|s| s.starts_with("updated")),
+        "{:?}",
+        a.seen()
+    );
+    client_a.cancel().await.unwrap();
+    client_b.cancel().await.unwrap();
+}

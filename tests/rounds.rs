@@ -390,3 +390,57 @@ fn a_2026_bundles_input_required_reaches_agents_of_both_revisions() {
         assert_eq!(said[3], "asked what is your name?", "{stdout}");
     }
 }
+
+/// The daemon does not follow a 2026-07-28 bundle's resources yet (that
+/// revision has no `resources/subscribe`): a 2025-11-25 agent's
+/// subscription is refused saying so, and a 2026-07-28 agent's
+/// `subscriptions/listen` leaves the URI out of its acknowledgement —
+/// never a subscription that silently hears nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(deprecated)] // resources/subscribe: what a 2025-11-25 agent sends
+async fn a_2026_bundles_resources_are_not_followed_and_agents_are_told() {
+    use rmcp::model::{ProtocolVersion, SubscribeRequestParams, SubscriptionFilter};
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::{ClientLifecycleMode, ClientServiceExt, ServiceExt};
+    let (d, url) = daemon("");
+    tokio::task::block_in_place(|| with_py_asker(&d));
+    let t = token(&d);
+    let uri = "bundle://py-asker/test%3A%2F%2Fnotes";
+    let transport = || {
+        let config =
+            StreamableHttpClientTransportConfig::with_uri(url.clone()).auth_header(t.clone());
+        StreamableHttpClientTransport::with_client(reqwest::Client::new(), config)
+    };
+    let session = ().serve(transport()).await.unwrap();
+    let refused = session
+        .peer()
+        .subscribe(SubscribeRequestParams::new(uri))
+        .await
+        .expect_err("refused");
+    assert!(
+        refused
+            .to_string()
+            .contains("speaks MCP 2026-07-28, whose resources bundlevisor does not follow yet"),
+        "{refused}"
+    );
+    session.cancel().await.unwrap();
+    let discover = ClientLifecycleMode::Discover {
+        preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+    };
+    let modern = ().serve_with_lifecycle(transport(), discover).await.unwrap();
+    let filter = SubscriptionFilter::builder()
+        .tools_list_changed()
+        .resource_subscriptions([uri])
+        .build();
+    let stream = modern.peer().listen(filter).await.unwrap();
+    assert_eq!(
+        stream.acknowledged().resource_subscriptions,
+        None,
+        "{:?}",
+        stream.acknowledged()
+    );
+    assert_eq!(stream.acknowledged().tools_list_changed, Some(true));
+    drop(stream);
+    modern.cancel().await.unwrap();
+}

@@ -151,6 +151,12 @@ impl Subscribers {
         list.retain(|(u, a)| !(u == uri && same(a, agent)));
     }
 
+    /// Whether a live agent other than `agent` follows `uri` (then the
+    /// bundle keeps its subscription when `agent` leaves).
+    pub fn others(&self, uri: &str, agent: &Arc<dyn Agent>) -> bool {
+        !self.of(uri).iter().all(|other| same(other, agent))
+    }
+
     /// The live agents subscribed to `uri` (ended sessions are dropped).
     fn of(&self, uri: &str) -> Vec<Arc<dyn Agent>> {
         let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());

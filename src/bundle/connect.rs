@@ -308,13 +308,8 @@ async fn connect_stdio(
         None
     };
     let spawned = process::spawn(plan, opts.sandbox.as_ref(), channel.as_ref().map(|c| &c.1))?;
-    if let Some((ours, _theirs)) = channel {
-        tokio::spawn(super::channel::serve(
-            ours,
-            host.clone(),
-            opts.max_message_bytes,
-        ));
-    }
+    // The bundle's end goes now (it has its copy).
+    let channel = channel.map(|(ours, _theirs)| ours);
     let stderr = process::capture_stderr(
         spawned.stderr,
         opts.log.clone(),
@@ -328,6 +323,18 @@ async fn connect_stdio(
     };
     let lifeline = Lifeline::watch(spawned.child, spawned.pid, opts.reaper.clone(), tree);
     let ct = CancellationToken::new();
+    // Served until the session ends (the process died, or it was stopped):
+    // a descendant that kept descriptor 3 is not answered after that.
+    if let Some(ours) = channel {
+        let served = super::channel::serve(ours, host.clone(), opts.max_message_bytes);
+        let ended = ct.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = served => {}
+                _ = ended.cancelled() => {}
+            }
+        });
+    }
     let violation = Violation::new(plan.redactor.clone());
     let rules = Rules::new(opts.max_message_bytes, violation.clone());
     let transport = BundleStdio::new(spawned.stdout, spawned.stdin, rules, host);

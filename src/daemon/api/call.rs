@@ -188,13 +188,15 @@ impl Api {
     }
 
     /// An MCP request passed to a ready bundle on behalf of `caller`, by
-    /// the one path to a bundle (in-flight guard, timeout, 401 retry).
+    /// the one path to a bundle (in-flight guard, timeout, 401 retry);
+    /// `cancel` cancels it at the bundle.
     pub async fn mcp(
         &self,
         workspace: &str,
         name: &str,
         request: ClientRequest,
         caller: Caller,
+        cancel: CancellationToken,
     ) -> Result<ServerResult, ApiError> {
         let method = request.method().to_string();
         let actor = Api::bundle_actor(workspace, name)?;
@@ -204,7 +206,7 @@ impl Api {
                     BundleMsg::Call(PendingCall {
                         request: BundleRequest::Mcp(Box::new(request)),
                         timeout: Some(PASSTHROUGH_TIMEOUT),
-                        cancel: CancellationToken::new(),
+                        cancel,
                         progress: None,
                         caller,
                         reply,

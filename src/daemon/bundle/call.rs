@@ -130,6 +130,17 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
     // Borrowed from a clone: the lane itself is given up early on a 401.
     let live = lane.live.clone();
     let session = &live.session;
+    // An agent leaving a resource others still follow: the bundle keeps
+    // its subscription (it has one per resource, not one per agent).
+    if let (BundleRequest::Mcp(request), Caller::Agent(agent)) = (&call.request, &call.caller) {
+        if let ClientRequest::UnsubscribeRequest(r) = &**request {
+            if session.subscribers.others(&r.params.uri, agent) {
+                session.subscribers.remove(&r.params.uri, agent);
+                let _ = call.reply.send(Ok(ServerResult::empty(())));
+                return;
+            }
+        }
+    }
     // The caller is the bundle's client for as long as the request runs.
     let caller = session.callers.enter(call.caller.clone());
     let timeout = call.timeout.unwrap_or(live.timeout);

@@ -34,7 +34,13 @@ pub(super) async fn mcp(p: McpParams, ctx: &Ctx) -> Result<Value, RpcError> {
     .map_err(|e| RpcError::new(ErrorKind::InvalidParams, format!("{}: {e}", p.method)))?;
     let answer = ctx
         .api
-        .mcp(&p.workspace, &p.name, request, Caller::Operator)
+        .mcp(
+            &p.workspace,
+            &p.name,
+            request,
+            Caller::Operator,
+            Default::default(),
+        )
         .await?;
     to_value(answer)
 }

@@ -113,6 +113,9 @@ struct Parked {
     /// Keys are never reused within a call (the spec asks them unique).
     next_key: u64,
     rounds: u32,
+    /// Ends the call when its agent does not come back in time; stopped
+    /// when the call is taken.
+    expiry: Option<tokio::task::AbortHandle>,
 }
 
 struct Waiting {
@@ -412,6 +415,7 @@ impl Rounds {
                         waiting: BTreeMap::new(),
                         next_key: 1,
                         rounds: 0,
+                        expiry: None,
                     }
                     .with(asked),
                 }
@@ -431,17 +435,18 @@ impl Rounds {
             }
         };
         loop {
-            if parked.rounds >= self.limits.rounds {
-                return Err(ErrorData::invalid_request(
-                    format!(
-                        "the bundle asked for input {} times in one request; bundlevisor ends it there (a bundle that keeps asking is not served forever)",
-                        self.limits.rounds
-                    ),
-                    None,
-                ));
-            }
-            // Answered but the bundle's requests still wait: ask again.
+            // Asked (or answered but the bundle's requests still wait): ask
+            // the agent, unless the call has asked its fill.
             if !parked.waiting.is_empty() {
+                if parked.rounds >= self.limits.rounds {
+                    return Err(ErrorData::internal_error(
+                        format!(
+                            "the bundle asked for input {} times in one request; bundlevisor ends it there (a bundle that keeps asking is not served forever)",
+                            self.limits.rounds
+                        ),
+                        None,
+                    ));
+                }
                 return self.park(parked).map(Outcome::InputRequired);
             }
             match parked.running.step(&served).await {
@@ -480,7 +485,13 @@ impl Rounds {
     fn take(&self, state: &str, owner: Option<&AgentKey>) -> Result<Parked, ErrorData> {
         let mut parked = self.lock();
         match parked.get(state) {
-            Some(p) if p.owner.as_ref() == owner => Ok(parked.remove(state).expect("present")),
+            Some(p) if p.owner.as_ref() == owner => {
+                let mut taken = parked.remove(state).expect("present");
+                if let Some(timer) = taken.expiry.take() {
+                    timer.abort();
+                }
+                Ok(taken)
+            }
             Some(_) => {
                 tracing::warn!("a requestState handed to another agent was presented; refused");
                 Err(no_such_state(self.limits.timeout))
@@ -496,7 +507,7 @@ impl Rounds {
         if holds >= self.limits.per_agent {
             return Err(ErrorData::invalid_request(
                 format!(
-                    "this agent already has {holds} requests waiting for its input (at most {}: [http] max_waiting_for_input); answer them, or let them expire ({}), then call again",
+                    "this agent already has {holds} requests waiting for its input (at most {}; on HTTP, [http] max_waiting_for_input); answer them, or let them expire ({}), then call again",
                     self.limits.per_agent,
                     humantime::format_duration(self.limits.timeout)
                 ),
@@ -511,10 +522,8 @@ impl Rounds {
             .map(|(key, w)| (key.clone(), w.request.clone()))
             .collect();
         let state = new_state();
-        map.insert(state.clone(), parked);
-        drop(map);
         let (me, timeout, expiring) = (self.me.clone(), self.limits.timeout, state.clone());
-        tokio::spawn(async move {
+        let timer = tokio::spawn(async move {
             tokio::time::sleep(timeout).await;
             if let Some(rounds) = me.upgrade() {
                 if rounds.lock().remove(&expiring).is_some() {
@@ -522,6 +531,8 @@ impl Rounds {
                 }
             }
         });
+        parked.expiry = Some(timer.abort_handle());
+        map.insert(state.clone(), parked);
         Ok(InputRequiredResult::new(Some(requests), Some(state)))
     }
 }

@@ -240,7 +240,13 @@ impl Gateway {
     ) -> Result<ServerResult, ApiError> {
         self.0
             .api
-            .mcp(&self.0.workspace, bundle, request, Caller::Agent(agent))
+            .mcp(
+                &self.0.workspace,
+                bundle,
+                request,
+                Caller::Agent(agent),
+                Default::default(),
+            )
             .await
     }
 
@@ -260,9 +266,22 @@ impl Gateway {
                 None,
             ));
         };
+        if let Some(why) = self.unfollowable(&bundle) {
+            return Err(ErrorData::invalid_params(format!("{uri}: {why}"), None));
+        }
         self.bundle_mcp(&bundle, request(original), self.agent(peer))
             .await?;
         Ok(())
+    }
+
+    /// Why the resources of `bundle` cannot be followed, if they cannot: a
+    /// bundle on MCP 2026-07-28 has no `resources/subscribe`, and the
+    /// daemon does not yet open `subscriptions/listen` to bundles.
+    fn unfollowable(&self, bundle: &str) -> Option<String> {
+        let revision = self.0.api.revision(&self.0.workspace, bundle)?;
+        (revision.as_str() >= "2026-07-28").then(|| {
+            format!("bundle {bundle:?} speaks MCP {revision}, whose resources bundlevisor does not follow yet (it has no resources/subscribe); read the resource again to see a change")
+        })
     }
 
     /// Every allowed ready bundle's answer to a list request, the items
@@ -406,9 +425,9 @@ impl Gateway {
             return Ok(Ok(self.bundle_mcp(&bundle, request, agent).await?));
         }
         let (api, workspace) = (self.0.api.clone(), self.0.workspace.clone());
-        let call = move |agent, _progress, _cancel| -> futures::future::BoxFuture<'static, _> {
+        let call = move |agent, _progress, cancel| -> futures::future::BoxFuture<'static, _> {
             Box::pin(async move {
-                api.mcp(&workspace, &bundle, request, Caller::Agent(agent))
+                api.mcp(&workspace, &bundle, request, Caller::Agent(agent), cancel)
                     .await
                     .map_err(ErrorData::from)
             })
@@ -754,11 +773,14 @@ impl ServerHandler for Gateway {
     ) -> Option<SubscriptionFilter> {
         let mut accepted = requested.clone();
         // Only bundles' resources can be followed (files:// cannot), of
-        // bundles this profile allows; the rest is left out of the
-        // acknowledgement, so the agent knows.
+        // bundles this profile allows and that are not on 2026-07-28 (see
+        // `unfollowable`); the rest is left out of the acknowledgement, so
+        // the agent knows.
         if let Some(uris) = &mut accepted.resource_subscriptions {
             uris.retain(|uri| {
-                names::parse_bundle_uri(uri).is_some_and(|(bundle, _)| self.bundle_allowed(&bundle))
+                names::parse_bundle_uri(uri).is_some_and(|(bundle, _)| {
+                    self.bundle_allowed(&bundle) && self.unfollowable(&bundle).is_none()
+                })
             });
         }
         Some(accepted)
