@@ -444,3 +444,45 @@ async fn a_2026_bundles_resources_are_not_followed_and_agents_are_told() {
     drop(stream);
     modern.cancel().await.unwrap();
 }
+
+/// A bundle on 2026-07-28 logs only for a request that asks it to: the
+/// daemon passes on the level the agent asked for (a 2026-07-28 request's
+/// `logLevel`), and the log message reaches that request; a request
+/// without it hears none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2026_bundle_logs_to_the_agent_that_asked_for_logs() {
+    let (d, url) = daemon("");
+    tokio::task::block_in_place(|| with_py_asker(&d));
+    let t = token(&d);
+    let call = |level: Option<&str>| {
+        let mut params = json!({"name": "py-asker__chatty", "arguments": {}});
+        if let Some(level) = level {
+            params["_meta"] = json!({"io.modelcontextprotocol/logLevel": level});
+        }
+        let (url, t) = (url.clone(), t.clone());
+        async move {
+            let (_, messages) = post_2026(
+                &url,
+                &t,
+                "tools/call",
+                "py-asker__chatty",
+                params,
+                json!({}),
+            )
+            .await;
+            let answer = messages.iter().find(|m| m["id"] == 7).cloned().unwrap();
+            assert_eq!(
+                answer["result"]["content"][0]["text"], "said it (on 2026-07-28)",
+                "{answer}"
+            );
+            messages
+                .iter()
+                .filter(|m| m["method"] == "notifications/message")
+                .map(|m| m["params"]["data"].to_string())
+                .collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(call(Some("info")).await, vec![r#""chatty: a log message""#]);
+    assert!(call(None).await.is_empty());
+    assert!(call(Some("error")).await.is_empty());
+}

@@ -30,7 +30,7 @@ use rmcp::model::{
     ClientCapabilities, ClientConfig, ClientResult, CreateMessageRequest,
     CreateMessageRequestParams, CreateMessageResult, CustomRequest, CustomResult, ElicitRequest,
     ElicitRequestParams, ElicitResult, ErrorCode, Implementation, InputRequest, InputRequests,
-    InputResponses, ListRootsRequest, ListRootsResult, LoggingMessageNotification,
+    InputResponses, ListRootsRequest, ListRootsResult, LoggingLevel, LoggingMessageNotification,
     LoggingMessageNotificationParam, ProtocolVersion, RequestMetaObject,
     ResourceUpdatedNotificationParam, ServerNotification, ServerRequest,
 };
@@ -128,6 +128,11 @@ pub trait Agent: Send + Sync {
     fn gone(&self) -> bool;
     /// Why no request can be sent to the agent at all, if none can.
     fn unreachable(&self) -> Option<String>;
+    /// The least severe log message the agent wants, if it wants any (a
+    /// bundle on 2026-07-28 sends none unless its request says so).
+    fn log_level(&self) -> Option<LoggingLevel> {
+        None
+    }
 }
 
 /// Which agents subscribed to which of the bundle's resources (by the

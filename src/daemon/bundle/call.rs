@@ -145,6 +145,17 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
     let caller = session.callers.enter(call.caller.clone());
     let timeout = call.timeout.unwrap_or(live.timeout);
     let mut request = first_request(&call.request);
+    // A bundle on 2026-07-28 logs only for a request that asks it to: the
+    // level the agent wants goes along.
+    if session.revision >= rmcp::model::ProtocolVersion::V_2026_07_28 {
+        if let Some(level) = match &call.caller {
+            Caller::Agent(agent) => agent.log_level(),
+            Caller::Operator => None,
+        } {
+            use rmcp::model::GetMeta;
+            request.get_meta_mut().set_log_level(level);
+        }
+    }
     let mut rounds = 0;
     let result = loop {
         match exchange(session, &call, request.clone(), &caller, timeout).await {

@@ -227,6 +227,10 @@ impl Agent for RoundAgent {
         self.events.is_closed()
     }
 
+    fn log_level(&self) -> Option<LoggingLevel> {
+        *self.level.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn unreachable(&self) -> Option<String> {
         None
     }

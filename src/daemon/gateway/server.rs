@@ -528,6 +528,10 @@ impl Agent for PeerAgent {
         self.peer.is_transport_closed()
     }
 
+    fn log_level(&self) -> Option<LoggingLevel> {
+        *self.log_level.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn unreachable(&self) -> Option<String> {
         let version = self.peer.peer_info()?.protocol_version.clone();
         (version >= ProtocolVersion::V_2026_07_28).then(|| {

@@ -1,6 +1,6 @@
 """A bundle on the Python SDK `mcp` 2.3.0 `MCPServer`, which speaks MCP
 2026-07-28 and 2025-11-25: `greet` elicits a name and `ponder` samples the
-client's model, through the SDK's resolvers (on 2026-07-28 they answer
+client's model, `chatty` logs, through the SDK's resolvers (on 2026-07-28 they answer
 `input_required` and resume on the retry; on 2025-11-25 they send a request
 mid-call). tests/rounds.rs runs it as a bundle (the daemon is its client)."""
 from typing import Annotated
@@ -38,6 +38,13 @@ async def greet(name: Annotated[Name, Resolve(ask_name)], ctx: Context) -> str:
 async def ponder(question: str, reply: Annotated[CreateMessageResult, Resolve(ask_model)], ctx: Context) -> str:
     """Ask the client's model the question (sampling), then answer with its reply."""
     return f"the model said {reply.content.text} (on {ctx.protocol_version})"
+
+
+@server.tool()
+async def chatty(ctx: Context) -> str:
+    """Log a message at info (on 2026-07-28 only when the request asks for logs), then answer."""
+    await ctx.log("info", "chatty: a log message")
+    return f"said it (on {ctx.protocol_version})"
 
 
 if __name__ == "__main__":
