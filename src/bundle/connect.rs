@@ -74,6 +74,9 @@ pub enum ConnectError {
     Handshake {
         message: String,
         stderr: Option<String>,
+        /// The bundle answered, in a way the other revision's handshake may
+        /// not meet (not a transport failure): worth one start with it.
+        answered: bool,
     },
     /// The remote server answered 401 (or 403 insufficient scope).
     #[error("the remote server refused the connection: authorization required")]
@@ -160,7 +163,11 @@ pub async fn connect(
     // (it speaks 2026-07-28 only) with `server/discover`, its host-resources
     // requests then on its channel.
     let message = match first {
-        Err(ConnectError::Handshake { message, .. }) => message,
+        Err(ConnectError::Handshake {
+            message,
+            answered: true,
+            ..
+        }) => message,
         // A server of the new revision only may end at an `initialize`.
         Err(e @ ConnectError::Exited { .. }) if opts.legacy.is_some() => e.to_string(),
         other => return other,
@@ -183,6 +190,7 @@ pub async fn connect(
         *cg = Arc::new(cg.next_start().map_err(|e| ConnectError::Handshake {
             message: format!("{message}; and no cgroup folder for a second start: {e}"),
             stderr: None,
+            answered: false,
         })?);
     }
     let opts = &opts;
@@ -229,6 +237,9 @@ struct HandshakeFailure {
     message: String,
     /// `Some(challenge)` when the transport reported HTTP 401/403.
     unauthorized: Option<Option<String>>,
+    /// The bundle answered the handshake (an error, or something else than
+    /// asked): not a transport failure.
+    answered: bool,
 }
 
 /// `server/discover` (or, for a bundle that does not know it or must stay
@@ -256,10 +267,18 @@ where
         };
         serve_client_with_lifecycle_and_ct(client, transport, lifecycle, ct).await
     };
-    let service = started.map_err(|e| HandshakeFailure {
-        message: e.to_string(),
-        unauthorized: wants_token(e.is_authorization_required(), e.auth_challenge())
-            .then(|| e.auth_challenge().map(str::to_string)),
+    let service = started.map_err(|e| {
+        use rmcp::service::ClientInitializeError as E;
+        let answered = !matches!(
+            e,
+            E::ConnectionClosed(_) | E::TransportError { .. } | E::Cancelled
+        );
+        HandshakeFailure {
+            message: e.to_string(),
+            unauthorized: wants_token(e.is_authorization_required(), e.auth_challenge())
+                .then(|| e.auth_challenge().map(str::to_string)),
+            answered,
+        }
     })?;
     // A supervisor must see the bundle's current lists, never a cache.
     service
@@ -274,6 +293,7 @@ where
             message: format!("tools/list: {e}"),
             unauthorized: wants_token(e.is_authorization_required(), e.auth_challenge())
                 .then(|| e.auth_challenge().map(str::to_string)),
+            answered: false,
         })?;
     Ok((service, tools))
 }
@@ -342,7 +362,7 @@ async fn connect_stdio(
     let outcome = tokio::select! {
         r = tokio::time::timeout(opts.start_timeout, handshake(client, transport, ct.clone(), legacy.is_some())) => match r {
             Ok(Ok(ok)) => Ok(ok),
-            Ok(Err(failure)) => Err(ConnectError::Handshake { message: failure.message, stderr: None }),
+            Ok(Err(failure)) => Err(ConnectError::Handshake { message: failure.message, stderr: None, answered: failure.answered }),
             Err(_) => Err(ConnectError::Timeout { after: opts.start_timeout, stderr: None }),
         },
         exit = lifeline.wait() => Err(ConnectError::Exited { exit, stderr: None }),
@@ -366,6 +386,7 @@ async fn connect_stdio(
                 err = ConnectError::Handshake {
                     message: reason,
                     stderr: None,
+                    answered: false,
                 };
             }
             let last = last_stderr(&stderr).await;
@@ -393,6 +414,7 @@ async fn connect_remote(
     let handshake_error = |message: String| ConnectError::Handshake {
         message,
         stderr: None,
+        answered: false,
     };
     let mut headers = std::collections::HashMap::new();
     for (name, value) in &plan.headers {
@@ -435,7 +457,11 @@ async fn connect_remote(
             }
             return Err(match failure.unauthorized {
                 Some(challenge) => ConnectError::Unauthorized { challenge },
-                None => handshake_error(format!("{} ({})", failure.message, plan.url)),
+                None => ConnectError::Handshake {
+                    message: format!("{} ({})", failure.message, plan.url),
+                    stderr: None,
+                    answered: failure.answered,
+                },
             });
         }
         Err(_) => {
