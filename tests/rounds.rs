@@ -486,3 +486,63 @@ async fn a_2026_bundle_logs_to_the_agent_that_asked_for_logs() {
     assert!(call(None).await.is_empty());
     assert!(call(Some("error")).await.is_empty());
 }
+
+/// A 2026-07-28 bundle that asks for two things in one round (the Python
+/// SDK batches a tool's resolvers) reaches a 2026-07-28 agent as one
+/// `input_required` with both requests, and one retry answers both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_requests_of_one_round_reach_the_agent_together() {
+    let (d, url) = daemon("");
+    tokio::task::block_in_place(|| with_py_asker(&d));
+    let t = token(&d);
+    let caps = json!({"elicitation": {}, "sampling": {}});
+    let first = json!({"name": "py-asker__both", "arguments": {"question": "six times seven?"}});
+    let (_, messages) = post_2026(
+        &url,
+        &t,
+        "tools/call",
+        "py-asker__both",
+        first,
+        caps.clone(),
+    )
+    .await;
+    let answer = messages.into_iter().find(|m| m["id"] == 7).unwrap();
+    assert_eq!(answer["result"]["resultType"], "input_required", "{answer}");
+    let requests = answer["result"]["inputRequests"]
+        .as_object()
+        .unwrap()
+        .clone();
+    let mut methods: Vec<&str> = requests
+        .values()
+        .map(|r| r["method"].as_str().unwrap())
+        .collect();
+    methods.sort();
+    assert_eq!(
+        methods,
+        ["elicitation/create", "sampling/createMessage"],
+        "{answer}"
+    );
+    let responses: serde_json::Map<String, Value> = requests
+        .iter()
+        .map(|(key, r)| {
+            let response = match r["method"].as_str() {
+                Some("elicitation/create") => json!({"action": "accept", "content": {"name": "Ada"}}),
+                _ => json!({"role": "assistant", "content": {"type": "text", "text": "42"}, "model": "m"}),
+            };
+            (key.clone(), response)
+        })
+        .collect();
+    let retry = json!({
+        "name": "py-asker__both",
+        "arguments": {"question": "six times seven?"},
+        "requestState": answer["result"]["requestState"],
+        "inputResponses": responses,
+    });
+    let (_, messages) = post_2026(&url, &t, "tools/call", "py-asker__both", retry, caps).await;
+    let answer = messages.into_iter().find(|m| m["id"] == 7).unwrap();
+    assert_eq!(answer["result"]["resultType"], "complete", "{answer}");
+    assert_eq!(
+        answer["result"]["content"][0]["text"], "hello Ada; the model said 42",
+        "{answer}"
+    );
+}

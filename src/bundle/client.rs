@@ -120,6 +120,16 @@ pub trait Agent: Send + Sync {
         &self,
         request: ServerRequest,
     ) -> BoxFuture<'static, Result<ClientResult, ErrorData>>;
+    /// Requests asked together (one round of a bundle's `input_required`):
+    /// their answers, in order. At once, one by one, unless the agent has
+    /// a way to ask them together.
+    fn request_all(
+        &self,
+        requests: Vec<ServerRequest>,
+    ) -> BoxFuture<'static, Vec<Result<ClientResult, ErrorData>>> {
+        let asks: Vec<_> = requests.into_iter().map(|r| self.request(r)).collect();
+        Box::pin(futures::future::join_all(asks))
+    }
     /// A notification to the agent (log messages).
     fn notify(&self, notification: ServerNotification) -> BoxFuture<'static, ()>;
     /// Resource `uri` of `bundle`, to which the agent subscribed, changed.
@@ -363,26 +373,28 @@ pub async fn fulfil(caller: &Caller, requests: InputRequests) -> Result<InputRes
                 "the bundle asked for {what}, and the agent that made this call did not declare the {what} capability"
             ));
         }
-        let agent = agent.clone();
-        asks.push(async move {
-            let answer = agent.request(request).await.map_err(|e| {
-                format!(
-                    "the bundle asked for {what}, and the agent answered with an error: {}",
-                    e.message
-                )
-            })?;
-            let value = match answer {
-                ClientResult::ElicitResult(r) => serde_json::to_value(r),
-                ClientResult::CreateMessageResult(r) => serde_json::to_value(r),
-                ClientResult::ListRootsResult(r) => serde_json::to_value(r),
-                _ => return Err(format!("the agent answered {what} with something else")),
-            };
-            value
-                .map(|v| (key, v))
-                .map_err(|e| format!("the agent's answer to {what}: {e}"))
-        });
+        asks.push((key, what, request));
     }
-    futures::future::join_all(asks).await.into_iter().collect()
+    let requests = asks.iter().map(|(_, _, r)| r.clone()).collect();
+    let answers = agent.request_all(requests).await;
+    let mut responses = InputResponses::new();
+    for ((key, what, _), answer) in asks.into_iter().zip(answers) {
+        let answer = answer.map_err(|e| {
+            format!(
+                "the bundle asked for {what}, and the agent answered with an error: {}",
+                e.message
+            )
+        })?;
+        let value = match answer {
+            ClientResult::ElicitResult(r) => serde_json::to_value(r),
+            ClientResult::CreateMessageResult(r) => serde_json::to_value(r),
+            ClientResult::ListRootsResult(r) => serde_json::to_value(r),
+            _ => return Err(format!("the agent answered {what} with something else")),
+        };
+        let value = value.map_err(|e| format!("the agent's answer to {what}: {e}"))?;
+        responses.insert(key, value);
+    }
+    Ok(responses)
 }
 
 /// An input request, for an error message: its method and what it asks.

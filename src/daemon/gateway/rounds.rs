@@ -123,12 +123,16 @@ struct Waiting {
     reply: oneshot::Sender<Result<ClientResult, ErrorData>>,
 }
 
-/// What a call asks of the request that is being served for it.
+/// A bundle's request and where its answer goes.
+type Ask = (
+    ServerRequest,
+    oneshot::Sender<Result<ClientResult, ErrorData>>,
+);
+
+/// What a call asks of the request that is being served for it: requests
+/// asked together travel together (one `input_required`).
 enum Event {
-    Ask(
-        ServerRequest,
-        oneshot::Sender<Result<ClientResult, ErrorData>>,
-    ),
+    Ask(Vec<Ask>),
     Log(ServerNotification),
 }
 
@@ -186,20 +190,32 @@ impl Agent for RoundAgent {
         &self,
         request: ServerRequest,
     ) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
+        let asked = self.request_all(vec![request]);
+        Box::pin(async move { asked.await.pop().unwrap_or_else(|| Err(ended())) })
+    }
+
+    fn request_all(
+        &self,
+        requests: Vec<ServerRequest>,
+    ) -> BoxFuture<'static, Vec<Result<ClientResult, ErrorData>>> {
         let events = self.events.clone();
         Box::pin(async move {
-            let (reply, answer) = oneshot::channel();
-            let ended = || {
-                ErrorData::internal_error(
-                    "the agent's request ended before it answered (it did not retry with inputResponses in time, or the call was given up)",
-                    None,
-                )
-            };
-            events
-                .send(Event::Ask(request, reply))
-                .await
-                .map_err(|_| ended())?;
-            answer.await.map_err(|_| ended())?
+            let (asks, answers): (Vec<Ask>, Vec<_>) = requests
+                .into_iter()
+                .map(|request| {
+                    let (reply, answer) = oneshot::channel();
+                    ((request, reply), answer)
+                })
+                .unzip();
+            let count = answers.len();
+            if events.send(Event::Ask(asks)).await.is_err() {
+                return (0..count).map(|_| Err(ended())).collect();
+            }
+            let mut out = Vec::with_capacity(count);
+            for answer in answers {
+                out.push(answer.await.unwrap_or_else(|_| Err(ended())));
+            }
+            out
         })
     }
 
@@ -292,12 +308,11 @@ impl Running {
                     Event::Log(note) => {
                         let _ = peer.send_notification(note).await;
                     }
-                    Event::Ask(request, reply) => {
-                        let mut asked = vec![(request, reply)];
-                        // Whatever else it asked at the same time, together.
+                    Event::Ask(mut asked) => {
+                        // Whatever else it asked meanwhile, together.
                         while let Ok(event) = self.events.try_recv() {
                             match event {
-                                Event::Ask(r, tx) => asked.push((r, tx)),
+                                Event::Ask(more) => asked.extend(more),
                                 Event::Log(note) => {
                                     let _ = peer.send_notification(note).await;
                                 }
@@ -592,6 +607,14 @@ fn parse_response(
         ),
         _ => return Err("an answer to a request bundlevisor did not ask".into()),
     })
+}
+
+/// The answer a bundle's request gets when the agent's request ended.
+fn ended() -> ErrorData {
+    ErrorData::internal_error(
+        "the agent's request ended before it answered (it did not retry with inputResponses in time, or the call was given up)",
+        None,
+    )
 }
 
 /// A handle nobody can guess: 128 random bits.

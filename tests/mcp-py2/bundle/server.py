@@ -1,6 +1,6 @@
 """A bundle on the Python SDK `mcp` 2.3.0 `MCPServer`, which speaks MCP
 2026-07-28 and 2025-11-25: `greet` elicits a name and `ponder` samples the
-client's model, `chatty` logs, through the SDK's resolvers (on 2026-07-28 they answer
+client's model, `both` asks for both in one round, `chatty` logs, through the SDK's resolvers (on 2026-07-28 they answer
 `input_required` and resume on the retry; on 2025-11-25 they send a request
 mid-call). tests/rounds.rs runs it as a bundle (the daemon is its client)."""
 from typing import Annotated
@@ -38,6 +38,16 @@ async def greet(name: Annotated[Name, Resolve(ask_name)], ctx: Context) -> str:
 async def ponder(question: str, reply: Annotated[CreateMessageResult, Resolve(ask_model)], ctx: Context) -> str:
     """Ask the client's model the question (sampling), then answer with its reply."""
     return f"the model said {reply.content.text} (on {ctx.protocol_version})"
+
+
+@server.tool()
+async def both(
+    question: str,
+    name: Annotated[Name, Resolve(ask_name)],
+    reply: Annotated[CreateMessageResult, Resolve(ask_model)],
+) -> str:
+    """Ask for a name and the client's model at once (one round of two input requests)."""
+    return f"hello {name.name}; the model said {reply.content.text}"
 
 
 @server.tool()
