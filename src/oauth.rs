@@ -876,7 +876,6 @@ impl Jwt {
         mut form: Vec<(&str, String)>,
     ) -> Result<TokenSet, OAuthError> {
         let url = &metadata.token_endpoint;
-        checked("the token endpoint", url)?;
         let audience = metadata.issuer.clone().unwrap_or_else(|| url.clone());
         form.push((
             "client_assertion_type",
@@ -884,36 +883,8 @@ impl Jwt {
         ));
         form.push(("client_assertion", self.assertion(client_id, &audience)?));
         form.push(("resource", resource.to_string()));
-        let failed = |message: String| OAuthError::Http {
-            url: url.clone(),
-            message,
-        };
-        let sent = http
-            .0
-            .client
-            .post(url)
-            .header("accept", "application/json")
-            .form(&form)
-            .send()
-            .await;
-        for (_, value) in form.iter_mut() {
-            zeroize::Zeroize::zeroize(value);
-        }
-        let response = sent.map_err(|e| failed(e.to_string()))?;
-        let status = response.status();
-        let body = bounded(&mut { response }).await.map_err(failed)?;
-        if status.is_success() {
-            let answer: Value = serde_json::from_slice(&body)
-                .map_err(|e| failed(format!("unusable token response: {e}")))?;
-            return token_set(&answer);
-        }
-        Err(match serde_json::from_slice::<ErrorResponse>(&body) {
-            Ok(e) if status.is_client_error() => OAuthError::Refused {
-                error: e.error,
-                description: e.error_description,
-            },
-            _ => failed(format!("HTTP {status}")),
-        })
+        let answer = post_form(http, "the token endpoint", url, form, None).await?;
+        token_set(&answer)
     }
 }
 

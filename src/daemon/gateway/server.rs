@@ -544,6 +544,8 @@ impl Agent for PeerAgent {
 /// whose resources it follows see it: their updates go to the stream.
 struct Listener {
     sink: SubscriptionSink,
+    /// Cancelled when its `listen` ends.
+    alive: tokio_util::sync::CancellationToken,
 }
 
 impl Agent for Listener {
@@ -575,7 +577,7 @@ impl Agent for Listener {
     }
 
     fn gone(&self) -> bool {
-        false
+        self.alive.is_cancelled()
     }
 
     fn unreachable(&self) -> Option<String> {
@@ -797,7 +799,14 @@ impl ServerHandler for Gateway {
             .resource_subscriptions
             .clone()
             .unwrap_or_default();
-        let listener: Arc<dyn Agent> = Arc::new(Listener { sink: sink.clone() });
+        // Ended with this future, however it ends (a dropped stream too):
+        // the bundles' subscriber lists then drop the listener.
+        let alive = tokio_util::sync::CancellationToken::new();
+        let _alive = alive.clone().drop_guard();
+        let listener: Arc<dyn Agent> = Arc::new(Listener {
+            sink: sink.clone(),
+            alive,
+        });
         let follow = |subscribe: bool| {
             let listener = listener.clone();
             let uris = &uris;
