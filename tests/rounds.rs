@@ -356,6 +356,96 @@ fn a_bundle_on_2026_07_28_is_spoken_to_in_it_and_status_says_each_revision() {
     assert!(why.contains("ai.nimblebrain/host-resources"), "{why}");
 }
 
+/// The time an agent takes to answer a bundle's request (a person filling
+/// in a form) does not count against the call's own timeout, up to
+/// `[http] input_timeout`: with a 1 s call timeout, an agent that takes
+/// 0.7 s per answer gets both of the demo's questions answered (before,
+/// the call timed out at 1 s); one that keeps answering past the bound is
+/// timed out all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_time_to_answer_does_not_count_against_the_calls_timeout() {
+    use rmcp::model::{
+        CallToolRequestParams, ClientCapabilities, ElicitRequestParams, ElicitResult,
+        ElicitationAction,
+    };
+    use rmcp::service::RequestContext;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::{ClientHandler, ErrorData, RoleClient, ServiceExt};
+
+    /// A person: 0.7 s to answer each question, always yes.
+    struct Slow;
+    impl ClientHandler for Slow {
+        fn get_info(&self) -> rmcp::model::ClientConfig {
+            rmcp::model::ClientConfig::new(
+                ClientCapabilities::builder().enable_elicitation().build(),
+                rmcp::model::Implementation::new("slow-agent", "1"),
+            )
+        }
+        async fn create_elicitation(
+            &self,
+            _: ElicitRequestParams,
+            _: RequestContext<RoleClient>,
+        ) -> Result<ElicitResult, ErrorData> {
+            tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+            Ok(ElicitResult::new(ElicitationAction::Accept).with_content(json!({"ok": true})))
+        }
+    }
+
+    for (input_timeout, times, finishes) in [("30s", 2, true), ("1s", 0, false)] {
+        let (d, url) = daemon(&format!(
+            "input_timeout = \"{input_timeout}\"\n[bundles]\ncall_timeout = \"1s\"\n"
+        ));
+        let t = token(&d);
+        let config = StreamableHttpClientTransportConfig::with_uri(url).auth_header(t);
+        let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+        let agent = Slow.serve(transport).await.unwrap();
+        let params = CallToolRequestParams::new("demo__confirm")
+            .with_arguments(json!({"times": times}).as_object().unwrap().clone());
+        let answer = agent.peer().call_tool(params).await;
+        if finishes {
+            let text = serde_json::to_value(answer.unwrap()).unwrap()["content"][0]["text"].clone();
+            let replies: Value = serde_json::from_str(text.as_str().unwrap()).unwrap();
+            assert_eq!(replies.as_array().map(Vec::len), Some(2), "{replies}");
+        } else {
+            let refused = answer.expect_err("timed out").to_string();
+            assert!(
+                refused.contains(r#"tool "confirm" of bundle "demo" did not answer within 1s"#),
+                "{refused}"
+            );
+        }
+        agent.cancel().await.unwrap();
+    }
+}
+
+/// A 2025-11-25 stdio server that dies at the unknown `server/discover`
+/// (the demo with `DEMO_EXIT_ON_DISCOVER=1`, no host-resources declared so
+/// the daemon tries the new revision first) is started again at once with
+/// `initialize` and runs, `status` saying why; before, it crash-looped.
+#[test]
+fn a_2025_server_that_exits_at_server_discover_is_started_again_with_initialize() {
+    let (d, _) = daemon("");
+    let mut manifest: Value = serde_json::from_str(common::DEMO_MANIFEST).unwrap();
+    manifest["name"] = json!("old");
+    manifest["_meta"] = json!({});
+    manifest["server"]["mcp_config"]["env"]["DEMO_EXIT_ON_DISCOVER"] = json!("1");
+    let dir = common::write_bundle(&d.root().join("bundles"), "old", &manifest);
+    d.ok(&["install", dir.to_str().unwrap()]);
+    let status = d.wait_state("default", "old", "ready");
+    assert_eq!(status["mcp"]["revision"], "2025-11-25", "{status}");
+    let why = status["mcp"]["why"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("failed the MCP 2026-07-28 handshake (bundle exited during start")
+            && why.contains("spoken to with initialize"),
+        "{status}"
+    );
+    assert_eq!(status["restarts"], 0, "{status}");
+    assert_eq!(
+        d.ok(&["call", "old", "echo", r#"{"text": "hi"}"#]).trim(),
+        "hi"
+    );
+}
+
 /// Point 2, the other way: the bundle answers `input_required`. The
 /// operator's `bundlevisor call` cannot give input and says so; an agent on
 /// a 2025-11-25 session is asked by requests on its session, and one on
@@ -391,18 +481,37 @@ fn a_2026_bundles_input_required_reaches_agents_of_both_revisions() {
     }
 }
 
-/// The daemon does not follow a 2026-07-28 bundle's resources yet (that
-/// revision has no `resources/subscribe`): a 2025-11-25 agent's
-/// subscription is refused saying so, and a 2026-07-28 agent's
-/// `subscriptions/listen` leaves the URI out of its acknowledgement —
-/// never a subscription that silently hears nothing.
+/// Issue 32, point 1: a 2026-07-28 bundle's resources are followed,
+/// though that revision has no `resources/subscribe`: the daemon hears the
+/// URIs agents follow on one `subscriptions/listen` stream to the bundle.
+/// A 2025-11-25 agent's subscription and a 2026-07-28 agent's listen both
+/// hear the bundle's update; when the first leaves, the second still
+/// hears. Before, the subscription was refused and the listen left the
+/// URI out. A URI that cannot be followed is refused saying why.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[allow(deprecated)] // resources/subscribe: what a 2025-11-25 agent sends
-async fn a_2026_bundles_resources_are_not_followed_and_agents_are_told() {
-    use rmcp::model::{ProtocolVersion, SubscribeRequestParams, SubscriptionFilter};
+async fn a_2026_bundles_resources_are_followed_by_agents_of_both_revisions() {
+    use rmcp::model::{
+        ProtocolVersion, ResourceUpdatedNotificationParam, ServerNotification,
+        SubscribeRequestParams, SubscriptionFilter, UnsubscribeRequestParams,
+    };
     use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
     use rmcp::transport::StreamableHttpClientTransport;
-    use rmcp::{ClientLifecycleMode, ClientServiceExt, ServiceExt};
+    use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, ServiceExt};
+    use tokio::sync::mpsc;
+
+    /// A 2025-11-25 agent that hears the updates of what it follows.
+    struct Updates(mpsc::UnboundedSender<String>);
+    impl ClientHandler for Updates {
+        async fn on_resource_updated(
+            &self,
+            params: ResourceUpdatedNotificationParam,
+            _: rmcp::service::NotificationContext<rmcp::RoleClient>,
+        ) {
+            let _ = self.0.send(params.uri);
+        }
+    }
+
     let (d, url) = daemon("");
     tokio::task::block_in_place(|| with_py_asker(&d));
     let t = token(&d);
@@ -412,36 +521,78 @@ async fn a_2026_bundles_resources_are_not_followed_and_agents_are_told() {
             StreamableHttpClientTransportConfig::with_uri(url.clone()).auth_header(t.clone());
         StreamableHttpClientTransport::with_client(reqwest::Client::new(), config)
     };
-    let session = ().serve(transport()).await.unwrap();
-    let refused = session
+    let (tx, mut heard) = mpsc::unbounded_channel();
+    let legacy = Updates(tx).serve(transport()).await.unwrap();
+    for (wrong, why) in [
+        (
+            "files://notes.txt",
+            "files://notes.txt cannot be subscribed to: the workspace's files:// resources do not announce changes",
+        ),
+        (
+            "test://notes",
+            "test://notes cannot be subscribed to: not a resource of this gateway",
+        ),
+        ("bundle://nosuch/x", "no bundle \"nosuch\" in workspace \"default\""),
+    ] {
+        let refused = legacy
+            .peer()
+            .subscribe(SubscribeRequestParams::new(wrong))
+            .await
+            .expect_err(wrong)
+            .to_string();
+        assert!(refused.contains(why), "{refused}");
+    }
+    legacy
         .peer()
         .subscribe(SubscribeRequestParams::new(uri))
         .await
-        .expect_err("refused");
-    assert!(
-        refused
-            .to_string()
-            .contains("speaks MCP 2026-07-28, whose resources bundlevisor does not follow yet"),
-        "{refused}"
-    );
-    session.cancel().await.unwrap();
+        .unwrap();
     let discover = ClientLifecycleMode::Discover {
         preferred_versions: vec![ProtocolVersion::V_2026_07_28],
     };
     let modern = ().serve_with_lifecycle(transport(), discover).await.unwrap();
     let filter = SubscriptionFilter::builder()
-        .tools_list_changed()
         .resource_subscriptions([uri])
         .build();
-    let stream = modern.peer().listen(filter).await.unwrap();
+    let mut stream = modern.peer().listen(filter).await.unwrap();
     assert_eq!(
         stream.acknowledged().resource_subscriptions,
-        None,
+        Some(vec![uri.to_string()]),
         "{:?}",
         stream.acknowledged()
     );
-    assert_eq!(stream.acknowledged().tools_list_changed, Some(true));
+    let note = |text: &str| {
+        let params = rmcp::model::CallToolRequestParams::new("py-asker__note")
+            .with_arguments(json!({"text": text}).as_object().unwrap().clone());
+        modern.peer().call_tool(params)
+    };
+    async fn next_update(stream: &mut rmcp::service::Subscription) -> String {
+        match tokio::time::timeout(std::time::Duration::from_secs(20), stream.next()).await {
+            Ok(Ok(Some(ServerNotification::ResourceUpdatedNotification(n)))) => n.params.uri,
+            other => panic!("no update on the listen stream: {other:?}"),
+        }
+    }
+    note("first").await.unwrap();
+    assert_eq!(heard.recv().await.as_deref(), Some(uri));
+    assert_eq!(next_update(&mut stream).await, uri);
+
+    legacy
+        .peer()
+        .unsubscribe(UnsubscribeRequestParams::new(uri))
+        .await
+        .unwrap();
+    note("second").await.unwrap();
+    assert_eq!(next_update(&mut stream).await, uri);
+    assert!(heard.try_recv().is_err(), "the agent that left still heard");
+    let read = modern
+        .peer()
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(uri))
+        .await
+        .unwrap();
+    let text = serde_json::to_value(&read).unwrap()["contents"][0]["text"].clone();
+    assert_eq!(text, "first\nsecond", "{read:?}");
     drop(stream);
+    legacy.cancel().await.unwrap();
     modern.cancel().await.unwrap();
 }
 

@@ -172,6 +172,20 @@ impl Subscribers {
         !self.of(uri).iter().all(|other| same(other, agent))
     }
 
+    /// The URIs live agents follow.
+    pub fn uris(&self) -> std::collections::BTreeSet<String> {
+        let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        list.retain(|(_, a)| !a.gone());
+        list.iter().map(|(u, _)| u.clone()).collect()
+    }
+
+    /// Tells the agents that follow `uri` of `bundle` that it changed.
+    pub async fn tell(&self, bundle: &str, uri: &str) {
+        for agent in self.of(uri) {
+            agent.resource_updated(bundle, uri).await;
+        }
+    }
+
     /// The live agents subscribed to `uri` (ended sessions are dropped).
     fn of(&self, uri: &str) -> Vec<Arc<dyn Agent>> {
         let mut list = self.0.lock().unwrap_or_else(|e| e.into_inner());
@@ -215,6 +229,104 @@ struct InFlightRequest {
     key: u64,
     caller: Caller,
     sent_as: Option<rmcp::model::RequestId>,
+    /// Time the request spent waiting for its caller's answers.
+    asked: Arc<Asked>,
+}
+
+/// How long a request waited for its caller to answer the bundle's
+/// requests (a person filling in an elicitation form, say): that time does
+/// not count against the request's own timeout ([`Asked::expired`]).
+#[derive(Default)]
+pub struct Asked {
+    /// Asks in flight, since when one is, and the time asked before.
+    state: Mutex<(u32, Option<std::time::Instant>, Duration)>,
+    changed: tokio::sync::Notify,
+}
+
+impl Asked {
+    fn lock(&self) -> std::sync::MutexGuard<'_, (u32, Option<std::time::Instant>, Duration)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn begin(&self) {
+        let mut s = self.lock();
+        if s.0 == 0 {
+            s.1 = Some(std::time::Instant::now());
+        }
+        s.0 += 1;
+    }
+
+    fn end(&self) {
+        let mut s = self.lock();
+        s.0 = s.0.saturating_sub(1);
+        if s.0 == 0 {
+            if let Some(since) = s.1.take() {
+                s.2 += since.elapsed();
+            }
+        }
+        drop(s);
+        self.changed.notify_waiters();
+    }
+
+    /// The time asked so far, and whether an ask is in flight now.
+    fn paused(&self) -> (Duration, bool) {
+        let s = self.lock();
+        let now = s.1.map(|since| since.elapsed()).unwrap_or_default();
+        (s.2 + now, s.0 > 0)
+    }
+
+    /// Resolves once `timeout` has passed since `start`, not counting the
+    /// time the caller was being asked, of which at most `max_asked`.
+    pub async fn expired(
+        &self,
+        start: tokio::time::Instant,
+        timeout: Duration,
+        max_asked: Duration,
+    ) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let (asked, asking) = self.paused();
+            let deadline = start + timeout + asked.min(max_asked);
+            if asking && asked < max_asked {
+                // Waiting on the agent: the clock stands, up to the bound.
+                let bound = start + timeout + max_asked;
+                tokio::select! {
+                    _ = tokio::time::sleep_until(bound) => {}
+                    _ = changed => {}
+                }
+                continue;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => {}
+                _ = changed => {}
+            }
+        }
+    }
+}
+
+/// The agent a bundle's request goes to, and the clocks of the requests
+/// whose time it spends answering.
+type AskedOf = (Arc<dyn Agent>, Vec<Arc<Asked>>);
+
+/// An ask of the caller in flight, counted in its [`Asked`] until dropped.
+struct Asking(Arc<Asked>);
+
+impl Asking {
+    fn new(asked: Arc<Asked>) -> Self {
+        asked.begin();
+        Asking(asked)
+    }
+}
+
+impl Drop for Asking {
+    fn drop(&mut self) {
+        self.0.end();
+    }
 }
 
 /// Removes its request's entry from [`Callers`] when the request ends.
@@ -224,6 +336,15 @@ pub struct CallerGuard {
 }
 
 impl CallerGuard {
+    /// How long the request has waited for its caller's answers.
+    pub fn asked(&self) -> Arc<Asked> {
+        let list = self.callers.lock();
+        list.iter()
+            .find(|e| e.key == self.key)
+            .map(|e| e.asked.clone())
+            .unwrap_or_default()
+    }
+
     /// Records the id the request was sent with.
     pub fn sent_as(&self, id: rmcp::model::RequestId) {
         let mut list = self.callers.lock();
@@ -262,6 +383,7 @@ impl Callers {
             key,
             caller,
             sent_as: None,
+            asked: Arc::default(),
         });
         CallerGuard {
             callers: self.clone(),
@@ -274,6 +396,15 @@ impl Callers {
     /// HTTP only): the response stream of one of our requests names that
     /// request; the standalone stream names none.
     fn agent_for(&self, origin: Option<&InboundStreamOrigin>) -> Result<Arc<dyn Agent>, String> {
+        self.asked_of(origin).map(|(agent, _)| agent)
+    }
+
+    /// [`Self::agent_for`], with the clocks of the requests whose time it
+    /// would spend answering (the one named, or all of that one caller).
+    fn asked_of(
+        &self,
+        origin: Option<&InboundStreamOrigin>,
+    ) -> Result<AskedOf, String> {
         let list = self.lock();
         let named = match origin {
             Some(InboundStreamOrigin::Unassociated) => return Err(UNASSOCIATED.into()),
@@ -282,8 +413,8 @@ impl Callers {
             }
             None => None,
         };
-        let caller = match named {
-            Some(entry) => &entry.caller,
+        let (caller, asked) = match named {
+            Some(entry) => (&entry.caller, vec![entry.asked.clone()]),
             // Nothing ties it to a request: only one caller may be meant.
             None => {
                 let Some(first) = list.first() else {
@@ -292,11 +423,14 @@ impl Callers {
                 if list.iter().any(|e| !e.caller.is(&first.caller)) {
                     return Err(SEVERAL.into());
                 }
-                &first.caller
+                (
+                    &first.caller,
+                    list.iter().map(|e| e.asked.clone()).collect(),
+                )
             }
         };
         match caller {
-            Caller::Agent(agent) => Ok(agent.clone()),
+            Caller::Agent(agent) => Ok((agent.clone(), asked)),
             Caller::Operator => Err(OPERATOR.into()),
         }
     }
@@ -310,8 +444,8 @@ impl Callers {
         request: ServerRequest,
         context: &RequestContext<RoleClient>,
     ) -> Result<ClientResult, ErrorData> {
-        let agent = self
-            .agent_for(context.extensions.get::<InboundStreamOrigin>())
+        let (agent, asked) = self
+            .asked_of(context.extensions.get::<InboundStreamOrigin>())
             .map_err(|why| ErrorData::new(ErrorCode::INVALID_REQUEST, why, None))?;
         if let Some(why) = agent.unreachable() {
             return Err(ErrorData::new(ErrorCode::INVALID_REQUEST, why, None));
@@ -323,6 +457,8 @@ impl Callers {
                 None,
             ));
         }
+        // The caller's time to answer does not count against its request.
+        let _asking: Vec<Asking> = asked.into_iter().map(Asking::new).collect();
         agent.request(request).await
     }
 }
@@ -566,11 +702,9 @@ impl ClientHandler for BundleClient {
         params: ResourceUpdatedNotificationParam,
         _context: rmcp::service::NotificationContext<RoleClient>,
     ) {
-        for agent in self.subscribers.of(&params.uri) {
-            agent
-                .resource_updated(&self.host.requester.bundle, &params.uri)
-                .await;
-        }
+        self.subscribers
+            .tell(&self.host.requester.bundle, &params.uri)
+            .await;
     }
 
     async fn on_custom_request(

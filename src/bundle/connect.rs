@@ -120,6 +120,9 @@ pub struct Session {
     pub callers: crate::bundle::client::Callers,
     /// The agents subscribed to its resources.
     pub subscribers: crate::bundle::client::Subscribers,
+    /// How those resources are followed on MCP 2026-07-28, which has no
+    /// `resources/subscribe`: on one `subscriptions/listen` stream.
+    pub follower: super::follow::Follower,
     /// The MCP revision spoken with the bundle, and why when it is not the
     /// newest the daemon knows.
     pub revision: ProtocolVersion,
@@ -168,8 +171,10 @@ pub async fn connect(
             answered: true,
             ..
         }) => message,
-        // A server of the new revision only may end at an `initialize`.
-        Err(e @ ConnectError::Exited { .. }) if opts.legacy.is_some() => e.to_string(),
+        // A server of one revision only may end at the other's handshake:
+        // a 2026-07-28 one at `initialize`, a 2025-11-25 one at the
+        // unknown `server/discover` (most answer it with an error).
+        Err(e @ ConnectError::Exited { .. }) if matches!(plan, Plan::Stdio(_)) => e.to_string(),
         other => return other,
     };
     let (why, again) = match &opts.legacy {
@@ -505,6 +510,8 @@ fn connected(
     let progress = service.service().progress();
     let callers = service.service().callers();
     let subscribers = service.service().subscribers();
+    let follower =
+        super::follow::Follower::new(peer.clone(), subscribers.clone(), &requester.bundle);
     let server = service
         .peer()
         .peer_info()
@@ -537,6 +544,7 @@ fn connected(
         lifeline,
         progress,
         callers,
+        follower,
         subscribers,
         revision,
         revision_why,

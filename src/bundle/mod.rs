@@ -3,7 +3,8 @@
 //! stdio transport, which answers the bundle's host-resources requests
 //! ([`transport`]), and the MCP client handler, which answers them for a
 //! remote bundle ([`client`]); the host-resources channel of a bundle on
-//! MCP 2026-07-28 ([`channel`]).
+//! MCP 2026-07-28 ([`channel`]), and the stream on which the resources
+//! agents follow are heard from such a bundle ([`follow`]).
 //!
 //! Architecture invariant: [`connect::connect`] is the only place that
 //! constructs a bundle's MCP client and stdio transport, and it cannot be
@@ -13,6 +14,7 @@ pub mod cgroup;
 pub mod channel;
 pub mod client;
 pub mod connect;
+pub mod follow;
 pub mod guard;
 pub mod orphans;
 pub mod process;

@@ -515,6 +515,22 @@ impl ServerHandler for Demo {
         self.negotiate_initialize(&request)
     }
 
+    /// With `DEMO_EXIT_ON_DISCOVER=1` the demo ends at `server/discover`, as
+    /// a 2025-11-25 server that dies at an unknown method would.
+    async fn discover(
+        &self,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::DiscoverResult, ErrorData> {
+        if std::env::var("DEMO_EXIT_ON_DISCOVER").is_ok_and(|v| v == "1") {
+            eprintln!("demo: unknown method server/discover; exiting");
+            std::process::exit(3);
+        }
+        Ok(rmcp::model::DiscoverResult::from_server_info(
+            self.supported_protocol_versions().into_owned(),
+            self.get_info(),
+        ))
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(
             ServerCapabilities::builder()

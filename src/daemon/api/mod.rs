@@ -383,15 +383,6 @@ impl Api {
         })
     }
 
-    /// The MCP revision the daemon speaks with a running bundle.
-    pub fn revision(&self, workspace: &str, name: &str) -> Option<String> {
-        self.shared
-            .board
-            .get(workspace, name)
-            .and_then(|b| b.mcp)
-            .map(|m| m.revision)
-    }
-
     /// The daemon's lifecycle events from now on.
     pub fn events(&self) -> tokio::sync::broadcast::Receiver<super::board::Event> {
         self.shared.board.subscribe()

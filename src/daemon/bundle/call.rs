@@ -141,9 +141,13 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
             }
         }
     }
+    let timeout = call.timeout.unwrap_or(live.timeout);
+    if let Some(followed) = follow(session, &call, timeout).await {
+        let _ = call.reply.send(followed.map(|()| ServerResult::empty(())));
+        return;
+    }
     // The caller is the bundle's client for as long as the request runs.
     let caller = session.callers.enter(call.caller.clone());
-    let timeout = call.timeout.unwrap_or(live.timeout);
     let mut request = first_request(&call.request);
     // A bundle on 2026-07-28 logs only for a request that asks it to: the
     // level the agent wants goes along.
@@ -158,7 +162,15 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
     }
     let mut rounds = 0;
     let result = loop {
-        match exchange(session, &call, request.clone(), &caller, timeout).await {
+        match exchange(
+            session,
+            &call,
+            request.clone(),
+            &caller,
+            (timeout, live.answer_time),
+        )
+        .await
+        {
             Err(e) => break Err(e),
             Ok(Err(e))
                 if retry
@@ -183,14 +195,19 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
                         "the bundle asked for input {MAX_INPUT_ROUNDS} times in one request; bundlevisor ends it there"
                     )));
                 }
-                match crate::bundle::client::fulfil(
+                let answers = crate::bundle::client::fulfil(
                     &call.caller,
                     asked.input_requests.unwrap_or_default(),
-                )
-                .await
-                {
-                    Ok(responses) => request = with_input(request, responses, asked.request_state),
-                    Err(why) => break Err(CallError::Failed(why)),
+                );
+                match tokio::time::timeout(live.answer_time, answers).await {
+                    Ok(Ok(responses)) => {
+                        request = with_input(request, responses, asked.request_state)
+                    }
+                    Ok(Err(why)) => break Err(CallError::Failed(why)),
+                    Err(_) => break Err(CallError::Failed(format!(
+                        "the agent did not answer the bundle's request for input within {} ([http] input_timeout)",
+                        humantime::format_duration(live.answer_time)
+                    ))),
                 }
             }
             Ok(Ok(result)) => {
@@ -214,6 +231,43 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
     };
     drop((lane, caller));
     let _ = call.reply.send(result);
+}
+
+/// An agent's `resources/subscribe` or `unsubscribe` to a bundle on MCP
+/// 2026-07-28, which has neither: the resource is followed on the session's
+/// `subscriptions/listen` stream instead ([`crate::bundle::follow`]). `None`
+/// for any other request, or another revision.
+async fn follow(
+    session: &crate::bundle::Session,
+    call: &PendingCall,
+    timeout: Duration,
+) -> Option<Result<(), CallError>> {
+    if session.revision < rmcp::model::ProtocolVersion::V_2026_07_28 {
+        return None;
+    }
+    let (BundleRequest::Mcp(request), Caller::Agent(agent)) = (&call.request, &call.caller) else {
+        return None;
+    };
+    let followed = match &**request {
+        ClientRequest::SubscribeRequest(r) => {
+            let subscribe = session.follower.subscribe(&r.params.uri, agent.clone());
+            match tokio::time::timeout(timeout, subscribe).await {
+                Ok(done) => done.map_err(CallError::Failed),
+                Err(_) => {
+                    session.subscribers.remove(&r.params.uri, agent);
+                    Err(CallError::Timeout(timeout))
+                }
+            }
+        }
+        ClientRequest::UnsubscribeRequest(r) => {
+            let unsubscribe = session.follower.unsubscribe(&r.params.uri, agent);
+            tokio::time::timeout(timeout, unsubscribe)
+                .await
+                .map_err(|_| CallError::Timeout(timeout))
+        }
+        _ => return None,
+    };
+    Some(followed)
 }
 
 /// The MCP request a call first sends.
@@ -265,7 +319,7 @@ async fn exchange(
     call: &PendingCall,
     request: ClientRequest,
     caller: &crate::bundle::client::CallerGuard,
-    timeout: Duration,
+    (timeout, answer_time): (Duration, Duration),
 ) -> Result<Result<ServerResult, ServiceError>, CallError> {
     let peer = &session.peer;
     let handle = peer
@@ -287,8 +341,13 @@ async fn exchange(
         ),
         None => None,
     };
-    let response = tokio::time::timeout(timeout, handle.await_response());
+    // The call's clock stands while its agent is asked (up to the time an
+    // agent gets to answer, `[http] input_timeout`).
+    let response = handle.await_response();
     tokio::pin!(response);
+    let asked = caller.asked();
+    let expired = asked.expired(tokio::time::Instant::now(), timeout, answer_time);
+    tokio::pin!(expired);
     let mut reported = false;
     let outcome = loop {
         tokio::select! {
@@ -299,7 +358,8 @@ async fn exchange(
                     let _ = tx.send(p).await;
                 }
             }
-            r = &mut response => break Some(r),
+            r = &mut response => break Some(Ok(r)),
+            _ = &mut expired => break Some(Err(())),
             _ = call.cancel.cancelled() => break None,
         }
     };

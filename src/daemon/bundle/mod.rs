@@ -452,9 +452,10 @@ impl BundleActorState {
             if generation == self.lc.generation() {
                 self.archive = archive;
             }
-            let timeout = self.args.shared.config.bundles.call_timeout;
+            let config = &self.args.shared.config;
+            let timeouts = (config.bundles.call_timeout, config.http.input_timeout);
             Up {
-                session: Live::new(session, generation, timeout),
+                session: Live::new(session, generation, timeouts),
                 manifest,
                 reauthorized,
                 rejected,

@@ -19,16 +19,24 @@ pub struct Live {
     pub generation: u64,
     /// `[bundles] call_timeout`.
     pub timeout: Duration,
+    /// `[http] input_timeout`: the time a call's agent gets to answer the
+    /// bundle's requests, which does not count against `timeout`.
+    pub answer_time: Duration,
     in_flight: InFlight,
 }
 
 impl Live {
     /// `session`'s tools already exclude the ones `[[exclude_tools]]` removes.
-    pub fn new(session: Session, generation: u64, timeout: Duration) -> Arc<Live> {
+    pub fn new(
+        session: Session,
+        generation: u64,
+        (timeout, answer_time): (Duration, Duration),
+    ) -> Arc<Live> {
         Arc::new(Live {
             session,
             generation,
             timeout,
+            answer_time,
             in_flight: InFlight::default(),
         })
     }

@@ -258,30 +258,29 @@ impl Gateway {
         uri: &str,
         peer: &Peer<RoleServer>,
     ) -> Result<(), ErrorData> {
-        let Some((bundle, original)) =
-            names::parse_bundle_uri(uri).filter(|(bundle, _)| self.bundle_allowed(bundle))
-        else {
-            return Err(ErrorData::invalid_params(
-                format!("{uri}: only the resources of bundles can be subscribed to (the workspace's files:// resources cannot)"),
-                None,
-            ));
-        };
-        if let Some(why) = self.unfollowable(&bundle) {
-            return Err(ErrorData::invalid_params(format!("{uri}: {why}"), None));
-        }
+        let (bundle, original) = self.followable(uri)?;
         self.bundle_mcp(&bundle, request(original), self.agent(peer))
             .await?;
         Ok(())
     }
 
-    /// Why the resources of `bundle` cannot be followed, if they cannot: a
-    /// bundle on MCP 2026-07-28 has no `resources/subscribe`, and the
-    /// daemon does not yet open `subscriptions/listen` to bundles.
-    fn unfollowable(&self, bundle: &str) -> Option<String> {
-        let revision = self.0.api.revision(&self.0.workspace, bundle)?;
-        (revision.as_str() >= "2026-07-28").then(|| {
-            format!("bundle {bundle:?} speaks MCP {revision}, whose resources bundlevisor does not follow yet (it has no resources/subscribe); read the resource again to see a change")
-        })
+    /// The bundle and its own URI of a resource agents may follow, or why
+    /// `uri` cannot be followed.
+    fn followable(&self, uri: &str) -> Result<(String, String), ErrorData> {
+        let why = match names::parse_bundle_uri(uri) {
+            Some((bundle, original)) if self.bundle_allowed(&bundle) => {
+                return Ok((bundle, original))
+            }
+            Some((bundle, _)) => format!("this profile has no bundle {bundle:?}"),
+            None if uri.starts_with("files://") => {
+                "the workspace's files:// resources do not announce changes; read them again to see one".to_string()
+            }
+            None => "not a resource of this gateway (its resources are bundle://BUNDLE/… and files://…; see resources/list)".to_string(),
+        };
+        Err(ErrorData::invalid_params(
+            format!("{uri} cannot be subscribed to: {why}"),
+            None,
+        ))
     }
 
     /// Every allowed ready bundle's answer to a list request, the items
@@ -779,15 +778,10 @@ impl ServerHandler for Gateway {
     ) -> Option<SubscriptionFilter> {
         let mut accepted = requested.clone();
         // Only bundles' resources can be followed (files:// cannot), of
-        // bundles this profile allows and that are not on 2026-07-28 (see
-        // `unfollowable`); the rest is left out of the acknowledgement, so
-        // the agent knows.
+        // bundles this profile allows (see `followable`); the rest is left
+        // out of the acknowledgement, so the agent knows.
         if let Some(uris) = &mut accepted.resource_subscriptions {
-            uris.retain(|uri| {
-                names::parse_bundle_uri(uri).is_some_and(|(bundle, _)| {
-                    self.bundle_allowed(&bundle) && self.unfollowable(&bundle).is_none()
-                })
-            });
+            uris.retain(|uri| self.followable(uri).is_ok());
         }
         Some(accepted)
     }

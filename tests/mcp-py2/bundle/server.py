@@ -1,6 +1,8 @@
 """A bundle on the Python SDK `mcp` 2.3.0 `MCPServer`, which speaks MCP
 2026-07-28 and 2025-11-25: `greet` elicits a name and `ponder` samples the
-client's model, `both` asks for both in one round, `chatty` logs, through the SDK's resolvers (on 2026-07-28 they answer
+client's model, `both` asks for both in one round, `chatty` logs, `note`
+adds a line to the resource test://notes and announces the change (on
+2026-07-28 only on `subscriptions/listen` streams), through the SDK's resolvers (on 2026-07-28 they answer
 `input_required` and resume on the retry; on 2025-11-25 they send a request
 mid-call). tests/rounds.rs runs it as a bundle (the daemon is its client)."""
 from typing import Annotated
@@ -55,6 +57,23 @@ async def chatty(ctx: Context) -> str:
     """Log a message at info (on 2026-07-28 only when the request asks for logs), then answer."""
     await ctx.log("info", "chatty: a log message")
     return f"said it (on {ctx.protocol_version})"
+
+
+notes: list[str] = []
+
+
+@server.resource("test://notes")
+def read_notes() -> str:
+    """The lines written with `note`."""
+    return "\n".join(notes)
+
+
+@server.tool()
+async def note(text: str, ctx: Context) -> str:
+    """Add a line to test://notes, then tell whoever follows it."""
+    notes.append(text)
+    await ctx.notify_resource_updated("test://notes")
+    return f"{len(notes)} notes"
 
 
 if __name__ == "__main__":
