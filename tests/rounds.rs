@@ -447,7 +447,9 @@ fn a_2025_server_that_exits_at_server_discover_is_started_again_with_initialize(
 }
 
 /// Point 2, the other way: the bundle answers `input_required`. The
-/// operator's `bundlevisor call` cannot give input and says so; an agent on
+/// operator's `bundlevisor call` cannot give input and says so (the
+/// bundle, told its caller declares no elicitation, refuses with -32021,
+/// and the daemon says what it needs); an agent on
 /// a 2025-11-25 session is asked by requests on its session, and one on
 /// 2026-07-28 by the gateway's own `input_required`; the daemon retries the
 /// bundle with the answers and its `requestState`, and the call completes.
@@ -463,7 +465,7 @@ fn a_2026_bundles_input_required_reaches_agents_of_both_revisions() {
     );
     assert!(!out.status.success(), "{text}");
     assert!(
-        text.contains(r#"the bundle needs input (elicitation/create "what is your name?")"#)
+        text.contains("the bundle needs input (the elicitation capability)")
             && text.contains("nobody to ask"),
         "{text}"
     );

@@ -120,14 +120,15 @@ pub trait Agent: Send + Sync {
         &self,
         request: ServerRequest,
     ) -> BoxFuture<'static, Result<ClientResult, ErrorData>>;
-    /// Requests asked together (one round of a bundle's `input_required`):
-    /// their answers, in order. At once, one by one, unless the agent has
-    /// a way to ask them together.
+    /// Requests asked together (one round of a bundle's `input_required`,
+    /// each under the key the bundle gave it): their answers, in order. At
+    /// once, one by one, unless the agent has a way to ask them together
+    /// (then under the same keys, when it can).
     fn request_all(
         &self,
-        requests: Vec<ServerRequest>,
+        requests: Vec<(Option<String>, ServerRequest)>,
     ) -> BoxFuture<'static, Vec<Result<ClientResult, ErrorData>>> {
-        let asks: Vec<_> = requests.into_iter().map(|r| self.request(r)).collect();
+        let asks: Vec<_> = requests.into_iter().map(|(_, r)| self.request(r)).collect();
         Box::pin(futures::future::join_all(asks))
     }
     /// A notification to the agent (log messages).
@@ -401,10 +402,7 @@ impl Callers {
 
     /// [`Self::agent_for`], with the clocks of the requests whose time it
     /// would spend answering (the one named, or all of that one caller).
-    fn asked_of(
-        &self,
-        origin: Option<&InboundStreamOrigin>,
-    ) -> Result<AskedOf, String> {
+    fn asked_of(&self, origin: Option<&InboundStreamOrigin>) -> Result<AskedOf, String> {
         let list = self.lock();
         let named = match origin {
             Some(InboundStreamOrigin::Unassociated) => return Err(UNASSOCIATED.into()),
@@ -463,23 +461,53 @@ impl Callers {
     }
 }
 
+/// Why a bundle that needs input (`what`) cannot have it from the
+/// operator.
+pub fn nobody_to_ask(what: &str) -> String {
+    format!("the bundle needs input ({what}), and {OPERATOR}")
+}
+
+/// Why a bundle's input requests could not be answered.
+#[derive(Debug)]
+pub enum Unfulfilled {
+    /// The caller did not declare the capability (`sampling`,
+    /// `elicitation` or `roots`): MCP's MissingRequiredClientCapability.
+    Missing(&'static str),
+    Why(String),
+}
+
+impl Unfulfilled {
+    /// As an MCP error: -32021 with `data.requiredCapabilities` for a
+    /// missing capability, else an internal error saying why.
+    pub fn into_error(self) -> ErrorData {
+        match self {
+            Unfulfilled::Missing(what) => ErrorData::new(
+                ErrorCode(-32021),
+                format!("the bundle asked for {what}, and the agent that made this call did not declare the {what} capability"),
+                Some(json!({ "requiredCapabilities": { what: {} } })),
+            ),
+            Unfulfilled::Why(why) => ErrorData::internal_error(why, None),
+        }
+    }
+}
+
 /// The answers of `caller` to a bundle's input requests (a bundle on MCP
 /// 2026-07-28 answered `input_required`): each asked of the agent, all at
 /// once — on its session, or for an agent on 2026-07-28 as its own
 /// `input_required` — or why they cannot be.
-pub async fn fulfil(caller: &Caller, requests: InputRequests) -> Result<InputResponses, String> {
+pub async fn fulfil(
+    caller: &Caller,
+    requests: InputRequests,
+) -> Result<InputResponses, Unfulfilled> {
     let agent = match caller {
         Caller::Agent(agent) => agent,
         Caller::Operator => {
             let asked: Vec<String> = requests.values().map(describe).collect();
-            return Err(format!(
-                "the bundle needs input ({}), and {OPERATOR}",
-                asked.join("; ")
-            ));
+            return Err(Unfulfilled::Why(nobody_to_ask(&asked.join("; "))));
         }
     };
     if let Some(why) = agent.unreachable() {
-        return Err(why);
+        return Err(Unfulfilled::Why(why));
     }
     let capabilities = agent.capabilities();
     let mut asks = Vec::new();
@@ -501,33 +529,41 @@ pub async fn fulfil(caller: &Caller, requests: InputRequests) -> Result<InputRes
                 ServerRequest::ListRootsRequest(r),
             ),
             _ => {
-                return Err("the bundle asked for input of a kind bundlevisor does not know".into())
+                return Err(Unfulfilled::Why(
+                    "the bundle asked for input of a kind bundlevisor does not know".into(),
+                ))
             }
         };
         if !declared {
-            return Err(format!(
-                "the bundle asked for {what}, and the agent that made this call did not declare the {what} capability"
-            ));
+            return Err(Unfulfilled::Missing(what));
         }
         asks.push((key, what, request));
     }
-    let requests = asks.iter().map(|(_, _, r)| r.clone()).collect();
+    let requests = asks
+        .iter()
+        .map(|(key, _, r)| (Some(key.clone()), r.clone()))
+        .collect();
     let answers = agent.request_all(requests).await;
     let mut responses = InputResponses::new();
     for ((key, what, _), answer) in asks.into_iter().zip(answers) {
         let answer = answer.map_err(|e| {
-            format!(
+            Unfulfilled::Why(format!(
                 "the bundle asked for {what}, and the agent answered with an error: {}",
                 e.message
-            )
+            ))
         })?;
         let value = match answer {
             ClientResult::ElicitResult(r) => serde_json::to_value(r),
             ClientResult::CreateMessageResult(r) => serde_json::to_value(r),
             ClientResult::ListRootsResult(r) => serde_json::to_value(r),
-            _ => return Err(format!("the agent answered {what} with something else")),
+            _ => {
+                return Err(Unfulfilled::Why(format!(
+                    "the agent answered {what} with something else"
+                )))
+            }
         };
-        let value = value.map_err(|e| format!("the agent's answer to {what}: {e}"))?;
+        let value =
+            value.map_err(|e| Unfulfilled::Why(format!("the agent's answer to {what}: {e}")))?;
         responses.insert(key, value);
     }
     Ok(responses)

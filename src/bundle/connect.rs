@@ -123,6 +123,8 @@ pub struct Session {
     /// How those resources are followed on MCP 2026-07-28, which has no
     /// `resources/subscribe`: on one `subscriptions/listen` stream.
     pub follower: super::follow::Follower,
+    /// What the daemon declared to the bundle as its client.
+    pub declared: rmcp::model::ClientCapabilities,
     /// The MCP revision spoken with the bundle, and why when it is not the
     /// newest the daemon knows.
     pub revision: ProtocolVersion,
@@ -512,6 +514,7 @@ fn connected(
     let subscribers = service.service().subscribers();
     let follower =
         super::follow::Follower::new(peer.clone(), subscribers.clone(), &requester.bundle);
+    let declared = rmcp::ClientHandler::get_info(service.service()).capabilities;
     let server = service
         .peer()
         .peer_info()
@@ -546,6 +549,7 @@ fn connected(
         callers,
         follower,
         subscribers,
+        declared,
         revision,
         revision_why,
         violation,

@@ -1,5 +1,6 @@
-//! `bundlevisor mcp [-w WS] [--profile P]`: the workspace's bundles as one
-//! MCP server on stdin/stdout (docs/gateway.md). The daemon serves the
+//! `bundlevisor mcp [-w WS] [--profile P] [--bundle NAME]`: the workspace's
+//! bundles as one MCP server on stdin/stdout, or one bundle exactly as
+//! itself (docs/gateway.md). The daemon serves the
 //! session: on the agent's stdin and stdout themselves, which this process
 //! hands over, or relayed by it ([`crate::client::relay`]). Logs go to
 //! stderr only; stdout carries MCP.
@@ -17,6 +18,10 @@ pub struct Args {
     /// A `[[profile]]` of the daemon config: which bundles and tools are exposed.
     #[arg(long)]
     profile: Option<String>,
+    /// Serve this one bundle exactly as itself (its own tool and prompt
+    /// names and resource URIs): a drop-in for a per-server stdio bridge.
+    #[arg(long)]
+    bundle: Option<String>,
     /// How long a call waits for a bundle that is starting or restarting.
     #[arg(long, value_parser = humantime::parse_duration)]
     wait_ready: Option<Duration>,
@@ -45,6 +50,7 @@ pub fn run(socket: PathBuf, args: &Args) -> ExitCode {
     let params = AttachParams {
         workspace: args.workspace.clone(),
         profile: args.profile.clone(),
+        bundle: args.bundle.clone(),
         wait_ready_ms: args.wait_ready.map(|d| d.as_millis() as u64),
         resume: None,
         handover: !args.relay && crate::stdio::can_hand_over(),

@@ -1,6 +1,8 @@
 //! The gateway over streamable HTTP (`[http] listen`; docs/gateway.md,
 //! "Over HTTP"): `/mcp/WS` and `/mcp/WS/PROFILE` serve a workspace (or one
-//! of its profiles) as one MCP server to agents that hold an access token.
+//! of its profiles) as one MCP server to agents that hold an access token;
+//! `/mcp/WS/bundle/NAME` serves one bundle exactly as itself (its names and
+//! URIs, under the token's profile if it has one).
 //!
 //! - One implementation for both transports: each HTTP session is the same
 //!   [`Gateway`] that `bundlevisor mcp` serves on stdio, served by rmcp's
@@ -35,13 +37,43 @@ use tokio_util::sync::CancellationToken;
 
 use super::Shared;
 use crate::daemon::api::Api;
+use crate::daemon::gateway::names::Naming;
 use crate::daemon::gateway::rounds::{AgentKey, RoundLimits, Rounds};
 use crate::daemon::gateway::{Gateway, DEFAULT_WAIT_READY};
 
 type Endpoint = StreamableHttpService<Gateway, LocalSessionManager>;
 
-/// (workspace, profile) of an endpoint.
-type EndpointKey = (String, Option<String>);
+/// (workspace, profile, bundle) of an endpoint.
+type EndpointKey = (String, Option<String>, Option<String>);
+
+/// What an endpoint's path names: the workspace, one of its profiles, or
+/// one of its bundles as itself.
+#[derive(Debug, Clone, Copy)]
+enum Face<'a> {
+    Workspace,
+    Profile(&'a str),
+    Bundle(&'a str),
+}
+
+impl Face<'_> {
+    fn path(&self, workspace: &str) -> String {
+        match self {
+            Face::Workspace => format!("/mcp/{workspace}"),
+            Face::Profile(p) => format!("/mcp/{workspace}/{p}"),
+            Face::Bundle(b) => format!("/mcp/{workspace}/bundle/{b}"),
+        }
+    }
+
+    /// Whether the names in the path are names at all.
+    fn well_formed(&self, workspace: &str) -> bool {
+        crate::names::check_name("workspace", workspace).is_ok()
+            && match self {
+                Face::Workspace => true,
+                Face::Profile(p) => crate::names::check_name("profile", p).is_ok(),
+                Face::Bundle(b) => crate::names::check_name("bundle", b).is_ok(),
+            }
+    }
+}
 /// An endpoint's rmcp service, the sessions it keeps and their owners.
 type Served = (Arc<Endpoint>, Arc<LocalSessionManager>, Arc<Mutex<Owners>>);
 
@@ -128,6 +160,7 @@ pub async fn serve(
     let router = Router::new()
         .route("/mcp/{workspace}", any(workspace_endpoint))
         .route("/mcp/{workspace}/{profile}", any(profile_endpoint))
+        .route("/mcp/{workspace}/bundle/{bundle}", any(bundle_endpoint))
         .route(
             "/.well-known/oauth-protected-resource/mcp/{workspace}",
             get(workspace_metadata),
@@ -135,6 +168,10 @@ pub async fn serve(
         .route(
             "/.well-known/oauth-protected-resource/mcp/{workspace}/{profile}",
             get(profile_metadata),
+        )
+        .route(
+            "/.well-known/oauth-protected-resource/mcp/{workspace}/bundle/{bundle}",
+            get(bundle_metadata),
         )
         .with_state(app)
         .merge(ops);
@@ -147,7 +184,7 @@ async fn workspace_endpoint(
     Path(workspace): Path<String>,
     request: Request,
 ) -> Response {
-    endpoint(app, workspace, None, request).await
+    endpoint(app, workspace, Face::Workspace, request).await
 }
 
 async fn profile_endpoint(
@@ -155,25 +192,24 @@ async fn profile_endpoint(
     Path((workspace, profile)): Path<(String, String)>,
     request: Request,
 ) -> Response {
-    endpoint(app, workspace, Some(profile), request).await
+    endpoint(app, workspace, Face::Profile(&profile), request).await
 }
 
-fn resource_path(workspace: &str, profile: Option<&str>) -> String {
-    match profile {
-        Some(p) => format!("/mcp/{workspace}/{p}"),
-        None => format!("/mcp/{workspace}"),
-    }
+async fn bundle_endpoint(
+    State(app): State<Arc<App>>,
+    Path((workspace, bundle)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    endpoint(app, workspace, Face::Bundle(&bundle), request).await
 }
 
 /// RFC 9728: what this resource is and how to present a token for it.
-fn metadata(app: &App, workspace: &str, profile: Option<&str>) -> Response {
-    if crate::names::check_name("workspace", workspace).is_err()
-        || profile.is_some_and(|p| crate::names::check_name("profile", p).is_err())
-    {
+fn metadata(app: &App, workspace: &str, face: Face) -> Response {
+    if !face.well_formed(workspace) {
         return StatusCode::NOT_FOUND.into_response();
     }
     Json(serde_json::json!({
-        "resource": format!("{}{}", app.base, resource_path(workspace, profile)),
+        "resource": format!("{}{}", app.base, face.path(workspace)),
         "bearer_methods_supported": ["header"],
         "resource_name": "bundlevisor MCP gateway",
     }))
@@ -184,14 +220,21 @@ async fn workspace_metadata(
     State(app): State<Arc<App>>,
     Path(workspace): Path<String>,
 ) -> Response {
-    metadata(&app, &workspace, None)
+    metadata(&app, &workspace, Face::Workspace)
 }
 
 async fn profile_metadata(
     State(app): State<Arc<App>>,
     Path((workspace, profile)): Path<(String, String)>,
 ) -> Response {
-    metadata(&app, &workspace, Some(&profile))
+    metadata(&app, &workspace, Face::Profile(&profile))
+}
+
+async fn bundle_metadata(
+    State(app): State<Arc<App>>,
+    Path((workspace, bundle)): Path<(String, String)>,
+) -> Response {
+    metadata(&app, &workspace, Face::Bundle(&bundle))
 }
 
 /// The bearer token of a request, if it sent one.
@@ -204,11 +247,11 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
 }
 
 /// 401: no usable token. Says where the resource's metadata is.
-fn unauthorized(app: &App, workspace: &str, profile: Option<&str>, sent: bool) -> Response {
+fn unauthorized(app: &App, workspace: &str, face: Face, sent: bool) -> Response {
     let metadata = format!(
         "{}/.well-known/oauth-protected-resource{}",
         app.base,
-        resource_path(workspace, profile)
+        face.path(workspace)
     );
     let mut challenge = format!("Bearer resource_metadata=\"{metadata}\"");
     if sent {
@@ -297,31 +340,28 @@ pub async fn serve_ops(listener: tokio::net::TcpListener, api: Api) {
     super::conns::serve(listener, None, router, limits, sandbox, never).await;
 }
 
-async fn endpoint(
-    app: Arc<App>,
-    workspace: String,
-    profile: Option<String>,
-    request: Request,
-) -> Response {
-    if crate::names::check_name("workspace", &workspace).is_err()
-        || profile
-            .as_deref()
-            .is_some_and(|p| crate::names::check_name("profile", p).is_err())
-    {
+async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Request) -> Response {
+    if !face.well_formed(&workspace) {
         return StatusCode::NOT_FOUND.into_response();
     }
     let Some(text) = bearer(request.headers()) else {
-        return unauthorized(&app, &workspace, profile.as_deref(), false);
+        return unauthorized(&app, &workspace, face, false);
     };
     let token = match app.token(text).await {
         Ok(Some(token)) => token,
-        Ok(None) => return unauthorized(&app, &workspace, profile.as_deref(), true),
+        Ok(None) => return unauthorized(&app, &workspace, face, true),
         Err(e) => {
             tracing::error!("cannot check an access token: {e}");
             return StatusCode::SERVICE_UNAVAILABLE.into_response();
         }
     };
-    // A token of a profile reaches that profile only; one without, any.
+    // A token of a profile reaches that profile only (and the bundles it
+    // allows, through it); one without, any.
+    let (profile, bundle) = match face {
+        Face::Workspace => (None, None),
+        Face::Profile(p) => (Some(p.to_string()), None),
+        Face::Bundle(b) => (token.profile.clone(), Some(b.to_string())),
+    };
     let allowed =
         token.workspace == workspace && (token.profile.is_none() || token.profile == profile);
     if !allowed {
@@ -335,7 +375,12 @@ async fn endpoint(
         Ok(p) => p,
         Err(response) => return *response,
     };
-    let (service, sessions, owners) = app.endpoint(&workspace, the_profile);
+    if let Some(bundle) = &bundle {
+        if let Err(response) = bundle_served(&workspace, bundle, the_profile.as_ref()) {
+            return *response;
+        }
+    }
+    let (service, sessions, owners) = app.endpoint(&workspace, the_profile, bundle);
     // A session is its token's: another token naming it is told it does
     // not exist (the same answer as for an unknown session).
     let named = request
@@ -439,6 +484,39 @@ async fn within_deadline(
         )
             .into_response()),
     }
+}
+
+/// Whether a per-bundle endpoint has a bundle to serve: installed in the
+/// workspace (404 otherwise), and allowed by the token's profile (403).
+fn bundle_served(
+    workspace: &str,
+    bundle: &str,
+    profile: Option<&crate::config::Profile>,
+) -> Result<(), Box<Response>> {
+    if Api::bundle_actor(workspace, bundle).is_err() {
+        return Err(Box::new(
+            (
+                StatusCode::NOT_FOUND,
+                Json(serde_json::json!({
+                    "error": "not_found",
+                    "error_description": format!("there is no bundle {bundle:?} in workspace {workspace:?}; `bundlevisor status` lists them"),
+                })),
+            )
+                .into_response(),
+        ));
+    }
+    let allowed = profile
+        .and_then(|p| p.bundles.as_ref())
+        .is_none_or(|allowed| allowed.iter().any(|b| b == bundle));
+    if !allowed {
+        tracing::warn!(
+            workspace,
+            bundle,
+            "a token's profile does not allow the bundle its request named; 403"
+        );
+        return Err(Box::new(forbidden()));
+    }
+    Ok(())
 }
 
 /// The profile an endpoint names, or the 404 that says there is none.
@@ -676,13 +754,39 @@ impl App {
             .take(now)
     }
 
+    /// The origins a browser request may come from: the configured ones
+    /// and the listener's own (same-origin; on loopback also as
+    /// `localhost`), which no DNS rebinding can take.
+    fn allowed_origins(&self) -> Vec<String> {
+        let mut origins = self.shared.config.http.allowed_origins.clone();
+        origins.push(self.base.clone());
+        if let Some((scheme, addr)) = self.base.split_once("://") {
+            if let Ok(addr) = addr.parse::<SocketAddr>() {
+                if addr.ip().is_loopback() {
+                    origins.push(format!("{scheme}://localhost:{}", addr.port()));
+                }
+            }
+        }
+        origins
+    }
+
     /// The rmcp service of a (workspace, profile): each of its sessions is
     /// a [`Gateway`] on the daemon's own control socket.
-    fn endpoint(&self, workspace: &str, profile: Option<crate::config::Profile>) -> Served {
+    fn endpoint(
+        &self,
+        workspace: &str,
+        profile: Option<crate::config::Profile>,
+        bundle: Option<String>,
+    ) -> Served {
         let key = (
             workspace.to_string(),
             profile.as_ref().map(|p| p.name.clone()),
+            bundle.clone(),
         );
+        let naming = match bundle {
+            Some(bundle) => Naming::Single(bundle),
+            None => Naming::Prefixed,
+        };
         let mut endpoints = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
         endpoints
             .entry(key)
@@ -696,7 +800,7 @@ impl App {
                         0 => crate::config::defaults::http_max_body_bytes(),
                         n => n,
                     })
-                    .with_allowed_origins(settings.allowed_origins.clone())
+                    .with_allowed_origins(self.allowed_origins())
                     .enforce_origin_validation();
                 if settings.listen.is_some_and(|a| !a.ip().is_loopback()) {
                     // Behind a proxy, the Host is the proxy's; tokens guard it.
@@ -719,6 +823,7 @@ impl App {
                             profile.clone(),
                             DEFAULT_WAIT_READY,
                             rounds.clone(),
+                            naming.clone(),
                         ))
                     },
                     sessions.clone(),

@@ -624,6 +624,10 @@ pub struct AttachParams {
     pub workspace: String,
     #[serde(default)]
     pub profile: Option<String>,
+    /// One bundle of the workspace, served exactly as itself (its names
+    /// and URIs) instead of the workspace's bundles together.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<String>,
     /// How long a call waits for a bundle that is starting or restarting.
     #[serde(default)]
     pub wait_ready_ms: Option<u64>,

@@ -315,6 +315,42 @@ impl Api {
         known
     }
 
+    /// What a running bundle declared at its handshake: capabilities,
+    /// server info and instructions (`None` while it is not running).
+    pub fn declared(
+        &self,
+        workspace: &str,
+        name: &str,
+    ) -> Option<std::sync::Arc<rmcp::model::ServerPeerInfo>> {
+        let live = self.shared.lanes.get(workspace, name)?;
+        live.session.peer.peer_info()
+    }
+
+    /// The input schema of `tool` of a ready bundle.
+    pub fn tool_schema(
+        &self,
+        workspace: &str,
+        name: &str,
+        tool: &str,
+    ) -> Option<std::sync::Arc<rmcp::model::JsonObject>> {
+        let live = self.shared.lanes.get(workspace, name)?;
+        let found = live.session.tools.iter().find(|t| t.name == tool)?;
+        Some(found.input_schema.clone())
+    }
+
+    /// What each ready bundle of `workspace` declared at its handshake.
+    pub fn declared_all(
+        &self,
+        workspace: &str,
+    ) -> Vec<(String, std::sync::Arc<rmcp::model::ServerPeerInfo>)> {
+        self.shared
+            .lanes
+            .all(workspace)
+            .into_iter()
+            .filter_map(|(name, live)| Some((name, live.session.peer.peer_info()?)))
+            .collect()
+    }
+
     /// Err (naming the ones it knows) unless the daemon knows `workspace`.
     pub fn known_workspace(&self, workspace: &str) -> Result<(), ApiError> {
         let known = self.known_workspaces();

@@ -187,7 +187,22 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
                 });
                 return;
             }
-            Ok(Err(e)) => break Err(answer_error(&call.request, e)),
+            // A bundle that needs what the operator cannot give says so.
+            Ok(Err(ServiceError::McpError(e)))
+                if e.code.0 == -32021 && matches!(call.caller, Caller::Operator) =>
+            {
+                let needs = e
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get("requiredCapabilities"))
+                    .and_then(|c| c.as_object())
+                    .map(|c| c.keys().cloned().collect::<Vec<_>>().join(", "))
+                    .unwrap_or_default();
+                break Err(CallError::Failed(crate::bundle::client::nobody_to_ask(
+                    &format!("the {needs} capability"),
+                )));
+            }
+            Ok(Err(e)) => break Err(answer_error(e)),
             Ok(Ok(ServerResult::InputRequiredResult(asked))) => {
                 rounds += 1;
                 if rounds > MAX_INPUT_ROUNDS {
@@ -203,7 +218,10 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
                     Ok(Ok(responses)) => {
                         request = with_input(request, responses, asked.request_state)
                     }
-                    Ok(Err(why)) => break Err(CallError::Failed(why)),
+                    Ok(Err(crate::bundle::client::Unfulfilled::Why(why))) => {
+                        break Err(CallError::Failed(why))
+                    }
+                    Ok(Err(missing)) => break Err(CallError::Mcp(missing.into_error())),
                     Err(_) => break Err(CallError::Failed(format!(
                         "the agent did not answer the bundle's request for input within {} ([http] input_timeout)",
                         humantime::format_duration(live.answer_time)
@@ -270,6 +288,34 @@ async fn follow(
     Some(followed)
 }
 
+/// The capabilities a request to a bundle declares for `caller`: the
+/// daemon's own extensions (host-resources…), with what the caller can be
+/// asked (sampling, elicitation, roots) and the extensions it declared
+/// (MCP Apps' UI…) — not tasks, which bundlevisor does not pass on.
+fn on_behalf(
+    own: &rmcp::model::ClientCapabilities,
+    caller: &Caller,
+) -> rmcp::model::ClientCapabilities {
+    let mut capabilities = own.clone();
+    let agent = match caller {
+        Caller::Agent(agent) => agent.capabilities(),
+        Caller::Operator => Default::default(),
+    };
+    capabilities.sampling = agent.sampling;
+    capabilities.elicitation = agent.elicitation;
+    capabilities.roots = agent.roots;
+    for (name, settings) in agent.extensions.unwrap_or_default() {
+        if name != rmcp::model::TASKS_EXTENSION_ID {
+            capabilities
+                .extensions
+                .get_or_insert_with(Default::default)
+                .entry(name)
+                .or_insert(settings);
+        }
+    }
+    capabilities
+}
+
 /// The MCP request a call first sends.
 fn first_request(request: &BundleRequest) -> ClientRequest {
     match request {
@@ -322,8 +368,16 @@ async fn exchange(
     (timeout, answer_time): (Duration, Duration),
 ) -> Result<Result<ServerResult, ServiceError>, CallError> {
     let peer = &session.peer;
+    let mut options = PeerRequestOptions::no_options();
+    // A 2026-07-28 request declares its client's capabilities: the
+    // bundle sees what the caller can answer (an operator's call: none).
+    if session.revision >= rmcp::model::ProtocolVersion::V_2026_07_28 {
+        let mut meta = rmcp::model::RequestMetaObject::default();
+        meta.set_client_capabilities(on_behalf(&session.declared, &call.caller));
+        options.meta = Some(meta);
+    }
     let handle = peer
-        .send_cancellable_request(request, PeerRequestOptions::no_options())
+        .send_cancellable_request(request, options)
         .await
         .map_err(|e| CallError::Failed(e.to_string()))?;
     caller.sent_as(handle.id.clone());
@@ -396,9 +450,11 @@ fn answer(request: &BundleRequest, result: ServerResult) -> Result<ServerResult,
     }
 }
 
-fn answer_error(request: &BundleRequest, e: ServiceError) -> CallError {
-    match (request, e) {
-        (BundleRequest::Mcp(_), ServiceError::McpError(e)) => CallError::Mcp(e),
-        (_, e) => CallError::Failed(e.to_string()),
+fn answer_error(e: ServiceError) -> CallError {
+    // The bundle's own MCP error keeps its code and data (a tool call's
+    // too: -32021, -32602… mean something to the agent).
+    match e {
+        ServiceError::McpError(e) => CallError::Mcp(e),
+        e => CallError::Failed(e.to_string()),
     }
 }

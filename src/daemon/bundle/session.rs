@@ -157,4 +157,17 @@ impl Lanes {
         let map = self.0.read().unwrap_or_else(|e| e.into_inner());
         map.get(workspace)?.get(name).cloned()
     }
+
+    /// The ready sessions of a workspace, by bundle name.
+    pub fn all(&self, workspace: &str) -> Vec<(String, Arc<Live>)> {
+        let map = self.0.read().unwrap_or_else(|e| e.into_inner());
+        map.get(workspace)
+            .map(|bundles| {
+                bundles
+                    .iter()
+                    .map(|(n, l)| (n.clone(), l.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
 }

@@ -50,6 +50,10 @@ where
             .unwrap_or(crate::daemon::gateway::DEFAULT_WAIT_READY),
         // One agent on this connection: its own waiting calls.
         crate::daemon::gateway::rounds::Rounds::new(Default::default()),
+        match &p.bundle {
+            Some(bundle) => crate::daemon::gateway::names::Naming::Single(bundle.clone()),
+            None => crate::daemon::gateway::names::Naming::Prefixed,
+        },
     );
     match p.resume {
         Some(resume) => {

@@ -97,6 +97,9 @@ pub(super) fn attach_check(
     ctx: &Ctx,
 ) -> Result<Option<crate::config::Profile>, RpcError> {
     ctx.api.known_workspace(&p.workspace)?;
+    if let Some(bundle) = &p.bundle {
+        crate::daemon::api::Api::bundle_actor(&p.workspace, bundle)?;
+    }
     if let Some(resume) = &p.resume {
         serde_json::from_value::<rmcp::model::InitializeRequestParams>(resume.clone()).map_err(
             |e| {

@@ -8,12 +8,107 @@
 //!
 //! A bundle resource's URI `U` becomes `bundle://BUNDLE/ENC(U)`, `ENC` being
 //! form-urlencoding, so any URI maps back exactly; workspace files keep
-//! their `files://` URIs.
+//! their `files://` URIs. Two schemes whose clients insist on them keep
+//! their scheme, the bundle as the first path segment: MCP Apps' `ui://X/Y`
+//! is `ui://BUNDLE/X/Y` (ext-apps refuses a UI resource that is not
+//! `ui://`), Skills' `skill://P/SKILL.md` is `skill://BUNDLE/P/SKILL.md`
+//! (the skill's last path segment stays its name, as SEP-2640 requires).
+//!
+//! A resource template is mapped the same way, its expressions (`{id}`)
+//! kept as they are so that an agent can still expand it.
+//!
+//! [`Naming::Single`] is one bundle as itself: every name and URI as the
+//! bundle gave it (the per-bundle endpoint).
 
 use std::collections::{BTreeMap, HashSet};
 
 pub const SEPARATOR: &str = "__";
 pub const BUNDLE_URI_PREFIX: &str = "bundle://";
+
+/// URI schemes kept as they are, the bundle put first in their path.
+const KEPT_SCHEMES: [&str; 2] = ["ui://", "skill://"];
+
+/// How a gateway names what its bundles offer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Naming {
+    /// The workspace's bundles together: `BUNDLE__NAME`, `bundle://…`.
+    Prefixed,
+    /// One bundle, exactly as it names things.
+    Single(String),
+}
+
+impl Naming {
+    /// The names (tools, prompts) of `(bundle, name)` pairs.
+    pub fn entries(&self, pairs: impl IntoIterator<Item = (String, String)>) -> Vec<Entry> {
+        match self {
+            Naming::Prefixed => namespace(pairs),
+            Naming::Single(_) => pairs
+                .into_iter()
+                .map(|(bundle, name)| Entry {
+                    exposed: name.clone(),
+                    bundle,
+                    name,
+                })
+                .collect(),
+        }
+    }
+
+    /// The URI (or URI template) agents see for `uri` of `bundle`.
+    pub fn uri(&self, bundle: &str, uri: &str) -> String {
+        match self {
+            Naming::Single(_) => uri.to_string(),
+            Naming::Prefixed => match KEPT_SCHEMES.iter().find(|s| uri.starts_with(*s)) {
+                Some(scheme) => format!("{scheme}{bundle}/{}", &uri[scheme.len()..]),
+                None => bundle_uri(bundle, uri),
+            },
+        }
+    }
+
+    /// The bundle and its own URI of a URI agents were given, if it names
+    /// one (the workspace's `files://` URIs do not).
+    pub fn route_uri(&self, uri: &str) -> Option<(String, String)> {
+        match self {
+            Naming::Single(bundle) => Some((bundle.clone(), uri.to_string())),
+            Naming::Prefixed => match KEPT_SCHEMES.iter().find(|s| uri.starts_with(*s)) {
+                Some(scheme) => {
+                    let (bundle, rest) = uri[scheme.len()..].split_once('/')?;
+                    (!bundle.is_empty()).then(|| (bundle.to_string(), format!("{scheme}{rest}")))
+                }
+                None => parse_bundle_uri(uri),
+            },
+        }
+    }
+
+    /// The URI template agents see for `template` of `bundle`: literal
+    /// parts mapped as [`Self::uri`] maps URIs, `{…}` expressions kept, so
+    /// the expanded template routes back by [`Self::route_uri`].
+    pub fn template(&self, bundle: &str, template: &str) -> String {
+        match self {
+            Naming::Single(_) => template.to_string(),
+            Naming::Prefixed if KEPT_SCHEMES.iter().any(|s| template.starts_with(*s)) => {
+                self.uri(bundle, template)
+            }
+            Naming::Prefixed => {
+                let mut out = format!("{BUNDLE_URI_PREFIX}{bundle}/");
+                let mut rest = template;
+                while !rest.is_empty() {
+                    let (literal, after) = match rest.find('{') {
+                        Some(i) => rest.split_at(i),
+                        None => (rest, ""),
+                    };
+                    out.extend(url::form_urlencoded::byte_serialize(literal.as_bytes()));
+                    let (expression, after) = match after.find('}') {
+                        Some(j) => after.split_at(j + 1),
+                        None => (after, ""),
+                    };
+                    out.push_str(expression);
+                    rest = after;
+                }
+                out
+            }
+        }
+    }
+}
 
 /// One exposed item: its namespaced name and where it comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,6 +202,60 @@ mod tests {
         );
         let idx = index(&e);
         assert_eq!(idx.len(), 3, "every exposed name is unique");
+    }
+
+    #[test]
+    fn ui_and_skill_uris_keep_their_scheme_and_route_back() {
+        let n = Naming::Prefixed;
+        let ui = n.uri("basic", "ui://get-time/mcp-app.html");
+        assert_eq!(ui, "ui://basic/get-time/mcp-app.html");
+        let back = n.route_uri(&ui);
+        assert_eq!(
+            back,
+            Some(("basic".into(), "ui://get-time/mcp-app.html".into()))
+        );
+        let skill = n.uri("nb", "skill://release-notes/SKILL.md");
+        assert_eq!(skill, "skill://nb/release-notes/SKILL.md");
+        assert_eq!(
+            n.route_uri(&skill),
+            Some(("nb".into(), "skill://release-notes/SKILL.md".into()))
+        );
+        assert_eq!(n.route_uri("ui://"), None);
+        assert_eq!(n.route_uri("files://fl_1"), None);
+    }
+
+    #[test]
+    fn templates_keep_their_expressions_and_expand_to_routable_uris() {
+        let n = Naming::Prefixed;
+        let t = n.template("everything", "demo://resource/dynamic/text/{resourceId}");
+        assert_eq!(
+            t,
+            "bundle://everything/demo%3A%2F%2Fresource%2Fdynamic%2Ftext%2F{resourceId}"
+        );
+        let expanded = t.replace("{resourceId}", "42");
+        assert_eq!(
+            n.route_uri(&expanded),
+            Some((
+                "everything".into(),
+                "demo://resource/dynamic/text/42".into()
+            ))
+        );
+        let ui = n.template("b", "ui://{name}/app.html");
+        assert_eq!(ui, "ui://b/{name}/app.html");
+        let single = Naming::Single("b".into());
+        assert_eq!(single.template("b", "test://{id}"), "test://{id}");
+        assert_eq!(
+            single.route_uri("test://7"),
+            Some(("b".into(), "test://7".into()))
+        );
+    }
+
+    #[test]
+    fn one_bundle_keeps_its_names() {
+        let n = Naming::Single("demo".into());
+        let e = n.entries(pairs(&[("demo", "echo")]));
+        assert_eq!(e[0].exposed, "echo");
+        assert_eq!(n.uri("demo", "test://x"), "test://x");
     }
 
     #[test]

@@ -123,8 +123,10 @@ struct Waiting {
     reply: oneshot::Sender<Result<ClientResult, ErrorData>>,
 }
 
-/// A bundle's request and where its answer goes.
+/// A bundle's request, the key it gave it (a bundle on 2026-07-28), and
+/// where its answer goes.
 type Ask = (
+    Option<String>,
     ServerRequest,
     oneshot::Sender<Result<ClientResult, ErrorData>>,
 );
@@ -164,12 +166,7 @@ pub struct Served<'a> {
 #[allow(clippy::large_enum_variant)]
 enum Step {
     Done(Result<ServerResult, ErrorData>),
-    Asked(
-        Vec<(
-            ServerRequest,
-            oneshot::Sender<Result<ClientResult, ErrorData>>,
-        )>,
-    ),
+    Asked(Vec<Ask>),
     Cancelled,
 }
 
@@ -190,21 +187,21 @@ impl Agent for RoundAgent {
         &self,
         request: ServerRequest,
     ) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
-        let asked = self.request_all(vec![request]);
+        let asked = self.request_all(vec![(None, request)]);
         Box::pin(async move { asked.await.pop().unwrap_or_else(|| Err(ended())) })
     }
 
     fn request_all(
         &self,
-        requests: Vec<ServerRequest>,
+        requests: Vec<(Option<String>, ServerRequest)>,
     ) -> BoxFuture<'static, Vec<Result<ClientResult, ErrorData>>> {
         let events = self.events.clone();
         Box::pin(async move {
             let (asks, answers): (Vec<Ask>, Vec<_>) = requests
                 .into_iter()
-                .map(|request| {
+                .map(|(key, request)| {
                     let (reply, answer) = oneshot::channel();
-                    ((request, reply), answer)
+                    ((key, request, reply), answer)
                 })
                 .unzip();
             let count = answers.len();
@@ -559,14 +556,8 @@ impl Rounds {
 impl Parked {
     /// Adds the bundle's new requests; one that is not an input request
     /// is answered with an error at once.
-    fn with(
-        mut self,
-        asked: Vec<(
-            ServerRequest,
-            oneshot::Sender<Result<ClientResult, ErrorData>>,
-        )>,
-    ) -> Parked {
-        for (request, reply) in asked {
+    fn with(mut self, asked: Vec<Ask>) -> Parked {
+        for (key, request, reply) in asked {
             let request = match request {
                 ServerRequest::CreateMessageRequest(r) => InputRequest::CreateMessage(r),
                 ServerRequest::ElicitRequest(r) => InputRequest::Elicitation(r),
@@ -579,8 +570,16 @@ impl Parked {
                     continue;
                 }
             };
-            let key = self.next_key.to_string();
-            self.next_key += 1;
+            // The bundle's own key when it gave one (a 2026-07-28 bundle's
+            // round passed on as it is), else the next number.
+            let key = match key.filter(|k| !self.waiting.contains_key(k)) {
+                Some(key) => key,
+                None => {
+                    let key = self.next_key.to_string();
+                    self.next_key += 1;
+                    key
+                }
+            };
             self.waiting.insert(key, Waiting { request, reply });
         }
         self

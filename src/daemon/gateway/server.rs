@@ -20,13 +20,17 @@ use rmcp::model::{
     ServerConfig, ServerNotification, ServerRequest, ServerResult, SetLevelRequestParams,
     SubscribeRequest, SubscribeRequestParams, Tool, UnsubscribeRequest, UnsubscribeRequestParams,
 };
-use rmcp::model::{InputRequiredResult, SubscriptionFilter};
+use rmcp::model::{
+    CompleteRequest, CompleteRequestParams, CompleteResult, InputRequiredResult,
+    ListResourceTemplatesRequest, ListResourceTemplatesResult, Reference, ResourceTemplate,
+    SubscriptionFilter,
+};
 use rmcp::service::{Peer, RequestContext, SubscriptionContext, SubscriptionSink};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::json;
 use tokio::sync::Mutex;
 
-use super::names::{self, Entry};
+use super::names::{Entry, Naming};
 use super::rounds::{Origin, Outcome, Rounds, Running, Served};
 use crate::bundle::client::{Agent, Caller};
 use crate::config::Profile;
@@ -41,9 +45,14 @@ pub struct Inner {
     pub workspace: String,
     pub profile: Option<Profile>,
     pub wait_ready: Duration,
+    /// How the bundles' names and URIs are shown: prefixed, or one bundle
+    /// as itself (the per-bundle endpoint).
+    pub naming: Arc<Naming>,
     /// Exposed tool and prompt names of the last listing → their origin.
     tools: Mutex<BTreeMap<String, Entry>>,
     prompts: Mutex<BTreeMap<String, Entry>>,
+    /// Exposed URI templates → their bundle and own template (`name`).
+    templates: Mutex<BTreeMap<String, Entry>>,
     /// The agent of this session, as the bundles' requests reach it (one
     /// per session: the bundles tell agents apart by it).
     agent: std::sync::OnceLock<Arc<dyn Agent>>,
@@ -64,6 +73,7 @@ impl Gateway {
         profile: Option<Profile>,
         wait_ready: Duration,
         rounds: Arc<Rounds>,
+        naming: Naming,
     ) -> Self {
         Gateway(Arc::new(Inner {
             api,
@@ -71,8 +81,10 @@ impl Gateway {
             profile,
             wait_ready,
             rounds,
+            naming: Arc::new(naming),
             tools: Mutex::default(),
             prompts: Mutex::default(),
+            templates: Mutex::default(),
             agent: std::sync::OnceLock::new(),
             log_level: Arc::default(),
         }))
@@ -112,12 +124,18 @@ impl Gateway {
                 Arc::new(PeerAgent {
                     peer: peer.clone(),
                     log_level: self.0.log_level.clone(),
+                    naming: self.0.naming.clone(),
                 })
             })
             .clone()
     }
 
     fn bundle_allowed(&self, bundle: &str) -> bool {
+        if let Naming::Single(only) = &*self.0.naming {
+            if only != bundle {
+                return false;
+            }
+        }
         self.0
             .profile
             .as_ref()
@@ -184,16 +202,17 @@ impl Gateway {
                 }
             }
         }
-        let entries: Vec<Entry> = names::namespace(by_pair.keys().cloned());
+        let entries: Vec<Entry> = self.0.naming.entries(by_pair.keys().cloned());
         let tools = entries
             .iter()
             .map(|e| {
                 let mut tool = by_pair[&(e.bundle.clone(), e.name.clone())].clone();
                 tool.name = e.exposed.clone().into();
+                self.expose_ui(&e.bundle, &mut tool);
                 tool
             })
             .collect();
-        let mut routes = names::index(&entries);
+        let mut routes = super::names::index(&entries);
         let mut current = self.0.tools.lock().await;
         for (exposed, entry) in current.iter() {
             if waiting.contains(&entry.bundle) && !routes.contains_key(exposed) {
@@ -202,6 +221,93 @@ impl Gateway {
         }
         *current = routes;
         Ok((tools, ready))
+    }
+
+    /// A tool's MCP Apps UI (`_meta.ui.resourceUri`, and the older
+    /// `_meta["ui/resourceUri"]`) under the URI the gateway lists it by.
+    fn expose_ui(&self, bundle: &str, tool: &mut Tool) {
+        let Some(meta) = tool.meta.as_mut() else {
+            return;
+        };
+        let naming = &self.0.naming;
+        if let Some(uri) = meta.get_mut("ui").and_then(|ui| ui.get_mut("resourceUri")) {
+            if let Some(text) = uri.as_str() {
+                *uri = naming.uri(bundle, text).into();
+            }
+        }
+        if let Some(uri) = meta.get_mut("ui/resourceUri") {
+            if let Some(text) = uri.as_str() {
+                *uri = naming.uri(bundle, text).into();
+            }
+        }
+    }
+
+    /// SEP-2243: over HTTP, each argument whose schema names an
+    /// `x-mcp-header` travels also as the header `Mcp-Param-NAME` (plain, or
+    /// `=?base64?…?=`); a header that is missing, malformed or different
+    /// from the body is refused with -32020 (HTTP 400), before the bundle.
+    fn param_headers_match(
+        &self,
+        context: &RequestContext<RoleServer>,
+        route: &Entry,
+        arguments: Option<&rmcp::model::JsonObject>,
+    ) -> Result<(), ErrorData> {
+        let Some(parts) = context.extensions.get::<axum::http::request::Parts>() else {
+            return Ok(());
+        };
+        let Some(schema) = self
+            .0
+            .api
+            .tool_schema(&self.0.workspace, &route.bundle, &route.name)
+        else {
+            return Ok(());
+        };
+        let Some(properties) = schema.get("properties").and_then(|p| p.as_object()) else {
+            return Ok(());
+        };
+        for (name, property) in properties {
+            let Some(header) = property.get("x-mcp-header").and_then(|h| h.as_str()) else {
+                continue;
+            };
+            let Some(value) = arguments.and_then(|a| a.get(name)) else {
+                continue;
+            };
+            let expected = match value {
+                serde_json::Value::String(s) => s.clone(),
+                serde_json::Value::Number(_) | serde_json::Value::Bool(_) => value.to_string(),
+                _ => continue,
+            };
+            let field = format!("Mcp-Param-{header}");
+            let mismatch = |why: String| {
+                ErrorData::header_mismatch(
+                    format!("{field}: {why}"),
+                    Some(json!({ "header": field })),
+                )
+            };
+            let Some(sent) = parts.headers.get(field.as_str()) else {
+                return Err(mismatch(format!(
+                    "missing, though arguments.{name} is in the body (the tool's schema names the header)"
+                )));
+            };
+            let sent = sent.to_str().map_err(|_| mismatch("not ASCII".into()))?;
+            let decoded = match sent
+                .strip_prefix("=?base64?")
+                .and_then(|rest| rest.strip_suffix("?="))
+            {
+                Some(encoded) => {
+                    use base64::Engine;
+                    let bytes = base64::engine::general_purpose::STANDARD
+                        .decode(encoded)
+                        .map_err(|e| mismatch(format!("not valid Base64 ({e})")))?;
+                    String::from_utf8(bytes).map_err(|_| mismatch("not UTF-8".into()))?
+                }
+                None => sent.to_string(),
+            };
+            if decoded != expected {
+                return Err(mismatch(format!("does not match arguments.{name}")));
+            }
+        }
+        Ok(())
     }
 
     async fn route(
@@ -267,7 +373,7 @@ impl Gateway {
     /// The bundle and its own URI of a resource agents may follow, or why
     /// `uri` cannot be followed.
     fn followable(&self, uri: &str) -> Result<(String, String), ErrorData> {
-        let why = match names::parse_bundle_uri(uri) {
+        let why = match self.0.naming.route_uri(uri) {
             Some((bundle, original)) if self.bundle_allowed(&bundle) => {
                 return Ok((bundle, original))
             }
@@ -326,7 +432,7 @@ impl Gateway {
         for (bundle, prompt) in items {
             by_pair.insert((bundle, prompt.name.clone()), prompt);
         }
-        let entries = names::namespace(by_pair.keys().cloned());
+        let entries = self.0.naming.entries(by_pair.keys().cloned());
         let prompts = entries
             .iter()
             .map(|e| {
@@ -335,28 +441,76 @@ impl Gateway {
                 p
             })
             .collect();
-        *self.0.prompts.lock().await = names::index(&entries);
+        *self.0.prompts.lock().await = super::names::index(&entries);
         Ok(prompts)
+    }
+
+    /// The bundles' resource templates, mapped as their URIs are
+    /// ([`Naming::template`]), each routable back for completions.
+    pub async fn template_catalog(
+        &self,
+        peer: &Peer<RoleServer>,
+    ) -> Result<Vec<ResourceTemplate>, ErrorData> {
+        let listed = self
+            .gather(
+                || {
+                    ClientRequest::ListResourceTemplatesRequest(
+                        ListResourceTemplatesRequest::default(),
+                    )
+                },
+                |answer| match answer {
+                    ServerResult::ListResourceTemplatesResult(r) => Some(r.resource_templates),
+                    _ => None,
+                },
+                peer,
+            )
+            .await?;
+        let mut routes = BTreeMap::new();
+        let mut templates = Vec::new();
+        for (bundle, mut template) in listed {
+            let own = template.uri_template.clone();
+            template.uri_template = self.0.naming.template(&bundle, &own);
+            if *self.0.naming == Naming::Prefixed {
+                template.name = format!("{bundle}{}{}", super::names::SEPARATOR, template.name);
+            }
+            routes.insert(
+                template.uri_template.clone(),
+                Entry {
+                    exposed: template.uri_template.clone(),
+                    bundle,
+                    name: own,
+                },
+            );
+            templates.push(template);
+        }
+        *self.0.templates.lock().await = routes;
+        Ok(templates)
     }
 
     pub async fn resource_catalog(
         &self,
         peer: &Peer<RoleServer>,
     ) -> Result<Vec<Resource>, ErrorData> {
-        let files = self
-            .0
-            .api
-            .files_resources(
-                &self.0.workspace,
-                crate::host_resources::Request::List {
-                    mime_type: None,
-                    tags: Vec::new(),
-                },
-            )
-            .await?;
-        let mut resources = match files {
-            ServerResult::ListResourcesResult(r) => r.resources,
-            _ => Vec::new(),
+        // One bundle as itself has its own resources only.
+        let mut resources = match &*self.0.naming {
+            Naming::Single(_) => Vec::new(),
+            Naming::Prefixed => {
+                let files = self
+                    .0
+                    .api
+                    .files_resources(
+                        &self.0.workspace,
+                        crate::host_resources::Request::List {
+                            mime_type: None,
+                            tags: Vec::new(),
+                        },
+                    )
+                    .await?;
+                match files {
+                    ServerResult::ListResourcesResult(r) => r.resources,
+                    _ => Vec::new(),
+                }
+            }
         };
         let listed = self
             .gather(
@@ -369,8 +523,10 @@ impl Gateway {
             )
             .await?;
         for (bundle, mut resource) in listed {
-            resource.uri = names::bundle_uri(&bundle, &resource.uri);
-            resource.name = format!("{bundle}{}{}", names::SEPARATOR, resource.name);
+            resource.uri = self.0.naming.uri(&bundle, &resource.uri);
+            if *self.0.naming == Naming::Prefixed {
+                resource.name = format!("{bundle}{}{}", super::names::SEPARATOR, resource.name);
+            }
             resources.push(resource);
         }
         Ok(resources)
@@ -476,6 +632,7 @@ impl From<ApiError> for ErrorData {
 struct PeerAgent {
     peer: Peer<RoleServer>,
     log_level: Arc<std::sync::Mutex<Option<LoggingLevel>>>,
+    naming: Arc<Naming>,
 }
 
 impl Agent for PeerAgent {
@@ -515,7 +672,7 @@ impl Agent for PeerAgent {
     }
 
     fn resource_updated(&self, bundle: &str, uri: &str) -> futures::future::BoxFuture<'static, ()> {
-        let (peer, uri) = (self.peer.clone(), names::bundle_uri(bundle, uri));
+        let (peer, uri) = (self.peer.clone(), self.naming.uri(bundle, uri));
         Box::pin(async move {
             let _ = peer
                 .notify_resource_updated(ResourceUpdatedNotificationParam::new(uri))
@@ -543,6 +700,7 @@ impl Agent for PeerAgent {
 /// whose resources it follows see it: their updates go to the stream.
 struct Listener {
     sink: SubscriptionSink,
+    naming: Arc<Naming>,
     /// Cancelled when its `listen` ends.
     alive: tokio_util::sync::CancellationToken,
 }
@@ -569,7 +727,7 @@ impl Agent for Listener {
     }
 
     fn resource_updated(&self, bundle: &str, uri: &str) -> futures::future::BoxFuture<'static, ()> {
-        let (sink, uri) = (self.sink.clone(), names::bundle_uri(bundle, uri));
+        let (sink, uri) = (self.sink.clone(), self.naming.uri(bundle, uri));
         Box::pin(async move {
             let _ = sink.notify_resource_updated(uri).await;
         })
@@ -590,7 +748,7 @@ impl ServerHandler for Gateway {
     }
 
     fn get_info(&self) -> ServerConfig {
-        let capabilities = ServerCapabilities::builder()
+        let gateway = ServerCapabilities::builder()
             .enable_tools()
             .enable_tool_list_changed()
             .enable_prompts()
@@ -600,12 +758,98 @@ impl ServerHandler for Gateway {
             .enable_resources_subscribe()
             .enable_logging()
             .build();
-        ServerConfig::new(capabilities)
-            .with_server_info(Implementation::new("bundlevisor", env!("CARGO_PKG_VERSION")))
-            .with_instructions(format!(
-                "The bundles of workspace {:?}, supervised by bundlevisor. Tools are named BUNDLE__TOOL; the workspace's files are files:// resources.",
-                self.0.workspace
-            ))
+        let ours = Implementation::new("bundlevisor", env!("CARGO_PKG_VERSION"));
+        match &*self.0.naming {
+            // One bundle as itself: what it declared, of what the gateway
+            // forwards (the full set while it is not running).
+            Naming::Single(bundle) => {
+                let Some(declared) = self.0.api.declared(&self.0.workspace, bundle) else {
+                    let mut capabilities = gateway;
+                    capabilities.completions = Some(Default::default());
+                    return ServerConfig::new(capabilities).with_server_info(ours);
+                };
+                let mut capabilities = forwarded(&declared.capabilities);
+                // The gateway tells of list changes (restarts) itself.
+                if let Some(tools) = capabilities.tools.as_mut() {
+                    tools.list_changed = Some(true);
+                }
+                let mut info = ServerConfig::new(capabilities)
+                    .with_server_info(declared.server_info.clone().unwrap_or(ours));
+                info.instructions = declared.instructions.clone();
+                info
+            }
+            Naming::Prefixed => {
+                let mut capabilities = gateway;
+                // Completions when a bundle offers them.
+                let declared = self.0.api.declared_all(&self.0.workspace);
+                if declared.iter().any(|(bundle, info)| {
+                    self.bundle_allowed(bundle) && info.capabilities.completions.is_some()
+                }) {
+                    capabilities.completions = Some(Default::default());
+                }
+                ServerConfig::new(capabilities)
+                    .with_server_info(ours)
+                    .with_instructions(format!(
+                        "The bundles of workspace {:?}, supervised by bundlevisor. Tools are named BUNDLE__TOOL; the workspace's files are files:// resources.",
+                        self.0.workspace
+                    ))
+            }
+        }
+    }
+
+    async fn complete(
+        &self,
+        request: CompleteRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CompleteResult, ErrorData> {
+        // Routed by what it completes: a prompt by its name, a resource
+        // template by its URI template; the bundle sees its own.
+        let (bundle, reference) = match &request.r#ref {
+            Reference::Prompt(prompt) => {
+                let refresh = async { self.prompt_catalog(&context.peer).await.map(|_| ()) };
+                let route = self.route(&self.0.prompts, &prompt.name, refresh).await?;
+                let mut own = prompt.clone();
+                own.name = route.name;
+                (route.bundle, Reference::Prompt(own))
+            }
+            Reference::Resource(resource) => {
+                let refresh = async { self.template_catalog(&context.peer).await.map(|_| ()) };
+                let route = self
+                    .route(&self.0.templates, &resource.uri, refresh)
+                    .await?;
+                let mut own = resource.clone();
+                own.uri = route.name;
+                (route.bundle, Reference::Resource(own))
+            }
+            _ => {
+                return Err(ErrorData::invalid_params(
+                    "completion/complete: ref must be ref/prompt or ref/resource",
+                    None,
+                ))
+            }
+        };
+        let mut params = request.clone();
+        params.r#ref = reference;
+        let ask = ClientRequest::CompleteRequest(CompleteRequest::new(params));
+        match self
+            .bundle_mcp(&bundle, ask, self.agent(&context.peer))
+            .await?
+        {
+            ServerResult::CompleteResult(mut result) => {
+                result.result_type.get_or_insert(ResultType::COMPLETE);
+                Ok(result)
+            }
+            _ => Err(unusable("completion")),
+        }
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        let templates = self.template_catalog(&context.peer).await?;
+        Ok(ListResourceTemplatesResult::with_all_items(templates))
     }
 
     async fn list_tools(
@@ -644,6 +888,7 @@ impl ServerHandler for Gateway {
             wait_ready: Some(self.0.wait_ready),
         };
         if stateless(&context) {
+            self.param_headers_match(&context, &route, request.arguments.as_ref())?;
             let api = self.0.api.clone();
             let origin = Origin {
                 method: "tools/call",
@@ -799,6 +1044,7 @@ impl ServerHandler for Gateway {
         let _alive = alive.clone().drop_guard();
         let listener: Arc<dyn Agent> = Arc::new(Listener {
             sink: sink.clone(),
+            naming: self.0.naming.clone(),
             alive,
         });
         let follow = |subscribe: bool| {
@@ -806,7 +1052,7 @@ impl ServerHandler for Gateway {
             let uris = &uris;
             async move {
                 for uri in uris {
-                    let Some((bundle, original)) = names::parse_bundle_uri(uri) else {
+                    let Some((bundle, original)) = self.0.naming.route_uri(uri) else {
                         continue;
                     };
                     let request = if subscribe {
@@ -858,7 +1104,7 @@ impl ServerHandler for Gateway {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        let answer = if let Some((bundle, original)) = names::parse_bundle_uri(&request.uri) {
+        let answer = if let Some((bundle, original)) = self.0.naming.route_uri(&request.uri) {
             if !self.bundle_allowed(&bundle) {
                 return Err(ErrorData::resource_not_found(
                     format!("no resource {}", request.uri),
@@ -914,6 +1160,17 @@ impl ServerHandler for Gateway {
 // `resultType: "complete"` unless they say otherwise: MCP 2026-07-28 requires
 // the field, and a bundle on 2025-11-25 (or the files resolver) sends none;
 // rmcp strips "complete" again for agents on older revisions.
+
+/// Of what a bundle declared, what the gateway forwards to agents.
+fn forwarded(declared: &ServerCapabilities) -> ServerCapabilities {
+    let mut capabilities = ServerCapabilities::default();
+    capabilities.tools = declared.tools.clone();
+    capabilities.prompts = declared.prompts.clone();
+    capabilities.resources = declared.resources.clone();
+    capabilities.logging = declared.logging.clone();
+    capabilities.completions = declared.completions.clone();
+    capabilities
+}
 
 /// A bundle's answer of another kind than the request's.
 fn unusable(what: &str) -> ErrorData {
