@@ -115,7 +115,7 @@ run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is
 	target/release/bundlevisor daemon --config $(CONFIG)
 
 .PHONY: test
-test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers k8s-validate container-base mcp-py2 mcp-py2-bundle asker-bundles fastmcp ts-sdk2 conformance ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client, the mcpb CLI and the MCP conformance suites included
+test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers k8s-validate container-base mcp-py2 mcp-py2-bundle asker-bundles fastmcp ts-sdk2 conformance ext-apps skills-bundle ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client, the mcpb CLI and the MCP conformance suites included
 	$(CARGO) test --all-targets --features fault-injection
 
 # The gateways an operator would otherwise put in front of a stdio server,
@@ -173,6 +173,23 @@ $(MCP_PY2_BUNDLE)/.installed: tests/mcp-py2/requirements.lock tests/mcp-py2/bund
 	cp tests/mcp-py2/bundle/server.py $(MCP_PY2_BUNDLE)/server/main.py
 	$(PYTHON) -m venv $(MCP_PY2_BUNDLE)/.venv
 	$(MCP_PY2_BUNDLE)/.venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
+	touch $@
+
+# A bundle that serves a skill (SEP-2640) with the published
+# nimblebrain-bundle-sdk 0.2.0 on FastMCP (tests/skills, tests/skills.rs):
+# its own venv inside its folder, from the Python SDK bundle's lock.
+SKILLS_BUNDLE := target/nb-skills-bundle
+
+.PHONY: skills-bundle
+skills-bundle: $(SKILLS_BUNDLE)/.installed ## A bundle serving a skill with nimblebrain-bundle-sdk 0.2.0, pinned, for the Skills test
+
+$(SKILLS_BUNDLE)/.installed: $(PY_BUNDLE)/requirements.lock tests/skills/server.py tests/skills/manifest.json
+	rm -rf $(SKILLS_BUNDLE)
+	mkdir -p $(SKILLS_BUNDLE)/server
+	cp tests/skills/manifest.json $(SKILLS_BUNDLE)/
+	cp tests/skills/server.py $(SKILLS_BUNDLE)/server/main.py
+	$(PYTHON) -m venv $(SKILLS_BUNDLE)/.venv
+	$(SKILLS_BUNDLE)/.venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
 	touch $@
 
 # Bundles that ask their client for input on three more SDKs, for the
@@ -289,6 +306,32 @@ $(CONFORMANCE_2026)/.installed: tests/conformance/suite-2026/package.json tests/
 
 $(CONFORMANCE_BUNDLE)/.installed: $(addprefix tests/conformance/bundle/,manifest.json package.json package-lock.json server.mjs)
 	$(call node_asker_bundle,tests/conformance/bundle,$(CONFORMANCE_BUNDLE))
+
+# MCP Apps (issue 33): a real MCP Apps server, ext-apps' example
+# @modelcontextprotocol/server-basic-vanillajs 2.0.3 (one tool, get-time,
+# whose UI is ui://get-time/mcp-app.html), and the host side of ext-apps
+# 2.0.2 (`getToolUiResourceUri`) with the MCP TypeScript SDK 2 client 2.4.0,
+# all pinned by tests/ext-apps/package-lock.json and installed into
+# target/ext-apps, where tests/ext-apps/host.mjs is placed. The server is
+# built into the bundle target/basic-vanillajs-bundle (its manifest
+# tests/ext-apps/manifest.json, and a copy of that install: a bundle runs
+# under a uid of its own, from its own folder). tests/mcp_apps.rs installs
+# the bundle and drives the gateway with the host.
+EXT_APPS := target/ext-apps
+EXT_APPS_BUNDLE := target/basic-vanillajs-bundle
+
+.PHONY: ext-apps
+ext-apps: $(EXT_APPS)/host.mjs $(EXT_APPS_BUNDLE)/.installed ## An MCP Apps server (basic-vanillajs 2.0.3) as a bundle, and an ext-apps 2.0.2 host on the TypeScript SDK 2 client, pinned, for the MCP Apps test
+
+$(EXT_APPS)/host.mjs: tests/ext-apps/host.mjs $(EXT_APPS)/.installed
+	cp $< $@
+
+$(EXT_APPS_BUNDLE)/.installed: tests/ext-apps/manifest.json $(EXT_APPS)/.installed
+	rm -rf $(EXT_APPS_BUNDLE)
+	mkdir -p $(EXT_APPS_BUNDLE)
+	cp $< $(EXT_APPS_BUNDLE)/manifest.json
+	cp -a $(EXT_APPS)/node_modules $(EXT_APPS_BUNDLE)/
+	touch $@
 
 .PHONY: k8s-validate
 k8s-validate: $(K8S_VALIDATE)/.installed ## kubernetes-validate, pinned, for the deployment test

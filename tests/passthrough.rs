@@ -718,3 +718,73 @@ async fn an_agent_leaving_a_resource_does_not_end_anothers_subscription() {
     client_a.cancel().await.unwrap();
     client_b.cancel().await.unwrap();
 }
+
+/// Issue 33, point 2: the workspace endpoint forwards completions and
+/// resource templates. The everything server's templates are listed under
+/// the gateway's URIs with their `{resourceId}` kept, and the URI expanded
+/// from one reads the bundle's resource; `completion/complete` reaches the
+/// bundle under its own prompt name and template (with the context's
+/// arguments), and the gateway declares `completions` because the bundle
+/// does. Before, templates were an empty list and completions `-32601`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_and_resource_templates_reach_agents_through_the_workspace() {
+    let (d, port) = daemon();
+    let client = http_agent(&d, port, Answering::new(all_capabilities())).await;
+    let declared = client.peer().peer_info().expect("initialized");
+    assert!(
+        declared.capabilities.completions.is_some(),
+        "{:?}",
+        declared.capabilities
+    );
+    let templates = client.peer().list_all_resource_templates().await.unwrap();
+    let text = templates
+        .iter()
+        .map(|t| t.uri_template.clone())
+        .find(|t| t.starts_with("bundle://everything/") && t.contains("text"))
+        .unwrap_or_else(|| panic!("no text template in {templates:?}"));
+    assert_eq!(
+        text,
+        "bundle://everything/demo%3A%2F%2Fresource%2Fdynamic%2Ftext%2F{resourceId}"
+    );
+    let uri = text.replace("{resourceId}", "3");
+    let read = client
+        .peer()
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(uri.clone()))
+        .await
+        .unwrap();
+    let contents = serde_json::to_value(&read).unwrap()["contents"][0].clone();
+    assert_eq!(contents["uri"], uri.as_str(), "{contents}");
+    assert!(
+        contents["text"].as_str().is_some_and(|t| !t.is_empty()),
+        "{contents}"
+    );
+
+    let peer = client.peer();
+    let department = peer
+        .complete_prompt_argument("everything__completable-prompt", "department", "Eng", None)
+        .await
+        .unwrap();
+    assert_eq!(department.values, ["Engineering"]);
+    let context = rmcp::model::CompletionContext::with_arguments(
+        [("department".to_string(), "Sales".to_string())].into(),
+    );
+    let names = peer
+        .complete_prompt_argument("everything__completable-prompt", "name", "", Some(context))
+        .await
+        .unwrap();
+    assert_eq!(names.values, ["David", "Eve", "Frank"]);
+    let ids = peer
+        .complete_resource_argument(&text, "resourceId", "7", None)
+        .await
+        .unwrap();
+    assert_eq!(ids.values, ["7"]);
+    let unknown = peer
+        .complete_prompt_argument("everything__nosuch", "x", "", None)
+        .await
+        .expect_err("no such prompt");
+    assert!(
+        unknown.to_string().contains("no \"everything__nosuch\""),
+        "{unknown}"
+    );
+    client.cancel().await.unwrap();
+}

@@ -210,6 +210,10 @@ pub async fn connect(
     }
 }
 
+/// The MCP Apps extension, and the UI resources' MIME type.
+pub const UI_EXTENSION: &str = "io.modelcontextprotocol/ui";
+const UI_MIME_TYPE: &str = "text/html;profile=mcp-app";
+
 /// The extension of Enterprise-Managed Authorization (SEP-990).
 const ENTERPRISE_AUTH: &str = "io.modelcontextprotocol/enterprise-managed-authorization";
 
@@ -228,7 +232,19 @@ fn bundle_client(plan: &Plan, host: &HostContext, opts: &ConnectOptions) -> Bund
             }),
         );
     }
-    let mut extensions = vec![(crate::host_resources::EXTENSION.to_string(), extension)];
+    let mut extensions = vec![
+        (crate::host_resources::EXTENSION.to_string(), extension),
+        // MCP Apps: the gateway passes a tool's UI resource to agents that
+        // render it. A 2025-11-25 bundle is told once, for all its agents;
+        // a 2026-07-28 request says per agent (`call::on_behalf`).
+        (
+            UI_EXTENSION.to_string(),
+            serde_json::json!({ "mimeTypes": [UI_MIME_TYPE] })
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+        ),
+    ];
     // A remote bundle authorized the enterprise way says so (the
     // extension's client declaration; its settings are the bundle file's).
     if let Plan::Remote(remote) = plan {

@@ -187,22 +187,7 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
                 });
                 return;
             }
-            // A bundle that needs what the operator cannot give says so.
-            Ok(Err(ServiceError::McpError(e)))
-                if e.code.0 == -32021 && matches!(call.caller, Caller::Operator) =>
-            {
-                let needs = e
-                    .data
-                    .as_ref()
-                    .and_then(|d| d.get("requiredCapabilities"))
-                    .and_then(|c| c.as_object())
-                    .map(|c| c.keys().cloned().collect::<Vec<_>>().join(", "))
-                    .unwrap_or_default();
-                break Err(CallError::Failed(crate::bundle::client::nobody_to_ask(
-                    &format!("the {needs} capability"),
-                )));
-            }
-            Ok(Err(e)) => break Err(answer_error(e)),
+            Ok(Err(e)) => break Err(answer_error(e, &call.caller)),
             Ok(Ok(ServerResult::InputRequiredResult(asked))) => {
                 rounds += 1;
                 if rounds > MAX_INPUT_ROUNDS {
@@ -210,22 +195,9 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
                         "the bundle asked for input {MAX_INPUT_ROUNDS} times in one request; bundlevisor ends it there"
                     )));
                 }
-                let answers = crate::bundle::client::fulfil(
-                    &call.caller,
-                    asked.input_requests.unwrap_or_default(),
-                );
-                match tokio::time::timeout(live.answer_time, answers).await {
-                    Ok(Ok(responses)) => {
-                        request = with_input(request, responses, asked.request_state)
-                    }
-                    Ok(Err(crate::bundle::client::Unfulfilled::Why(why))) => {
-                        break Err(CallError::Failed(why))
-                    }
-                    Ok(Err(missing)) => break Err(CallError::Mcp(missing.into_error())),
-                    Err(_) => break Err(CallError::Failed(format!(
-                        "the agent did not answer the bundle's request for input within {} ([http] input_timeout)",
-                        humantime::format_duration(live.answer_time)
-                    ))),
+                match answers(&call.caller, asked, live.answer_time).await {
+                    Ok((responses, state)) => request = with_input(request, responses, state),
+                    Err(e) => break Err(e),
                 }
             }
             Ok(Ok(result)) => {
@@ -291,7 +263,8 @@ async fn follow(
 /// The capabilities a request to a bundle declares for `caller`: the
 /// daemon's own extensions (host-resources…), with what the caller can be
 /// asked (sampling, elicitation, roots) and the extensions it declared
-/// (MCP Apps' UI…) — not tasks, which bundlevisor does not pass on.
+/// (MCP Apps' UI only then) — not tasks, which bundlevisor does not pass
+/// on.
 fn on_behalf(
     own: &rmcp::model::ClientCapabilities,
     caller: &Caller,
@@ -304,6 +277,10 @@ fn on_behalf(
     capabilities.sampling = agent.sampling;
     capabilities.elicitation = agent.elicitation;
     capabilities.roots = agent.roots;
+    // The UI only for an agent that renders it.
+    if let Some(extensions) = capabilities.extensions.as_mut() {
+        extensions.remove(crate::bundle::connect::UI_EXTENSION);
+    }
     for (name, settings) in agent.extensions.unwrap_or_default() {
         if name != rmcp::model::TASKS_EXTENSION_ID {
             capabilities
@@ -450,11 +427,122 @@ fn answer(request: &BundleRequest, result: ServerResult) -> Result<ServerResult,
     }
 }
 
-fn answer_error(e: ServiceError) -> CallError {
-    // The bundle's own MCP error keeps its code and data (a tool call's
-    // too: -32021, -32602… mean something to the agent).
+fn answer_error(e: ServiceError, caller: &Caller) -> CallError {
     match e {
+        // A bundle that needs what the operator cannot give says so.
+        ServiceError::McpError(e) if e.code.0 == -32021 && matches!(caller, Caller::Operator) => {
+            let needs = e
+                .data
+                .as_ref()
+                .and_then(|d| d.get("requiredCapabilities"))
+                .and_then(|c| c.as_object())
+                .map(|c| c.keys().cloned().collect::<Vec<_>>().join(", "))
+                .unwrap_or_default();
+            CallError::Failed(crate::bundle::client::nobody_to_ask(&format!(
+                "the {needs} capability"
+            )))
+        }
+        // The bundle's own MCP error keeps its code and data (a tool
+        // call's too: -32021, -32602… mean something to the agent).
         ServiceError::McpError(e) => CallError::Mcp(e),
         e => CallError::Failed(e.to_string()),
+    }
+}
+
+/// The caller's answers to a 2026-07-28 bundle's `input_required`, with
+/// the bundle's state to send back, within the time an agent has to
+/// answer.
+async fn answers(
+    caller: &Caller,
+    asked: rmcp::model::InputRequiredResult,
+    answer_time: Duration,
+) -> Result<(InputResponses, Option<String>), CallError> {
+    use crate::bundle::client::{fulfil, Unfulfilled};
+    let requests = asked.input_requests.unwrap_or_default();
+    match tokio::time::timeout(answer_time, fulfil(caller, requests)).await {
+        Ok(Ok(responses)) => Ok((responses, asked.request_state)),
+        Ok(Err(Unfulfilled::Why(why))) => Err(CallError::Failed(why)),
+        Ok(Err(missing)) => Err(CallError::Mcp(missing.into_error())),
+        Err(_) => Err(CallError::Failed(format!(
+            "the agent did not answer the bundle's request for input within {} ([http] input_timeout)",
+            humantime::format_duration(answer_time)
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::ClientCapabilities;
+
+    /// A request to a 2026-07-28 bundle declares what its caller can
+    /// answer and which extensions it has: the UI only for an agent that
+    /// declared it, never tasks, and the daemon's own always.
+    #[test]
+    fn a_request_declares_its_callers_capabilities_and_the_daemons_extensions() {
+        let own: ClientCapabilities = serde_json::from_value(serde_json::json!({
+            "sampling": {}, "elicitation": {}, "roots": {},
+            "extensions": {
+                "ai.nimblebrain/host-resources": {"version": "1.1"},
+                "io.modelcontextprotocol/ui": {"mimeTypes": ["text/html;profile=mcp-app"]}
+            }
+        }))
+        .unwrap();
+        let operator = serde_json::to_value(on_behalf(&own, &Caller::Operator)).unwrap();
+        assert_eq!(
+            operator,
+            serde_json::json!({"extensions": {"ai.nimblebrain/host-resources": {"version": "1.1"}}})
+        );
+        let agent: ClientCapabilities = serde_json::from_value(serde_json::json!({
+            "elicitation": {"form": {}},
+            "extensions": {
+                "io.modelcontextprotocol/ui": {"mimeTypes": ["text/html;profile=mcp-app"]},
+                "io.modelcontextprotocol/tasks": {}
+            }
+        }))
+        .unwrap();
+        let agent = Caller::Agent(std::sync::Arc::new(Declaring(agent)));
+        let declared = serde_json::to_value(on_behalf(&own, &agent)).unwrap();
+        assert_eq!(
+            declared,
+            serde_json::json!({
+                "elicitation": {"form": {}},
+                "extensions": {
+                    "ai.nimblebrain/host-resources": {"version": "1.1"},
+                    "io.modelcontextprotocol/ui": {"mimeTypes": ["text/html;profile=mcp-app"]}
+                }
+            })
+        );
+    }
+
+    /// An agent that is only its declared capabilities.
+    struct Declaring(ClientCapabilities);
+
+    impl crate::bundle::client::Agent for Declaring {
+        fn capabilities(&self) -> ClientCapabilities {
+            self.0.clone()
+        }
+        fn request(
+            &self,
+            _: rmcp::model::ServerRequest,
+        ) -> futures::future::BoxFuture<'static, Result<rmcp::model::ClientResult, rmcp::ErrorData>>
+        {
+            Box::pin(async { Err(rmcp::ErrorData::internal_error("not asked", None)) })
+        }
+        fn notify(
+            &self,
+            _: rmcp::model::ServerNotification,
+        ) -> futures::future::BoxFuture<'static, ()> {
+            Box::pin(async {})
+        }
+        fn resource_updated(&self, _: &str, _: &str) -> futures::future::BoxFuture<'static, ()> {
+            Box::pin(async {})
+        }
+        fn gone(&self) -> bool {
+            false
+        }
+        fn unreachable(&self) -> Option<String> {
+            None
+        }
     }
 }

@@ -769,6 +769,9 @@ impl ServerHandler for Gateway {
                     return ServerConfig::new(capabilities).with_server_info(ours);
                 };
                 let mut capabilities = forwarded(&declared.capabilities);
+                if declared.capabilities.supports_skills() {
+                    capabilities.extensions = Some(skills_extension());
+                }
                 // The gateway tells of list changes (restarts) itself.
                 if let Some(tools) = capabilities.tools.as_mut() {
                     tools.list_changed = Some(true);
@@ -782,10 +785,17 @@ impl ServerHandler for Gateway {
                 let mut capabilities = gateway;
                 // Completions when a bundle offers them.
                 let declared = self.0.api.declared_all(&self.0.workspace);
-                if declared.iter().any(|(bundle, info)| {
-                    self.bundle_allowed(bundle) && info.capabilities.completions.is_some()
-                }) {
+                let offered = |has: fn(&ServerCapabilities) -> bool| {
+                    declared.iter().any(|(bundle, info)| {
+                        self.bundle_allowed(bundle) && has(&info.capabilities)
+                    })
+                };
+                if offered(|c| c.completions.is_some()) {
                     capabilities.completions = Some(Default::default());
+                }
+                // Skills when a bundle serves them.
+                if offered(ServerCapabilities::supports_skills) {
+                    capabilities.extensions = Some(skills_extension());
                 }
                 ServerConfig::new(capabilities)
                     .with_server_info(ours)
@@ -840,6 +850,77 @@ impl ServerHandler for Gateway {
                 Ok(result)
             }
             _ => Err(unusable("completion")),
+        }
+    }
+
+    /// Skills (SEP-2640): every bundle's that serves them, each skill and
+    /// file under the URI agents see (`skill://BUNDLE/…`), readable there.
+    async fn list_skills(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListSkillsResult, ErrorData> {
+        let serving: Vec<String> = self
+            .0
+            .api
+            .declared_all(&self.0.workspace)
+            .into_iter()
+            .filter(|(bundle, info)| {
+                self.bundle_allowed(bundle) && info.capabilities.supports_skills()
+            })
+            .map(|(bundle, _)| bundle)
+            .collect();
+        let agent = self.agent(&context.peer);
+        let asks = serving.iter().map(|bundle| {
+            let request = ClientRequest::ListSkillsRequest(Default::default());
+            let agent = agent.clone();
+            async move { (bundle, self.bundle_mcp(bundle, request, agent).await) }
+        });
+        let mut skills = Vec::new();
+        for (bundle, answer) in futures::future::join_all(asks).await {
+            match answer {
+                Ok(ServerResult::ListSkillsResult(listed)) => {
+                    for mut skill in listed.skills {
+                        expose_skill(&self.0.naming, bundle, &mut skill);
+                        skills.push(skill);
+                    }
+                }
+                Ok(_) => tracing::debug!(bundle, "skills/list answered with something else"),
+                Err(e) => tracing::debug!(bundle, "skills/list: {e}"),
+            }
+        }
+        skills.sort_by(|a, b| a.uri.cmp(&b.uri));
+        Ok(rmcp::model::ListSkillsResult::with_all_items(skills))
+    }
+
+    async fn get_skill(
+        &self,
+        request: rmcp::model::GetSkillRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetSkillResult, ErrorData> {
+        let Some((bundle, own)) = self
+            .0
+            .naming
+            .route_uri(&request.uri)
+            .filter(|(bundle, _)| self.bundle_allowed(bundle))
+        else {
+            return Err(ErrorData::invalid_params(
+                format!("no skill {} (skills/list names them)", request.uri),
+                None,
+            ));
+        };
+        let mut params = request.clone();
+        params.uri = own;
+        let ask = ClientRequest::GetSkillRequest(rmcp::model::GetSkillRequest::new(params));
+        match self
+            .bundle_mcp(&bundle, ask, self.agent(&context.peer))
+            .await?
+        {
+            ServerResult::GetSkillResult(mut result) => {
+                expose_skill(&self.0.naming, &bundle, &mut result.skill);
+                Ok(result)
+            }
+            _ => Err(unusable("skill")),
         }
     }
 
@@ -1160,6 +1241,26 @@ impl ServerHandler for Gateway {
 // `resultType: "complete"` unless they say otherwise: MCP 2026-07-28 requires
 // the field, and a bundle on 2025-11-25 (or the files resolver) sends none;
 // rmcp strips "complete" again for agents on older revisions.
+
+/// The Skills extension (SEP-2640) as the gateway declares it: skills and
+/// their files, without `resources/directory/read`.
+fn skills_extension() -> rmcp::model::ExtensionCapabilities {
+    [(
+        rmcp::model::SKILLS_EXTENSION_ID.to_string(),
+        Default::default(),
+    )]
+    .into()
+}
+
+/// A bundle's skill under the URIs agents see (its files too).
+fn expose_skill(naming: &Naming, bundle: &str, skill: &mut rmcp::model::Skill) {
+    skill.uri = naming.uri(bundle, &skill.uri);
+    if let rmcp::model::SkillResources::Files(files) = &mut skill.resources {
+        for file in files {
+            file.uri = naming.uri(bundle, &file.uri);
+        }
+    }
+}
 
 /// Of what a bundle declared, what the gateway forwards to agents.
 fn forwarded(declared: &ServerCapabilities) -> ServerCapabilities {
