@@ -318,6 +318,41 @@ async fn after_a_daemon_restart_an_old_session_gets_404() {
     drop(d);
 }
 
+/// Issue 33: ending a session with DELETE answers 200 (it was 202, which
+/// the Python SDK's client logs as a failed termination: it takes 200, 204
+/// or 405), and the ended session is gone (404).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_session_answers_200_and_ends_it() {
+    let (d, base) = daemon();
+    let url = format!("{base}/mcp/default");
+    let t = token(&d, &[]);
+    let (status, headers, body) = raw_initialize(&url, Some(&t)).await;
+    assert_eq!(status, 200, "{body}");
+    let session = headers["mcp-session-id"].to_str().unwrap().to_string();
+    let deleted = reqwest::Client::new()
+        .delete(&url)
+        .bearer_auth(&t)
+        .header("Mcp-Session-Id", &session)
+        .header("MCP-Protocol-Version", "2025-11-25")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status().as_u16(), 200);
+    let after = reqwest::Client::new()
+        .post(&url)
+        .bearer_auth(&t)
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json")
+        .header("Mcp-Session-Id", &session)
+        .header("MCP-Protocol-Version", "2025-11-25")
+        .body(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}).to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(after.status().as_u16(), 404);
+    drop(d);
+}
+
 /// `[http] tls_cert`/`tls_key`: HTTPS with the operator's certificate (made
 /// here by the openssl CLI); plain HTTP on that port gets nowhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -737,4 +772,75 @@ async fn the_2026_07_28_wire_rules_hold() {
     assert_eq!(list["result"]["cacheScope"], "private", "{list}");
     let ping = stateless(&url, &t, "ping", "", json!({})).await;
     assert_eq!(ping["error"]["code"], -32601, "{ping}");
+}
+
+/// Issue 33, point 3: a profile with `names = "bare"` shows its bundles'
+/// tools under their own names; installing a bundle whose manifest lists
+/// a tool another bundle of the profile already shows is refused, naming
+/// both; a name two bundles share anyway (a manifest that lists no tools)
+/// is shown prefixed for both, never given to one of them silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_profile_shows_own_names_and_refuses_a_collision() {
+    let port = free_port();
+    let d = Daemon::start_with(&format!(
+        "[http]\nlisten = \"127.0.0.1:{port}\"\n[[profile]]\nname = \"plain\"\nnames = \"bare\"\n"
+    ));
+    tokio::task::block_in_place(|| d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]));
+    let t = tokio::task::block_in_place(|| token(&d, &[]));
+    let url = format!("http://127.0.0.1:{port}/mcp/default/plain");
+    let names = |client: &rmcp::service::RunningService<rmcp::RoleClient, ()>| {
+        let peer = client.peer().clone();
+        async move {
+            let mut names: Vec<String> = peer
+                .list_all_tools()
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|t| t.name.to_string())
+                .collect();
+            names.sort();
+            names
+        }
+    };
+    let client = agent(&url, &t).await.unwrap();
+    let shown = names(&client).await;
+    assert!(
+        shown.contains(&"echo".to_string()) && !shown.iter().any(|n| n.contains("__")),
+        "{shown:?}"
+    );
+    let params = CallToolRequestParams::new("echo")
+        .with_arguments(json!({"text": "bare"}).as_object().unwrap().clone());
+    let answer = client.peer().call_tool(params).await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&answer).unwrap()["content"][0]["text"],
+        "bare"
+    );
+
+    let mut manifest: Value = serde_json::from_str(common::DEMO_MANIFEST).unwrap();
+    manifest["name"] = json!("other");
+    manifest["tools"] = json!([{"name": "echo", "description": "Echo a text"}]);
+    let dir = common::write_bundle(&d.root().join("bundles"), "other", &manifest);
+    let refused = tokio::task::block_in_place(|| d.cli(&["install", dir.to_str().unwrap()]));
+    let said = String::from_utf8_lossy(&refused.stderr).to_string();
+    assert!(!refused.status.success(), "{said}");
+    assert!(
+        said.contains(r#"profile "plain" shows tools under their own names"#)
+            && said.contains(
+                r#"bundle "other" would show tool "echo", which bundle "demo" already shows"#
+            ),
+        "{said}"
+    );
+    assert!(tokio::task::block_in_place(|| d.bundle("default", "other")).is_none());
+
+    manifest.as_object_mut().unwrap().remove("tools");
+    let dir = common::write_bundle(&d.root().join("bundles"), "other", &manifest);
+    tokio::task::block_in_place(|| d.ok(&["install", dir.to_str().unwrap()]));
+    let shown = names(&client).await;
+    assert!(
+        shown.contains(&"demo__echo".to_string())
+            && shown.contains(&"other__echo".to_string())
+            && !shown.contains(&"echo".to_string()),
+        "{shown:?}"
+    );
+    client.cancel().await.unwrap();
 }

@@ -588,6 +588,20 @@ pub struct Profile {
     /// name (never by the exposed name, which a collision may move).
     #[serde(default)]
     pub exclude_tools: Vec<ToolRef>,
+    /// How the profile's tools and prompts are named: `BUNDLE__NAME`
+    /// (`"prefixed"`, the default) or as their bundles name them
+    /// (`"bare"`), which no two of its bundles may share.
+    #[serde(default)]
+    pub names: NameMode,
+}
+
+/// `names` of a `[[profile]]`.
+#[derive(Debug, Clone, Copy, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum NameMode {
+    #[default]
+    Prefixed,
+    Bare,
 }
 
 /// A tool of a bundle, as a profile's `exclude_tools` names it: by the

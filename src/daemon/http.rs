@@ -439,7 +439,13 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
     }
     // Whose request it is, for resuming a call that waits for its input.
     request.extensions_mut().insert(AgentKey(token.id.clone()));
-    let response = service.handle(request).await.into_response();
+    let ends_session = request.method() == axum::http::Method::DELETE;
+    let mut response = service.handle(request).await.into_response();
+    // ending a session is done, not accepted for later: 200 (clients such
+    // as the Python SDK's take 200, 204 or 405, and log 202 as a failure).
+    if ends_session && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::OK;
+    }
     if opens_session {
         if let Some(id) = response
             .headers()
@@ -783,10 +789,7 @@ impl App {
             profile.as_ref().map(|p| p.name.clone()),
             bundle.clone(),
         );
-        let naming = match bundle {
-            Some(bundle) => Naming::Single(bundle),
-            None => Naming::Prefixed,
-        };
+        let naming = Naming::of(bundle, profile.as_ref());
         let mut endpoints = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
         endpoints
             .entry(key)

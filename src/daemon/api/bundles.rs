@@ -22,6 +22,7 @@ impl Api {
         wait: bool,
         seen: impl FnMut(crate::daemon::board::Event) -> F,
     ) -> Result<BundleStatus, ApiError> {
+        self.bare_names_free(&path, workspace).await?;
         // Subscribed before the install: no transition of its start is missed.
         let events = self.shared.board.subscribe();
         let workspace = workspace.to_string();
@@ -45,6 +46,75 @@ impl Api {
         }
         self.wait_outcome(events, &record.workspace, &record.name, seen)
             .await
+    }
+
+    /// Refuses a bundle whose manifest lists a tool that another bundle of
+    /// the workspace already has under the same name, when a profile with
+    /// `names = "bare"` shows both. (A manifest that lists no tools, or an
+    /// archive, is not checked here; the gateway then shows a shared name
+    /// prefixed for both bundles.)
+    async fn bare_names_free(
+        &self,
+        path: &std::path::Path,
+        workspace: &str,
+    ) -> Result<(), ApiError> {
+        let bare: Vec<&crate::config::Profile> = self
+            .shared
+            .config
+            .profiles
+            .iter()
+            .filter(|p| p.names == crate::config::NameMode::Bare)
+            .collect();
+        if bare.is_empty() || !path.is_dir() {
+            return Ok(());
+        }
+        let source = path.to_path_buf();
+        let Ok(Ok(loaded)) =
+            tokio::task::spawn_blocking(move || crate::daemon::source::manifest_of(&source)).await
+        else {
+            return Ok(());
+        };
+        let name = loaded.manifest.name.clone();
+        let declared: Vec<String> = serde_json::from_str::<serde_json::Value>(&loaded.text)
+            .ok()
+            .and_then(|m| m.get("tools").and_then(|t| t.as_array()).cloned())
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|t| t.get("name").and_then(|n| n.as_str()).map(str::to_string))
+            .collect();
+        if declared.is_empty() {
+            return Ok(());
+        }
+        let others = self.tools(workspace, None).await?;
+        for profile in bare {
+            let shows = |bundle: &str| {
+                profile
+                    .bundles
+                    .as_ref()
+                    .is_none_or(|b| b.iter().any(|x| x == bundle))
+            };
+            let hidden =
+                |bundle: &str, tool: &str| profile.exclude_tools.iter().any(|t| t.is(bundle, tool));
+            if !shows(&name) {
+                continue;
+            }
+            for other in others.iter().filter(|o| o.name != name && shows(&o.name)) {
+                let clash = declared.iter().find(|tool| {
+                    !hidden(&name, tool)
+                        && other
+                            .tools
+                            .iter()
+                            .any(|t| t.name == tool.as_str() && !hidden(&other.name, tool))
+                });
+                if let Some(tool) = clash {
+                    return Err(ApiError::InvalidParams(format!(
+                        "profile {:?} shows tools under their own names (names = \"bare\"), and bundle {name:?} would show tool {tool:?}, which bundle {:?} already shows; hide one of them in the profile (exclude_tools), leave one bundle out of it, or use names = \"prefixed\"",
+                        profile.name, other.name
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// What the status board shows of a bundle.

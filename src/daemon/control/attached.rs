@@ -41,6 +41,7 @@ where
     T: rmcp::transport::Transport<RoleServer> + 'static,
 {
     use rmcp::ServiceExt;
+    let naming = crate::daemon::gateway::names::Naming::of(p.bundle.clone(), profile.as_ref());
     let gateway = Gateway::new(
         ctx.api.clone(),
         p.workspace.clone(),
@@ -50,10 +51,7 @@ where
             .unwrap_or(crate::daemon::gateway::DEFAULT_WAIT_READY),
         // One agent on this connection: its own waiting calls.
         crate::daemon::gateway::rounds::Rounds::new(Default::default()),
-        match &p.bundle {
-            Some(bundle) => crate::daemon::gateway::names::Naming::Single(bundle.clone()),
-            None => crate::daemon::gateway::names::Naming::Prefixed,
-        },
+        naming,
     );
     match p.resume {
         Some(resume) => {

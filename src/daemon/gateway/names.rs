@@ -35,21 +35,42 @@ pub enum Naming {
     Prefixed,
     /// One bundle, exactly as it names things.
     Single(String),
+    /// The workspace's bundles together, tools and prompts under their own
+    /// names (a profile's `names = "bare"`); a name two bundles share is
+    /// given both of them prefixed, never to one of them silently.
+    /// URIs are mapped as [`Naming::Prefixed`] maps them.
+    Bare,
 }
 
 impl Naming {
+    /// The naming of an endpoint: one bundle as itself, or the workspace
+    /// under its profile's name mode.
+    pub fn of(bundle: Option<String>, profile: Option<&crate::config::Profile>) -> Naming {
+        match (bundle, profile.map(|p| p.names)) {
+            (Some(bundle), _) => Naming::Single(bundle),
+            (None, Some(crate::config::NameMode::Bare)) => Naming::Bare,
+            (None, _) => Naming::Prefixed,
+        }
+    }
+
     /// The names (tools, prompts) of `(bundle, name)` pairs.
     pub fn entries(&self, pairs: impl IntoIterator<Item = (String, String)>) -> Vec<Entry> {
         match self {
             Naming::Prefixed => namespace(pairs),
-            Naming::Single(_) => pairs
-                .into_iter()
-                .map(|(bundle, name)| Entry {
-                    exposed: name.clone(),
-                    bundle,
-                    name,
-                })
-                .collect(),
+            Naming::Single(_) => pairs.into_iter().map(own_name).collect(),
+            Naming::Bare => {
+                let pairs: Vec<(String, String)> = pairs.into_iter().collect();
+                let shared = shared_names(&pairs);
+                let (clashing, own): (Vec<_>, Vec<_>) = pairs
+                    .into_iter()
+                    .partition(|(_, name)| shared.contains(name));
+                for name in &shared {
+                    tracing::warn!(name, "a profile with bare names has two bundles that share this name: both are shown prefixed (BUNDLE__NAME)");
+                }
+                let mut entries: Vec<Entry> = own.into_iter().map(own_name).collect();
+                entries.extend(namespace(clashing));
+                entries
+            }
         }
     }
 
@@ -57,10 +78,12 @@ impl Naming {
     pub fn uri(&self, bundle: &str, uri: &str) -> String {
         match self {
             Naming::Single(_) => uri.to_string(),
-            Naming::Prefixed => match KEPT_SCHEMES.iter().find(|s| uri.starts_with(*s)) {
-                Some(scheme) => format!("{scheme}{bundle}/{}", &uri[scheme.len()..]),
-                None => bundle_uri(bundle, uri),
-            },
+            Naming::Prefixed | Naming::Bare => {
+                match KEPT_SCHEMES.iter().find(|s| uri.starts_with(*s)) {
+                    Some(scheme) => format!("{scheme}{bundle}/{}", &uri[scheme.len()..]),
+                    None => bundle_uri(bundle, uri),
+                }
+            }
         }
     }
 
@@ -69,13 +92,16 @@ impl Naming {
     pub fn route_uri(&self, uri: &str) -> Option<(String, String)> {
         match self {
             Naming::Single(bundle) => Some((bundle.clone(), uri.to_string())),
-            Naming::Prefixed => match KEPT_SCHEMES.iter().find(|s| uri.starts_with(*s)) {
-                Some(scheme) => {
-                    let (bundle, rest) = uri[scheme.len()..].split_once('/')?;
-                    (!bundle.is_empty()).then(|| (bundle.to_string(), format!("{scheme}{rest}")))
+            Naming::Prefixed | Naming::Bare => {
+                match KEPT_SCHEMES.iter().find(|s| uri.starts_with(*s)) {
+                    Some(scheme) => {
+                        let (bundle, rest) = uri[scheme.len()..].split_once('/')?;
+                        (!bundle.is_empty())
+                            .then(|| (bundle.to_string(), format!("{scheme}{rest}")))
+                    }
+                    None => parse_bundle_uri(uri),
                 }
-                None => parse_bundle_uri(uri),
-            },
+            }
         }
     }
 
@@ -85,10 +111,10 @@ impl Naming {
     pub fn template(&self, bundle: &str, template: &str) -> String {
         match self {
             Naming::Single(_) => template.to_string(),
-            Naming::Prefixed if KEPT_SCHEMES.iter().any(|s| template.starts_with(*s)) => {
+            _ if KEPT_SCHEMES.iter().any(|s| template.starts_with(*s)) => {
                 self.uri(bundle, template)
             }
-            Naming::Prefixed => {
+            Naming::Prefixed | Naming::Bare => {
                 let mut out = format!("{BUNDLE_URI_PREFIX}{bundle}/");
                 let mut rest = template;
                 while !rest.is_empty() {
@@ -140,6 +166,28 @@ pub fn namespace(pairs: impl IntoIterator<Item = (String, String)>) -> Vec<Entry
                 name,
             }
         })
+        .collect()
+}
+
+/// An item under its bundle's own name.
+fn own_name((bundle, name): (String, String)) -> Entry {
+    Entry {
+        exposed: name.clone(),
+        bundle,
+        name,
+    }
+}
+
+/// The names more than one bundle uses.
+pub fn shared_names(pairs: &[(String, String)]) -> std::collections::BTreeSet<String> {
+    let mut bundles_of: BTreeMap<&str, HashSet<&str>> = BTreeMap::new();
+    for (bundle, name) in pairs {
+        bundles_of.entry(name).or_default().insert(bundle);
+    }
+    bundles_of
+        .into_iter()
+        .filter(|(_, bundles)| bundles.len() > 1)
+        .map(|(name, _)| name.to_string())
         .collect()
 }
 
@@ -247,6 +295,34 @@ mod tests {
         assert_eq!(
             single.route_uri("test://7"),
             Some(("b".into(), "test://7".into()))
+        );
+    }
+
+    #[test]
+    fn bare_names_are_the_bundles_own_and_a_shared_one_is_prefixed_for_both() {
+        let e = Naming::Bare.entries(pairs(&[
+            ("demo", "echo"),
+            ("demo", "sleep"),
+            ("reader", "echo"),
+            ("reader", "read"),
+        ]));
+        let mut got: Vec<(&str, &str, &str)> = e
+            .iter()
+            .map(|e| (e.exposed.as_str(), e.bundle.as_str(), e.name.as_str()))
+            .collect();
+        got.sort();
+        assert_eq!(
+            got,
+            [
+                ("demo__echo", "demo", "echo"),
+                ("read", "reader", "read"),
+                ("reader__echo", "reader", "echo"),
+                ("sleep", "demo", "sleep"),
+            ]
+        );
+        assert_eq!(
+            Naming::Bare.uri("demo", "test://x"),
+            "bundle://demo/test%3A%2F%2Fx"
         );
     }
 

@@ -470,7 +470,7 @@ impl Gateway {
         for (bundle, mut template) in listed {
             let own = template.uri_template.clone();
             template.uri_template = self.0.naming.template(&bundle, &own);
-            if *self.0.naming == Naming::Prefixed {
+            if !matches!(*self.0.naming, Naming::Single(_)) {
                 template.name = format!("{bundle}{}{}", super::names::SEPARATOR, template.name);
             }
             routes.insert(
@@ -494,7 +494,7 @@ impl Gateway {
         // One bundle as itself has its own resources only.
         let mut resources = match &*self.0.naming {
             Naming::Single(_) => Vec::new(),
-            Naming::Prefixed => {
+            Naming::Prefixed | Naming::Bare => {
                 let files = self
                     .0
                     .api
@@ -524,7 +524,7 @@ impl Gateway {
             .await?;
         for (bundle, mut resource) in listed {
             resource.uri = self.0.naming.uri(&bundle, &resource.uri);
-            if *self.0.naming == Naming::Prefixed {
+            if !matches!(*self.0.naming, Naming::Single(_)) {
                 resource.name = format!("{bundle}{}{}", super::names::SEPARATOR, resource.name);
             }
             resources.push(resource);
@@ -781,7 +781,7 @@ impl ServerHandler for Gateway {
                 info.instructions = declared.instructions.clone();
                 info
             }
-            Naming::Prefixed => {
+            Naming::Prefixed | Naming::Bare => {
                 let mut capabilities = gateway;
                 // Completions when a bundle offers them.
                 let declared = self.0.api.declared_all(&self.0.workspace);
