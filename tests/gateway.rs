@@ -670,3 +670,46 @@ fn descriptors_the_daemon_cannot_serve_are_refused_and_closed() {
         (!held).then_some(())
     });
 }
+
+/// Issue 33, point 1: `bundlevisor mcp --bundle NAME` serves one bundle
+/// exactly as itself over stdio: its own tool names (`echo`, not
+/// `demo__echo`), its own server info, none of another bundle's tools and
+/// no workspace files; an unknown bundle is refused at start (exit 2,
+/// naming it).
+#[test]
+fn bundlevisor_mcp_serves_one_bundle_as_itself() {
+    let d = Daemon::start();
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    d.ok(&["install", d.demo_bundle("second").to_str().unwrap()]);
+    let agent = Agent::connect(&d, &["--bundle", "demo"]);
+    let names = agent.tool_names();
+    assert!(
+        names.contains(&"echo".to_string()) && !names.iter().any(|n| n.contains("__")),
+        "{names:?}"
+    );
+    assert_eq!(
+        agent.call("echo", json!({"text": "itself"})).as_deref(),
+        Ok("itself")
+    );
+    let info = agent.peer().peer_info().unwrap();
+    // The bundle's own server info, not the gateway's.
+    let name = info.server_info.as_ref().map(|i| i.name.clone());
+    assert!(
+        name.as_deref().is_some_and(|n| n != "bundlevisor"),
+        "{info:?}"
+    );
+    let resources = agent
+        .rt
+        .block_on(agent.peer().list_all_resources())
+        .unwrap();
+    assert!(
+        !resources.iter().any(|r| r.uri.starts_with("files://")),
+        "{resources:?}"
+    );
+    drop(agent);
+
+    let out = d.cli(&["mcp", "--bundle", "nosuch"]);
+    assert_eq!(out.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("nosuch"), "{said}");
+}
