@@ -263,11 +263,12 @@ async fn follow(
 /// The capabilities a request to a bundle declares for `caller`: the
 /// daemon's own extensions (host-resources…), with what the caller can be
 /// asked (sampling, elicitation, roots) and the extensions it declared
-/// (MCP Apps' UI only then) — not tasks, which bundlevisor does not pass
-/// on.
+/// (MCP Apps' UI only then; tasks only when `tasks`, where the gateway
+/// maps the bundle's task ids).
 fn on_behalf(
     own: &rmcp::model::ClientCapabilities,
     caller: &Caller,
+    tasks: bool,
 ) -> rmcp::model::ClientCapabilities {
     let mut capabilities = own.clone();
     let agent = match caller {
@@ -282,7 +283,7 @@ fn on_behalf(
         extensions.remove(crate::bundle::connect::UI_EXTENSION);
     }
     for (name, settings) in agent.extensions.unwrap_or_default() {
-        if name != rmcp::model::TASKS_EXTENSION_ID {
+        if tasks || name != rmcp::model::TASKS_EXTENSION_ID {
             capabilities
                 .extensions
                 .get_or_insert_with(Default::default)
@@ -350,7 +351,11 @@ async fn exchange(
     // bundle sees what the caller can answer (an operator's call: none).
     if session.revision >= rmcp::model::ProtocolVersion::V_2026_07_28 {
         let mut meta = rmcp::model::RequestMetaObject::default();
-        meta.set_client_capabilities(on_behalf(&session.declared, &call.caller));
+        // Tasks only where the gateway maps them (its requests as they
+        // are), never on the typed tool call path, which waits for the
+        // tool's result.
+        let tasks = matches!(call.request, BundleRequest::Mcp(_));
+        meta.set_client_capabilities(on_behalf(&session.declared, &call.caller, tasks));
         options.meta = Some(meta);
     }
     let handle = peer
@@ -488,7 +493,7 @@ mod tests {
             }
         }))
         .unwrap();
-        let operator = serde_json::to_value(on_behalf(&own, &Caller::Operator)).unwrap();
+        let operator = serde_json::to_value(on_behalf(&own, &Caller::Operator, true)).unwrap();
         assert_eq!(
             operator,
             serde_json::json!({"extensions": {"ai.nimblebrain/host-resources": {"version": "1.1"}}})
@@ -502,7 +507,7 @@ mod tests {
         }))
         .unwrap();
         let agent = Caller::Agent(std::sync::Arc::new(Declaring(agent)));
-        let declared = serde_json::to_value(on_behalf(&own, &agent)).unwrap();
+        let declared = serde_json::to_value(on_behalf(&own, &agent, false)).unwrap();
         assert_eq!(
             declared,
             serde_json::json!({
@@ -512,6 +517,13 @@ mod tests {
                     "io.modelcontextprotocol/ui": {"mimeTypes": ["text/html;profile=mcp-app"]}
                 }
             })
+        );
+        let with_tasks = serde_json::to_value(on_behalf(&own, &agent, true)).unwrap();
+        assert!(
+            with_tasks["extensions"]
+                .get("io.modelcontextprotocol/tasks")
+                .is_some(),
+            "{with_tasks}"
         );
     }
 

@@ -8,6 +8,8 @@
 //!   bundles' sampling, elicitation, roots and log messages passed to the
 //!   agent whose call they serve).
 //! - [`names`]: namespacing (`BUNDLE__TOOL`) and its collision rule.
+//! - [`rounds`]: multi-round-trip requests of 2026-07-28 agents; [`tasks`]:
+//!   the task ids of bundles' tasks, as agents are given them.
 //!
 //! What it asks of the daemon goes through [`crate::daemon::api::Api`],
 //! typed (rmcp's model types), so no request crosses a socket twice and no
@@ -24,6 +26,7 @@
 pub mod names;
 pub mod rounds;
 pub mod server;
+pub mod tasks;
 
 use rmcp::model::{LoggingLevel, ProgressNotificationParam};
 use rmcp::service::Peer;

@@ -90,6 +90,8 @@ pub struct Origin {
 /// The parked calls of one endpoint (HTTP) or connection (stdio).
 pub struct Rounds {
     parked: Mutex<HashMap<String, Parked>>,
+    /// The bundles' tasks handed to the agents of this endpoint.
+    pub tasks: super::tasks::Tasks,
     limits: RoundLimits,
     me: Weak<Rounds>,
 }
@@ -387,6 +389,7 @@ impl Rounds {
     pub fn new(limits: RoundLimits) -> Arc<Rounds> {
         Arc::new_cyclic(|me| Rounds {
             parked: Mutex::default(),
+            tasks: Default::default(),
             limits,
             me: me.clone(),
         })
@@ -617,7 +620,7 @@ fn ended() -> ErrorData {
 }
 
 /// A handle nobody can guess: 128 random bits.
-fn new_state() -> String {
+pub(super) fn new_state() -> String {
     use chacha20poly1305::aead::rand_core::RngCore;
     let mut bytes = [0u8; 16];
     chacha20poly1305::aead::OsRng.fill_bytes(&mut bytes);

@@ -242,6 +242,78 @@ impl Gateway {
         }
     }
 
+    /// Whether a tool call may become a task: the agent declared the Tasks
+    /// extension on this request and the bundle offers it.
+    fn takes_tasks(&self, context: &RequestContext<RoleServer>, bundle: &str) -> bool {
+        let agent = context.client_capabilities().is_some_and(|c| {
+            c.extensions
+                .is_some_and(|e| e.contains_key(rmcp::model::TASKS_EXTENSION_ID))
+        });
+        agent
+            && self
+                .0
+                .api
+                .declared(&self.0.workspace, bundle)
+                .is_some_and(|d| d.capabilities.supports_tasks())
+    }
+
+    /// A tool call passed to the bundle as it is, so that the bundle may
+    /// answer with a task: the agent gets the task under an id of the
+    /// gateway's ([`super::tasks`]).
+    async fn call_as_task(
+        &self,
+        request: &CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+        route: Entry,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let mut params = CallToolRequestParams::new(route.name.clone());
+        params.arguments = request.arguments.clone();
+        let ask = ClientRequest::CallToolRequest(rmcp::model::CallToolRequest::new(params));
+        let origin = Origin {
+            method: "tools/call",
+            name: request.name.to_string(),
+        };
+        let (state, responses) = (&request.request_state, &request.input_responses);
+        let bundle = route.bundle.clone();
+        match self
+            .pass_to_bundle(origin, state, responses, context, route.bundle, ask)
+            .await?
+        {
+            Err(asks) => Ok(CallToolResponse::InputRequired(asks)),
+            Ok(ServerResult::CallToolResult(mut result)) => {
+                result.result_type.get_or_insert(ResultType::COMPLETE);
+                Ok(result.into())
+            }
+            Ok(ServerResult::CreateTaskResult(mut created)) => {
+                let route = super::tasks::TaskRoute {
+                    bundle,
+                    id: created.task.task_id.clone(),
+                };
+                let ttl = created.task.ttl_ms.map(Duration::from_millis);
+                let owner = super::rounds::agent_key(context);
+                created.task.task_id = self.0.rounds.tasks.hand_out(owner, route, ttl);
+                Ok(CallToolResponse::Task(created))
+            }
+            Ok(_) => Err(unusable("tool result")),
+        }
+    }
+
+    /// The bundle and its own id of a task id the gateway handed to this
+    /// request's agent.
+    fn task_route(
+        &self,
+        id: &str,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<super::tasks::TaskRoute, ErrorData> {
+        let owner = super::rounds::agent_key(context);
+        self.0.rounds.tasks.route(id, owner.as_ref()).ok_or_else(|| {
+            ErrorData::invalid_params(
+                format!("no task {id:?} for this agent (a task id is the one tools/call handed out, to the token it was handed to)"),
+                None,
+            )
+        })
+    }
+
     /// SEP-2243: over HTTP, each argument whose schema names an
     /// `x-mcp-header` travels also as the header `Mcp-Param-NAME` (plain, or
     /// `=?base64?…?=`); a header that is missing, malformed or different
@@ -769,9 +841,10 @@ impl ServerHandler for Gateway {
                     return ServerConfig::new(capabilities).with_server_info(ours);
                 };
                 let mut capabilities = forwarded(&declared.capabilities);
-                if declared.capabilities.supports_skills() {
-                    capabilities.extensions = Some(skills_extension());
-                }
+                capabilities.extensions = extensions(
+                    declared.capabilities.supports_skills(),
+                    declared.capabilities.supports_tasks(),
+                );
                 // The gateway tells of list changes (restarts) itself.
                 if let Some(tools) = capabilities.tools.as_mut() {
                     tools.list_changed = Some(true);
@@ -793,10 +866,11 @@ impl ServerHandler for Gateway {
                 if offered(|c| c.completions.is_some()) {
                     capabilities.completions = Some(Default::default());
                 }
-                // Skills when a bundle serves them.
-                if offered(ServerCapabilities::supports_skills) {
-                    capabilities.extensions = Some(skills_extension());
-                }
+                // Skills and tasks when a bundle serves them.
+                capabilities.extensions = extensions(
+                    offered(ServerCapabilities::supports_skills),
+                    offered(ServerCapabilities::supports_tasks),
+                );
                 ServerConfig::new(capabilities)
                     .with_server_info(ours)
                     .with_instructions(format!(
@@ -924,6 +998,63 @@ impl ServerHandler for Gateway {
         }
     }
 
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
+        let route = self.task_route(&request.task_id, &context)?;
+        let mut params = request.clone();
+        params.task_id = route.id;
+        let ask = ClientRequest::GetTaskRequest(rmcp::model::GetTaskRequest::new(params));
+        match self
+            .bundle_mcp(&route.bundle, ask, self.agent(&context.peer))
+            .await?
+        {
+            ServerResult::GetTaskResult(mut result) => {
+                result.task.task.task_id = request.task_id;
+                Ok(result)
+            }
+            _ => Err(unusable("task")),
+        }
+    }
+
+    async fn update_task(
+        &self,
+        request: rmcp::model::UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let route = self.task_route(&request.task_id, &context)?;
+        let mut params = request.clone();
+        params.task_id = route.id;
+        let ask = ClientRequest::UpdateTaskRequest(rmcp::model::UpdateTaskRequest::new(params));
+        match self
+            .bundle_mcp(&route.bundle, ask, self.agent(&context.peer))
+            .await?
+        {
+            ServerResult::TaskAckResult(_) | ServerResult::EmptyResult(_) => Ok(()),
+            _ => Err(unusable("task acknowledgement")),
+        }
+    }
+
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let route = self.task_route(&request.task_id, &context)?;
+        let mut params = request.clone();
+        params.task_id = route.id;
+        let ask = ClientRequest::CancelTaskRequest(rmcp::model::CancelTaskRequest::new(params));
+        match self
+            .bundle_mcp(&route.bundle, ask, self.agent(&context.peer))
+            .await?
+        {
+            ServerResult::TaskAckResult(_) | ServerResult::EmptyResult(_) => Ok(()),
+            _ => Err(unusable("task acknowledgement")),
+        }
+    }
+
     async fn list_resource_templates(
         &self,
         _request: Option<PaginatedRequestParams>,
@@ -968,6 +1099,10 @@ impl ServerHandler for Gateway {
             timeout: None,
             wait_ready: Some(self.0.wait_ready),
         };
+        if stateless(&context) && self.takes_tasks(&context, &route.bundle) {
+            self.param_headers_match(&context, &route, request.arguments.as_ref())?;
+            return self.call_as_task(&request, &context, route).await;
+        }
         if stateless(&context) {
             self.param_headers_match(&context, &route, request.arguments.as_ref())?;
             let api = self.0.api.clone();
@@ -1242,14 +1377,24 @@ impl ServerHandler for Gateway {
 // the field, and a bundle on 2025-11-25 (or the files resolver) sends none;
 // rmcp strips "complete" again for agents on older revisions.
 
-/// The Skills extension (SEP-2640) as the gateway declares it: skills and
-/// their files, without `resources/directory/read`.
-fn skills_extension() -> rmcp::model::ExtensionCapabilities {
-    [(
-        rmcp::model::SKILLS_EXTENSION_ID.to_string(),
-        Default::default(),
-    )]
-    .into()
+/// The extensions the gateway declares: Skills (SEP-2640; skills and
+/// their files, without `resources/directory/read`) and Tasks (SEP-2663),
+/// each when a bundle behind it offers them.
+fn extensions(skills: bool, tasks: bool) -> Option<rmcp::model::ExtensionCapabilities> {
+    let mut declared = rmcp::model::ExtensionCapabilities::default();
+    if skills {
+        declared.insert(
+            rmcp::model::SKILLS_EXTENSION_ID.to_string(),
+            Default::default(),
+        );
+    }
+    if tasks {
+        declared.insert(
+            rmcp::model::TASKS_EXTENSION_ID.to_string(),
+            Default::default(),
+        );
+    }
+    (!declared.is_empty()).then_some(declared)
 }
 
 /// A bundle's skill under the URIs agents see (its files too).
