@@ -593,6 +593,36 @@ async fn a_2026_bundles_resources_are_followed_by_agents_of_both_revisions() {
         .unwrap();
     let text = serde_json::to_value(&read).unwrap()["contents"][0]["text"].clone();
     assert_eq!(text, "first\nsecond", "{read:?}");
+
+    // The bundle ends its stream: the daemon opens it again, and updates
+    // still reach the agent that follows.
+    let params = rmcp::model::CallToolRequestParams::new("py-asker__hang_up");
+    let closed = modern.peer().call_tool(params).await.unwrap();
+    let said = serde_json::to_value(&closed).unwrap()["content"][0]["text"].clone();
+    assert_eq!(said, "closed the streams of 1 handler(s)", "{closed:?}");
+    common::wait_for(
+        std::time::Duration::from_secs(20),
+        "the bundle's listen stream opened again",
+        || {
+            d.log()
+                .contains("the bundle's subscriptions/listen stream ended; opening it again")
+                .then_some(())
+        },
+    );
+    // Notes until one is heard (the new stream opens a second after the
+    // old one ended).
+    let mut heard_again = false;
+    for n in 0..40 {
+        note(&format!("after {n}")).await.unwrap();
+        if let Ok(Ok(Some(ServerNotification::ResourceUpdatedNotification(u)))) =
+            tokio::time::timeout(std::time::Duration::from_millis(500), stream.next()).await
+        {
+            assert_eq!(u.params.uri, uri);
+            heard_again = true;
+            break;
+        }
+    }
+    assert!(heard_again, "no update after the bundle ended its stream");
     drop(stream);
     legacy.cancel().await.unwrap();
     modern.cancel().await.unwrap();

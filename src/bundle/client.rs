@@ -180,10 +180,12 @@ impl Subscribers {
         list.iter().map(|(u, _)| u.clone()).collect()
     }
 
-    /// Tells the agents that follow `uri` of `bundle` that it changed.
-    pub async fn tell(&self, bundle: &str, uri: &str) {
+    /// Tells the agents that follow `uri` of `bundle` that it changed,
+    /// each on its own: a slow agent holds up no other, nor the bundle's
+    /// stream.
+    pub fn tell(&self, bundle: &str, uri: &str) {
         for agent in self.of(uri) {
-            agent.resource_updated(bundle, uri).await;
+            tokio::spawn(agent.resource_updated(bundle, uri));
         }
     }
 
@@ -269,6 +271,11 @@ impl Asked {
         self.changed.notify_waiters();
     }
 
+    /// The time the caller has been asked so far.
+    pub fn so_far(&self) -> Duration {
+        self.paused().0
+    }
+
     /// The time asked so far, and whether an ask is in flight now.
     fn paused(&self) -> (Duration, bool) {
         let s = self.lock();
@@ -315,10 +322,10 @@ impl Asked {
 type AskedOf = (Arc<dyn Agent>, Vec<Arc<Asked>>);
 
 /// An ask of the caller in flight, counted in its [`Asked`] until dropped.
-struct Asking(Arc<Asked>);
+pub struct Asking(Arc<Asked>);
 
 impl Asking {
-    fn new(asked: Arc<Asked>) -> Self {
+    pub fn new(asked: Arc<Asked>) -> Self {
         asked.begin();
         Asking(asked)
     }
@@ -739,8 +746,7 @@ impl ClientHandler for BundleClient {
         _context: rmcp::service::NotificationContext<RoleClient>,
     ) {
         self.subscribers
-            .tell(&self.host.requester.bundle, &params.uri)
-            .await;
+            .tell(&self.host.requester.bundle, &params.uri);
     }
 
     async fn on_custom_request(

@@ -15,6 +15,41 @@ use tokio::task::JoinHandle;
 
 use super::client::{Agent, Subscribers};
 
+/// The stream that ended (the bundle ended it, or a proxy cut it) is
+/// opened again for whatever agents follow then, after 1 s, 2 s, … up to a
+/// minute between tries; this ends with the session (the follower gone)
+/// or once a stream is open (this task is then replaced).
+fn reopen(me: std::sync::Weak<Inner>) -> futures::future::BoxFuture<'static, ()> {
+    // Boxed: a stream it opens runs this again when it ends.
+    Box::pin(async move {
+        let mut pause = std::time::Duration::from_secs(1);
+        loop {
+            tokio::time::sleep(pause).await;
+            let Some(inner) = me.upgrade() else {
+                return;
+            };
+            let follower = Follower(inner);
+            let mut stream = follower.0.stream.lock().await;
+            let wanted = follower.0.subscribers.uris();
+            if wanted.is_empty() {
+                *stream = None;
+                return;
+            }
+            match follower.open(&wanted).await {
+                // Replacing the ended stream aborts this task: nothing follows.
+                Ok(opened) => {
+                    *stream = Some(opened);
+                    return;
+                }
+                Err(e) => {
+                    tracing::info!(bundle = %follower.0.bundle, "cannot open the bundle's subscriptions/listen stream again: {e}")
+                }
+            }
+            pause = (pause * 2).min(std::time::Duration::from_secs(60));
+        }
+    })
+}
+
 /// The one `subscriptions/listen` stream of a session, and the URIs it was
 /// opened for.
 #[derive(Clone)]
@@ -131,23 +166,26 @@ impl Follower {
             .into_iter()
             .collect();
         let (subscribers, bundle) = (self.0.subscribers.clone(), self.0.bundle.clone());
+        let me = Arc::downgrade(&self.0);
         let task = tokio::spawn(async move {
             loop {
                 match subscription.next().await {
                     Ok(Some(ServerNotification::ResourceUpdatedNotification(n))) => {
-                        subscribers.tell(&bundle, &n.params.uri).await
+                        subscribers.tell(&bundle, &n.params.uri)
                     }
                     Ok(Some(_)) => {}
                     Ok(None) => {
-                        tracing::debug!(%bundle, end = ?subscription.end(), "the bundle's subscriptions/listen stream ended");
+                        tracing::info!(%bundle, end = ?subscription.end(), "the bundle's subscriptions/listen stream ended; opening it again");
                         break;
                     }
                     Err(e) => {
-                        tracing::info!(%bundle, "the bundle's subscriptions/listen stream failed: {e}");
+                        tracing::info!(%bundle, "the bundle's subscriptions/listen stream failed ({e}); opening it again");
                         break;
                     }
                 }
             }
+            drop(subscription);
+            reopen(me).await;
         });
         Ok(Stream {
             uris: acknowledged,

@@ -499,6 +499,16 @@ fn bundle_served(
     bundle: &str,
     profile: Option<&crate::config::Profile>,
 ) -> Result<(), Box<Response>> {
+    // The profile first: a token learns nothing of bundles it may not use
+    // (403 whether they exist or not).
+    if !crate::daemon::gateway::names::profile_allows(profile, bundle) {
+        tracing::warn!(
+            workspace,
+            bundle,
+            "a token's profile does not allow the bundle its request named; 403"
+        );
+        return Err(Box::new(forbidden()));
+    }
     if Api::bundle_actor(workspace, bundle).is_err() {
         return Err(Box::new(
             (
@@ -510,17 +520,6 @@ fn bundle_served(
             )
                 .into_response(),
         ));
-    }
-    let allowed = profile
-        .and_then(|p| p.bundles.as_ref())
-        .is_none_or(|allowed| allowed.iter().any(|b| b == bundle));
-    if !allowed {
-        tracing::warn!(
-            workspace,
-            bundle,
-            "a token's profile does not allow the bundle its request named; 403"
-        );
-        return Err(Box::new(forbidden()));
     }
     Ok(())
 }

@@ -115,7 +115,11 @@ impl Api {
         caller: Caller,
     ) -> Result<CallToolResult, ApiError> {
         let actor = Api::bundle_actor(&p.workspace, &p.name)?;
-        let wait = p.timeout.unwrap_or(self.shared.config.bundles.call_timeout) + limit::CALL_SLACK;
+        // The call's own clock stands while its agent is asked, for up to
+        // `[http] input_timeout`: so long may the answer take.
+        let wait = p.timeout.unwrap_or(self.shared.config.bundles.call_timeout)
+            + self.shared.config.http.input_timeout
+            + limit::CALL_SLACK;
         let mut deadline = None;
         let result = loop {
             // Subscribed before each call that may wait: the bundle's way
@@ -212,7 +216,9 @@ impl Api {
                         reply,
                     })
                 },
-                Some(PASSTHROUGH_TIMEOUT + limit::CALL_SLACK),
+                Some(
+                    PASSTHROUGH_TIMEOUT + self.shared.config.http.input_timeout + limit::CALL_SLACK,
+                ),
             )
             .await
             .map_err(ApiError::unavailable)?;

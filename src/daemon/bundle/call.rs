@@ -161,16 +161,16 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
         }
     }
     let mut rounds = 0;
+    // One clock for the whole call, all its rounds: it stands while the
+    // caller is asked (up to `answer_time` in all).
+    let clock = Clock {
+        started: tokio::time::Instant::now(),
+        asked: caller.asked(),
+        timeout,
+        answer_time: live.answer_time,
+    };
     let result = loop {
-        match exchange(
-            session,
-            &call,
-            request.clone(),
-            &caller,
-            (timeout, live.answer_time),
-        )
-        .await
-        {
+        match exchange(session, &call, request.clone(), &caller, &clock).await {
             Err(e) => break Err(e),
             Ok(Err(e))
                 if retry
@@ -195,7 +195,7 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
                         "the bundle asked for input {MAX_INPUT_ROUNDS} times in one request; bundlevisor ends it there"
                     )));
                 }
-                match answers(&call.caller, asked, live.answer_time).await {
+                match answers(&call.caller, asked, &clock).await {
                     Ok((responses, state)) => request = with_input(request, responses, state),
                     Err(e) => break Err(e),
                 }
@@ -343,7 +343,7 @@ async fn exchange(
     call: &PendingCall,
     request: ClientRequest,
     caller: &crate::bundle::client::CallerGuard,
-    (timeout, answer_time): (Duration, Duration),
+    clock: &Clock,
 ) -> Result<Result<ServerResult, ServiceError>, CallError> {
     let peer = &session.peer;
     let mut options = PeerRequestOptions::no_options();
@@ -381,8 +381,9 @@ async fn exchange(
     // agent gets to answer, `[http] input_timeout`).
     let response = handle.await_response();
     tokio::pin!(response);
-    let asked = caller.asked();
-    let expired = asked.expired(tokio::time::Instant::now(), timeout, answer_time);
+    let expired = clock
+        .asked
+        .expired(clock.started, clock.timeout, clock.answer_time);
     tokio::pin!(expired);
     let mut reported = false;
     let outcome = loop {
@@ -416,7 +417,7 @@ async fn exchange(
     drop(abandon);
     match outcome {
         None => Err(CallError::Cancelled),
-        Some(Err(_)) => Err(CallError::Timeout(timeout)),
+        Some(Err(_)) => Err(CallError::Timeout(clock.timeout)),
         Some(Ok(answer)) => Ok(answer),
     }
 }
@@ -454,17 +455,30 @@ fn answer_error(e: ServiceError, caller: &Caller) -> CallError {
     }
 }
 
+/// The time a call has: `timeout` from `started`, not counting the time
+/// its caller is asked (`asked`), of which at most `answer_time`.
+struct Clock {
+    started: tokio::time::Instant,
+    asked: std::sync::Arc<crate::bundle::client::Asked>,
+    timeout: Duration,
+    answer_time: Duration,
+}
+
 /// The caller's answers to a 2026-07-28 bundle's `input_required`, with
 /// the bundle's state to send back, within the time an agent has to
 /// answer.
 async fn answers(
     caller: &Caller,
     asked: rmcp::model::InputRequiredResult,
-    answer_time: Duration,
+    clock: &Clock,
 ) -> Result<(InputResponses, Option<String>), CallError> {
-    use crate::bundle::client::{fulfil, Unfulfilled};
+    use crate::bundle::client::{fulfil, Asking, Unfulfilled};
     let requests = asked.input_requests.unwrap_or_default();
-    match tokio::time::timeout(answer_time, fulfil(caller, requests)).await {
+    // What is left of the time the caller has to answer, for this call.
+    let answer_time = clock.answer_time;
+    let left = answer_time.saturating_sub(clock.asked.so_far());
+    let _asking = Asking::new(clock.asked.clone());
+    match tokio::time::timeout(left, fulfil(caller, requests)).await {
         Ok(Ok(responses)) => Ok((responses, asked.request_state)),
         Ok(Err(Unfulfilled::Why(why))) => Err(CallError::Failed(why)),
         Ok(Err(missing)) => Err(CallError::Mcp(missing.into_error())),

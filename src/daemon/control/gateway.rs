@@ -97,7 +97,23 @@ pub(super) fn attach_check(
     ctx: &Ctx,
 ) -> Result<Option<crate::config::Profile>, RpcError> {
     ctx.api.known_workspace(&p.workspace)?;
+    let profile = match &p.profile {
+        None => None,
+        Some(name) => {
+            let found = ctx.shared.config.profiles.iter().find(|x| &x.name == name);
+            Some(found.ok_or_else(|| profile_missing(name, ctx))?.clone())
+        }
+    };
     if let Some(bundle) = &p.bundle {
+        if !crate::daemon::gateway::names::profile_allows(profile.as_ref(), bundle) {
+            return Err(RpcError::new(
+                ErrorKind::InvalidParams,
+                format!(
+                    "profile {:?} does not show bundle {bundle:?}; name a bundle it lists, or leave --profile out",
+                    p.profile.as_deref().unwrap_or_default()
+                ),
+            ));
+        }
         crate::daemon::api::Api::bundle_actor(&p.workspace, bundle)?;
     }
     if let Some(resume) = &p.resume {
@@ -110,14 +126,5 @@ pub(super) fn attach_check(
             },
         )?;
     }
-    match &p.profile {
-        None => Ok(None),
-        Some(name) => {
-            let found = ctx.shared.config.profiles.iter().find(|x| &x.name == name);
-            match found {
-                Some(profile) => Ok(Some(profile.clone())),
-                None => Err(profile_missing(name, ctx)),
-            }
-        }
-    }
+    Ok(profile)
 }

@@ -68,7 +68,9 @@ impl Naming {
                     tracing::warn!(name, "a profile with bare names has two bundles that share this name: both are shown prefixed (BUNDLE__NAME)");
                 }
                 let mut entries: Vec<Entry> = own.into_iter().map(own_name).collect();
-                entries.extend(namespace(clashing));
+                // A prefixed name never takes one a bundle has bare.
+                let taken: HashSet<String> = entries.iter().map(|e| e.exposed.clone()).collect();
+                entries.extend(namespace_around(clashing, taken));
                 entries
             }
         }
@@ -146,10 +148,17 @@ pub struct Entry {
 
 /// Namespaces `(bundle, name)` pairs with the collision rule above.
 pub fn namespace(pairs: impl IntoIterator<Item = (String, String)>) -> Vec<Entry> {
+    namespace_around(pairs, HashSet::new())
+}
+
+/// [`namespace`], no exposed name taking one of `used`.
+fn namespace_around(
+    pairs: impl IntoIterator<Item = (String, String)>,
+    mut used: HashSet<String>,
+) -> Vec<Entry> {
     let mut pairs: Vec<(String, String)> = pairs.into_iter().collect();
     pairs.sort();
     pairs.dedup();
-    let mut used = HashSet::new();
     pairs
         .into_iter()
         .map(|(bundle, name)| {
@@ -167,6 +176,13 @@ pub fn namespace(pairs: impl IntoIterator<Item = (String, String)>) -> Vec<Entry
             }
         })
         .collect()
+}
+
+/// Whether `profile` (none: every bundle) shows `bundle`.
+pub fn profile_allows(profile: Option<&crate::config::Profile>, bundle: &str) -> bool {
+    profile
+        .and_then(|p| p.bundles.as_ref())
+        .is_none_or(|allowed| allowed.iter().any(|b| b == bundle))
 }
 
 /// An item under its bundle's own name.
@@ -208,10 +224,13 @@ pub fn bundle_uri(bundle: &str, uri: &str) -> String {
 pub fn parse_bundle_uri(uri: &str) -> Option<(String, String)> {
     let rest = uri.strip_prefix(BUNDLE_URI_PREFIX)?;
     let (bundle, encoded) = rest.split_once('/')?;
-    let query = format!("u={encoded}");
-    let original = url::form_urlencoded::parse(query.as_bytes())
-        .next()
-        .map(|(_, v)| v.into_owned())?;
+    // Form-decoded whole: an `&` or `=` an agent expanded into a template
+    // (`?q=x&lang=en`) is part of the URI, not a separator.
+    let plus_as_space = encoded.replace('+', " ");
+    let original = percent_encoding::percent_decode_str(&plus_as_space)
+        .decode_utf8()
+        .ok()?
+        .into_owned();
     (!bundle.is_empty()).then(|| (bundle.to_string(), original))
 }
 
@@ -288,6 +307,12 @@ mod tests {
                 "demo://resource/dynamic/text/42".into()
             ))
         );
+        let query = n.template("b", "demo://search{?q,lang}");
+        let expanded = query.replace("{?q,lang}", "?q=x&lang=en");
+        assert_eq!(
+            n.route_uri(&expanded),
+            Some(("b".into(), "demo://search?q=x&lang=en".into()))
+        );
         let ui = n.template("b", "ui://{name}/app.html");
         assert_eq!(ui, "ui://b/{name}/app.html");
         let single = Naming::Single("b".into());
@@ -319,6 +344,15 @@ mod tests {
                 ("reader__echo", "reader", "echo"),
                 ("sleep", "demo", "sleep"),
             ]
+        );
+        // A prefixed name never lands on a bare one: bundle `x`'s own
+        // `a__b`, and `b` shared by `a` and `c`.
+        let e = Naming::Bare.entries(pairs(&[("x", "a__b"), ("a", "b"), ("c", "b")]));
+        let exposed: HashSet<&str> = e.iter().map(|e| e.exposed.as_str()).collect();
+        assert_eq!(exposed.len(), 3, "{e:?}");
+        assert!(
+            exposed.contains("a__b") && exposed.contains("a__b__2"),
+            "{e:?}"
         );
         assert_eq!(
             Naming::Bare.uri("demo", "test://x"),

@@ -136,11 +136,7 @@ impl Gateway {
                 return false;
             }
         }
-        self.0
-            .profile
-            .as_ref()
-            .and_then(|p| p.bundles.as_ref())
-            .is_none_or(|allowed| allowed.iter().any(|b| b == bundle))
+        super::names::profile_allows(self.0.profile.as_ref(), bundle)
     }
 
     /// Whether the profile hides `tool` of `bundle`: decided on the pair,
@@ -849,6 +845,12 @@ impl ServerHandler for Gateway {
                 if let Some(tools) = capabilities.tools.as_mut() {
                     tools.list_changed = Some(true);
                 }
+                if let Some(prompts) = capabilities.prompts.as_mut() {
+                    prompts.list_changed = Some(true);
+                }
+                if let Some(resources) = capabilities.resources.as_mut() {
+                    resources.list_changed = Some(true);
+                }
                 let mut info = ServerConfig::new(capabilities)
                     .with_server_info(declared.server_info.clone().unwrap_or(ours));
                 info.instructions = declared.instructions.clone();
@@ -874,8 +876,12 @@ impl ServerHandler for Gateway {
                 ServerConfig::new(capabilities)
                     .with_server_info(ours)
                     .with_instructions(format!(
-                        "The bundles of workspace {:?}, supervised by bundlevisor. Tools are named BUNDLE__TOOL; the workspace's files are files:// resources.",
-                        self.0.workspace
+                        "The bundles of workspace {:?}, supervised by bundlevisor. {} the workspace's files are files:// resources.",
+                        self.0.workspace,
+                        match &*self.0.naming {
+                            Naming::Bare => "Tools have their bundles' own names (one two bundles share is BUNDLE__TOOL);",
+                            _ => "Tools are named BUNDLE__TOOL;",
+                        }
                     ))
             }
         }

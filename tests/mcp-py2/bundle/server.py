@@ -2,7 +2,9 @@
 2026-07-28 and 2025-11-25: `greet` elicits a name and `ponder` samples the
 client's model, `both` asks for both in one round, `chatty` logs, `note`
 adds a line to the resource test://notes and announces the change (on
-2026-07-28 only on `subscriptions/listen` streams), through the SDK's resolvers (on 2026-07-28 they answer
+2026-07-28 only on `subscriptions/listen` streams), `hang_up` ends every
+listen stream gracefully (as a server that restarts its streams would),
+through the SDK's resolvers (on 2026-07-28 they answer
 `input_required` and resume on the retry; on 2025-11-25 they send a request
 mid-call). tests/rounds.rs runs it as a bundle (the daemon is its client)."""
 from typing import Annotated
@@ -74,6 +76,19 @@ async def note(text: str, ctx: Context) -> str:
     notes.append(text)
     await ctx.notify_resource_updated("test://notes")
     return f"{len(notes)} notes"
+
+
+@server.tool()
+async def hang_up() -> str:
+    """End every subscriptions/listen stream (the SDK's graceful closure)."""
+    import gc
+
+    from mcp.server.subscriptions import ListenHandler
+
+    handlers = [o for o in gc.get_objects() if isinstance(o, ListenHandler)]
+    for handler in handlers:
+        handler.close()
+    return f"closed the streams of {len(handlers)} handler(s)"
 
 
 if __name__ == "__main__":
