@@ -77,6 +77,21 @@ where
     answer
 }
 
+/// Who made a request, as far as coming back to it goes (a parked call,
+/// a task): the access token's id over HTTP (the listener puts it in the
+/// request's extensions). On stdio there is one agent per connection, and
+/// the connection has its own [`rounds::Rounds`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentKey(pub String);
+
+/// A handle nobody can guess: 128 random bits, as hex.
+pub(crate) fn new_state() -> String {
+    use chacha20poly1305::aead::rand_core::RngCore;
+    let mut bytes = [0u8; 16];
+    chacha20poly1305::aead::OsRng.fill_bytes(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// RFC 5424 order, least severe first.
 pub(crate) fn severity(level: LoggingLevel) -> u8 {
     match level {

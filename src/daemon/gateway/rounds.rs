@@ -32,6 +32,7 @@
 // and still there.
 #![allow(deprecated)]
 
+use super::new_state;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -72,12 +73,7 @@ impl Default for RoundLimits {
 /// is ended here, not served forever.
 pub const MAX_ROUNDS: u32 = 32;
 
-/// Who made a request, as far as resuming a parked call goes: the access
-/// token's id over HTTP (the listener puts it in the request's
-/// extensions). On stdio there is one agent per connection, and the
-/// connection has its own [`Rounds`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AgentKey(pub String);
+pub use super::AgentKey;
 
 /// The request a parked call serves: its method and name (tool, prompt,
 /// or URI). A retry must be the same request.
@@ -617,14 +613,6 @@ fn ended() -> ErrorData {
         "the agent's request ended before it answered (it did not retry with inputResponses in time, or the call was given up)",
         None,
     )
-}
-
-/// A handle nobody can guess: 128 random bits.
-pub(super) fn new_state() -> String {
-    use chacha20poly1305::aead::rand_core::RngCore;
-    let mut bytes = [0u8; 16];
-    chacha20poly1305::aead::OsRng.fill_bytes(&mut bytes);
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn cancelled() -> ErrorData {

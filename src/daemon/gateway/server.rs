@@ -310,74 +310,6 @@ impl Gateway {
         })
     }
 
-    /// SEP-2243: over HTTP, each argument whose schema names an
-    /// `x-mcp-header` travels also as the header `Mcp-Param-NAME` (plain, or
-    /// `=?base64?…?=`); a header that is missing, malformed or different
-    /// from the body is refused with -32020 (HTTP 400), before the bundle.
-    fn param_headers_match(
-        &self,
-        context: &RequestContext<RoleServer>,
-        route: &Entry,
-        arguments: Option<&rmcp::model::JsonObject>,
-    ) -> Result<(), ErrorData> {
-        let Some(parts) = context.extensions.get::<axum::http::request::Parts>() else {
-            return Ok(());
-        };
-        let Some(schema) = self
-            .0
-            .api
-            .tool_schema(&self.0.workspace, &route.bundle, &route.name)
-        else {
-            return Ok(());
-        };
-        let Some(properties) = schema.get("properties").and_then(|p| p.as_object()) else {
-            return Ok(());
-        };
-        for (name, property) in properties {
-            let Some(header) = property.get("x-mcp-header").and_then(|h| h.as_str()) else {
-                continue;
-            };
-            let Some(value) = arguments.and_then(|a| a.get(name)) else {
-                continue;
-            };
-            let expected = match value {
-                serde_json::Value::String(s) => s.clone(),
-                serde_json::Value::Number(_) | serde_json::Value::Bool(_) => value.to_string(),
-                _ => continue,
-            };
-            let field = format!("Mcp-Param-{header}");
-            let mismatch = |why: String| {
-                ErrorData::header_mismatch(
-                    format!("{field}: {why}"),
-                    Some(json!({ "header": field })),
-                )
-            };
-            let Some(sent) = parts.headers.get(field.as_str()) else {
-                return Err(mismatch(format!(
-                    "missing, though arguments.{name} is in the body (the tool's schema names the header)"
-                )));
-            };
-            let sent = sent.to_str().map_err(|_| mismatch("not ASCII".into()))?;
-            let decoded = match sent
-                .strip_prefix("=?base64?")
-                .and_then(|rest| rest.strip_suffix("?="))
-            {
-                Some(encoded) => {
-                    use base64::Engine;
-                    let bytes = base64::engine::general_purpose::STANDARD
-                        .decode(encoded)
-                        .map_err(|e| mismatch(format!("not valid Base64 ({e})")))?;
-                    String::from_utf8(bytes).map_err(|_| mismatch("not UTF-8".into()))?
-                }
-                None => sent.to_string(),
-            };
-            if decoded != expected {
-                return Err(mismatch(format!("does not match arguments.{name}")));
-            }
-        }
-        Ok(())
-    }
-
     async fn route(
         &self,
         map: &Mutex<BTreeMap<String, Entry>>,
@@ -1070,6 +1002,45 @@ impl ServerHandler for Gateway {
         Ok(ListResourceTemplatesResult::with_all_items(templates))
     }
 
+    /// A tool by the name agents call it, for rmcp's SEP-2243 check of
+    /// `Mcp-Param-*` headers against the arguments (a missing, malformed or
+    /// different header: -32020, HTTP 400, before the bundle sees the
+    /// call). Looked up without the async route map, which a stateless
+    /// request's new gateway has not filled: one bundle as itself names its
+    /// tools as they are; otherwise `BUNDLE__TOOL` names a running bundle
+    /// and its tool (a bare name: the one bundle that has it).
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        let api = &self.0.api;
+        let workspace = &self.0.workspace;
+        let schema_of = |bundle: &str, tool: &str| {
+            let schema = api.tool_schema(workspace, bundle, tool)?;
+            Some(Tool::new_with_raw(name.to_string(), None, schema))
+        };
+        match &*self.0.naming {
+            Naming::Single(bundle) => schema_of(bundle, name),
+            Naming::Prefixed | Naming::Bare => {
+                let running = api.declared_all(workspace);
+                let prefixed = running.iter().find_map(|(bundle, _)| {
+                    let tool = name
+                        .strip_prefix(bundle.as_str())?
+                        .strip_prefix(super::names::SEPARATOR)?;
+                    self.bundle_allowed(bundle)
+                        .then(|| schema_of(bundle, tool))
+                        .flatten()
+                });
+                prefixed.or_else(|| {
+                    if *self.0.naming != Naming::Bare {
+                        return None;
+                    }
+                    running
+                        .iter()
+                        .filter(|(bundle, _)| self.bundle_allowed(bundle))
+                        .find_map(|(bundle, _)| schema_of(bundle, name))
+                })
+            }
+        }
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
@@ -1106,11 +1077,9 @@ impl ServerHandler for Gateway {
             wait_ready: Some(self.0.wait_ready),
         };
         if stateless(&context) && self.takes_tasks(&context, &route.bundle) {
-            self.param_headers_match(&context, &route, request.arguments.as_ref())?;
             return self.call_as_task(&request, &context, route).await;
         }
         if stateless(&context) {
-            self.param_headers_match(&context, &route, request.arguments.as_ref())?;
             let api = self.0.api.clone();
             let origin = Origin {
                 method: "tools/call",

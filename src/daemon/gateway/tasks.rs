@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::rounds::AgentKey;
+use super::AgentKey;
 
 /// How long a task id stays routable after it was handed out or last
 /// used, unless the bundle's `ttlMs` says longer.
@@ -49,7 +49,7 @@ impl Tasks {
         route: TaskRoute,
         ttl: Option<Duration>,
     ) -> String {
-        let id = super::rounds::new_state();
+        let id = super::new_state();
         let now = Instant::now();
         let mut map = self.lock();
         map.retain(|_, e| e.until > now);
