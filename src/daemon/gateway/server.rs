@@ -310,6 +310,26 @@ impl Gateway {
         })
     }
 
+    /// A task request the bundle acknowledges (`tasks/update`,
+    /// `tasks/cancel`), sent to the task's bundle under the bundle's own id
+    /// (`request` makes it from that id).
+    async fn task_ack(
+        &self,
+        id: &str,
+        context: &RequestContext<RoleServer>,
+        request: impl FnOnce(String) -> ClientRequest,
+    ) -> Result<(), ErrorData> {
+        let route = self.task_route(id, context)?;
+        let agent = self.agent(&context.peer);
+        match self
+            .bundle_mcp(&route.bundle, request(route.id), agent)
+            .await?
+        {
+            ServerResult::TaskAckResult(_) | ServerResult::EmptyResult(_) => Ok(()),
+            _ => Err(unusable("task acknowledgement")),
+        }
+    }
+
     async fn route(
         &self,
         map: &Mutex<BTreeMap<String, Entry>>,
@@ -962,17 +982,12 @@ impl ServerHandler for Gateway {
         request: rmcp::model::UpdateTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        let route = self.task_route(&request.task_id, &context)?;
-        let mut params = request.clone();
-        params.task_id = route.id;
-        let ask = ClientRequest::UpdateTaskRequest(rmcp::model::UpdateTaskRequest::new(params));
-        match self
-            .bundle_mcp(&route.bundle, ask, self.agent(&context.peer))
-            .await?
-        {
-            ServerResult::TaskAckResult(_) | ServerResult::EmptyResult(_) => Ok(()),
-            _ => Err(unusable("task acknowledgement")),
-        }
+        self.task_ack(&request.task_id, &context, |id| {
+            let mut params = request.clone();
+            params.task_id = id;
+            ClientRequest::UpdateTaskRequest(rmcp::model::UpdateTaskRequest::new(params))
+        })
+        .await
     }
 
     async fn cancel_task(
@@ -980,17 +995,12 @@ impl ServerHandler for Gateway {
         request: rmcp::model::CancelTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        let route = self.task_route(&request.task_id, &context)?;
-        let mut params = request.clone();
-        params.task_id = route.id;
-        let ask = ClientRequest::CancelTaskRequest(rmcp::model::CancelTaskRequest::new(params));
-        match self
-            .bundle_mcp(&route.bundle, ask, self.agent(&context.peer))
-            .await?
-        {
-            ServerResult::TaskAckResult(_) | ServerResult::EmptyResult(_) => Ok(()),
-            _ => Err(unusable("task acknowledgement")),
-        }
+        self.task_ack(&request.task_id, &context, |id| {
+            let mut params = request.clone();
+            params.task_id = id;
+            ClientRequest::CancelTaskRequest(rmcp::model::CancelTaskRequest::new(params))
+        })
+        .await
     }
 
     async fn list_resource_templates(
