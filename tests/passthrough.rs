@@ -787,4 +787,41 @@ async fn completions_and_resource_templates_reach_agents_through_the_workspace()
         "{unknown}"
     );
     client.cancel().await.unwrap();
+
+    // The same on MCP 2026-07-28 (stateless requests).
+    let token = tokio::task::block_in_place(|| d.ok(&["token", "create"]))
+        .trim()
+        .to_string();
+    let config = StreamableHttpClientTransportConfig::with_uri(format!(
+        "http://127.0.0.1:{port}/mcp/default"
+    ))
+    .auth_header(token);
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    let discover = rmcp::ClientLifecycleMode::Discover {
+        preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+    };
+    let modern = rmcp::ClientServiceExt::serve_with_lifecycle((), transport, discover)
+        .await
+        .unwrap();
+    let templates = modern.peer().list_all_resource_templates().await.unwrap();
+    assert!(
+        templates.iter().any(|t| t.uri_template == text),
+        "{templates:?}"
+    );
+    let department = modern
+        .peer()
+        .complete_prompt_argument("everything__completable-prompt", "department", "Sa", None)
+        .await
+        .unwrap();
+    assert_eq!(department.values, ["Sales"]);
+    let read = modern
+        .peer()
+        .read_resource(rmcp::model::ReadResourceRequestParams::new(uri.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        serde_json::to_value(&read).unwrap()["contents"][0]["uri"],
+        uri.as_str()
+    );
+    modern.cancel().await.unwrap();
 }

@@ -35,6 +35,20 @@ async fn agent(url: String, token: &str) -> rmcp::service::RunningService<rmcp::
     ().serve(transport).await.unwrap()
 }
 
+/// The same agent on MCP 2026-07-28 (stateless requests).
+async fn agent_2026(
+    url: String,
+    token: &str,
+) -> rmcp::service::RunningService<rmcp::RoleClient, ()> {
+    use rmcp::ClientServiceExt;
+    let config = StreamableHttpClientTransportConfig::with_uri(url).auth_header(token.to_string());
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    let discover = rmcp::ClientLifecycleMode::Discover {
+        preferred_versions: vec![rmcp::model::ProtocolVersion::V_2026_07_28],
+    };
+    ().serve_with_lifecycle(transport, discover).await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn skills_reach_agents_under_uris_that_name_their_bundle() {
     let port = free_port();
@@ -115,4 +129,26 @@ async fn skills_reach_agents_under_uris_that_name_their_bundle() {
     let text = serde_json::to_value(&read).unwrap()["contents"][0]["text"].clone();
     assert_eq!(text, "## Version {version}\n");
     own.cancel().await.unwrap();
+
+    // The same on MCP 2026-07-28.
+    let modern = agent_2026(format!("http://127.0.0.1:{port}/mcp/default"), &token).await;
+    let listed = modern.peer().list_skills(None).await.unwrap();
+    let uris: Vec<&str> = listed.skills.iter().map(|s| s.uri.as_str()).collect();
+    assert_eq!(uris, ["skill://nb-skills/release-notes/SKILL.md"]);
+    let got = modern
+        .peer()
+        .get_skill(GetSkillRequestParams::new(uris[0]))
+        .await
+        .unwrap();
+    assert_eq!(got.skill.frontmatter.name, "release-notes");
+    let read = modern
+        .peer()
+        .read_resource(ReadResourceRequestParams::new(
+            "skill://nb-skills/release-notes/template.md",
+        ))
+        .await
+        .unwrap();
+    let text = serde_json::to_value(&read).unwrap()["contents"][0]["text"].clone();
+    assert_eq!(text, "## Version {version}\n");
+    modern.cancel().await.unwrap();
 }
