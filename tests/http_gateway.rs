@@ -844,3 +844,95 @@ async fn a_bare_profile_shows_own_names_and_refuses_a_collision() {
     );
     client.cancel().await.unwrap();
 }
+
+/// Issue 33, point 1: who reaches `/mcp/WS/bundle/NAME`. A token of the
+/// workspace reaches each bundle as itself; a token bound to a profile
+/// reaches only the bundles its profile shows — 403 for another, whether
+/// it exists or not (so it learns nothing of bundles it may not use); an
+/// unknown bundle is 404 naming it; no token, 401 naming the endpoint's
+/// metadata.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_per_bundle_endpoint_admits_by_token_and_profile() {
+    let port = free_port();
+    let d = Daemon::start_with(&format!(
+        "[http]\nlisten = \"127.0.0.1:{port}\"\n[[profile]]\nname = \"only-demo\"\nbundles = [\"demo\"]\n"
+    ));
+    tokio::task::block_in_place(|| {
+        d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+        d.ok(&["install", d.demo_bundle("second").to_str().unwrap()]);
+    });
+    let (any, bound) = tokio::task::block_in_place(|| {
+        (
+            token(&d, &[]),
+            token(&d, &["--name", "bound", "--profile", "only-demo"]),
+        )
+    });
+    let base = format!("http://127.0.0.1:{port}/mcp/default/bundle");
+    let status = |path: String, token: Option<String>| async move {
+        let mut request = reqwest::Client::new()
+            .post(&path)
+            .header("Accept", "application/json, text/event-stream")
+            .header("Content-Type", "application/json")
+            .body(
+                json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                    "protocolVersion": "2025-11-25", "capabilities": {},
+                    "clientInfo": {"name": "raw", "version": "1"}}})
+                .to_string(),
+            );
+        if let Some(t) = token {
+            request = request.bearer_auth(t);
+        }
+        let response = request.send().await.unwrap();
+        let code = response.status().as_u16();
+        let www = response
+            .headers()
+            .get("www-authenticate")
+            .map(|v| v.to_str().unwrap_or_default().to_string())
+            .unwrap_or_default();
+        (code, www, response.text().await.unwrap_or_default())
+    };
+    assert_eq!(
+        status(format!("{base}/demo"), Some(any.clone())).await.0,
+        200
+    );
+    assert_eq!(
+        status(format!("{base}/second"), Some(any.clone())).await.0,
+        200
+    );
+    let (code, _, body) = status(format!("{base}/nosuch"), Some(any.clone())).await;
+    assert_eq!(code, 404, "{body}");
+    assert!(body.contains(r#"there is no bundle \"nosuch\""#), "{body}");
+    assert_eq!(
+        status(format!("{base}/demo"), Some(bound.clone())).await.0,
+        200
+    );
+    assert_eq!(
+        status(format!("{base}/second"), Some(bound.clone()))
+            .await
+            .0,
+        403
+    );
+    assert_eq!(
+        status(format!("{base}/nosuch"), Some(bound.clone()))
+            .await
+            .0,
+        403
+    );
+    let (code, www, _) = status(format!("{base}/demo"), None).await;
+    assert_eq!(code, 401);
+    assert!(
+        www.contains("/.well-known/oauth-protected-resource/mcp/default/bundle/demo"),
+        "{www}"
+    );
+    let client = agent(&format!("{base}/demo"), &bound).await.unwrap();
+    let names: Vec<String> = client
+        .peer()
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert!(names.contains(&"echo".to_string()), "{names:?}");
+    client.cancel().await.unwrap();
+}
