@@ -868,28 +868,14 @@ async fn a_per_bundle_endpoint_admits_by_token_and_profile() {
         )
     });
     let base = format!("http://127.0.0.1:{port}/mcp/default/bundle");
+    // The status, `WWW-Authenticate` and body of an initialize there.
     let status = |path: String, token: Option<String>| async move {
-        let mut request = reqwest::Client::new()
-            .post(&path)
-            .header("Accept", "application/json, text/event-stream")
-            .header("Content-Type", "application/json")
-            .body(
-                json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                    "protocolVersion": "2025-11-25", "capabilities": {},
-                    "clientInfo": {"name": "raw", "version": "1"}}})
-                .to_string(),
-            );
-        if let Some(t) = token {
-            request = request.bearer_auth(t);
-        }
-        let response = request.send().await.unwrap();
-        let code = response.status().as_u16();
-        let www = response
-            .headers()
+        let (code, headers, body) = raw_initialize(&path, token.as_deref()).await;
+        let www = headers
             .get("www-authenticate")
             .map(|v| v.to_str().unwrap_or_default().to_string())
             .unwrap_or_default();
-        (code, www, response.text().await.unwrap_or_default())
+        (code, www, body)
     };
     assert_eq!(
         status(format!("{base}/demo"), Some(any.clone())).await.0,

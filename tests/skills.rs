@@ -35,6 +35,16 @@ async fn agent(url: String, token: &str) -> rmcp::service::RunningService<rmcp::
     ().serve(transport).await.unwrap()
 }
 
+/// The text of resource `uri`, read by `peer`.
+async fn text_of(peer: &rmcp::Peer<rmcp::RoleClient>, uri: &str) -> String {
+    let read = peer
+        .read_resource(ReadResourceRequestParams::new(uri))
+        .await
+        .unwrap();
+    let contents = serde_json::to_value(&read).unwrap()["contents"][0].clone();
+    contents["text"].as_str().unwrap_or_default().to_string()
+}
+
 /// The same agent on MCP 2026-07-28 (stateless requests).
 async fn agent_2026(
     url: String,
@@ -119,15 +129,10 @@ async fn skills_reach_agents_under_uris_that_name_their_bundle() {
     let listed = own.peer().list_skills(None).await.unwrap();
     let uris: Vec<&str> = listed.skills.iter().map(|s| s.uri.as_str()).collect();
     assert_eq!(uris, ["skill://release-notes/SKILL.md"]);
-    let read = own
-        .peer()
-        .read_resource(ReadResourceRequestParams::new(
-            "skill://release-notes/template.md",
-        ))
-        .await
-        .unwrap();
-    let text = serde_json::to_value(&read).unwrap()["contents"][0]["text"].clone();
-    assert_eq!(text, "## Version {version}\n");
+    assert_eq!(
+        text_of(own.peer(), "skill://release-notes/template.md").await,
+        "## Version {version}\n"
+    );
     own.cancel().await.unwrap();
 
     // The same on MCP 2026-07-28.
@@ -141,14 +146,9 @@ async fn skills_reach_agents_under_uris_that_name_their_bundle() {
         .await
         .unwrap();
     assert_eq!(got.skill.frontmatter.name, "release-notes");
-    let read = modern
-        .peer()
-        .read_resource(ReadResourceRequestParams::new(
-            "skill://nb-skills/release-notes/template.md",
-        ))
-        .await
-        .unwrap();
-    let text = serde_json::to_value(&read).unwrap()["contents"][0]["text"].clone();
-    assert_eq!(text, "## Version {version}\n");
+    assert_eq!(
+        text_of(modern.peer(), "skill://nb-skills/release-notes/template.md").await,
+        "## Version {version}\n"
+    );
     modern.cancel().await.unwrap();
 }
