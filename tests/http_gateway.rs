@@ -671,6 +671,59 @@ async fn finding_13_and_14_a_session_is_its_tokens_and_one_token_cannot_take_eve
     assert!(tools.iter().any(|t| t.name == "demo__echo"), "{tools:?}");
 }
 
+/// Issue 33: the session caps held per endpoint, so a token reaching a
+/// workspace through its bundles' endpoints too held the cap once per
+/// endpoint (and the listener `max_sessions` once per endpoint). Now both
+/// are counted over the whole listener, and the endpoint of a bundle that
+/// is uninstalled is dropped with its sessions, which frees their places.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_caps_count_over_every_endpoint_and_a_gone_bundles_sessions_end() {
+    let port = free_port();
+    let d = Daemon::start_with(&format!(
+        "[http]\nlisten = \"127.0.0.1:{port}\"\nmax_sessions = 3\nmax_sessions_per_token = 2\n"
+    ));
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    let workspace = format!("http://127.0.0.1:{port}/mcp/default");
+    let bundle = format!("{workspace}/bundle/demo");
+    let (first, second) = (token(&d, &[]), token(&d, &[]));
+    let (status, _, body) = raw_initialize(&workspace, Some(&first)).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, headers, body) = raw_initialize(&bundle, Some(&first)).await;
+    assert_eq!(status, 200, "{body}");
+    let on_bundle = headers["mcp-session-id"].to_str().unwrap().to_string();
+    // The token's third session, on either endpoint: refused.
+    for url in [&bundle, &workspace] {
+        let (status, _, body) = raw_initialize(url, Some(&first)).await;
+        assert_eq!(
+            status, 503,
+            "{url}: a third session of a token at 2: {body}"
+        );
+        assert!(body.contains("over all its endpoints"), "{body}");
+    }
+    // The listener holds 3: the second token gets one, then no more.
+    let (status, _, body) = raw_initialize(&bundle, Some(&second)).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, _, body) = raw_initialize(&workspace, Some(&second)).await;
+    assert_eq!(status, 503, "a fourth session on a listener of 3: {body}");
+    assert!(body.contains("[http] max_sessions)"), "{body}");
+
+    // The bundle goes: its endpoint's sessions end and free their places.
+    d.ok(&["uninstall", "demo"]);
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let (status, body) = on_session(&bundle, &first, &on_bundle, list).await;
+    assert_eq!(status, 404, "a session of an uninstalled bundle: {body}");
+    let (status, _, body) = raw_initialize(&workspace, Some(&first)).await;
+    assert_eq!(
+        status, 200,
+        "the gone bundle's session still counted: {body}"
+    );
+    let (status, _, body) = raw_initialize(&workspace, Some(&second)).await;
+    assert_eq!(
+        status, 200,
+        "the gone bundle's session still counted: {body}"
+    );
+}
+
 /// A raw POST: the status and body of the answer.
 async fn post_raw(url: &str, token: &str, headers: &[(&str, &str)], body: Value) -> (u16, String) {
     let mut request = reqwest::Client::new()

@@ -821,12 +821,13 @@ pub struct HttpSettings {
     pub rate_per_sec: f64,
     #[serde(default = "defaults::http_burst")]
     pub burst: u32,
-    /// Sessions one endpoint keeps at once; a new one beyond gets 503 with
-    /// `Retry-After`.
+    /// Sessions the HTTP gateway keeps at once, over all its endpoints; a
+    /// new one beyond gets 503 with `Retry-After`.
     #[serde(default = "defaults::http_max_sessions")]
     pub max_sessions: usize,
-    /// Sessions one token keeps at once on an endpoint (so one token cannot
-    /// take them all); a new one beyond gets 503 with `Retry-After`.
+    /// Sessions one token keeps at once, over all its endpoints (so one
+    /// token cannot take them all); a new one beyond gets 503 with
+    /// `Retry-After`.
     #[serde(default = "defaults::http_max_sessions_per_token")]
     pub max_sessions_per_token: usize,
     /// A 2026-07-28 agent's request whose bundle asked for input (an

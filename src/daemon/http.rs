@@ -16,7 +16,10 @@
 //!   exists or not.
 //! - Each token may make `[http] rate_per_sec` requests a second (a bucket
 //!   of `burst`); beyond, 429 with `Retry-After`.
-//! - At most `[http] max_sessions` sessions per endpoint (503 beyond).
+//! - At most `[http] max_sessions` sessions on the listener, and
+//!   `max_sessions_per_token` per token, counted over all its endpoints
+//!   (503 beyond); the endpoint of a bundle that is gone is dropped with
+//!   its sessions.
 //! - Bundles are refused (the `/proc` check of the metrics listener, once
 //!   per TCP connection); `TCP_NODELAY` on every connection; HTTPS with
 //!   `tls_cert`/`tls_key` (rustls, each handshake in a task of its own).
@@ -74,8 +77,8 @@ impl Face<'_> {
             }
     }
 }
-/// An endpoint's rmcp service, the sessions it keeps and their owners.
-type Served = (Arc<Endpoint>, Arc<LocalSessionManager>, Arc<Mutex<Owners>>);
+/// An endpoint's rmcp service and the sessions it keeps.
+type Served = (Arc<Endpoint>, Arc<LocalSessionManager>);
 
 struct App {
     /// What every gateway session asks of the daemon (in-process).
@@ -85,6 +88,8 @@ struct App {
     base: String,
     /// One rmcp service (and its sessions) per (workspace, profile).
     endpoints: Mutex<HashMap<EndpointKey, Served>>,
+    /// Which token opened each session, over every endpoint.
+    owners: Arc<Mutex<Owners>>,
     /// Tokens found, by the digest of their text, while no token is
     /// revoked (the generation of `Shared::tokens_revoked` they were read
     /// at); an expired one is looked up again.
@@ -151,6 +156,7 @@ pub async fn serve(
         shared,
         base: format!("{scheme}://{addr}"),
         endpoints: Mutex::default(),
+        owners: Arc::default(),
         buckets: Mutex::default(),
         shutdown: shutdown.clone(),
     });
@@ -380,7 +386,8 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
             return *response;
         }
     }
-    let (service, sessions, owners) = app.endpoint(&workspace, the_profile, bundle);
+    let (service, _) = app.endpoint(&workspace, the_profile, bundle);
+    let owners = &app.owners;
     // A session is its token's: another token naming it is told it does
     // not exist (the same answer as for an unknown session).
     let named = request
@@ -389,7 +396,7 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     if let Some(id) = &named {
-        if Owners::of(&owners, id).is_none_or(|owner| owner != token.id) {
+        if Owners::of(owners, id).is_none_or(|owner| owner != token.id) {
             tracing::warn!(token = %token.name, "a session this token does not hold was named (another token's, or ended); 404");
             return no_such_session();
         }
@@ -406,19 +413,20 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
         named.is_none() && !stateless && request.method() == axum::http::Method::POST;
     let settings = &app.shared.config.http;
     let _opening = if opens_session {
-        let live = sessions.sessions.read().await;
-        let max = settings.max_sessions;
-        if live.len() >= max {
-            return too_many_sessions(format!(
-                "this endpoint has its maximum of {max} sessions ([http] max_sessions); an idle one ends after 5 minutes"
-            ));
-        }
-        let per_token = settings.max_sessions_per_token;
-        match Owners::open(&owners, &token.id, per_token, |id| live.contains_key(id)) {
-            Some(opening) => Some(opening),
-            None => {
+        // Counted over the whole listener: a token reaching a workspace
+        // through its bundles' endpoints too holds no more sessions.
+        let live = app.live_sessions().await;
+        let (max, per_token) = (settings.max_sessions, settings.max_sessions_per_token);
+        match Owners::open(owners, &token.id, (max, per_token), |id| live.contains(id)) {
+            Ok(opening) => Some(opening),
+            Err(Full::Listener) => {
                 return too_many_sessions(format!(
-                    "this token holds its maximum of {per_token} sessions on this endpoint ([http] max_sessions_per_token); end one (DELETE with its Mcp-Session-Id) or wait for an idle one to end after 5 minutes"
+                    "the gateway holds its maximum of {max} sessions ([http] max_sessions); an idle one ends after 5 minutes"
+                ))
+            }
+            Err(Full::Token) => {
+                return too_many_sessions(format!(
+                    "this token holds its maximum of {per_token} sessions, over all its endpoints ([http] max_sessions_per_token); end one (DELETE with its Mcp-Session-Id) or wait for an idle one to end after 5 minutes"
                 ))
             }
         }
@@ -452,7 +460,7 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
             .get("mcp-session-id")
             .and_then(|v| v.to_str().ok())
         {
-            Owners::own(&owners, id, &token.id);
+            Owners::own(owners, id, &token.id);
         }
     }
     response
@@ -632,23 +640,28 @@ impl Owners {
         owners.by_session.get(id).cloned()
     }
 
-    /// Room for one more session of `token` (at most `max`, counting the
-    /// ones being opened); sessions that `live` no longer has are forgotten.
+    /// Room for one more session of `token`: at most `max.0` in all and
+    /// `max.1` of this token, counting the ones being opened; sessions that
+    /// `live` no longer has are forgotten.
     fn open(
         owners: &Arc<Mutex<Owners>>,
         token: &str,
-        max: usize,
+        max: (usize, usize),
         live: impl Fn(&str) -> bool,
-    ) -> Option<Opening> {
+    ) -> Result<Opening, Full> {
         let mut held = owners.lock().unwrap_or_else(|e| e.into_inner());
         held.by_session.retain(|id, _| live(id));
+        let opening: usize = held.opening.values().sum();
+        if held.by_session.len() + opening >= max.0 {
+            return Err(Full::Listener);
+        }
         let count = held.by_session.values().filter(|t| *t == token).count()
             + held.opening.get(token).copied().unwrap_or(0);
-        if count >= max {
-            return None;
+        if count >= max.1 {
+            return Err(Full::Token);
         }
         *held.opening.entry(token.to_string()).or_default() += 1;
-        Some(Opening {
+        Ok(Opening {
             owners: owners.clone(),
             token: token.to_string(),
         })
@@ -659,6 +672,33 @@ impl Owners {
         let mut owners = owners.lock().unwrap_or_else(|e| e.into_inner());
         owners.by_session.insert(id.to_string(), token.to_string());
     }
+}
+
+/// Drops the endpoints of bundles that are no longer installed, ending
+/// their sessions (an agent still holding one is told it is gone: 404).
+fn drop_gone(endpoints: &mut HashMap<EndpointKey, Served>) {
+    endpoints.retain(|(workspace, _, bundle), (_, sessions)| {
+        let gone = bundle
+            .as_deref()
+            .is_some_and(|b| Api::bundle_actor(workspace, b).is_err());
+        if gone {
+            let sessions = sessions.clone();
+            tokio::spawn(async move {
+                use rmcp::transport::streamable_http_server::SessionManager;
+                let ids: Vec<_> = sessions.sessions.read().await.keys().cloned().collect();
+                for id in ids {
+                    let _ = sessions.close_session(&id).await;
+                }
+            });
+        }
+        !gone
+    });
+}
+
+/// Which cap a new session would exceed.
+enum Full {
+    Listener,
+    Token,
 }
 
 /// One session being opened by a token: counts against its cap until the
@@ -775,6 +815,28 @@ impl App {
         origins
     }
 
+    /// The ids of every session the listener holds, over all endpoints
+    /// (those of bundles that are gone are ended first).
+    async fn live_sessions(&self) -> std::collections::HashSet<String> {
+        let managers: Vec<Arc<LocalSessionManager>> = {
+            let mut endpoints = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
+            drop_gone(&mut endpoints);
+            endpoints.values().map(|(_, m)| m.clone()).collect()
+        };
+        let mut live = std::collections::HashSet::new();
+        for manager in managers {
+            live.extend(
+                manager
+                    .sessions
+                    .read()
+                    .await
+                    .keys()
+                    .map(|id| id.to_string()),
+            );
+        }
+        live
+    }
+
     /// The rmcp service of a (workspace, profile): each of its sessions is
     /// a [`Gateway`] on the daemon's own control socket.
     fn endpoint(
@@ -790,6 +852,9 @@ impl App {
         );
         let naming = Naming::of(bundle, profile.as_ref());
         let mut endpoints = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
+        if !endpoints.contains_key(&key) {
+            drop_gone(&mut endpoints);
+        }
         endpoints
             .entry(key)
             .or_insert_with(|| {
@@ -809,7 +874,6 @@ impl App {
                     config = config.disable_allowed_hosts();
                 }
                 let sessions = Arc::new(LocalSessionManager::default());
-                let owners = Arc::new(Mutex::new(Owners::default()));
                 // A 2026-07-28 request gets a gateway of its own; the calls
                 // waiting for their agents' input are the endpoint's.
                 let rounds = Rounds::new(RoundLimits {
@@ -831,7 +895,7 @@ impl App {
                     sessions.clone(),
                     config,
                 ));
-                (service, sessions, owners)
+                (service, sessions)
             })
             .clone()
     }
