@@ -19,6 +19,7 @@ pub mod guard;
 pub mod orphans;
 pub mod process;
 pub mod pyproject;
+pub mod reach;
 pub mod reaper;
 pub mod sandbox;
 pub mod spawn;

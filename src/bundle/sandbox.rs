@@ -110,6 +110,8 @@ pub enum SandboxError {
     },
     #[error("cannot look at the bundle folder with the rights of its owner (uid {uid}); the bundle is not started")]
     NotAsUser { uid: u32 },
+    #[error("the bundle cannot start: {0}")]
+    Unreachable(#[from] super::reach::Unreachable),
     #[error("the bundle folder {folder} has links that point outside it and outside every read grant: {links}; a bundle reads only its own folder, system folders, its interpreter and [sandbox] read_only_paths. Copy the files into the bundle folder, or add their location to [sandbox] read_only_paths")]
     LinksOutside { folder: PathBuf, links: String },
 }
@@ -170,6 +172,27 @@ pub struct Target<'a> {
     /// The environment the daemon built for it (a uv bundle's, in its
     /// sandbox folder): granted read-only.
     pub environment: Option<&'a Path>,
+    /// The `PATH` its manifest sets (else it gets the daemon's).
+    pub path: Option<&'a std::ffi::OsStr>,
+}
+
+impl Target<'_> {
+    /// Checks that `who` can reach the bundle's folder, the folder it runs
+    /// in and its command (with the command's interpreter); the program
+    /// that will run.
+    fn reachable(&self, who: &super::reach::Identity) -> Result<PathBuf, SandboxError> {
+        use super::reach::{check, resolve, Need};
+        if let Some(folder) = self.folder {
+            check(who, folder, Need::Read)?;
+        }
+        check(who, self.cwd, Need::Read)?;
+        let daemon = std::env::var_os("PATH");
+        let path = self
+            .path
+            .or(daemon.as_deref())
+            .unwrap_or(std::ffi::OsStr::new("/usr/local/bin:/usr/bin:/bin"));
+        Ok(resolve(who, self.command, self.cwd, path)?)
+    }
 }
 
 /// A bundle's private folder: its `HOME`, its `${HOME}` and
@@ -563,14 +586,12 @@ pub fn check_install(
     protected: &[PathBuf],
     loaded: &crate::manifest::LoadedManifest,
 ) -> Result<(), SandboxError> {
-    if settings.landlock == Enforcement::Off {
-        return Ok(());
-    }
     let no_values = std::collections::BTreeMap::new();
     let Ok(crate::manifest::Plan::Stdio(launch)) = loaded.manifest.plan(&loaded.dir, &no_values)
     else {
         return Ok(());
     };
+    let path = launch.env.get("PATH").map(std::ffi::OsStr::new);
     let target = Target {
         workspace: "",
         bundle: &loaded.manifest.name,
@@ -579,9 +600,43 @@ pub fn check_install(
         cwd: &launch.cwd,
         configured: &[],
         environment: None,
+        path,
     };
+    // A uv bundle's command is its environment's Python, built at start
+    // (which checks it).
+    if let Some(who) = prospective(settings)?.filter(|_| !loaded.manifest.is_uv()) {
+        target.reachable(&who)?;
+    }
+    if settings.landlock == Enforcement::Off {
+        return Ok(());
+    }
     let nowhere = Path::new("/nonexistent");
     grants(settings, protected, &target, nowhere, nowhere).map(|_| ())
+}
+
+/// Who a bundle about to be installed will run as, for the checks before
+/// it has a uid: `[sandbox] user`, or (a root daemon) a uid of the range,
+/// which owns nothing; None when it runs as the daemon.
+fn prospective(settings: &SandboxSettings) -> Result<Option<super::reach::Identity>, SandboxError> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    if let Some(name) = &settings.user {
+        let u = nix::unistd::User::from_name(name)
+            .ok()
+            .flatten()
+            .ok_or_else(|| SandboxError::NoSuchUser(name.clone()))?;
+        let mut who = super::reach::Identity::bundle(u.uid.as_raw(), u.gid.as_raw());
+        who.name = format!("the bundles' user {name} (uid {})", u.uid);
+        return Ok(Some(who));
+    }
+    let uid = settings.uid_range.first;
+    let mut who = super::reach::Identity::bundle(uid, uid);
+    who.name = format!(
+        "a bundle's own uid (from [sandbox] uid_range {})",
+        settings.uid_range
+    );
+    Ok(Some(who))
 }
 
 /// The uid a bundle runs under, and what that means for its isolation.
@@ -686,6 +741,18 @@ pub fn prepare(
     let uid = user
         .map(|(u, _)| u)
         .unwrap_or_else(|| nix::unistd::geteuid().as_raw());
+    // A bundle under a uid of its own must reach what it runs; the grants
+    // are those of the program it will run (not what the daemon's own PATH
+    // would find).
+    let program = match user {
+        Some((uid, gid)) => Some(target.reachable(&super::reach::Identity::bundle(uid, gid))?),
+        None => None,
+    };
+    let command = program.as_ref().map(|p| p.to_string_lossy().into_owned());
+    let target = &Target {
+        command: command.as_deref().unwrap_or(target.command),
+        ..*target
+    };
 
     let mut parts = vec!["private data dir".to_string(), "no_new_privs".to_string()];
     let limits = Rlimits {
@@ -893,6 +960,7 @@ mod tests {
             cwd: Path::new("/"),
             configured: &[],
             environment: None,
+            path: None,
         }
     }
 

@@ -104,6 +104,13 @@ pub enum DaemonError {
         state_dir: PathBuf,
         pid: Option<String>,
     },
+    #[error("bundles run under uids of their own and cannot pass through {dir} (owner {owner}, mode {mode:o}) to their archives, environments and data in the state dir {state_dir}: let other users enter it (`chmod o+x {dir}`: they may enter it, not list it), or set state_dir to a folder every user can pass through (e.g. /var/lib/bundlevisor)")]
+    StateDirUnreachable {
+        dir: PathBuf,
+        state_dir: PathBuf,
+        owner: String,
+        mode: u32,
+    },
     #[error("another bundlevisor daemon is listening on {0}; stop it first or use another socket")]
     SocketInUse(PathBuf),
     #[error("{0} exists and is not a socket; remove it or choose another socket path")]
@@ -191,6 +198,61 @@ fn private_dir(path: &Path) -> Result<(), DaemonError> {
         .map_err(io_err(path))
 }
 
+/// The state dir and those of its folders that do not exist yet (the ones
+/// the daemon is about to make).
+fn absent_folders(state_dir: &Path) -> Vec<PathBuf> {
+    let Ok(state_dir) = std::path::absolute(state_dir) else {
+        return Vec::new();
+    };
+    state_dir
+        .ancestors()
+        .take_while(|p| !p.exists())
+        .map(Path::to_path_buf)
+        .collect()
+}
+
+/// A root daemon's bundles run under uids of their own and pass through the
+/// folders above the state dir to their unpacked archives, environments and
+/// data: each must let other users enter it (`o+x`, not list it). The
+/// daemon's own folders (the ones it just made, and the control socket's)
+/// are made so; any other folder is left as it is and the start refused,
+/// naming it and the fix.
+fn passable_to_bundles(
+    state_dir: &Path,
+    socket: &Path,
+    made: &[PathBuf],
+) -> Result<(), DaemonError> {
+    use std::os::unix::fs::MetadataExt;
+    let state = std::fs::canonicalize(state_dir).map_err(io_err(state_dir))?;
+    let made: Vec<PathBuf> = made
+        .iter()
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .collect();
+    let socket_dir = socket.parent().and_then(|p| std::fs::canonicalize(p).ok());
+    let me = nix::unistd::geteuid().as_raw();
+    for dir in state.ancestors().skip(1) {
+        let meta = std::fs::metadata(dir).map_err(io_err(dir))?;
+        let mode = meta.mode() & 0o7777;
+        if mode & 0o001 != 0 {
+            continue;
+        }
+        let own = made.iter().any(|m| m == dir) || socket_dir.as_deref() == Some(dir);
+        if own && meta.uid() == me {
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o011))
+                .map_err(io_err(dir))?;
+            tracing::info!(dir = %dir.display(), was = format!("{mode:o}"), "bundles pass through this folder of the daemon's to the state dir: other users may now enter it (not list it)");
+            continue;
+        }
+        return Err(DaemonError::StateDirUnreachable {
+            dir: dir.to_path_buf(),
+            state_dir: state.clone(),
+            owner: crate::bundle::reach::user_name(meta.uid()),
+            mode,
+        });
+    }
+    Ok(())
+}
+
 /// Creates the state dir `0700`, or tightens an existing one that group or
 /// other users can read, write or enter (an older version, a careless
 /// `mkdir`): the database, the credential key, the logs and every
@@ -269,8 +331,10 @@ fn bind_socket(
         } else if let Ok(meta) = std::fs::metadata(parent) {
             let mode = meta.permissions().mode() & 0o777;
             // (With allowed_uids other users must enter it: see below.)
-            if mode & 0o007 != 0 && control.allowed_uids.is_empty() {
-                tracing::warn!(dir = %parent.display(), mode = format!("{mode:o}"), "the control socket's folder is open to every user; the socket itself is not, but prefer a folder only the daemon's user can enter");
+            // Entering it (o+x) is fine: a root daemon's bundles pass through
+            // it when the state dir is inside, and the socket is 0600.
+            if mode & 0o006 != 0 && control.allowed_uids.is_empty() {
+                tracing::warn!(dir = %parent.display(), mode = format!("{mode:o}"), "other users can list or write the control socket's folder; the socket itself is not open to them, but prefer a folder they can at most enter (0711 or 0700)");
             }
         }
     }
@@ -467,7 +531,12 @@ fn open_files_for(bundles: usize) {
 async fn open_state(config: &Config) -> Result<(Flock<File>, Store, Credentials), DaemonError> {
     // A root daemon runs bundles under uids of their own, which traverse
     // (never list) the state dir down to their sandbox folders.
-    private_state_dir(&config.state_dir, nix::unistd::geteuid().is_root())?;
+    let root = nix::unistd::geteuid().is_root();
+    let absent = absent_folders(&config.state_dir);
+    private_state_dir(&config.state_dir, root)?;
+    if root {
+        passable_to_bundles(&config.state_dir, &config.socket, &absent)?;
+    }
     private_dir(&config.state_dir.join("logs"))?;
     let lock = lock_state_dir(&config.state_dir)?;
     let db = config.db_path();

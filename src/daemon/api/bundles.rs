@@ -179,14 +179,18 @@ impl Api {
     }
 
     /// The manifest of an installed bundle, read from where it was
-    /// installed (with its owner's rights when an admitted user owns it).
+    /// installed (with its owner's rights when an admitted user owns it; an
+    /// archive's from its unpacked copy).
     pub async fn installed_manifest(
         &self,
         workspace: &str,
         name: &str,
     ) -> Result<LoadedManifest, ApiError> {
         let record = self.installed(workspace, name).await?;
-        tokio::task::spawn_blocking(move || crate::daemon::source::manifest_of(&record.source))
+        let config = self.shared.config.clone();
+        // A watched archive's source is the `.mcpb` itself: its manifest is
+        // read from the unpacked copy, as a start reads it.
+        tokio::task::spawn_blocking(move || crate::daemon::source::load(&record.source, &config))
             .await
             .map_err(ApiError::unavailable)?
             .map_err(|e| ApiError::ManifestUnreadable {

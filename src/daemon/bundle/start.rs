@@ -277,6 +277,17 @@ pub async fn start(
                 if let Some(cg) = cgroup {
                     let _ = tokio::task::spawn_blocking(move || cg.finish()).await;
                 }
+                // Refused by the kernel (permissions, Landlock) or not there:
+                // starting again changes nothing, so it is not a crash.
+                if let ConnectError::Spawn(spawn) = &e {
+                    use std::io::ErrorKind::{NotFound, PermissionDenied};
+                    if matches!(spawn.source.kind(), PermissionDenied | NotFound) {
+                        let reason = plan.redactor().redact(&e.to_string()).into_owned();
+                        return Err(config(format!(
+                            "{reason}; not retried: fix the permissions (or [sandbox] read_only_paths), then `bundlevisor restart {name}`"
+                        )));
+                    }
+                }
                 return Err(transient(&plan, e));
             }
         },
@@ -380,6 +391,7 @@ async fn prepare_sandbox(
         launch.command.clone(),
     );
     let configured = launch.paths.clone();
+    let path = launch.env.get("PATH").cloned();
     let cgroups = shared.cgroups.clone();
     // A bare manifest file's folder is not the bundle's to read.
     let folder = (!loaded.is_bare()).then(|| loaded.dir.clone());
@@ -392,6 +404,7 @@ async fn prepare_sandbox(
             cwd: &cwd,
             configured: &configured,
             environment: environment.as_deref(),
+            path: path.as_deref().map(std::ffi::OsStr::new),
         };
         let mut sandbox =
             crate::bundle::sandbox::prepare(&settings, &state_dir, &protected, &target)

@@ -1,0 +1,419 @@
+//! Production mode without traps (issue 34): a root daemon, whose bundles
+//! run under uids of their own, in the layouts operators use — the
+//! README's quick start (`.mcpb` step included), a state dir behind a
+//! folder bundles cannot enter, bundle folders and commands out of a
+//! bundle's reach, a watched archive waiting for its settings.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{wait_for, Daemon, UidSlot, DEMO_MANIFEST};
+use serde_json::{json, Value};
+
+const REPO: &str = env!("CARGO_MANIFEST_DIR");
+const BIN: &str = env!("CARGO_BIN_EXE_bundlevisor");
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+}
+
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o7777
+}
+
+/// The shell code blocks of the README's "Quick start", after the first
+/// (`make run`, `make test`).
+fn quick_start_blocks() -> Vec<String> {
+    let readme = std::fs::read_to_string(Path::new(REPO).join("README.md")).unwrap();
+    let start = readme
+        .find("## Quick start")
+        .expect("the README has a Quick start");
+    let section = &readme[start..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+    section
+        .split("```sh\n")
+        .skip(1)
+        .map(|b| b[..b.find("```").unwrap()].to_string())
+        .skip(1)
+        .collect()
+}
+
+/// The repository's `make run` layout, copied into a folder of its own:
+/// `config/bundlevisor.toml` as shipped (with this test's uid range),
+/// `bundles/` with the demo and the Python bundle, and the binaries where
+/// the README's commands look for them.
+struct QuickStart {
+    root: PathBuf,
+    daemon: Child,
+    _dir: tempfile::TempDir,
+    _slot: UidSlot,
+}
+
+impl QuickStart {
+    fn new() -> QuickStart {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().canonicalize().unwrap();
+        chmod(&root, 0o755);
+        let slot = UidSlot::take();
+        let shipped =
+            std::fs::read_to_string(Path::new(REPO).join("config/bundlevisor.toml")).unwrap();
+        let line = shipped
+            .lines()
+            .find(|l| l.starts_with("uid_range"))
+            .expect("the shipped config sets uid_range");
+        let config = shipped.replace(line, &format!("uid_range = \"{}\"", slot.range));
+        std::fs::create_dir_all(root.join("config")).unwrap();
+        std::fs::write(root.join("config/bundlevisor.toml"), config).unwrap();
+        let demo = root.join("bundles/demo");
+        std::fs::create_dir_all(demo.join("server")).unwrap();
+        std::fs::write(demo.join("manifest.json"), DEMO_MANIFEST).unwrap();
+        common::stripped_demo_server(&demo.join("server/bundlevisor-demo"));
+        let copied = Command::new("cp")
+            .arg("-a")
+            .arg(Path::new(REPO).join("bundles/workspace-reader-py"))
+            .arg(root.join("bundles/"))
+            .status()
+            .unwrap();
+        assert!(copied.success());
+        std::fs::create_dir_all(root.join("target/release")).unwrap();
+        std::os::unix::fs::symlink(BIN, root.join("target/release/bundlevisor")).unwrap();
+        std::os::unix::fs::symlink(
+            Path::new(REPO).join("target/mcpb"),
+            root.join("target/mcpb"),
+        )
+        .unwrap();
+        std::fs::create_dir_all(root.join("tmp")).unwrap();
+        let daemon = Command::new(BIN)
+            .args(["daemon", "--config"])
+            .arg(root.join("config/bundlevisor.toml"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(root.join("daemon.log")).unwrap())
+            .spawn()
+            .unwrap();
+        let mut q = QuickStart {
+            root,
+            daemon,
+            _dir: dir,
+            _slot: slot,
+        };
+        for name in ["demo", "workspace-reader-py"] {
+            q.wait_ready(name, |_| true);
+        }
+        q
+    }
+
+    fn cli(&self, args: &[&str]) -> std::process::Output {
+        Command::new(BIN)
+            .args(args)
+            .current_dir(&self.root)
+            .output()
+            .unwrap()
+    }
+
+    fn bundle(&self, name: &str) -> Option<Value> {
+        let out = self.cli(&["status", "--json"]);
+        let status: Value = serde_json::from_slice(&out.stdout).ok()?;
+        status["bundles"]
+            .as_array()?
+            .iter()
+            .find(|b| b["name"] == name)
+            .cloned()
+    }
+
+    /// Waits until `name` is ready and `also` holds of its status.
+    fn wait_ready(&mut self, name: &str, also: impl Fn(&Value) -> bool) -> Value {
+        wait_for(Duration::from_secs(30), &format!("{name} ready"), || {
+            if let Some(exit) = self.daemon.try_wait().unwrap() {
+                panic!("the daemon exited ({exit}): {}", self.log());
+            }
+            let b = self.bundle(name)?;
+            if b["state"] == "failed" {
+                panic!("{name} failed: {b}\n{}", self.log());
+            }
+            (b["state"] == "ready" && also(&b)).then_some(b)
+        })
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.root.join("daemon.log")).unwrap_or_default()
+    }
+
+    /// Runs one README line in the repository copy, as the README's reader
+    /// would (its `/tmp` this test's own).
+    fn run(&self, line: &str) -> String {
+        let tmp = self.root.join("tmp");
+        let line = line.replace("/tmp/", &format!("{}/", tmp.display()));
+        let out = Command::new("bash")
+            .args(["-euo", "pipefail", "-c", &line])
+            .current_dir(&self.root)
+            .env(
+                "PATH",
+                format!(
+                    "{}/target/release:{}",
+                    self.root.display(),
+                    std::env::var("PATH").unwrap()
+                ),
+            )
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            out.status.success(),
+            "`{line}` failed: {text}\n{}",
+            self.log()
+        );
+        text
+    }
+}
+
+impl Drop for QuickStart {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.daemon.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.daemon.wait();
+    }
+}
+
+/// Issue 34, point 1: as root, the README's own `.mcpb` step crash-looped
+/// (`Permission denied`): the shipped config keeps the state dir in
+/// `.bundlevisor/`, which the daemon made 0700, so no bundle uid could
+/// reach the unpacked archive. Every step of the quick start now works as
+/// root, and the daemon's folder can be entered (not listed) by them.
+#[test]
+fn the_readme_quick_start_works_as_root_with_the_mcpb_step() {
+    assert!(nix::unistd::geteuid().is_root(), "CI runs as root");
+    let mut q = QuickStart::new();
+    let blocks = quick_start_blocks();
+    assert_eq!(
+        blocks.len(),
+        3,
+        "the quick start's shell blocks changed: {blocks:?}"
+    );
+    let said = q.run(&blocks[0]);
+    assert!(said.lines().any(|l| l == "hi"), "{said}");
+    let said = q.run(&blocks[1]);
+    assert!(said.contains("hello from the workspace"), "{said}");
+    assert_eq!(mode(&q.root.join(".bundlevisor")), 0o711);
+
+    // The archive step, line by line, waiting where a reader would look.
+    let lines: Vec<&str> = blocks[2].lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 5, "{lines:?}");
+    q.run(lines[0]);
+    q.run(lines[1]);
+    wait_for(
+        Duration::from_secs(20),
+        "the demo folder uninstalled",
+        || q.bundle("demo").is_none().then_some(()),
+    );
+    q.run(lines[2]);
+    let from_archive = q.wait_ready("demo", |b| b["archive"].is_object());
+    assert_eq!(from_archive["restarts"], 0, "{from_archive}");
+    let said = q.run(lines[3]);
+    assert!(said.contains("sha256"), "{said}");
+    let said = q.run("bundlevisor call demo echo '{\"text\":\"from the archive\"}'");
+    assert!(said.contains("from the archive"), "{said}");
+    q.run(lines[4]);
+    wait_for(
+        Duration::from_secs(20),
+        "the demo back from its folder",
+        || {
+            q.bundle("demo")
+                .filter(|b| b["state"] == "ready" && b["archive"].is_null())
+                .map(|_| ())
+        },
+    );
+}
+
+/// Issue 34, point 1: a state dir below a folder that is not the daemon's
+/// and that other users cannot enter is refused at start, with the folder
+/// and the fix named; nothing of it is changed.
+#[test]
+fn a_state_dir_bundles_cannot_reach_is_refused_at_start_with_the_fix() {
+    let mut d = Daemon::unlaunched("");
+    let closed = d.root().join("closed");
+    std::fs::create_dir(&closed).unwrap();
+    chmod(&closed, 0o700);
+    let text = std::fs::read_to_string(&d.config)
+        .unwrap()
+        .replace("state_dir = \"state\"", "state_dir = \"closed/state\"");
+    std::fs::write(&d.config, text).unwrap();
+    d.state = closed.join("state");
+    let out = Command::new(BIN)
+        .args(["daemon", "--config"])
+        .arg(&d.config)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains(&format!(
+            "cannot pass through {} (owner root, mode 700)",
+            closed.display()
+        )) && said.contains(&format!("chmod o+x {}", closed.display())),
+        "{said}"
+    );
+    assert_eq!(
+        mode(&closed),
+        0o700,
+        "a folder that is not the daemon's was changed"
+    );
+    // With the fix it starts.
+    chmod(&closed, 0o711);
+    d.launch();
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    assert_eq!(d.bundle("default", "demo").unwrap()["state"], "ready");
+}
+
+/// Issue 34, point 2: a bundle its uid cannot reach crash-looped (five
+/// `Permission denied` restarts, no word of which uid or path). Now an
+/// install is refused naming the uid, the folder, its owner and mode and
+/// the fix; a start that finds it so fails at once (not retried) with the
+/// same reason, kept in `last_error`.
+#[test]
+fn a_bundle_out_of_its_uids_reach_is_a_clear_error_never_a_crash_loop() {
+    let d = Daemon::start();
+    let closed = d.root().join("private");
+    std::fs::create_dir(&closed).unwrap();
+    chmod(&closed, 0o700);
+    let folder = common::demo_bundle_at(&closed, "demo");
+    let out = d.cli(&["install", folder.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("a bundle's own uid (from [sandbox] uid_range")
+            && said.contains(&format!("cannot enter {}", closed.display()))
+            && said.contains("owner root")
+            && said.contains("mode 700")
+            && said.contains(&format!("chmod o+x {}", closed.display())),
+        "{said}"
+    );
+    assert!(
+        d.bundle("default", "demo").is_none(),
+        "a refused install was recorded"
+    );
+
+    // Installed while reachable, then closed: the start fails at once.
+    chmod(&closed, 0o755);
+    d.ok(&["install", folder.to_str().unwrap()]);
+    let uid = d.bundle("default", "demo").unwrap()["sandbox"]["uid"]
+        .as_u64()
+        .unwrap();
+    chmod(&closed, 0o700);
+    let out = d.cli(&["restart", "demo"]);
+    assert!(!out.status.success());
+    let failed = d.wait_state("default", "demo", "failed");
+    let error = failed["last_error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains(&format!(
+            "the bundle's uid {uid} cannot enter {}",
+            closed.display()
+        )),
+        "{failed}"
+    );
+    // The operator's restart is the one restart: the failed start was not
+    // retried (before, it was, five times, and called a crash loop).
+    assert_eq!(failed["restarts"], 1, "retried: {failed}");
+    chmod(&closed, 0o755);
+    d.ok(&["restart", "demo"]);
+    assert_eq!(d.bundle("default", "demo").unwrap()["state"], "ready");
+}
+
+/// Issue 34, point 2: `status` showed a read grant for where the daemon's
+/// own `PATH` found the command (`/root/.pyenv`) while the bundle ran
+/// another one. The grants and the check are now of the program the
+/// bundle's uid runs: here a `python3` first on the daemon's `PATH` (which
+/// bundles get) in a folder the bundle cannot enter, and the system's next.
+#[test]
+fn the_grants_are_those_of_the_program_the_bundle_runs() {
+    let mut d = Daemon::unlaunched("");
+    let hidden = d.root().join("home/.pyenv/shims");
+    std::fs::create_dir_all(&hidden).unwrap();
+    std::fs::write(hidden.join("python3"), "#!/bin/sh\nexit 1\n").unwrap();
+    chmod(&hidden.join("python3"), 0o755);
+    chmod(&d.root().join("home"), 0o700);
+    // As root's pyenv shims come first on root's PATH.
+    let path = format!("{}:{}", hidden.display(), std::env::var("PATH").unwrap());
+    d.env.push(("PATH".into(), path));
+    d.launch();
+    let folder = d.root().join("bundles/py");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(
+        folder.join("server.py"),
+        "import sys, json\nfor line in sys.stdin:\n    m = json.loads(line)\n    if m.get('method') == 'initialize':\n        print(json.dumps({'jsonrpc': '2.0', 'id': m['id'], 'result': {'protocolVersion': '2025-06-18', 'capabilities': {'tools': {}}, 'serverInfo': {'name': 'py', 'version': '1'}}}), flush=True)\n    elif m.get('method') == 'tools/list':\n        print(json.dumps({'jsonrpc': '2.0', 'id': m['id'], 'result': {'tools': []}}), flush=True)\n    elif 'id' in m:\n        print(json.dumps({'jsonrpc': '2.0', 'id': m['id'], 'error': {'code': -32601, 'message': 'no'}}), flush=True)\n",
+    )
+    .unwrap();
+    let manifest = json!({
+        "manifest_version": "0.3", "name": "py", "version": "1.0.0",
+        "description": "d", "author": {"name": "t"},
+        "server": {"type": "python", "entry_point": "server.py",
+            "mcp_config": {"command": "python3", "args": ["${__dirname}/server.py"]}}
+    });
+    std::fs::write(folder.join("manifest.json"), manifest.to_string()).unwrap();
+    d.ok(&["install", folder.to_str().unwrap()]);
+    let ready = d.bundle("default", "py").unwrap();
+    assert_eq!(ready["state"], "ready", "{ready}");
+    let read: Vec<&str> = ready["sandbox"]["read"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    assert!(
+        !read.iter().any(|p| p.contains(".pyenv")),
+        "a grant of a program that does not run: {read:?}"
+    );
+}
+
+/// Issue 34, point 4: `configure` of a watched `.mcpb` waiting in
+/// `needs_config` read the archive itself as a manifest ("stream did not
+/// contain valid UTF-8"). It reads the unpacked copy, and the bundle runs.
+#[test]
+fn configure_works_on_a_watched_archive_that_needs_config() {
+    let d = Daemon::start_with(
+        "watch_debounce = \"50ms\"\n[[watch]]\ndir = \"watched\"\nworkspace = \"default\"\n",
+    );
+    let work = d.root().join("work");
+    let folder = work.join("keyed");
+    std::fs::create_dir_all(folder.join("server")).unwrap();
+    common::stripped_demo_server(&folder.join("server/bundlevisor-demo"));
+    let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    manifest["name"] = json!("keyed");
+    manifest["user_config"] = json!({
+        "api_key": {"type": "string", "title": "API key", "description": "The key", "required": true, "sensitive": true}
+    });
+    manifest["server"]["mcp_config"]["env"] = json!({"DEMO_API_KEY": "${user_config.api_key}"});
+    std::fs::write(folder.join("manifest.json"), manifest.to_string()).unwrap();
+    let archive = work.join("keyed.mcpb");
+    let packed = Command::new(Path::new(REPO).join("target/mcpb/node_modules/.bin/mcpb"))
+        .arg("pack")
+        .arg(&folder)
+        .arg(&archive)
+        .output()
+        .unwrap();
+    assert!(
+        packed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&packed.stderr)
+    );
+    let watched = d.root().join("watched");
+    std::fs::create_dir_all(&watched).unwrap();
+    std::fs::rename(&archive, watched.join("keyed.mcpb")).unwrap();
+    d.wait_state("default", "keyed", "needs_config");
+    let out = d.cli(&["configure", "keyed", "api_key=s3cret-value"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ready = d.wait_state("default", "keyed", "ready");
+    assert!(!ready.to_string().contains("s3cret-value"), "{ready}");
+}
