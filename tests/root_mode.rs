@@ -417,3 +417,86 @@ fn configure_works_on_a_watched_archive_that_needs_config() {
     let ready = d.wait_state("default", "keyed", "ready");
     assert!(!ready.to_string().contains("s3cret-value"), "{ready}");
 }
+
+/// The processes whose parent is `pid`, with their state letter.
+fn children(pid: u32) -> Vec<(u32, char)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid …: comm may hold spaces, so after its ')'.
+        let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r.trim().to_string()) else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next().and_then(|s| s.chars().next()).unwrap_or('?');
+        let ppid: u32 = fields.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        if ppid == pid {
+            if let Ok(child) = entry.file_name().to_string_lossy().parse() {
+                found.push((child, state));
+            }
+        }
+    }
+    found
+}
+
+/// Issue 34, point 6: a daemon started right after a SIGKILL was refused
+/// ("another bundlevisor daemon is using the state dir") while a bundle's
+/// start child, between its clone and its exec, still held the daemon's
+/// descriptors (the state dir's lock among them). Here the child is held
+/// there (fault injection stops it before it joins its cgroup): it holds
+/// none of the daemon's descriptors, dies with the daemon, and the daemon
+/// started at once comes up with the bundle.
+#[test]
+fn a_daemon_started_right_after_a_sigkill_is_never_refused() {
+    let mut d = Daemon::unlaunched("");
+    d.env
+        .push(("BUNDLEVISOR_FAULT".into(), "stall_start".into()));
+    d.launch();
+    let daemon = d.pid();
+    let demo = d.demo_bundle("demo");
+    d.ok(&["install", "--no-wait", demo.to_str().unwrap()]);
+    let stalled = wait_for(
+        Duration::from_secs(20),
+        "the start child stopped before its exec",
+        || {
+            children(daemon)
+                .into_iter()
+                .find(|(_, state)| *state == 'T')
+                .map(|(pid, _)| pid)
+        },
+    );
+    let held: Vec<String> = std::fs::read_dir(format!("/proc/{stalled}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .map(|p| p.display().to_string())
+        .collect();
+    // Its stdio and host channel, its report pipe, its cgroups and its
+    // Landlock ruleset; never the daemon's files (lock, database, logs).
+    let needed = |p: &String| {
+        p.starts_with("pipe:")
+            || p.starts_with("socket:")
+            || p == "anon_inode:[landlock-ruleset]"
+            || (p.starts_with("/sys/fs/cgroup/") && p.ends_with("/cgroup.procs"))
+    };
+    assert!(
+        held.iter().all(needed),
+        "the start child holds the daemon's descriptors: {held:?}"
+    );
+    d.signal(nix::sys::signal::Signal::SIGKILL);
+    d.env.clear();
+    let mut relaunch = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| d.launch()));
+    // (On failure, the stopped child would be left behind: kill it.)
+    if std::path::Path::new(&format!("/proc/{stalled}")).exists() && !common::is_zombie(stalled) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(stalled as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        relaunch = relaunch.and(Err(Box::new("the start child outlived the daemon")));
+    }
+    relaunch.expect("the daemon started right after the SIGKILL");
+    let ready = d.wait_state("default", "demo", "ready");
+    assert_eq!(ready["state"], "ready");
+}

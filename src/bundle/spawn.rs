@@ -147,6 +147,15 @@ struct ChildPlan {
     user: Option<(u32, u32)>,
     limits: Rlimits,
     daemon: nix::libc::pid_t,
+    /// The descriptors above 2 the child keeps until its exec, sorted; it
+    /// closes every other one first thing.
+    keep: Vec<RawFd>,
+    /// Without `close_range` (kernels before 5.9): closed one by one up to
+    /// this (the open-files limit).
+    fd_ceiling: RawFd,
+    /// fault-injection `stall_start`: the child stops itself before it
+    /// joins its cgroup (as a slow join would hold it there).
+    stall: bool,
     /// Where to exec: the program, or each `PATH` candidate for a bare name.
     candidates: Vec<CString>,
     argv: Vec<*const nix::libc::c_char>,
@@ -221,7 +230,27 @@ pub fn spawn(launch: &Launch) -> std::io::Result<(Process, ChildStdin, ChildStdo
             "descriptor 3, which the bundle gets its host channel as, is one the start needs",
         ));
     }
+    let mut keep: Vec<RawFd> = [
+        stdin_r.as_raw_fd(),
+        stdout_w.as_raw_fd(),
+        stderr_w.as_raw_fd(),
+        report_w.as_raw_fd(),
+    ]
+    .into_iter()
+    .chain(launch.fd3.map(AsRawFd::as_raw_fd))
+    .chain(launch.cgroups.iter().map(AsRawFd::as_raw_fd))
+    .chain(launch.ruleset.map(AsRawFd::as_raw_fd))
+    .filter(|fd| *fd > 2)
+    .collect();
+    keep.sort_unstable();
+    keep.dedup();
+    let fd_ceiling = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_NOFILE)
+        .map_or(1 << 20, |(soft, _)| soft.min(1 << 20) as RawFd);
     let plan = ChildPlan {
+        keep,
+        fd_ceiling,
+        stall: cfg!(feature = "fault-injection")
+            && std::env::var_os("BUNDLEVISOR_FAULT").is_some_and(|v| v == "stall_start"),
         stdio: [
             stdin_r.as_raw_fd(),
             stdout_w.as_raw_fd(),
@@ -342,6 +371,33 @@ fn confine_and_exec(plan: &ChildPlan) -> Result<std::convert::Infallible, Step> 
     // SAFETY: plain system calls on this (child) process's own state, in
     // the order the old pre_exec made them.
     unsafe {
+        // Every daemon descriptor the bundle does not need goes now, not at
+        // the exec: the state dir's lock, the listeners and the reaper's
+        // pipe would otherwise outlive a daemon killed while this child
+        // joins its cgroup, and refuse the daemon started next.
+        let mut first: libc::c_uint = 3;
+        for next in plan
+            .keep
+            .iter()
+            .map(|fd| *fd as libc::c_uint)
+            .chain([libc::c_uint::MAX])
+        {
+            if next > first {
+                let last = next - 1;
+                if libc::syscall(libc::SYS_close_range, first, last, 0 as libc::c_uint) != 0 {
+                    for fd in first..=last.min(plan.fd_ceiling as libc::c_uint) {
+                        libc::close(fd as RawFd);
+                    }
+                }
+            }
+            first = next.saturating_add(1);
+        }
+        // Dies with the daemon from here (armed again after the uid change,
+        // which clears it).
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        if libc::getppid() != plan.daemon {
+            libc::_exit(1);
+        }
         // The daemon's handlers are not this process's: default for all
         // (this also undoes the daemon's ignored SIGPIPE), then unblocked.
         let mut default: libc::sigaction = std::mem::zeroed();
@@ -381,6 +437,9 @@ fn confine_and_exec(plan: &ChildPlan) -> Result<std::convert::Infallible, Step> 
         }
         if libc::setsid() < 0 {
             return Err(errno("setsid"));
+        }
+        if plan.stall {
+            libc::kill(libc::getpid(), libc::SIGSTOP);
         }
         // Into the bundle's cgroup before anything of it runs: every
         // descendant, setsid or not, is in it from here on.
