@@ -224,6 +224,12 @@ fn passable_to_bundles(
 ) -> Result<(), DaemonError> {
     use std::os::unix::fs::MetadataExt;
     let state = std::fs::canonicalize(state_dir).map_err(io_err(state_dir))?;
+    // The state dir itself: entered, never listed (what is in it is 0700
+    // or 0600 but for the bundles' own folders).
+    if std::fs::metadata(&state).map_err(io_err(&state))?.mode() & 0o777 != 0o711 {
+        std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o711))
+            .map_err(io_err(&state))?;
+    }
     let made: Vec<PathBuf> = made
         .iter()
         .filter_map(|p| std::fs::canonicalize(p).ok())
@@ -256,8 +262,8 @@ fn passable_to_bundles(
 /// Creates the state dir `0700`, or tightens an existing one that group or
 /// other users can read, write or enter (an older version, a careless
 /// `mkdir`): the database, the credential key, the logs and every
-/// workspace's files are inside. With `[sandbox] user`, bundles' users may
-/// traverse it (`0711`, set by the sandbox) but still not list or write it.
+/// workspace's files are inside. A root daemon's bundles (uids of their
+/// own) may traverse it (`0711`) but still not list or write it.
 fn private_state_dir(path: &Path, traversable: bool) -> Result<(), DaemonError> {
     private_dir(path)?;
     let mode = std::fs::metadata(path)
@@ -267,9 +273,9 @@ fn private_state_dir(path: &Path, traversable: bool) -> Result<(), DaemonError> 
         & 0o777;
     let allowed = if traversable { 0o711 } else { 0o700 };
     if mode & !allowed != 0 {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(allowed))
             .map_err(io_err(path))?;
-        tracing::warn!(state_dir = %path.display(), was = format!("{mode:o}"), "the state dir was open to other users; tightened it to 700");
+        tracing::warn!(state_dir = %path.display(), was = format!("{mode:o}"), "the state dir was open to other users; tightened it to {allowed:o}");
     }
     Ok(())
 }
