@@ -604,8 +604,15 @@ pub fn check_install(
     };
     // A uv bundle's command is its environment's Python, built at start
     // (which checks it).
+    // What is not there yet (a watched folder still arriving, a runtime
+    // checked elsewhere) is for those checks and the start to say.
     if let Some(who) = prospective(settings)?.filter(|_| !loaded.manifest.is_uv()) {
-        target.reachable(&who)?;
+        match target.reachable(&who) {
+            Err(SandboxError::Unreachable(u)) if matches!(u.lacks, "exist" | "find") => {}
+            other => {
+                other?;
+            }
+        }
     }
     if settings.landlock == Enforcement::Off {
         return Ok(());
