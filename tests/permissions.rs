@@ -33,11 +33,17 @@ fn an_open_state_dir_and_audit_log_are_tightened_and_new_audit_logs_are_private(
     d.launch();
 
     // A root daemon's bundles pass through it (uids of their own): 711.
-    let private = if nix::unistd::geteuid().is_root() { 0o711 } else { 0o700 };
+    let private = if nix::unistd::geteuid().is_root() {
+        0o711
+    } else {
+        0o700
+    };
     assert_eq!(mode(&d.state), private);
     let log = d.log();
     assert!(
-        log.contains(&format!("the state dir was open to other users; tightened it to {private:o}")),
+        log.contains(&format!(
+            "the state dir was open to other users; tightened it to {private:o}"
+        )),
         "{log}"
     );
     // The workspace opens its audit log when it starts.

@@ -500,3 +500,72 @@ fn a_daemon_started_right_after_a_sigkill_is_never_refused() {
     let ready = d.wait_state("default", "demo", "ready");
     assert_eq!(ready["state"], "ready");
 }
+
+/// Issue 34, point 3: a configured folder needed a chown to the bundle's
+/// uid, known only after the install (and kept by its files after it).
+/// `[[sandbox.bundle]] user` gives a bundle a stable identity the operator
+/// chooses: the folder is prepared for that user before the install, and
+/// the official filesystem server writes in it as that user.
+#[test]
+fn a_bundle_runs_as_the_user_the_operator_chose_for_its_folder() {
+    let user = nix::unistd::User::from_name("nobody")
+        .unwrap()
+        .expect("a user named nobody");
+    let d = Daemon::start_with(
+        "[sandbox]\n[[sandbox.bundle]]\nworkspace = \"default\"\nbundle = \"filesystem\"\nuser = \"nobody\"\n",
+    );
+    let notes = d.root().join("notes");
+    std::fs::create_dir(&notes).unwrap();
+    nix::unistd::chown(&notes, Some(user.uid), Some(user.gid)).unwrap();
+    chmod(&notes, 0o700);
+    let server = Path::new(REPO).join("target/servers/filesystem");
+    assert!(server.join("node_modules").is_dir(), "run `make servers`");
+    let _ = d.cli(&["install", server.to_str().unwrap()]);
+    let set = format!("allowed_directories={}", notes.display());
+    d.ok(&["configure", "filesystem", &set]);
+    let ready = d.wait_state("default", "filesystem", "ready");
+    assert_eq!(ready["sandbox"]["uid"], user.uid.as_raw(), "{ready}");
+    let args = json!({"path": notes.join("today.md"), "content": "written as nobody"});
+    let out = d.cli(&[
+        "call",
+        "filesystem",
+        "write_file",
+        &args.to_string(),
+        "--json",
+    ]);
+    let result: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| panic!("{}", String::from_utf8_lossy(&out.stderr)));
+    assert_ne!(result["isError"], true, "{result}");
+    use std::os::unix::fs::MetadataExt;
+    let written = std::fs::metadata(notes.join("today.md")).unwrap();
+    assert_eq!(written.uid(), user.uid.as_raw());
+}
+
+/// A `[[sandbox.bundle]] user` that does not exist, or is root, is refused
+/// when the config is loaded, with what to do.
+#[test]
+fn a_bundle_user_that_cannot_be_is_refused_at_start() {
+    for (name, says) in [
+        (
+            "bv-no-such-user",
+            "does not exist on this machine; create it (e.g. `useradd --system",
+        ),
+        ("root", "is root; bundles never run as root"),
+    ] {
+        let d = Daemon::unlaunched(&format!(
+            "[sandbox]\n[[sandbox.bundle]]\nbundle = \"x\"\nuser = \"{name}\"\n"
+        ));
+        let out = Command::new(BIN)
+            .args(["daemon", "--config"])
+            .arg(&d.config)
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{said}");
+        assert!(
+            said.contains(&format!("[[sandbox.bundle]] default/x: user {name:?}"))
+                && said.contains(says),
+            "{said}"
+        );
+    }
+}

@@ -305,19 +305,19 @@ fn own_uid(sandboxes: &Path, data: &Path, range: UidRange) -> Result<u32, Sandbo
     if existed {
         // A folder an older version (or another uid) filled: the bundle
         // must own what is in it.
-        give_tree(data, uid)?;
+        give_tree(data, (uid, uid))?;
     }
     Ok(uid)
 }
 
 /// Makes `uid` (and gid) the owner of everything below `dir`, links
 /// themselves rather than what they point at.
-fn give_tree(dir: &Path, uid: u32) -> Result<(), SandboxError> {
+fn give_tree(dir: &Path, (uid, gid): (u32, u32)) -> Result<(), SandboxError> {
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for entry in std::fs::read_dir(&d).map_err(io_error(&d))?.flatten() {
             let path = entry.path();
-            std::os::unix::fs::lchown(&path, Some(uid), Some(uid)).map_err(io_error(&path))?;
+            std::os::unix::fs::lchown(&path, Some(uid), Some(gid)).map_err(io_error(&path))?;
             if entry.file_type().is_ok_and(|t| t.is_dir()) {
                 stack.push(path);
             }
@@ -585,6 +585,7 @@ pub fn check_install(
     settings: &SandboxSettings,
     protected: &[PathBuf],
     loaded: &crate::manifest::LoadedManifest,
+    workspace: &str,
 ) -> Result<(), SandboxError> {
     let no_values = std::collections::BTreeMap::new();
     let Ok(crate::manifest::Plan::Stdio(launch)) = loaded.manifest.plan(&loaded.dir, &no_values)
@@ -606,7 +607,8 @@ pub fn check_install(
     // (which checks it).
     // What is not there yet (a watched folder still arriving, a runtime
     // checked elsewhere) is for those checks and the start to say.
-    if let Some(who) = prospective(settings)?.filter(|_| !loaded.manifest.is_uv()) {
+    let named = (workspace, loaded.manifest.name.as_str());
+    if let Some(who) = prospective(settings, named)?.filter(|_| !loaded.manifest.is_uv()) {
         match target.reachable(&who) {
             Err(SandboxError::Unreachable(u)) if matches!(u.lacks, "exist" | "find") => {}
             other => {
@@ -624,17 +626,20 @@ pub fn check_install(
 /// Who a bundle about to be installed will run as, for the checks before
 /// it has a uid: `[sandbox] user`, or (a root daemon) a uid of the range,
 /// which owns nothing; None when it runs as the daemon.
-fn prospective(settings: &SandboxSettings) -> Result<Option<super::reach::Identity>, SandboxError> {
+fn prospective(
+    settings: &SandboxSettings,
+    (workspace, bundle): (&str, &str),
+) -> Result<Option<super::reach::Identity>, SandboxError> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(None);
     }
-    if let Some(name) = &settings.user {
+    if let Some((name, _)) = settings.user_for(workspace, bundle) {
         let u = nix::unistd::User::from_name(name)
             .ok()
             .flatten()
             .ok_or_else(|| SandboxError::NoSuchUser(name.clone()))?;
         let mut who = super::reach::Identity::bundle(u.uid.as_raw(), u.gid.as_raw());
-        who.name = format!("the bundles' user {name} (uid {})", u.uid);
+        who.name = format!("the bundle's user {name} (uid {})", u.uid);
         return Ok(Some(who));
     }
     let uid = settings.uid_range.first;
@@ -649,13 +654,14 @@ fn prospective(settings: &SandboxSettings) -> Result<Option<super::reach::Identi
 /// The uid a bundle runs under, and what that means for its isolation.
 fn identity(
     settings: &SandboxSettings,
+    (workspace, bundle): (&str, &str),
     sandboxes: &Path,
     data: &Path,
     landlock: &Result<i64, String>,
 ) -> Result<(Option<(u32, u32)>, String), SandboxError> {
     let me = nix::unistd::geteuid();
     if me.is_root() {
-        if let Some(name) = &settings.user {
+        if let Some((name, own)) = settings.user_for(workspace, bundle) {
             let u = nix::unistd::User::from_name(name)
                 .ok()
                 .flatten()
@@ -664,10 +670,20 @@ fn identity(
                 return Err(SandboxError::RootUser(name.clone()));
             }
             let (uid, gid) = (u.uid.as_raw(), u.gid.as_raw());
+            let owner = std::fs::metadata(data).ok().map(|m| (m.uid(), m.gid()));
             private_dir(data, Some((uid, gid)))?;
+            if owner.is_some_and(|o| o != (uid, gid)) {
+                // It ran as another user before: what it kept is this one's.
+                give_tree(data, (uid, gid))?;
+            }
+            let whose = if own {
+                "its own, [[sandbox.bundle]] user"
+            } else {
+                "shared by every bundle; [sandbox] user"
+            };
             return Ok((
                 Some((uid, gid)),
-                format!("user {name} (uid {uid}, shared by every bundle; [sandbox] user)"),
+                format!("user {name} (uid {uid}, {whose})"),
             ));
         }
         let uid = own_uid(sandboxes, data, settings.uid_range)?;
@@ -728,12 +744,12 @@ pub fn prepare(
     let data = path.join("data");
     let tmp = path.join("tmp");
     let kernel = landlock_abi();
-    let (user, isolation) = identity(settings, &sandboxes, &data, &kernel)?;
+    let (user, isolation) = identity(settings, (workspace, bundle), &sandboxes, &data, &kernel)?;
     let tmp_owner = std::fs::metadata(&tmp).ok().map(|m| m.uid());
     private_dir(&tmp, user)?;
-    if let (Some((uid, _)), Some(was)) = (user, tmp_owner) {
+    if let (Some((uid, gid)), Some(was)) = (user, tmp_owner) {
         if was != uid {
-            give_tree(&tmp, uid)?;
+            give_tree(&tmp, (uid, gid))?;
         }
     }
     if user.is_some() {
@@ -863,7 +879,7 @@ impl Sandbox {
             // A bundle under a uid of its own is the only user of that uid,
             // so the kernel's per-user process count is its own: pids_max
             // holds as RLIMIT_NPROC (unless max_processes says otherwise).
-            let own_uid = self.user.is_some() && settings.user.is_none();
+            let own_uid = self.user.is_some() && settings.user_for(workspace, bundle).is_none();
             if let (true, Some((uid, _))) = (own_uid, self.user) {
                 self.tree_uid = Some(uid);
                 self.record.containment = format!(

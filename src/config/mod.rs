@@ -343,6 +343,12 @@ pub struct SandboxOverride {
     /// Its configured `directory`/`file` values are granted read-only.
     #[serde(default)]
     pub configured_read_only: bool,
+    /// Runs as this existing, unprivileged user (and its primary group)
+    /// instead of a uid of `uid_range`: a stable identity the operator
+    /// chooses, so the folders it configures can be owned by it before the
+    /// install (root daemons; docs/operations.md, "Running as root").
+    #[serde(default)]
+    pub user: Option<String>,
     /// Its own cgroup limits, instead of `[sandbox]`'s (0: not limited).
     #[serde(default)]
     pub memory_max: Option<u64>,
@@ -388,6 +394,52 @@ impl SandboxSettings {
     }
 
     /// The override of one bundle, if any.
+    /// The named user a bundle runs as (a root daemon's): its own
+    /// `[[sandbox.bundle]] user` (true), else `[sandbox] user` (false); None
+    /// when it gets a uid of `uid_range`.
+    pub fn user_for(&self, workspace: &str, bundle: &str) -> Option<(&String, bool)> {
+        self.for_bundle(workspace, bundle)
+            .and_then(|o| o.user.as_ref())
+            .map(|u| (u, true))
+            .or(self.user.as_ref().map(|u| (u, false)))
+    }
+
+    /// What is wrong with the `[[sandbox.bundle]] user`s: one that does not
+    /// exist, root, one admitted to the control socket, or one that is in
+    /// the range of bundle uids.
+    fn bundle_user_problems(&self, control: &ControlSettings) -> Vec<String> {
+        let mut problems = Vec::new();
+        for o in &self.bundles {
+            let Some(name) = &o.user else { continue };
+            let at = format!(
+                "[[sandbox.bundle]] {}/{}: user {name:?}",
+                o.workspace, o.bundle
+            );
+            let Some(u) = nix::unistd::User::from_name(name).ok().flatten() else {
+                problems.push(format!(
+                    "{at} does not exist on this machine; create it (e.g. `useradd --system --no-create-home --shell /usr/sbin/nologin {name}`) or remove the line"
+                ));
+                continue;
+            };
+            let uid = u.uid.as_raw();
+            if uid == 0 {
+                problems.push(format!("{at} is root; bundles never run as root"));
+            } else if control.allowed_uids.contains(&uid)
+                || control.allowed_gids.contains(&u.gid.as_raw())
+            {
+                problems.push(format!(
+                    "{at} (uid {uid}) is admitted to the control socket ([control] allowed_uids/allowed_gids); a bundle must never be"
+                ));
+            } else if self.uid_range.contains(uid) {
+                problems.push(format!(
+                    "{at} (uid {uid}) is in uid_range {}, whose uids the daemon gives other bundles",
+                    self.uid_range
+                ));
+            }
+        }
+        problems
+    }
+
     pub fn for_bundle(&self, workspace: &str, bundle: &str) -> Option<&SandboxOverride> {
         self.bundles
             .iter()
@@ -1202,6 +1254,7 @@ impl Config {
                 ));
             }
         }
+        problems.extend(self.sandbox.bundle_user_problems(&self.control));
         let mut seen = std::collections::BTreeSet::new();
         for p in &self.profiles {
             if !seen.insert(p.name.as_str()) {

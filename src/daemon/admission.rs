@@ -228,7 +228,8 @@ pub fn lineage(proc_root: &Path, pid: i32, ancestor: i32) -> Lineage {
 }
 
 /// What makes `(uid, gid)` a bundle's identity, if it is one: a uid or
-/// gid of `[sandbox] uid_range`, or the shared `[sandbox] user`.
+/// gid of `[sandbox] uid_range`, the shared `[sandbox] user`, or a
+/// bundle's own `[[sandbox.bundle]] user`.
 fn bundle_identity(uid: u32, gid: u32, sandbox: &SandboxSettings) -> Option<String> {
     if sandbox.uid_range.contains(uid) || sandbox.uid_range.contains(gid) {
         return Some(format!(
@@ -236,9 +237,21 @@ fn bundle_identity(uid: u32, gid: u32, sandbox: &SandboxSettings) -> Option<Stri
             sandbox.uid_range
         ));
     }
-    let name = sandbox.user.as_ref()?;
-    let shared = nix::unistd::User::from_name(name).ok().flatten()?;
-    (shared.uid.as_raw() == uid).then(|| format!("[sandbox] user {name:?}, which bundles run as"))
+    // The users bundles run as by name: `[sandbox] user`, and each
+    // bundle's own `[[sandbox.bundle]] user`.
+    let named = sandbox.user.iter().map(|n| (n, "[sandbox] user")).chain(
+        sandbox
+            .bundles
+            .iter()
+            .filter_map(|o| o.user.as_ref().map(|n| (n, "[[sandbox.bundle]] user"))),
+    );
+    for (name, key) in named {
+        let user = nix::unistd::User::from_name(name).ok().flatten();
+        if user.is_some_and(|u| u.uid.as_raw() == uid) {
+            return Some(format!("{key} {name:?}, which a bundle runs as"));
+        }
+    }
+    None
 }
 
 /// Why the peer `(uid, gid, process)` must be refused, or None to admit it.

@@ -50,6 +50,8 @@ pub struct ScanInputs<'a> {
     pub arrived: &'a std::collections::BTreeSet<std::ffi::OsString>,
     /// How the folder's modes are judged (its `[[watch]]` entry).
     pub trust: super::trusted::Trust,
+    /// The workspace its bundles are installed in.
+    pub workspace: &'a str,
 }
 
 /// Entries walked at most to fingerprint a tree (a huge tree is judged on
@@ -138,7 +140,7 @@ pub fn scan(dir: &Path, ask: &ScanInputs) -> Option<(PathBuf, Vec<Found>)> {
         .into_iter()
         .map(|path| {
             if crate::archive::is_archive(&path) {
-                return archive(path, untrusted.as_deref(), ask.trust, seen, config);
+                return archive(path, untrusted.as_deref(), ask, config);
             }
             let file = crate::manifest::manifest_file(&path);
             let text = match &untrusted {
@@ -159,7 +161,7 @@ pub fn scan(dir: &Path, ask: &ScanInputs) -> Option<(PathBuf, Vec<Found>)> {
                 let loaded = crate::manifest::from_text(file, &text?).map_err(|e| e.to_string())?;
                 crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)
                     .map_err(|e| e.to_string())?;
-                crate::bundle::sandbox::check_install(sandbox, &protected, &loaded)
+                crate::bundle::sandbox::check_install(sandbox, &protected, &loaded, ask.workspace)
                     .map_err(|e| e.to_string())?;
                 Ok(loaded)
             });
@@ -187,13 +189,8 @@ pub fn scan(dir: &Path, ask: &ScanInputs) -> Option<(PathBuf, Vec<Found>)> {
 
 /// A `.mcpb` in a watched folder: trusted like a manifest, hashed whole
 /// (SHA-256), unpacked and checked only when that hash changed.
-fn archive(
-    path: PathBuf,
-    untrusted: Option<&str>,
-    trust: super::trusted::Trust,
-    seen: &HashMap<PathBuf, u64>,
-    config: &Config,
-) -> Found {
+fn archive(path: PathBuf, untrusted: Option<&str>, ask: &ScanInputs, config: &Config) -> Found {
+    let (trust, seen) = (ask.trust, ask.seen);
     let hashed = match untrusted {
         Some(why) => Err(why.to_string()),
         None => super::trusted::archive(&path, trust).and_then(|()| {
@@ -215,8 +212,13 @@ fn archive(
         let loaded = super::source::load(&path, config).map_err(|e| e.to_string())?;
         crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)
             .map_err(|e| e.to_string())?;
-        crate::bundle::sandbox::check_install(&config.sandbox, &config.protected_paths(), &loaded)
-            .map_err(|e| e.to_string())?;
+        crate::bundle::sandbox::check_install(
+            &config.sandbox,
+            &config.protected_paths(),
+            &loaded,
+            ask.workspace,
+        )
+        .map_err(|e| e.to_string())?;
         Ok(loaded)
     });
     Found {

@@ -76,6 +76,7 @@ pub async fn install(
         shared.config.protected_paths(),
         shared.config.clone(),
     );
+    let in_workspace = workspace.clone();
     let checked = tokio::task::spawn_blocking(move || {
         let missing = |e: std::io::Error| InstallError::NoSuchPath {
             path: src.clone(),
@@ -108,7 +109,7 @@ pub async fn install(
             .map_err(InstallError::Untrusted)?;
         loaded.check_entry_point()?;
         check_runtimes(&loaded, &config.uv)?;
-        crate::bundle::sandbox::check_install(&sandbox, &protected, &loaded)?;
+        crate::bundle::sandbox::check_install(&sandbox, &protected, &loaded, &in_workspace)?;
         Ok::<_, InstallError>((source, loaded))
     });
     let (source, loaded) = tokio::time::timeout(INSTALL_DEADLINE, checked)

@@ -205,6 +205,7 @@ impl DaemonState {
                     trust: super::trusted::Trust {
                         read_only_volume: watch.read_only_volume,
                     },
+                    workspace: &watch.workspace,
                 };
                 scan(&dir, &ask)
             })
