@@ -569,3 +569,52 @@ fn a_bundle_user_that_cannot_be_is_refused_at_start() {
         );
     }
 }
+
+/// Issue 34, point 5: the secrets of a bundle removed from its watched
+/// folder could not be purged (`uninstall --purge`: "not installed";
+/// `uninstall` of a watched bundle: refused). They are listed as orphaned,
+/// and `uninstall --purge` deletes them whatever the bundle came from.
+#[test]
+fn a_removed_watched_bundles_secrets_are_listed_and_purged() {
+    let d = Daemon::start_with(
+        "watch_debounce = \"50ms\"\n[[watch]]\ndir = \"watched\"\nworkspace = \"default\"\n",
+    );
+    let watched = d.root().join("watched");
+    std::fs::create_dir_all(&watched).unwrap();
+    let folder = common::demo_bundle_at(&d.root(), "greeter");
+    std::fs::rename(&folder, watched.join("greeter")).unwrap();
+    d.wait_state("default", "greeter", "ready");
+    d.ok(&["configure", "greeter", "greeting=kept-secret"]);
+    let out = d.cli(&["uninstall", "greeter"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && said.contains("`bundlevisor uninstall greeter --purge` deletes them"),
+        "{said}"
+    );
+
+    std::fs::remove_dir_all(watched.join("greeter")).unwrap();
+    wait_for(Duration::from_secs(20), "greeter gone", || {
+        d.bundle("default", "greeter").is_none().then_some(())
+    });
+    let listed: Value =
+        serde_json::from_str(&d.ok(&["credentials", "ls", "--orphaned", "--json"])).unwrap();
+    assert_eq!(
+        listed["bundles"],
+        json!([{"workspace": "default", "name": "greeter", "keys": ["greeting"], "oauth_tokens": false, "installed": false}])
+    );
+    assert!(!listed.to_string().contains("kept-secret"));
+    let said = d.ok(&["uninstall", "greeter", "--purge"]);
+    assert!(
+        said.contains(
+            "default/greeter was not installed; its stored credentials and tokens were deleted"
+        ),
+        "{said}"
+    );
+    let listed: Value = serde_json::from_str(&d.ok(&["credentials", "ls", "--json"])).unwrap();
+    assert_eq!(listed["bundles"], json!([]));
+    // Nothing left: as for any bundle that is not there.
+    let out = d.cli(&["uninstall", "greeter", "--purge"]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("greeter"));
+}

@@ -24,6 +24,7 @@ mod auth;
 mod call;
 mod completions;
 mod configure;
+mod credentials;
 mod daemon;
 mod download;
 mod events;
@@ -98,6 +99,9 @@ enum Command {
     /// Replace the credential encryption key, re-sealing every stored
     /// user_config value and OAuth token in one transaction.
     RotateKey(rotate_key::Args),
+    /// The bundles whose user_config values or OAuth tokens are stored
+    /// (keys only, never values), installed or not.
+    Credentials(credentials::Args),
     /// Workspace files that bundles read through host-resources.
     Files(files::Args),
     /// Access tokens of the HTTP gateway: create (shown once), ls, revoke.
@@ -160,6 +164,7 @@ pub fn main() -> ExitCode {
             Command::Events(a) => events::run(&mut client, a).await,
             Command::Metrics(a) => metrics::run(&mut client, a).await,
             Command::RotateKey(a) => rotate_key::run(&mut client, a).await,
+            Command::Credentials(a) => credentials::run(&mut client, a).await,
             Command::Token(a) => token::run(&mut client, a).await,
             Command::Files(a) => files::run(&mut client, a).await,
         }

@@ -10,7 +10,8 @@ pub struct Args {
     name: String,
     #[arg(short, long, default_value = DEFAULT_WORKSPACE)]
     workspace: String,
-    /// Also delete the bundle's stored credentials and OAuth tokens.
+    /// Also delete the bundle's stored credentials and OAuth tokens (also
+    /// of a bundle no longer installed, e.g. gone from its watched folder).
     #[arg(long)]
     purge: bool,
 }
@@ -24,7 +25,13 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
     let r: UninstallResult = client
         .call::<crate::protocol::typed::Uninstall>(params, |_| {})
         .await?;
-    if args.purge {
+    if r.not_installed {
+        outln!(
+            "{}/{} was not installed; its stored credentials and tokens were deleted",
+            r.workspace,
+            r.name
+        );
+    } else if args.purge {
         outln!(
             "{}/{} uninstalled; its credentials and tokens were deleted",
             r.workspace,

@@ -51,6 +51,9 @@ pub mod method {
     pub const METRICS: &str = "metrics";
     /// Replace the credential encryption key, re-sealing every stored secret.
     pub const ROTATE_KEY: &str = "credentials.rotate_key";
+    /// The bundles something is stored for (keys, never values), installed
+    /// or not.
+    pub const CREDENTIALS_LIST: &str = "credentials.list";
     /// Access tokens of the HTTP gateway: make one (shown once), list, revoke.
     pub const TOKEN_CREATE: &str = "token.create";
     pub const TOKEN_LIST: &str = "token.list";
@@ -512,6 +515,38 @@ pub struct BundleResult {
 pub struct UninstallResult {
     pub workspace: String,
     pub name: String,
+    /// It was not installed (gone from its watched folder, or uninstalled
+    /// before): only its stored credentials were purged.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub not_installed: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialsListParams {
+    /// One workspace, or every one.
+    #[serde(default)]
+    pub workspace: Option<String>,
+    /// Only bundles that are not installed (their secrets outlived them).
+    #[serde(default)]
+    pub orphaned: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StoredCredentials {
+    pub bundles: Vec<StoredBundle>,
+}
+
+/// What is stored for one bundle: never a value.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StoredBundle {
+    pub workspace: String,
+    pub name: String,
+    /// The user_config keys with a stored value.
+    pub keys: Vec<String>,
+    /// OAuth tokens are stored for it.
+    pub oauth_tokens: bool,
+    pub installed: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -163,6 +163,7 @@ methods! {
         /// Only served by daemons built with the `fault-injection` feature.
         DebugPanic(debug_panic) = method::DEBUG_PANIC, BundleRef => Done;
         RotateKey(rotate_key) = method::ROTATE_KEY, NoParams => RotateKeyResult;
+        CredentialsList(credentials_list) = method::CREDENTIALS_LIST, CredentialsListParams => StoredCredentials;
         TokenCreate(token_create) = method::TOKEN_CREATE, TokenCreateParams => TokenCreated;
         TokenList(token_list) = method::TOKEN_LIST, TokenListParams => Tokens;
         TokenRevoke(token_revoke) = method::TOKEN_REVOKE, TokenRevokeParams => TokenInfo;

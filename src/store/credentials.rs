@@ -323,19 +323,47 @@ impl Credentials {
     }
 
     /// Removes every credential and token of a bundle (`uninstall --purge`).
-    pub fn purge(&self, workspace: &str, bundle: &str) -> Result<(), StoreError> {
+    /// Deletes a bundle's stored values and tokens; how many rows went.
+    pub fn purge(&self, workspace: &str, bundle: &str) -> Result<usize, StoreError> {
         self.store.with(|c| {
             let tx = c.transaction()?;
-            tx.execute(
+            let values = tx.execute(
                 "DELETE FROM credentials WHERE workspace = ?1 AND bundle = ?2",
                 params![workspace, bundle],
             )?;
-            tx.execute(
+            let tokens = tx.execute(
                 "DELETE FROM oauth_tokens WHERE workspace = ?1 AND bundle = ?2",
                 params![workspace, bundle],
             )?;
-            tx.commit()
+            tx.commit()?;
+            Ok(values + tokens)
         })
+    }
+
+    /// Every bundle something is stored for: its workspace and name, the
+    /// keys of its values (never the values) and whether it has tokens.
+    pub fn stored(&self) -> Result<Vec<(String, String, Vec<String>, bool)>, StoreError> {
+        let rows: Vec<(String, String, Option<String>)> = self.store.with(|c| {
+            let mut q = c.prepare(
+                "SELECT workspace, bundle, key FROM credentials
+                 UNION ALL SELECT workspace, bundle, NULL FROM oauth_tokens
+                 ORDER BY 1, 2, 3",
+            )?;
+            let rows = q.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
+            rows.collect()
+        })?;
+        let mut out: Vec<(String, String, Vec<String>, bool)> = Vec::new();
+        for (workspace, bundle, key) in rows {
+            if out.last().is_none_or(|l| l.0 != workspace || l.1 != bundle) {
+                out.push((workspace, bundle, Vec::new(), false));
+            }
+            let last = out.last_mut().expect("pushed above");
+            match key {
+                Some(key) => last.2.push(key),
+                None => last.3 = true,
+            }
+        }
+        Ok(out)
     }
 
     pub fn tokens(&self, workspace: &str, bundle: &str) -> Result<Option<TokenSet>, StoreError> {

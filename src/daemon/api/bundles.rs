@@ -123,15 +123,16 @@ impl Api {
     }
 
     /// Stops and removes a bundle; `purge`: its stored credentials and
-    /// tokens go too.
+    /// tokens go too, also when it is no longer installed (gone from its
+    /// watched folder): then `Ok(false)`.
     pub async fn uninstall(
         &self,
         workspace: &str,
         name: &str,
         purge: bool,
-    ) -> Result<(), ApiError> {
+    ) -> Result<bool, ApiError> {
         let (ws, n) = (workspace.to_string(), name.to_string());
-        Api::ask(
+        let installed = match Api::ask(
             &self.daemon,
             |reply| DaemonMsg::Uninstall {
                 workspace: ws,
@@ -141,19 +142,58 @@ impl Api {
             limit::UNINSTALL,
             "the uninstall",
         )
-        .await??;
+        .await?
+        {
+            Ok(()) => true,
+            Err(crate::daemon::supervisor::InstallError::NotInstalled { .. }) if purge => false,
+            Err(e) => return Err(e.into()),
+        };
         if purge {
-            self.shared
+            let purged = self
+                .shared
                 .credentials_of(workspace, name, |c, w, n| c.purge(w, n))
                 .await
                 .map_err(|e| ApiError::Internal(e.to_string()))?;
+            if !installed && purged == 0 {
+                return Err(ApiError::not_found(workspace, name));
+            }
             tracing::info!(
                 workspace,
                 bundle = name,
                 "stored credentials and tokens purged"
             );
         }
-        Ok(())
+        Ok(installed)
+    }
+
+    /// The bundles something is stored for, installed or (`orphaned`) not.
+    pub async fn credentials_list(
+        &self,
+        workspace: Option<String>,
+        orphaned: bool,
+    ) -> Result<crate::protocol::StoredCredentials, ApiError> {
+        let credentials = self.shared.credentials.clone();
+        let (installs, stored) = self
+            .shared
+            .store
+            .call(move |s| Ok((s.installs()?, credentials.stored()?)))
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        let bundles = stored
+            .into_iter()
+            .map(
+                |(ws, name, keys, oauth_tokens)| crate::protocol::StoredBundle {
+                    installed: installs.iter().any(|r| r.workspace == ws && r.name == name),
+                    workspace: ws,
+                    name,
+                    keys,
+                    oauth_tokens,
+                },
+            )
+            .filter(|b| workspace.as_ref().is_none_or(|w| *w == b.workspace))
+            .filter(|b| !(orphaned && b.installed))
+            .collect();
+        Ok(crate::protocol::StoredCredentials { bundles })
     }
 
     /// The manifest a bundle runs (the last good one: a broken file on

@@ -6,11 +6,18 @@
 use super::{Ctx, Outbox};
 use crate::protocol::{
     AuthBeginParams, AuthBeginResult, AuthCompleteParams, BundleResult, ConfigureParams,
-    ConfigureResult, NoParams, RotateKeyResult, RpcError,
+    ConfigureResult, CredentialsListParams, NoParams, RotateKeyResult, RpcError, StoredCredentials,
 };
 
 pub(super) async fn rotate_key(_: NoParams, ctx: &Ctx) -> Result<RotateKeyResult, RpcError> {
     Ok(ctx.api.rotate_key().await?)
+}
+
+pub(super) async fn list(
+    p: CredentialsListParams,
+    ctx: &Ctx,
+) -> Result<StoredCredentials, RpcError> {
+    Ok(ctx.api.credentials_list(p.workspace, p.orphaned).await?)
 }
 
 pub(super) async fn configure(

@@ -45,10 +45,11 @@ pub(super) async fn install(
 }
 
 pub(super) async fn uninstall(p: UninstallParams, ctx: &Ctx) -> Result<UninstallResult, RpcError> {
-    ctx.api.uninstall(&p.workspace, &p.name, p.purge).await?;
+    let installed = ctx.api.uninstall(&p.workspace, &p.name, p.purge).await?;
     Ok(UninstallResult {
         workspace: p.workspace,
         name: p.name,
+        not_installed: !installed,
     })
 }
 

@@ -757,6 +757,13 @@ impl m::Handlers for Handling<'_> {
     async fn rotate_key(&self, p: NoParams) -> Result<RotateKeyResult, RpcError> {
         credentials::rotate_key(p, self.ctx).await
     }
+
+    async fn credentials_list(
+        &self,
+        p: crate::protocol::CredentialsListParams,
+    ) -> Result<crate::protocol::StoredCredentials, RpcError> {
+        credentials::list(p, self.ctx).await
+    }
     async fn token_create(&self, p: TokenCreateParams) -> Result<TokenCreated, RpcError> {
         tokens::create(p, self.ctx).await
     }

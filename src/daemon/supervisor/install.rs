@@ -43,7 +43,7 @@ pub enum InstallError {
     },
     #[error("bundle {name:?} is not installed in workspace {workspace:?}")]
     NotInstalled { workspace: String, name: String },
-    #[error("bundle {name:?} comes from a watched folder; remove {source_path} from the folder to uninstall it")]
+    #[error("bundle {name:?} comes from a watched folder; remove {source_path} from the folder to uninstall it (its stored credentials are kept: then `bundlevisor uninstall {name} --purge` deletes them)")]
     Watched { name: String, source_path: String },
     #[error(transparent)]
     Store(#[from] StoreError),
