@@ -21,9 +21,9 @@ fn keyed_bundle(dir: &Path, name: &str) -> std::path::PathBuf {
     let mut m: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
     m["name"] = json!(name);
     m["user_config"] = json!({
-        "api_key": {"type": "string", "title": "API key", "required": true, "sensitive": true},
-        "region": {"type": "string", "title": "Region", "default": "eu"},
-        "mode": {"type": "string", "title": "Mode", "default": "serve"}
+        "api_key": {"type": "string", "title": "API key", "description": "API key", "required": true, "sensitive": true},
+        "region": {"type": "string", "title": "Region", "description": "Region", "default": "eu"},
+        "mode": {"type": "string", "title": "Mode", "description": "Mode", "default": "serve"}
     });
     m["server"]["mcp_config"]["command"] = json!("/bin/sh");
     m["server"]["mcp_config"]["args"] = json!([

@@ -149,7 +149,7 @@ fn client_credentials_rebuild_retries_the_call_and_host_resources_work_on_the_ne
         &fx,
         "notes",
         json!({
-            "user_config": {"client_secret": {"type": "string", "title": "Client secret", "sensitive": true, "required": true}},
+            "user_config": {"client_secret": {"type": "string", "title": "Client secret", "description": "Client secret", "sensitive": true, "required": true}},
             "auth": {"client_id": "bv-daemon", "client_secret": "${user_config.client_secret}"}
         }),
     );
@@ -1218,7 +1218,7 @@ fn enterprise_start() -> (Fixture, Daemon, PathBuf, String) {
     let d = Daemon::start();
     let file = d.root().join("id_token");
     std::fs::write(&file, format!("{id_token}\n")).unwrap();
-    let sensitive = |title: &str| json!({"type": "string", "title": title, "sensitive": true, "required": true});
+    let sensitive = |title: &str| json!({"type": "string", "title": title, "description": title, "sensitive": true, "required": true});
     let path = write_remote(
         &d,
         &fx,
@@ -1227,7 +1227,7 @@ fn enterprise_start() -> (Fixture, Daemon, PathBuf, String) {
             "user_config": {
                 "client_secret": sensitive("Client secret"),
                 "idp_secret": sensitive("IdP client secret"),
-                "id_token_file": {"type": "file", "title": "ID token file", "required": true}
+                "id_token_file": {"type": "file", "title": "ID token file", "description": "ID token file", "required": true}
             },
             "auth": {
                 "client_id": "bv-daemon",
@@ -1506,7 +1506,7 @@ fn install_jwt_bundle(d: &Daemon, fx: &Fixture, private: &str) -> String {
         fx,
         "notes",
         json!({
-            "user_config": {"key": {"type": "string", "title": "Client key", "sensitive": true, "required": true}},
+            "user_config": {"key": {"type": "string", "title": "Client key", "description": "Client key", "sensitive": true, "required": true}},
             "auth": {"client_id": "bv-jwt", "private_key": "${user_config.key}", "signing_alg": "ES256"}
         }),
     );

@@ -20,7 +20,7 @@ fn keyed(d: &Daemon) {
     let mut m: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
     m["name"] = json!("keyed");
     m["user_config"] = json!({
-        "api_key": {"type": "string", "title": "API key", "required": true, "sensitive": true}
+        "api_key": {"type": "string", "title": "API key", "description": "API key", "required": true, "sensitive": true}
     });
     m["server"]["mcp_config"]["env"] = json!({ "DEMO_API_KEY": "${user_config.api_key}" });
     let folder = write_bundle(&d.root().join("bundles"), "keyed", &m);

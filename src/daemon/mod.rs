@@ -705,6 +705,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     };
     let (cgroups, reaper) = contain(&config, &shutdown).await;
     let board = StatusBoard::default();
+    // A watched folder's workspace is the daemon's from the start, before
+    // its first bundle is found.
+    for watch in &config.watch {
+        board.add_workspace(&watch.workspace);
+    }
     let cgroups = Arc::new(cgroups);
     let started_at = Instant::now();
     let shared = Arc::new(Shared {

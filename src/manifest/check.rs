@@ -232,7 +232,8 @@ pub(super) fn user_config(
             None => None,
         };
         let title = c.string(entry, "title", &path, true);
-        let description = c.string(entry, "description", &path, false);
+        // Required, as `mcpb validate` (the official schema) requires it.
+        let description = c.string(entry, "description", &path, true);
         let required = c.boolean(entry, "required", &path).unwrap_or(false);
         let sensitive = c.boolean(entry, "sensitive", &path).unwrap_or(false);
         let multiple = c.boolean(entry, "multiple", &path).unwrap_or(false);

@@ -4,7 +4,7 @@
 //! ```json
 //! { "name": "notes", "url": "https://mcp.example.com/mcp",
 //!   "headers": { "X-Tenant": "${user_config.tenant}" },
-//!   "user_config": { "tenant": { "type": "string", "title": "Tenant", "required": true } },
+//!   "user_config": { "tenant": { "type": "string", "title": "Tenant", "description": "Tenant", "required": true } },
 //!   "auth": { "client_id": "bundlevisor", "client_secret": "${user_config.client_secret}",
 //!             "scopes": ["files:read"] } }
 //! ```

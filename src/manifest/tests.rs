@@ -64,7 +64,7 @@ fn reports_every_problem_at_once_with_json_paths() {
         "version": 3,
         "author": {},
         "server": {"type": "rocket", "mcp_config": {"args": [1], "env": {"K": "${nope}"}}},
-        "user_config": {"k": {"type": "colour", "title": "T"}}
+        "user_config": {"k": {"type": "colour", "title": "T", "description": "T"}, "d": {"type": "string", "title": "D"}}
     });
     let found: Vec<String> = problems(v).iter().map(|p| p.path.clone()).collect();
     for expected in [
@@ -79,6 +79,9 @@ fn reports_every_problem_at_once_with_json_paths() {
         "$.server.mcp_config.args[0]",
         "$.server.mcp_config.env.K",
         "$.user_config.k.type",
+        // Issue 34, point 11: required by the official schema (`mcpb
+        // validate` refuses an entry without one).
+        "$.user_config.d.description",
     ] {
         assert!(
             found.iter().any(|p| p == expected),
@@ -161,8 +164,8 @@ fn gate_names_the_bundle_and_the_missing_capability() {
 fn launch_plan_prefers_set_values_then_defaults_and_requires_required() {
     let mut v = minimal();
     v["user_config"] = json!({
-        "token": {"type": "string", "title": "Token", "required": true, "sensitive": true},
-        "depth": {"type": "number", "title": "Depth", "default": 3}
+        "token": {"type": "string", "title": "Token", "description": "Token", "required": true, "sensitive": true},
+        "depth": {"type": "number", "title": "Depth", "description": "Depth", "default": 3}
     });
     v["server"]["mcp_config"]["args"] = json!(["--depth=${user_config.depth}"]);
     v["server"]["mcp_config"]["env"] = json!({"TOKEN": "${user_config.token}"});
@@ -188,11 +191,11 @@ fn launch_plan_prefers_set_values_then_defaults_and_requires_required() {
 fn configure_values_are_checked_against_their_declaration() {
     let mut v = minimal();
     v["user_config"] = json!({
-        "token": {"type": "string", "title": "Token", "sensitive": true},
-        "depth": {"type": "number", "title": "Depth"},
-        "verbose": {"type": "boolean", "title": "Verbose"},
-        "root": {"type": "directory", "title": "Root"},
-        "pin": {"type": "number", "title": "PIN", "sensitive": true}
+        "token": {"type": "string", "title": "Token", "description": "Token", "sensitive": true},
+        "depth": {"type": "number", "title": "Depth", "description": "Depth"},
+        "verbose": {"type": "boolean", "title": "Verbose", "description": "Verbose"},
+        "root": {"type": "directory", "title": "Root", "description": "Root"},
+        "pin": {"type": "number", "title": "PIN", "description": "PIN", "sensitive": true}
     });
     let m = parse(&v.to_string()).unwrap();
     assert_eq!(m.check_user_value("depth", " 2.5 ").unwrap(), "2.5");
@@ -222,8 +225,8 @@ fn remote_bundle_files_are_validated_and_resolved() {
         "url": "https://mcp.example.com/mcp",
         "headers": {"X-Tenant": "${user_config.tenant}"},
         "user_config": {
-            "tenant": {"type": "string", "title": "Tenant", "required": true},
-            "client_secret": {"type": "string", "title": "Secret", "sensitive": true, "required": true}
+            "tenant": {"type": "string", "title": "Tenant", "description": "Tenant", "required": true},
+            "client_secret": {"type": "string", "title": "Secret", "description": "Secret", "sensitive": true, "required": true}
         },
         "auth": {"client_id": "bv", "client_secret": "${user_config.client_secret}", "scopes": ["files:read"]}
     })
@@ -295,10 +298,10 @@ fn enterprise_auth_needs_its_idp_client_and_one_sealed_or_configured_id_token() 
             "name": "notes",
             "url": "https://mcp.example.com/mcp",
             "user_config": {
-                "idp_secret": {"type": "string", "title": "IdP secret", "sensitive": true, "required": true},
-                "plain": {"type": "string", "title": "Not sensitive"},
-                "token": {"type": "string", "title": "ID token", "sensitive": true},
-                "token_file": {"type": "file", "title": "ID token file"}
+                "idp_secret": {"type": "string", "title": "IdP secret", "description": "IdP secret", "sensitive": true, "required": true},
+                "plain": {"type": "string", "title": "Not sensitive", "description": "Not sensitive"},
+                "token": {"type": "string", "title": "ID token", "description": "ID token", "sensitive": true},
+                "token_file": {"type": "file", "title": "ID token file", "description": "ID token file"}
             },
             "auth": {"client_id": "bv", "enterprise": enterprise}
         })
@@ -454,7 +457,7 @@ fn a_bundle_for_other_platforms_is_refused() {
 fn every_spec_variable_is_substituted_also_in_defaults() {
     let mut v = minimal();
     v["user_config"] = json!({
-        "memory": {"type": "string", "title": "Memory file", "default": "${HOME}/memory.jsonl"}
+        "memory": {"type": "string", "title": "Memory file", "description": "Memory file", "default": "${HOME}/memory.jsonl"}
     });
     v["server"]["mcp_config"]["args"] = json!([
         "${DOCUMENTS}${pathSeparator}x",
@@ -486,8 +489,8 @@ fn every_spec_variable_is_substituted_also_in_defaults() {
 fn multiple_values_expand_into_arguments_and_numbers_keep_their_bounds() {
     let mut v = minimal();
     v["user_config"] = json!({
-        "dirs": {"type": "directory", "title": "Dirs", "multiple": true, "default": ["${HOME}/a", "/b"]},
-        "n": {"type": "number", "title": "N", "min": 1, "max": 10, "default": 5}
+        "dirs": {"type": "directory", "title": "Dirs", "description": "Dirs", "multiple": true, "default": ["${HOME}/a", "/b"]},
+        "n": {"type": "number", "title": "N", "description": "N", "min": 1, "max": 10, "default": 5}
     });
     v["server"]["mcp_config"]["args"] = json!([
         "${user_config.dirs}",
@@ -560,7 +563,7 @@ fn multiple_values_expand_into_arguments_and_numbers_keep_their_bounds() {
 fn home_is_the_bundles_own_when_given() {
     let mut v = minimal();
     v["user_config"] = json!({
-        "memory": {"type": "string", "title": "Memory file", "default": "${HOME}/memory.jsonl"}
+        "memory": {"type": "string", "title": "Memory file", "description": "Memory file", "default": "${HOME}/memory.jsonl"}
     });
     v["server"]["mcp_config"]["env"] =
         json!({"MEMORY_FILE_PATH": "${user_config.memory}", "DOCS": "${DOCUMENTS}"});
