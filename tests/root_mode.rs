@@ -618,3 +618,13 @@ fn a_removed_watched_bundles_secrets_are_listed_and_purged() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("greeter"));
 }
+
+/// Issue 34, point 11: right after start `status --json` said
+/// `"workspaces": []` though a watched folder for a workspace was
+/// configured; it is the daemon's from the start.
+#[test]
+fn a_watched_folders_workspace_is_in_status_from_the_start() {
+    let d = Daemon::start_with("[[watch]]\ndir = \"watched\"\nworkspace = \"team\"\n");
+    let status = d.status();
+    assert_eq!(status["workspaces"], json!(["team"]), "{status}");
+}
