@@ -628,3 +628,45 @@ fn a_watched_folders_workspace_is_in_status_from_the_start() {
     let status = d.status();
     assert_eq!(status["workspaces"], json!(["team"]), "{status}");
 }
+
+/// Issue 34, point 9: a bundle's stderr flood was copied into the daemon's
+/// own log without a limit (100 MB became 115 MB of journal). The daemon's
+/// log gets at most a burst and then a rate of them, and says how many it
+/// left out; the bundle's own log keeps every line.
+#[test]
+fn a_stderr_flood_is_rate_limited_in_the_daemons_log_and_kept_whole_in_the_bundles() {
+    let d = Daemon::start();
+    let folder = common::shell_wrapped_demo(
+        &d.root().join("bundles"),
+        "noisy",
+        "seq -f 'flood line %g' 1 20000 >&2;",
+    );
+    d.ok(&["install", folder.to_str().unwrap()]);
+    let kept = wait_for(
+        Duration::from_secs(20),
+        "the bundle's log to hold every line",
+        || {
+            let logs = d.ok(&["logs", "noisy", "-n", "30000"]);
+            logs.contains("flood line 20000").then_some(logs)
+        },
+    );
+    assert_eq!(
+        kept.lines().filter(|l| l.contains("flood line ")).count(),
+        20_000
+    );
+    let told = wait_for(
+        Duration::from_secs(20),
+        "the daemon's log to say what it left out",
+        || {
+            let log = d.log();
+            log.contains("stderr lines of this bundle were not copied to the daemon's log")
+                .then_some(log)
+        },
+    );
+    let copied = told.lines().filter(|l| l.contains("flood line ")).count();
+    assert!(
+        (1000..=2000).contains(&copied),
+        "{copied} flood lines in the daemon's log"
+    );
+    assert!(told.contains("`bundlevisor logs noisy -w default` has every line"));
+}

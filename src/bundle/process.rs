@@ -2,7 +2,7 @@
 //! group of their own that dies with the daemon, watch for exit (the child's
 //! `wait` is the truth about its life), stop the whole group, capture stderr.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fmt;
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -655,7 +655,7 @@ pub fn capture_stderr(
                 ),
                 Ok(Line::Eof) | Err(_) => break,
             };
-            tracing::info!(target: "bundle_stderr", workspace = %workspace, bundle = %bundle, "{line}");
+            copy_to_daemon_log(&workspace, &bundle, &line);
             if let Some(f) = file.as_mut() {
                 if let Err(e) = f.append(&line).await {
                     tracing::warn!(path = %target.path.display(), error = %e, "bundle log write failed; stderr goes to tracing only");
@@ -674,9 +674,80 @@ pub fn capture_stderr(
         if let Some(mut f) = file {
             let _ = f.flush().await;
         }
+        CopiedLines::left_out(&workspace, &bundle, true);
         let _ = eof_tx.send(true);
     });
     tail
+}
+
+/// Stderr lines of one bundle a second that reach the daemon's own log
+/// (journald in production), after a burst of [`COPIED_BURST`]; the
+/// bundle's own log, `logs` and `logs -f` keep every line.
+pub const COPIED_PER_SEC: f64 = 100.0;
+pub const COPIED_BURST: f64 = 1000.0;
+
+/// One bundle's allowance of lines copied to the daemon's log (kept
+/// across its restarts, so a crash loop does not refill it).
+struct CopiedLines {
+    tokens: f64,
+    last: std::time::Instant,
+    left_out: u64,
+    told: std::time::Instant,
+}
+
+static COPIED: std::sync::Mutex<BTreeMap<(String, String), CopiedLines>> =
+    std::sync::Mutex::new(BTreeMap::new());
+
+impl CopiedLines {
+    /// Says how many lines were left out of the daemon's log since it last
+    /// said so: now (`now`), or once a second while lines are left out.
+    fn left_out(workspace: &str, bundle: &str, now: bool) {
+        let count = {
+            let mut all = COPIED.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(c) = all.get_mut(&(workspace.to_string(), bundle.to_string())) else {
+                return;
+            };
+            if c.left_out == 0 || !(now || c.told.elapsed() >= Duration::from_secs(1)) {
+                return;
+            }
+            c.told = std::time::Instant::now();
+            std::mem::take(&mut c.left_out)
+        };
+        tracing::warn!(target: "bundle_stderr", workspace = %workspace, bundle = %bundle, "{count} stderr lines of this bundle were not copied to the daemon's log (at most {COPIED_PER_SEC} a second); `bundlevisor logs {bundle} -w {workspace}` has every line");
+    }
+}
+
+/// Copies one stderr line to the daemon's log, within the bundle's
+/// allowance.
+fn copy_to_daemon_log(workspace: &str, bundle: &str, line: &str) {
+    let allowed = {
+        let mut all = COPIED.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        let c = all
+            .entry((workspace.to_string(), bundle.to_string()))
+            .or_insert(CopiedLines {
+                tokens: COPIED_BURST,
+                last: now,
+                left_out: 0,
+                told: now,
+            });
+        let refill = now.duration_since(c.last).as_secs_f64() * COPIED_PER_SEC;
+        c.tokens = (c.tokens + refill).min(COPIED_BURST);
+        c.last = now;
+        if c.tokens >= 1.0 {
+            c.tokens -= 1.0;
+            true
+        } else {
+            c.left_out += 1;
+            false
+        }
+    };
+    if allowed {
+        CopiedLines::left_out(workspace, bundle, true);
+        tracing::info!(target: "bundle_stderr", workspace = %workspace, bundle = %bundle, "{line}");
+    } else {
+        CopiedLines::left_out(workspace, bundle, false);
+    }
 }
 
 #[cfg(test)]
