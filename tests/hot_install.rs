@@ -151,7 +151,14 @@ fn an_invalid_edit_keeps_the_running_version_serving() {
         d.bundle("default", "steady")
             .filter(|b| b["version"] == "1.0.0" && b["state"] == "ready")
     });
-    assert!(b["last_error"].is_null());
+    // The rejection stays shown, with its time (issue 34, point 8).
+    assert!(
+        b["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("rejected"))
+            && b["last_error_at"].is_i64(),
+        "{b}"
+    );
 }
 
 #[test]

@@ -670,3 +670,34 @@ fn a_stderr_flood_is_rate_limited_in_the_daemons_log_and_kept_whole_in_the_bundl
     );
     assert!(told.contains("`bundlevisor logs noisy -w default` has every line"));
 }
+
+/// Issue 34, point 8: `last_error` was cleared once the bundle was ready
+/// again, so `status` showed no reason for a crash afterwards. It is kept,
+/// with its time, until the next failure.
+#[test]
+fn the_last_failure_is_kept_with_its_time_after_recovery() {
+    let d = Daemon::start();
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    let before = crate::now();
+    let _ = d.cli(&["call", "demo", "crash", r#"{"code":3}"#]);
+    let ready = wait_for(Duration::from_secs(20), "demo ready again", || {
+        d.bundle("default", "demo")
+            .filter(|b| b["state"] == "ready" && b["restarts"] == 1)
+    });
+    let error = ready["last_error"].as_str().unwrap_or_default();
+    assert!(error.contains("exit code 3"), "{ready}");
+    let at = ready["last_error_at"].as_i64().unwrap();
+    assert!(at >= before && at <= crate::now(), "{ready}");
+    let table = d.ok(&["status"]);
+    assert!(
+        table.contains(" ago) ") && table.contains("exit code 3"),
+        "{table}"
+    );
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}

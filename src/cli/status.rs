@@ -234,7 +234,19 @@ fn bundle_table<const N: usize>(
             b.restarts.to_string(),
         ];
         row.extend(cells);
-        row.push(first_line(b.last_error.as_deref()));
+        // A ready bundle's kept error says how long ago it was.
+        let ago = b
+            .last_error_at
+            .filter(|_| b.state == crate::protocol::BundleState::Ready)
+            .map(|at| (crate::clock::unix_secs() - at).max(0) as u64);
+        row.push(match ago {
+            Some(secs) => format!(
+                "({} ago) {}",
+                uptime(Some(secs)),
+                first_line(b.last_error.as_deref())
+            ),
+            None => first_line(b.last_error.as_deref()),
+        });
         rows.push(row);
     }
     aligned(&rows, status.bundles.is_empty())
@@ -294,6 +306,7 @@ mod tests {
                 restarts: 2,
                 tools: 0,
                 last_error: Some("process exited (exit code 3)\nmore".into()),
+                last_error_at: None,
                 source: "/b/demo".into(),
                 sandbox: None,
                 usage: None,

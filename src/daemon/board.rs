@@ -204,6 +204,7 @@ mod tests {
             restarts: 0,
             tools: 0,
             last_error: None,
+            last_error_at: None,
             source: String::new(),
             sandbox: None,
             usage: None,

@@ -370,6 +370,8 @@ pub struct Lifecycle<S, M, C> {
     /// liveness checks, starts that failed and are retried.
     crashes: u64,
     last_error: Option<String>,
+    /// When `last_error` happened (Unix seconds).
+    last_error_at: Option<i64>,
     /// The manifest the bundle runs (the last good one).
     manifest: Option<M>,
     /// A validated manifest the next start must use (install, upgrade).
@@ -406,6 +408,7 @@ impl<S: Session, M: Manifest, C: Call> Lifecycle<S, M, C> {
             restarts,
             crashes,
             last_error: None,
+            last_error_at: None,
             manifest: None,
             next_manifest: installed,
             reread: false,
@@ -446,6 +449,17 @@ impl<S: Session, M: Manifest, C: Call> Lifecycle<S, M, C> {
 
     pub fn last_error(&self) -> Option<&str> {
         self.last_error.as_deref()
+    }
+
+    /// When the last error happened (Unix seconds).
+    pub fn last_error_at(&self) -> Option<i64> {
+        self.last_error_at
+    }
+
+    /// The bundle's latest failure, kept (with its time) until the next.
+    fn note_error(&mut self, reason: String) {
+        self.last_error = Some(reason);
+        self.last_error_at = Some(crate::clock::unix_secs());
     }
 
     /// The manifest the bundle runs (None before its first start).
@@ -645,7 +659,7 @@ impl<S: Session, M: Manifest, C: Call> Lifecycle<S, M, C> {
             kill: None,
         };
         self.manifest = Some(manifest);
-        self.last_error = None;
+        // The last failure stays shown (with its time) after the recovery.
         let mut effects = vec![Effect::Watch];
         if reauthorized {
             effects.push(Effect::Publish(Note::new(
@@ -817,7 +831,7 @@ impl<S: Session, M: Manifest, C: Call> Lifecycle<S, M, C> {
             }
             _ => format!("manifest change rejected: {reason}"),
         };
-        self.last_error = Some(message.clone());
+        self.note_error(message.clone());
         vec![Effect::Publish(Note::new(
             EventKind::ManifestRejected,
             message,
@@ -886,7 +900,7 @@ impl<S: Session, M: Manifest, C: Call> Lifecycle<S, M, C> {
             _ => unreachable!("settle is only given a down phase"),
         };
         if kind != EventKind::Stopped {
-            self.last_error = Some(reason.clone());
+            self.note_error(reason.clone());
         }
         self.phase = down;
         vec![Effect::Publish(Note::new(kind, reason))]
@@ -916,7 +930,7 @@ impl<S: Session, M: Manifest, C: Call> Lifecycle<S, M, C> {
                 self.generation += 1;
                 self.phase = Phase::Restarting { reauth: false };
                 if let Stop::Failure(reason) = &stop {
-                    self.last_error = Some(reason.clone());
+                    self.note_error(reason.clone());
                 }
                 let when = if delay.is_zero() {
                     "at once".to_string()

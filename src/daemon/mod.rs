@@ -471,6 +471,7 @@ pub fn expected_status(record: &crate::store::InstallRecord) -> crate::protocol:
         restarts: 0,
         tools: 0,
         last_error: None,
+        last_error_at: None,
         source: record.source.display().to_string(),
         sandbox: None,
         usage: None,

@@ -156,7 +156,11 @@ pub struct BundleStatus {
     pub restarts: u32,
     /// Number of tools the bundle listed (0 until ready).
     pub tools: usize,
+    /// The bundle's latest failure; kept after it recovered.
     pub last_error: Option<String>,
+    /// When `last_error` happened (Unix seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error_at: Option<i64>,
     /// The folder or manifest file the bundle was installed from.
     pub source: String,
     /// The sandbox applied to the bundle's process (absent for remote

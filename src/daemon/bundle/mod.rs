@@ -179,6 +179,7 @@ impl BundleActorState {
             restarts: self.lc.restarts(),
             tools: live.map_or(0, |l| l.session.tools.len()),
             last_error: self.lc.last_error().map(str::to_string),
+            last_error_at: self.lc.last_error_at(),
             source: self.args.source.display().to_string(),
             sandbox: self.sandbox.clone(),
             usage: None,
