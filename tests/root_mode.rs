@@ -701,3 +701,30 @@ fn now() -> i64 {
         .unwrap()
         .as_secs() as i64
 }
+
+/// Issue 34, point 8: `status --json` had no memory figures (only
+/// `status --watch --json`), and `rss_bytes` is the main process's alone.
+/// It has the tree's memory and CPU: its cgroup's, or without one its
+/// process group's (here a shell-started server with a helper process).
+#[test]
+fn status_json_has_the_trees_memory_and_cpu() {
+    for cgroups in ["auto", "off"] {
+        let d = Daemon::start_with(&format!("[sandbox]\ncgroups = \"{cgroups}\"\n"));
+        let folder = common::shell_wrapped_demo(
+            &d.root().join("bundles"),
+            "tree",
+            "python3 -c 'import time; b = bytearray(48 << 20); b[::4096] = b\"x\" * len(b[::4096]); time.sleep(300)' &",
+        );
+        d.ok(&["install", folder.to_str().unwrap()]);
+        let usage = wait_for(
+            Duration::from_secs(20),
+            "the helper's memory counted",
+            || {
+                let b = d.bundle("default", "tree")?;
+                let u = b["usage"].clone();
+                (u["memory_bytes"].as_u64()? > u["rss_bytes"].as_u64()? + (40 << 20)).then_some(u)
+            },
+        );
+        assert!(usage["cpu_usec"].as_u64().is_some(), "{cgroups}: {usage}");
+    }
+}

@@ -34,7 +34,8 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
     let status: StatusResult = client
         .call::<crate::protocol::typed::Status>(
             StatusParams {
-                usage: false,
+                // Scripts get memory and CPU too (a few small reads a bundle).
+                usage: args.json,
                 workspace: args.workspace.clone(),
             },
             |_| {},

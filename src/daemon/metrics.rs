@@ -397,6 +397,45 @@ pub fn rss_bytes(pid: u32) -> Option<u64> {
     Some(pages * page)
 }
 
+/// Resident memory (bytes) and CPU time (µs) of every process group, from
+/// one pass over `/proc`: a bundle's tree where it has no cgroup (its
+/// process group is its leader's pid).
+pub fn group_usage() -> std::collections::HashMap<u32, (u64, u64)> {
+    let sysconf = |v| nix::unistd::sysconf(v).ok().flatten().filter(|n| *n > 0);
+    let page = sysconf(nix::unistd::SysconfVar::PAGE_SIZE).unwrap_or(4096) as u64;
+    let tick = sysconf(nix::unistd::SysconfVar::CLK_TCK).unwrap_or(100) as u64;
+    let mut groups = std::collections::HashMap::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return groups;
+    };
+    for entry in entries.flatten() {
+        if !entry
+            .file_name()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+        {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        // After "pid (comm) ": state ppid pgrp … utime(11) stime(12) … rss(21).
+        let Some((_, rest)) = stat.rsplit_once(") ") else {
+            continue;
+        };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let Some(group) = f.get(2).and_then(|v| v.parse::<u32>().ok()) else {
+            continue;
+        };
+        let sum = groups.entry(group).or_insert((0, 0));
+        sum.0 += num(21) * page;
+        sum.1 += (num(11) + num(12)) * 1_000_000 / tick;
+    }
+    groups
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -277,11 +277,12 @@ pub struct StatusParams {
 pub struct Usage {
     /// Resident memory of its process (absent when not running or remote).
     pub rss_bytes: Option<u64>,
-    /// Memory of its whole process tree, from its cgroup (absent without one).
+    /// Memory of its whole process tree: its cgroup's, else the resident
+    /// memory of its process group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
-    /// CPU time of its whole process tree since it started, in
-    /// microseconds, from its cgroup (absent without one).
+    /// CPU time of its whole process tree, in microseconds: its cgroup's
+    /// (since it started), else its process group's live processes'.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_usec: Option<u64>,
     /// Tool calls answered since the daemon started, and how many failed.

@@ -389,10 +389,18 @@ impl Api {
             bundles.retain(|b| b.workspace == ws);
         }
         if usage {
+            // Without a cgroup, a bundle's tree is its process group.
+            let mut groups = None;
             for b in &mut bundles {
                 let (calls, errors) = self.shared.metrics.calls_of(&b.workspace, &b.name);
                 let (memory_bytes, cpu_usec) = match b.pid {
-                    Some(_) => self.shared.cgroups.usage(&b.workspace, &b.name),
+                    Some(pid) => match self.shared.cgroups.usage(&b.workspace, &b.name) {
+                        (None, None) => groups
+                            .get_or_insert_with(crate::daemon::metrics::group_usage)
+                            .get(&pid)
+                            .map_or((None, None), |(m, c)| (Some(*m), Some(*c))),
+                        found => found,
+                    },
                     None => (None, None),
                 };
                 b.usage = Some(Usage {
