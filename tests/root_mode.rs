@@ -728,3 +728,26 @@ fn status_json_has_the_trees_memory_and_cpu() {
         assert!(usage["cpu_usec"].as_u64().is_some(), "{cgroups}: {usage}");
     }
 }
+
+/// Issue 34, point 8: a bundle that broke the protocol mid-call (an answer
+/// over the size limit) or died under it gave its caller only
+/// `Transport closed`; the reason was in the events and the log. The
+/// caller's error now says it.
+#[test]
+fn a_call_the_bundle_breaks_or_dies_under_says_why() {
+    let d = Daemon::start_with("[bundles]\nmax_message_bytes = 20000\n");
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    let long = "x".repeat(50_000);
+    let out = d.cli(&["call", "demo", "echo", &json!({"text": long}).to_string()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("longer than 20000 bytes"), "{said}");
+    d.wait_state("default", "demo", "ready");
+    let out = d.cli(&["call", "demo", "crash", r#"{"code":7}"#]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("exit code 7") && said.contains("demo: crashing on request with exit code 7"),
+        "{said}"
+    );
+}

@@ -237,6 +237,9 @@ impl Api {
                 message: format!("bundle {name:?} answered {method}: {}", error.message),
                 error,
             }),
+            CallResult::Success(Err(CallError::Failed(why))) => Err(ApiError::Failed(format!(
+                "{method} to bundle {name:?} failed: {why}"
+            ))),
             CallResult::Success(Err(e)) => Err(ApiError::Failed(format!(
                 "{method} to bundle {name:?} failed: {e:?}"
             ))),

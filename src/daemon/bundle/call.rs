@@ -187,6 +187,9 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
                 });
                 return;
             }
+            Ok(Err(ServiceError::TransportClosed)) => {
+                break Err(CallError::Failed(closed_reason(session).await))
+            }
             Ok(Err(e)) => break Err(answer_error(e, &call.caller)),
             Ok(Ok(ServerResult::InputRequiredResult(asked))) => {
                 rounds += 1;
@@ -358,10 +361,13 @@ async fn exchange(
         meta.set_client_capabilities(on_behalf(&session.declared, &call.caller, tasks));
         options.meta = Some(meta);
     }
-    let handle = peer
-        .send_cancellable_request(request, options)
-        .await
-        .map_err(|e| CallError::Failed(e.to_string()))?;
+    let handle = match peer.send_cancellable_request(request, options).await {
+        Ok(handle) => handle,
+        Err(ServiceError::TransportClosed) => {
+            return Err(CallError::Failed(closed_reason(session).await))
+        }
+        Err(e) => return Err(CallError::Failed(e.to_string())),
+    };
     caller.sent_as(handle.id.clone());
     // Until the answer arrives, dropping this (timeout, cancel) sends
     // notifications/cancelled to the bundle.
@@ -430,6 +436,29 @@ fn answer(request: &BundleRequest, result: ServerResult) -> Result<ServerResult,
             serde_json::to_string(&other).unwrap_or_default()
         ))),
         (BundleRequest::Mcp(_), other) => Ok(other),
+    }
+}
+
+/// Why a bundle's session closed under a call, for its caller: the rule
+/// its output broke, else how its process ended (with its most telling
+/// stderr line), rather than rmcp's bare "Transport closed".
+async fn closed_reason(session: &crate::bundle::connect::Session) -> String {
+    if let Some(broke) = session.violation.get() {
+        return format!("the bundle's session was closed: {broke}");
+    }
+    if session.lifeline.pid().is_none() {
+        return "the bundle's remote session ended (Transport closed)".into();
+    }
+    let ended = tokio::time::timeout(Duration::from_millis(500), session.lifeline.wait()).await;
+    match ended {
+        Ok(exit) => {
+            session.stderr.drained(Duration::from_millis(200)).await;
+            match crate::bundle::process::telling_line(&session.stderr.lines()) {
+                Some(line) => format!("the bundle's process ended ({exit}): {line}"),
+                None => format!("the bundle's process ended ({exit})"),
+            }
+        }
+        Err(_) => "the bundle closed its stdout (Transport closed)".into(),
     }
 }
 
