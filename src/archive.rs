@@ -170,6 +170,11 @@ fn subject(cert: &openssl::x509::X509Ref) -> String {
 }
 
 /// Where the signature of an unpacked archive is kept (beside its folder).
+/// The archives (and verdicts) whose signature this daemon already
+/// warned about, for the unpacks that race the first one's record.
+static SIGNATURES_TOLD: std::sync::Mutex<std::collections::BTreeSet<(String, String)>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
 pub fn signature_file(root: &Path, sha256: &str) -> PathBuf {
     root.join(format!("{sha256}.signature.json"))
 }
@@ -440,9 +445,6 @@ pub fn unpack(
         (signature, der.map(<[u8]>::to_vec))
     };
     let der = der.as_deref();
-    if !matches!(signature, Signature::Signed { .. } | Signature::NotChecked) {
-        tracing::warn!(archive = %archive.display(), "archive signature: {signature:?}");
-    }
     // What the signature said is kept beside the unpacked folder, once the
     // archive is accepted (a refused one leaves nothing), and the signature
     // itself when it was found to match the archive: every start judges it
@@ -453,6 +455,23 @@ pub fn unpack(
     );
     let der = der.filter(|_| matched).map(<[u8]>::to_vec);
     let record = |sha256: &str| {
+        // Said once per accepted archive (and again if the verdict changes, e.g. with
+        // the trust anchors): every install and start of it judges it again.
+        if !matches!(signature, Signature::Signed { .. } | Signature::NotChecked) {
+            let before: Option<Signature> = std::fs::read(signature_file(root, sha256))
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok());
+            if before.as_ref() == Some(&signature)
+                || !SIGNATURES_TOLD
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert((sha256.to_string(), format!("{signature:?}")))
+            {
+                tracing::debug!(archive = %archive.display(), sha256 = %sha256, "archive signature: {signature:?} (said when it was first unpacked)");
+            } else {
+                tracing::warn!(archive = %archive.display(), sha256 = %sha256, "archive signature: {signature:?}");
+            }
+        }
         let _ = std::fs::write(
             signature_file(root, sha256),
             serde_json::to_vec(&signature).unwrap_or_default(),

@@ -381,29 +381,13 @@ fn configure_works_on_a_watched_archive_that_needs_config() {
     let d = Daemon::start_with(
         "watch_debounce = \"50ms\"\n[[watch]]\ndir = \"watched\"\nworkspace = \"default\"\n",
     );
-    let work = d.root().join("work");
-    let folder = work.join("keyed");
-    std::fs::create_dir_all(folder.join("server")).unwrap();
-    common::stripped_demo_server(&folder.join("server/bundlevisor-demo"));
     let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
     manifest["name"] = json!("keyed");
     manifest["user_config"] = json!({
         "api_key": {"type": "string", "title": "API key", "description": "The key", "required": true, "sensitive": true}
     });
     manifest["server"]["mcp_config"]["env"] = json!({"DEMO_API_KEY": "${user_config.api_key}"});
-    std::fs::write(folder.join("manifest.json"), manifest.to_string()).unwrap();
-    let archive = work.join("keyed.mcpb");
-    let packed = Command::new(Path::new(REPO).join("target/mcpb/node_modules/.bin/mcpb"))
-        .arg("pack")
-        .arg(&folder)
-        .arg(&archive)
-        .output()
-        .unwrap();
-    assert!(
-        packed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&packed.stderr)
-    );
+    let archive = pack(&d.root().join("work"), &manifest);
     let watched = d.root().join("watched");
     std::fs::create_dir_all(&watched).unwrap();
     std::fs::rename(&archive, watched.join("keyed.mcpb")).unwrap();
@@ -750,4 +734,78 @@ fn a_call_the_bundle_breaks_or_dies_under_says_why() {
         said.contains("exit code 7") && said.contains("demo: crashing on request with exit code 7"),
         "{said}"
     );
+}
+
+/// The demo server with `manifest`, packed by the official `mcpb` CLI into
+/// `dir/NAME.mcpb`.
+fn pack(dir: &Path, manifest: &Value) -> PathBuf {
+    let name = manifest["name"].as_str().unwrap();
+    let folder = dir.join(name);
+    std::fs::create_dir_all(folder.join("server")).unwrap();
+    common::stripped_demo_server(&folder.join("server/bundlevisor-demo"));
+    std::fs::write(folder.join("manifest.json"), manifest.to_string()).unwrap();
+    let archive = dir.join(format!("{name}.mcpb"));
+    let packed = Command::new(Path::new(REPO).join("target/mcpb/node_modules/.bin/mcpb"))
+        .arg("pack")
+        .arg(&folder)
+        .arg(&archive)
+        .output()
+        .unwrap();
+    assert!(
+        packed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&packed.stderr)
+    );
+    archive
+}
+
+/// Issue 34, point 7: putting back the archive that runs (a copy seen half
+/// written, then whole) restarted the bundle, losing its state; and an
+/// unsigned archive was warned about twice per install and once per start.
+/// The same archive is a no-op, and the warning is said once.
+#[test]
+fn the_running_archive_put_back_is_a_no_op_and_unsigned_is_said_once() {
+    let d = Daemon::start_with(
+        "watch_debounce = \"50ms\"\n[[watch]]\ndir = \"watched\"\nworkspace = \"default\"\n",
+    );
+    let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    manifest["name"] = json!("kept");
+    let archive = pack(&d.root().join("work"), &manifest);
+    let bytes = std::fs::read(&archive).unwrap();
+    let watched = d.root().join("watched");
+    std::fs::create_dir_all(&watched).unwrap();
+    let target = watched.join("kept.mcpb");
+    std::fs::write(&target, &bytes).unwrap();
+    let ready = d.wait_state("default", "kept", "ready");
+    // Copied over in place: seen half written (refused), then whole.
+    std::fs::write(&target, &bytes[..bytes.len() / 2]).unwrap();
+    wait_for(
+        Duration::from_secs(20),
+        "the half-written copy refused",
+        || {
+            d.bundle("default", "kept")?["last_error"]
+                .as_str()?
+                .contains("rejected")
+                .then_some(())
+        },
+    );
+    std::fs::write(&target, &bytes).unwrap();
+    wait_for(Duration::from_secs(20), "the whole copy seen", || {
+        d.log()
+            .contains("the archive put in place is the one running: nothing to do")
+            .then_some(())
+    });
+    let after = d.bundle("default", "kept").unwrap();
+    assert_eq!(
+        (&after["pid"], &after["restarts"]),
+        (&ready["pid"], &json!(0)),
+        "{after}"
+    );
+    d.ok(&["restart", "kept"]);
+    let warned = d
+        .log()
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains("archive signature: Unsigned"))
+        .count();
+    assert_eq!(warned, 1, "{}", d.log());
 }

@@ -141,6 +141,16 @@ impl lifecycle::Manifest for LoadedManifest {
     }
 }
 
+/// Both run from the same unpacked archive (`archives/SHA256`: the same
+/// bytes) with the same manifest.
+fn same_archive(a: &LoadedManifest, b: &LoadedManifest) -> bool {
+    a.dir == b.dir
+        && a.text == b.text
+        && a.dir
+            .parent()
+            .is_some_and(|root| crate::archive::unpacked_sha(&a.dir, root).is_some())
+}
+
 impl lifecycle::Call for PendingCall {
     fn tool(&self) -> Option<&str> {
         PendingCall::tool(self)
@@ -566,7 +576,19 @@ impl Actor for BundleActor {
                 let _ = reply.send(());
                 return Ok(());
             }
-            BundleMsg::Upgrade(manifest) => Input::Upgrade(*manifest),
+            BundleMsg::Upgrade(manifest) => {
+                // The archive put back is the one running (a copy seen half
+                // written, then whole): nothing to upgrade.
+                let running = st
+                    .lc
+                    .manifest()
+                    .filter(|_| st.lc.state() == BundleState::Ready);
+                if running.is_some_and(|r| same_archive(r, &manifest)) {
+                    tracing::info!(workspace = %st.args.workspace, bundle = %st.args.name, "the archive put in place is the one running: nothing to do");
+                    return Ok(());
+                }
+                Input::Upgrade(*manifest)
+            }
             BundleMsg::Prepared(manifest) => Input::Prepared(*manifest),
             BundleMsg::ManifestRejected(reason) => Input::Rejected(reason),
             BundleMsg::Retry => Input::FilesChanged,
