@@ -252,28 +252,79 @@ async fn a_token_beyond_its_rate_gets_429_with_retry_after() {
     assert_eq!(status, 200);
 }
 
-/// An endpoint keeps at most `[http] max_sessions` sessions: a new one
-/// beyond gets 503 with `Retry-After` (the sessions the daemon keeps stay
-/// bounded).
+/// The gateway keeps at most `[http] max_sessions` sessions. Issue 34,
+/// point 10: abandoned sessions held every new one off (503) until they
+/// idled out after 5 minutes; now the least recently used idle session
+/// makes room, and only when every session has a request in progress is a
+/// new one refused (503 with `Retry-After`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sessions_per_endpoint_are_bounded() {
+async fn sessions_are_bounded_and_the_least_recently_used_idle_one_makes_room() {
     let port = free_port();
     let d = Daemon::start_with(&format!(
         "[http]\nlisten = \"127.0.0.1:{port}\"\nmax_sessions = 2\n"
     ));
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
     let url = format!("http://127.0.0.1:{port}/mcp/default");
     let t = token(&d, &[]);
-    for _ in 0..2 {
+    let mut opened = Vec::new();
+    for _ in 0..3 {
         let (status, headers, body) = raw_initialize(&url, Some(&t)).await;
         assert_eq!(status, 200, "{body}");
-        assert!(headers.contains_key("mcp-session-id"));
+        opened.push(headers["mcp-session-id"].to_str().unwrap().to_string());
     }
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let (status, _) = on_session(&url, &t, &opened[0], list.clone()).await;
+    assert_eq!(
+        status, 404,
+        "the least recently used session was not the one ended"
+    );
+    let (status, body) = on_session(&url, &t, &opened[1], list).await;
+    assert_eq!(status, 200, "{body}");
+    // Both remaining sessions busy: nothing can be ended, so 503.
+    let _first = in_progress(&url, &t, &opened[1], "demo__progress").await;
+    let _second = in_progress(&url, &t, &opened[2], "demo__progress").await;
     let (status, headers, body) = raw_initialize(&url, Some(&t)).await;
     assert_eq!(status, 503, "{body}");
     assert!(
-        headers.contains_key("retry-after") && body.contains("max_sessions"),
+        headers.contains_key("retry-after")
+            && body.contains("max_sessions")
+            && body.contains("each has a request in progress"),
         "{body}"
     );
+}
+
+/// A tool call in progress on `session` (the demo's `progress`, slow):
+/// returned once its first progress notification arrived, so the gateway
+/// has it; in progress until the response is dropped.
+async fn in_progress(url: &str, token: &str, session: &str, tool: &str) -> reqwest::Response {
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let (status, _) = on_session(url, token, session, initialized).await;
+    assert!(status < 300, "{status}");
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": tool, "arguments": {"steps": 600, "delay_ms": 100},
+        "_meta": {"progressToken": "held"}}});
+    let mut response = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json")
+        .header("Mcp-Session-Id", session)
+        .header("MCP-Protocol-Version", "2025-11-25")
+        .body(call.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 200);
+    let mut seen = String::new();
+    while !seen.contains("notifications/progress") {
+        let chunk = response
+            .chunk()
+            .await
+            .unwrap()
+            .expect("the call's stream ended early");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    response
 }
 
 /// A daemon restart ends the 2025-11-25 sessions: the old session id gets
@@ -649,16 +700,16 @@ async fn finding_13_and_14_a_session_is_its_tokens_and_one_token_cannot_take_eve
     assert_eq!(status, 404, "another token was served the session: {body}");
     assert!(!body.contains("demo__echo"), "{body}");
 
-    // The first token may hold 2 sessions; a third is refused with the cap
-    // named, and other tokens still get theirs.
+    // The first token may hold 2 sessions: a third ends its own least
+    // recently used one (issue 34), never another token's.
+    let (status, _, body) = raw_initialize(&url, Some(&second)).await;
+    assert_eq!(status, 200, "{body}");
     let (status, _, body) = raw_initialize(&url, Some(&first)).await;
     assert_eq!(status, 200, "{body}");
-    let (status, headers, body) = raw_initialize(&url, Some(&first)).await;
-    assert_eq!(status, 503, "{body}");
-    assert!(
-        headers.contains_key("retry-after") && body.contains("max_sessions_per_token"),
-        "{body}"
-    );
+    let (status, _, body) = raw_initialize(&url, Some(&first)).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = on_session(&url, &first, &session, list.clone()).await;
+    assert_eq!(status, 404, "the token's oldest session still open: {body}");
     let (status, _, body) = raw_initialize(&url, Some(&second)).await;
     assert_eq!(status, 200, "another token is not locked out: {body}");
 
@@ -674,8 +725,9 @@ async fn finding_13_and_14_a_session_is_its_tokens_and_one_token_cannot_take_eve
 /// Issue 33: the session caps held per endpoint, so a token reaching a
 /// workspace through its bundles' endpoints too held the cap once per
 /// endpoint (and the listener `max_sessions` once per endpoint). Now both
-/// are counted over the whole listener, and the endpoint of a bundle that
-/// is uninstalled is dropped with its sessions, which frees their places.
+/// are counted over the whole listener (at a cap the least recently used
+/// idle session makes room, wherever it is), and the endpoint of a bundle
+/// that is uninstalled is dropped with its sessions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_caps_count_over_every_endpoint_and_a_gone_bundles_sessions_end() {
     let port = free_port();
@@ -686,41 +738,42 @@ async fn session_caps_count_over_every_endpoint_and_a_gone_bundles_sessions_end(
     let workspace = format!("http://127.0.0.1:{port}/mcp/default");
     let bundle = format!("{workspace}/bundle/demo");
     let (first, second) = (token(&d, &[]), token(&d, &[]));
-    let (status, _, body) = raw_initialize(&workspace, Some(&first)).await;
-    assert_eq!(status, 200, "{body}");
-    let (status, headers, body) = raw_initialize(&bundle, Some(&first)).await;
-    assert_eq!(status, 200, "{body}");
-    let on_bundle = headers["mcp-session-id"].to_str().unwrap().to_string();
-    // The token's third session, on either endpoint: refused.
-    for url in [&bundle, &workspace] {
-        let (status, _, body) = raw_initialize(url, Some(&first)).await;
-        assert_eq!(
-            status, 503,
-            "{url}: a third session of a token at 2: {body}"
-        );
-        assert!(body.contains("over all its endpoints"), "{body}");
-    }
-    // The listener holds 3: the second token gets one, then no more.
-    let (status, _, body) = raw_initialize(&bundle, Some(&second)).await;
-    assert_eq!(status, 200, "{body}");
-    let (status, _, body) = raw_initialize(&workspace, Some(&second)).await;
-    assert_eq!(status, 503, "a fourth session on a listener of 3: {body}");
-    assert!(body.contains("[http] max_sessions)"), "{body}");
+    let open = |url: &str, t: &str| {
+        let (url, t) = (url.to_string(), t.to_string());
+        async move {
+            let (status, headers, body) = raw_initialize(&url, Some(&t)).await;
+            assert_eq!(status, 200, "{body}");
+            headers["mcp-session-id"].to_str().unwrap().to_string()
+        }
+    };
+    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
+    let on_workspace = open(&workspace, &first).await;
+    let on_bundle = open(&bundle, &first).await;
+    // The token's third session, on the bundle's endpoint, ends its
+    // session on the workspace's (per endpoint, it would have had room).
+    let third = open(&bundle, &first).await;
+    let (status, _) = on_session(&workspace, &first, &on_workspace, list.clone()).await;
+    assert_eq!(status, 404, "a session on another endpoint was not counted");
+    // The listener holds 3: another token's new one ends the least
+    // recently used idle one of anyone's.
+    let _theirs = open(&bundle, &second).await;
+    let _busy = in_progress(&bundle, &first, &third, "progress").await;
+    let more = open(&workspace, &second).await;
+    let (status, _) = on_session(&bundle, &first, &on_bundle, list.clone()).await;
+    assert_eq!(status, 404, "the listener's cap was not held");
 
     // The bundle goes: its endpoint's sessions end and free their places.
+    drop(_busy);
     d.ok(&["uninstall", "demo"]);
-    let list = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"});
-    let (status, body) = on_session(&bundle, &first, &on_bundle, list).await;
+    let (status, body) = on_session(&bundle, &first, &third, list.clone()).await;
     assert_eq!(status, 404, "a session of an uninstalled bundle: {body}");
-    let (status, _, body) = raw_initialize(&workspace, Some(&first)).await;
+    // Two places were freed: two new sessions, and no other one ended.
+    open(&workspace, &first).await;
+    open(&workspace, &first).await;
+    let (status, body) = on_session(&workspace, &second, &more, list).await;
     assert_eq!(
         status, 200,
-        "the gone bundle's session still counted: {body}"
-    );
-    let (status, _, body) = raw_initialize(&workspace, Some(&second)).await;
-    assert_eq!(
-        status, 200,
-        "the gone bundle's session still counted: {body}"
+        "ended to make room that the gone bundle freed: {body}"
     );
 }
 

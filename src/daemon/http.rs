@@ -386,7 +386,7 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
             return *response;
         }
     }
-    let (service, _) = app.endpoint(&workspace, the_profile, bundle);
+    let (service, sessions) = app.endpoint(&workspace, the_profile, bundle);
     let owners = &app.owners;
     // A session is its token's: another token naming it is told it does
     // not exist (the same answer as for an unknown session).
@@ -401,6 +401,10 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
             return no_such_session();
         }
     }
+    // Its session is in use now, and (a request) busy until it is answered.
+    let busy = named
+        .as_deref()
+        .and_then(|id| Owners::touch(owners, id, request.method() == axum::http::Method::POST));
     // A new session (a request without one) only while there is room, in
     // the endpoint and for this token. A 2026-07-28 request opens none
     // (that revision has no sessions), so it is not counted.
@@ -413,22 +417,9 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
         named.is_none() && !stateless && request.method() == axum::http::Method::POST;
     let settings = &app.shared.config.http;
     let _opening = if opens_session {
-        // Counted over the whole listener: a token reaching a workspace
-        // through its bundles' endpoints too holds no more sessions.
-        let live = app.live_sessions().await;
-        let (max, per_token) = (settings.max_sessions, settings.max_sessions_per_token);
-        match Owners::open(owners, &token.id, (max, per_token), |id| live.contains(id)) {
+        match room_for_a_session(&app, &token).await {
             Ok(opening) => Some(opening),
-            Err(Full::Listener) => {
-                return too_many_sessions(format!(
-                    "the gateway holds its maximum of {max} sessions ([http] max_sessions); an idle one ends after 5 minutes"
-                ))
-            }
-            Err(Full::Token) => {
-                return too_many_sessions(format!(
-                    "this token holds its maximum of {per_token} sessions, over all its endpoints ([http] max_sessions_per_token); end one (DELETE with its Mcp-Session-Id) or wait for an idle one to end after 5 minutes"
-                ))
-            }
+            Err(response) => return response,
         }
     } else {
         None
@@ -460,10 +451,43 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
             .get("mcp-session-id")
             .and_then(|v| v.to_str().ok())
         {
-            Owners::own(owners, id, &token.id);
+            Owners::own(owners, id, &token.id, sessions);
         }
     }
-    response
+    match busy {
+        Some(busy) => busy.held_until_sent(response),
+        None => response,
+    }
+}
+
+/// Room for a new session of `token`: counted over the whole listener (a
+/// token reaching a workspace through its bundles' endpoints too holds no
+/// more sessions). At a cap, the oldest idle session (no request in
+/// progress) of the token, or of the listener, is ended to make room;
+/// 503 when every one is busy.
+async fn room_for_a_session(
+    app: &App,
+    token: &crate::store::AccessToken,
+) -> Result<Opening, Response> {
+    let settings = &app.shared.config.http;
+    let live = app.live_sessions().await;
+    let (max, per_token) = (settings.max_sessions, settings.max_sessions_per_token);
+    match Owners::open(&app.owners, &token.id, (max, per_token), |id| live.contains(id)) {
+        Ok((opening, ended)) => {
+            if let Some((id, sessions, whose)) = ended {
+                use rmcp::transport::streamable_http_server::SessionManager;
+                tracing::info!(token = %token.name, "ended the least recently used idle session ({whose}) to make room for a new one");
+                let _ = sessions.close_session(&std::sync::Arc::from(id.as_str())).await;
+            }
+            Ok(opening)
+        }
+        Err(Full::Listener) => Err(too_many_sessions(format!(
+            "the gateway holds its maximum of {max} sessions ([http] max_sessions) and each has a request in progress; retry when one is answered"
+        ))),
+        Err(Full::Token) => Err(too_many_sessions(format!(
+            "this token holds its maximum of {per_token} sessions, over all its endpoints ([http] max_sessions_per_token), and each has a request in progress; retry when one is answered"
+        ))),
+    }
 }
 
 /// The request with its body read within `limit` of its head (a client
@@ -625,52 +649,161 @@ fn too_many_sessions(description: String) -> Response {
     response
 }
 
-/// Sessions by their owners: which token opened each session, and how many
-/// each token is opening right now (counted before rmcp has named them).
+/// Sessions by their owners: which token opened each session, when it
+/// was last used and how many requests it has in progress, and how many
+/// sessions each token is opening right now (counted before rmcp has
+/// named them).
 #[derive(Default)]
 struct Owners {
-    by_session: HashMap<String, String>,
+    by_session: HashMap<String, Held>,
     opening: HashMap<String, usize>,
 }
+
+/// One session, as its owner holds it.
+struct Held {
+    token: String,
+    /// The endpoint's sessions, which end it.
+    sessions: Arc<LocalSessionManager>,
+    last: std::time::Instant,
+    busy: usize,
+}
+
+/// A session ended to make room: its id, its endpoint's sessions and whose.
+type Ended = (String, Arc<LocalSessionManager>, &'static str);
 
 impl Owners {
     /// The token id that opened session `id`, if it is known.
     fn of(owners: &Mutex<Owners>, id: &str) -> Option<String> {
         let owners = owners.lock().unwrap_or_else(|e| e.into_inner());
-        owners.by_session.get(id).cloned()
+        owners.by_session.get(id).map(|h| h.token.clone())
+    }
+
+    /// Session `id` is used now; with `busy`, it has a request in progress
+    /// until the returned guard is dropped.
+    fn touch(owners: &Arc<Mutex<Owners>>, id: &str, busy: bool) -> Option<Busy> {
+        let mut held = owners.lock().unwrap_or_else(|e| e.into_inner());
+        let session = held.by_session.get_mut(id)?;
+        session.last = std::time::Instant::now();
+        if !busy {
+            return None;
+        }
+        session.busy += 1;
+        Some(Busy {
+            owners: owners.clone(),
+            id: id.to_string(),
+        })
     }
 
     /// Room for one more session of `token`: at most `max.0` in all and
     /// `max.1` of this token, counting the ones being opened; sessions that
-    /// `live` no longer has are forgotten.
+    /// `live` no longer has are forgotten. At a cap, the least recently
+    /// used idle session (of the token at its own cap, else of anyone) is
+    /// taken out and returned, for the caller to end.
     fn open(
         owners: &Arc<Mutex<Owners>>,
         token: &str,
         max: (usize, usize),
         live: impl Fn(&str) -> bool,
-    ) -> Result<Opening, Full> {
+    ) -> Result<(Opening, Option<Ended>), Full> {
         let mut held = owners.lock().unwrap_or_else(|e| e.into_inner());
         held.by_session.retain(|id, _| live(id));
         let opening: usize = held.opening.values().sum();
-        if held.by_session.len() + opening >= max.0 {
-            return Err(Full::Listener);
-        }
-        let count = held.by_session.values().filter(|t| *t == token).count()
+        let count = held
+            .by_session
+            .values()
+            .filter(|h| h.token == token)
+            .count()
             + held.opening.get(token).copied().unwrap_or(0);
-        if count >= max.1 {
-            return Err(Full::Token);
-        }
+        let full = if count >= max.1 {
+            Some(Full::Token)
+        } else if held.by_session.len() + opening >= max.0 {
+            Some(Full::Listener)
+        } else {
+            None
+        };
+        let ended = match full {
+            None => None,
+            Some(full) => {
+                let own = matches!(full, Full::Token);
+                let oldest = held
+                    .by_session
+                    .iter()
+                    .filter(|(_, h)| h.busy == 0 && (!own || h.token == token))
+                    .min_by_key(|(_, h)| h.last)
+                    .map(|(id, _)| id.clone());
+                let Some(id) = oldest else {
+                    return Err(full);
+                };
+                let gone = held.by_session.remove(&id).expect("found above");
+                let whose = if gone.token == token {
+                    "this token's"
+                } else {
+                    "another token's"
+                };
+                Some((id, gone.sessions, whose))
+            }
+        };
         *held.opening.entry(token.to_string()).or_default() += 1;
-        Ok(Opening {
-            owners: owners.clone(),
-            token: token.to_string(),
-        })
+        Ok((
+            Opening {
+                owners: owners.clone(),
+                token: token.to_string(),
+            },
+            ended,
+        ))
     }
 
-    /// Session `id`, just opened, is `token`'s.
-    fn own(owners: &Mutex<Owners>, id: &str, token: &str) {
+    /// Session `id`, just opened on the endpoint of `sessions`, is
+    /// `token`'s.
+    fn own(owners: &Mutex<Owners>, id: &str, token: &str, sessions: Arc<LocalSessionManager>) {
         let mut owners = owners.lock().unwrap_or_else(|e| e.into_inner());
-        owners.by_session.insert(id.to_string(), token.to_string());
+        owners.by_session.insert(
+            id.to_string(),
+            Held {
+                token: token.to_string(),
+                sessions,
+                last: std::time::Instant::now(),
+                busy: 0,
+            },
+        );
+    }
+}
+
+/// A request in progress on a session: it is not idle (not ended to make
+/// room) until this is dropped, when its answer was sent.
+struct Busy {
+    owners: Arc<Mutex<Owners>>,
+    id: String,
+}
+
+impl Busy {
+    /// The response, with this held until its body was sent (a stream's
+    /// end, or the client going away).
+    fn held_until_sent(self, response: Response) -> Response {
+        use futures::StreamExt;
+        let streamed = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        if !streamed {
+            return response;
+        }
+        let (parts, body) = response.into_parts();
+        let stream = body.into_data_stream().map(move |chunk| {
+            let _held = &self;
+            chunk
+        });
+        Response::from_parts(parts, axum::body::Body::from_stream(stream))
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let mut owners = self.owners.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(session) = owners.by_session.get_mut(&self.id) {
+            session.busy = session.busy.saturating_sub(1);
+            session.last = std::time::Instant::now();
+        }
     }
 }
 
