@@ -72,9 +72,12 @@ mcpb: $(MCPB)/.installed ## The pinned official mcpb CLI for the archive tests (
 TS_SDK := target/ts-sdk
 
 .PHONY: ts-sdk
-ts-sdk: $(TS_SDK)/client.mjs ## The pinned MCP TypeScript SDK client for the HTTP gateway test (npm ci)
+ts-sdk: $(TS_SDK)/client.mjs $(TS_SDK)/crash.mjs ## The pinned MCP TypeScript SDK client for the HTTP gateway tests (npm ci)
 
 $(TS_SDK)/client.mjs: tests/ts-sdk/client.mjs $(TS_SDK)/.installed
+	cp $< $@
+
+$(TS_SDK)/crash.mjs: tests/ts-sdk/crash.mjs $(TS_SDK)/.installed
 	cp $< $@
 
 # Real third-party MCP servers as test bundles: each pinned by

@@ -102,3 +102,48 @@ fn the_typescript_sdk_client_lists_calls_reads_and_hears_of_changes() {
     );
     assert!(child.wait().unwrap().success());
 }
+
+/// Issue 34, point 10: after a daemon crash, the TypeScript SDK's call in
+/// progress hung for its whole timeout: its stream was resumable, both
+/// resumes got 404, and nothing answered the call. A resume of a session
+/// that is gone now answers the call's request with an error at once.
+#[test]
+fn a_call_in_progress_when_the_daemon_dies_fails_at_once_not_at_its_timeout() {
+    let port = free_port();
+    let mut d = Daemon::start_with(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"));
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    let token = d.ok(&["token", "create"]).trim().to_string();
+    let script = client_script().with_file_name("crash.mjs");
+    let mut child = Command::new("node")
+        .arg(&script)
+        .arg(format!("http://127.0.0.1:{port}/mcp/default"))
+        .arg(&token)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("node runs");
+    let (tx, lines) = mpsc::channel::<Value>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let value = serde_json::from_str(&line).unwrap_or(Value::String(line));
+            if tx.send(value).is_err() {
+                return;
+            }
+        }
+    });
+    let running = lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the call running");
+    assert_eq!(running["progress"], 1, "{running}");
+    d.signal(nix::sys::signal::Signal::SIGKILL);
+    d.launch();
+    // The SDK resumes after the stream's retry (3 s); its timeout is 120 s.
+    let ended = lines
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the call still waiting after the daemon came back");
+    let error = ended["error"].as_str().unwrap_or_default();
+    assert!(error.contains("the daemon restarted"), "{ended}");
+    assert!(ended["ms"].as_u64().unwrap() < 30_000, "{ended}");
+    assert!(child.wait().unwrap().success());
+}

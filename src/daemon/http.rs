@@ -38,7 +38,7 @@ use rmcp::transport::streamable_http_server::session::local::LocalSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
-use super::Shared;
+use super::{resumed, Shared};
 use crate::daemon::api::Api;
 use crate::daemon::gateway::names::Naming;
 use crate::daemon::gateway::rounds::{AgentKey, RoundLimits, Rounds};
@@ -396,7 +396,17 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     if let Some(id) = &named {
-        if Owners::of(owners, id).is_none_or(|owner| owner != token.id) {
+        let owner = Owners::of(owners, id);
+        if owner.as_ref().is_none_or(|owner| *owner != token.id) {
+            // A stream of a session that is gone, resumed: its request's
+            // error, rather than a wait for an answer that cannot come.
+            if let Some(lost) = owner
+                .is_none()
+                .then(|| resumed::lost_request(&request))
+                .flatten()
+            {
+                return lost;
+            }
             tracing::warn!(token = %token.name, "a session this token does not hold was named (another token's, or ended); 404");
             return no_such_session();
         }
@@ -429,9 +439,15 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
         n => n,
     };
     let unsupported = unsupported_version(request.headers());
-    let mut request = match within_deadline(request, cap, settings.body_timeout).await {
-        Ok(request) => request,
+    let (mut request, body) = match within_deadline(request, cap, settings.body_timeout).await {
+        Ok(read) => read,
         Err(response) => return response,
+    };
+    // A session's request stream: its event ids carry the request's id.
+    let tag = match (request.method(), &busy) {
+        (&axum::http::Method::POST, Some(_)) => resumed::tag_of_request(&body),
+        (&axum::http::Method::GET, _) if named.is_some() => resumed::untag_resume(&mut request),
+        _ => None,
     };
     if let Some(requested) = unsupported {
         return refuse_version(request, &requested).await;
@@ -454,10 +470,10 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
             Owners::own(owners, id, &token.id, sessions);
         }
     }
-    match busy {
-        Some(busy) => busy.held_until_sent(response),
-        None => response,
+    if busy.is_some() || tag.is_some() {
+        return resumed::sent(response, busy, tag);
     }
+    response
 }
 
 /// Room for a new session of `token`: counted over the whole listener (a
@@ -497,10 +513,13 @@ async fn within_deadline(
     request: Request,
     cap: usize,
     limit: std::time::Duration,
-) -> Result<Request, Response> {
+) -> Result<(Request, axum::body::Bytes), Response> {
     let (parts, body) = request.into_parts();
     match tokio::time::timeout(limit, axum::body::to_bytes(body, cap)).await {
-        Ok(Ok(bytes)) => Ok(Request::from_parts(parts, axum::body::Body::from(bytes))),
+        Ok(Ok(bytes)) => Ok((
+            Request::from_parts(parts, axum::body::Body::from(bytes.clone())),
+            bytes,
+        )),
         Ok(Err(_)) => Err((
             StatusCode::PAYLOAD_TOO_LARGE,
             Json(serde_json::json!({
@@ -774,27 +793,6 @@ impl Owners {
 struct Busy {
     owners: Arc<Mutex<Owners>>,
     id: String,
-}
-
-impl Busy {
-    /// The response, with this held until its body was sent (a stream's
-    /// end, or the client going away).
-    fn held_until_sent(self, response: Response) -> Response {
-        use futures::StreamExt;
-        let streamed = response
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
-        if !streamed {
-            return response;
-        }
-        let (parts, body) = response.into_parts();
-        let stream = body.into_data_stream().map(move |chunk| {
-            let _held = &self;
-            chunk
-        });
-        Response::from_parts(parts, axum::body::Body::from_stream(stream))
-    }
 }
 
 impl Drop for Busy {

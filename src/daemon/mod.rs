@@ -18,6 +18,7 @@ pub mod lifecycle;
 pub mod metrics;
 pub mod policy;
 pub mod privileges;
+pub mod resumed;
 pub mod source;
 pub mod supervisor;
 pub mod systemd;

@@ -1,0 +1,163 @@
+//! Resumable streams across a daemon restart (issue 34, point 10). A
+//! 2025-11-25 agent whose request's stream breaks resumes it with a GET
+//! naming the last event id it saw. After a restart the session is gone
+//! (404), and a client such as the TypeScript SDK then waits for its own
+//! timeout (60 s) for an answer that can never come. So every event id of a
+//! request's stream carries the request's JSON-RPC id (`ID#TAG`, the tag
+//! the hex of the id's JSON); a resume of a session that no longer exists
+//! is answered with that request's error, at once, and the next resume
+//! (its id marked `!told`) gets the 404 that tells the client to start a
+//! new session. A live session's resume has the tag taken off for rmcp and
+//! put back on what it replays.
+
+use axum::body::Bytes;
+use axum::http::{header, HeaderValue, Request};
+use axum::response::{IntoResponse, Response};
+
+const TOLD: &str = "!told";
+
+/// The tag of a JSON-RPC request's stream: the hex of its id's JSON; None
+/// for a body that is not one request (a notification, a response, a
+/// batch).
+pub fn tag_of_request(body: &[u8]) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        id: Option<serde_json::Value>,
+        method: Option<String>,
+    }
+    let head: Head = serde_json::from_slice(body).ok()?;
+    head.method?;
+    let id = serde_json::to_vec(&head.id?).ok()?;
+    Some(id.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// A resume (GET with `Last-Event-ID`) of a tagged stream: the tag is
+/// taken off the header (rmcp knows its own ids) and returned, to be put
+/// back on what is replayed.
+pub fn untag_resume<B>(request: &mut Request<B>) -> Option<String> {
+    let last = request.headers().get("last-event-id")?.to_str().ok()?;
+    let (id, tag) = last.split_once('#')?;
+    let (id, tag) = (id.to_string(), tag.trim_end_matches(TOLD).to_string());
+    let value = HeaderValue::from_str(&id).ok()?;
+    request.headers_mut().insert("last-event-id", value);
+    Some(tag)
+}
+
+/// The answer to a resume of a session that does not exist (the daemon
+/// restarted, or it ended): the error of the request whose stream it was,
+/// once; None when there is nothing to say (no tagged id, or said already:
+/// then the usual 404).
+pub fn lost_request<B>(request: &Request<B>) -> Option<Response> {
+    if request.method() != axum::http::Method::GET {
+        return None;
+    }
+    let last = request.headers().get("last-event-id")?.to_str().ok()?;
+    let (_, tag) = last.split_once('#')?;
+    if tag.ends_with(TOLD) || tag.len() % 2 != 0 {
+        return None;
+    }
+    let bytes: Vec<u8> = (0..tag.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(tag.get(i..i + 2)?, 16).ok())
+        .collect::<Option<_>>()?;
+    let id: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let error = serde_json::json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {
+            "code": -32000,
+            "message": "the daemon restarted (or the session ended) while this request ran, and its answer is lost; start a new session (initialize) and send it again",
+        },
+    });
+    tracing::info!(
+        "a resumed stream of a session that is gone: its request is answered with an error"
+    );
+    Some(
+        (
+            [
+                (header::CONTENT_TYPE, "text/event-stream"),
+                (header::CACHE_CONTROL, "no-cache"),
+            ],
+            format!("id: {last}{TOLD}\ndata: {error}\n\n"),
+        )
+            .into_response(),
+    )
+}
+
+/// The response as sent: a stream keeps `hold` until its end (or the
+/// client going away), and its event ids carry `tag`.
+pub fn sent(response: Response, hold: impl Send + Sync + 'static, tag: Option<String>) -> Response {
+    use futures::StreamExt;
+    let streamed = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if !streamed {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let stream = body.into_data_stream().map(move |chunk| {
+        let _held = &hold;
+        match (&tag, chunk) {
+            (Some(tag), Ok(bytes)) => Ok(tagged(bytes, tag)),
+            (_, chunk) => chunk,
+        }
+    });
+    Response::from_parts(parts, axum::body::Body::from_stream(stream))
+}
+
+/// `bytes` (whole SSE events) with `#tag` after each event id.
+fn tagged(bytes: Bytes, tag: &str) -> Bytes {
+    if !bytes.starts_with(b"id:") && !bytes.windows(4).any(|w| w == b"\nid:") {
+        return bytes;
+    }
+    let text = String::from_utf8_lossy(&bytes);
+    let mut out = String::with_capacity(text.len() + tag.len() + 1);
+    for line in text.split_inclusive('\n') {
+        match line.strip_prefix("id:") {
+            Some(rest) => {
+                let value = rest.trim_end_matches(['\n', '\r']);
+                out.push_str("id:");
+                out.push_str(value);
+                out.push('#');
+                out.push_str(tag);
+                out.push_str(&rest[value.len()..]);
+            }
+            None => out.push_str(line),
+        }
+    }
+    Bytes::from(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_requests_events_carry_its_id_and_a_lost_one_is_answered_once() {
+        let tag = tag_of_request(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call"}"#).unwrap();
+        assert!(
+            tag_of_request(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).is_none()
+        );
+        let events = Bytes::from("id: 0/3\nretry: 3000\ndata: \n\nid: 1/3\ndata: {\"id\":7}\n\n");
+        let out = tagged(events, &tag);
+        assert_eq!(
+            String::from_utf8_lossy(&out),
+            format!("id: 0/3#{tag}\nretry: 3000\ndata: \n\nid: 1/3#{tag}\ndata: {{\"id\":7}}\n\n")
+        );
+        let resume = |last: &str| {
+            Request::get("/mcp/default")
+                .header("last-event-id", last)
+                .body(())
+                .unwrap()
+        };
+        // A live session's resume: rmcp sees its own id.
+        let mut live = resume(&format!("1/3#{tag}"));
+        assert_eq!(untag_resume(&mut live).as_deref(), Some(tag.as_str()));
+        assert_eq!(live.headers()["last-event-id"], "1/3");
+        // A gone one: the request's error, once.
+        assert!(lost_request(&resume(&format!("1/3#{tag}"))).is_some());
+        assert!(lost_request(&resume(&format!("1/3#{tag}{TOLD}"))).is_none());
+        assert!(lost_request(&resume("1/3")).is_none());
+    }
+}
