@@ -388,33 +388,10 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
     }
     let (service, sessions) = app.endpoint(&workspace, the_profile, bundle);
     let owners = &app.owners;
-    // A session is its token's: another token naming it is told it does
-    // not exist (the same answer as for an unknown session).
-    let named = request
-        .headers()
-        .get("mcp-session-id")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    if let Some(id) = &named {
-        let owner = Owners::of(owners, id);
-        if owner.as_ref().is_none_or(|owner| *owner != token.id) {
-            // A stream of a session that is gone, resumed: its request's
-            // error, rather than a wait for an answer that cannot come.
-            if let Some(lost) = owner
-                .is_none()
-                .then(|| resumed::lost_request(&request))
-                .flatten()
-            {
-                return lost;
-            }
-            tracing::warn!(token = %token.name, "a session this token does not hold was named (another token's, or ended); 404");
-            return no_such_session();
-        }
-    }
-    // Its session is in use now, and (a request) busy until it is answered.
-    let busy = named
-        .as_deref()
-        .and_then(|id| Owners::touch(owners, id, request.method() == axum::http::Method::POST));
+    let (named, busy) = match session_named(owners, &token, &request) {
+        Ok(named) => named,
+        Err(response) => return response,
+    };
     // A new session (a request without one) only while there is room, in
     // the endpoint and for this token. A 2026-07-28 request opens none
     // (that revision has no sessions), so it is not counted.
@@ -474,6 +451,41 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
         return resumed::sent(response, busy, tag);
     }
     response
+}
+
+/// The session a request names, if any, and (a request on it) its busy
+/// mark. A session is its token's: another token naming it is told it does
+/// not exist (the same answer as for an unknown session).
+fn session_named(
+    owners: &Arc<Mutex<Owners>>,
+    token: &crate::store::AccessToken,
+    request: &Request,
+) -> Result<(Option<String>, Option<Busy>), Response> {
+    let Some(id) = request
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+    else {
+        return Ok((None, None));
+    };
+    let owner = Owners::of(owners, &id);
+    if owner.as_ref().is_none_or(|owner| *owner != token.id) {
+        // A stream of a session that is gone, resumed: its request's
+        // error, rather than a wait for an answer that cannot come.
+        if let Some(lost) = owner
+            .is_none()
+            .then(|| resumed::lost_request(request))
+            .flatten()
+        {
+            return Err(lost);
+        }
+        tracing::warn!(token = %token.name, "a session this token does not hold was named (another token's, or ended); 404");
+        return Err(no_such_session());
+    }
+    // In use now, and (a request) busy until it is answered.
+    let busy = Owners::touch(owners, &id, request.method() == axum::http::Method::POST);
+    Ok((Some(id), busy))
 }
 
 /// Room for a new session of `token`: counted over the whole listener (a
