@@ -390,7 +390,7 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
     let owners = &app.owners;
     let (named, busy) = match session_named(owners, &token, &request) {
         Ok(named) => named,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     // A new session (a request without one) only while there is room, in
     // the endpoint and for this token. A 2026-07-28 request opens none
@@ -460,7 +460,7 @@ fn session_named(
     owners: &Arc<Mutex<Owners>>,
     token: &crate::store::AccessToken,
     request: &Request,
-) -> Result<(Option<String>, Option<Busy>), Response> {
+) -> Result<(Option<String>, Option<Busy>), Box<Response>> {
     let Some(id) = request
         .headers()
         .get("mcp-session-id")
@@ -478,10 +478,10 @@ fn session_named(
             .then(|| resumed::lost_request(request))
             .flatten()
         {
-            return Err(lost);
+            return Err(Box::new(lost));
         }
         tracing::warn!(token = %token.name, "a session this token does not hold was named (another token's, or ended); 404");
-        return Err(no_such_session());
+        return Err(Box::new(no_such_session()));
     }
     // In use now, and (a request) busy until it is answered.
     let busy = Owners::touch(owners, &id, request.method() == axum::http::Method::POST);

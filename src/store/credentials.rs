@@ -122,6 +122,17 @@ pub struct Resealed {
     pub token_sets: usize,
 }
 
+/// What is stored for one bundle (never a value).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredFor {
+    pub workspace: String,
+    pub bundle: String,
+    /// The user_config keys with a value.
+    pub keys: Vec<String>,
+    /// OAuth tokens are stored.
+    pub tokens: bool,
+}
+
 impl Credentials {
     /// Checks that `cipher` is the key the stored values were sealed with
     /// (recording it on first use).
@@ -342,7 +353,7 @@ impl Credentials {
 
     /// Every bundle something is stored for: its workspace and name, the
     /// keys of its values (never the values) and whether it has tokens.
-    pub fn stored(&self) -> Result<Vec<(String, String, Vec<String>, bool)>, StoreError> {
+    pub fn stored(&self) -> Result<Vec<StoredFor>, StoreError> {
         let rows: Vec<(String, String, Option<String>)> = self.store.with(|c| {
             let mut q = c.prepare(
                 "SELECT workspace, bundle, key FROM credentials
@@ -352,15 +363,23 @@ impl Credentials {
             let rows = q.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?;
             rows.collect()
         })?;
-        let mut out: Vec<(String, String, Vec<String>, bool)> = Vec::new();
+        let mut out: Vec<StoredFor> = Vec::new();
         for (workspace, bundle, key) in rows {
-            if out.last().is_none_or(|l| l.0 != workspace || l.1 != bundle) {
-                out.push((workspace, bundle, Vec::new(), false));
+            if out
+                .last()
+                .is_none_or(|l| l.workspace != workspace || l.bundle != bundle)
+            {
+                out.push(StoredFor {
+                    workspace,
+                    bundle,
+                    keys: Vec::new(),
+                    tokens: false,
+                });
             }
             let last = out.last_mut().expect("pushed above");
             match key {
-                Some(key) => last.2.push(key),
-                None => last.3 = true,
+                Some(key) => last.keys.push(key),
+                None => last.tokens = true,
             }
         }
         Ok(out)

@@ -181,15 +181,15 @@ impl Api {
             .map_err(|e| ApiError::Internal(e.to_string()))?;
         let bundles = stored
             .into_iter()
-            .map(
-                |(ws, name, keys, oauth_tokens)| crate::protocol::StoredBundle {
-                    installed: installs.iter().any(|r| r.workspace == ws && r.name == name),
-                    workspace: ws,
-                    name,
-                    keys,
-                    oauth_tokens,
-                },
-            )
+            .map(|s| crate::protocol::StoredBundle {
+                installed: installs
+                    .iter()
+                    .any(|r| r.workspace == s.workspace && r.name == s.bundle),
+                workspace: s.workspace,
+                name: s.bundle,
+                keys: s.keys,
+                oauth_tokens: s.tokens,
+            })
             .filter(|b| workspace.as_ref().is_none_or(|w| *w == b.workspace))
             .filter(|b| !(orphaned && b.installed))
             .collect();
