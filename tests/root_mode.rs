@@ -809,3 +809,47 @@ fn the_running_archive_put_back_is_a_no_op_and_unsigned_is_said_once() {
         .count();
     assert_eq!(warned, 1, "{}", d.log());
 }
+
+/// Found by the README test under load: an archive swapped for its folder
+/// (the README's last step), when the watcher saw the folder while the
+/// archive's install still held the name, left the folder refused for
+/// good (`already installed`, not looked at again). It is installed once
+/// the archive is gone, in either order of the two moves.
+#[test]
+fn an_archive_swapped_for_its_folder_is_installed_in_either_order() {
+    let d = Daemon::start_with("watch_debounce = \"50ms\"\n[[watch]]\ndir = \"watched\"\nworkspace = \"default\"\n");
+    let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    manifest["name"] = json!("swapped");
+    let archive = pack(&d.root().join("work"), &manifest);
+    let folder = d.root().join("work/swapped");
+    let watched = d.root().join("watched");
+    std::fs::create_dir_all(&watched).unwrap();
+    for folder_first in [true, false] {
+        std::fs::copy(&archive, d.root().join("work/in.mcpb")).unwrap();
+        std::fs::rename(d.root().join("work/in.mcpb"), watched.join("swapped.mcpb")).unwrap();
+        wait_for(Duration::from_secs(20), "ready from the archive", || {
+            d.bundle("default", "swapped")
+                .filter(|b| b["state"] == "ready" && b["archive"].is_object())
+        });
+        let (into, out) = (
+            || std::fs::rename(&folder, watched.join("swapped")).unwrap(),
+            || std::fs::remove_file(watched.join("swapped.mcpb")).unwrap(),
+        );
+        if folder_first {
+            into();
+            out();
+        } else {
+            out();
+            into();
+        }
+        wait_for(Duration::from_secs(20), "ready from the folder", || {
+            d.bundle("default", "swapped")
+                .filter(|b| b["state"] == "ready" && b["archive"].is_null())
+        });
+        // Back out, for the other order.
+        std::fs::rename(watched.join("swapped"), &folder).unwrap();
+        wait_for(Duration::from_secs(20), "gone", || {
+            d.bundle("default", "swapped").is_none().then_some(())
+        });
+    }
+}

@@ -671,11 +671,13 @@ fn identity(
             }
             let (uid, gid) = (u.uid.as_raw(), u.gid.as_raw());
             let owner = std::fs::metadata(data).ok().map(|m| (m.uid(), m.gid()));
-            private_dir(data, Some((uid, gid)))?;
             if owner.is_some_and(|o| o != (uid, gid)) {
-                // It ran as another user before: what it kept is this one's.
+                // It ran as another user before: what it kept is this
+                // one's, given while the folder is not yet this user's (so
+                // no process of it can swap a folder for a link meanwhile).
                 give_tree(data, (uid, gid))?;
             }
+            private_dir(data, Some((uid, gid)))?;
             let whose = if own {
                 "its own, [[sandbox.bundle]] user"
             } else {

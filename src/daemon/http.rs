@@ -403,14 +403,6 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
     let opens_session =
         named.is_none() && !stateless && request.method() == axum::http::Method::POST;
     let settings = &app.shared.config.http;
-    let _opening = if opens_session {
-        match room_for_a_session(&app, &token).await {
-            Ok(opening) => Some(opening),
-            Err(response) => return response,
-        }
-    } else {
-        None
-    };
     let cap = match settings.max_body_bytes {
         0 => crate::config::defaults::http_max_body_bytes(),
         n => n,
@@ -429,6 +421,16 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
     if let Some(requested) = unsupported {
         return refuse_version(request, &requested).await;
     }
+    // Room is made (an idle session ended) only for an `initialize` that
+    // is read whole and of a revision spoken here.
+    let _opening = if opens_session && is_initialize(&body) {
+        match room_for_a_session(&app, &token).await {
+            Ok(opening) => Some(opening),
+            Err(response) => return response,
+        }
+    } else {
+        None
+    };
     // Whose request it is, for resuming a call that waits for its input.
     request.extensions_mut().insert(AgentKey(token.id.clone()));
     let ends_session = request.method() == axum::http::Method::DELETE;
@@ -469,23 +471,23 @@ fn session_named(
     else {
         return Ok((None, None));
     };
-    let owner = Owners::of(owners, &id);
-    if owner.as_ref().is_none_or(|owner| *owner != token.id) {
-        // A stream of a session that is gone, resumed: its request's
-        // error, rather than a wait for an answer that cannot come.
-        if let Some(lost) = owner
-            .is_none()
-            .then(|| resumed::lost_request(request))
-            .flatten()
-        {
-            return Err(Box::new(lost));
+    // A request, or the resume of one's stream, is in progress until it is
+    // answered.
+    let busy = request.method() == axum::http::Method::POST
+        || request.headers().contains_key("last-event-id");
+    match Owners::claim(owners, &id, &token.id, busy) {
+        Some(busy) => Ok((Some(id), busy)),
+        None => {
+            // A stream of a session that is not (or no longer) this
+            // token's, resumed: its request's error, rather than a wait
+            // for an answer that cannot come (the same whoever's it was).
+            if let Some(lost) = resumed::lost_request(request) {
+                return Err(Box::new(lost));
+            }
+            tracing::warn!(token = %token.name, "a session this token does not hold was named (another token's, or ended); 404");
+            Err(Box::new(no_such_session()))
         }
-        tracing::warn!(token = %token.name, "a session this token does not hold was named (another token's, or ended); 404");
-        return Err(Box::new(no_such_session()));
     }
-    // In use now, and (a request) busy until it is answered.
-    let busy = Owners::touch(owners, &id, request.method() == axum::http::Method::POST);
-    Ok((Some(id), busy))
 }
 
 /// Room for a new session of `token`: counted over the whole listener (a
@@ -498,9 +500,12 @@ async fn room_for_a_session(
     token: &crate::store::AccessToken,
 ) -> Result<Opening, Response> {
     let settings = &app.shared.config.http;
+    // Sessions recorded while the live ones are gathered are kept.
+    let since = std::time::Instant::now();
     let live = app.live_sessions().await;
     let (max, per_token) = (settings.max_sessions, settings.max_sessions_per_token);
-    match Owners::open(&app.owners, &token.id, (max, per_token), |id| live.contains(id)) {
+    let gone = |id: &str, h: &Held| !live.contains(id) && h.last < since;
+    match Owners::open(&app.owners, &token.id, (max, per_token), gone) {
         Ok((opening, ended)) => {
             if let Some((id, sessions, whose)) = ended {
                 use rmcp::transport::streamable_http_server::SessionManager;
@@ -703,41 +708,42 @@ struct Held {
 type Ended = (String, Arc<LocalSessionManager>, &'static str);
 
 impl Owners {
-    /// The token id that opened session `id`, if it is known.
-    fn of(owners: &Mutex<Owners>, id: &str) -> Option<String> {
-        let owners = owners.lock().unwrap_or_else(|e| e.into_inner());
-        owners.by_session.get(id).map(|h| h.token.clone())
-    }
-
-    /// Session `id` is used now; with `busy`, it has a request in progress
-    /// until the returned guard is dropped.
-    fn touch(owners: &Arc<Mutex<Owners>>, id: &str, busy: bool) -> Option<Busy> {
+    /// Session `id`, if it is `token`'s (None otherwise): it is used now,
+    /// and with `busy` it has a request in progress until the returned
+    /// guard is dropped (checked and marked at once, so it is not ended to
+    /// make room in between).
+    fn claim(
+        owners: &Arc<Mutex<Owners>>,
+        id: &str,
+        token: &str,
+        busy: bool,
+    ) -> Option<Option<Busy>> {
         let mut held = owners.lock().unwrap_or_else(|e| e.into_inner());
-        let session = held.by_session.get_mut(id)?;
+        let session = held.by_session.get_mut(id).filter(|h| h.token == token)?;
         session.last = std::time::Instant::now();
         if !busy {
-            return None;
+            return Some(None);
         }
         session.busy += 1;
-        Some(Busy {
+        Some(Some(Busy {
             owners: owners.clone(),
             id: id.to_string(),
-        })
+        }))
     }
 
     /// Room for one more session of `token`: at most `max.0` in all and
     /// `max.1` of this token, counting the ones being opened; sessions that
-    /// `live` no longer has are forgotten. At a cap, the least recently
+    /// are `gone` are forgotten. At a cap, the least recently
     /// used idle session (of the token at its own cap, else of anyone) is
     /// taken out and returned, for the caller to end.
     fn open(
         owners: &Arc<Mutex<Owners>>,
         token: &str,
         max: (usize, usize),
-        live: impl Fn(&str) -> bool,
+        gone: impl Fn(&str, &Held) -> bool,
     ) -> Result<(Opening, Option<Ended>), Full> {
         let mut held = owners.lock().unwrap_or_else(|e| e.into_inner());
-        held.by_session.retain(|id, _| live(id));
+        held.by_session.retain(|id, h| !gone(id, h));
         let opening: usize = held.opening.values().sum();
         let count = held
             .by_session
@@ -815,6 +821,16 @@ impl Drop for Busy {
             session.last = std::time::Instant::now();
         }
     }
+}
+
+/// Whether a body is an `initialize` request (the one that opens a
+/// session).
+fn is_initialize(body: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Head {
+        method: Option<String>,
+    }
+    serde_json::from_slice::<Head>(body).is_ok_and(|h| h.method.as_deref() == Some("initialize"))
 }
 
 /// Drops the endpoints of bundles that are no longer installed, ending

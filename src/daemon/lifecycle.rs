@@ -46,6 +46,11 @@ pub trait Manifest: Clone {
     /// An environment must be built before this version can start (a uv
     /// bundle's): an upgrade builds it while the running version serves.
     fn needs_environment(&self) -> bool;
+    /// Runs exactly what `other` would (the same unpacked archive): putting
+    /// it in place again changes nothing.
+    fn same_as(&self, _other: &Self) -> bool {
+        false
+    }
 }
 
 /// What the lifecycle asks of a request to the bundle.
@@ -554,6 +559,15 @@ impl<S: Session, M: Manifest, C: Call> Lifecycle<S, M, C> {
             }
             Input::Respawn(asked) => self.restart(Why::Asked(asked)),
             Input::Upgrade(manifest) => {
+                let running = self
+                    .manifest
+                    .as_ref()
+                    .filter(|_| matches!(self.phase, Phase::Ready { .. }));
+                if running.is_some_and(|r| r.same_as(&manifest)) {
+                    // What runs, put back: only a build of another version
+                    // that was under way is dropped.
+                    return vec![Effect::AbortPrepare];
+                }
                 if manifest.needs_environment() && matches!(self.phase, Phase::Ready { .. }) {
                     // Built while the running version serves; the restart
                     // comes once it is.
@@ -861,7 +875,11 @@ impl<S: Session, M: Manifest, C: Call> Lifecycle<S, M, C> {
             (p, _) if p.reauthing() => Route::Queue,
             (p, _) => Route::Refuse(Refusal::NotReady {
                 state: p.state(),
-                last_error: self.last_error.clone(),
+                // (kept after a recovery: not the reason a start is slow)
+                last_error: self
+                    .last_error
+                    .clone()
+                    .filter(|_| p.state() != BundleState::Starting),
             }),
         };
         match route {

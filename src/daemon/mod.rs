@@ -285,12 +285,18 @@ fn private_state_dir(path: &Path, traversable: bool) -> Result<(), DaemonError> 
 /// kernel even on SIGKILL).
 fn lock_state_dir(state_dir: &Path) -> Result<Flock<File>, DaemonError> {
     let path = state_dir.join("daemon.lock");
+    // The daemon's alone: the state dir can be entered by bundles, and one
+    // that could open the lock could hold it against the next start.
+    use std::os::unix::fs::OpenOptionsExt;
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .read(true)
         .write(true)
+        .mode(0o600)
         .open(&path)
+        .map_err(io_err(&path))?;
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
         .map_err(io_err(&path))?;
     match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
         Ok(mut lock) => {

@@ -139,6 +139,10 @@ impl lifecycle::Manifest for LoadedManifest {
     fn needs_environment(&self) -> bool {
         self.manifest.is_uv()
     }
+
+    fn same_as(&self, other: &Self) -> bool {
+        same_archive(self, other)
+    }
 }
 
 /// Both run from the same unpacked archive (`archives/SHA256`: the same
@@ -584,8 +588,8 @@ impl Actor for BundleActor {
                     .manifest()
                     .filter(|_| st.lc.state() == BundleState::Ready);
                 if running.is_some_and(|r| same_archive(r, &manifest)) {
+                    // (the lifecycle drops a build of another version)
                     tracing::info!(workspace = %st.args.workspace, bundle = %st.args.name, "the archive put in place is the one running: nothing to do");
-                    return Ok(());
                 }
                 Input::Upgrade(*manifest)
             }

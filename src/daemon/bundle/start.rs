@@ -277,11 +277,12 @@ pub async fn start(
                 if let Some(cg) = cgroup {
                     let _ = tokio::task::spawn_blocking(move || cg.finish()).await;
                 }
-                // Refused by the kernel (permissions, Landlock) or not there:
-                // starting again changes nothing, so it is not a crash.
+                // Refused by the kernel (permissions, Landlock): starting
+                // again changes nothing, so it is not a crash. (What is not
+                // there was said before the spawn; a mount that comes late
+                // is worth a retry.)
                 if let ConnectError::Spawn(spawn) = &e {
-                    use std::io::ErrorKind::{NotFound, PermissionDenied};
-                    if matches!(spawn.source.kind(), PermissionDenied | NotFound) {
+                    if spawn.source.kind() == std::io::ErrorKind::PermissionDenied {
                         let reason = plan.redactor().redact(&e.to_string()).into_owned();
                         return Err(config(format!(
                             "{reason}; not retried: fix the permissions (or [sandbox] read_only_paths), then `bundlevisor restart {name}`"

@@ -50,6 +50,10 @@ pub enum DaemonMsg {
     Scanned { index: usize, scan: Option<Scan> },
     /// The installs and uninstalls of a folder's reconcile are done.
     Reconciled { index: usize },
+    /// A watched file whose install was refused because its bundle's name
+    /// is another file's (an archive swapped for its folder): looked at
+    /// again by the next scan, once that one is gone.
+    Unseen(PathBuf),
     /// Liveness of the actor tree (the systemd watchdog asks).
     Ping(RpcReplyPort<()>),
     /// The actor of a workspace, created on first use.
@@ -265,6 +269,13 @@ impl DaemonState {
         // files are watched for a fix.
         let mut again = false;
         let mut settling = false;
+        // Bundles whose file went: one of the same name that came (an
+        // archive swapped for its folder) is installed once it is gone.
+        let leaving: std::collections::HashSet<&str> = here
+            .iter()
+            .filter(|r| r.origin == Origin::Watch && !found_paths.contains(r.source.as_path()))
+            .map(|r| r.name.as_str())
+            .collect();
         for f in found.iter() {
             if let Some(why) = &f.settling {
                 // Not taken yet: the next scan parses it again.
@@ -277,13 +288,19 @@ impl DaemonState {
             let previous = self.seen.insert(f.path.clone(), f.hash);
             let record = by_source.get(&f.path);
             match (record, &f.manifest) {
+                (None, Some(Ok(loaded))) if leaving.contains(loaded.manifest.name.as_str()) => {
+                    self.seen.remove(&f.path);
+                    again = true;
+                }
                 (None, Some(Ok(_))) => {
                     let path = f.path.clone();
                     match self
                         .install(myself, path.clone(), watch.workspace.clone(), Origin::Watch)
                         .await
                     {
-                        Ok(task) => work.push(self.report_install(task, &watch.workspace, path)),
+                        Ok(task) => {
+                            work.push(self.report_install(myself, task, &watch.workspace, path))
+                        }
                         Err(e) => self.reject(&watch.workspace, &f.path, &e.to_string()),
                     }
                 }
@@ -379,7 +396,7 @@ impl DaemonState {
             .await;
         match installed {
             Ok(task) => {
-                let report = self.report_install(task, workspace, path.to_path_buf());
+                let report = self.report_install(myself, task, workspace, path.to_path_buf());
                 tokio::spawn(async move {
                     let _ = tokio::join!(removed, report);
                 })
@@ -394,14 +411,19 @@ impl DaemonState {
     /// Awaits a watched install; a refusal is announced like a rejected manifest.
     fn report_install(
         &self,
+        myself: &ActorRef<DaemonMsg>,
         task: tokio::task::JoinHandle<Result<InstallRecord, InstallError>>,
         workspace: &str,
         path: PathBuf,
     ) -> tokio::task::JoinHandle<()> {
         let (shared, workspace) = (self.shared.clone(), workspace.to_string());
+        let myself = myself.clone();
         tokio::spawn(async move {
             match task.await {
-                Ok(Ok(_)) | Ok(Err(InstallError::AlreadyInstalled { .. })) => {}
+                Ok(Ok(_)) => {}
+                Ok(Err(InstallError::AlreadyInstalled { .. })) => {
+                    let _ = myself.send_message(DaemonMsg::Unseen(path));
+                }
                 Ok(Err(e)) => reject(&shared, &workspace, &path, &e.to_string()),
                 Err(e) => reject(&shared, &workspace, &path, &e.to_string()),
             }
@@ -610,6 +632,9 @@ impl Actor for DaemonActor {
                 Some(scan) => st.reconcile(&myself, index, scan).await,
                 None => myself.send_message(DaemonMsg::Reconciled { index })?,
             },
+            DaemonMsg::Unseen(path) => {
+                st.seen.remove(&path);
+            }
             DaemonMsg::Reconciled { index } => {
                 // At most once a minute: a folder with a failed bundle is
                 // rescanned every second, and collecting reads the store.
