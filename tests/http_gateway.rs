@@ -303,17 +303,7 @@ async fn in_progress(url: &str, token: &str, session: &str, tool: &str) -> reqwe
     let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
         "name": tool, "arguments": {"steps": 600, "delay_ms": 100},
         "_meta": {"progressToken": "held"}}});
-    let mut response = reqwest::Client::new()
-        .post(url)
-        .bearer_auth(token)
-        .header("Accept", "application/json, text/event-stream")
-        .header("Content-Type", "application/json")
-        .header("Mcp-Session-Id", session)
-        .header("MCP-Protocol-Version", "2025-11-25")
-        .body(call.to_string())
-        .send()
-        .await
-        .unwrap();
+    let mut response = session_post(url, token, session, call).await;
     assert_eq!(response.status().as_u16(), 200);
     let mut seen = String::new();
     while !seen.contains("notifications/progress") {
@@ -656,7 +646,14 @@ fn a_python_sdk_2_3_agent_on_2026_07_28_lists_calls_and_reads() {
 
 /// A request on session `session` with token `token`: its status and body.
 async fn on_session(url: &str, token: &str, session: &str, body: Value) -> (u16, String) {
-    let response = reqwest::Client::new()
+    let response = session_post(url, token, session, body).await;
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap_or_default())
+}
+
+/// A POST of `body` on session `session` (2025-11-25), as sent.
+async fn session_post(url: &str, token: &str, session: &str, body: Value) -> reqwest::Response {
+    reqwest::Client::new()
         .post(url)
         .bearer_auth(token)
         .header("Accept", "application/json, text/event-stream")
@@ -666,9 +663,7 @@ async fn on_session(url: &str, token: &str, session: &str, body: Value) -> (u16,
         .body(body.to_string())
         .send()
         .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.text().await.unwrap_or_default())
+        .unwrap()
 }
 
 /// Issue 30, findings 13 and 14: a session id was served to any token of

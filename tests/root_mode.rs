@@ -620,12 +620,7 @@ fn a_watched_folders_workspace_is_in_status_from_the_start() {
 #[test]
 fn a_stderr_flood_is_rate_limited_in_the_daemons_log_and_kept_whole_in_the_bundles() {
     let d = Daemon::start();
-    let folder = common::shell_wrapped_demo(
-        &d.root().join("bundles"),
-        "noisy",
-        "seq -f 'flood line %g' 1 20000 >&2;",
-    );
-    d.ok(&["install", folder.to_str().unwrap()]);
+    install_wrapped(&d, "noisy", "seq -f 'flood line %g' 1 20000 >&2;");
     let kept = wait_for(
         Duration::from_secs(20),
         "the bundle's log to hold every line",
@@ -694,12 +689,11 @@ fn now() -> i64 {
 fn status_json_has_the_trees_memory_and_cpu() {
     for cgroups in ["auto", "off"] {
         let d = Daemon::start_with(&format!("[sandbox]\ncgroups = \"{cgroups}\"\n"));
-        let folder = common::shell_wrapped_demo(
-            &d.root().join("bundles"),
+        install_wrapped(
+            &d,
             "tree",
             "python3 -c 'import time; b = bytearray(48 << 20); b[::4096] = b\"x\" * len(b[::4096]); time.sleep(300)' &",
         );
-        d.ok(&["install", folder.to_str().unwrap()]);
         let usage = wait_for(
             Duration::from_secs(20),
             "the helper's memory counted",
@@ -817,7 +811,9 @@ fn the_running_archive_put_back_is_a_no_op_and_unsigned_is_said_once() {
 /// the archive is gone, in either order of the two moves.
 #[test]
 fn an_archive_swapped_for_its_folder_is_installed_in_either_order() {
-    let d = Daemon::start_with("watch_debounce = \"50ms\"\n[[watch]]\ndir = \"watched\"\nworkspace = \"default\"\n");
+    let d = Daemon::start_with(
+        "watch_debounce = \"50ms\"\n[[watch]]\ndir = \"watched\"\nworkspace = \"default\"\n",
+    );
     let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
     manifest["name"] = json!("swapped");
     let archive = pack(&d.root().join("work"), &manifest);
@@ -852,4 +848,10 @@ fn an_archive_swapped_for_its_folder_is_installed_in_either_order() {
             d.bundle("default", "swapped").is_none().then_some(())
         });
     }
+}
+
+/// Installs the demo started through `/bin/sh -c "PREFIX exec demo"`.
+fn install_wrapped(d: &Daemon, name: &str, prefix: &str) {
+    let folder = common::shell_wrapped_demo(&d.root().join("bundles"), name, prefix);
+    d.ok(&["install", folder.to_str().unwrap()]);
 }

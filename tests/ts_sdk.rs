@@ -25,25 +25,22 @@ fn client_script() -> PathBuf {
     path
 }
 
-#[test]
-fn the_typescript_sdk_client_lists_calls_reads_and_hears_of_changes() {
-    let port = free_port();
-    let d = Daemon::start_with(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"));
-    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
-    let id = d.put_file(
-        "from-ts.txt",
-        b"a workspace file, read by the TypeScript SDK",
-    );
-    let token = d.ok(&["token", "create"]).trim().to_string();
+/// Runs `node SCRIPT URL TOKEN` against the workspace endpoint on `port`:
+/// the client, and its lines (JSON) as they come, read by a thread (a test
+/// acts on what it said).
+fn run(
+    script: &std::path::Path,
+    port: u16,
+    token: &str,
+) -> (std::process::Child, mpsc::Receiver<Value>) {
     let mut child = Command::new("node")
-        .arg(client_script())
+        .arg(script)
         .arg(format!("http://127.0.0.1:{port}/mcp/default"))
-        .arg(&token)
+        .arg(token)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
         .expect("node runs");
-    // Its lines, as they come (a thread: the test must act on "ready").
     let (tx, lines) = mpsc::channel::<Value>();
     let stdout = child.stdout.take().unwrap();
     std::thread::spawn(move || {
@@ -54,6 +51,20 @@ fn the_typescript_sdk_client_lists_calls_reads_and_hears_of_changes() {
             }
         }
     });
+    (child, lines)
+}
+
+#[test]
+fn the_typescript_sdk_client_lists_calls_reads_and_hears_of_changes() {
+    let port = free_port();
+    let d = Daemon::start_with(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"));
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    let id = d.put_file(
+        "from-ts.txt",
+        b"a workspace file, read by the TypeScript SDK",
+    );
+    let token = d.ok(&["token", "create"]).trim().to_string();
+    let (mut child, lines) = run(&client_script(), port, &token);
     let next = |what: &str| -> Value {
         lines
             .recv_timeout(Duration::from_secs(30))
@@ -113,25 +124,7 @@ fn a_call_in_progress_when_the_daemon_dies_fails_at_once_not_at_its_timeout() {
     let mut d = Daemon::start_with(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"));
     d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
     let token = d.ok(&["token", "create"]).trim().to_string();
-    let script = client_script().with_file_name("crash.mjs");
-    let mut child = Command::new("node")
-        .arg(&script)
-        .arg(format!("http://127.0.0.1:{port}/mcp/default"))
-        .arg(&token)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("node runs");
-    let (tx, lines) = mpsc::channel::<Value>();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let value = serde_json::from_str(&line).unwrap_or(Value::String(line));
-            if tx.send(value).is_err() {
-                return;
-            }
-        }
-    });
+    let (mut child, lines) = run(&client_script().with_file_name("crash.mjs"), port, &token);
     let running = lines
         .recv_timeout(Duration::from_secs(30))
         .expect("the call running");
