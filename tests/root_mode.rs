@@ -249,13 +249,7 @@ fn a_state_dir_bundles_cannot_reach_is_refused_at_start_with_the_fix() {
         .replace("state_dir = \"state\"", "state_dir = \"closed/state\"");
     std::fs::write(&d.config, text).unwrap();
     d.state = closed.join("state");
-    let out = Command::new(BIN)
-        .args(["daemon", "--config"])
-        .arg(&d.config)
-        .output()
-        .unwrap();
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{said}");
+    let said = refused_start(&d.config);
     assert!(
         said.contains(&format!(
             "cannot pass through {} (owner root, mode 700)",
@@ -539,13 +533,7 @@ fn a_bundle_user_that_cannot_be_is_refused_at_start() {
         let d = Daemon::unlaunched(&format!(
             "[sandbox]\n[[sandbox.bundle]]\nbundle = \"x\"\nuser = \"{name}\"\n"
         ));
-        let out = Command::new(BIN)
-            .args(["daemon", "--config"])
-            .arg(&d.config)
-            .output()
-            .unwrap();
-        let said = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{said}");
+        let said = refused_start(&d.config);
         assert!(
             said.contains(&format!("[[sandbox.bundle]] default/x: user {name:?}"))
                 && said.contains(says),
@@ -854,4 +842,17 @@ fn an_archive_swapped_for_its_folder_is_installed_in_either_order() {
 fn install_wrapped(d: &Daemon, name: &str, prefix: &str) {
     let folder = common::shell_wrapped_demo(&d.root().join("bundles"), name, prefix);
     d.ok(&["install", folder.to_str().unwrap()]);
+}
+
+/// `bundlevisor daemon --config CONFIG`, which must refuse to start: what
+/// it said.
+fn refused_start(config: &Path) -> String {
+    let out = Command::new(BIN)
+        .args(["daemon", "--config"])
+        .arg(config)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{said}");
+    said
 }
