@@ -40,18 +40,7 @@ fn pack(dir: &Path, name: &str, version: &str) -> PathBuf {
     )
     .unwrap();
     let out = dir.join(format!("{name}-{version}.mcpb"));
-    let packed = Command::new(mcpb())
-        .arg("pack")
-        .arg(&folder)
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(
-        packed.status.success() && out.is_file(),
-        "mcpb pack failed: {}{}",
-        String::from_utf8_lossy(&packed.stdout),
-        String::from_utf8_lossy(&packed.stderr)
-    );
+    common::mcpb_pack(&folder, &out);
     std::fs::remove_dir_all(&folder).unwrap();
     out
 }
@@ -522,17 +511,7 @@ fn a_third_party_server_packed_by_mcpb_installs_and_serves() {
     );
     let d = Daemon::start();
     let archive = d.root().join("memory.mcpb");
-    let packed = Command::new(mcpb())
-        .arg("pack")
-        .arg(&folder)
-        .arg(&archive)
-        .output()
-        .unwrap();
-    assert!(
-        packed.status.success(),
-        "mcpb pack: {}",
-        String::from_utf8_lossy(&packed.stderr)
-    );
+    common::mcpb_pack(&folder, &archive);
     let out = d.ok(&["install", archive.to_str().unwrap(), "--json"]);
     let b: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(b["bundle"]["state"], "ready", "{b}");

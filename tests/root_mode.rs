@@ -727,17 +727,7 @@ fn pack(dir: &Path, manifest: &Value) -> PathBuf {
     common::stripped_demo_server(&folder.join("server/bundlevisor-demo"));
     std::fs::write(folder.join("manifest.json"), manifest.to_string()).unwrap();
     let archive = dir.join(format!("{name}.mcpb"));
-    let packed = Command::new(Path::new(REPO).join("target/mcpb/node_modules/.bin/mcpb"))
-        .arg("pack")
-        .arg(&folder)
-        .arg(&archive)
-        .output()
-        .unwrap();
-    assert!(
-        packed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&packed.stderr)
-    );
+    common::mcpb_pack(&folder, &archive);
     archive
 }
 

@@ -84,18 +84,7 @@ fn the_official_time_server_packed_as_a_uv_bundle_builds_once_and_serves() {
     let d = Daemon::start_with(&uv_config());
     let folder = time_uv(&d.root().join("src"), "time-uv", |_| {});
     let archive = d.root().join("time-uv.mcpb");
-    let mcpb = Path::new(REPO).join("target/mcpb/node_modules/.bin/mcpb");
-    let packed = Command::new(&mcpb)
-        .arg("pack")
-        .arg(&folder)
-        .arg(&archive)
-        .output()
-        .unwrap_or_else(|e| panic!("{}: {e}; run `make mcpb`", mcpb.display()));
-    assert!(
-        packed.status.success(),
-        "{}",
-        String::from_utf8_lossy(&packed.stderr)
-    );
+    common::mcpb_pack(&folder, &archive);
 
     let events = common::events(&d, &["events", "--json"]);
     d.ok(&["install", archive.to_str().unwrap()]);

@@ -977,3 +977,20 @@ pub fn mcp_py2(script: &str, args: &[&str]) -> Vec<String> {
     assert!(out.status.success(), "{script}: {stdout}\n{stderr}");
     stdout.lines().map(str::to_string).collect()
 }
+
+/// `mcpb pack FOLDER OUT` with the official CLI `make mcpb` pins.
+pub fn mcpb_pack(folder: &Path, out: &Path) {
+    let mcpb = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcpb/node_modules/.bin/mcpb");
+    let packed = Command::new(&mcpb)
+        .arg("pack")
+        .arg(folder)
+        .arg(out)
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}; run `make mcpb` (make test does)", mcpb.display()));
+    assert!(
+        packed.status.success() && out.is_file(),
+        "mcpb pack failed: {}{}",
+        String::from_utf8_lossy(&packed.stdout),
+        String::from_utf8_lossy(&packed.stderr)
+    );
+}
