@@ -634,6 +634,7 @@ pub fn capture_stderr(
     };
     let out = tail.clone();
     let (workspace, bundle) = (workspace.to_string(), bundle.to_string());
+    let allowance = CopiedLines::of(&workspace, &bundle);
     tokio::spawn(async move {
         let mut file = match RotatingLog::open(&target.path, target.max_bytes, target.keep).await {
             Ok(f) => Some(f),
@@ -655,7 +656,7 @@ pub fn capture_stderr(
                 ),
                 Ok(Line::Eof) | Err(_) => break,
             };
-            copy_to_daemon_log(&workspace, &bundle, &line);
+            copy_to_daemon_log(&allowance, &workspace, &bundle, &line);
             if let Some(f) = file.as_mut() {
                 if let Err(e) = f.append(&line).await {
                     tracing::warn!(path = %target.path.display(), error = %e, "bundle log write failed; stderr goes to tracing only");
@@ -674,7 +675,11 @@ pub fn capture_stderr(
         if let Some(mut f) = file {
             let _ = f.flush().await;
         }
-        CopiedLines::left_out(&workspace, &bundle, true);
+        let told = allowance
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take_untold(true);
+        tell_left_out(&workspace, &bundle, told);
         let _ = eof_tx.send(true);
     });
     tail
@@ -695,58 +700,66 @@ struct CopiedLines {
     told: std::time::Instant,
 }
 
-static COPIED: std::sync::Mutex<BTreeMap<(String, String), CopiedLines>> =
+type Allowance = Arc<std::sync::Mutex<CopiedLines>>;
+
+static COPIED: std::sync::Mutex<BTreeMap<(String, String), Allowance>> =
     std::sync::Mutex::new(BTreeMap::new());
 
 impl CopiedLines {
-    /// Says how many lines were left out of the daemon's log since it last
-    /// said so: now (`now`), or once a second while lines are left out.
-    fn left_out(workspace: &str, bundle: &str, now: bool) {
-        let count = {
-            let mut all = COPIED.lock().unwrap_or_else(|e| e.into_inner());
-            let Some(c) = all.get_mut(&(workspace.to_string(), bundle.to_string())) else {
-                return;
-            };
-            if c.left_out == 0 || !(now || c.told.elapsed() >= Duration::from_secs(1)) {
-                return;
-            }
-            c.told = std::time::Instant::now();
-            std::mem::take(&mut c.left_out)
-        };
+    /// The bundle's allowance (looked up once per start).
+    fn of(workspace: &str, bundle: &str) -> Allowance {
+        let mut all = COPIED.lock().unwrap_or_else(|e| e.into_inner());
+        all.entry((workspace.to_string(), bundle.to_string()))
+            .or_insert_with(|| {
+                let now = std::time::Instant::now();
+                Arc::new(std::sync::Mutex::new(CopiedLines {
+                    tokens: COPIED_BURST,
+                    last: now,
+                    left_out: 0,
+                    told: now,
+                }))
+            })
+            .clone()
+    }
+
+    /// How many lines were left out since it last said so, to be said now
+    /// (`now`), or once a second while lines are left out.
+    fn take_untold(&mut self, now: bool) -> Option<u64> {
+        if self.left_out == 0 || !(now || self.told.elapsed() >= Duration::from_secs(1)) {
+            return None;
+        }
+        self.told = std::time::Instant::now();
+        Some(std::mem::take(&mut self.left_out))
+    }
+}
+
+/// Says how many lines of the bundle the daemon's log left out.
+fn tell_left_out(workspace: &str, bundle: &str, count: Option<u64>) {
+    if let Some(count) = count {
         tracing::warn!(target: "bundle_stderr", workspace = %workspace, bundle = %bundle, "{count} stderr lines of this bundle were not copied to the daemon's log (at most {COPIED_PER_SEC} a second); `bundlevisor logs {bundle} -w {workspace}` has every line");
     }
 }
 
 /// Copies one stderr line to the daemon's log, within the bundle's
 /// allowance.
-fn copy_to_daemon_log(workspace: &str, bundle: &str, line: &str) {
-    let allowed = {
-        let mut all = COPIED.lock().unwrap_or_else(|e| e.into_inner());
+fn copy_to_daemon_log(allowance: &Allowance, workspace: &str, bundle: &str, line: &str) {
+    let (allowed, told) = {
+        let mut c = allowance.lock().unwrap_or_else(|e| e.into_inner());
         let now = std::time::Instant::now();
-        let c = all
-            .entry((workspace.to_string(), bundle.to_string()))
-            .or_insert(CopiedLines {
-                tokens: COPIED_BURST,
-                last: now,
-                left_out: 0,
-                told: now,
-            });
         let refill = now.duration_since(c.last).as_secs_f64() * COPIED_PER_SEC;
         c.tokens = (c.tokens + refill).min(COPIED_BURST);
         c.last = now;
-        if c.tokens >= 1.0 {
+        let allowed = c.tokens >= 1.0;
+        if allowed {
             c.tokens -= 1.0;
-            true
         } else {
             c.left_out += 1;
-            false
         }
+        (allowed, c.take_untold(allowed))
     };
+    tell_left_out(workspace, bundle, told);
     if allowed {
-        CopiedLines::left_out(workspace, bundle, true);
         tracing::info!(target: "bundle_stderr", workspace = %workspace, bundle = %bundle, "{line}");
-    } else {
-        CopiedLines::left_out(workspace, bundle, false);
     }
 }
 

@@ -106,24 +106,25 @@ pub fn sent(response: Response, hold: impl Send + Sync + 'static, tag: Option<St
     Response::from_parts(parts, axum::body::Body::from_stream(stream))
 }
 
-/// `bytes` (whole SSE events) with `#tag` after each event id.
+/// `bytes` (whole SSE events) with `#tag` after each event id (bytes as
+/// they are: no text decoding).
 fn tagged(bytes: Bytes, tag: &str) -> Bytes {
     if !bytes.starts_with(b"id:") && !bytes.windows(4).any(|w| w == b"\nid:") {
         return bytes;
     }
-    let text = String::from_utf8_lossy(&bytes);
-    let mut out = String::with_capacity(text.len() + tag.len() + 1);
-    for line in text.split_inclusive('\n') {
-        match line.strip_prefix("id:") {
-            Some(rest) => {
-                let value = rest.trim_end_matches(['\n', '\r']);
-                out.push_str("id:");
-                out.push_str(value);
-                out.push('#');
-                out.push_str(tag);
-                out.push_str(&rest[value.len()..]);
-            }
-            None => out.push_str(line),
+    let mut out = Vec::with_capacity(bytes.len() + 2 * (tag.len() + 1));
+    for line in bytes.split_inclusive(|b| *b == b'\n') {
+        if line.starts_with(b"id:") {
+            let end = line
+                .iter()
+                .rposition(|b| *b != b'\n' && *b != b'\r')
+                .map_or(0, |i| i + 1);
+            out.extend_from_slice(&line[..end]);
+            out.push(b'#');
+            out.extend_from_slice(tag.as_bytes());
+            out.extend_from_slice(&line[end..]);
+        } else {
+            out.extend_from_slice(line);
         }
     }
     Bytes::from(out)
