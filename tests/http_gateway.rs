@@ -1023,3 +1023,45 @@ async fn a_per_bundle_endpoint_admits_by_token_and_profile() {
     assert!(names.contains(&"echo".to_string()), "{names:?}");
     client.cancel().await.unwrap();
 }
+
+/// Issue 34, point 8, as agents see it: a tool call whose bundle dies
+/// under it says why (its exit and its telling stderr line), not
+/// "Transport closed", to an agent of either MCP revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_is_told_why_the_bundle_died_under_its_call_on_both_revisions() {
+    let port = free_port();
+    let d = Daemon::start_with(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"));
+    tokio::task::block_in_place(|| {
+        d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    });
+    let url = format!("http://127.0.0.1:{port}/mcp/default");
+    let t = token(&d, &[]);
+    let crash = |code: i64| {
+        let mut args = serde_json::Map::new();
+        args.insert("code".into(), Value::from(code));
+        CallToolRequestParams::new("demo__crash").with_arguments(args)
+    };
+    let said = agent(&url, &t)
+        .await
+        .unwrap()
+        .call_tool(crash(5))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        said.contains("exit code 5") && said.contains("crashing on request"),
+        "{said}"
+    );
+    tokio::task::block_in_place(|| d.wait_state("default", "demo", "ready"));
+    let said = stateless_agent(&url, &t)
+        .await
+        .unwrap()
+        .call_tool(crash(6))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        said.contains("exit code 6") && said.contains("crashing on request"),
+        "{said}"
+    );
+}
