@@ -388,14 +388,20 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// How often [`unpack`] tells its progress while it writes entries.
+const PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Unpacks `archive` below `root` (see the module doc); a version unpacked
 /// before is found, not unpacked again. On any refusal or failure nothing
-/// of it is left on disk.
+/// of it is left on disk. While entries are written, `progress` is told
+/// (entries written, entries in all): once before the first, at most every
+/// [`PROGRESS_EVERY`] meanwhile, and once after the last.
 pub fn unpack(
     archive: &Path,
     root: &Path,
     limits: &ArchiveLimits,
     trust: &Trust,
+    progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Unpacked, ArchiveError> {
     let io = |source| ArchiveError::Io {
         archive: archive.to_path_buf(),
@@ -499,7 +505,7 @@ pub fn unpack(
     })?;
     let plan = check(&mut zip, limits).map_err(refused)?;
     let tree = scratch.path.join("tree");
-    extract(&mut zip, &plan, &tree, limits).map_err(|e| match e {
+    extract(&mut zip, &plan, &tree, limits, progress).map_err(|e| match e {
         Extracted::Rule(rule) => refused(rule),
         Extracted::Io(source) => ArchiveError::Unpack {
             archive: archive.to_path_buf(),
@@ -772,12 +778,20 @@ fn extract<R: Read + std::io::Seek>(
     plan: &Plan,
     tree: &Path,
     limits: &ArchiveLimits,
+    progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(), Extracted> {
     use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new().mode(0o755).create(tree)?;
     let mut budget = limits.max_unpacked_bytes;
     let mut links = Vec::new();
-    for (i, path, kind, mode) in plan {
+    let total = plan.len() as u64;
+    progress(0, total);
+    let mut told = std::time::Instant::now();
+    for (done, (i, path, kind, mode)) in plan.iter().enumerate() {
+        if told.elapsed() >= PROGRESS_EVERY {
+            progress(done as u64, total);
+            told = std::time::Instant::now();
+        }
         let target = tree.join(path);
         if let Some(parent) = target.parent() {
             std::fs::DirBuilder::new()
@@ -846,6 +860,7 @@ fn extract<R: Read + std::io::Seek>(
             ))
         })?;
     }
+    progress(total, total);
     Ok(())
 }
 
@@ -986,6 +1001,7 @@ mod tests {
             &dir.path().join("archives"),
             limits,
             &Trust::default(),
+            &mut |_, _| {},
         );
         (dir, result)
     }
@@ -1041,14 +1057,17 @@ mod tests {
         );
         // The same archive again: found, not unpacked again.
         std::fs::write(unpacked.dir.join("marker"), "").unwrap();
+        let mut told = Vec::new();
         let again = unpack(
             &dir.path().join("b.mcpb"),
             &dir.path().join("archives"),
             &default_limits(),
             &Trust::default(),
+            &mut |done, of| told.push((done, of)),
         )
         .unwrap();
         assert_eq!(again, unpacked);
+        assert!(told.is_empty(), "nothing unpacked, no progress: {told:?}");
         assert!(again.dir.join("marker").exists());
         // Garbage collection keeps what is named.
         let keep: HashSet<String> = [unpacked.sha256.clone()].into();
@@ -1063,6 +1082,31 @@ mod tests {
         );
         assert_eq!(collect_garbage(&root, &HashSet::new(), now).unwrap(), 1);
         assert!(!unpacked.dir.exists());
+    }
+
+    /// Issue 34 (7): an unpack tells its progress, from none to every entry.
+    #[test]
+    fn an_unpack_tells_its_progress_from_none_to_all() {
+        let names: Vec<String> = (0..300).map(|i| format!("server/f{i}.txt")).collect();
+        let mut entries = vec![MANIFEST];
+        entries.extend(names.iter().map(|n| (n.as_str(), 0o100644, &b"x"[..])));
+        let bytes = zip_of(&entries);
+        let dir = tempfile::tempdir().unwrap();
+        let archive = dir.path().join("b.mcpb");
+        std::fs::write(&archive, &bytes).unwrap();
+        let mut told = Vec::new();
+        unpack(
+            &archive,
+            &dir.path().join("archives"),
+            &default_limits(),
+            &Trust::default(),
+            &mut |done, of| told.push((done, of)),
+        )
+        .unwrap();
+        let all = entries.len() as u64;
+        assert_eq!(told.first(), Some(&(0, all)));
+        assert_eq!(told.last(), Some(&(all, all)));
+        assert!(told.windows(2).all(|w| w[0].0 <= w[1].0), "{told:?}");
     }
 
     #[test]
@@ -1163,6 +1207,7 @@ mod tests {
             &dir.path().join("archives"),
             &default_limits(),
             &off,
+            &mut |_, _| {},
         )
         .unwrap();
         assert!(unpacked.dir.join("manifest.json").is_file());

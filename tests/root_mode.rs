@@ -731,6 +731,120 @@ fn pack(dir: &Path, manifest: &Value) -> PathBuf {
     archive
 }
 
+/// Opens the FIFO `gate` for writing and closes it: an unpack held there
+/// (fault injection `hold_unpack`) goes on.
+fn release(gate: &Path) {
+    drop(std::fs::OpenOptions::new().write(true).open(gate).unwrap());
+}
+
+/// The `unpacking` events seen on `events` until one says `until`.
+fn unpack_events(events: &common::Stream, until: &str) -> Vec<Value> {
+    events
+        .until(until, |l| l.contains("\"unpacking\"") && l.contains(until))
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|e| e["kind"] == "unpacking")
+        .collect()
+}
+
+/// Issue 34, point 7: a large archive (17,039 entries) was invisible for
+/// 6–12 s while it unpacked: no status row, no event. An unpack is now a
+/// status row in state `unpacking` with its progress (or the progress
+/// beside the state of the bundle it upgrades), told as `unpacking`
+/// events, and shown by `install`'s spinner. Each unpack is held at its
+/// start (fault injection) while it is looked at.
+#[test]
+fn an_archive_being_unpacked_is_shown_with_its_progress() {
+    let mut d = Daemon::unlaunched(
+        "watch_debounce = \"50ms\"\n[[watch]]\ndir = \"watched\"\nworkspace = \"default\"\n",
+    );
+    let gate = d.root().join("gate");
+    nix::unistd::mkfifo(&gate, nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+    d.env
+        .push(("BUNDLEVISOR_FAULT".into(), "hold_unpack".into()));
+    d.env
+        .push(("BUNDLEVISOR_FAULT_GATE".into(), gate.display().to_string()));
+    d.launch();
+    let events = common::events(&d, &["events", "--json"]);
+    let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    manifest["name"] = json!("big");
+    let archive = pack(&d.root().join("work"), &manifest);
+    let watched = d.root().join("watched");
+    std::fs::create_dir_all(&watched).unwrap();
+    std::fs::rename(&archive, watched.join("big.mcpb")).unwrap();
+
+    // A new install: a row of its own, named after the file.
+    let told = unpack_events(&events, "big.mcpb: 0 of");
+    let entries = told[0]["message"].as_str().unwrap().to_string();
+    let of: u64 = entries
+        .split(" of ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(of >= 2, "manifest and server: {entries}");
+    let row = d
+        .bundle("default", "big")
+        .expect("a status row while it unpacks");
+    assert_eq!(row["state"], "unpacking", "{row}");
+    assert_eq!(row["unpacking"], json!({"entries": 0, "of": of}), "{row}");
+    let table = d.ok(&["status"]);
+    assert!(table.contains(&format!("unpacking 0/{of}")), "{table}");
+    release(&gate);
+    unpack_events(&events, &format!("unpacked big.mcpb ({of} entries)"));
+    let ready = d.wait_state("default", "big", "ready");
+    assert!(ready.get("unpacking").is_none(), "{ready}");
+
+    // An upgrade: the progress beside the running version's state.
+    manifest["version"] = json!("0.2.0");
+    let archive = pack(&d.root().join("work2"), &manifest);
+    std::fs::rename(&archive, watched.join("big.mcpb")).unwrap();
+    unpack_events(&events, "big.mcpb: 0 of");
+    let row = d.bundle("default", "big").unwrap();
+    assert_eq!(row["state"], "ready", "{row}");
+    assert_eq!(row["unpacking"]["entries"], 0, "{row}");
+    release(&gate);
+    wait_for(Duration::from_secs(20), "the upgrade to run", || {
+        d.bundle("default", "big")
+            .filter(|b| b["version"] == "0.2.0" && b["state"] == "ready")
+    });
+
+    // `install` on a terminal: its spinner tells the unpack.
+    manifest["name"] = json!("other");
+    let archive = pack(&d.root().join("work3"), &manifest);
+    let (mut child, _input, seen) = common::in_terminal(
+        Command::new(BIN)
+            .arg("--socket")
+            .arg(&d.socket)
+            .arg("install")
+            .arg(&archive),
+    );
+    wait_for(
+        Duration::from_secs(20),
+        "the spinner to tell the unpack",
+        || {
+            seen.text()
+                .contains("unpacking other.mcpb: 0 of")
+                .then_some(())
+        },
+    );
+    release(&gate);
+    let status = common::wait_exit(&mut child, Duration::from_secs(30), "install to finish");
+    assert!(status.success(), "{}", seen.text());
+    let status = d.status();
+    assert!(
+        status["bundles"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b.get("unpacking").is_none()),
+        "{status}"
+    );
+}
+
 /// Issue 34, point 7: putting back the archive that runs (a copy seen half
 /// written, then whole) restarted the bundle, losing its state; and an
 /// unsigned archive was warned about twice per install and once per start.

@@ -229,7 +229,7 @@ fn bundle_table<const N: usize>(
         let mut row = vec![
             printable_line(&b.workspace).into_owned(),
             printable_line(&b.name).into_owned(),
-            b.state.as_str().to_string(),
+            state_cell(b),
             b.pid.map(|p| p.to_string()).unwrap_or_else(|| "-".into()),
             uptime(b.uptime_secs),
             b.restarts.to_string(),
@@ -251,6 +251,19 @@ fn bundle_table<const N: usize>(
         rows.push(row);
     }
     aligned(&rows, status.bundles.is_empty())
+}
+
+/// A bundle's state, with an unpack's progress: `unpacking 5000/17039`
+/// for an archive being installed, `ready (unpacking 5000/17039)` for an
+/// upgrade being unpacked beside the running version.
+fn state_cell(b: &crate::protocol::BundleStatus) -> String {
+    match b.unpacking {
+        None => b.state.as_str().to_string(),
+        Some(p) if b.state == crate::protocol::BundleState::Unpacking => {
+            format!("unpacking {}/{}", p.entries, p.of)
+        }
+        Some(p) => format!("{} (unpacking {}/{})", b.state.as_str(), p.entries, p.of),
+    }
 }
 
 /// Rows as columns aligned on the widest cell (the last column is not padded).
@@ -313,6 +326,7 @@ mod tests {
                 usage: None,
                 archive: None,
                 mcp: None,
+                unpacking: None,
             }],
         };
         let text = table(&status);

@@ -7,12 +7,13 @@
 //! `status` and the metrics cannot disagree.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use tokio::sync::broadcast;
 
-use crate::protocol::{BundleStatus, LifecycleEvent};
+use crate::protocol::{BundleState, BundleStatus, EventKind, LifecycleEvent, UnpackProgress};
 
 /// Lifecycle events are published as they happen.
 pub type Event = LifecycleEvent;
@@ -31,6 +32,9 @@ struct Inner {
     /// the boot's progress is O(1) to read (not a copy of the board per
     /// event: that was O(n²) over a boot).
     starting: usize,
+    /// Archives being unpacked, by (workspace, archive file): the name
+    /// they are shown under, and how far they are.
+    unpacking: BTreeMap<(String, PathBuf), (String, UnpackProgress)>,
 }
 
 /// What happened to a bundle since the daemon started (for metrics).
@@ -182,6 +186,154 @@ impl StatusBoard {
     }
 }
 
+impl StatusBoard {
+    /// Shows the unpack of `archive` for `workspace` in `status` until the
+    /// row is dropped; [`UnpackRow::tell`] moves it on. An installed bundle
+    /// of that source (a watched archive's upgrade) gets the progress
+    /// beside its state; otherwise a row in state `unpacking` is named
+    /// after the archive's file, its manifest not read yet.
+    pub fn unpacking(&self, workspace: &str, archive: &Path) -> UnpackRow {
+        let mut inner = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        let source = archive.display().to_string();
+        let installed = inner
+            .bundles
+            .iter()
+            .find(|((ws, _), e)| ws == workspace && e.status.source == source)
+            .map(|((_, name), e)| (name.clone(), e.status.state));
+        let file_stem = || {
+            let stem = archive.file_stem().unwrap_or(archive.as_os_str());
+            stem.to_string_lossy().into_owned()
+        };
+        let (name, state) = installed.unwrap_or_else(|| (file_stem(), BundleState::Unpacking));
+        let key = (workspace.to_string(), archive.to_path_buf());
+        let progress = UnpackProgress { entries: 0, of: 0 };
+        inner
+            .unpacking
+            .insert(key.clone(), (name.clone(), progress));
+        UnpackRow {
+            board: self.clone(),
+            key,
+            name,
+            state,
+        }
+    }
+
+    /// A progress callback for [`crate::archive::unpack`] that shows the
+    /// unpack of `archive` from its first entry until the callback is
+    /// dropped (an archive found unpacked shows nothing).
+    pub fn unpack_progress(&self, workspace: &str, archive: &Path) -> impl FnMut(u64, u64) {
+        let (board, workspace, archive) =
+            (self.clone(), workspace.to_string(), archive.to_path_buf());
+        let mut row: Option<UnpackRow> = None;
+        move |entries, of| {
+            let first = row.is_none();
+            row.get_or_insert_with(|| board.unpacking(&workspace, &archive))
+                .tell(entries, of);
+            if first {
+                hold_unpack();
+            }
+        }
+    }
+
+    /// `bundles` (a snapshot) with the unpacks in progress: as the progress
+    /// of the installed bundle they upgrade, or as rows of their own
+    /// (`workspaces` then lists their workspace), ordered as the board is.
+    pub fn with_unpacking(&self, workspaces: &mut Vec<String>, bundles: &mut Vec<BundleStatus>) {
+        let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
+        if inner.unpacking.is_empty() {
+            return;
+        }
+        for ((workspace, archive), (name, progress)) in &inner.unpacking {
+            let source = archive.display().to_string();
+            match bundles
+                .iter_mut()
+                .find(|b| &b.workspace == workspace && b.source == source)
+            {
+                Some(b) => b.unpacking = Some(*progress),
+                None => bundles.push(BundleStatus {
+                    workspace: workspace.clone(),
+                    name: name.clone(),
+                    version: None,
+                    state: BundleState::Unpacking,
+                    pid: None,
+                    uptime_secs: None,
+                    restarts: 0,
+                    tools: 0,
+                    last_error: None,
+                    last_error_at: None,
+                    source,
+                    sandbox: None,
+                    usage: None,
+                    archive: None,
+                    mcp: None,
+                    unpacking: Some(*progress),
+                }),
+            }
+            if !workspaces.contains(workspace) {
+                workspaces.push(workspace.clone());
+            }
+        }
+        workspaces.sort();
+        bundles.sort_by(|a, b| (&a.workspace, &a.name).cmp(&(&b.workspace, &b.name)));
+    }
+}
+
+/// An archive's unpack, shown in `status` while it lives (see
+/// [`StatusBoard::unpacking`]).
+pub struct UnpackRow {
+    board: StatusBoard,
+    key: (String, PathBuf),
+    name: String,
+    /// The state its events carry: the installed bundle's, or `unpacking`.
+    state: BundleState,
+}
+
+impl UnpackRow {
+    /// `entries` of `of` are written: shown in `status`, and told as an
+    /// `unpacking` event.
+    pub fn tell(&self, entries: u64, of: u64) {
+        {
+            let mut inner = self.board.inner.write().unwrap_or_else(|p| p.into_inner());
+            if let Some((_, progress)) = inner.unpacking.get_mut(&self.key) {
+                *progress = UnpackProgress { entries, of };
+            }
+        }
+        let file = self.key.1.file_name().unwrap_or(self.key.1.as_os_str());
+        let file = file.to_string_lossy();
+        let message = if entries == of {
+            format!("unpacked {file} ({of} entries)")
+        } else {
+            format!("unpacking {file}: {entries} of {of} entries")
+        };
+        self.board.emit(LifecycleEvent::new(
+            &self.key.0,
+            &self.name,
+            EventKind::Unpacking,
+            self.state,
+            message,
+        ));
+    }
+}
+
+impl Drop for UnpackRow {
+    fn drop(&mut self) {
+        let mut inner = self.board.inner.write().unwrap_or_else(|p| p.into_inner());
+        inner.unpacking.remove(&self.key);
+    }
+}
+
+/// fault-injection `hold_unpack`: an unpack, once shown, waits until the
+/// FIFO `BUNDLEVISOR_FAULT_GATE` is opened for writing and closed (a test
+/// looks at it meanwhile).
+fn hold_unpack() {
+    #[cfg(feature = "fault-injection")]
+    if std::env::var_os("BUNDLEVISOR_FAULT").is_some_and(|v| v == "hold_unpack") {
+        if let Some(gate) = std::env::var_os("BUNDLEVISOR_FAULT_GATE") {
+            let _ = std::fs::read(gate);
+        }
+    }
+}
+
 fn with_uptime(entry: &Entry) -> BundleStatus {
     let mut status = entry.status.clone();
     status.uptime_secs = entry.ready_since.map(|t| t.elapsed().as_secs());
@@ -210,6 +362,7 @@ mod tests {
             usage: None,
             archive: None,
             mcp: None,
+            unpacking: None,
         }
     }
 

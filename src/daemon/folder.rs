@@ -52,6 +52,8 @@ pub struct ScanInputs<'a> {
     pub trust: super::trusted::Trust,
     /// The workspace its bundles are installed in.
     pub workspace: &'a str,
+    /// Where an archive's unpack is shown while it runs.
+    pub board: &'a super::board::StatusBoard,
 }
 
 /// Entries walked at most to fingerprint a tree (a huge tree is judged on
@@ -209,7 +211,10 @@ fn archive(path: PathBuf, untrusted: Option<&str>, ask: &ScanInputs, config: &Co
     };
     let manifest = (seen.get(&path) != Some(&hash)).then(|| {
         hashed?;
-        let loaded = super::source::load(&path, config).map_err(|e| e.to_string())?;
+        let mut progress = ask.board.unpack_progress(ask.workspace, &path);
+        let loaded = super::source::load_with(&path, config, &mut progress);
+        drop(progress);
+        let loaded = loaded.map_err(|e| e.to_string())?;
         crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES)
             .map_err(|e| e.to_string())?;
         crate::bundle::sandbox::check_install(

@@ -1830,11 +1830,14 @@ mod tests {
         }
         let states: std::collections::BTreeSet<_> =
             phases.iter().map(|p| p.state().as_str()).collect();
-        assert_eq!(
-            states.len(),
-            BundleState::ALL.len(),
-            "every state has a phase"
-        );
+        // `unpacking` comes before a bundle has a lifecycle: the board
+        // shows an archive being unpacked for an install.
+        let lived: std::collections::BTreeSet<_> = BundleState::ALL
+            .into_iter()
+            .filter(|s| *s != BundleState::Unpacking)
+            .map(BundleState::as_str)
+            .collect();
+        assert_eq!(states, lived, "every state has a phase");
     }
 
     /// The table in docs/ARCHITECTURE.md is the one [`table`] gives.

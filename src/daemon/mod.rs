@@ -484,6 +484,7 @@ pub fn expected_status(record: &crate::store::InstallRecord) -> crate::protocol:
         usage: None,
         archive: None,
         mcp: None,
+        unpacking: None,
     }
 }
 

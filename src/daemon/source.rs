@@ -31,13 +31,24 @@ impl SourceError {
 /// Reads and validates the manifest at `source`; an archive is unpacked
 /// (or found unpacked) and its folder becomes the bundle's.
 pub fn load(source: &Path, config: &Config) -> Result<LoadedManifest, SourceError> {
+    load_with(source, config, &mut |_, _| {})
+}
+
+/// [`load`], telling an unpack's progress (entries written, entries in
+/// all) to `progress` (see [`archive::unpack`]).
+pub fn load_with(
+    source: &Path,
+    config: &Config,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<LoadedManifest, SourceError> {
     if archive::is_archive(source) {
         let root = archive::root(&config.state_dir);
         let trust = archive::Trust {
             policy: config.bundles.signatures,
             anchors: config.bundles.trusted_certs.clone(),
         };
-        let unpacked = archive::unpack(source, &root, &config.archives.limits(), &trust)?;
+        let limits = config.archives.limits();
+        let unpacked = archive::unpack(source, &root, &limits, &trust, progress)?;
         return Ok(crate::manifest::load(&unpacked.dir)?);
     }
     Ok(manifest_of(source)?)

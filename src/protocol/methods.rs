@@ -101,10 +101,15 @@ pub enum BundleState {
     /// A remote bundle whose server wants an interactive authorization
     /// (`bundlevisor auth`); never retried on its own.
     NeedsAuth,
+    /// A `.mcpb` archive being unpacked before its install: the row is
+    /// named after the archive's file until its manifest is read, and
+    /// `unpacking` has the progress. (An installed bundle whose new version
+    /// unpacks keeps its state and shows `unpacking` beside it.)
+    Unpacking,
 }
 
 impl BundleState {
-    pub const ALL: [BundleState; 7] = [
+    pub const ALL: [BundleState; 8] = [
         BundleState::Starting,
         BundleState::Ready,
         BundleState::Restarting,
@@ -112,6 +117,7 @@ impl BundleState {
         BundleState::Stopped,
         BundleState::NeedsConfig,
         BundleState::NeedsAuth,
+        BundleState::Unpacking,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -123,12 +129,16 @@ impl BundleState {
             BundleState::Stopped => "stopped",
             BundleState::NeedsConfig => "needs_config",
             BundleState::NeedsAuth => "needs_auth",
+            BundleState::Unpacking => "unpacking",
         }
     }
 
     /// On its way up (a start runs or is scheduled): worth waiting for.
     pub fn is_coming_up(self) -> bool {
-        matches!(self, BundleState::Starting | BundleState::Restarting)
+        matches!(
+            self,
+            BundleState::Starting | BundleState::Restarting | BundleState::Unpacking
+        )
     }
 
     /// Down until an operator acts (`restart`, `configure`, `auth`, a
@@ -178,6 +188,18 @@ pub struct BundleStatus {
     /// and why when it is not the newest (2026-07-28).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mcp: Option<McpRevision>,
+    /// While a `.mcpb` archive of the bundle is being unpacked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unpacking: Option<UnpackProgress>,
+}
+
+/// How far an archive's unpack has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnpackProgress {
+    /// Entries written so far.
+    pub entries: u64,
+    /// Entries in the archive.
+    pub of: u64,
 }
 
 /// The MCP revision spoken with a bundle.
@@ -753,6 +775,10 @@ pub enum EventKind {
     /// A start is building what the bundle needs before it runs (a uv
     /// bundle's Python environment); `message` is the builder's last line.
     Preparing,
+    /// A `.mcpb` archive is being unpacked (at install, for an upgrade, or
+    /// for a start that finds its unpacked copy gone); `message` has the
+    /// entries written so far. The bundle is named as its status row is.
+    Unpacking,
     Ready,
     /// The process exited (`exit` says how; `stderr` has its last lines).
     Exited,

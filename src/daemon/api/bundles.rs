@@ -20,24 +20,44 @@ impl Api {
         workspace: &str,
         origin: Origin,
         wait: bool,
-        seen: impl FnMut(crate::daemon::board::Event) -> F,
+        mut seen: impl FnMut(crate::daemon::board::Event) -> F,
     ) -> Result<BundleStatus, ApiError> {
         self.bare_names_free(&path, workspace).await?;
         // Subscribed before the install: no transition of its start is missed.
         let events = self.shared.board.subscribe();
-        let workspace = workspace.to_string();
-        let record = Api::ask(
+        // An archive's unpack is told while the install is asked: its row
+        // is named after the archive's file (the manifest is not read yet).
+        let mut unpacks = self.shared.board.subscribe();
+        let unpacked_as = crate::archive::is_archive(&path)
+            .then(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()))
+            .flatten();
+        let ws = workspace.to_string();
+        let asked = Api::ask(
             &self.daemon,
             |reply| DaemonMsg::Install {
                 path,
-                workspace,
+                workspace: ws,
                 origin,
                 reply,
             },
             limit::INSTALL,
             "the daemon",
-        )
-        .await??;
+        );
+        tokio::pin!(asked);
+        let record = loop {
+            tokio::select! {
+                record = &mut asked => break record??,
+                Ok(event) = unpacks.recv(), if unpacked_as.is_some() => {
+                    if event.kind == crate::protocol::EventKind::Unpacking
+                        && event.workspace == workspace
+                        && Some(&event.name) == unpacked_as.as_ref()
+                    {
+                        seen(event).await;
+                    }
+                }
+            }
+        };
+        drop(unpacks);
         if !wait {
             // The bundle's actor may not have published its first status yet.
             return Ok(self

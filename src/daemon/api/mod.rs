@@ -383,6 +383,9 @@ impl Api {
     ) -> Result<crate::protocol::StatusResult, ApiError> {
         use crate::protocol::{DaemonInfo, StatusResult, Usage};
         let (mut workspaces, mut bundles) = self.shared.board.snapshot();
+        self.shared
+            .board
+            .with_unpacking(&mut workspaces, &mut bundles);
         if let Some(ws) = workspace {
             self.known_workspace(ws)?;
             workspaces.retain(|w| w == ws);

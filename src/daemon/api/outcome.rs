@@ -92,8 +92,9 @@ impl Api {
             seen(event).await;
             match kind {
                 EventKind::Starting => started = true,
-                // Building the environment has a deadline of its own.
-                EventKind::Preparing if !preparing => {
+                // Building the environment (or unpacking an archive again)
+                // has a deadline of its own.
+                EventKind::Preparing | EventKind::Unpacking if !preparing => {
                     preparing = true;
                     deadline = tokio::time::Instant::now() + self.shared.config.uv.timeout + limit;
                 }

@@ -202,6 +202,7 @@ impl BundleActorState {
                 revision: l.session.revision.to_string(),
                 why: l.session.revision_why.clone(),
             }),
+            unpacking: None,
         }
     }
 

@@ -128,8 +128,13 @@ pub fn snapshot_files(state_dir: &Path) -> Vec<PathBuf> {
 
 /// Reads and checks the manifest on disk: valid, still naming this bundle,
 /// and accepted by the install gate.
-fn from_disk(source: &Path, name: &str, config: &Config) -> Result<LoadedManifest, Refused> {
-    let loaded = super::super::source::load(source, config).map_err(|e| {
+fn from_disk(
+    source: &Path,
+    name: &str,
+    config: &Config,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<LoadedManifest, Refused> {
+    let loaded = super::super::source::load_with(source, config, progress).map_err(|e| {
         if e.is_gone() {
             Refused::Gone(e.to_string())
         } else {
@@ -151,18 +156,19 @@ fn check(loaded: &LoadedManifest, name: &str) -> Result<(), String> {
     crate::manifest::gate(&loaded.manifest, PROVIDED_CAPABILITIES).map_err(|e| e.to_string())
 }
 
-/// The manifest a start uses, and why the disk's was refused if it was.
-/// Runs on the blocking pool.
+/// The manifest a start uses, and why the disk's was refused if it was
+/// (an archive whose unpacked copy is gone is unpacked again, its progress
+/// told to `progress`). Runs on the blocking pool.
 fn choose(
     wanted: Wanted<LoadedManifest>,
-    source: &Path,
-    name: &str,
+    (source, name): (&Path, &str),
     snapshot: &Path,
     config: &Config,
+    progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(LoadedManifest, Option<String>), String> {
     let (loaded, rejected) = match wanted {
         Wanted::Exactly(m) => (m, None),
-        Wanted::FromDisk { last_good } => match from_disk(source, name, config) {
+        Wanted::FromDisk { last_good } => match from_disk(source, name, config, progress) {
             Ok(m) => (m, None),
             Err(Refused::Gone(why)) => return Err(why),
             Err(Refused::Invalid(why)) => {
@@ -333,8 +339,15 @@ async fn read_manifest(
 ) -> Result<Chosen, StartFailure> {
     let snapshot = snapshot_path(&shared.config.state_dir, workspace, name);
     let (name, settings) = (name.to_string(), shared.config.clone());
+    let mut progress = shared.board.unpack_progress(workspace, &source);
     tokio::task::spawn_blocking(move || {
-        let (loaded, rejected) = choose(wanted, &source, &name, &snapshot, &settings)?;
+        let (loaded, rejected) = choose(
+            wanted,
+            (&source, &name),
+            &snapshot,
+            &settings,
+            &mut progress,
+        )?;
         super::super::trusted::may_run(&loaded, &source, &settings)?;
         let archive = archive_info(&loaded, &settings.state_dir);
         Ok::<_, String>((loaded, rejected, archive))

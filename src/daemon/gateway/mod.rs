@@ -169,6 +169,7 @@ fn changes_lists(kind: EventKind) -> bool {
         EventKind::Installed
             | EventKind::Starting
             | EventKind::Preparing
+            | EventKind::Unpacking
             | EventKind::ManifestRejected
     )
 }

@@ -77,6 +77,7 @@ pub async fn install(
         shared.config.clone(),
     );
     let in_workspace = workspace.clone();
+    let board = shared.board.clone();
     let checked = tokio::task::spawn_blocking(move || {
         let missing = |e: std::io::Error| InstallError::NoSuchPath {
             path: src.clone(),
@@ -93,7 +94,10 @@ pub async fn install(
             }
             _ => src.canonicalize().map_err(missing)?,
         };
-        let loaded = super::super::source::load(&source, &config).map_err(|e| match e {
+        let mut progress = board.unpack_progress(&in_workspace, &source);
+        let loaded = super::super::source::load_with(&source, &config, &mut progress);
+        drop(progress);
+        let loaded = loaded.map_err(|e| match e {
             SourceError::Archive(e) => InstallError::Archive(e),
             SourceError::Manifest(e) => InstallError::Manifest(e),
         })?;

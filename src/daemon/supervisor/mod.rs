@@ -199,6 +199,7 @@ impl DaemonState {
             .collect();
         tokio::spawn(async move {
             let (dir, config) = (watch.dir.clone(), shared.config.clone());
+            let board = shared.board.clone();
             let found = tokio::task::spawn_blocking(move || {
                 let ask = super::folder::ScanInputs {
                     seen: &seen,
@@ -210,6 +211,7 @@ impl DaemonState {
                         read_only_volume: watch.read_only_volume,
                     },
                     workspace: &watch.workspace,
+                    board: &board,
                 };
                 scan(&dir, &ask)
             })
