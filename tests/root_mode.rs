@@ -396,6 +396,57 @@ fn configure_works_on_a_watched_archive_that_needs_config() {
     assert!(!ready.to_string().contains("s3cret-value"), "{ready}");
 }
 
+/// Issue 34, point 11: a `string` setting holding a path is never granted
+/// and nothing said so; a `file` had to exist, with no word of why or how.
+/// `configure` now notes a string value that names a path none of the
+/// bundle's grants covers (never quoting it), and a missing file is
+/// refused with the fix.
+#[test]
+fn configure_says_what_a_path_in_a_string_or_a_missing_file_needs() {
+    let d = Daemon::start_with(
+        "[[sandbox.bundle]]\nbundle = \"granted\"\nread_write_paths = [\"/srv/granted\"]\n",
+    );
+    let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    manifest["user_config"]["db"] =
+        json!({"type": "file", "title": "Database", "description": "The database file"});
+    manifest["user_config"]["cache"] = json!(
+        {"type": "string", "title": "Cache", "description": "Where to cache", "sensitive": true}
+    );
+    for name in ["pathy", "granted"] {
+        manifest["name"] = json!(name);
+        let folder = common::write_bundle(&d.root().join("bundles"), name, &manifest);
+        d.ok(&["install", folder.to_str().unwrap()]);
+    }
+    let missing = d.root().join("nowhere/app.db");
+    let out = d.cli(&["configure", "pathy", &format!("db={}", missing.display())]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("does not exist") && said.contains("create it first"),
+        "{said}"
+    );
+    let out = d.cli(&["configure", "pathy", "cache=/srv/secret-cache"]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("note: cache is a string setting") && said.contains("read_write_paths"),
+        "{said}"
+    );
+    assert!(
+        !said.contains("secret-cache"),
+        "the value is not quoted: {said}"
+    );
+    // Text, or a path the bundle's grants cover: nothing to say.
+    for (name, value) in [("pathy", "cache=fast"), ("granted", "cache=/srv/granted/c")] {
+        let out = d.cli(&["configure", name, value]);
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !said.contains("note:"),
+            "{value}: {said}"
+        );
+    }
+}
+
 /// The processes whose parent is `pid`, with their state letter.
 fn children(pid: u32) -> Vec<(u32, char)> {
     let mut found = Vec::new();

@@ -102,6 +102,9 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
             .await
     })
     .await?;
+    for note in &r.notes {
+        eprintln!("note: {}", printable_line(note));
+    }
     if args.json {
         print_json(&r)?;
         return Ok(ExitCode::SUCCESS);

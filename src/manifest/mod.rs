@@ -647,6 +647,14 @@ impl Manifest {
                 } else {
                     path.is_file()
                 };
+                if !ok && !want_dir && !path.exists() {
+                    // Granting its folder instead would give the bundle
+                    // every file beside it.
+                    return Err(format!(
+                        "{key} must name an existing file; {} does not exist. The bundle is granted that one file, not its folder: create it first (as the bundle's [[sandbox.bundle]] user, or chown it to that user)",
+                        shown(raw)
+                    ));
+                }
                 if !ok {
                     return Err(format!(
                         "{key} must name an existing {what}; {} is not one",

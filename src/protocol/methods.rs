@@ -530,6 +530,10 @@ pub struct ConfigureResult {
     /// The bundle after the respawn (absent when nothing changed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bundle: Option<BundleStatus>,
+    /// What the operator should know about the values stored (a `string`
+    /// value that names a path the bundle is not granted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// Result of install and restart: the bundle once it reached ready.

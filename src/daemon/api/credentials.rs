@@ -135,8 +135,14 @@ impl Api {
 
         if changes.is_empty() {
             let keys = describe_keys(&self.shared, &loaded, &p.workspace, &p.name).await?;
-            return Ok(ConfigureResult { keys, bundle: None });
+            return Ok(ConfigureResult {
+                keys,
+                bundle: None,
+                notes: Vec::new(),
+            });
         }
+        let grants = self.shared.config.sandbox.for_bundle(&p.workspace, &p.name);
+        let notes = ungranted_paths(&loaded.manifest, &p.set, grants);
         {
             self.shared
                 .credentials_of(&p.workspace, &p.name, move |c, w, n| {
@@ -153,6 +159,7 @@ impl Api {
         Ok(ConfigureResult {
             keys,
             bundle: Some(bundle),
+            notes,
         })
     }
 
@@ -281,6 +288,50 @@ impl Api {
         self.respawn_and_wait(&workspace, &name, Respawn::Authorized, seen)
             .await
     }
+}
+
+/// A note for each `string` value in `set` that names an absolute path
+/// none of the bundle's `[[sandbox.bundle]]` paths (`grants`) covers: a
+/// string is passed as text and never granted (only `directory` and
+/// `file` values are), so a bundle that opens it would be refused by its
+/// sandbox. The value itself is not quoted (it may be sensitive).
+fn ungranted_paths(
+    manifest: &crate::manifest::Manifest,
+    set: &std::collections::BTreeMap<String, String>,
+    grants: Option<&crate::config::SandboxOverride>,
+) -> Vec<String> {
+    use crate::manifest::UserConfigType;
+    let granted = |path: &std::path::Path| {
+        grants.is_some_and(|g| {
+            (g.read_only_paths.iter())
+                .chain(&g.read_write_paths)
+                .any(|p| path.starts_with(p))
+        })
+    };
+    set.iter()
+        .filter(|(key, _)| {
+            manifest
+                .user_config
+                .get(*key)
+                .is_some_and(|e| e.kind == UserConfigType::String)
+        })
+        .filter(|(key, raw)| {
+            let items = if manifest.user_config[*key].multiple {
+                crate::manifest::stored_items(raw)
+            } else {
+                vec![raw.to_string()]
+            };
+            items.iter().any(|item| {
+                let path = std::path::Path::new(item.trim());
+                path.is_absolute() && !item.contains(char::is_whitespace) && !granted(path)
+            })
+        })
+        .map(|(key, _)| {
+            format!(
+                "{key} is a string setting and its value looks like an absolute path: a string is passed to the bundle as text, never granted by its sandbox (only `directory` and `file` settings are); if the bundle must open it, add it to `read_only_paths` or `read_write_paths` of the bundle's [[sandbox.bundle]] (docs/operations.md, \"Configured folders\")"
+            )
+        })
+        .collect()
 }
 
 /// Checks `set` and `unset` against the manifest's user_config: every
