@@ -10,26 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use common::Daemon;
+use common::{uv_config, Daemon};
 use serde_json::Value;
 
 const REPO: &str = env!("CARGO_MANIFEST_DIR");
-
-/// The daemon's `[uv]` table: the pinned uv, the system's Python (readable
-/// by the bundles' uids), and one download cache for the whole test run.
-fn uv_config() -> String {
-    let uv = Path::new(REPO).join("target/uv/venv/bin/uv");
-    assert!(
-        uv.is_file(),
-        "uv is not installed at {}; run `make uv` (make test does)",
-        uv.display()
-    );
-    format!(
-        "[uv]\ncommand = \"{}\"\npython = \"/usr/bin/python3\"\ncache_dir = \"{}\"\n",
-        uv.display(),
-        Path::new(REPO).join("target/uv-cache").display()
-    )
-}
 
 /// A copy of `tests/servers/time-uv` at `dir/NAME`, with `edit` applied to its manifest.
 fn time_uv(dir: &Path, name: &str, edit: impl FnOnce(&mut Value)) -> PathBuf {

@@ -978,6 +978,23 @@ pub fn mcp_py2(script: &str, args: &[&str]) -> Vec<String> {
     stdout.lines().map(str::to_string).collect()
 }
 
+/// The daemon's `[uv]` table: the pinned uv, the system's Python (readable
+/// by the bundles' uids), and one download cache for the whole test run.
+pub fn uv_config() -> String {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let uv = repo.join("target/uv/venv/bin/uv");
+    assert!(
+        uv.is_file(),
+        "uv is not installed at {}; run `make uv` (make test does)",
+        uv.display()
+    );
+    format!(
+        "[uv]\ncommand = \"{}\"\npython = \"/usr/bin/python3\"\ncache_dir = \"{}\"\n",
+        uv.display(),
+        repo.join("target/uv-cache").display()
+    )
+}
+
 /// `mcpb pack FOLDER OUT` with the official CLI `make mcpb` pins.
 pub fn mcpb_pack(folder: &Path, out: &Path) {
     let mcpb = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mcpb/node_modules/.bin/mcpb");
