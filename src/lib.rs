@@ -33,6 +33,9 @@
 //! - [`progress`]: spinners and bars on a terminal (indicatif), log lines above them.
 //! - [`stdio`]: stdin/stdout polled by the event loop (MCP stdio servers).
 //! - [`text`]: bundle-controlled text made safe to show on a terminal.
+//! - [`tool_search`]: the ranked search over a workspace's tools
+//!   (`discovery = "search"`), in memory with tantivy.
+//! - [`token_rules`]: an access token's own allow and deny rules.
 
 pub mod archive;
 pub mod bundle;
@@ -56,3 +59,5 @@ pub mod secret;
 pub mod stdio;
 pub mod store;
 pub mod text;
+pub mod token_rules;
+pub mod tool_search;

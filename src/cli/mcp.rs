@@ -52,6 +52,11 @@ pub fn run(socket: PathBuf, args: &Args) -> ExitCode {
         profile: args.profile.clone(),
         bundle: args.bundle.clone(),
         wait_ready_ms: args.wait_ready.map(|d| d.as_millis() as u64),
+        // From the environment only: a command line is visible to every user.
+        token: std::env::var("BUNDLEVISOR_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty())
+            .map(crate::protocol::TokenText),
         resume: None,
         handover: !args.relay && crate::stdio::can_hand_over(),
     };

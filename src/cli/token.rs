@@ -34,6 +34,15 @@ enum TokenCommand {
         /// Its name (unique); default token-ID.
         #[arg(long)]
         name: Option<String>,
+        /// What it may reach: KIND:BUNDLE/NAME with globs, e.g.
+        /// tool:github/*, prompt:*/*, resource:@files/* (repeatable; with
+        /// none, everything its profile shows).
+        #[arg(long, value_name = "RULE")]
+        allow: Vec<String>,
+        /// What it may not reach, whatever --allow says (repeatable), e.g.
+        /// tool:*/delete_*.
+        #[arg(long, value_name = "RULE")]
+        deny: Vec<String>,
         #[arg(long)]
         json: bool,
     },
@@ -64,8 +73,14 @@ fn line(t: &TokenInfo) -> String {
         (Some(at), true) => format!("expired {}", when(at)),
         (Some(at), false) => format!("expires {}", when(at)),
     };
+    let rules = |flag: &str, rules: &[String]| -> String {
+        rules
+            .iter()
+            .map(|r| format!("  {flag} {}", printable_line(r)))
+            .collect()
+    };
     format!(
-        "{}  {}  workspace {}{}  created {}  {}",
+        "{}  {}  workspace {}{}  created {}  {}{}{}",
         t.id,
         printable_line(&t.name),
         t.workspace,
@@ -74,7 +89,9 @@ fn line(t: &TokenInfo) -> String {
             .map(|p| format!(" (profile {})", printable_line(p)))
             .unwrap_or_default(),
         when(t.created_at),
-        expiry
+        expiry,
+        rules("--allow", &t.allow),
+        rules("--deny", &t.deny)
     )
 }
 
@@ -85,6 +102,8 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
             profile,
             expires,
             name,
+            allow,
+            deny,
             json,
         } => {
             let params = TokenCreateParams {
@@ -92,6 +111,8 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
                 profile: profile.clone(),
                 name: name.clone(),
                 expires_secs: expires.map(|d| d.as_secs().max(1)),
+                allow: allow.clone(),
+                deny: deny.clone(),
             };
             let made: TokenCreated = client.call::<typed::TokenCreate>(params, |_| {}).await?;
             if *json {

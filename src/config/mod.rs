@@ -645,6 +645,20 @@ pub struct Profile {
     /// (`"bare"`), which no two of its bundles may share.
     #[serde(default)]
     pub names: NameMode,
+    /// How agents find the profile's tools: all listed (`"list"`, the
+    /// default), or a few meta-tools that search them (`"search"`:
+    /// `find_tools`, `call_tool`, `pin_tools`; docs/gateway.md).
+    #[serde(default)]
+    pub discovery: Discovery,
+}
+
+/// `discovery` of a `[[profile]]`.
+#[derive(Debug, Clone, Copy, Default, Deserialize, serde::Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Discovery {
+    #[default]
+    List,
+    Search,
 }
 
 /// `names` of a `[[profile]]`.

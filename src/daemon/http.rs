@@ -431,8 +431,11 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
     } else {
         None
     };
-    // Whose request it is, for resuming a call that waits for its input.
+    // Whose request it is, for resuming a call that waits for its input,
+    // and what its token's rules let it reach.
     request.extensions_mut().insert(AgentKey(token.id.clone()));
+    let grant = crate::daemon::gateway::grant::Grant::of_token(&token);
+    request.extensions_mut().insert(Arc::new(grant));
     let ends_session = request.method() == axum::http::Method::DELETE;
     let mut response = service.handle(request).await.into_response();
     // ending a session is done, not accepted for later: 200 (clients such
@@ -1049,6 +1052,8 @@ impl App {
                             DEFAULT_WAIT_READY,
                             rounds.clone(),
                             naming.clone(),
+                            // Each request carries its token's grant.
+                            None,
                         ))
                     },
                     sessions.clone(),

@@ -41,6 +41,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::host_resources::access::AuditLog;
 use crate::store::crypto::Cipher;
 use crate::store::{Credentials, Store, StoreError};
 use board::StatusBoard;
@@ -91,6 +92,13 @@ pub struct Shared {
     /// Bumped by each `token revoke`: the HTTP gateway's token cache is
     /// dropped when it changes.
     pub tokens_revoked: std::sync::atomic::AtomicU64,
+    /// Each workspace's audit log (`STATE_DIR/audit/WS.jsonl`): one writer
+    /// per file, shared by the workspace's actor (host-resources
+    /// decisions) and its gateways (agents' calls).
+    pub audit_logs: std::sync::Mutex<std::collections::HashMap<String, AuditLog>>,
+    /// Each workspace's tool search index (`discovery = "search"`).
+    pub tool_indexes:
+        std::sync::Mutex<std::collections::HashMap<String, Arc<crate::tool_search::ToolIndex>>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -169,6 +177,37 @@ impl Shared {
             bundle.to_string(),
         );
         self.store.call(move |_| f(&credentials, &ws, &b)).await
+    }
+
+    /// The audit log of `workspace`, started the first time it is asked for.
+    pub fn audit_log(&self, workspace: &str) -> AuditLog {
+        let mut logs = self.audit_logs.lock().unwrap_or_else(|p| p.into_inner());
+        logs.entry(workspace.to_string())
+            .or_insert_with(|| {
+                let path = self
+                    .config
+                    .state_dir
+                    .join("audit")
+                    .join(format!("{workspace}.jsonl"));
+                let logs = &self.config.logs;
+                AuditLog::start(path, logs.max_bytes, logs.keep)
+            })
+            .clone()
+    }
+
+    /// The tool search index of `workspace`, made the first time it is
+    /// asked for (its tools are indexed by the searches, as they come).
+    pub fn tool_index(
+        &self,
+        workspace: &str,
+    ) -> Result<Arc<crate::tool_search::ToolIndex>, crate::tool_search::SearchError> {
+        let mut indexes = self.tool_indexes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(index) = indexes.get(workspace) {
+            return Ok(index.clone());
+        }
+        let index = Arc::new(crate::tool_search::ToolIndex::new()?);
+        indexes.insert(workspace.to_string(), index.clone());
+        Ok(index)
     }
 
     /// The lock that serializes credential changes of one bundle.
@@ -726,6 +765,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         metrics: metrics::Metrics::new(board.clone(), cgroups.clone(), started_at),
         cgroups,
         tokens_revoked: Default::default(),
+        audit_logs: Default::default(),
+        tool_indexes: Default::default(),
         lanes: Default::default(),
         log_lines: tokio::sync::broadcast::channel(4096).0,
         start_permits: Semaphore::new(config.bundles.max_concurrent_starts),

@@ -371,14 +371,7 @@ impl Actor for WorkspaceActor {
             .await
             .map_err(|e| format!("file store of workspace {:?}: {e}", args.name))?
             .map_err(|e| format!("file store of workspace {:?}: {e}", args.name))?;
-        let logs = &args.shared.config.logs;
-        let audit_path = args
-            .shared
-            .config
-            .state_dir
-            .join("audit")
-            .join(format!("{}.jsonl", args.name));
-        let audit = AuditLog::start(audit_path, logs.max_bytes, logs.keep);
+        let audit = args.shared.audit_log(&args.name);
         Ok(WorkspaceState {
             name: args.name.into(),
             shared: args.shared,

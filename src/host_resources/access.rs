@@ -166,6 +166,12 @@ impl AuditLog {
         AuditLog { tx }
     }
 
+    /// Appends a line already encoded as one JSON object (the gateway's
+    /// audit of agents' calls).
+    pub fn record_line(&self, line: String) {
+        let _ = self.tx.send(line);
+    }
+
     pub fn record(&self, decision: &AccessDecision) {
         self.record_for(&Standing::of(decision.clone()), &decision.resource);
     }

@@ -326,6 +326,12 @@ pub struct TokenCreateParams {
     /// Seconds until it expires; never when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_secs: Option<u64>,
+    /// Its own rules, `KIND:BUNDLE/NAME` globs (docs/gateway.md, "Token
+    /// policy"): what it may reach, and what it may not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<String>,
 }
 
 /// A token as listed: never its text or digest.
@@ -343,6 +349,10 @@ pub struct TokenInfo {
     /// Past its expiry (it no longer admits anyone).
     #[serde(default)]
     pub expired: bool,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<String>,
 }
 
 /// `token.create`'s answer: the token's text, shown this once.
@@ -681,6 +691,18 @@ pub struct WorkspaceResourcesParams {
     pub params: Option<Value>,
 }
 
+/// An access token's text on the wire: never shown by `Debug` (so never in
+/// a log line).
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct TokenText(pub String);
+
+impl std::fmt::Debug for TokenText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("TokenText(<redacted>)")
+    }
+}
+
 /// `gateway.attach`: the rest of the connection is an MCP session of the
 /// workspace's gateway (as `bundlevisor mcp` serves it on stdio).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -697,6 +719,10 @@ pub struct AttachParams {
     /// How long a call waits for a bundle that is starting or restarting.
     #[serde(default)]
     pub wait_ready_ms: Option<u64>,
+    /// An access token (`bundlevisor mcp` reads `BUNDLEVISOR_TOKEN`): the
+    /// session gets its profile and rules, and the audit its name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<TokenText>,
     /// The `initialize` params of a session the agent began with a daemon
     /// that has since restarted: served as already initialized.
     #[serde(default)]

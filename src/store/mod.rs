@@ -14,10 +14,10 @@ pub mod crypto;
 pub mod tokens;
 
 pub use credentials::{Change, Credentials, StoredKey, TokenSet};
-pub use tokens::{AccessToken, NewToken};
+pub use tokens::{AccessToken, NewToken, TokenScope};
 
 /// Newest schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -206,6 +206,17 @@ impl Store {
                      expires_at INTEGER
                  );
                  PRAGMA user_version = 5;
+                 COMMIT;",
+            )
+            .map_err(err)?;
+        }
+        if version < 6 {
+            // A token's own allow and deny rules (JSON arrays of strings).
+            conn.execute_batch(
+                "BEGIN;
+                 ALTER TABLE access_tokens ADD COLUMN allow TEXT NOT NULL DEFAULT '[]';
+                 ALTER TABLE access_tokens ADD COLUMN deny TEXT NOT NULL DEFAULT '[]';
+                 PRAGMA user_version = 6;
                  COMMIT;",
             )
             .map_err(err)?;

@@ -21,6 +21,9 @@ pub struct AccessToken {
     pub profile: Option<String>,
     pub created_at: i64,
     pub expires_at: Option<i64>,
+    /// Its own rules (docs/gateway.md, "Token policy"), as written.
+    pub allow: Vec<String>,
+    pub deny: Vec<String>,
 }
 
 /// A token just made: its record and its text (shown once).
@@ -42,6 +45,12 @@ fn random_bytes<const N: usize>() -> [u8; N] {
 }
 
 fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AccessToken> {
+    let rules = |i: usize| -> rusqlite::Result<Vec<String>> {
+        let text: String = r.get(i)?;
+        serde_json::from_str(&text).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
+        })
+    };
     Ok(AccessToken {
         id: r.get(0)?,
         name: r.get(1)?,
@@ -49,19 +58,29 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<AccessToken> {
         profile: r.get(3)?,
         created_at: r.get(4)?,
         expires_at: r.get(5)?,
+        allow: rules(6)?,
+        deny: rules(7)?,
     })
 }
 
-const COLUMNS: &str = "id, name, workspace, profile, created_at, expires_at";
+const COLUMNS: &str = "id, name, workspace, profile, created_at, expires_at, allow, deny";
+
+/// What a new token is limited to: its workspace, perhaps a profile, and
+/// its own allow and deny rules (checked by the caller).
+pub struct TokenScope<'a> {
+    pub workspace: &'a str,
+    pub profile: Option<&'a str>,
+    pub allow: &'a [String],
+    pub deny: &'a [String],
+}
 
 impl Store {
-    /// Makes a token for `workspace` (and `profile`); `name` defaults to
-    /// `token-ID`. None when the name is taken.
+    /// Makes a token limited to `scope`; `name` defaults to `token-ID`.
+    /// None when the name is taken.
     pub fn create_token(
         &self,
         name: Option<&str>,
-        workspace: &str,
-        profile: Option<&str>,
+        scope: &TokenScope<'_>,
         now: i64,
         expires_at: Option<i64>,
     ) -> Result<Option<NewToken>, StoreError> {
@@ -75,15 +94,18 @@ impl Store {
         let token = AccessToken {
             name: name.map_or_else(|| format!("token-{id}"), str::to_string),
             id,
-            workspace: workspace.to_string(),
-            profile: profile.map(str::to_string),
+            workspace: scope.workspace.to_string(),
+            profile: scope.profile.map(str::to_string),
             created_at: now,
             expires_at,
+            allow: scope.allow.to_vec(),
+            deny: scope.deny.to_vec(),
         };
+        let json = |rules: &[String]| serde_json::to_string(rules).unwrap_or_else(|_| "[]".into());
         let inserted = self.with(|c| {
             c.execute(
-                "INSERT OR IGNORE INTO access_tokens (id, name, workspace, profile, hash, created_at, expires_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                "INSERT OR IGNORE INTO access_tokens (id, name, workspace, profile, hash, created_at, expires_at, allow, deny)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
                 params![
                     token.id,
                     token.name,
@@ -91,7 +113,9 @@ impl Store {
                     token.profile,
                     digest(&text),
                     token.created_at,
-                    token.expires_at
+                    token.expires_at,
+                    json(&token.allow),
+                    json(&token.deny)
                 ],
             )
         })?;
@@ -157,11 +181,20 @@ mod tests {
         (dir, store)
     }
 
+    fn scope<'a>(workspace: &'a str, profile: Option<&'a str>) -> TokenScope<'a> {
+        TokenScope {
+            workspace,
+            profile,
+            allow: &[],
+            deny: &[],
+        }
+    }
+
     #[test]
     fn a_token_is_found_by_its_text_until_it_expires_or_is_revoked() {
         let (_dir, store) = store();
         let made = store
-            .create_token(Some("ci"), "default", Some("ro"), 100, Some(200))
+            .create_token(Some("ci"), &scope("default", Some("ro")), 100, Some(200))
             .unwrap()
             .unwrap();
         assert!(made.text.starts_with(PREFIX) && made.text.len() > 40);
@@ -175,7 +208,7 @@ mod tests {
         assert_eq!(store.token_by_text("bvt_wrong", 150).unwrap(), None);
         // The same name twice: refused.
         assert!(store
-            .create_token(Some("ci"), "other", None, 100, None)
+            .create_token(Some("ci"), &scope("other", None), 100, None)
             .unwrap()
             .is_none());
         let revoked = store.revoke_token(&made.token.id).unwrap().unwrap();
@@ -184,11 +217,54 @@ mod tests {
         assert_eq!(store.revoke_token("ci").unwrap(), None);
     }
 
+    /// Issue 35: a token keeps its own rules, as written.
+    #[test]
+    fn a_tokens_rules_are_kept_with_it() {
+        let (_dir, store) = store();
+        let (allow, deny) = (vec!["tool:github/*".to_string()], vec!["*/delete_*".to_string()]);
+        let scope = TokenScope {
+            workspace: "default",
+            profile: None,
+            allow: &allow,
+            deny: &deny,
+        };
+        let made = store.create_token(Some("ci"), &scope, 1, None).unwrap().unwrap();
+        let found = store.token_by_text(&made.text, 2).unwrap().unwrap();
+        assert_eq!((found.allow, found.deny), (allow, deny));
+        assert_eq!(store.tokens(None).unwrap()[0].deny, ["*/delete_*"]);
+    }
+
+    /// A version 5 database's tokens keep working, without rules.
+    #[test]
+    fn a_version_5_token_migrates_without_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        {
+            let c = rusqlite::Connection::open(&path).unwrap();
+            c.execute_batch(
+                "CREATE TABLE access_tokens (id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE,
+                     workspace TEXT NOT NULL, profile TEXT, hash BLOB NOT NULL UNIQUE,
+                     created_at INTEGER NOT NULL, expires_at INTEGER);
+                 PRAGMA user_version = 5;",
+            )
+            .unwrap();
+            c.execute(
+                "INSERT INTO access_tokens VALUES ('abcd', 'old', 'default', NULL, ?1, 1, NULL)",
+                params![digest("bvt_old")],
+            )
+            .unwrap();
+        }
+        let store = Store::open(&path).unwrap();
+        let old = store.token_by_text("bvt_old", 2).unwrap().unwrap();
+        assert_eq!(old.name, "old");
+        assert!(old.allow.is_empty() && old.deny.is_empty());
+    }
+
     #[test]
     fn only_the_digest_is_stored() {
         let (dir, store) = store();
         let made = store
-            .create_token(None, "default", None, 1, None)
+            .create_token(None, &scope("default", None), 1, None)
             .unwrap()
             .unwrap();
         assert_eq!(made.token.name, format!("token-{}", made.token.id));

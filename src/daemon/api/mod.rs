@@ -369,6 +369,19 @@ impl Api {
         self.shared.settled.is_cancelled()
     }
 
+    /// The audit log of `workspace` (docs/gateway.md, "Audit").
+    pub fn audit_log(&self, workspace: &str) -> crate::host_resources::access::AuditLog {
+        self.shared.audit_log(workspace)
+    }
+
+    /// The tool search index of `workspace` (`discovery = "search"`).
+    pub fn tool_index(
+        &self,
+        workspace: &str,
+    ) -> Result<Arc<crate::tool_search::ToolIndex>, crate::tool_search::SearchError> {
+        self.shared.tool_index(workspace)
+    }
+
     /// The daemon's metrics, in Prometheus' text format.
     pub fn metrics_text(&self) -> String {
         self.shared.metrics.render()

@@ -16,6 +16,8 @@ fn info(t: AccessToken, now: i64) -> TokenInfo {
         profile: t.profile,
         created_at: t.created_at,
         expires_at: t.expires_at,
+        allow: t.allow,
+        deny: t.deny,
     }
 }
 
@@ -25,14 +27,22 @@ fn store_error(e: crate::store::StoreError) -> ApiError {
 
 impl Api {
     /// A new token for `workspace` (and `profile`), named `name` (or by the
-    /// store), expiring after `expires_secs` (never: None).
+    /// store), expiring after `expires_secs` (never: None), with its own
+    /// `(allow, deny)` rules ([`crate::token_rules`]).
     pub async fn token_create(
         &self,
         name: Option<String>,
         workspace: &str,
         profile: Option<String>,
         expires_secs: Option<u64>,
+        (allow, deny): (Vec<String>, Vec<String>),
     ) -> Result<TokenCreated, ApiError> {
+        if let Err(problems) = crate::token_rules::Rules::parse(&allow, &deny) {
+            return Err(ApiError::InvalidParams(format!(
+                "no token was made: {}",
+                problems.join("; ")
+            )));
+        }
         if let Some(profile) = &profile {
             let profiles = &self.shared.config.profiles;
             if !profiles.iter().any(|known| &known.name == profile) {
@@ -57,13 +67,13 @@ impl Api {
             .shared
             .store
             .call(move |s| {
-                s.create_token(
-                    asked.as_deref(),
-                    &workspace,
-                    profile.as_deref(),
-                    now,
-                    expires_at,
-                )
+                let scope = crate::store::TokenScope {
+                    workspace: &workspace,
+                    profile: profile.as_deref(),
+                    allow: &allow,
+                    deny: &deny,
+                };
+                s.create_token(asked.as_deref(), &scope, now, expires_at)
             })
             .await
             .map_err(store_error)?;
@@ -75,6 +85,16 @@ impl Api {
             token: made.text.to_string(),
             info: info(made.token, now),
         })
+    }
+
+    /// The live token whose text is `text`.
+    pub async fn token_by_text(&self, text: &str) -> Result<Option<AccessToken>, ApiError> {
+        let (text, now) = (text.to_string(), crate::clock::unix_secs());
+        self.shared
+            .store
+            .call(move |s| s.token_by_text(&text, now))
+            .await
+            .map_err(store_error)
     }
 
     /// The tokens (of one workspace, or all).

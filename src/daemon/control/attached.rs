@@ -17,14 +17,14 @@ pub(super) async fn serve_attached<R, W>(
     read: R,
     write: W,
     p: AttachParams,
-    profile: Option<crate::config::Profile>,
+    scope: super::gateway::Scope,
     ctx: &Ctx,
 ) where
     R: tokio::io::AsyncRead + Send + Unpin + 'static,
     W: tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
     let transport = rmcp::transport::async_rw::AsyncRwTransport::new_server(read, write);
-    if let Some(service) = start(transport, p, profile, ctx).await {
+    if let Some(service) = start(transport, p, scope, ctx).await {
         let _ = service.waiting().await;
     }
 }
@@ -34,24 +34,26 @@ pub(super) async fn serve_attached<R, W>(
 pub(super) async fn start<T>(
     transport: T,
     p: AttachParams,
-    profile: Option<crate::config::Profile>,
+    scope: super::gateway::Scope,
     ctx: &Ctx,
 ) -> Option<RunningService<RoleServer, Gateway>>
 where
     T: rmcp::transport::Transport<RoleServer> + 'static,
 {
     use rmcp::ServiceExt;
-    let naming = crate::daemon::gateway::names::Naming::of(p.bundle.clone(), profile.as_ref());
+    let naming =
+        crate::daemon::gateway::names::Naming::of(p.bundle.clone(), scope.profile.as_ref());
     let gateway = Gateway::new(
         ctx.api.clone(),
         p.workspace.clone(),
-        profile,
+        scope.profile,
         p.wait_ready_ms
             .map(Duration::from_millis)
             .unwrap_or(crate::daemon::gateway::DEFAULT_WAIT_READY),
         // One agent on this connection: its own waiting calls.
         crate::daemon::gateway::rounds::Rounds::new(Default::default()),
         naming,
+        Some(scope.grant),
     );
     match p.resume {
         Some(resume) => {

@@ -90,19 +90,65 @@ fn profile_missing(name: &str, ctx: &Ctx) -> RpcError {
     )
 }
 
-/// What `gateway.attach` asks for, checked: an unknown workspace or
-/// profile is refused before the connection changes hands.
-pub(super) fn attach_check(
+/// What an attached agent's session serves: its profile, and whom its
+/// requests come from (the token it gave, or its uid).
+pub(super) struct Scope {
+    pub profile: Option<crate::config::Profile>,
+    pub grant: std::sync::Arc<crate::daemon::gateway::grant::Grant>,
+}
+
+/// The token an attaching agent gave (`BUNDLEVISOR_TOKEN`): live, of this
+/// workspace, and of the profile asked for (its own when none is).
+async fn attach_token(
     p: &AttachParams,
+    text: &str,
     ctx: &Ctx,
-) -> Result<Option<crate::config::Profile>, RpcError> {
+) -> Result<crate::store::AccessToken, RpcError> {
+    let denied = |why: String| RpcError::new(ErrorKind::PermissionDenied, why);
+    let Some(token) = ctx.api.token_by_text(text).await? else {
+        return Err(denied(
+            "the token in BUNDLEVISOR_TOKEN is unknown, revoked or expired; `bundlevisor token create` makes one".into(),
+        ));
+    };
+    if token.workspace != p.workspace {
+        return Err(denied(format!(
+            "the token in BUNDLEVISOR_TOKEN is for workspace {:?}, not {:?}",
+            token.workspace, p.workspace
+        )));
+    }
+    if token.profile.is_some() && p.profile.is_some() && token.profile != p.profile {
+        return Err(denied(format!(
+            "the token in BUNDLEVISOR_TOKEN is for profile {:?}; leave --profile out or name that one",
+            token.profile.as_deref().unwrap_or_default()
+        )));
+    }
+    Ok(token)
+}
+
+/// What `gateway.attach` asks for, checked: an unknown workspace or
+/// profile, or a token that does not fit, is refused before the
+/// connection changes hands.
+pub(super) async fn attach_check(p: &AttachParams, ctx: &Ctx) -> Result<Scope, RpcError> {
+    use crate::daemon::gateway::grant::Grant;
     ctx.api.known_workspace(&p.workspace)?;
-    let profile = match &p.profile {
+    let token = match &p.token {
+        Some(text) => Some(attach_token(p, &text.0, ctx).await?),
+        None => None,
+    };
+    let asked = p
+        .profile
+        .clone()
+        .or_else(|| token.as_ref().and_then(|t| t.profile.clone()));
+    let profile = match &asked {
         None => None,
         Some(name) => {
             let found = ctx.shared.config.profiles.iter().find(|x| &x.name == name);
             Some(found.ok_or_else(|| profile_missing(name, ctx))?.clone())
         }
+    };
+    let grant = match &token {
+        Some(token) => Grant::of_token(token),
+        None => Grant::of_uid(ctx.peer.uid),
     };
     if let Some(bundle) = &p.bundle {
         if !crate::daemon::gateway::names::profile_allows(profile.as_ref(), bundle) {
@@ -110,7 +156,7 @@ pub(super) fn attach_check(
                 ErrorKind::InvalidParams,
                 format!(
                     "profile {:?} does not show bundle {bundle:?}; name a bundle it lists, or leave --profile out",
-                    p.profile.as_deref().unwrap_or_default()
+                    asked.as_deref().unwrap_or_default()
                 ),
             ));
         }
@@ -126,5 +172,8 @@ pub(super) fn attach_check(
             },
         )?;
     }
-    Ok(profile)
+    Ok(Scope {
+        profile,
+        grant: std::sync::Arc::new(grant),
+    })
 }

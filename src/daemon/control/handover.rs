@@ -157,16 +157,16 @@ async fn note(to_client: &mut OwnedWriteHalf, note: &HandoverNote) -> std::io::R
 pub(super) fn serve(
     stream: UnixStream,
     p: AttachParams,
-    profile: Option<crate::config::Profile>,
+    scope: super::gateway::Scope,
     ctx: Ctx,
 ) -> futures::future::BoxFuture<'static, ()> {
-    Box::pin(async move { session(stream, p, profile, &ctx).await })
+    Box::pin(async move { session(stream, p, scope, &ctx).await })
 }
 
 async fn session(
     stream: UnixStream,
     p: AttachParams,
-    profile: Option<crate::config::Profile>,
+    scope: super::gateway::Scope,
     ctx: &Ctx,
 ) {
     let received = tokio::time::timeout(RECEIVE_WITHIN, crate::stdio::receive_stdio(&stream))
@@ -213,7 +213,7 @@ async fn session(
     let gone = client_gone(from_client);
     tokio::pin!(gone);
     let service = tokio::select! {
-        s = attached::start(transport, p, profile, ctx) => s,
+        s = attached::start(transport, p, scope, ctx) => s,
         _ = &mut gone => return,
     };
     let Some(service) = service else {

@@ -463,11 +463,11 @@ async fn cancel(params: Value, in_flight: &InFlight) -> Result<Value, RpcError> 
 
 /// A gateway session asked for with `gateway.attach`: its params and
 /// profile, checked.
-type Attach = (AttachParams, Option<crate::config::Profile>);
+type Attach = (AttachParams, gateway::Scope);
 
 /// `gateway.attach`, checked: only on a connection with nothing else in
 /// flight (`idle`), as what follows the answer is MCP.
-fn attach(params: Value, idle: bool, ctx: &Ctx) -> Result<Attach, RpcError> {
+async fn attach(params: Value, idle: bool, ctx: &Ctx) -> Result<Attach, RpcError> {
     let p = self::params::<<m::Attach as Method>::Params>(params)?;
     if !idle {
         return Err(RpcError::new(
@@ -478,8 +478,8 @@ fn attach(params: Value, idle: bool, ctx: &Ctx) -> Result<Attach, RpcError> {
             ),
         ));
     }
-    let profile = gateway::attach_check(&p, ctx)?;
-    Ok((p, profile))
+    let scope = gateway::attach_check(&p, ctx).await?;
+    Ok((p, scope))
 }
 
 /// Runs a dispatched request in a task of its own, its answer queued
@@ -549,7 +549,7 @@ async fn serve_requests(
             out.send(&respond(request.id, response)).await;
         } else if request.method == m::Attach::NAME {
             let idle = permits.available_permits() + 1 == settings.max_in_flight;
-            match attach(request.params, idle, ctx) {
+            match attach(request.params, idle, ctx).await {
                 Ok(session) => {
                     out.send(&respond(request.id, to_value(m::Done {}))).await;
                     return Some(session);
@@ -600,7 +600,7 @@ async fn connection(stream: UnixStream, mut ctx: Ctx) {
     let attached = serve_requests(&mut lines, &out, &ctx, deadline).await;
     // Subscriptions of the connection stop writing.
     out.closed.cancel();
-    let Some((params, profile)) = attached else {
+    let Some((params, scope)) = attached else {
         drop(out);
         let _ = writer.await;
         return;
@@ -614,7 +614,7 @@ async fn connection(stream: UnixStream, mut ctx: Ctx) {
     // Whatever the agent sent after its request is still in the reader.
     let read = lines.into_inner();
     if !params.handover {
-        attached::serve_attached(read, write, params, profile, &ctx).await;
+        attached::serve_attached(read, write, params, scope, &ctx).await;
         return;
     }
     // The client sends its descriptors after the answer, and nothing else.
@@ -623,7 +623,7 @@ async fn connection(stream: UnixStream, mut ctx: Ctx) {
         return;
     }
     if let Ok(stream) = read.into_inner().reunite(write) {
-        handover::serve(stream, params, profile, ctx).await;
+        handover::serve(stream, params, scope, ctx).await;
     }
 }
 

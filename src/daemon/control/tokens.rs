@@ -10,7 +10,7 @@ use crate::protocol::{
 pub(super) async fn create(p: TokenCreateParams, ctx: &Ctx) -> Result<TokenCreated, RpcError> {
     Ok(ctx
         .api
-        .token_create(p.name, &p.workspace, p.profile, p.expires_secs)
+        .token_create(p.name, &p.workspace, p.profile, p.expires_secs, (p.allow, p.deny))
         .await?)
 }
 

@@ -23,8 +23,12 @@
 // there (the severity order below).
 #![allow(deprecated)]
 
+pub mod audit;
+pub mod grant;
+pub mod guard;
 pub mod names;
 pub mod rounds;
+pub mod search;
 pub mod server;
 pub mod tasks;
 

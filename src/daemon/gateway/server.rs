@@ -30,8 +30,11 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::json;
 use tokio::sync::Mutex;
 
+use super::audit::Outcome as AuditOutcome;
+use super::grant::Grant;
 use super::names::{Entry, Naming};
 use super::rounds::{Origin, Outcome, Rounds, Running, Served};
+use crate::token_rules::Kind;
 use crate::bundle::client::{Agent, Caller};
 use crate::config::Profile;
 use crate::daemon::api::{Api, ApiError, CallRequest};
@@ -49,10 +52,15 @@ pub struct Inner {
     /// as itself (the per-bundle endpoint).
     pub naming: Arc<Naming>,
     /// Exposed tool and prompt names of the last listing → their origin.
-    tools: Mutex<BTreeMap<String, Entry>>,
-    prompts: Mutex<BTreeMap<String, Entry>>,
+    pub(super) tools: Mutex<BTreeMap<String, Entry>>,
+    pub(super) prompts: Mutex<BTreeMap<String, Entry>>,
     /// Exposed URI templates → their bundle and own template (`name`).
-    templates: Mutex<BTreeMap<String, Entry>>,
+    pub(super) templates: Mutex<BTreeMap<String, Entry>>,
+    /// Whom this connection's requests come from (stdio); an HTTP request
+    /// carries its own ([`super::grant`]).
+    pub grant: Option<Arc<Grant>>,
+    /// Tools this session pinned (`discovery = "search"`): bundle, own name.
+    pub(super) pinned: std::sync::Mutex<std::collections::BTreeSet<(String, String)>>,
     /// The agent of this session, as the bundles' requests reach it (one
     /// per session: the bundles tell agents apart by it).
     agent: std::sync::OnceLock<Arc<dyn Agent>>,
@@ -74,6 +82,7 @@ impl Gateway {
         wait_ready: Duration,
         rounds: Arc<Rounds>,
         naming: Naming,
+        grant: Option<Arc<Grant>>,
     ) -> Self {
         Gateway(Arc::new(Inner {
             api,
@@ -82,6 +91,8 @@ impl Gateway {
             wait_ready,
             rounds,
             naming: Arc::new(naming),
+            grant,
+            pinned: Default::default(),
             tools: Mutex::default(),
             prompts: Mutex::default(),
             templates: Mutex::default(),
@@ -151,15 +162,19 @@ impl Gateway {
 
     /// The workspace's bundles the profile allows: name, state, tools.
     async fn bundles(&self) -> Result<Vec<(String, BundleState, Vec<Tool>)>, ErrorData> {
-        Ok(self
-            .0
-            .api
-            .tools(&self.0.workspace, None)
-            .await?
-            .into_iter()
+        let all = self.0.api.tools(&self.0.workspace, None).await?;
+        Ok(self.allowed(all))
+    }
+
+    /// The bundles of `all` the profile allows: name, state, tools.
+    fn allowed(
+        &self,
+        all: Vec<crate::daemon::api::call::BundleTools>,
+    ) -> Vec<(String, BundleState, Vec<Tool>)> {
+        all.into_iter()
             .filter(|b| self.bundle_allowed(&b.name))
             .map(|b| (b.name, b.state, b.tools))
-            .collect())
+            .collect()
     }
 
     /// Ready bundles of the workspace the profile allows, with their tools.
@@ -183,6 +198,21 @@ impl Gateway {
     /// (restarting) are kept, so a call can wait for it.
     pub async fn catalog(&self) -> Result<(Vec<Tool>, Vec<String>), ErrorData> {
         let bundles = self.bundles().await?;
+        self.catalog_from(bundles).await
+    }
+
+    /// [`Gateway::catalog`] of the workspace's bundles `all`, as listed.
+    pub async fn catalog_of(
+        &self,
+        all: Vec<crate::daemon::api::call::BundleTools>,
+    ) -> Result<(Vec<Tool>, Vec<String>), ErrorData> {
+        self.catalog_from(self.allowed(all)).await
+    }
+
+    async fn catalog_from(
+        &self,
+        bundles: Vec<(String, BundleState, Vec<Tool>)>,
+    ) -> Result<(Vec<Tool>, Vec<String>), ErrorData> {
         let mut by_pair = BTreeMap::new();
         let mut waiting = std::collections::HashSet::new();
         let mut ready = Vec::new();
@@ -330,7 +360,7 @@ impl Gateway {
         }
     }
 
-    async fn route(
+    pub(super) async fn route(
         &self,
         map: &Mutex<BTreeMap<String, Entry>>,
         exposed: &str,
@@ -625,6 +655,214 @@ impl Gateway {
     }
 }
 
+impl Gateway {
+    /// A tool call by the name the agent sees: routed, checked against the
+    /// profile and the token's rules, audited, then made.
+    pub async fn call_exposed(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let exposed = request.name.to_string();
+        let refresh = async { self.tools().await.map(|_| ()) };
+        let route = self.route(&self.0.tools, &exposed, refresh).await?;
+        let audited = self.audit(&context, "tools/call", (&route.bundle, &route.name));
+        if self.tool_excluded(&route.bundle, &route.name) || !self.bundle_allowed(&route.bundle) {
+            self.audited(audited, AuditOutcome::Refused, Some("not in this profile"));
+            return Err(ErrorData::invalid_params(
+                format!("tool {exposed:?} is not available in this profile"),
+                None,
+            ));
+        }
+        if let Err(refusal) = self.permit(&context, Kind::Tool, (&route.bundle, &route.name), &exposed) {
+            self.audited(audited, AuditOutcome::Refused, Some(&refusal.message));
+            return Err(refusal);
+        }
+        let answer = self.call_routed(route, exposed, request, &context).await;
+        let outcome = match &answer {
+            Ok(CallToolResponse::InputRequired(_)) => AuditOutcome::InputRequired,
+            Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true) => AuditOutcome::ToolError,
+            Ok(_) => AuditOutcome::Ok,
+            Err(_) => AuditOutcome::Error,
+        };
+        self.audited(audited, outcome, None);
+        answer
+    }
+
+    async fn prompt_routed(
+        &self,
+        route: Entry,
+        request: &GetPromptRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<GetPromptResponse, ErrorData> {
+        let mut params = GetPromptRequestParams::new(route.name.clone());
+        params.arguments = request.arguments.clone();
+        let ask = ClientRequest::GetPromptRequest(GetPromptRequest::new(params));
+        let origin = Origin {
+            method: "prompts/get",
+            name: request.name.clone(),
+        };
+        let (state, responses) = (&request.request_state, &request.input_responses);
+        let answer = match self
+            .pass_to_bundle(origin, state, responses, context, route.bundle, ask)
+            .await?
+        {
+            Ok(answer) => answer,
+            Err(asks) => return Ok(GetPromptResponse::InputRequired(asks)),
+        };
+        match answer {
+            ServerResult::GetPromptResult(mut result) => {
+                result.result_type.get_or_insert(ResultType::COMPLETE);
+                Ok(result.into())
+            }
+            _ => Err(unusable("prompt")),
+        }
+    }
+
+    async fn read_routed(
+        &self,
+        request: &ReadResourceRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let answer = if let Some((bundle, original)) = self.0.naming.route_uri(&request.uri) {
+            if !self.bundle_allowed(&bundle) {
+                return Err(ErrorData::resource_not_found(
+                    format!("no resource {}", request.uri),
+                    None,
+                ));
+            }
+            let ask = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(
+                ReadResourceRequestParams::new(original.clone()),
+            ));
+            let origin = Origin {
+                method: "resources/read",
+                name: request.uri.clone(),
+            };
+            let (state, responses) = (&request.request_state, &request.input_responses);
+            let mut answer = match self
+                .pass_to_bundle(origin, state, responses, context, bundle, ask)
+                .await?
+            {
+                Ok(answer) => answer,
+                Err(asks) => return Ok(ReadResourceResponse::InputRequired(asks)),
+            };
+            // The contents carry the URI the client asked for.
+            if let ServerResult::ReadResourceResult(result) = &mut answer {
+                for c in &mut result.contents {
+                    let uri = match c {
+                        ResourceContents::TextResourceContents { uri, .. }
+                        | ResourceContents::BlobResourceContents { uri, .. } => uri,
+                        _ => continue,
+                    };
+                    if *uri == original {
+                        *uri = request.uri.clone();
+                    }
+                }
+            }
+            answer
+        } else {
+            use crate::host_resources::{parse, METHOD_READ};
+            let read =
+                parse(METHOD_READ, Some(&json!({ "uri": request.uri }))).map_err(ApiError::from)?;
+            self.0.api.files_resources(&self.0.workspace, read).await?
+        };
+        match answer {
+            ServerResult::ReadResourceResult(mut result) => {
+                result.result_type.get_or_insert(ResultType::COMPLETE);
+                Ok(result.into())
+            }
+            _ => Err(unusable("resource")),
+        }
+    }
+
+    async fn call_routed(
+        &self,
+        route: Entry,
+        exposed: String,
+        request: CallToolRequestParams,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let token = request
+            .meta
+            .as_ref()
+            .and_then(|m| m.get_progress_token())
+            .or_else(|| context.meta.get_progress_token());
+        let call = CallRequest {
+            workspace: self.0.workspace.clone(),
+            name: route.bundle.clone(),
+            tool: route.name.clone(),
+            arguments: request.arguments.clone(),
+            timeout: None,
+            wait_ready: Some(self.0.wait_ready),
+        };
+        if stateless(context) && self.takes_tasks(context, &route.bundle) {
+            return self.call_as_task(&request, context, route).await;
+        }
+        if stateless(context) {
+            let api = self.0.api.clone();
+            let origin = Origin {
+                method: "tools/call",
+                name: exposed,
+            };
+            let outcome = self
+                .in_rounds(
+                    origin,
+                    request.request_state.as_deref(),
+                    request.input_responses.clone(),
+                    context,
+                    token,
+                    move |agent, progress, cancel| {
+                        Box::pin(async move {
+                            api.call(&call, progress, &cancel, Caller::Agent(agent))
+                                .await
+                                .map(ServerResult::CallToolResult)
+                                .map_err(ErrorData::from)
+                        })
+                    },
+                )
+                .await?;
+            return match outcome {
+                Outcome::InputRequired(asks) => Ok(CallToolResponse::InputRequired(asks)),
+                Outcome::Complete(ServerResult::CallToolResult(mut result)) => {
+                    result.result_type.get_or_insert(ResultType::COMPLETE);
+                    Ok(result.into())
+                }
+                Outcome::Complete(_) => Err(unusable("tool result")),
+            };
+        }
+        let caller = Caller::Agent(self.agent(&context.peer));
+        let notify = |mut note: ProgressNotificationParam| {
+            let peer = context.peer.clone();
+            let token = token.clone();
+            async move {
+                if let Some(token) = token {
+                    note.progress_token = token;
+                    let _ = peer.notify_progress(note).await;
+                }
+            }
+        };
+        let answer = super::with_progress(
+            token.is_some(),
+            |progress| self.0.api.call(&call, progress, &context.ct, caller),
+            notify,
+        )
+        .await;
+        let mut result = answer?;
+        result.result_type.get_or_insert(ResultType::COMPLETE);
+        Ok(result.into())
+    }
+}
+
+/// How an answer ends in the audit: input asked of the agent, answered,
+/// or failed.
+fn outcome_of<T>(answer: &Result<T, ErrorData>, asks: impl Fn(&T) -> bool) -> AuditOutcome {
+    match answer {
+        Ok(a) if asks(a) => AuditOutcome::InputRequired,
+        Ok(_) => AuditOutcome::Ok,
+        Err(_) => AuditOutcome::Error,
+    }
+}
+
 /// Whether a request is of MCP 2026-07-28 or newer: stateless, so its agent
 /// is asked for input by `input_required` results, never by a request.
 fn stateless(context: &RequestContext<RoleServer>) -> bool {
@@ -850,6 +1088,8 @@ impl ServerHandler for Gateway {
             Reference::Prompt(prompt) => {
                 let refresh = async { self.prompt_catalog(&context.peer).await.map(|_| ()) };
                 let route = self.route(&self.0.prompts, &prompt.name, refresh).await?;
+                let pair = (route.bundle.as_str(), route.name.as_str());
+                self.permit(&context, Kind::Prompt, pair, &prompt.name)?;
                 let mut own = prompt.clone();
                 own.name = route.name;
                 (route.bundle, Reference::Prompt(own))
@@ -859,6 +1099,8 @@ impl ServerHandler for Gateway {
                 let route = self
                     .route(&self.0.templates, &resource.uri, refresh)
                     .await?;
+                let pair = (route.bundle.as_str(), route.name.as_str());
+                self.permit(&context, Kind::Resource, pair, &resource.uri)?;
                 let mut own = resource.clone();
                 own.uri = route.name;
                 (route.bundle, Reference::Resource(own))
@@ -921,6 +1163,12 @@ impl ServerHandler for Gateway {
                 Err(e) => tracing::debug!(bundle, "skills/list: {e}"),
             }
         }
+        if let Some(grant) = self.grant(&context).filter(|g| !g.rules.is_empty()) {
+            skills.retain(|skill| {
+                let (bundle, own) = self.resource_owner(&skill.uri);
+                grant.rules.allows(Kind::Resource, &bundle, &own)
+            });
+        }
         skills.sort_by(|a, b| a.uri.cmp(&b.uri));
         Ok(rmcp::model::ListSkillsResult::with_all_items(skills))
     }
@@ -941,6 +1189,7 @@ impl ServerHandler for Gateway {
                 None,
             ));
         };
+        self.permit(&context, Kind::Resource, (&bundle, &own), &request.uri)?;
         let mut params = request.clone();
         params.uri = own;
         let ask = ClientRequest::GetSkillRequest(rmcp::model::GetSkillRequest::new(params));
@@ -1009,6 +1258,11 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
         let templates = self.template_catalog(&context.peer).await?;
+        let templates = self
+            .granted(&context, Kind::Resource, &self.0.templates, templates, |t| {
+                &t.uri_template
+            })
+            .await;
         Ok(ListResourceTemplatesResult::with_all_items(templates))
     }
 
@@ -1054,9 +1308,17 @@ impl ServerHandler for Gateway {
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.tools().await?))
+        if self.searching() {
+            let listed = self.search_listing(&context, stateless(&context)).await?;
+            return Ok(ListToolsResult::with_all_items(listed));
+        }
+        let tools = self.tools().await?;
+        let tools = self
+            .granted(&context, Kind::Tool, &self.0.tools, tools, |t| &t.name)
+            .await;
+        Ok(ListToolsResult::with_all_items(tools))
     }
 
     async fn call_tool(
@@ -1064,83 +1326,12 @@ impl ServerHandler for Gateway {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let exposed = request.name.to_string();
-        let refresh = async { self.tools().await.map(|_| ()) };
-        let route = self.route(&self.0.tools, &exposed, refresh).await?;
-        if self.tool_excluded(&route.bundle, &route.name) || !self.bundle_allowed(&route.bundle) {
-            return Err(ErrorData::invalid_params(
-                format!("tool {exposed:?} is not available in this profile"),
-                None,
-            ));
-        }
-        let token = request
-            .meta
-            .as_ref()
-            .and_then(|m| m.get_progress_token())
-            .or_else(|| context.meta.get_progress_token());
-        let call = CallRequest {
-            workspace: self.0.workspace.clone(),
-            name: route.bundle.clone(),
-            tool: route.name.clone(),
-            arguments: request.arguments.clone(),
-            timeout: None,
-            wait_ready: Some(self.0.wait_ready),
-        };
-        if stateless(&context) && self.takes_tasks(&context, &route.bundle) {
-            return self.call_as_task(&request, &context, route).await;
-        }
-        if stateless(&context) {
-            let api = self.0.api.clone();
-            let origin = Origin {
-                method: "tools/call",
-                name: exposed,
-            };
-            let outcome = self
-                .in_rounds(
-                    origin,
-                    request.request_state.as_deref(),
-                    request.input_responses.clone(),
-                    &context,
-                    token,
-                    move |agent, progress, cancel| {
-                        Box::pin(async move {
-                            api.call(&call, progress, &cancel, Caller::Agent(agent))
-                                .await
-                                .map(ServerResult::CallToolResult)
-                                .map_err(ErrorData::from)
-                        })
-                    },
-                )
-                .await?;
-            return match outcome {
-                Outcome::InputRequired(asks) => Ok(CallToolResponse::InputRequired(asks)),
-                Outcome::Complete(ServerResult::CallToolResult(mut result)) => {
-                    result.result_type.get_or_insert(ResultType::COMPLETE);
-                    Ok(result.into())
-                }
-                Outcome::Complete(_) => Err(unusable("tool result")),
-            };
-        }
-        let caller = Caller::Agent(self.agent(&context.peer));
-        let notify = |mut note: ProgressNotificationParam| {
-            let peer = context.peer.clone();
-            let token = token.clone();
-            async move {
-                if let Some(token) = token {
-                    note.progress_token = token;
-                    let _ = peer.notify_progress(note).await;
-                }
+        if self.searching() {
+            if let Some(answer) = self.meta_call(&request, &context, stateless(&context)).await {
+                return answer;
             }
-        };
-        let answer = super::with_progress(
-            token.is_some(),
-            |progress| self.0.api.call(&call, progress, &context.ct, caller),
-            notify,
-        )
-        .await;
-        let mut result = answer?;
-        result.result_type.get_or_insert(ResultType::COMPLETE);
-        Ok(result.into())
+        }
+        self.call_exposed(request, context).await
     }
 
     async fn list_prompts(
@@ -1149,6 +1340,9 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
         let prompts = self.prompt_catalog(&context.peer).await?;
+        let prompts = self
+            .granted(&context, Kind::Prompt, &self.0.prompts, prompts, |p| &p.name)
+            .await;
         Ok(ListPromptsResult::with_all_items(prompts))
     }
 
@@ -1159,28 +1353,15 @@ impl ServerHandler for Gateway {
     ) -> Result<GetPromptResponse, ErrorData> {
         let refresh = async { self.prompt_catalog(&context.peer).await.map(|_| ()) };
         let route = self.route(&self.0.prompts, &request.name, refresh).await?;
-        let mut params = GetPromptRequestParams::new(route.name.clone());
-        params.arguments = request.arguments.clone();
-        let ask = ClientRequest::GetPromptRequest(GetPromptRequest::new(params));
-        let origin = Origin {
-            method: "prompts/get",
-            name: request.name.clone(),
-        };
-        let (state, responses) = (&request.request_state, &request.input_responses);
-        let answer = match self
-            .pass_to_bundle(origin, state, responses, &context, route.bundle, ask)
-            .await?
-        {
-            Ok(answer) => answer,
-            Err(asks) => return Ok(GetPromptResponse::InputRequired(asks)),
-        };
-        match answer {
-            ServerResult::GetPromptResult(mut result) => {
-                result.result_type.get_or_insert(ResultType::COMPLETE);
-                Ok(result.into())
-            }
-            _ => Err(unusable("prompt")),
+        let audited = self.audit(&context, "prompts/get", (&route.bundle, &route.name));
+        let pair = (route.bundle.as_str(), route.name.as_str());
+        if let Err(refusal) = self.permit(&context, Kind::Prompt, pair, &request.name) {
+            self.audited(audited, AuditOutcome::Refused, Some(&refusal.message));
+            return Err(refusal);
         }
+        let answer = self.prompt_routed(route, &request, &context).await;
+        self.audited(audited, outcome_of(&answer, |a| matches!(a, GetPromptResponse::InputRequired(_))), None);
+        answer
     }
 
     async fn list_resources(
@@ -1189,6 +1370,7 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
         let resources = self.resource_catalog(&context.peer).await?;
+        let resources = self.granted_resources(&context, resources);
         Ok(ListResourcesResult::with_all_items(resources))
     }
 
@@ -1200,6 +1382,7 @@ impl ServerHandler for Gateway {
         let ask = |uri| {
             ClientRequest::SubscribeRequest(SubscribeRequest::new(SubscribeRequestParams::new(uri)))
         };
+        self.permit_resource(&context, &request.uri)?;
         self.subscription(ask, &request.uri, &context.peer).await
     }
 
@@ -1305,55 +1488,16 @@ impl ServerHandler for Gateway {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        let answer = if let Some((bundle, original)) = self.0.naming.route_uri(&request.uri) {
-            if !self.bundle_allowed(&bundle) {
-                return Err(ErrorData::resource_not_found(
-                    format!("no resource {}", request.uri),
-                    None,
-                ));
-            }
-            let ask = ClientRequest::ReadResourceRequest(ReadResourceRequest::new(
-                ReadResourceRequestParams::new(original.clone()),
-            ));
-            let origin = Origin {
-                method: "resources/read",
-                name: request.uri.clone(),
-            };
-            let (state, responses) = (&request.request_state, &request.input_responses);
-            let mut answer = match self
-                .pass_to_bundle(origin, state, responses, &context, bundle, ask)
-                .await?
-            {
-                Ok(answer) => answer,
-                Err(asks) => return Ok(ReadResourceResponse::InputRequired(asks)),
-            };
-            // The contents carry the URI the client asked for.
-            if let ServerResult::ReadResourceResult(result) = &mut answer {
-                for c in &mut result.contents {
-                    let uri = match c {
-                        ResourceContents::TextResourceContents { uri, .. }
-                        | ResourceContents::BlobResourceContents { uri, .. } => uri,
-                        _ => continue,
-                    };
-                    if *uri == original {
-                        *uri = request.uri.clone();
-                    }
-                }
-            }
-            answer
-        } else {
-            use crate::host_resources::{parse, METHOD_READ};
-            let read =
-                parse(METHOD_READ, Some(&json!({ "uri": request.uri }))).map_err(ApiError::from)?;
-            self.0.api.files_resources(&self.0.workspace, read).await?
-        };
-        match answer {
-            ServerResult::ReadResourceResult(mut result) => {
-                result.result_type.get_or_insert(ResultType::COMPLETE);
-                Ok(result.into())
-            }
-            _ => Err(unusable("resource")),
+        let (bundle, own) = self.resource_owner(&request.uri);
+        let audited = self.audit(&context, "resources/read", (&bundle, &own));
+        if let Err(refusal) = self.permit_resource(&context, &request.uri) {
+            self.audited(audited, AuditOutcome::Refused, Some(&refusal.message));
+            return Err(refusal);
         }
+        let answer = self.read_routed(&request, &context).await;
+        let asks = |a: &ReadResourceResponse| matches!(a, ReadResourceResponse::InputRequired(_));
+        self.audited(audited, outcome_of(&answer, asks), None);
+        answer
     }
 }
 

@@ -1,0 +1,127 @@
+//! What the gateway checks and records for each request
+//! (docs/gateway.md, "Token policy" and "Audit"): the request's grant
+//! ([`super::grant`]) against what it asks for, lists narrowed to what the
+//! grant reaches, and the audit line of each call ([`super::audit`]).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rmcp::model::Resource;
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer};
+use tokio::sync::Mutex;
+
+use super::audit::{Audited, Outcome};
+use super::grant::{marked, refused, Grant};
+use super::names::Entry;
+use super::server::Gateway;
+use crate::token_rules::{Kind, FILES};
+
+impl Gateway {
+    /// This request's grant: the listener's mark (HTTP), else the
+    /// connection's (stdio).
+    pub fn grant(&self, context: &RequestContext<RoleServer>) -> Option<Arc<Grant>> {
+        marked(context).or_else(|| self.0.grant.clone())
+    }
+
+    /// Whether this request may reach `name` of `bundle` (a `kind`, shown
+    /// to the agent as `exposed`); the refusal names the rule.
+    pub fn permit(
+        &self,
+        context: &RequestContext<RoleServer>,
+        kind: Kind,
+        (bundle, name): (&str, &str),
+        exposed: &str,
+    ) -> Result<(), ErrorData> {
+        match self.grant(context) {
+            Some(grant) => grant
+                .rules
+                .check(kind, bundle, name)
+                .map_err(|why| refused(kind, exposed, &why)),
+            None => Ok(()),
+        }
+    }
+
+    /// The listed `items` (named as `exposed` gives, routed by `routes`)
+    /// this request's grant reaches.
+    pub async fn granted<T>(
+        &self,
+        context: &RequestContext<RoleServer>,
+        kind: Kind,
+        routes: &Mutex<BTreeMap<String, Entry>>,
+        items: Vec<T>,
+        exposed: impl Fn(&T) -> &str,
+    ) -> Vec<T> {
+        let Some(grant) = self.grant(context).filter(|g| !g.rules.is_empty()) else {
+            return items;
+        };
+        let routes = routes.lock().await;
+        items
+            .into_iter()
+            .filter(|item| {
+                routes
+                    .get(exposed(item))
+                    .is_some_and(|e| grant.rules.allows(kind, &e.bundle, &e.name))
+            })
+            .collect()
+    }
+
+    /// The bundle and own URI a resource URI reaches (the workspace's files
+    /// are [`FILES`]'), as the token's rules name them.
+    pub fn resource_owner(&self, uri: &str) -> (String, String) {
+        self.0
+            .naming
+            .route_uri(uri)
+            .unwrap_or_else(|| (FILES.to_string(), uri.to_string()))
+    }
+
+    /// The listed resources this request's grant reaches.
+    pub fn granted_resources(
+        &self,
+        context: &RequestContext<RoleServer>,
+        resources: Vec<Resource>,
+    ) -> Vec<Resource> {
+        let Some(grant) = self.grant(context).filter(|g| !g.rules.is_empty()) else {
+            return resources;
+        };
+        resources
+            .into_iter()
+            .filter(|r| {
+                let (bundle, own) = self.resource_owner(&r.uri);
+                grant.rules.allows(Kind::Resource, &bundle, &own)
+            })
+            .collect()
+    }
+
+    /// Whether a resource URI of this gateway may be read or followed by
+    /// this request.
+    pub fn permit_resource(
+        &self,
+        context: &RequestContext<RoleServer>,
+        uri: &str,
+    ) -> Result<(), ErrorData> {
+        let (bundle, own) = self.resource_owner(uri);
+        self.permit(context, Kind::Resource, (&bundle, &own), uri)
+    }
+
+    /// Starts the audit of a request for `name` of `bundle`.
+    pub fn audit(
+        &self,
+        context: &RequestContext<RoleServer>,
+        action: &'static str,
+        pair: (&str, &str),
+    ) -> Audited {
+        let principal = self
+            .grant(context)
+            .map_or_else(|| "unknown".to_string(), |g| g.principal.clone());
+        Audited::start(principal, action, pair, context)
+    }
+
+    /// Writes the audited request's line, with how it ended (and why, for
+    /// a refusal).
+    pub fn audited(&self, audited: Audited, outcome: Outcome, reason: Option<&str>) {
+        if let Some(line) = audited.line(&self.0.workspace, outcome, reason) {
+            self.0.api.audit_log(&self.0.workspace).record_line(line);
+        }
+    }
+}
