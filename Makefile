@@ -72,12 +72,15 @@ mcpb: $(MCPB)/.installed ## The pinned official mcpb CLI for the archive tests (
 TS_SDK := target/ts-sdk
 
 .PHONY: ts-sdk
-ts-sdk: $(TS_SDK)/client.mjs $(TS_SDK)/crash.mjs ## The pinned MCP TypeScript SDK client for the HTTP gateway tests (npm ci)
+ts-sdk: $(TS_SDK)/client.mjs $(TS_SDK)/crash.mjs $(TS_SDK)/search.mjs ## The pinned MCP TypeScript SDK client for the HTTP gateway tests (npm ci)
 
 $(TS_SDK)/client.mjs: tests/ts-sdk/client.mjs $(TS_SDK)/.installed
 	cp $< $@
 
 $(TS_SDK)/crash.mjs: tests/ts-sdk/crash.mjs $(TS_SDK)/.installed
+	cp $< $@
+
+$(TS_SDK)/search.mjs: tests/ts-sdk/search.mjs $(TS_SDK)/.installed
 	cp $< $@
 
 # Real third-party MCP servers as test bundles: each pinned by
@@ -261,9 +264,12 @@ $(FASTMCP)/.installed: tests/fastmcp/requirements.lock
 TS_SDK2 := target/ts-sdk2
 
 .PHONY: ts-sdk2
-ts-sdk2: $(TS_SDK2)/agent.mjs ## The pinned MCP TypeScript SDK 2 client for the agents test (npm ci)
+ts-sdk2: $(TS_SDK2)/agent.mjs $(TS_SDK2)/search.mjs ## The pinned MCP TypeScript SDK 2 client for the agents test (npm ci)
 
 $(TS_SDK2)/agent.mjs: tests/ts-sdk2/agent.mjs $(TS_SDK2)/.installed
+	cp $< $@
+
+$(TS_SDK2)/search.mjs: tests/ts-sdk2/search.mjs $(TS_SDK2)/.installed
 	cp $< $@
 
 # The official MCP conformance suite (npm `@modelcontextprotocol/conformance`

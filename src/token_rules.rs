@@ -203,7 +203,10 @@ mod tests {
 
     #[test]
     fn deny_wins_then_allows_of_the_kind_must_admit() {
-        let r = rules(&["tool:github/*", "tool:time/get_*"], &["tool:github/delete_*"]);
+        let r = rules(
+            &["tool:github/*", "tool:time/get_*"],
+            &["tool:github/delete_*"],
+        );
         assert!(r.allows(Kind::Tool, "github", "create_issue"));
         assert!(r.allows(Kind::Tool, "time", "get_current_time"));
         let why = r.check(Kind::Tool, "github", "delete_repo").unwrap_err();
@@ -225,11 +228,14 @@ mod tests {
     #[test]
     fn bad_rules_are_refused_all_at_once_with_the_form_to_use() {
         let owned = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        let problems = Rules::parse(&owned(&["tool:github", "bogus:a/b"]), &owned(&["/x"])).unwrap_err();
+        let problems =
+            Rules::parse(&owned(&["tool:github", "bogus:a/b"]), &owned(&["/x"])).unwrap_err();
         assert_eq!(problems.len(), 3, "{problems:?}");
         assert!(problems[0].contains("names no BUNDLE/NAME"));
         assert!(problems[1].contains("\"bogus\" is not a kind"));
         assert!(problems[2].contains("empty bundle or name"));
-        assert!(problems.iter().all(|p| p.contains("KIND:BUNDLE/NAME") || p.contains("empty")));
+        assert!(problems
+            .iter()
+            .all(|p| p.contains("KIND:BUNDLE/NAME") || p.contains("empty")));
     }
 }

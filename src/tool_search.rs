@@ -202,7 +202,10 @@ impl ToolIndex {
                     Term::from_field_text(field, word),
                     IndexRecordOption::WithFreqs,
                 );
-                clauses.push((Occur::Should, Box::new(BoostQuery::new(Box::new(term), boost))));
+                clauses.push((
+                    Occur::Should,
+                    Box::new(BoostQuery::new(Box::new(term), boost)),
+                ));
             }
         }
         let query = BooleanQuery::new(clauses);
@@ -330,7 +333,10 @@ fn fingerprint(tools: &[Tool]) -> u64 {
         if let Some(serde_json::Value::Object(p)) = tool.input_schema.get("properties") {
             for (name, schema) in p {
                 name.hash(&mut hasher);
-                schema.get("description").and_then(|d| d.as_str()).hash(&mut hasher);
+                schema
+                    .get("description")
+                    .and_then(|d| d.as_str())
+                    .hash(&mut hasher);
             }
         }
     }
@@ -346,22 +352,42 @@ mod tests {
         let serde_json::Value::Object(schema) = schema else {
             unreachable!()
         };
-        Tool::new(name.to_string(), description.to_string(), std::sync::Arc::new(schema))
+        Tool::new(
+            name.to_string(),
+            description.to_string(),
+            std::sync::Arc::new(schema),
+        )
     }
 
     fn names(hits: &[Hit]) -> Vec<String> {
-        hits.iter().map(|h| format!("{}/{}", h.bundle, h.tool)).collect()
+        hits.iter()
+            .map(|h| format!("{}/{}", h.bundle, h.tool))
+            .collect()
     }
 
     #[test]
     fn tools_are_found_by_words_of_their_names_descriptions_and_parameters() {
         let index = ToolIndex::new().unwrap();
         let github = [
-            tool("create_pull_request", "Create a new pull request in a GitHub repository", serde_json::json!({"head": {"description": "The branch with the changes"}})),
-            tool("listIssues", "List issues in a repository", serde_json::json!({})),
+            tool(
+                "create_pull_request",
+                "Create a new pull request in a GitHub repository",
+                serde_json::json!({"head": {"description": "The branch with the changes"}}),
+            ),
+            tool(
+                "listIssues",
+                "List issues in a repository",
+                serde_json::json!({}),
+            ),
         ];
-        let time = [tool("get_current_time", "Get the current time in a timezone", serde_json::json!({"timezone": {"description": "IANA name, e.g. Asia/Tokyo"}}))];
-        index.sync([("github", &github[..]), ("time", &time[..])]).unwrap();
+        let time = [tool(
+            "get_current_time",
+            "Get the current time in a timezone",
+            serde_json::json!({"timezone": {"description": "IANA name, e.g. Asia/Tokyo"}}),
+        )];
+        index
+            .sync([("github", &github[..]), ("time", &time[..])])
+            .unwrap();
         assert_eq!(index.len(), 3);
         let all = |_: &str, _: &str| true;
         let found = index.search("open a pull request", 2, all).unwrap();
@@ -380,15 +406,39 @@ mod tests {
     #[test]
     fn a_changed_bundle_is_indexed_again_and_a_gone_one_dropped() {
         let index = ToolIndex::new().unwrap();
-        let v1 = [tool("send_message", "Send a chat message", serde_json::json!({}))];
-        let other = [tool("get_forecast", "Weather forecast", serde_json::json!({}))];
-        index.sync([("chat", &v1[..]), ("weather", &other[..])]).unwrap();
+        let v1 = [tool(
+            "send_message",
+            "Send a chat message",
+            serde_json::json!({}),
+        )];
+        let other = [tool(
+            "get_forecast",
+            "Weather forecast",
+            serde_json::json!({}),
+        )];
+        index
+            .sync([("chat", &v1[..]), ("weather", &other[..])])
+            .unwrap();
         let all = |_: &str, _: &str| true;
-        assert_eq!(names(&index.search("message", 5, all).unwrap()), ["chat/send_message"]);
-        let v2 = [tool("post_message", "Post a message to a channel", serde_json::json!({}))];
+        assert_eq!(
+            names(&index.search("message", 5, all).unwrap()),
+            ["chat/send_message"]
+        );
+        let v2 = [tool(
+            "post_message",
+            "Post a message to a channel",
+            serde_json::json!({}),
+        )];
         index.sync([("chat", &v2[..])]).unwrap();
-        assert_eq!(index.len(), 1, "the old version and the gone bundle dropped");
-        assert_eq!(names(&index.search("message", 5, all).unwrap()), ["chat/post_message"]);
+        assert_eq!(
+            index.len(),
+            1,
+            "the old version and the gone bundle dropped"
+        );
+        assert_eq!(
+            names(&index.search("message", 5, all).unwrap()),
+            ["chat/post_message"]
+        );
         assert!(index.search("forecast", 5, all).unwrap().is_empty());
     }
 

@@ -51,14 +51,7 @@ async fn raw_initialize(
     (status, headers, response.text().await.unwrap_or_default())
 }
 
-async fn agent(
-    url: &str,
-    token: &str,
-) -> Result<rmcp::service::RunningService<rmcp::RoleClient, ()>, String> {
-    let config = StreamableHttpClientTransportConfig::with_uri(url.to_string()).auth_header(token);
-    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
-    ().serve(transport).await.map_err(|e| e.to_string())
-}
+use common::http_agent as agent;
 
 /// A 2026-07-28 client (`server/discover`, then stateless requests).
 async fn stateless_agent(

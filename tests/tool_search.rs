@@ -1,6 +1,7 @@
 //! The tool search ranking (`discovery = "search"`) measured on the tools
-//! of 21 real MCP servers and 199 agent queries (benches/search/): recall
-//! at 1 and 5, as a smoke test of what `make bench` reports in full.
+//! of 21 real MCP servers (221 tools) and 199 agent queries
+//! (benches/search/): recall at 1 and 5, as a smoke test of what `make
+//! bench` reports in full.
 
 use std::collections::HashMap;
 
@@ -30,9 +31,15 @@ fn the_ranking_finds_the_expected_tool_for_real_queries() {
     let (mut at1, mut at5) = (0, 0);
     let mut missed = Vec::new();
     for q in queries {
-        let (query, expected) = (q["query"].as_str().unwrap(), q["expected"].as_str().unwrap());
+        let (query, expected) = (
+            q["query"].as_str().unwrap(),
+            q["expected"].as_str().unwrap(),
+        );
         let hits = index.search(query, 5, |_, _| true).unwrap();
-        let names: Vec<String> = hits.iter().map(|h| format!("{}/{}", h.bundle, h.tool)).collect();
+        let names: Vec<String> = hits
+            .iter()
+            .map(|h| format!("{}/{}", h.bundle, h.tool))
+            .collect();
         match names.iter().position(|n| n == expected) {
             Some(0) => {
                 at1 += 1;
@@ -44,8 +51,14 @@ fn the_ranking_finds_the_expected_tool_for_real_queries() {
     }
     let n = queries.len() as f64;
     let (r1, r5) = (at1 as f64 / n, at5 as f64 / n);
-    println!("recall@1 {r1:.3} recall@5 {r5:.3} over {} queries", queries.len());
+    println!(
+        "recall@1 {r1:.3} recall@5 {r5:.3} over {} queries",
+        queries.len()
+    );
     for m in &missed {
         println!("missed {m}");
     }
+    // A floor against regressions of the BM25 ranking (measured: 0.357 and
+    // 0.658); the target (0.9 at 5) is `make bench`'s to report.
+    assert!(r1 >= 0.30 && r5 >= 0.60, "recall@1 {r1:.3}, recall@5 {r5:.3}");
 }

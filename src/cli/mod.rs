@@ -20,6 +20,7 @@ macro_rules! out {
     };
 }
 
+mod audit;
 mod auth;
 mod call;
 mod completions;
@@ -106,6 +107,9 @@ enum Command {
     Files(files::Args),
     /// Access tokens of the HTTP gateway: create (shown once), ls, revoke.
     Token(token::Args),
+    /// The audit log: agents' calls through the gateway, bundles'
+    /// host-resources decisions.
+    Audit(audit::Args),
     /// Serve a workspace's bundles as one MCP server on stdio (for agents).
     Mcp(mcp::Args),
     /// Print shell completions (bash, zsh, fish, elvish, powershell).
@@ -165,6 +169,7 @@ pub fn main() -> ExitCode {
             Command::Metrics(a) => metrics::run(&mut client, a).await,
             Command::RotateKey(a) => rotate_key::run(&mut client, a).await,
             Command::Credentials(a) => credentials::run(&mut client, a).await,
+            Command::Audit(a) => audit::run(&mut client, a).await,
             Command::Token(a) => token::run(&mut client, a).await,
             Command::Files(a) => files::run(&mut client, a).await,
         }

@@ -58,6 +58,9 @@ pub mod method {
     pub const TOKEN_CREATE: &str = "token.create";
     pub const TOKEN_LIST: &str = "token.list";
     pub const TOKEN_REVOKE: &str = "token.revoke";
+    /// The audit log's lines: agents' calls through the gateway and
+    /// bundles' host-resources decisions, filtered.
+    pub const AUDIT: &str = "audit.read";
 }
 
 pub const DEFAULT_WORKSPACE: &str = "default";
@@ -689,6 +692,40 @@ pub struct WorkspaceResourcesParams {
     pub method: String,
     #[serde(default)]
     pub params: Option<Value>,
+}
+
+/// `audit.read`: which audit lines (all filters must match).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditParams {
+    /// One workspace's (every workspace's when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
+    /// `token:NAME`, `uid:N`, `bundle:WS/NAME`, or a token's bare name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub principal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<String>,
+    /// `tools/call`, `prompts/get`, `resources/read` (agents), `read`,
+    /// `list` (bundles' host-resources requests).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    /// `ok`, `tool_error`, `error`, `refused`, `input_required`; `denied`
+    /// is any line not permitted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub outcome: Option<String>,
+    /// Only lines of the last this many seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_secs: Option<u64>,
+    /// At most this many, the newest (default 100).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+}
+
+/// `audit.read`'s answer: the lines as written (JSON objects), oldest first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct AuditEntries {
+    pub entries: Vec<Value>,
 }
 
 /// An access token's text on the wire: never shown by `Debug` (so never in

@@ -167,6 +167,7 @@ methods! {
         TokenCreate(token_create) = method::TOKEN_CREATE, TokenCreateParams => TokenCreated;
         TokenList(token_list) = method::TOKEN_LIST, TokenListParams => Tokens;
         TokenRevoke(token_revoke) = method::TOKEN_REVOKE, TokenRevokeParams => TokenInfo;
+        Audit(audit) = method::AUDIT, AuditParams => AuditEntries;
     }
 }
 

@@ -221,14 +221,20 @@ mod tests {
     #[test]
     fn a_tokens_rules_are_kept_with_it() {
         let (_dir, store) = store();
-        let (allow, deny) = (vec!["tool:github/*".to_string()], vec!["*/delete_*".to_string()]);
+        let (allow, deny) = (
+            vec!["tool:github/*".to_string()],
+            vec!["*/delete_*".to_string()],
+        );
         let scope = TokenScope {
             workspace: "default",
             profile: None,
             allow: &allow,
             deny: &deny,
         };
-        let made = store.create_token(Some("ci"), &scope, 1, None).unwrap().unwrap();
+        let made = store
+            .create_token(Some("ci"), &scope, 1, None)
+            .unwrap()
+            .unwrap();
         let found = store.token_by_text(&made.text, 2).unwrap().unwrap();
         assert_eq!((found.allow, found.deny), (allow, deny));
         assert_eq!(store.tokens(None).unwrap()[0].deny, ["*/delete_*"]);

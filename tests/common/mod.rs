@@ -497,6 +497,16 @@ impl Daemon {
             .unwrap()
     }
 
+    /// The same, with `env` added to its environment.
+    pub fn spawn_mcp_with_env(&self, args: &[&str], env: &[(&str, &str)]) -> tokio::process::Child {
+        let mut command = self.mcp_command(args);
+        command.stderr(Stdio::piped());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        command.spawn().unwrap()
+    }
+
     fn mcp_command(&self, args: &[&str]) -> tokio::process::Command {
         let mut command = tokio::process::Command::new(BIN);
         command
@@ -914,6 +924,20 @@ impl Drop for Unmount {
             let _ = Command::new("umount").arg("-l").arg(p).status();
         }
     }
+}
+
+/// An agent of MCP 2025-11-25 on the HTTP gateway at `url` (rmcp's
+/// streamable HTTP client), admitted by `token`.
+pub async fn http_agent(
+    url: &str,
+    token: &str,
+) -> Result<rmcp::service::RunningService<rmcp::RoleClient, ()>, String> {
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::ServiceExt;
+    let config = StreamableHttpClientTransportConfig::with_uri(url.to_string()).auth_header(token);
+    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+    ().serve(transport).await.map_err(|e| e.to_string())
 }
 
 /// A stateless MCP 2026-07-28 request as the revision's clients send it

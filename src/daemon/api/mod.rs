@@ -32,6 +32,7 @@ use super::workspace::WorkspaceMsg;
 use super::Shared;
 use crate::protocol::{BundleState, ErrorKind};
 
+pub mod audit;
 pub mod bundles;
 pub mod call;
 pub mod credentials;

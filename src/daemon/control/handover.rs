@@ -163,12 +163,7 @@ pub(super) fn serve(
     Box::pin(async move { session(stream, p, scope, &ctx).await })
 }
 
-async fn session(
-    stream: UnixStream,
-    p: AttachParams,
-    scope: super::gateway::Scope,
-    ctx: &Ctx,
-) {
+async fn session(stream: UnixStream, p: AttachParams, scope: super::gateway::Scope, ctx: &Ctx) {
     let received = tokio::time::timeout(RECEIVE_WITHIN, crate::stdio::receive_stdio(&stream))
         .await
         .unwrap_or_else(|_| Err(std::io::Error::other("no descriptors came")));

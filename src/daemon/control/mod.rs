@@ -764,6 +764,12 @@ impl m::Handlers for Handling<'_> {
     ) -> Result<crate::protocol::StoredCredentials, RpcError> {
         credentials::list(p, self.ctx).await
     }
+    async fn audit(
+        &self,
+        p: crate::protocol::AuditParams,
+    ) -> Result<crate::protocol::AuditEntries, RpcError> {
+        tokens::audit(p, self.ctx).await
+    }
     async fn token_create(&self, p: TokenCreateParams) -> Result<TokenCreated, RpcError> {
         tokens::create(p, self.ctx).await
     }

@@ -13,7 +13,6 @@ use rmcp::service::RequestContext;
 use rmcp::RoleServer;
 use serde::Serialize;
 
-
 /// How a request through the gateway ended, for the audit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
@@ -136,7 +135,10 @@ mod tests {
             Some(id)
         );
         assert_eq!(super::trace_id("00-xyz-00f067aa0ba902b7-01"), None);
-        assert_eq!(super::trace_id(&format!("00-{}-00f067aa0ba902b7-01", "0".repeat(32))), None);
+        assert_eq!(
+            super::trace_id(&format!("00-{}-00f067aa0ba902b7-01", "0".repeat(32))),
+            None
+        );
         assert_eq!(super::trace_id("garbage"), None);
     }
 }

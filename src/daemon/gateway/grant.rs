@@ -56,7 +56,10 @@ pub fn marked(context: &RequestContext<RoleServer>) -> Option<Arc<Grant>> {
 /// A refusal by the token's rules, as the agent is told it.
 pub fn refused(kind: Kind, exposed: &str, why: &str) -> ErrorData {
     ErrorData::invalid_params(
-        format!("{} {exposed:?} is not available to this agent: {why}", kind.as_str()),
+        format!(
+            "{} {exposed:?} is not available to this agent: {why}",
+            kind.as_str()
+        ),
         None,
     )
 }

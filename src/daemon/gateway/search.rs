@@ -10,7 +10,9 @@
 
 use std::collections::HashMap;
 
-use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ResultType, Tool};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ResultType, Tool,
+};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
 use serde_json::{json, Value};
@@ -113,7 +115,12 @@ impl Gateway {
         stateless: bool,
     ) -> Result<Vec<Tool>, ErrorData> {
         let mut listed = meta_tools(!stateless);
-        let pinned = self.0.pinned.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let pinned = self
+            .0
+            .pinned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         if pinned.is_empty() {
             return Ok(listed);
         }
@@ -160,7 +167,11 @@ impl Gateway {
             Some(v) => v
                 .as_u64()
                 .filter(|n| (1..=MAX_HITS).contains(n))
-                .ok_or_else(|| bad(format!("\"limit\" must be a whole number from 1 to {MAX_HITS}")))?,
+                .ok_or_else(|| {
+                    bad(format!(
+                        "\"limit\" must be a whole number from 1 to {MAX_HITS}"
+                    ))
+                })?,
         };
         let api = &self.0.api;
         let all = api.tools(&self.0.workspace, None).await?;
@@ -272,7 +283,10 @@ impl Gateway {
             .extend(pairs);
         super::tell_session(&context.peer, super::List::Tools).await;
         Ok(answered(
-            format!("pinned {}: listed in tools/list from now on", names.join(", ")),
+            format!(
+                "pinned {}: listed in tools/list from now on",
+                names.join(", ")
+            ),
             None,
         ))
     }

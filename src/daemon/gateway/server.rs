@@ -34,11 +34,11 @@ use super::audit::Outcome as AuditOutcome;
 use super::grant::Grant;
 use super::names::{Entry, Naming};
 use super::rounds::{Origin, Outcome, Rounds, Running, Served};
-use crate::token_rules::Kind;
 use crate::bundle::client::{Agent, Caller};
 use crate::config::Profile;
 use crate::daemon::api::{Api, ApiError, CallRequest};
 use crate::protocol::BundleState;
+use crate::token_rules::Kind;
 
 /// How long a call waits for a bundle that is starting or restarting.
 pub const DEFAULT_WAIT_READY: Duration = Duration::from_secs(10);
@@ -674,14 +674,18 @@ impl Gateway {
                 None,
             ));
         }
-        if let Err(refusal) = self.permit(&context, Kind::Tool, (&route.bundle, &route.name), &exposed) {
+        if let Err(refusal) =
+            self.permit(&context, Kind::Tool, (&route.bundle, &route.name), &exposed)
+        {
             self.audited(audited, AuditOutcome::Refused, Some(&refusal.message));
             return Err(refusal);
         }
         let answer = self.call_routed(route, exposed, request, &context).await;
         let outcome = match &answer {
             Ok(CallToolResponse::InputRequired(_)) => AuditOutcome::InputRequired,
-            Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true) => AuditOutcome::ToolError,
+            Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true) => {
+                AuditOutcome::ToolError
+            }
             Ok(_) => AuditOutcome::Ok,
             Err(_) => AuditOutcome::Error,
         };
@@ -1259,9 +1263,13 @@ impl ServerHandler for Gateway {
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
         let templates = self.template_catalog(&context.peer).await?;
         let templates = self
-            .granted(&context, Kind::Resource, &self.0.templates, templates, |t| {
-                &t.uri_template
-            })
+            .granted(
+                &context,
+                Kind::Resource,
+                &self.0.templates,
+                templates,
+                |t| &t.uri_template,
+            )
             .await;
         Ok(ListResourceTemplatesResult::with_all_items(templates))
     }
@@ -1327,7 +1335,10 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         if self.searching() {
-            if let Some(answer) = self.meta_call(&request, &context, stateless(&context)).await {
+            if let Some(answer) = self
+                .meta_call(&request, &context, stateless(&context))
+                .await
+            {
                 return answer;
             }
         }
@@ -1341,7 +1352,9 @@ impl ServerHandler for Gateway {
     ) -> Result<ListPromptsResult, ErrorData> {
         let prompts = self.prompt_catalog(&context.peer).await?;
         let prompts = self
-            .granted(&context, Kind::Prompt, &self.0.prompts, prompts, |p| &p.name)
+            .granted(&context, Kind::Prompt, &self.0.prompts, prompts, |p| {
+                &p.name
+            })
             .await;
         Ok(ListPromptsResult::with_all_items(prompts))
     }
@@ -1360,7 +1373,13 @@ impl ServerHandler for Gateway {
             return Err(refusal);
         }
         let answer = self.prompt_routed(route, &request, &context).await;
-        self.audited(audited, outcome_of(&answer, |a| matches!(a, GetPromptResponse::InputRequired(_))), None);
+        self.audited(
+            audited,
+            outcome_of(&answer, |a| {
+                matches!(a, GetPromptResponse::InputRequired(_))
+            }),
+            None,
+        );
         answer
     }
 

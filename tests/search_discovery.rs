@@ -1,0 +1,87 @@
+//! Issue 35: `discovery = "search"` with real clients — the official
+//! TypeScript SDK 1.32.2 (MCP 2025-11-25: find, call, pin, call the pinned
+//! tool) and the TypeScript SDK 2.4.0 pinned to MCP 2026-07-28 (find and
+//! call; no sessions, so nothing to pin), each over the HTTP gateway and
+//! over the stdio gateway — and what the agent saves against the full list.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{free_port, Daemon, BIN};
+use serde_json::Value;
+
+fn script(path: &str, target: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    assert!(
+        path.exists(),
+        "{} is not installed; run `make {target}` (make test does)",
+        path.display()
+    );
+    path
+}
+
+/// Runs `node SCRIPT ARGS`; what it saw (its last line, JSON).
+fn saw(script: &Path, args: &[&str]) -> Value {
+    let out = Command::new("node").arg(script).args(args).output().expect("node runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{} {args:?} failed:\n{stdout}\n{}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+}
+
+fn daemon() -> (Daemon, String, String) {
+    let port = free_port();
+    let d = Daemon::start_with(&format!(
+        "[http]\nlisten = \"127.0.0.1:{port}\"\n[[profile]]\nname = \"finder\"\ndiscovery = \"search\"\n"
+    ));
+    for name in ["demo", "second"] {
+        d.ok(&["install", d.demo_bundle(name).to_str().unwrap()]);
+    }
+    let token = d.ok(&["token", "create", "--profile", "finder"]).trim().to_string();
+    (d, format!("http://127.0.0.1:{port}/mcp/default/finder"), token)
+}
+
+/// What every run must have seen: the meta-tools listed instead of the
+/// tools, an add tool found first with its schema, and its sum.
+fn found_and_called(seen: &Value, listed: &[&str]) {
+    assert_eq!(seen["listed"], serde_json::json!(listed), "{seen}");
+    let best = seen["found"][0].as_str().unwrap_or_default();
+    assert!(best.ends_with("__add"), "{seen}");
+    assert!(seen["schema"]["properties"]["a"].is_object(), "{seen}");
+    assert_eq!(seen["called"], "5", "{seen}");
+}
+
+#[test]
+fn the_typescript_sdk_finds_calls_and_pins_over_http_and_stdio() {
+    let (d, url, token) = daemon();
+    let sdk = script("target/ts-sdk/search.mjs", "ts-sdk");
+    let socket = d.socket.to_str().unwrap();
+    for args in [vec!["http", &url, &token], vec!["stdio", BIN, socket, "finder"]] {
+        let seen = saw(&sdk, &args);
+        found_and_called(&seen, &["find_tools", "call_tool", "pin_tools"]);
+        let best = seen["found"][0].as_str().unwrap();
+        let pinned = seen["pinned"].as_array().unwrap();
+        assert_eq!(pinned.len(), 4, "{seen}");
+        assert_eq!(pinned[3], best, "{seen}");
+        assert_eq!(seen["direct"], "42", "{seen}");
+    }
+}
+
+#[test]
+fn the_typescript_sdk_2_on_2026_07_28_finds_and_calls_over_http_and_stdio() {
+    let (d, url, token) = daemon();
+    let sdk = script("target/ts-sdk2/search.mjs", "ts-sdk2");
+    let socket = d.socket.to_str().unwrap();
+    for args in [vec!["http", &url, &token], vec!["stdio", BIN, socket, "finder"]] {
+        let seen = saw(&sdk, &args);
+        assert_eq!(seen["protocol"], "2026-07-28", "{seen}");
+        found_and_called(&seen, &["find_tools", "call_tool"]);
+    }
+}
