@@ -42,7 +42,10 @@ fn text_of(result: &rmcp::model::CallToolResult) -> String {
 fn audit_of(d: &Daemon, token: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     wait_for(Duration::from_secs(10), "the audit lines", || {
         let out = d.ok(&["audit", "--json", "--token", token]);
-        let lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let lines: Vec<Value> = out
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
         done(&lines).then_some(lines)
     })
 }
@@ -64,7 +67,10 @@ async fn a_tokens_rules_hold_on_every_http_path_and_every_call_is_audited() {
         )
     });
     let shown = tokio::task::block_in_place(|| d.ok(&["token", "ls"]));
-    assert!(shown.contains("--deny tool:demo/add") && shown.contains("--allow tool:demo/*"), "{shown}");
+    assert!(
+        shown.contains("--deny tool:demo/add") && shown.contains("--allow tool:demo/*"),
+        "{shown}"
+    );
     let base = format!("http://127.0.0.1:{port}/mcp/default");
 
     // The workspace endpoint: the refused tool is not listed, and refused
@@ -74,20 +80,36 @@ async fn a_tokens_rules_hold_on_every_http_path_and_every_call_is_audited() {
         .into_iter()
         .map(|t| t.name.to_string())
         .collect();
-    assert!(names.contains(&"demo__echo".into()) && !names.contains(&"demo__add".into()), "{names:?}");
-    let add = CallToolRequestParams::new("demo__add").with_arguments(arguments(json!({"a": 2, "b": 3})).unwrap());
-    let refused = client.peer().call_tool(add.clone()).await.unwrap_err().to_string();
+    assert!(
+        names.contains(&"demo__echo".into()) && !names.contains(&"demo__add".into()),
+        "{names:?}"
+    );
+    let add = CallToolRequestParams::new("demo__add")
+        .with_arguments(arguments(json!({"a": 2, "b": 3})).unwrap());
+    let refused = client
+        .peer()
+        .call_tool(add.clone())
+        .await
+        .unwrap_err()
+        .to_string();
     assert!(refused.contains("--deny tool:demo/add"), "{refused}");
-    let echo = CallToolRequestParams::new("demo__echo").with_arguments(arguments(json!({"text": "hi"})).unwrap());
+    let echo = CallToolRequestParams::new("demo__echo")
+        .with_arguments(arguments(json!({"text": "hi"})).unwrap());
     assert!(text_of(&client.peer().call_tool(echo).await.unwrap()).contains("hi"));
-    let read = client.peer().read_resource(ReadResourceRequestParams::new(format!("files://{file}"))).await;
+    let read = client
+        .peer()
+        .read_resource(ReadResourceRequestParams::new(format!("files://{file}")))
+        .await;
     let why = read.unwrap_err().to_string();
     assert!(why.contains("--deny resource:@files/*"), "{why}");
     client.cancel().await.unwrap();
 
     // One bundle as itself: the same rule, by the bundle's own names.
-    let client = http_agent(&format!("{base}/bundle/demo"), &limited).await.unwrap();
-    let own = CallToolRequestParams::new("add").with_arguments(arguments(json!({"a": 2, "b": 3})).unwrap());
+    let client = http_agent(&format!("{base}/bundle/demo"), &limited)
+        .await
+        .unwrap();
+    let own = CallToolRequestParams::new("add")
+        .with_arguments(arguments(json!({"a": 2, "b": 3})).unwrap());
     let refused = client.peer().call_tool(own).await.unwrap_err().to_string();
     assert!(refused.contains("--deny tool:demo/add"), "{refused}");
     client.cancel().await.unwrap();
@@ -96,43 +118,131 @@ async fn a_tokens_rules_hold_on_every_http_path_and_every_call_is_audited() {
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let params = json!({"name": "demo__echo", "arguments": {"text": "traced"},
         "_meta": {"traceparent": format!("00-{trace}-00f067aa0ba902b7-01")}});
-    let (_, answers) = post_2026(&base, &limited, "tools/call", "demo__echo", params, json!({})).await;
-    assert!(answers.iter().any(|a| a["id"] == 7 && a["result"]["content"][0]["text"].as_str().is_some_and(|t| t.contains("traced"))), "{answers:?}");
+    let (_, answers) = post_2026(
+        &base,
+        &limited,
+        "tools/call",
+        "demo__echo",
+        params,
+        json!({}),
+    )
+    .await;
+    assert!(
+        answers.iter().any(|a| a["id"] == 7
+            && a["result"]["content"][0]["text"]
+                .as_str()
+                .is_some_and(|t| t.contains("traced"))),
+        "{answers:?}"
+    );
     let params = json!({"name": "demo__add", "arguments": {"a": 1, "b": 1}});
-    let (_, answers) = post_2026(&base, &limited, "tools/call", "demo__add", params, json!({})).await;
-    assert!(answers.iter().any(|a| a["error"]["message"].as_str().is_some_and(|m| m.contains("--deny tool:demo/add"))), "{answers:?}");
+    let (_, answers) = post_2026(
+        &base,
+        &limited,
+        "tools/call",
+        "demo__add",
+        params,
+        json!({}),
+    )
+    .await;
+    assert!(
+        answers.iter().any(|a| a["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("--deny tool:demo/add"))),
+        "{answers:?}"
+    );
 
     // The search meta-tools: what the token may not call is never found,
     // and refused through call_tool.
-    let (_, answers) = post_2026(&format!("{base}/finder"), &finder, "tools/list", "", json!({}), json!({})).await;
-    let listed: Vec<&str> = answers[0]["result"]["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
-    assert_eq!(listed, ["find_tools", "call_tool"], "a stateless agent pins nothing");
-    let client = http_agent(&format!("{base}/finder"), &finder).await.unwrap();
-    let find = CallToolRequestParams::new("find_tools").with_arguments(arguments(json!({"query": "add two numbers", "limit": 10})).unwrap());
+    let (_, answers) = post_2026(
+        &format!("{base}/finder"),
+        &finder,
+        "tools/list",
+        "",
+        json!({}),
+        json!({}),
+    )
+    .await;
+    let listed: Vec<&str> = answers[0]["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(
+        listed,
+        ["find_tools", "call_tool"],
+        "a stateless agent pins nothing"
+    );
+    let client = http_agent(&format!("{base}/finder"), &finder)
+        .await
+        .unwrap();
+    let find = CallToolRequestParams::new("find_tools")
+        .with_arguments(arguments(json!({"query": "add two numbers", "limit": 10})).unwrap());
     let found = client.peer().call_tool(find).await.unwrap();
     let hits = found.structured_content.clone().unwrap()["tools"].clone();
-    let hit_names: Vec<&str> = hits.as_array().unwrap().iter().filter_map(|h| h["name"].as_str()).collect();
-    assert!(!hit_names.is_empty() && !hit_names.contains(&"demo__add"), "{hits}");
-    let call = CallToolRequestParams::new("call_tool").with_arguments(arguments(json!({"name": "demo__add", "arguments": {"a": 2, "b": 3}})).unwrap());
+    let hit_names: Vec<&str> = hits
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|h| h["name"].as_str())
+        .collect();
+    assert!(
+        !hit_names.is_empty() && !hit_names.contains(&"demo__add"),
+        "{hits}"
+    );
+    let call = CallToolRequestParams::new("call_tool").with_arguments(
+        arguments(json!({"name": "demo__add", "arguments": {"a": 2, "b": 3}})).unwrap(),
+    );
     let refused = client.peer().call_tool(call).await.unwrap_err().to_string();
     assert!(refused.contains("--deny tool:demo/add"), "{refused}");
     client.cancel().await.unwrap();
 
     // Every call audited under the token's name, never its text.
     let lines = tokio::task::block_in_place(|| {
-        audit_of(&d, "limited", |l| l.iter().any(|x| x["trace_id"] == trace) && l.len() >= 6)
+        audit_of(&d, "limited", |l| {
+            l.iter().any(|x| x["trace_id"] == trace) && l.len() >= 6
+        })
     });
-    let of = |name: &str, outcome: &str| lines.iter().any(|l| l["name"] == name && l["outcome"] == outcome);
-    assert!(of("echo", "ok") && of("add", "refused") && of(&format!("files://{file}"), "refused"), "{lines:#?}");
-    let refusal = lines.iter().find(|l| l["outcome"] == "refused" && l["name"] == "add").unwrap();
-    assert!(refusal["reason"].as_str().unwrap().contains("--deny tool:demo/add"), "{refusal}");
+    let of = |name: &str, outcome: &str| {
+        lines
+            .iter()
+            .any(|l| l["name"] == name && l["outcome"] == outcome)
+    };
+    assert!(
+        of("echo", "ok") && of("add", "refused") && of(&format!("files://{file}"), "refused"),
+        "{lines:#?}"
+    );
+    let refusal = lines
+        .iter()
+        .find(|l| l["outcome"] == "refused" && l["name"] == "add")
+        .unwrap();
+    assert!(
+        refusal["reason"]
+            .as_str()
+            .unwrap()
+            .contains("--deny tool:demo/add"),
+        "{refusal}"
+    );
     assert_eq!(refusal["permitted"], false);
-    assert!(lines.iter().all(|l| l["principal"] == "token:limited" && l["duration_ms"].is_number()));
+    assert!(lines
+        .iter()
+        .all(|l| l["principal"] == "token:limited" && l["duration_ms"].is_number()));
     let finder_lines = tokio::task::block_in_place(|| audit_of(&d, "finder", |l| !l.is_empty()));
-    assert!(finder_lines.iter().any(|l| l["name"] == "add" && l["outcome"] == "refused"), "{finder_lines:#?}");
-    for entry in std::fs::read_dir(d.root().join("state/audit")).unwrap().flatten() {
+    assert!(
+        finder_lines
+            .iter()
+            .any(|l| l["name"] == "add" && l["outcome"] == "refused"),
+        "{finder_lines:#?}"
+    );
+    for entry in std::fs::read_dir(d.root().join("state/audit"))
+        .unwrap()
+        .flatten()
+    {
         let text = std::fs::read_to_string(entry.path()).unwrap();
-        assert!(!text.contains(&limited) && !text.contains("bvt_"), "a token's text in the audit log");
+        assert!(
+            !text.contains(&limited) && !text.contains("bvt_"),
+            "a token's text in the audit log"
+        );
     }
 }
 
@@ -144,7 +254,10 @@ async fn a_stdio_agent_given_a_token_gets_its_rules_and_its_name_in_the_audit() 
     let d = Daemon::start();
     let (limited, other) = tokio::task::block_in_place(|| {
         d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
-        (token(&d, "stdio-limited", &RULES), token(&d, "elsewhere", &["-w", "other"]))
+        (
+            token(&d, "stdio-limited", &RULES),
+            token(&d, "elsewhere", &["-w", "other"]),
+        )
     });
     let mut child = d.spawn_mcp_with_env(&[], &[("BUNDLEVISOR_TOKEN", &limited)]);
     let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
@@ -153,8 +266,12 @@ async fn a_stdio_agent_given_a_token_gets_its_rules_and_its_name_in_the_audit() 
         .into_iter()
         .map(|t| t.name.to_string())
         .collect();
-    assert!(names.contains(&"demo__echo".into()) && !names.contains(&"demo__add".into()), "{names:?}");
-    let add = CallToolRequestParams::new("demo__add").with_arguments(arguments(json!({"a": 2, "b": 3})).unwrap());
+    assert!(
+        names.contains(&"demo__echo".into()) && !names.contains(&"demo__add".into()),
+        "{names:?}"
+    );
+    let add = CallToolRequestParams::new("demo__add")
+        .with_arguments(arguments(json!({"a": 2, "b": 3})).unwrap());
     let refused = client.peer().call_tool(add).await.unwrap_err().to_string();
     assert!(refused.contains("--deny tool:demo/add"), "{refused}");
     client.cancel().await.unwrap();
@@ -165,7 +282,8 @@ async fn a_stdio_agent_given_a_token_gets_its_rules_and_its_name_in_the_audit() 
     let mut child = d.spawn_mcp(&[]);
     let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
     let client = ().serve(io).await.unwrap();
-    let echo = CallToolRequestParams::new("demo__echo").with_arguments(arguments(json!({"text": "x"})).unwrap());
+    let echo = CallToolRequestParams::new("demo__echo")
+        .with_arguments(arguments(json!({"text": "x"})).unwrap());
     client.peer().call_tool(echo).await.unwrap();
     client.cancel().await.unwrap();
     let me = nix::unistd::getuid().as_raw();
@@ -175,6 +293,9 @@ async fn a_stdio_agent_given_a_token_gets_its_rules_and_its_name_in_the_audit() 
     let child = d.spawn_mcp_with_env(&[], &[("BUNDLEVISOR_TOKEN", &other)]);
     let out = child.wait_with_output().await.unwrap();
     let said = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && said.contains("is for workspace \"other\""), "{said}");
+    assert!(
+        !out.status.success() && said.contains("is for workspace \"other\""),
+        "{said}"
+    );
     assert!(!said.contains(&other), "the token's text on stderr: {said}");
 }

@@ -24,7 +24,11 @@ fn script(path: &str, target: &str) -> PathBuf {
 
 /// Runs `node SCRIPT ARGS`; what it saw (its last line, JSON).
 fn saw(script: &Path, args: &[&str]) -> Value {
-    let out = Command::new("node").arg(script).args(args).output().expect("node runs");
+    let out = Command::new("node")
+        .arg(script)
+        .args(args)
+        .output()
+        .expect("node runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -44,8 +48,15 @@ fn daemon() -> (Daemon, String, String) {
     for name in ["demo", "second"] {
         d.ok(&["install", d.demo_bundle(name).to_str().unwrap()]);
     }
-    let token = d.ok(&["token", "create", "--profile", "finder"]).trim().to_string();
-    (d, format!("http://127.0.0.1:{port}/mcp/default/finder"), token)
+    let token = d
+        .ok(&["token", "create", "--profile", "finder"])
+        .trim()
+        .to_string();
+    (
+        d,
+        format!("http://127.0.0.1:{port}/mcp/default/finder"),
+        token,
+    )
 }
 
 /// What every run must have seen: the meta-tools listed instead of the
@@ -63,7 +74,10 @@ fn the_typescript_sdk_finds_calls_and_pins_over_http_and_stdio() {
     let (d, url, token) = daemon();
     let sdk = script("target/ts-sdk/search.mjs", "ts-sdk");
     let socket = d.socket.to_str().unwrap();
-    for args in [vec!["http", &url, &token], vec!["stdio", BIN, socket, "finder"]] {
+    for args in [
+        vec!["http", &url, &token],
+        vec!["stdio", BIN, socket, "finder"],
+    ] {
         let seen = saw(&sdk, &args);
         found_and_called(&seen, &["find_tools", "call_tool", "pin_tools"]);
         let best = seen["found"][0].as_str().unwrap();
@@ -79,7 +93,10 @@ fn the_typescript_sdk_2_on_2026_07_28_finds_and_calls_over_http_and_stdio() {
     let (d, url, token) = daemon();
     let sdk = script("target/ts-sdk2/search.mjs", "ts-sdk2");
     let socket = d.socket.to_str().unwrap();
-    for args in [vec!["http", &url, &token], vec!["stdio", BIN, socket, "finder"]] {
+    for args in [
+        vec!["http", &url, &token],
+        vec!["stdio", BIN, socket, "finder"],
+    ] {
         let seen = saw(&sdk, &args);
         assert_eq!(seen["protocol"], "2026-07-28", "{seen}");
         found_and_called(&seen, &["find_tools", "call_tool"]);

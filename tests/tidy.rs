@@ -1345,3 +1345,55 @@ fn the_function_scanner_measures_bodies_and_skips_declarations() {
         vec![("b".to_string(), 2, 4), ("c".to_string(), 6, 1)]
     );
 }
+
+/// Issue 35 (docs/ARCHITECTURE.md): every tool call, prompt get and
+/// resource read of an agent passes the guard. The functions that hand
+/// one to a bundle are called from one function each, in the gateway,
+/// which checks the request's grant and writes its audit line; nowhere
+/// else (a search meta-tool, an endpoint) calls them.
+#[test]
+fn every_agent_call_passes_the_guard() {
+    let mut files = Vec::new();
+    sources(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("src"),
+        &mut files,
+    );
+    let texts: Vec<(PathBuf, String)> = files.iter().map(|f| (f.clone(), code(f))).collect();
+    let body = |text: &str, line: usize, len: usize| -> String {
+        text.lines()
+            .skip(line - 1)
+            .take(len)
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    for (routed, guard, permit) in [
+        ("call_routed", "call_exposed", "self.permit("),
+        ("prompt_routed", "get_prompt", "self.permit("),
+        ("read_routed", "read_resource", "self.permit_resource("),
+    ] {
+        let mut callers = Vec::new();
+        for (file, text) in &texts {
+            for (name, line, len) in functions(text) {
+                let b = body(text, line, len);
+                if name != routed && b.contains(&format!(".{routed}(")) {
+                    let rel = file.strip_prefix(env!("CARGO_MANIFEST_DIR")).unwrap();
+                    callers.push((rel.display().to_string(), name, b));
+                }
+            }
+        }
+        let names: Vec<(&str, &str)> = callers
+            .iter()
+            .map(|(f, n, _)| (f.as_str(), n.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [("src/daemon/gateway/server.rs", guard)],
+            "{routed} must be called only by the gateway's {guard}"
+        );
+        let checked = &callers[0].2;
+        assert!(
+            checked.contains(permit) && checked.contains("self.audited("),
+            "{guard} must check the grant ({permit}) and write the audit line before and after {routed}"
+        );
+    }
+}

@@ -26,6 +26,10 @@
 //!   call, host-resources reads, crash recovery and stop at 50–2,000
 //!   bundles over 1, 10 and 100 workspaces ([`scale`]).
 //!
+//! - search: the tool search ranking's recall on real servers' tools and
+//!   agents' queries, one search at 1,000 and 10,000 tools, and the bytes
+//!   an agent's tool list saves ([`search`]).
+//!
 //! - supervisord: the same demo binary under supervisord (PyPI, pinned):
 //!   start → 200 programs running, SIGKILL → running again; bundlevisor's
 //!   same two figures (process exec'd, no handshake) sit beside them.
@@ -34,13 +38,14 @@
 //! `BOOT_BUNDLES` (default 200), `SCALE_BUNDLES` (default 50,200,1000,2000)
 //! and `SCALE_WORKSPACES` (default 1,10,100) the curve's points,
 //! `BENCH_ONLY` (comma-separated of install,crash,host,control,gateway,
-//! boot,scale,supervisord) runs a subset. Results also go to
+//! boot,scale,search,supervisord) runs a subset. Results also go to
 //! `target/bench/suite.json`, the curve to `target/bench/scale.{json,png}`.
 
 mod floors;
 mod harness;
 mod report;
 mod scale;
+mod search;
 mod supervisord;
 
 use std::path::Path;
@@ -103,6 +108,7 @@ fn main() {
         .build()
         .unwrap();
     let started = Instant::now();
+    let mut search_lines = Vec::new();
     let (rows, curve) = rt.block_on(async {
         let mut rows = Vec::new();
         let dir = tempfile::tempdir().unwrap();
@@ -174,6 +180,12 @@ fn main() {
             eprintln!("boot reload…");
             rows.extend(boot(&root.join("boot"), peer.as_ref()).await);
         }
+        if wanted("search") {
+            eprintln!("tool search…");
+            let (found, lines) = tokio::task::block_in_place(|| search::measure(smoke()));
+            rows.extend(found);
+            search_lines = lines;
+        }
         let mut curve = Vec::new();
         if wanted("scale") {
             curve = scale::curve(root).await;
@@ -186,6 +198,9 @@ fn main() {
     });
     // A smoke run's figures are not results.
     report::print(&rows, started.elapsed(), !smoke());
+    for line in &search_lines {
+        println!("{line}");
+    }
     if !curve.is_empty() {
         scale::print(&curve);
         if !smoke() {

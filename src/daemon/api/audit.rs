@@ -33,7 +33,7 @@ fn files_of(dir: &Path, workspace: &str) -> Vec<PathBuf> {
             Some((n, e.path()))
         })
         .collect();
-    rotated.sort_by(|a, b| b.0.cmp(&a.0));
+    rotated.sort_by_key(|r| std::cmp::Reverse(r.0));
     let mut files: Vec<PathBuf> = rotated.into_iter().map(|(_, p)| p).collect();
     files.push(dir.join(current));
     files

@@ -40,7 +40,7 @@ fn schema(value: Value) -> std::sync::Arc<serde_json::Map<String, Value>> {
 }
 
 /// The meta-tools (without [`PIN`] for an agent without a session).
-fn meta_tools(pinning: bool) -> Vec<Tool> {
+pub fn meta_tools(pinning: bool) -> Vec<Tool> {
     let mut tools = vec![
         Tool::new(
             FIND,
