@@ -73,6 +73,11 @@ impl Rule {
         if text.chars().any(char::is_control) {
             return Err(format!("rule {text:?} holds a control character"));
         }
+        if text.trim() != text || bundle.contains(char::is_whitespace) {
+            return Err(format!(
+                "rule {text:?} has a space at an end or in its bundle name, so it would match nothing; {usage}"
+            ));
+        }
         Ok(Rule {
             text: text.to_string(),
             kind,
@@ -121,6 +126,19 @@ impl Rules {
             Ok(rules)
         } else {
             Err(problems)
+        }
+    }
+
+    /// Rules that refuse everything (a token whose rules cannot be read).
+    pub fn nothing() -> Rules {
+        Rules {
+            allow: Vec::new(),
+            deny: vec![Rule {
+                text: "*/*".into(),
+                kind: None,
+                bundle: "*".into(),
+                name: "*".into(),
+            }],
         }
     }
 
@@ -231,6 +249,9 @@ mod tests {
         let problems =
             Rules::parse(&owned(&["tool:github", "bogus:a/b"]), &owned(&["/x"])).unwrap_err();
         assert_eq!(problems.len(), 3, "{problems:?}");
+        let spaced = Rules::parse(&owned(&["tool:github/delete_* "]), &[]).unwrap_err();
+        assert!(spaced[0].contains("space"), "{spaced:?}");
+        assert!(!Rules::nothing().allows(Kind::Resource, FILES, "files://x"));
         assert!(problems[0].contains("names no BUNDLE/NAME"));
         assert!(problems[1].contains("\"bogus\" is not a kind"));
         assert!(problems[2].contains("empty bundle or name"));

@@ -37,6 +37,11 @@ const BOOSTS: [(FieldKind, f32); 4] = [
     (FieldKind::Params, 1.0),
 ];
 
+/// How much of a query is read: what an agent says it wants done is a
+/// sentence, not a document.
+const MAX_QUERY_BYTES: usize = 1024;
+const MAX_QUERY_WORDS: usize = 64;
+
 /// Candidates looked at per hit asked for: hits the caller may not see
 /// (another profile's, a refused tool) are skipped, not counted.
 const OVERFETCH: usize = 8;
@@ -151,34 +156,61 @@ impl ToolIndex {
     ) -> Result<(), SearchError> {
         let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
         let mut seen = std::collections::HashSet::new();
+        // The fingerprints take effect once the changes are committed: a
+        // failed sync is done again by the next one.
+        let mut indexed = state.indexed.clone();
         let mut changed = false;
-        for (bundle, tools) in bundles {
-            seen.insert(bundle.to_string());
-            let print = fingerprint(tools);
-            if state.indexed.get(bundle) == Some(&print) {
-                continue;
+        let written = (|| -> Result<(), SearchError> {
+            for (bundle, tools) in bundles {
+                seen.insert(bundle.to_string());
+                let print = fingerprint(tools);
+                if indexed.get(bundle) == Some(&print) {
+                    continue;
+                }
+                state.writer.delete_term(self.bundle_term(bundle));
+                for tool in tools {
+                    state.writer.add_document(self.document(bundle, tool))?;
+                }
+                indexed.insert(bundle.to_string(), print);
+                changed = true;
             }
-            state.writer.delete_term(self.bundle_term(bundle));
-            for tool in tools {
-                state.writer.add_document(self.document(bundle, tool))?;
+            let gone: Vec<String> = (indexed.keys())
+                .filter(|b| !seen.contains(*b))
+                .cloned()
+                .collect();
+            for bundle in gone {
+                state.writer.delete_term(self.bundle_term(&bundle));
+                indexed.remove(&bundle);
+                changed = true;
             }
-            state.indexed.insert(bundle.to_string(), print);
-            changed = true;
-        }
-        let gone: Vec<String> = (state.indexed.keys())
-            .filter(|b| !seen.contains(*b))
-            .cloned()
-            .collect();
-        for bundle in gone {
-            state.writer.delete_term(self.bundle_term(&bundle));
-            state.indexed.remove(&bundle);
-            changed = true;
-        }
-        if changed {
-            state.writer.commit()?;
-            self.reader.reload()?;
+            if changed {
+                state.writer.commit()?;
+                self.reader.reload()?;
+            }
+            Ok(())
+        })();
+        match written {
+            Ok(()) => state.indexed = indexed,
+            Err(e) => {
+                let _ = state.writer.rollback();
+                return Err(e);
+            }
         }
         Ok(())
+    }
+
+    /// Whether [`ToolIndex::sync`] of `bundles` would change anything
+    /// (fingerprints only: cheap, nothing is written).
+    pub fn stale<'a>(&self, bundles: impl IntoIterator<Item = (&'a str, &'a [Tool])>) -> bool {
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut listed = 0;
+        for (bundle, tools) in bundles {
+            listed += 1;
+            if state.indexed.get(bundle) != Some(&fingerprint(tools)) {
+                return true;
+            }
+        }
+        listed != state.indexed.len()
     }
 
     /// The `limit` best tools for `query` among those `visible` admits
@@ -273,14 +305,20 @@ impl ToolIndex {
         doc
     }
 
-    /// The analyzed words of `text`, as the index holds them.
+    /// The analyzed words of `text`, as the index holds them: at most
+    /// [`MAX_QUERY_WORDS`] of its first [`MAX_QUERY_BYTES`].
     fn words(&self, text: &str) -> Vec<String> {
         let mut analyzer = self.analyzer.clone();
-        let text = split_words(text);
+        let end = text.floor_char_boundary(MAX_QUERY_BYTES.min(text.len()));
+        let text = split_words(&text[..end]);
         let mut stream = analyzer.token_stream(&text);
+        let mut seen = std::collections::HashSet::new();
         let mut words = Vec::new();
         while let Some(token) = stream.next() {
-            if !words.contains(&token.text) {
+            if words.len() == MAX_QUERY_WORDS {
+                break;
+            }
+            if seen.insert(token.text.clone()) {
                 words.push(token.text.clone());
             }
         }
@@ -429,6 +467,9 @@ mod tests {
             "Post a message to a channel",
             serde_json::json!({}),
         )];
+        assert!(!index.stale([("chat", &v1[..]), ("weather", &other[..])]));
+        assert!(index.stale([("chat", &v2[..]), ("weather", &other[..])]));
+        assert!(index.stale([("chat", &v1[..])]), "a bundle gone");
         index.sync([("chat", &v2[..])]).unwrap();
         assert_eq!(
             index.len(),

@@ -274,6 +274,12 @@ async fn a_stdio_agent_given_a_token_gets_its_rules_and_its_name_in_the_audit() 
         .with_arguments(arguments(json!({"a": 2, "b": 3})).unwrap());
     let refused = client.peer().call_tool(add).await.unwrap_err().to_string();
     assert!(refused.contains("--deny tool:demo/add"), "{refused}");
+    // Revoked while the session lives: nothing is reached any more.
+    tokio::task::block_in_place(|| d.ok(&["token", "revoke", "stdio-limited"]));
+    let echo = CallToolRequestParams::new("demo__echo")
+        .with_arguments(arguments(json!({"text": "x"})).unwrap());
+    let refused = client.peer().call_tool(echo).await.unwrap_err().to_string();
+    assert!(refused.contains("revoked or has expired"), "{refused}");
     client.cancel().await.unwrap();
     let lines = tokio::task::block_in_place(|| audit_of(&d, "stdio-limited", |l| !l.is_empty()));
     assert_eq!(lines[0]["outcome"], "refused", "{lines:#?}");

@@ -53,10 +53,14 @@ pub fn run(socket: PathBuf, args: &Args) -> ExitCode {
         bundle: args.bundle.clone(),
         wait_ready_ms: args.wait_ready.map(|d| d.as_millis() as u64),
         // From the environment only: a command line is visible to every user.
-        token: std::env::var("BUNDLEVISOR_TOKEN")
-            .ok()
-            .filter(|t| !t.is_empty())
-            .map(crate::protocol::TokenText),
+        token: match std::env::var("BUNDLEVISOR_TOKEN") {
+            Ok(t) if t.is_empty() => {
+                eprintln!("error: BUNDLEVISOR_TOKEN is set but empty; give the token, or unset it to attach without one");
+                return ExitCode::from(2);
+            }
+            Ok(t) => Some(crate::protocol::TokenText(t)),
+            Err(_) => None,
+        },
         resume: None,
         handover: !args.relay && crate::stdio::can_hand_over(),
     };

@@ -1052,8 +1052,9 @@ impl App {
                             DEFAULT_WAIT_READY,
                             rounds.clone(),
                             naming.clone(),
-                            // Each request carries its token's grant.
-                            None,
+                            // Each request carries its token's grant; one
+                            // that does not reaches nothing.
+                            Some(Arc::new(crate::daemon::gateway::grant::Grant::unmarked())),
                         ))
                     },
                     sessions.clone(),

@@ -92,6 +92,9 @@ pub struct Shared {
     /// Bumped by each `token revoke`: the HTTP gateway's token cache is
     /// dropped when it changes.
     pub tokens_revoked: std::sync::atomic::AtomicU64,
+    /// The ids of the tokens revoked since the daemon started: a stdio
+    /// session given one is refused from then on.
+    pub revoked_tokens: std::sync::Mutex<std::collections::HashSet<String>>,
     /// Each workspace's audit log (`STATE_DIR/audit/WS.jsonl`): one writer
     /// per file, shared by the workspace's actor (host-resources
     /// decisions) and its gateways (agents' calls).
@@ -765,6 +768,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         metrics: metrics::Metrics::new(board.clone(), cgroups.clone(), started_at),
         cgroups,
         tokens_revoked: Default::default(),
+        revoked_tokens: Default::default(),
         audit_logs: Default::default(),
         tool_indexes: Default::default(),
         lanes: Default::default(),

@@ -122,8 +122,10 @@ impl Api {
                 Some(ws) => vec![ws.clone()],
                 None => workspaces(&dir),
             };
-            let mut kept: VecDeque<(String, Value)> = VecDeque::with_capacity(limit);
+            // The newest `limit` of each workspace, then of them all.
+            let mut lines: Vec<(String, Value)> = Vec::new();
             for ws in spaces {
+                let mut kept: VecDeque<(String, Value)> = VecDeque::with_capacity(limit);
                 for file in files_of(&dir, &ws) {
                     let Ok(opened) = std::fs::File::open(&file) else {
                         continue;
@@ -148,11 +150,12 @@ impl Api {
                         kept.push_back((time.to_string(), value));
                     }
                 }
+                lines.extend(kept);
             }
             // Several workspaces' lines, in time order.
-            let mut lines: Vec<(String, Value)> = kept.into();
             lines.sort_by(|a, b| a.0.cmp(&b.0));
-            lines.into_iter().map(|(_, v)| v).collect()
+            let skip = lines.len().saturating_sub(limit);
+            lines.into_iter().skip(skip).map(|(_, v)| v).collect()
         })
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))

@@ -87,6 +87,12 @@ impl Api {
         })
     }
 
+    /// Whether the token of id `id` was revoked since the daemon started.
+    pub fn token_revoked(&self, id: &str) -> bool {
+        let revoked = self.shared.revoked_tokens.lock();
+        revoked.unwrap_or_else(|p| p.into_inner()).contains(id)
+    }
+
     /// The live token whose text is `text`.
     pub async fn token_by_text(&self, text: &str) -> Result<Option<AccessToken>, ApiError> {
         let (text, now) = (text.to_string(), crate::clock::unix_secs());
@@ -122,7 +128,13 @@ impl Api {
         let Some(t) = revoked else {
             return Err(ApiError::TokenNotFound(which.to_string()));
         };
-        // The HTTP gateway's token cache drops it.
+        // The HTTP gateway's token cache drops it; stdio sessions given it
+        // are refused from now on.
+        self.shared
+            .revoked_tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(t.id.clone());
         self.shared
             .tokens_revoked
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);

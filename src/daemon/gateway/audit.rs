@@ -95,6 +95,9 @@ impl Audited {
         (bundle, name): (&str, &str),
         context: &RequestContext<RoleServer>,
     ) -> Audited {
+        // A URI's query and fragment may carry what an argument would (a
+        // signed URL's signature): never recorded, as arguments are not.
+        let name = name.split(['?', '#']).next().unwrap_or_default();
         Audited {
             principal,
             action,
@@ -118,7 +121,9 @@ impl Audited {
             name: &self.name,
             outcome: outcome.as_str(),
             duration_ms: (self.started.elapsed().as_secs_f64() * 1e6).round() / 1e3,
-            reason: reason.filter(|_| outcome == Outcome::Refused),
+            reason: reason
+                .filter(|_| outcome == Outcome::Refused)
+                .map(|r| r.split(['?', '#']).next().unwrap_or_default()),
             trace_id: self.trace_id.as_deref(),
         };
         serde_json::to_string(&line).ok()

@@ -19,6 +19,9 @@ pub struct Grant {
     /// `token:NAME` (never the token's text) or `uid:N` (stdio).
     pub principal: String,
     pub rules: Rules,
+    /// The token's id and expiry (Unix seconds), checked again on each
+    /// request of a connection that outlives them (stdio).
+    pub token: Option<(String, Option<i64>)>,
 }
 
 impl Grant {
@@ -27,11 +30,22 @@ impl Grant {
     pub fn of_token(token: &crate::store::AccessToken) -> Grant {
         let rules = Rules::parse(&token.allow, &token.deny).unwrap_or_else(|problems| {
             tracing::error!(token = %token.name, "the token's stored rules do not parse ({}); it reaches nothing", problems.join("; "));
-            Rules::parse(&[], &["*/*".to_string()]).unwrap_or_default()
+            Rules::nothing()
         });
         Grant {
             principal: format!("token:{}", token.name),
             rules,
+            token: Some((token.id.clone(), token.expires_at)),
+        }
+    }
+
+    /// The grant of a request the HTTP listener did not mark (none should
+    /// come): it reaches nothing.
+    pub fn unmarked() -> Grant {
+        Grant {
+            principal: "unmarked".into(),
+            rules: Rules::nothing(),
+            token: None,
         }
     }
 
@@ -40,6 +54,7 @@ impl Grant {
         Grant {
             principal: format!("uid:{uid}"),
             rules: Rules::default(),
+            token: None,
         }
     }
 }

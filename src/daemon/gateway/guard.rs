@@ -24,6 +24,27 @@ impl Gateway {
         marked(context).or_else(|| self.0.grant.clone())
     }
 
+    /// Whether a grant's token was revoked or has expired since the
+    /// connection began (a stdio session outlives a request).
+    fn lapsed(&self, grant: &Grant) -> bool {
+        grant.token.as_ref().is_some_and(|(id, expires)| {
+            expires.is_some_and(|at| at <= crate::clock::unix_secs())
+                || self.0.api.token_revoked(id)
+        })
+    }
+
+    /// This request's grant, unless its token lapsed: then nothing is
+    /// reached.
+    pub fn live_grant(&self, context: &RequestContext<RoleServer>) -> Option<Arc<Grant>> {
+        self.grant(context).map(|g| match self.lapsed(&g) {
+            true => Arc::new(Grant {
+                rules: crate::token_rules::Rules::nothing(),
+                ..(*g).clone()
+            }),
+            false => g,
+        })
+    }
+
     /// Whether this request may reach `name` of `bundle` (a `kind`, shown
     /// to the agent as `exposed`); the refusal names the rule.
     pub fn permit(
@@ -34,6 +55,11 @@ impl Gateway {
         exposed: &str,
     ) -> Result<(), ErrorData> {
         match self.grant(context) {
+            Some(grant) if self.lapsed(&grant) => Err(refused(
+                kind,
+                exposed,
+                "the session's token was revoked or has expired; start the agent again with a live token",
+            )),
             Some(grant) => grant
                 .rules
                 .check(kind, bundle, name)
@@ -52,7 +78,7 @@ impl Gateway {
         items: Vec<T>,
         exposed: impl Fn(&T) -> &str,
     ) -> Vec<T> {
-        let Some(grant) = self.grant(context).filter(|g| !g.rules.is_empty()) else {
+        let Some(grant) = self.live_grant(context).filter(|g| !g.rules.is_empty()) else {
             return items;
         };
         let routes = routes.lock().await;
@@ -81,7 +107,7 @@ impl Gateway {
         context: &RequestContext<RoleServer>,
         resources: Vec<Resource>,
     ) -> Vec<Resource> {
-        let Some(grant) = self.grant(context).filter(|g| !g.rules.is_empty()) else {
+        let Some(grant) = self.live_grant(context).filter(|g| !g.rules.is_empty()) else {
             return resources;
         };
         resources

@@ -178,13 +178,23 @@ impl Gateway {
         let index = api
             .tool_index(&self.0.workspace)
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-        let ready = all
-            .iter()
-            .filter(|b| b.state == crate::protocol::BundleState::Ready)
-            .map(|b| (b.name.as_str(), b.tools.as_slice()));
-        index
-            .sync(ready)
+        let ready = || {
+            all.iter()
+                .filter(|b| b.state == crate::protocol::BundleState::Ready)
+                .map(|b| (b.name.as_str(), b.tools.as_slice()))
+        };
+        // Indexing is blocking work: on the blocking pool, when needed.
+        if index.stale(ready()) {
+            let owned: Vec<(String, Vec<Tool>)> =
+                ready().map(|(n, t)| (n.to_string(), t.to_vec())).collect();
+            let index = index.clone();
+            tokio::task::spawn_blocking(move || {
+                index.sync(owned.iter().map(|(n, t)| (n.as_str(), t.as_slice())))
+            })
+            .await
+            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?
             .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        }
         // The tools this agent may call, by their own names.
         let (tools, _) = self.catalog_of(all).await?;
         let tools = self

@@ -1167,7 +1167,7 @@ impl ServerHandler for Gateway {
                 Err(e) => tracing::debug!(bundle, "skills/list: {e}"),
             }
         }
-        if let Some(grant) = self.grant(&context).filter(|g| !g.rules.is_empty()) {
+        if let Some(grant) = self.live_grant(&context).filter(|g| !g.rules.is_empty()) {
             skills.retain(|skill| {
                 let (bundle, own) = self.resource_owner(&skill.uri);
                 grant.rules.allows(Kind::Resource, &bundle, &own)
@@ -1436,11 +1436,14 @@ impl ServerHandler for Gateway {
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
         let sink = context.sink().clone();
-        let uris = context
-            .accepted()
-            .resource_subscriptions
-            .clone()
-            .unwrap_or_default();
+        // The token's rules hold here too: a resource it may not read is
+        // not followed (the acknowledgement, made before, could not know).
+        let asked = context.request_context();
+        let uris: Vec<String> = (context.accepted().resource_subscriptions.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|uri| self.permit_resource(asked, uri).is_ok())
+            .collect();
         // Ended with this future, however it ends (a dropped stream too):
         // the bundles' subscriber lists then drop the listener.
         let alive = tokio_util::sync::CancellationToken::new();
