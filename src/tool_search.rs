@@ -309,7 +309,10 @@ impl ToolIndex {
     /// [`MAX_QUERY_WORDS`] of its first [`MAX_QUERY_BYTES`].
     fn words(&self, text: &str) -> Vec<String> {
         let mut analyzer = self.analyzer.clone();
-        let end = text.floor_char_boundary(MAX_QUERY_BYTES.min(text.len()));
+        let mut end = MAX_QUERY_BYTES.min(text.len());
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
         let text = split_words(&text[..end]);
         let mut stream = analyzer.token_stream(&text);
         let mut seen = std::collections::HashSet::new();
