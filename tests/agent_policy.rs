@@ -102,6 +102,9 @@ async fn a_tokens_rules_hold_on_every_http_path_and_every_call_is_audited() {
         .await;
     let why = read.unwrap_err().to_string();
     assert!(why.contains("--deny resource:@files/*"), "{why}");
+
+    let probe = CallToolRequestParams::new("demo__nosuch");
+    assert!(client.peer().call_tool(probe).await.is_err());
     client.cancel().await.unwrap();
 
     // One bundle as itself: the same rule, by the bundle's own names.
@@ -200,7 +203,7 @@ async fn a_tokens_rules_hold_on_every_http_path_and_every_call_is_audited() {
     // Every call audited under the token's name, never its text.
     let lines = tokio::task::block_in_place(|| {
         audit_of(&d, "limited", |l| {
-            l.iter().any(|x| x["trace_id"] == trace) && l.len() >= 6
+            l.iter().any(|x| x["trace_id"] == trace) && l.len() >= 7
         })
     });
     let of = |name: &str, outcome: &str| {
@@ -211,6 +214,10 @@ async fn a_tokens_rules_hold_on_every_http_path_and_every_call_is_audited() {
     assert!(
         of("echo", "ok") && of("add", "refused") && of(&format!("files://{file}"), "refused"),
         "{lines:#?}"
+    );
+    assert!(
+        of("demo__nosuch", "error"),
+        "a probe for a name that routes nowhere: {lines:#?}"
     );
     let refusal = lines
         .iter()

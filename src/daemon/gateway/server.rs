@@ -665,7 +665,15 @@ impl Gateway {
     ) -> Result<CallToolResponse, ErrorData> {
         let exposed = request.name.to_string();
         let refresh = async { self.tools().await.map(|_| ()) };
-        let route = self.route(&self.0.tools, &exposed, refresh).await?;
+        // A name that routes nowhere is audited too (a probe leaves a line).
+        let route = match self.route(&self.0.tools, &exposed, refresh).await {
+            Ok(route) => route,
+            Err(e) => {
+                let audited = self.audit(&context, "tools/call", ("-", &exposed));
+                self.audited(audited, AuditOutcome::Error, None);
+                return Err(e);
+            }
+        };
         let audited = self.audit(&context, "tools/call", (&route.bundle, &route.name));
         if self.tool_excluded(&route.bundle, &route.name) || !self.bundle_allowed(&route.bundle) {
             self.audited(audited, AuditOutcome::Refused, Some("not in this profile"));
@@ -1365,7 +1373,14 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
         let refresh = async { self.prompt_catalog(&context.peer).await.map(|_| ()) };
-        let route = self.route(&self.0.prompts, &request.name, refresh).await?;
+        let route = match self.route(&self.0.prompts, &request.name, refresh).await {
+            Ok(route) => route,
+            Err(e) => {
+                let audited = self.audit(&context, "prompts/get", ("-", &request.name));
+                self.audited(audited, AuditOutcome::Error, None);
+                return Err(e);
+            }
+        };
         let audited = self.audit(&context, "prompts/get", (&route.bundle, &route.name));
         let pair = (route.bundle.as_str(), route.name.as_str());
         if let Err(refusal) = self.permit(&context, Kind::Prompt, pair, &request.name) {
