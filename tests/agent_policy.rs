@@ -200,6 +200,23 @@ async fn a_tokens_rules_hold_on_every_http_path_and_every_call_is_audited() {
     assert!(refused.contains("--deny tool:demo/add"), "{refused}");
     client.cancel().await.unwrap();
 
+    // A per-bundle endpoint reached with a token of a searching profile
+    // searches too, among that bundle's tools, by their own names.
+    let client = http_agent(&format!("{base}/bundle/demo"), &finder)
+        .await
+        .unwrap();
+    let listed: Vec<String> = (client.peer().list_all_tools().await.unwrap())
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert_eq!(listed, ["find_tools", "call_tool", "pin_tools"]);
+    let find = CallToolRequestParams::new("find_tools")
+        .with_arguments(arguments(json!({"query": "echo the text back"})).unwrap());
+    let found = client.peer().call_tool(find).await.unwrap();
+    let first = found.structured_content.unwrap()["tools"][0]["name"].clone();
+    assert_eq!(first, "echo");
+    client.cancel().await.unwrap();
+
     // Every call audited under the token's name, never its text.
     let lines = tokio::task::block_in_place(|| {
         audit_of(&d, "limited", |l| {
