@@ -38,6 +38,23 @@ fn text_of(result: &rmcp::model::CallToolResult) -> String {
         .to_string()
 }
 
+/// `demo__add` is not listed to `peer` (a token with [`RULES`]) but
+/// `demo__echo` is, and calling `demo__add` anyway is refused by its rule.
+async fn hidden_and_refused(peer: &rmcp::Peer<rmcp::RoleClient>) {
+    let names: Vec<String> = (peer.list_all_tools().await.unwrap())
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert!(
+        names.contains(&"demo__echo".into()) && !names.contains(&"demo__add".into()),
+        "{names:?}"
+    );
+    let add = CallToolRequestParams::new("demo__add")
+        .with_arguments(arguments(json!({"a": 2, "b": 3})).unwrap());
+    let refused = peer.call_tool(add).await.unwrap_err().to_string();
+    assert!(refused.contains("--deny tool:demo/add"), "{refused}");
+}
+
 /// The audit lines of `token`, once `done` holds for them.
 fn audit_of(d: &Daemon, token: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
     wait_for(Duration::from_secs(10), "the audit lines", || {
@@ -76,23 +93,7 @@ async fn a_tokens_rules_hold_on_every_http_path_and_every_call_is_audited() {
     // The workspace endpoint: the refused tool is not listed, and refused
     // with its rule when called anyway.
     let client = http_agent(&base, &limited).await.unwrap();
-    let names: Vec<String> = (client.peer().list_all_tools().await.unwrap())
-        .into_iter()
-        .map(|t| t.name.to_string())
-        .collect();
-    assert!(
-        names.contains(&"demo__echo".into()) && !names.contains(&"demo__add".into()),
-        "{names:?}"
-    );
-    let add = CallToolRequestParams::new("demo__add")
-        .with_arguments(arguments(json!({"a": 2, "b": 3})).unwrap());
-    let refused = client
-        .peer()
-        .call_tool(add.clone())
-        .await
-        .unwrap_err()
-        .to_string();
-    assert!(refused.contains("--deny tool:demo/add"), "{refused}");
+    hidden_and_refused(client.peer()).await;
     let echo = CallToolRequestParams::new("demo__echo")
         .with_arguments(arguments(json!({"text": "hi"})).unwrap());
     assert!(text_of(&client.peer().call_tool(echo).await.unwrap()).contains("hi"));
@@ -286,18 +287,7 @@ async fn a_stdio_agent_given_a_token_gets_its_rules_and_its_name_in_the_audit() 
     let mut child = d.spawn_mcp_with_env(&[], &[("BUNDLEVISOR_TOKEN", &limited)]);
     let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
     let client = ().serve(io).await.unwrap();
-    let names: Vec<String> = (client.peer().list_all_tools().await.unwrap())
-        .into_iter()
-        .map(|t| t.name.to_string())
-        .collect();
-    assert!(
-        names.contains(&"demo__echo".into()) && !names.contains(&"demo__add".into()),
-        "{names:?}"
-    );
-    let add = CallToolRequestParams::new("demo__add")
-        .with_arguments(arguments(json!({"a": 2, "b": 3})).unwrap());
-    let refused = client.peer().call_tool(add).await.unwrap_err().to_string();
-    assert!(refused.contains("--deny tool:demo/add"), "{refused}");
+    hidden_and_refused(client.peer()).await;
     // Revoked while the session lives: nothing is reached any more.
     tokio::task::block_in_place(|| d.ok(&["token", "revoke", "stdio-limited"]));
     let echo = CallToolRequestParams::new("demo__echo")

@@ -50,16 +50,7 @@ fn gateway(file: &[u8]) -> (Daemon, String, String, String) {
     (d, format!("http://127.0.0.1:{port}/mcp/default"), token, id)
 }
 
-/// `path` under the crate, which `make TARGET` installs.
-fn installed(path: &str, target: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
-    assert!(
-        path.exists(),
-        "{} is not installed; run `make {target}` (make test does)",
-        path.display()
-    );
-    path
-}
+use common::installed;
 
 /// A running agent: its stdout lines as they come, its stderr in a file of
 /// the daemon's folder. Killed when dropped, so a failed test leaves no

@@ -6,21 +6,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use common::{free_port, Daemon, BIN};
+use common::{free_port, installed, Daemon, BIN};
 use serde_json::Value;
-
-fn script(path: &str, target: &str) -> PathBuf {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
-    assert!(
-        path.exists(),
-        "{} is not installed; run `make {target}` (make test does)",
-        path.display()
-    );
-    path
-}
 
 /// Runs `node SCRIPT ARGS`; what it saw (its last line, JSON).
 fn saw(script: &Path, args: &[&str]) -> Value {
@@ -72,7 +62,7 @@ fn found_and_called(seen: &Value, listed: &[&str]) {
 #[test]
 fn the_typescript_sdk_finds_calls_and_pins_over_http_and_stdio() {
     let (d, url, token) = daemon();
-    let sdk = script("target/ts-sdk/search.mjs", "ts-sdk");
+    let sdk = installed("target/ts-sdk/search.mjs", "ts-sdk");
     let socket = d.socket.to_str().unwrap();
     for args in [
         vec!["http", &url, &token],
@@ -91,7 +81,7 @@ fn the_typescript_sdk_finds_calls_and_pins_over_http_and_stdio() {
 #[test]
 fn the_typescript_sdk_2_on_2026_07_28_finds_and_calls_over_http_and_stdio() {
     let (d, url, token) = daemon();
-    let sdk = script("target/ts-sdk2/search.mjs", "ts-sdk2");
+    let sdk = installed("target/ts-sdk2/search.mjs", "ts-sdk2");
     let socket = d.socket.to_str().unwrap();
     for args in [
         vec!["http", &url, &token],

@@ -251,22 +251,8 @@ impl StatusBoard {
             {
                 Some(b) => b.unpacking = Some(*progress),
                 None => bundles.push(BundleStatus {
-                    workspace: workspace.clone(),
-                    name: name.clone(),
-                    version: None,
-                    state: BundleState::Unpacking,
-                    pid: None,
-                    uptime_secs: None,
-                    restarts: 0,
-                    tools: 0,
-                    last_error: None,
-                    last_error_at: None,
-                    source,
-                    sandbox: None,
-                    usage: None,
-                    archive: None,
-                    mcp: None,
                     unpacking: Some(*progress),
+                    ..BundleStatus::new(workspace, name, BundleState::Unpacking, source)
                 }),
             }
             if !workspaces.contains(workspace) {
@@ -346,24 +332,7 @@ mod tests {
     use crate::protocol::BundleState;
 
     fn status(workspace: &str, name: &str, state: BundleState) -> BundleStatus {
-        BundleStatus {
-            workspace: workspace.into(),
-            name: name.into(),
-            version: None,
-            state,
-            pid: None,
-            uptime_secs: None,
-            restarts: 0,
-            tools: 0,
-            last_error: None,
-            last_error_at: None,
-            source: String::new(),
-            sandbox: None,
-            usage: None,
-            archive: None,
-            mcp: None,
-            unpacking: None,
-        }
+        BundleStatus::new(workspace, name, state, String::new())
     }
 
     /// Issue 22: the boot's progress is read in O(1), so it must stay

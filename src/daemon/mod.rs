@@ -510,24 +510,12 @@ async fn boot_settled(shared: &Shared) {
 
 /// How an install is listed before its actor has said anything.
 pub fn expected_status(record: &crate::store::InstallRecord) -> crate::protocol::BundleStatus {
-    crate::protocol::BundleStatus {
-        workspace: record.workspace.clone(),
-        name: record.name.clone(),
-        version: None,
-        state: crate::protocol::BundleState::Starting,
-        pid: None,
-        uptime_secs: None,
-        restarts: 0,
-        tools: 0,
-        last_error: None,
-        last_error_at: None,
-        source: record.source.display().to_string(),
-        sandbox: None,
-        usage: None,
-        archive: None,
-        mcp: None,
-        unpacking: None,
-    }
+    crate::protocol::BundleStatus::new(
+        &record.workspace,
+        &record.name,
+        crate::protocol::BundleState::Starting,
+        record.source.display().to_string(),
+    )
 }
 
 /// Sends `WATCHDOG=1` every `every`, as long as the actor tree answers.

@@ -205,6 +205,31 @@ pub struct UnpackProgress {
     pub of: u64,
 }
 
+impl BundleStatus {
+    /// A bundle in `state` with nothing else known yet (no process, no
+    /// tools, no error), installed from `source`.
+    pub fn new(workspace: &str, name: &str, state: BundleState, source: String) -> BundleStatus {
+        BundleStatus {
+            workspace: workspace.to_string(),
+            name: name.to_string(),
+            version: None,
+            state,
+            pid: None,
+            uptime_secs: None,
+            restarts: 0,
+            tools: 0,
+            last_error: None,
+            last_error_at: None,
+            source,
+            sandbox: None,
+            usage: None,
+            archive: None,
+            mcp: None,
+            unpacking: None,
+        }
+    }
+}
+
 /// The MCP revision spoken with a bundle.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct McpRevision {

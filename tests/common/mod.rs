@@ -926,6 +926,17 @@ impl Drop for Unmount {
     }
 }
 
+/// `path` under the crate, which `make TARGET` installs.
+pub fn installed(path: &str, target: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    assert!(
+        path.exists(),
+        "{} is not installed; run `make {target}` (make test does)",
+        path.display()
+    );
+    path
+}
+
 /// An agent of MCP 2025-11-25 on the HTTP gateway at `url` (rmcp's
 /// streamable HTTP client), admitted by `token`.
 pub async fn http_agent(
