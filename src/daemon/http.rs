@@ -93,7 +93,7 @@ struct App {
     /// Tokens found, by the digest of their text, while no token is
     /// revoked (the generation of `Shared::tokens_revoked` they were read
     /// at); an expired one is looked up again.
-    tokens: Mutex<(u64, HashMap<Vec<u8>, crate::store::AccessToken>)>,
+    tokens: Mutex<(u64, HashMap<Vec<u8>, Admitted>)>,
     /// Each token's request bucket, by token id.
     buckets: Mutex<HashMap<String, crate::host_resources::rate::TokenBucket>>,
     shutdown: CancellationToken,
@@ -353,8 +353,8 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
     let Some(text) = bearer(request.headers()) else {
         return unauthorized(&app, &workspace, face, false);
     };
-    let token = match app.token(text).await {
-        Ok(Some(token)) => token,
+    let (token, grant) = match app.token(text).await {
+        Ok(Some(admitted)) => admitted,
         Ok(None) => return unauthorized(&app, &workspace, face, true),
         Err(e) => {
             tracing::error!("cannot check an access token: {e}");
@@ -434,8 +434,7 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
     // Whose request it is, for resuming a call that waits for its input,
     // and what its token's rules let it reach.
     request.extensions_mut().insert(AgentKey(token.id.clone()));
-    let grant = crate::daemon::gateway::grant::Grant::of_token(&token);
-    request.extensions_mut().insert(Arc::new(grant));
+    request.extensions_mut().insert(grant);
     let ends_session = request.method() == axum::http::Method::DELETE;
     let mut response = service.handle(request).await.into_response();
     // ending a session is done, not accepted for later: 200 (clients such
@@ -902,15 +901,19 @@ fn too_many(app: &App, wait_ms: u64) -> Response {
     response
 }
 
+/// A live token, and its grant (its rules parsed once, not per request).
+type Admitted = (
+    crate::store::AccessToken,
+    Arc<crate::daemon::gateway::grant::Grant>,
+);
+
 /// How many tokens the cache holds before it starts over.
 const TOKEN_CACHE: usize = 1024;
 
 impl App {
-    /// The live token whose text this is: from the cache, or the store.
-    async fn token(
-        &self,
-        text: String,
-    ) -> Result<Option<crate::store::AccessToken>, crate::store::StoreError> {
+    /// The live token whose text this is, and its grant: from the cache,
+    /// or the store.
+    async fn token(&self, text: String) -> Result<Option<Admitted>, crate::store::StoreError> {
         use std::sync::atomic::Ordering;
         let now = crate::clock::unix_secs();
         let key = crate::store::tokens::digest(&text);
@@ -920,9 +923,9 @@ impl App {
             if cache.0 != generation {
                 *cache = (generation, HashMap::new());
             }
-            if let Some(t) = cache.1.get(&key) {
-                if t.expires_at.is_none_or(|at| at > now) {
-                    return Ok(Some(t.clone()));
+            if let Some(found) = cache.1.get(&key) {
+                if found.0.expires_at.is_none_or(|at| at > now) {
+                    return Ok(Some(found.clone()));
                 }
             }
         }
@@ -930,7 +933,11 @@ impl App {
             .shared
             .store
             .call(move |s| s.token_by_text(&text, now))
-            .await?;
+            .await?
+            .map(|t| {
+                let grant = Arc::new(crate::daemon::gateway::grant::Grant::of_token(&t));
+                (t, grant)
+            });
         if let Some(t) = &found {
             let mut cache = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
             // Read before a revoke that has bumped the generation since: not kept.

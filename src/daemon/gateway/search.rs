@@ -17,6 +17,7 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer};
 use serde_json::{json, Value};
 
+use super::audit::Outcome;
 use super::server::Gateway;
 use crate::config::Discovery;
 use crate::token_rules::Kind;
@@ -27,6 +28,9 @@ pub const FIND: &str = "find_tools";
 pub const CALL: &str = "call_tool";
 /// Adds found tools to the session's tool list.
 pub const PIN: &str = "pin_tools";
+
+/// The bundle the audit names for the meta-tools themselves.
+const GATEWAY: &str = "@gateway";
 
 /// Hits when the agent does not say, and at most.
 const DEFAULT_HITS: u64 = 5;
@@ -87,6 +91,10 @@ fn argument<'a>(request: &'a CallToolRequestParams, key: &str) -> Option<&'a Val
     request.arguments.as_ref().and_then(|a| a.get(key))
 }
 
+fn internal(e: impl std::fmt::Display) -> ErrorData {
+    ErrorData::internal_error(e.to_string(), None)
+}
+
 fn bad(message: String) -> ErrorData {
     ErrorData::invalid_params(message, None)
 }
@@ -144,12 +152,24 @@ impl Gateway {
         context: &RequestContext<RoleServer>,
         stateless: bool,
     ) -> Option<Result<CallToolResponse, ErrorData>> {
-        match request.name.as_ref() {
-            FIND => Some(self.find(request, context).await),
-            CALL => Some(self.call_found(request, context).await),
-            PIN => Some(self.pin(request, context, stateless).await),
-            _ => None,
-        }
+        // A found tool's call is audited as that tool's; a search or a pin
+        // as the meta-tool's (bundle `@gateway`).
+        let meta = match request.name.as_ref() {
+            CALL => return Some(self.call_found(request, context).await),
+            name @ (FIND | PIN) => name,
+            _ => return None,
+        };
+        let audited = self.audit(context, "tools/call", (GATEWAY, meta));
+        let answer = match meta {
+            FIND => self.find(request, context).await,
+            _ => self.pin(request, context, stateless).await,
+        };
+        let outcome = match &answer {
+            Ok(_) => Outcome::Ok,
+            Err(_) => Outcome::Error,
+        };
+        self.audited(audited, outcome, None);
+        Some(answer)
     }
 
     async fn find(
@@ -175,9 +195,7 @@ impl Gateway {
         };
         let api = &self.0.api;
         let all = api.tools(&self.0.workspace, None).await?;
-        let index = api
-            .tool_index(&self.0.workspace)
-            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+        let index = api.tool_index(&self.0.workspace).map_err(internal)?;
         let ready = || {
             all.iter()
                 .filter(|b| b.state == crate::protocol::BundleState::Ready)
@@ -192,8 +210,8 @@ impl Gateway {
                 index.sync(owned.iter().map(|(n, t)| (n.as_str(), t.as_slice())))
             })
             .await
-            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?
-            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+            .map_err(internal)?
+            .map_err(internal)?;
         }
         // The tools this agent may call, by their own names.
         let (tools, _) = self.catalog_of(all).await?;
@@ -214,7 +232,7 @@ impl Gateway {
             .search(query, limit as usize, |bundle, tool| {
                 visible.contains_key(&(bundle.to_string(), tool.to_string()))
             })
-            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+            .map_err(internal)?;
         let found: Vec<Value> = hits
             .iter()
             .map(|hit| {
