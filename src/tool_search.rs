@@ -6,13 +6,23 @@
 //! are split at `_`, `-`, `.` and camelCase humps, words are stemmed
 //! (English) and stop words dropped, the same way for tools and queries.
 //!
+//! With a sentence-embedding model (`[search] model`, [`ToolIndex::with_encoder`])
+//! each tool is also a vector of what its name and description mean, and a
+//! query's nearest tools by cosine are fused with the BM25 ranking by
+//! reciprocal rank fusion: an agent's words need not be the tool's. A tool
+//! is embedded once per text, off the searching path
+//! ([`ToolIndex::embed_pending`]); until it is, it ranks by its words alone.
+//!
 //! One index per workspace, kept in step with the bundles by [`ToolIndex::sync`]:
 //! a bundle whose tools changed (another fingerprint) is re-indexed, one
 //! gone is dropped. Nothing here reaches the network.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use bundlevisor_embed::Encoder;
 
 use rmcp::model::Tool;
 use tantivy::collector::TopDocs;
@@ -45,6 +55,15 @@ const MAX_QUERY_WORDS: usize = 64;
 /// Candidates looked at per hit asked for: hits the caller may not see
 /// (another profile's, a refused tool) are skipped, not counted.
 const OVERFETCH: usize = 8;
+
+/// Reciprocal rank fusion of the two rankings: a tool's score is
+/// `Σ weight / (RRF_K + rank)` over the rankings it is in (rank from 1),
+/// over each ranking's first [`FUSED`] tools the caller may see. The
+/// constants were chosen on half of benches/search's queries and measured
+/// on the other half (docs/performance.md, "Tool search").
+const RRF_K: f32 = 5.0;
+const BM25_WEIGHT: f32 = 0.5;
+const FUSED: usize = 50;
 
 #[derive(Clone, Copy)]
 enum FieldKind {
@@ -90,12 +109,22 @@ pub struct ToolIndex {
     fields: Fields,
     analyzer: TextAnalyzer,
     state: Mutex<State>,
+    encoder: Option<Arc<Encoder>>,
+    /// Whether a thread is in [`ToolIndex::embed_pending`].
+    embedding: AtomicBool,
 }
 
 struct State {
     writer: IndexWriter,
     /// Each indexed bundle's fingerprint ([`fingerprint`]).
     indexed: HashMap<String, u64>,
+    /// Each indexed bundle's tools, with the keys of the texts they are
+    /// embedded by (only with an encoder; see [`views`]).
+    meanings: HashMap<String, Vec<(String, Vec<u64>)>>,
+    /// Vectors by text key, shared by tools of the same text.
+    vectors: HashMap<u64, Arc<[f32]>>,
+    /// Texts still to embed, by key, in the order they came.
+    pending: VecDeque<(u64, String)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -142,8 +171,57 @@ impl ToolIndex {
             state: Mutex::new(State {
                 writer,
                 indexed: HashMap::new(),
+                meanings: HashMap::new(),
+                vectors: HashMap::new(),
+                pending: VecDeque::new(),
             }),
+            encoder: None,
+            embedding: AtomicBool::new(false),
         })
+    }
+
+    /// An index that also ranks by meaning, with `encoder`'s vectors.
+    pub fn with_encoder(encoder: Arc<Encoder>) -> Result<ToolIndex, SearchError> {
+        let mut index = ToolIndex::new()?;
+        index.encoder = Some(encoder);
+        Ok(index)
+    }
+
+    /// How many tools wait to be embedded (0 without an encoder).
+    pub fn pending(&self) -> usize {
+        self.lock().pending.len()
+    }
+
+    /// Embeds the tools waiting for it, one at a time and outside the
+    /// index's lock (searches go on meanwhile); returns at once when
+    /// another thread is at it. Slow work: call it off the async runtime.
+    pub fn embed_pending(&self) {
+        let Some(encoder) = &self.encoder else {
+            return;
+        };
+        if self.embedding.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        loop {
+            let Some((key, text)) = self.lock().pending.pop_front() else {
+                break;
+            };
+            let vector: Arc<[f32]> = encoder.embed(&text).into();
+            let mut state = self.lock();
+            // Kept only if a tool still has this text.
+            if (state.meanings.values().flatten()).any(|(_, keys)| keys.contains(&key)) {
+                state.vectors.insert(key, vector);
+            }
+        }
+        self.embedding.store(false, Ordering::Release);
+        // A text queued after the last look is not left behind.
+        if self.pending() > 0 {
+            self.embed_pending();
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Brings the index in step with `bundles` (each bundle's name and
@@ -154,11 +232,13 @@ impl ToolIndex {
         &self,
         bundles: impl IntoIterator<Item = (&'a str, &'a [Tool])>,
     ) -> Result<(), SearchError> {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = self.lock();
         let mut seen = std::collections::HashSet::new();
         // The fingerprints take effect once the changes are committed: a
         // failed sync is done again by the next one.
         let mut indexed = state.indexed.clone();
+        let mut meanings = state.meanings.clone();
+        let mut texts = HashMap::new();
         let mut changed = false;
         let written = (|| -> Result<(), SearchError> {
             for (bundle, tools) in bundles {
@@ -172,6 +252,9 @@ impl ToolIndex {
                     state.writer.add_document(self.document(bundle, tool))?;
                 }
                 indexed.insert(bundle.to_string(), print);
+                if self.encoder.is_some() {
+                    meanings.insert(bundle.to_string(), meanings_of(bundle, tools, &mut texts));
+                }
                 changed = true;
             }
             let gone: Vec<String> = (indexed.keys())
@@ -181,6 +264,7 @@ impl ToolIndex {
             for bundle in gone {
                 state.writer.delete_term(self.bundle_term(&bundle));
                 indexed.remove(&bundle);
+                meanings.remove(&bundle);
                 changed = true;
             }
             if changed {
@@ -190,7 +274,13 @@ impl ToolIndex {
             Ok(())
         })();
         match written {
-            Ok(()) => state.indexed = indexed,
+            Ok(()) => {
+                state.indexed = indexed;
+                if changed {
+                    state.meanings = meanings;
+                    state.queue(texts);
+                }
+            }
             Err(e) => {
                 let _ = state.writer.rollback();
                 return Err(e);
@@ -214,8 +304,9 @@ impl ToolIndex {
     }
 
     /// The `limit` best tools for `query` among those `visible` admits
-    /// (bundle, tool), best first. A query with no searchable word finds
-    /// nothing.
+    /// (bundle, tool), best first: by BM25, fused with the ranking by
+    /// meaning when there is an encoder and embedded tools. A query with no
+    /// searchable word (only stop words, say) finds nothing.
     pub fn search(
         &self,
         query: &str,
@@ -226,10 +317,86 @@ impl ToolIndex {
         if words.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
+        let Some(meant) = self.ranked_by_meaning(query, FUSED.max(limit), &visible) else {
+            return self.ranked_by_words(&words, limit, &visible);
+        };
+        let worded = self.ranked_by_words(&words, FUSED.max(limit), &visible)?;
+        let mut fused: HashMap<(String, String), f32> = HashMap::new();
+        for (ranking, weight) in [(meant, 1.0), (worded, BM25_WEIGHT)] {
+            for (rank, hit) in ranking.into_iter().enumerate() {
+                *fused.entry((hit.bundle, hit.tool)).or_default() +=
+                    weight / (RRF_K + rank as f32 + 1.0);
+            }
+        }
+        let mut hits: Vec<Hit> = (fused.into_iter())
+            .map(|((bundle, tool), score)| Hit {
+                bundle,
+                tool,
+                score,
+            })
+            .collect();
+        hits.sort_by(|a, b| {
+            (b.score.total_cmp(&a.score))
+                .then_with(|| (&a.bundle, &a.tool).cmp(&(&b.bundle, &b.tool)))
+        });
+        hits.truncate(limit);
+        Ok(hits)
+    }
+
+    /// The `wanted` visible tools nearest `query` by meaning; `None` without
+    /// an encoder or before any tool is embedded.
+    fn ranked_by_meaning(
+        &self,
+        query: &str,
+        wanted: usize,
+        visible: &impl Fn(&str, &str) -> bool,
+    ) -> Option<Vec<Hit>> {
+        let encoder = self.encoder.as_ref()?;
+        if self.lock().vectors.is_empty() {
+            return None;
+        }
+        let query = encoder.embed(capped(query));
+        let state = self.lock();
+        let mut scored: Vec<(f32, &str, &str)> = Vec::with_capacity(state.vectors.len());
+        for (bundle, tools) in &state.meanings {
+            for (tool, keys) in tools {
+                // A tool is as near as its nearest view.
+                let nearest = (keys.iter())
+                    .filter_map(|key| state.vectors.get(key))
+                    .map(|vector| bundlevisor_embed::dot(&query, vector))
+                    .reduce(f32::max);
+                if let Some(score) = nearest {
+                    scored.push((score, bundle, tool));
+                }
+            }
+        }
+        scored.sort_unstable_by(|a, b| {
+            b.0.total_cmp(&a.0)
+                .then_with(|| (a.1, a.2).cmp(&(b.1, b.2)))
+        });
+        let hits = (scored.into_iter())
+            .filter(|(_, bundle, tool)| visible(bundle, tool))
+            .take(wanted)
+            .map(|(score, bundle, tool)| Hit {
+                bundle: bundle.to_string(),
+                tool: tool.to_string(),
+                score,
+            })
+            .collect();
+        Some(hits)
+    }
+
+    /// The `limit` best visible tools for `words` by BM25.
+    fn ranked_by_words(
+        &self,
+        words: &[String],
+        limit: usize,
+        visible: &impl Fn(&str, &str) -> bool,
+    ) -> Result<Vec<Hit>, SearchError> {
         let mut clauses: Vec<(Occur, Box<dyn Query>)> = Vec::new();
         for (kind, boost) in BOOSTS {
             let field = self.fields.of(kind);
-            for word in &words {
+            for word in words {
                 let term = TermQuery::new(
                     Term::from_field_text(field, word),
                     IndexRecordOption::WithFreqs,
@@ -309,11 +476,7 @@ impl ToolIndex {
     /// [`MAX_QUERY_WORDS`] of its first [`MAX_QUERY_BYTES`].
     fn words(&self, text: &str) -> Vec<String> {
         let mut analyzer = self.analyzer.clone();
-        let mut end = MAX_QUERY_BYTES.min(text.len());
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        let text = split_words(&text[..end]);
+        let text = split_words(capped(text));
         let mut stream = analyzer.token_stream(&text);
         let mut seen = std::collections::HashSet::new();
         let mut words = Vec::new();
@@ -327,6 +490,87 @@ impl ToolIndex {
         }
         words
     }
+}
+
+/// What is read of a query: its first [`MAX_QUERY_BYTES`].
+fn capped(text: &str) -> &str {
+    let mut end = MAX_QUERY_BYTES.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+impl State {
+    /// Drops the vectors and queued texts no tool has any more, and queues
+    /// those of `texts` (key to text) not embedded yet.
+    fn queue(&mut self, texts: HashMap<u64, String>) {
+        let live: std::collections::HashSet<u64> = (self.meanings.values().flatten())
+            .flat_map(|(_, keys)| keys.iter().copied())
+            .collect();
+        self.vectors.retain(|k, _| live.contains(k));
+        self.pending.retain(|(k, _)| live.contains(k));
+        let queued: std::collections::HashSet<u64> = self.pending.iter().map(|(k, _)| *k).collect();
+        for (key, text) in texts {
+            if !self.vectors.contains_key(&key) && !queued.contains(&key) {
+                self.pending.push_back((key, text));
+            }
+        }
+    }
+}
+
+/// Each of `bundle`'s tools with the keys of the texts it is embedded by
+/// ([`views`]); the texts go into `texts`.
+fn meanings_of(
+    bundle: &str,
+    tools: &[Tool],
+    texts: &mut HashMap<u64, String>,
+) -> Vec<(String, Vec<u64>)> {
+    let mut keys_of = |tool: &Tool| -> Vec<u64> {
+        let mut keys = Vec::new();
+        for text in views(bundle, tool) {
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            text.hash(&mut hasher);
+            let key = hasher.finish();
+            if !keys.contains(&key) {
+                keys.push(key);
+                texts.insert(key, text);
+            }
+        }
+        keys
+    };
+    (tools.iter())
+        .map(|tool| (tool.name.to_string(), keys_of(tool)))
+        .collect()
+}
+
+/// The texts a tool is embedded by, each its bundle's and its own name as
+/// words and its title, then: its whole description (what a model reads of
+/// it: the first few hundred words), and its first sentence alone — a long
+/// description's vector is the mean of much, its summary says what the
+/// tool is for.
+fn views(bundle: &str, tool: &Tool) -> [String; 2] {
+    let words = |name: &str| split_words(name).replace(['_', '-', '.', '/', '@'], " ");
+    let mut head = format!("{}: {}.", words(bundle).trim(), words(&tool.name).trim());
+    if let Some(title) = &tool.title {
+        head.push(' ');
+        head.push_str(title);
+        head.push('.');
+    }
+    let description = tool.description.as_deref().unwrap_or_default().trim();
+    let first = (description.split_inclusive(['\n', '.']))
+        .scan(String::new(), |sentence, part| {
+            sentence.push_str(part);
+            // A sentence ends at a line's end or a full stop before a space.
+            let done = part.ends_with('\n')
+                || sentence.len() >= description.len()
+                || description[sentence.len()..].starts_with(char::is_whitespace);
+            Some(done.then(|| sentence.trim().to_string()))
+        })
+        .flatten()
+        .find(|s| !s.is_empty())
+        .unwrap_or_default();
+    [description, &first].map(|text| format!("{head} {text}").trim_end().to_string())
 }
 
 /// Identifiers split into words: `createPullRequest`, `create_pull_request`
@@ -484,6 +728,90 @@ mod tests {
             ["chat/post_message"]
         );
         assert!(index.search("forecast", 5, all).unwrap().is_empty());
+    }
+
+    /// The model `make model` fetches.
+    fn encoder() -> Arc<Encoder> {
+        let folder = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/target/models/all-minilm-l6-v2"
+        );
+        let encoder = Encoder::load(std::path::Path::new(folder));
+        Arc::new(encoder.unwrap_or_else(|e| panic!("{e} (run `make model`)")))
+    }
+
+    #[test]
+    fn with_a_model_a_tool_is_found_by_what_it_means_once_embedded() {
+        let index = ToolIndex::with_encoder(encoder()).unwrap();
+        let time = [tool(
+            "get_current_time",
+            "Get the current time in a specific timezone. Names are IANA's.",
+            serde_json::json!({}),
+        )];
+        let github = [tool(
+            "create_issue",
+            "Create a new issue in a GitHub repository",
+            serde_json::json!({}),
+        )];
+        index
+            .sync([("time", &time[..]), ("github", &github[..])])
+            .unwrap();
+        let all = |_: &str, _: &str| true;
+        // No word of the query is a word of the tool: by words, nothing.
+        let query = "what hour is it in Paris right now?";
+        assert!(index.search(query, 5, all).unwrap().is_empty());
+        assert_eq!(
+            index.pending(),
+            3,
+            "one view of a one-sentence tool, two of the other"
+        );
+        index.embed_pending();
+        assert_eq!(index.pending(), 0);
+        let found = index.search(query, 1, all).unwrap();
+        assert_eq!(names(&found), ["time/get_current_time"]);
+        // Both rankings agree: the fused one too.
+        let found = index.search("file a bug report on GitHub", 2, all).unwrap();
+        assert_eq!(names(&found)[0], "github/create_issue");
+        // What the caller may not see is never found by meaning either.
+        let hidden = |b: &str, _: &str| b != "time";
+        assert!(names(&index.search(query, 5, hidden).unwrap())
+            .iter()
+            .all(|n| !n.starts_with("time/")));
+        // A gone bundle's vectors go with it; a changed tool is embedded again.
+        let time2 = [tool(
+            "now",
+            "Tell the current time in a specific timezone",
+            serde_json::json!({}),
+        )];
+        index.sync([("time", &time2[..])]).unwrap();
+        assert_eq!(index.pending(), 1);
+        index.embed_pending();
+        let found = index.search("file a bug report on GitHub", 5, all).unwrap();
+        assert_eq!(names(&found), ["time/now"], "only what is indexed");
+        assert_eq!(index.lock().vectors.len(), 1, "the old vectors dropped");
+    }
+
+    #[test]
+    fn a_tools_views_are_its_whole_description_and_its_first_sentence() {
+        let t = tool(
+            "read_text_file",
+            "Read a file as text, e.g. a log. Handles encodings.\nOnly in allowed folders.",
+            serde_json::json!({}),
+        );
+        let [whole, first] = views("@acme/files", &t);
+        assert_eq!(
+            whole,
+            "acme files: read text file. Read a file as text, e.g. a log. Handles encodings.\nOnly in allowed folders."
+        );
+        assert_eq!(
+            first,
+            "acme files: read text file. Read a file as text, e.g."
+        );
+        let bare = tool("ping", "", serde_json::json!({}));
+        assert_eq!(
+            views("x", &bare),
+            ["x: ping.", "x: ping."].map(String::from)
+        );
     }
 
     #[test]

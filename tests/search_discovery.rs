@@ -14,9 +14,15 @@ use serde_json::Value;
 
 /// Runs `node SCRIPT ARGS`; what it saw (its last line, JSON).
 fn saw(script: &Path, args: &[&str]) -> Value {
+    saw_finding(script, args, "add two numbers")
+}
+
+/// [`saw`], the script finding `query`.
+fn saw_finding(script: &Path, args: &[&str], query: &str) -> Value {
     let out = Command::new("node")
         .arg(script)
         .args(args)
+        .env("QUERY", query)
         .output()
         .expect("node runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -31,9 +37,14 @@ fn saw(script: &Path, args: &[&str]) -> Value {
 }
 
 fn daemon() -> (Daemon, String, String) {
+    daemon_with("")
+}
+
+/// [`daemon`], with `extra` in its configuration.
+fn daemon_with(extra: &str) -> (Daemon, String, String) {
     let port = free_port();
     let d = Daemon::start_with(&format!(
-        "[http]\nlisten = \"127.0.0.1:{port}\"\n[[profile]]\nname = \"finder\"\ndiscovery = \"search\"\n"
+        "{extra}[http]\nlisten = \"127.0.0.1:{port}\"\n[[profile]]\nname = \"finder\"\ndiscovery = \"search\"\n"
     ));
     for name in ["demo", "second"] {
         d.ok(&["install", d.demo_bundle(name).to_str().unwrap()]);
@@ -91,4 +102,54 @@ fn the_typescript_sdk_2_on_2026_07_28_finds_and_calls_over_http_and_stdio() {
         assert_eq!(seen["protocol"], "2026-07-28", "{seen}");
         found_and_called(&seen, &["find_tools", "call_tool"]);
     }
+}
+
+/// The model `make model` fetches.
+const MODEL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/target/models/all-minilm-l6-v2"
+);
+
+#[test]
+fn with_a_model_agents_find_tools_by_what_they_mean_not_only_their_words() {
+    // No word of this query is in the add tool's name or description (nor
+    // in any other demo tool's): by words alone it finds nothing, by
+    // meaning the add tool first.
+    let query = "what is seven plus five?";
+    let (d, url, token) = daemon_with(&format!("[search]\nmodel = \"{MODEL}\"\n"));
+    assert!(
+        d.log().contains("tool search ranks by meaning too"),
+        "{}",
+        d.log()
+    );
+    let sdk = installed("target/ts-sdk2/search.mjs", "ts-sdk2");
+    let socket = d.socket.to_str().unwrap();
+    for args in [
+        vec!["http", &url, &token],
+        vec!["stdio", BIN, socket, "finder"],
+    ] {
+        let seen = saw_finding(&sdk, &args, query);
+        found_and_called(&seen, &["find_tools", "call_tool"]);
+    }
+}
+
+#[test]
+fn a_model_that_cannot_be_loaded_is_refused_at_start_with_the_fix() {
+    let d = Daemon::unlaunched("[search]\nmodel = \"no-such-model\"\n");
+    let out = Command::new(BIN)
+        .args(["daemon", "--config"])
+        .arg(&d.config)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    let folder = d.root().join("no-such-model");
+    assert!(
+        said.contains(&format!(
+            "cannot load the tool search model ([search] model = {})",
+            folder.display()
+        )) && said.contains("config.json")
+            && said.contains("`make model`"),
+        "{said}"
+    );
 }

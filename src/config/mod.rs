@@ -244,6 +244,9 @@ pub struct Config {
     /// `[http]`: the gateway over streamable HTTP (off unless `listen`).
     #[serde(default)]
     pub http: HttpSettings,
+    /// `[search]`: how `discovery = "search"` ranks tools.
+    #[serde(default)]
+    pub search: SearchSettings,
     /// Tools of a bundle that are never registered (not listed, not callable).
     #[serde(default)]
     pub exclude_tools: Vec<ExcludeTools>,
@@ -857,6 +860,17 @@ impl Default for UvSettings {
     }
 }
 
+/// `[search]`: tool search (docs/gateway.md, "Finding tools").
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchSettings {
+    /// A sentence-transformers model folder (BERT family, mean pooling,
+    /// `model.safetensors`): tools are also ranked by what they mean. By
+    /// their words alone when absent.
+    #[serde(default)]
+    pub model: Option<PathBuf>,
+}
+
 /// `[http]`: the MCP gateway served by the daemon over streamable HTTP,
 /// `/mcp/WS` and `/mcp/WS/PROFILE`, for agents holding an access token
 /// (docs/gateway.md, "Over HTTP").
@@ -1140,6 +1154,9 @@ impl Config {
         }
         if let Some(cache) = &mut config.uv.cache_dir {
             *cache = normalize(&base.join(&*cache));
+        }
+        if let Some(model) = &mut config.search.model {
+            *model = normalize(&base.join(&*model));
         }
         config.validate()?;
         Ok(config)

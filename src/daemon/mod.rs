@@ -99,6 +99,8 @@ pub struct Shared {
     /// per file, shared by the workspace's actor (host-resources
     /// decisions) and its gateways (agents' calls).
     pub audit_logs: std::sync::Mutex<std::collections::HashMap<String, AuditLog>>,
+    /// The model tools are also ranked by (`[search] model`).
+    pub search_encoder: Option<Arc<bundlevisor_embed::Encoder>>,
     /// Each workspace's tool search index (`discovery = "search"`).
     pub tool_indexes:
         std::sync::Mutex<std::collections::HashMap<String, Arc<crate::tool_search::ToolIndex>>>,
@@ -144,6 +146,11 @@ pub enum DaemonError {
     },
     #[error("cannot serve HTTPS: {0}")]
     Tls(String),
+    #[error("cannot load the tool search model ([search] model = {path}): {source}; point it at a sentence-transformers folder (config.json, vocab.txt, model.safetensors), e.g. the one `make model` fetches, or remove the setting to rank tools by their words alone")]
+    SearchModel {
+        path: PathBuf,
+        source: bundlevisor_embed::LoadError,
+    },
     #[error("cannot listen on [http] listen = {addr}: {source}")]
     Http {
         addr: std::net::SocketAddr,
@@ -208,7 +215,10 @@ impl Shared {
         if let Some(index) = indexes.get(workspace) {
             return Ok(index.clone());
         }
-        let index = Arc::new(crate::tool_search::ToolIndex::new()?);
+        let index = Arc::new(match &self.search_encoder {
+            Some(encoder) => crate::tool_search::ToolIndex::with_encoder(encoder.clone())?,
+            None => crate::tool_search::ToolIndex::new()?,
+        });
         indexes.insert(workspace.to_string(), index.clone());
         Ok(index)
     }
@@ -722,6 +732,30 @@ async fn serve_until(
     }
 }
 
+/// The model of `[search] model`, loaded off the runtime (some 90 MB).
+async fn search_encoder(
+    config: &Config,
+) -> Result<Option<Arc<bundlevisor_embed::Encoder>>, DaemonError> {
+    let Some(path) = config.search.model.clone() else {
+        return Ok(None);
+    };
+    let started = Instant::now();
+    let folder = path.clone();
+    let loaded = tokio::task::spawn_blocking(move || bundlevisor_embed::Encoder::load(&folder))
+        .await
+        .map_err(|e| DaemonError::Actor(e.to_string()))?;
+    let encoder = loaded.map_err(|source| DaemonError::SearchModel {
+        path: path.clone(),
+        source,
+    })?;
+    tracing::info!(
+        model = %path.display(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "tool search ranks by meaning too"
+    );
+    Ok(Some(Arc::new(encoder)))
+}
+
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), DaemonError> {
     privileges::check()?;
     let (_lock, store, credentials) = open_state(&config).await?;
@@ -742,6 +776,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     } else {
         None
     };
+    let search_encoder = match search_encoder(&config).await {
+        Ok(encoder) => encoder,
+        Err(e) => {
+            let _ = std::fs::remove_file(&config.socket);
+            return Err(e);
+        }
+    };
     let (cgroups, reaper) = contain(&config, &shutdown).await;
     let board = StatusBoard::default();
     // A watched folder's workspace is the daemon's from the start, before
@@ -758,6 +799,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         tokens_revoked: Default::default(),
         revoked_tokens: Default::default(),
         audit_logs: Default::default(),
+        search_encoder,
         tool_indexes: Default::default(),
         lanes: Default::default(),
         log_lines: tokio::sync::broadcast::channel(4096).0,

@@ -2,7 +2,7 @@
 // on a profile with `discovery = "search"`, over HTTP or stdio:
 //   node search.mjs http URL TOKEN
 //   node search.mjs stdio BUNDLEVISOR SOCKET PROFILE
-// It lists the tools (the meta-tools), finds "add two numbers", calls the
+// It lists the tools (the meta-tools), finds "add two numbers" (or $QUERY), calls the
 // first hit through call_tool, pins it, waits (10 s at most) for
 // notifications/tools/list_changed, lists again and calls the pinned tool
 // directly. Prints one JSON object: what it saw at each step.
@@ -31,7 +31,7 @@ await client.connect(transport);
 const seen = { protocol: transport.protocolVersion ?? client.getServerVersion()?.name };
 
 seen.listed = (await client.listTools()).tools.map((t) => t.name);
-const found = await client.callTool({ name: "find_tools", arguments: { query: "add two numbers" } });
+const found = await client.callTool({ name: "find_tools", arguments: { query: process.env.QUERY ?? "add two numbers" } });
 const hits = found.structuredContent.tools;
 seen.found = hits.map((h) => h.name);
 seen.schema = hits[0].inputSchema;

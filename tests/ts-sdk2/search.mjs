@@ -4,7 +4,7 @@
 //   node search.mjs http URL TOKEN
 //   node search.mjs stdio BUNDLEVISOR SOCKET PROFILE
 // It lists the tools (the meta-tools: no pin_tools, as the revision has
-// no sessions to keep pins in), finds "add two numbers" and calls the
+// no sessions to keep pins in), finds "add two numbers" (or $QUERY) and calls the
 // first hit through call_tool. Prints one JSON object.
 import { Client, StreamableHTTPClientTransport } from "@modelcontextprotocol/client";
 import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
@@ -26,7 +26,7 @@ await client.connect(transport);
 const seen = { protocol: client.getNegotiatedProtocolVersion() };
 
 seen.listed = (await client.listTools()).tools.map((t) => t.name);
-const found = await client.callTool({ name: "find_tools", arguments: { query: "add two numbers" } });
+const found = await client.callTool({ name: "find_tools", arguments: { query: process.env.QUERY ?? "add two numbers" } });
 const hits = found.structuredContent.tools;
 seen.found = hits.map((h) => h.name);
 seen.schema = hits[0].inputSchema;

@@ -32,6 +32,11 @@ pub const PIN: &str = "pin_tools";
 /// The bundle the audit names for the meta-tools themselves.
 const GATEWAY: &str = "@gateway";
 
+/// Tool texts a search waits to have embedded (a bundle come up, a few
+/// dozen milliseconds each); more are embedded in the background while
+/// searches rank them by their words.
+const INLINE_EMBEDS: usize = 64;
+
 /// Hits when the agent does not say, and at most.
 const DEFAULT_HITS: u64 = 5;
 const MAX_HITS: u64 = 25;
@@ -213,6 +218,14 @@ impl Gateway {
             .map_err(internal)?
             .map_err(internal)?;
         }
+        let pending = index.pending();
+        if pending > 0 {
+            let index = index.clone();
+            let embedding = tokio::task::spawn_blocking(move || index.embed_pending());
+            if pending <= INLINE_EMBEDS {
+                embedding.await.map_err(internal)?;
+            }
+        }
         // The tools this agent may call, by their own names.
         let (tools, _) = self.catalog_of(all).await?;
         let tools = self
@@ -228,11 +241,17 @@ impl Gateway {
                 })
                 .collect()
         };
-        let hits = index
-            .search(query, limit as usize, |bundle, tool| {
+        // Ranking embeds the query with a model: blocking work too.
+        let owned_query = query.to_string();
+        let (hits, visible) = tokio::task::spawn_blocking(move || {
+            let hits = index.search(&owned_query, limit as usize, |bundle, tool| {
                 visible.contains_key(&(bundle.to_string(), tool.to_string()))
-            })
-            .map_err(internal)?;
+            });
+            (hits, visible)
+        })
+        .await
+        .map_err(internal)?;
+        let hits = hits.map_err(internal)?;
         let found: Vec<Value> = hits
             .iter()
             .map(|hit| {

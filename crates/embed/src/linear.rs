@@ -1,0 +1,200 @@
+//! A dense layer, `y = x Wᵀ + b`, with its weights laid out once for the
+//! product: columns of Wᵀ in panels of [`NR`] (each panel the whole depth,
+//! contiguous), so a block of up to [`MR`] input rows times one panel is
+//! summed in registers while the panel streams through once. Texts are a
+//! few dozen tokens, too few rows for a general matrix product to pay for
+//! re-packing the weights on every call.
+
+/// Outputs per panel: two AVX registers of f32.
+const NR: usize = 16;
+/// Input rows summed at once: 2 × MR accumulators, 2 weight loads and a
+/// broadcast fit the 16 AVX registers.
+const MR: usize = 6;
+
+pub struct Linear {
+    /// Panel `p` holds, for each input `k`, the weights of outputs
+    /// `p·NR .. p·NR+NR` (zero past the last output).
+    panels: Vec<f32>,
+    bias: Vec<f32>,
+    inputs: usize,
+    outputs: usize,
+    fused: bool,
+}
+
+type Block = [[f32; NR]; MR];
+
+impl Linear {
+    /// A layer of `weight` (`outputs` rows of `inputs`, as PyTorch stores
+    /// it) and `bias`.
+    pub fn new(weight: &[f32], bias: Vec<f32>, inputs: usize, outputs: usize) -> Linear {
+        assert_eq!(weight.len(), inputs * outputs);
+        assert_eq!(bias.len(), outputs);
+        let count = outputs.div_ceil(NR);
+        let mut panels = vec![0.0f32; count * inputs * NR];
+        for (o, row) in weight.chunks_exact(inputs).enumerate() {
+            let (p, c) = (o / NR, o % NR);
+            let panel = &mut panels[p * inputs * NR..(p + 1) * inputs * NR];
+            for (k, w) in row.iter().enumerate() {
+                panel[k * NR + c] = *w;
+            }
+        }
+        Linear {
+            panels,
+            bias,
+            inputs,
+            outputs,
+            fused: fused(),
+        }
+    }
+
+    /// `x` (`n` rows of `inputs`) through the layer: `n` rows of `outputs`.
+    pub fn apply(&self, x: &[f32], n: usize) -> Vec<f32> {
+        assert_eq!(x.len(), n * self.inputs);
+        let mut y = vec![0.0f32; n * self.outputs];
+        let depth = self.inputs * NR;
+        for (p, panel) in self.panels.chunks_exact(depth).enumerate() {
+            let first = p * NR;
+            let columns = NR.min(self.outputs - first);
+            let mut row = 0;
+            while row < n {
+                let rows = MR.min(n - row);
+                let mut sums: Block = [[0.0; NR]; MR];
+                self.block(&x[row * self.inputs..], rows, panel, &mut sums);
+                for (i, sum) in sums.iter().take(rows).enumerate() {
+                    let out = &mut y[(row + i) * self.outputs + first..][..columns];
+                    for (c, v) in out.iter_mut().enumerate() {
+                        *v = sum[c] + self.bias[first + c];
+                    }
+                }
+                row += rows;
+            }
+        }
+        y
+    }
+
+    /// The first `rows` rows of `x` times `panel`, into `sums`.
+    fn block(&self, x: &[f32], rows: usize, panel: &[f32], sums: &mut Block) {
+        assert!((1..=MR).contains(&rows) && x.len() >= rows * self.inputs);
+        assert_eq!(panel.len(), self.inputs * NR);
+        #[cfg(target_arch = "x86_64")]
+        if self.fused {
+            // SAFETY: the CPU has AVX2 and FMA (`fused`); the rows and the
+            // panel lie in their slices (asserted above), which is all the
+            // kernel reads.
+            unsafe {
+                match rows {
+                    1 => avx::block::<1>(x, self.inputs, panel, sums),
+                    2 => avx::block::<2>(x, self.inputs, panel, sums),
+                    3 => avx::block::<3>(x, self.inputs, panel, sums),
+                    4 => avx::block::<4>(x, self.inputs, panel, sums),
+                    5 => avx::block::<5>(x, self.inputs, panel, sums),
+                    _ => avx::block::<6>(x, self.inputs, panel, sums),
+                }
+            }
+            return;
+        }
+        for (i, sum) in sums.iter_mut().take(rows).enumerate() {
+            let x = &x[i * self.inputs..(i + 1) * self.inputs];
+            for (k, weights) in panel.chunks_exact(NR).enumerate() {
+                for c in 0..NR {
+                    sum[c] += x[k] * weights[c];
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn fused() -> bool {
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn fused() -> bool {
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx {
+    use std::arch::x86_64::*;
+
+    use super::{Block, NR};
+
+    /// `R` rows of `x` (each `inputs` long) times `panel` (`inputs` × NR).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA; `x` must hold `R × inputs` values and
+    /// `panel` `inputs × NR`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn block<const R: usize>(x: &[f32], inputs: usize, panel: &[f32], sums: &mut Block) {
+        let mut low = [_mm256_setzero_ps(); R];
+        let mut high = [_mm256_setzero_ps(); R];
+        let (x, w) = (x.as_ptr(), panel.as_ptr());
+        for k in 0..inputs {
+            // SAFETY: k < inputs, so k·NR + 15 < inputs·NR (the panel) and
+            // i·inputs + k < R·inputs (the rows), as the caller promised.
+            unsafe {
+                let w0 = _mm256_loadu_ps(w.add(k * NR));
+                let w1 = _mm256_loadu_ps(w.add(k * NR + 8));
+                for i in 0..R {
+                    let v = _mm256_set1_ps(*x.add(i * inputs + k));
+                    low[i] = _mm256_fmadd_ps(v, w0, low[i]);
+                    high[i] = _mm256_fmadd_ps(v, w1, high[i]);
+                }
+            }
+        }
+        for i in 0..R {
+            // SAFETY: each row of `sums` is NR = 16 values.
+            unsafe {
+                _mm256_storeu_ps(sums[i].as_mut_ptr(), low[i]);
+                _mm256_storeu_ps(sums[i].as_mut_ptr().add(8), high[i]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The textbook product, to check the panels and kernels against.
+    fn naive(x: &[f32], w: &[f32], b: &[f32], n: usize, inputs: usize) -> Vec<f32> {
+        let outputs = b.len();
+        let mut y = vec![0.0; n * outputs];
+        for i in 0..n {
+            for o in 0..outputs {
+                let dot: f32 = (0..inputs)
+                    .map(|k| x[i * inputs + k] * w[o * inputs + k])
+                    .sum();
+                y[i * outputs + o] = dot + b[o];
+            }
+        }
+        y
+    }
+
+    #[test]
+    fn every_shape_gives_the_textbook_product() {
+        let mut seed = 7u32;
+        let mut next = move || {
+            seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+            (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
+        };
+        for (n, inputs, outputs) in [(1, 1, 1), (7, 5, 17), (13, 33, 40), (6, 16, 16), (20, 9, 3)] {
+            let x: Vec<f32> = (0..n * inputs).map(|_| next()).collect();
+            let w: Vec<f32> = (0..inputs * outputs).map(|_| next()).collect();
+            let b: Vec<f32> = (0..outputs).map(|_| next()).collect();
+            let want = naive(&x, &w, &b, n, inputs);
+            for fused in [false, fused()] {
+                let mut layer = Linear::new(&w, b.clone(), inputs, outputs);
+                layer.fused = fused;
+                let got = layer.apply(&x, n);
+                for (g, e) in got.iter().zip(&want) {
+                    assert!(
+                        (g - e).abs() < 1e-5,
+                        "{n}×{inputs}→{outputs} fused {fused}: {g} vs {e}"
+                    );
+                }
+            }
+        }
+    }
+}
