@@ -85,7 +85,7 @@ fn the_ranking_by_words_and_meaning_finds_far_more() {
     index.embed_pending();
     assert_eq!(index.pending(), 0);
     let (r1, r5) = recall(&index);
-    // Measured: 0.658 and 0.894 (docs/performance.md, "Tool search").
+    // Measured: 0.658 and 0.889 (docs/performance.md, "Tool search").
     assert!(
         r1 >= 0.60 && r5 >= 0.85,
         "recall@1 {r1:.3}, recall@5 {r5:.3}"

@@ -53,6 +53,8 @@ fn vectors_match_the_reference_forward_pass() {
         let worst = (got.iter().zip(&want))
             .map(|(a, b)| (a - b).abs())
             .fold(0.0f32, f32::max);
+        let shown: String = text.chars().take(40).collect();
+        println!("{shown:?}: off by up to {worst:.1e}");
         assert!(worst < 2e-4, "{text:?}: off by up to {worst}");
         assert!((dot(&got, &got) - 1.0).abs() < 1e-5, "unit length");
         vectors.push(got);
