@@ -387,7 +387,7 @@ container-base: ## podman, runc, busybox-static and the image debian:bookworm-sl
 	  rm target/container/base.tar; }
 
 .PHONY: bench
-bench: build bench-peers ## The benchmark suite: each figure next to its floor, with ratios and targets, the scale curve and the instruction counts (docs/performance.md)
+bench: build bench-peers model ## The benchmark suite: each figure next to its floor, with ratios and targets, the scale curve and the instruction counts (docs/performance.md)
 	$(CARGO) bench --bench suite
 	$(MAKE) bench-callgrind
 

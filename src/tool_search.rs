@@ -370,19 +370,32 @@ impl ToolIndex {
                 }
             }
         }
-        scored.sort_unstable_by(|a, b| {
+        // The best first, ties by name; only as many sorted as are looked
+        // at (more when the caller may not see enough of them).
+        let order = |a: &(f32, &str, &str), b: &(f32, &str, &str)| {
             b.0.total_cmp(&a.0)
                 .then_with(|| (a.1, a.2).cmp(&(b.1, b.2)))
-        });
-        let hits = (scored.into_iter())
-            .filter(|(_, bundle, tool)| visible(bundle, tool))
-            .take(wanted)
-            .map(|(score, bundle, tool)| Hit {
-                bundle: bundle.to_string(),
-                tool: tool.to_string(),
-                score,
-            })
-            .collect();
+        };
+        let mut looked = wanted.saturating_mul(OVERFETCH).min(scored.len());
+        let hits = loop {
+            if looked < scored.len() {
+                scored.select_nth_unstable_by(looked, order);
+            }
+            scored[..looked].sort_unstable_by(order);
+            let hits: Vec<Hit> = (scored[..looked].iter())
+                .filter(|(_, bundle, tool)| visible(bundle, tool))
+                .take(wanted)
+                .map(|(score, bundle, tool)| Hit {
+                    bundle: bundle.to_string(),
+                    tool: tool.to_string(),
+                    score: *score,
+                })
+                .collect();
+            if hits.len() == wanted || looked == scored.len() {
+                break hits;
+            }
+            looked = looked.saturating_mul(4).min(scored.len());
+        };
         Some(hits)
     }
 

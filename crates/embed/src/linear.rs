@@ -145,14 +145,14 @@ fn packed(weight: &[f32], inputs: usize, outputs: usize) -> Vec<f32> {
 }
 
 #[cfg(target_arch = "x86_64")]
-fn fused() -> bool {
+pub(crate) fn fused() -> bool {
     std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
         && std::arch::is_x86_feature_detected!("f16c")
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx {
+pub(crate) mod avx {
     use std::arch::x86_64::*;
 
     use super::{Block, NR};
@@ -174,6 +174,39 @@ mod avx {
             }
         }
         half
+    }
+
+    /// The dot product of `a` and `b` (of one length).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        let mut sums = [_mm256_setzero_ps(); 4];
+        let (a32, b32) = (a.chunks_exact(32), b.chunks_exact(32));
+        let mut tail: f32 = (a32.remainder().iter())
+            .zip(b32.remainder())
+            .map(|(x, y)| x * y)
+            .sum();
+        for (x, y) in a32.zip(b32) {
+            for (i, sum) in sums.iter_mut().enumerate() {
+                // SAFETY: each chunk is 32 values: 8 read at 8·i, i < 4.
+                unsafe {
+                    let (x, y) = (x.as_ptr().add(8 * i), y.as_ptr().add(8 * i));
+                    *sum = _mm256_fmadd_ps(_mm256_loadu_ps(x), _mm256_loadu_ps(y), *sum);
+                }
+            }
+        }
+        let mut lanes = [0.0f32; 8];
+        let total = _mm256_add_ps(
+            _mm256_add_ps(sums[0], sums[1]),
+            _mm256_add_ps(sums[2], sums[3]),
+        );
+        // SAFETY: eight lanes written to eight values.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), total) };
+        tail += lanes.iter().sum::<f32>();
+        tail
     }
 
     /// `R` rows of `x` (each `inputs` long) times `panel` (`inputs` × NR,
