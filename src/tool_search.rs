@@ -125,6 +125,16 @@ struct State {
     vectors: HashMap<u64, Arc<[f32]>>,
     /// Texts still to embed, by key, in the order they came.
     pending: VecDeque<(u64, String)>,
+    /// The embedded tools laid out for a scan; `None` after a change.
+    flat: Option<Arc<Flat>>,
+}
+
+/// The embedded tools laid out for a scan: every distinct vector one
+/// after another, and each tool with the rows of its texts (a tool of
+/// one text, or one embedded so far, names its row twice).
+struct Flat {
+    matrix: Vec<f32>,
+    tools: Vec<(String, String, [usize; 2])>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -174,6 +184,7 @@ impl ToolIndex {
                 meanings: HashMap::new(),
                 vectors: HashMap::new(),
                 pending: VecDeque::new(),
+                flat: None,
             }),
             encoder: None,
             embedding: AtomicBool::new(false),
@@ -211,6 +222,7 @@ impl ToolIndex {
             // Kept only if a tool still has this text.
             if (state.meanings.values().flatten()).any(|(_, keys)| keys.contains(&key)) {
                 state.vectors.insert(key, vector);
+                state.flat = None;
             }
         }
         self.embedding.store(false, Ordering::Release);
@@ -279,6 +291,7 @@ impl ToolIndex {
                 if changed {
                     state.meanings = meanings;
                     state.queue(texts);
+                    state.flat = None;
                 }
             }
             Err(e) => {
@@ -352,24 +365,18 @@ impl ToolIndex {
         visible: &impl Fn(&str, &str) -> bool,
     ) -> Option<Vec<Hit>> {
         let encoder = self.encoder.as_ref()?;
-        if self.lock().vectors.is_empty() {
+        let flat = self.lock().flat();
+        if flat.tools.is_empty() {
             return None;
         }
         let query = encoder.embed(capped(query));
-        let state = self.lock();
-        let mut scored: Vec<(f32, &str, &str)> = Vec::with_capacity(state.vectors.len());
-        for (bundle, tools) in &state.meanings {
-            for (tool, keys) in tools {
-                // A tool is as near as its nearest view.
-                let nearest = (keys.iter())
-                    .filter_map(|key| state.vectors.get(key))
-                    .map(|vector| bundlevisor_embed::dot(&query, vector))
-                    .reduce(f32::max);
-                if let Some(score) = nearest {
-                    scored.push((score, bundle, tool));
-                }
-            }
-        }
+        let rows: Vec<f32> = (flat.matrix.chunks_exact(query.len()))
+            .map(|vector| bundlevisor_embed::dot(&query, vector))
+            .collect();
+        // A tool is as near as its nearer text.
+        let mut scored: Vec<(f32, &str, &str)> = (flat.tools.iter())
+            .map(|(bundle, tool, [a, b])| (rows[*a].max(rows[*b]), bundle.as_str(), tool.as_str()))
+            .collect();
         // The best first, ties by name; only as many sorted as are looked
         // at (more when the caller may not see enough of them).
         let order = |a: &(f32, &str, &str), b: &(f32, &str, &str)| {
@@ -515,6 +522,40 @@ fn capped(text: &str) -> &str {
 }
 
 impl State {
+    /// The embedded tools laid out for a scan, laid out again after a
+    /// change.
+    fn flat(&mut self) -> Arc<Flat> {
+        if let Some(flat) = &self.flat {
+            return flat.clone();
+        }
+        let mut rows: HashMap<u64, usize> = HashMap::new();
+        let mut flat = Flat {
+            matrix: Vec::new(),
+            tools: Vec::new(),
+        };
+        for (bundle, tools) in &self.meanings {
+            for (tool, keys) in tools {
+                let mut row = |key: &u64| -> Option<usize> {
+                    let vector = self.vectors.get(key)?;
+                    let count = rows.len();
+                    Some(*rows.entry(*key).or_insert_with(|| {
+                        flat.matrix.extend_from_slice(vector);
+                        count
+                    }))
+                };
+                let found: Vec<usize> = keys.iter().filter_map(&mut row).collect();
+                if let Some(first) = found.first() {
+                    let second = found.get(1).unwrap_or(first);
+                    flat.tools
+                        .push((bundle.clone(), tool.clone(), [*first, *second]));
+                }
+            }
+        }
+        let flat = Arc::new(flat);
+        self.flat = Some(flat.clone());
+        flat
+    }
+
     /// Drops the vectors and queued texts no tool has any more, and queues
     /// those of `texts` (key to text) not embedded yet.
     fn queue(&mut self, texts: HashMap<u64, String>) {

@@ -1424,7 +1424,9 @@ fn unexplained_unsafe(root: &Path) -> (BTreeMap<String, usize>, Vec<String>) {
             } else {
                 // The function's own doc and attributes, right above it.
                 (lines[..n].iter().rev())
-                    .take_while(|l| l.trim_start().starts_with("///") || l.trim_start().starts_with("#["))
+                    .take_while(|l| {
+                        l.trim_start().starts_with("///") || l.trim_start().starts_with("#[")
+                    })
                     .any(|l| l.trim() == "/// # Safety")
             };
             if !said {
@@ -1456,5 +1458,8 @@ fn the_encoders_unsafe_is_in_its_kernels_and_says_why_it_is_sound() {
     .unwrap();
     let (_, bare) = unexplained_unsafe(&dir);
     std::fs::remove_dir_all(&dir).unwrap();
-    assert_eq!(bare, ["x.rs:6: unsafe { g() }", "x.rs:11: unsafe fn d() {}"]);
+    assert_eq!(
+        bare,
+        ["x.rs:6: unsafe { g() }", "x.rs:11: unsafe fn d() {}"]
+    );
 }
