@@ -223,6 +223,15 @@ impl Shared {
         Ok(index)
     }
 
+    /// Ends every index's embedding after the text at hand (the daemon
+    /// stopping: the runtime waits for its blocking work).
+    pub fn stop_tool_indexes(&self) {
+        let indexes = self.tool_indexes.lock().unwrap_or_else(|p| p.into_inner());
+        for index in indexes.values() {
+            index.stop();
+        }
+    }
+
     /// The lock that serializes credential changes of one bundle.
     pub fn configure_lock(&self, workspace: &str, name: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self
@@ -732,6 +741,23 @@ async fn serve_until(
     }
 }
 
+/// A root daemon gives bundles uids from its range: no other daemon on the
+/// host may use the same ones at once. Claimed after the listeners are
+/// bound, so that a daemon refused for its state dir, socket or listeners
+/// says that (and the socket just bound goes when the claim fails).
+fn claim_uids(config: &Config) -> Result<Option<uid_claim::UidClaim>, DaemonError> {
+    if !nix::unistd::geteuid().is_root() || config.sandbox.user.is_some() {
+        return Ok(None);
+    }
+    match uid_claim::claim(config.sandbox.uid_range, &config.state_dir) {
+        Ok(claim) => Ok(Some(claim)),
+        Err(e) => {
+            let _ = std::fs::remove_file(&config.socket);
+            Err(e.into())
+        }
+    }
+}
+
 /// The model of `[search] model`, loaded off the runtime (some 90 MB).
 async fn search_encoder(
     config: &Config,
@@ -759,30 +785,11 @@ async fn search_encoder(
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), DaemonError> {
     privileges::check()?;
     let (_lock, store, credentials) = open_state(&config).await?;
+    let search_encoder = search_encoder(&config).await?;
     let listeners = bind_listeners(&config).await?;
     let socket = config.socket.clone();
     let metrics_addr = listeners.metrics.as_ref().and_then(|l| l.local_addr().ok());
-    // A root daemon gives bundles uids from its range: no other daemon on
-    // the host may use the same ones at once. Claimed last, so that a
-    // daemon refused for its state dir, socket or listeners says that.
-    let _uid_claim = if nix::unistd::geteuid().is_root() && config.sandbox.user.is_none() {
-        match uid_claim::claim(config.sandbox.uid_range, &config.state_dir) {
-            Ok(claim) => Some(claim),
-            Err(e) => {
-                let _ = std::fs::remove_file(&config.socket);
-                return Err(e.into());
-            }
-        }
-    } else {
-        None
-    };
-    let search_encoder = match search_encoder(&config).await {
-        Ok(encoder) => encoder,
-        Err(e) => {
-            let _ = std::fs::remove_file(&config.socket);
-            return Err(e);
-        }
-    };
+    let _uid_claim = claim_uids(&config)?;
     let (cgroups, reaper) = contain(&config, &shutdown).await;
     let board = StatusBoard::default();
     // A watched folder's workspace is the daemon's from the start, before
@@ -867,6 +874,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     systemd::notify_or_warn("STOPPING=1");
     tracing::info!("shutting down: stopping every bundle");
     shared.start_permits.close();
+    shared.stop_tool_indexes();
     daemon.stop(Some("shutdown".into()));
     drop(metrics_http);
     drop(http_gateway);

@@ -63,7 +63,7 @@ impl Bert {
         let h = config.hidden_size;
         // Sentence-transformers saves the bare encoder; a full checkpoint
         // names it `bert.`.
-        let prefix = if tensors.get("embeddings.LayerNorm.bias", &[h]).is_ok() {
+        let prefix = if tensors.has("embeddings.LayerNorm.bias") {
             ""
         } else {
             "bert."
@@ -225,13 +225,19 @@ fn gemm(
     beta: f32,
     c: (&mut [f32], isize, isize),
 ) {
-    fn last(rows: usize, cols: usize, rs: isize, cs: isize) -> usize {
-        (rows.saturating_sub(1) as isize * rs + cols.saturating_sub(1) as isize * cs) as usize
+    /// The index of a matrix's furthest element, if its strides are not
+    /// negative and nothing overflows.
+    fn last(rows: usize, cols: usize, rs: isize, cs: isize) -> Option<usize> {
+        let (rs, cs) = (usize::try_from(rs).ok()?, usize::try_from(cs).ok()?);
+        (rows - 1)
+            .checked_mul(rs)?
+            .checked_add((cols - 1).checked_mul(cs)?)
     }
     assert!(m > 0 && k > 0 && n > 0);
-    assert!(last(m, k, a.1, a.2) < a.0.len());
-    assert!(last(k, n, b.1, b.2) < b.0.len());
-    assert!(last(m, n, c.1, c.2) < c.0.len());
+    let inside = |len: usize, last: Option<usize>| last.is_some_and(|l| l < len);
+    assert!(inside(a.0.len(), last(m, k, a.1, a.2)));
+    assert!(inside(b.0.len(), last(k, n, b.1, b.2)));
+    assert!(inside(c.0.len(), last(m, n, c.1, c.2)));
     // SAFETY: the strides are non-negative and the furthest element of each
     // matrix lies inside its slice (asserted above); `c` is borrowed
     // mutably, so it overlaps neither `a` nor `b`.

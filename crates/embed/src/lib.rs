@@ -63,6 +63,12 @@ struct SentenceConfig {
 }
 
 #[derive(serde::Deserialize)]
+struct Module {
+    #[serde(rename = "type")]
+    kind: String,
+}
+
+#[derive(serde::Deserialize)]
 struct Pooling {
     #[serde(default)]
     pooling_mode_mean_tokens: bool,
@@ -100,7 +106,16 @@ impl Encoder {
             })
         }
         let config: Config = match json("config.json")? {
-            Some(v) => parse(folder, "config.json", v)?,
+            Some(v) => {
+                // Another architecture's fields are not BERT's: say which.
+                let kind = v.get("model_type").and_then(|t| t.as_str());
+                if let Some(kind) = kind.filter(|t| *t != "bert") {
+                    return Err(LoadError::Unsupported(format!(
+                        "config.json: model_type {kind:?} (only \"bert\" models are run)"
+                    )));
+                }
+                parse(folder, "config.json", v)?
+            }
             None => {
                 return Err(LoadError::Read {
                     path: folder.join("config.json"),
@@ -117,6 +132,17 @@ impl Encoder {
         if let Some(v) = json("sentence_bert_config.json")? {
             let sentence: SentenceConfig = parse(folder, "sentence_bert_config.json", v)?;
             max_tokens = max_tokens.min(sentence.max_seq_length.unwrap_or(max_tokens));
+        }
+        if let Some(v) = json("modules.json")? {
+            let modules: Vec<Module> = parse(folder, "modules.json", v)?;
+            let known = ["Transformer", "Pooling", "Normalize"]
+                .map(|m| format!("sentence_transformers.models.{m}"));
+            if let Some(other) = modules.iter().find(|m| !known.contains(&m.kind)) {
+                return Err(LoadError::Unsupported(format!(
+                    "modules.json has a {} module (only Transformer, Pooling and Normalize are run)",
+                    other.kind
+                )));
+            }
         }
         if let Some(v) = json("1_Pooling/config.json")? {
             let pooling: Pooling = parse(folder, "1_Pooling/config.json", v)?;
@@ -216,13 +242,14 @@ fn check(config: &Config) -> Result<(), LoadError> {
             config.hidden_act
         ));
     }
-    if config.num_attention_heads == 0
+    if config.hidden_size == 0
+        || config.num_attention_heads == 0
         || !config
             .hidden_size
             .is_multiple_of(config.num_attention_heads)
     {
         return refuse(format!(
-            "hidden_size {} is not a multiple of num_attention_heads {}",
+            "hidden_size {} is not a positive multiple of num_attention_heads {}",
             config.hidden_size, config.num_attention_heads
         ));
     }

@@ -269,12 +269,25 @@ mod tests {
             seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
             (seed >> 8) as f32 / (1u32 << 24) as f32 - 0.5
         };
-        for (n, inputs, outputs) in [(1, 1, 1), (7, 5, 17), (13, 33, 40), (6, 16, 16), (20, 9, 3)] {
+        // Every block height from 1 to MR is met (7 = 6 + 1, 13 = 2·6 + 1,
+        // 20 = 3·6 + 2, and 3, 4, 5 alone).
+        let shapes = [
+            (1, 1, 1),
+            (7, 5, 17),
+            (13, 33, 40),
+            (6, 16, 16),
+            (20, 9, 3),
+            (3, 8, 20),
+            (4, 7, 33),
+            (5, 12, 16),
+        ];
+        for (n, inputs, outputs) in shapes {
             let x: Vec<f32> = (0..n * inputs).map(|_| next()).collect();
             let w: Vec<f32> = (0..inputs * outputs).map(|_| next()).collect();
             let b: Vec<f32> = (0..outputs).map(|_| next()).collect();
             let want = naive(&x, &w, &b, n, inputs);
-            // Half-precision weights are off by up to 2⁻¹¹ of each.
+            // Half-precision weights are off by up to 2⁻¹¹ of each. (On a
+            // CPU without AVX2, FMA and F16C both layers are plain f32.)
             let single = Linear::single(&w, b.clone(), inputs, outputs);
             let fast = Linear::new(&w, b.clone(), inputs, outputs);
             for (layer, tolerance) in [(single, 1e-5), (fast, 1e-3 * inputs as f32)] {

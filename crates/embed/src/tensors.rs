@@ -58,7 +58,7 @@ impl Tensors {
             let entry: Entry = serde_json::from_value(value)
                 .map_err(|e| TensorError::Format(format!("tensor {name}: {e}")))?;
             let [from, to] = entry.data_offsets;
-            if from > to || start + to > bytes.len() {
+            if from > to || start.checked_add(to).is_none_or(|end| end > bytes.len()) {
                 return Err(TensorError::Format(format!(
                     "tensor {name}'s data lies outside the file"
                 )));
@@ -70,6 +70,11 @@ impl Tensors {
             start,
             entries,
         })
+    }
+
+    /// Whether the file holds tensor `name`.
+    pub fn has(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
     }
 
     /// Tensor `name`'s values, which must have `shape`.

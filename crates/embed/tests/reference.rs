@@ -92,5 +92,26 @@ fn a_folder_that_is_not_a_model_is_refused_with_what_is_wrong() {
     .unwrap();
     let e = Encoder::load(&dir).err().unwrap().to_string();
     assert!(e.contains("hidden_act \"relu\""), "{e}");
+    std::fs::write(
+        dir.join("config.json"),
+        config.replace("\"bert\"", "\"distilbert\""),
+    )
+    .unwrap();
+    let e = Encoder::load(&dir).err().unwrap().to_string();
+    assert!(
+        e.contains("model_type \"distilbert\" (only \"bert\""),
+        "{e}"
+    );
+    std::fs::write(dir.join("config.json"), &config).unwrap();
+    std::fs::write(
+        dir.join("modules.json"),
+        r#"[{"type": "sentence_transformers.models.Transformer"}, {"type": "sentence_transformers.models.Dense"}]"#,
+    )
+    .unwrap();
+    let e = Encoder::load(&dir).err().unwrap().to_string();
+    assert!(
+        e.contains("a sentence_transformers.models.Dense module"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }

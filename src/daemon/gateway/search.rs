@@ -201,24 +201,27 @@ impl Gateway {
         let api = &self.0.api;
         let all = api.tools(&self.0.workspace, None).await?;
         let index = api.tool_index(&self.0.workspace).map_err(internal)?;
-        let ready = || {
-            all.iter()
-                .filter(|b| b.state == crate::protocol::BundleState::Ready)
-                .map(|b| (b.name.as_str(), b.tools.as_slice()))
-        };
-        // Indexing is blocking work: on the blocking pool, when needed.
-        if index.stale(ready()) {
-            let owned: Vec<(String, Vec<Tool>)> =
-                ready().map(|(n, t)| (n.to_string(), t.to_vec())).collect();
+        // Indexing is blocking work, the index's lock included: on the
+        // blocking pool. Bundles not ready are out of the index.
+        let (all, pending) = {
             let index = index.clone();
             tokio::task::spawn_blocking(move || {
-                index.sync(owned.iter().map(|(n, t)| (n.as_str(), t.as_slice())))
+                let ready = || {
+                    (all.iter())
+                        .filter(|b| b.state == crate::protocol::BundleState::Ready)
+                        .map(|b| (b.name.as_str(), b.tools.as_slice()))
+                };
+                let synced = match index.stale(ready()) {
+                    true => index.sync(ready()),
+                    false => Ok(()),
+                };
+                let pending = synced.map(|()| index.pending());
+                (all, pending)
             })
             .await
             .map_err(internal)?
-            .map_err(internal)?;
-        }
-        let pending = index.pending();
+        };
+        let pending = pending.map_err(internal)?;
         if pending > 0 {
             let index = index.clone();
             let embedding = tokio::task::spawn_blocking(move || index.embed_pending());
