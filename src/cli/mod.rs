@@ -25,6 +25,7 @@ mod auth;
 mod call;
 mod completions;
 mod configure;
+mod connect;
 mod credentials;
 mod daemon;
 mod download;
@@ -112,6 +113,10 @@ enum Command {
     Audit(audit::Args),
     /// Serve a workspace's bundles as one MCP server on stdio (for agents).
     Mcp(mcp::Args),
+    /// Add this daemon's gateway to an agent's MCP client (Claude Desktop,
+    /// Claude Code, VS Code, Cursor) beside its other servers, or print
+    /// the entry: over stdio, or over HTTP with a token made for it.
+    Connect(connect::Args),
     /// Print shell completions (bash, zsh, fish, elvish, powershell).
     Completions(completions::Args),
     /// Print the man page (roff): `bundlevisor man > bundlevisor.1`.
@@ -172,6 +177,7 @@ pub fn main() -> ExitCode {
             Command::Audit(a) => audit::run(&mut client, a).await,
             Command::Token(a) => token::run(&mut client, a).await,
             Command::Files(a) => files::run(&mut client, a).await,
+            Command::Connect(a) => connect::run(&mut client, a, &socket).await,
         }
     });
     match result {
