@@ -176,6 +176,38 @@ async fn an_http_entry_carries_a_token_of_its_own_that_reaches_the_gateway() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("runs local servers only"));
     assert!(!desktop.exists());
     assert_eq!(d.ok(&["token", "ls"]).lines().count(), tokens);
+    // An entry that cannot be written takes its token back: /proc takes
+    // no new file, even from root.
+    let out = d.cli(&[
+        "connect",
+        "cursor",
+        "--http",
+        &base,
+        "--file",
+        "/proc/bv-connect.json",
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot write /proc/bv-connect.json"));
+    assert_eq!(
+        d.ok(&["token", "ls"]).lines().count(),
+        tokens,
+        "the token revoked"
+    );
+    // A link is followed: the file it names gets the entry, the link stays.
+    let target = d.root().join("dotfiles/cursor.json");
+    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+    std::fs::write(&target, "{}").unwrap();
+    let link = d.root().join("link.json");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    d.ok(&["connect", "cursor", "--file", link.to_str().unwrap()]);
+    assert!(std::fs::symlink_metadata(&link)
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(
+        read(&target)["mcpServers"]["bundlevisor-default"]["command"],
+        BIN
+    );
     // --print writes nothing and shows the client's own shape.
     let printed: Value =
         serde_json::from_str(&d.ok(&["connect", "claude-desktop", "--print"])).unwrap();

@@ -12,7 +12,9 @@ use serde_json::{json, Map, Value};
 
 use super::{print_json, Client, ClientError};
 use crate::protocol::typed;
-use crate::protocol::{ErrorKind, RpcError, TokenCreateParams, TokenCreated, DEFAULT_WORKSPACE};
+use crate::protocol::{
+    ErrorKind, RpcError, TokenCreateParams, TokenCreated, TokenRevokeParams, DEFAULT_WORKSPACE,
+};
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Agent {
@@ -134,6 +136,8 @@ pub async fn run(client: &mut Client, args: &Args, socket: &Path) -> Result<Exit
     } else {
         Some(read_config(&file, args.client, &name, args.force)?)
     };
+    // The token made for an HTTP entry, revoked if the entry is not written.
+    let mut made_token: Option<String> = None;
     let entry = match &args.http {
         None => {
             let command = std::env::current_exe()
@@ -177,6 +181,7 @@ pub async fn run(client: &mut Client, args: &Args, socket: &Path) -> Result<Exit
                 deny: Vec::new(),
             };
             let made: TokenCreated = client.call::<typed::TokenCreate>(params, |_| {}).await?;
+            made_token = Some(made.info.name.clone());
             eprintln!(
                 "made token {} for it (`bundlevisor token revoke {}` takes it back)",
                 made.info.name, made.info.name
@@ -199,7 +204,13 @@ pub async fn run(client: &mut Client, args: &Args, socket: &Path) -> Result<Exit
         return Ok(ExitCode::SUCCESS);
     };
     config[args.client.servers_key()][&name] = entry;
-    write_config(&file, &config)?;
+    if let Err(e) = write_config(&file, &config) {
+        if let Some(token) = made_token {
+            let params = TokenRevokeParams { name: token };
+            let _ = client.call::<typed::TokenRevoke>(params, |_| {}).await;
+        }
+        return Err(e);
+    }
     if args.json {
         print_json(&json!({ "name": name, "file": file }))?;
     } else {
@@ -260,10 +271,13 @@ fn read_config(file: &Path, client: Agent, name: &str, force: bool) -> Result<Va
 
 /// Writes `config` to `file` whole or not at all (a temporary file renamed
 /// over it), creating its folder; a new file is readable by its owner
-/// only (an HTTP entry holds a token), an existing one keeps its mode.
+/// only (an HTTP entry holds a token), an existing one keeps its mode. A
+/// link (dotfiles kept elsewhere) is followed: the file it names is
+/// replaced, the link kept.
 fn write_config(file: &Path, config: &Value) -> Result<(), ClientError> {
     use std::io::Write;
     use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    let file = &std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
     let failed = |e: std::io::Error| refused(format!("cannot write {}: {e}", file.display()));
     let folder = match file.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
