@@ -60,6 +60,15 @@ fn daemon_with(extra: &str) -> (Daemon, String, String) {
     )
 }
 
+/// The script arguments of each transport: the HTTP endpoint with the
+/// token, and `bundlevisor mcp --profile finder` over stdio.
+fn transports<'a>(d: &'a Daemon, url: &'a str, token: &'a str) -> [Vec<&'a str>; 2] {
+    [
+        vec!["http", url, token],
+        vec!["stdio", BIN, d.socket.to_str().unwrap(), "finder"],
+    ]
+}
+
 /// What every run must have seen: the meta-tools listed instead of the
 /// tools, an add tool found first with its schema, and its sum.
 fn found_and_called(seen: &Value, listed: &[&str]) {
@@ -74,11 +83,7 @@ fn found_and_called(seen: &Value, listed: &[&str]) {
 fn the_typescript_sdk_finds_calls_and_pins_over_http_and_stdio() {
     let (d, url, token) = daemon();
     let sdk = installed("target/ts-sdk/search.mjs", "ts-sdk");
-    let socket = d.socket.to_str().unwrap();
-    for args in [
-        vec!["http", &url, &token],
-        vec!["stdio", BIN, socket, "finder"],
-    ] {
+    for args in transports(&d, &url, &token) {
         let seen = saw(&sdk, &args);
         found_and_called(&seen, &["find_tools", "call_tool", "pin_tools"]);
         let best = seen["found"][0].as_str().unwrap();
@@ -93,11 +98,7 @@ fn the_typescript_sdk_finds_calls_and_pins_over_http_and_stdio() {
 fn the_typescript_sdk_2_on_2026_07_28_finds_and_calls_over_http_and_stdio() {
     let (d, url, token) = daemon();
     let sdk = installed("target/ts-sdk2/search.mjs", "ts-sdk2");
-    let socket = d.socket.to_str().unwrap();
-    for args in [
-        vec!["http", &url, &token],
-        vec!["stdio", BIN, socket, "finder"],
-    ] {
+    for args in transports(&d, &url, &token) {
         let seen = saw(&sdk, &args);
         assert_eq!(seen["protocol"], "2026-07-28", "{seen}");
         found_and_called(&seen, &["find_tools", "call_tool"]);
@@ -122,14 +123,25 @@ fn with_a_model_agents_find_tools_by_what_they_mean_not_only_their_words() {
         "{}",
         d.log()
     );
-    let sdk = installed("target/ts-sdk2/search.mjs", "ts-sdk2");
-    let socket = d.socket.to_str().unwrap();
-    for args in [
-        vec!["http", &url, &token],
-        vec!["stdio", BIN, socket, "finder"],
+    // Both revisions: SDK 1 on 2025-11-25 (with pin_tools), SDK 2 on
+    // 2026-07-28.
+    for (script, dir, listed) in [
+        (
+            "target/ts-sdk/search.mjs",
+            "ts-sdk",
+            &["find_tools", "call_tool", "pin_tools"][..],
+        ),
+        (
+            "target/ts-sdk2/search.mjs",
+            "ts-sdk2",
+            &["find_tools", "call_tool"][..],
+        ),
     ] {
-        let seen = saw_finding(&sdk, &args, query);
-        found_and_called(&seen, &["find_tools", "call_tool"]);
+        let sdk = installed(script, dir);
+        for args in transports(&d, &url, &token) {
+            let seen = saw_finding(&sdk, &args, query);
+            found_and_called(&seen, listed);
+        }
     }
 }
 
