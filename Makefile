@@ -137,7 +137,7 @@ run: build ## Build, then run the daemon on config/bundlevisor.toml (bundles/ is
 	target/release/bundlevisor daemon --config $(CONFIG)
 
 .PHONY: test
-test: sysdeps pyenv inspector mcpb ts-sdk servers uv model bench-peers k8s-validate container-base mcp-py2 mcp-py2-bundle asker-bundles fastmcp ts-sdk2 conformance ext-apps skills-bundle ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client, the mcpb CLI and the MCP conformance suites included
+test: sysdeps pyenv inspector mcpb ts-sdk servers uv model bench-peers k8s-validate container-base mcp-py2 mcp-py2-bundle asker-bundles fastmcp ts-sdk2 conformance ext-apps skills-bundle phoenix ## Everything CI runs: unit and integration tests (with fault injection), the Python SDK bundle, the MCP Inspector, the TypeScript SDK client, the mcpb CLI and the MCP conformance suites included
 	$(CARGO) test --workspace --all-targets --features bundlevisor/fault-injection
 
 # The gateways an operator would otherwise put in front of a stdio server,
@@ -161,6 +161,20 @@ $(MCP_PROXY)/.installed: tests/mcp-proxy/requirements.lock
 	rm -rf $(MCP_PROXY)
 	$(PYTHON) -m venv $(MCP_PROXY)/venv
 	$(MCP_PROXY)/venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
+	touch $@
+
+# Arize Phoenix (PyPI, pinned by tests/phoenix/requirements.lock): the real
+# OTLP receiver tests/telemetry.rs exports the daemon's spans to and reads
+# them back from (its REST API).
+PHOENIX := target/phoenix
+
+.PHONY: phoenix
+phoenix: $(PHOENIX)/.installed ## Arize Phoenix 20.26.1, pinned, the OTLP receiver of the traces test
+
+$(PHOENIX)/.installed: tests/phoenix/requirements.lock
+	rm -rf $(PHOENIX)
+	$(PYTHON) -m venv $(PHOENIX)/venv
+	$(PHOENIX)/venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
 	touch $@
 
 # kubernetes-validate (PyPI, pinned by tests/k8s/requirements.lock): the
@@ -280,12 +294,15 @@ $(FASTMCP)/.installed: tests/fastmcp/requirements.lock
 TS_SDK2 := target/ts-sdk2
 
 .PHONY: ts-sdk2
-ts-sdk2: $(TS_SDK2)/agent.mjs $(TS_SDK2)/search.mjs ## The pinned MCP TypeScript SDK 2 client for the agents test (npm ci)
+ts-sdk2: $(TS_SDK2)/agent.mjs $(TS_SDK2)/search.mjs $(TS_SDK2)/traced.mjs ## The pinned MCP TypeScript SDK 2 client for the agents test (npm ci)
 
 $(TS_SDK2)/agent.mjs: tests/ts-sdk2/agent.mjs $(TS_SDK2)/.installed
 	cp $< $@
 
 $(TS_SDK2)/search.mjs: tests/ts-sdk2/search.mjs $(TS_SDK2)/.installed
+	cp $< $@
+
+$(TS_SDK2)/traced.mjs: tests/ts-sdk2/traced.mjs $(TS_SDK2)/.installed
 	cp $< $@
 
 # The official MCP conformance suite (npm `@modelcontextprotocol/conformance`
@@ -397,6 +414,7 @@ bench-callgrind: build ## Instructions per host-resources read and per gateway t
 	$(CARGO) bench --bench suite --no-run
 	benches/callgrind-host-read.sh
 	benches/callgrind-gateway-call.sh
+	CALLGRIND_TRACED=1 CALLGRIND_OUT=target/bench/callgrind-gateway-traced.json benches/callgrind-gateway-call.sh
 
 # Fuzz smoke run: each target for FUZZ_SECONDS (cargo-fuzz from crates.io;
 # RUSTC_BOOTSTRAP lets the stable toolchain take libFuzzer's flags).

@@ -36,6 +36,8 @@
 //! - [`tool_search`]: the ranked search over a workspace's tools
 //!   (`discovery = "search"`), in memory with tantivy.
 //! - [`token_rules`]: an access token's own allow and deny rules.
+//! - [`telemetry`]: OpenTelemetry traces: spans, the trace context taken
+//!   from agents and passed to bundles, the OTLP exporter.
 
 pub mod archive;
 pub mod bundle;
@@ -58,6 +60,7 @@ pub mod remote_http;
 pub mod secret;
 pub mod stdio;
 pub mod store;
+pub mod telemetry;
 pub mod text;
 pub mod token_rules;
 pub mod tool_search;

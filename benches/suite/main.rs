@@ -26,6 +26,9 @@
 //!   call, host-resources reads, crash recovery and stop at 50–2,000
 //!   bundles over 1, 10 and 100 workspaces ([`scale`]).
 //!
+//! - tracing: the same HTTP call with `[telemetry]` off and on (spans
+//!   exported over OTLP), in alternating rounds ([`traces`]).
+//!
 //! - search: the tool search ranking's recall on real servers' tools and
 //!   agents' queries, one search at 1,000 and 10,000 tools, and the bytes
 //!   an agent's tool list saves ([`search`]).
@@ -38,7 +41,7 @@
 //! `BOOT_BUNDLES` (default 200), `SCALE_BUNDLES` (default 50,200,1000,2000)
 //! and `SCALE_WORKSPACES` (default 1,10,100) the curve's points,
 //! `BENCH_ONLY` (comma-separated of install,crash,host,control,gateway,
-//! boot,scale,search,supervisord) runs a subset. Results also go to
+//! boot,scale,search,supervisord,tracing) runs a subset. Results also go to
 //! `target/bench/suite.json`, the curve to `target/bench/scale.{json,png}`.
 
 mod floors;
@@ -47,6 +50,7 @@ mod report;
 mod scale;
 mod search;
 mod supervisord;
+mod traces;
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -63,7 +67,7 @@ use harness::{
 };
 use report::{Row, Target};
 
-const CONFIG: &str = r#"state_dir = "state"
+pub(crate) const CONFIG: &str = r#"state_dir = "state"
 socket = "bv.sock"
 [[watch]]
 dir = "watched"
@@ -83,7 +87,7 @@ fn smoke() -> bool {
     !std::env::args().any(|a| a == "--bench")
 }
 
-fn scaled(n: usize) -> usize {
+pub(crate) fn scaled(n: usize) -> usize {
     let scale: f64 = std::env::var("BENCH_SCALE")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -176,6 +180,10 @@ fn main() {
             rows.extend(gateway(&d, &mut ctl, http_port).await);
         }
         d.stop();
+        if wanted("tracing") {
+            eprintln!("tracing on and off…");
+            rows.extend(traces::cost(root).await);
+        }
         if wanted("boot") {
             eprintln!("boot reload…");
             rows.extend(boot(&root.join("boot"), peer.as_ref()).await);
@@ -322,7 +330,7 @@ async fn host_bench(
 /// Rounds of the measured path and of its floor, alternated, so that both
 /// see the same machine: on a VM a cross-CPU wake-up costs 15–25 µs and
 /// where the scheduler places two processes changes between runs.
-const ROUNDS: usize = 5;
+pub(crate) const ROUNDS: usize = 5;
 
 async fn host_resources(d: &BenchDaemon, ctl: &mut Client) -> Vec<Row> {
     let files = d.root.join("files");
@@ -486,7 +494,7 @@ async fn control(d: &BenchDaemon, ctl: &mut Client) -> Row {
     .rate(rate, floor_rate)
 }
 
-async fn echo_calls(
+pub(crate) async fn echo_calls(
     client: &RunningService<RoleClient, ()>,
     tool: &str,
     n: usize,
@@ -506,7 +514,7 @@ async fn echo_calls(
 
 /// rmcp's streamable HTTP client of the daemon's `default` endpoint,
 /// with `token`.
-fn http_transport(
+pub(crate) fn http_transport(
     port: u16,
     token: &str,
 ) -> rmcp::transport::StreamableHttpClientTransport<reqwest::Client> {

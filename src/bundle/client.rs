@@ -56,6 +56,8 @@ const HOST_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct HostContext {
     requester: Requester,
     workspace: DerivedActorRef<HostRequest>,
+    /// Where the spans of its requests go.
+    telemetry: crate::telemetry::Telemetry,
 }
 
 impl HostContext {
@@ -66,7 +68,13 @@ impl HostContext {
                 bundle: bundle.to_string(),
             },
             workspace: port,
+            telemetry: Default::default(),
         }
+    }
+
+    /// The same, each request a span in `telemetry`.
+    pub fn traced(self, telemetry: crate::telemetry::Telemetry) -> Self {
+        HostContext { telemetry, ..self }
     }
 
     pub fn requester(&self) -> &Requester {
@@ -77,6 +85,52 @@ impl HostContext {
     /// bundle: the answer, the contract's error, or "workspace
     /// unavailable" (retryable) when the workspace cannot be reached.
     pub(super) async fn ask(
+        &self,
+        method: String,
+        params: Option<Value>,
+    ) -> Result<Answer, HostError> {
+        let span = self.span(&method, params.as_ref());
+        let answer = self.ask_workspace(method, params).await;
+        match &answer {
+            Ok(_) => span.end("ok", None),
+            Err(e) => span.end("error", Some(&e.message)),
+        }
+        answer
+    }
+
+    /// The span of a host-resources request (kind server: the bundle
+    /// asks), in the trace the bundle passed in its `_meta`, if any.
+    fn span(&self, method: &str, params: Option<&Value>) -> crate::telemetry::Span {
+        use crate::telemetry::{Attribute, Kind};
+        if !self.telemetry.is_on() {
+            return crate::telemetry::Trace::default().span("", Kind::Server, Vec::new());
+        }
+        let field = |name: &str| {
+            params?
+                .get("_meta")?
+                .get(name)?
+                .as_str()
+                .map(str::to_string)
+        };
+        let (parent, state) = (field("traceparent"), field("tracestate"));
+        let trace = self
+            .telemetry
+            .continued(parent.as_deref(), state.as_deref());
+        let mut attributes = vec![
+            Attribute::new("mcp.method.name", method.to_string()),
+            Attribute::new("bundlevisor.workspace", self.requester.workspace.clone()),
+            Attribute::new("bundlevisor.bundle", self.requester.bundle.clone()),
+        ];
+        let uri = params.and_then(|p| p.get("uri")).and_then(Value::as_str);
+        if let Some(uri) = uri {
+            // Never a query: it may carry what an argument would.
+            let uri = uri.split(['?', '#']).next().unwrap_or_default();
+            attributes.push(Attribute::new("mcp.resource.uri", uri.to_string()));
+        }
+        trace.span(format!("host-resources {method}"), Kind::Server, attributes)
+    }
+
+    async fn ask_workspace(
         &self,
         method: String,
         params: Option<Value>,

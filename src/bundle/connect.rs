@@ -28,6 +28,7 @@ use crate::host_resources::Requester;
 use crate::logfile::LogTarget;
 use crate::manifest::{LaunchPlan, Plan, RemotePlan};
 use crate::secret::Secret;
+use crate::telemetry::{Attribute, Kind};
 
 /// What [`connect`] needs besides the launch plan.
 #[derive(Clone)]
@@ -54,6 +55,8 @@ pub struct ConnectOptions {
     /// Give a stdio bundle the host-resources channel (its descriptor 3;
     /// [`super::channel`]): one whose manifest declares host-resources.
     pub host_channel: bool,
+    /// The start's trace: its spawn and handshake are spans of it.
+    pub trace: crate::telemetry::Trace,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -321,6 +324,21 @@ where
     Ok((service, tools))
 }
 
+/// The span of a start's MCP handshake (`server/discover`, or `initialize`
+/// for 2025-11-25) and `tools/list`.
+fn handshake_span(opts: &ConnectOptions, legacy: bool) -> crate::telemetry::Span {
+    let method = if legacy {
+        "initialize"
+    } else {
+        "server/discover"
+    };
+    opts.trace.span(
+        method,
+        Kind::Client,
+        vec![Attribute::new("mcp.method.name", method)],
+    )
+}
+
 async fn connect_stdio(
     plan: &LaunchPlan,
     client: BundleClient,
@@ -350,7 +368,20 @@ async fn connect_stdio(
     } else {
         None
     };
-    let spawned = process::spawn(plan, opts.sandbox.as_ref(), channel.as_ref().map(|c| &c.1))?;
+    let span = opts.trace.span("bundle.spawn", Kind::Internal, Vec::new());
+    let spawned = match process::spawn(plan, opts.sandbox.as_ref(), channel.as_ref().map(|c| &c.1))
+    {
+        Ok(spawned) => {
+            let mut span = span;
+            span.set(Attribute::new("process.pid", i64::from(spawned.pid)));
+            span.end("ok", None);
+            spawned
+        }
+        Err(e) => {
+            span.end("error", Some(&plan.redactor.redact(&e.to_string())));
+            return Err(e.into());
+        }
+    };
     // The bundle's end goes now (it has its copy).
     let channel = channel.map(|(ours, _theirs)| ours);
     let stderr = process::capture_stderr(
@@ -382,6 +413,7 @@ async fn connect_stdio(
     let rules = Rules::new(opts.max_message_bytes, violation.clone());
     let transport = BundleStdio::new(spawned.stdout, spawned.stdin, rules, host);
 
+    let span = handshake_span(opts, legacy.is_some());
     let outcome = tokio::select! {
         r = tokio::time::timeout(opts.start_timeout, handshake(client, transport, ct.clone(), legacy.is_some())) => match r {
             Ok(Ok(ok)) => Ok(ok),
@@ -391,7 +423,10 @@ async fn connect_stdio(
         exit = lifeline.wait() => Err(ConnectError::Exited { exit, stderr: None }),
     };
     let (service, tools) = match outcome {
-        Ok(ok) => ok,
+        Ok(ok) => {
+            span.end("ok", None);
+            ok
+        }
         Err(mut err) => {
             ct.cancel();
             let exit = lifeline.stop(opts.stop_grace).await;
@@ -419,6 +454,7 @@ async fn connect_stdio(
                 | ConnectError::Handshake { stderr, .. } => *stderr = last,
                 ConnectError::Spawn(_) | ConnectError::Unauthorized { .. } => {}
             }
+            span.end("error", Some(&plan.redactor.redact(&err.to_string())));
             return Err(err);
         }
     };
@@ -466,11 +502,21 @@ async fn connect_remote(
         .map_err(|e| handshake_error(format!("HTTP client: {e}")))?;
     let transport = StreamableHttpClientTransport::with_client(http, config);
     let ct = CancellationToken::new();
+    let span = handshake_span(opts, legacy.is_some());
     let outcome = tokio::time::timeout(
         opts.start_timeout,
         handshake(client, transport, ct.clone(), legacy.is_some()),
     )
     .await;
+    let why = match &outcome {
+        Ok(Ok(_)) => None,
+        Ok(Err(failure)) if failure.unauthorized.is_some() => {
+            Some("authorization required".to_string())
+        }
+        Ok(Err(failure)) => Some(plan.redactor.redact(&failure.message).into_owned()),
+        Err(_) => Some("timed out".to_string()),
+    };
+    span.end(if why.is_some() { "error" } else { "ok" }, why.as_deref());
     let (service, tools) = match outcome {
         Ok(Ok(ok)) => ok,
         Ok(Err(failure)) => {

@@ -2,6 +2,7 @@
 //! paths are resolved against the folder of the config file, so a config can
 //! be moved together with the tree it describes.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -78,6 +79,12 @@ pub mod defaults {
     }
     pub fn uv_system_certs() -> bool {
         true
+    }
+    pub fn service_name() -> String {
+        "bundlevisor".to_string()
+    }
+    pub fn sample_ratio() -> f64 {
+        1.0
     }
 
     pub fn state_dir() -> PathBuf {
@@ -247,6 +254,9 @@ pub struct Config {
     /// `[search]`: how `discovery = "search"` ranks tools.
     #[serde(default)]
     pub search: SearchSettings,
+    /// `[telemetry]`: OpenTelemetry traces (off unless `otlp_endpoint`).
+    #[serde(default)]
+    pub telemetry: TelemetrySettings,
     /// Tools of a bundle that are never registered (not listed, not callable).
     #[serde(default)]
     pub exclude_tools: Vec<ExcludeTools>,
@@ -871,6 +881,85 @@ pub struct SearchSettings {
     pub model: Option<PathBuf>,
 }
 
+/// `[telemetry]`: OpenTelemetry traces exported over OTLP
+/// (docs/operations.md, "Traces").
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySettings {
+    /// The collector's OTLP/HTTP URL (`http://HOST:4318`, or the full
+    /// `…/v1/traces`). Off when absent.
+    #[serde(default)]
+    pub otlp_endpoint: Option<String>,
+    /// Headers sent with every export (a collector's API key): never logged
+    /// or shown.
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// The spans' `service.name`.
+    #[serde(default = "defaults::service_name")]
+    pub service_name: String,
+    /// The share of new traces recorded (0 to 1); an agent's trace is
+    /// recorded as the agent decided (its `traceparent`'s sampled flag).
+    #[serde(default = "defaults::sample_ratio")]
+    pub sample_ratio: f64,
+}
+
+impl Default for TelemetrySettings {
+    fn default() -> Self {
+        TelemetrySettings {
+            otlp_endpoint: None,
+            headers: BTreeMap::new(),
+            service_name: defaults::service_name(),
+            sample_ratio: defaults::sample_ratio(),
+        }
+    }
+}
+
+// The headers may hold a collector's key: never printed.
+impl std::fmt::Debug for TelemetrySettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TelemetrySettings")
+            .field("otlp_endpoint", &self.otlp_endpoint)
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("service_name", &self.service_name)
+            .field("sample_ratio", &self.sample_ratio)
+            .finish()
+    }
+}
+
+impl TelemetrySettings {
+    /// What is wrong with these settings, each with its fix.
+    fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if let Some(endpoint) = &self.otlp_endpoint {
+            match url::Url::parse(endpoint) {
+                Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {}
+                _ => problems.push(format!(
+                    "telemetry.otlp_endpoint {endpoint:?} is not an http:// or https:// URL (e.g. \"http://127.0.0.1:4318\", the collector's OTLP/HTTP port)"
+                )),
+            }
+        }
+        if !(0.0..=1.0).contains(&self.sample_ratio) {
+            problems.push(format!(
+                "telemetry.sample_ratio {} must be between 0 and 1 (1: every trace)",
+                self.sample_ratio
+            ));
+        }
+        if self.service_name.trim().is_empty() {
+            problems.push("telemetry.service_name must not be empty".to_string());
+        }
+        for (name, value) in &self.headers {
+            let valid = reqwest::header::HeaderName::from_bytes(name.as_bytes()).is_ok()
+                && reqwest::header::HeaderValue::from_str(value).is_ok();
+            if !valid {
+                problems.push(format!(
+                    "telemetry.headers: {name:?} is not a valid HTTP header name and value"
+                ));
+            }
+        }
+        problems
+    }
+}
+
 /// `[http]`: the MCP gateway served by the daemon over streamable HTTP,
 /// `/mcp/WS` and `/mcp/WS/PROFILE`, for agents holding an access token
 /// (docs/gateway.md, "Over HTTP").
@@ -1219,6 +1308,7 @@ impl Config {
                 ));
             }
         }
+        problems.extend(self.telemetry.problems());
         if self.uv.timeout.is_zero() {
             problems.push("uv.timeout must be above 0".to_string());
         }
@@ -1419,6 +1509,10 @@ mod tests {
             format!("{:?}", config.control),
             format!("{:?}", defaults.control)
         );
+        assert_eq!(
+            format!("{:?}", config.telemetry),
+            format!("{:?}", defaults.telemetry)
+        );
         // `allow_same_uid` is the example's one departure (so that `make
         // run` works as a normal user); the rest are the defaults.
         assert!(config.sandbox.allow_same_uid && !defaults.sandbox.allow_same_uid);
@@ -1427,6 +1521,41 @@ mod tests {
             ..config.sandbox.clone()
         };
         assert_eq!(format!("{sandbox:?}"), format!("{:?}", defaults.sandbox));
+    }
+
+    /// `[telemetry]`: an endpoint that is not an http(s) URL, a ratio
+    /// outside 0..1 and a header that cannot be sent are refused, each
+    /// naming the key; a collector's key is never in the settings' Debug.
+    #[test]
+    fn bad_telemetry_settings_are_refused_and_headers_never_printed() {
+        let base = Path::new("/");
+        for (text, says) in [
+            (
+                "otlp_endpoint = \"localhost:4318\"",
+                "telemetry.otlp_endpoint",
+            ),
+            (
+                "otlp_endpoint = \"file:///tmp/x\"",
+                "telemetry.otlp_endpoint",
+            ),
+            ("sample_ratio = -0.5", "telemetry.sample_ratio"),
+            ("service_name = \" \"", "telemetry.service_name"),
+            ("headers = { \"bad name\" = \"x\" }", "telemetry.headers"),
+            (
+                "headers = { \"x-key\" = \"line\\nbreak\" }",
+                "telemetry.headers",
+            ),
+        ] {
+            let err = Config::from_toml(&format!("[telemetry]\n{text}\n"), base).unwrap_err();
+            assert!(err.to_string().contains(says), "{text}: {err}");
+        }
+        let config = Config::from_toml(
+            "[telemetry]\notlp_endpoint = \"https://otel.example:4318\"\nheaders = { \"x-api-key\" = \"CANARY-k\" }\n",
+            base,
+        )
+        .unwrap();
+        assert!(!format!("{config:?}").contains("CANARY-k"));
+        assert!(format!("{:?}", config.telemetry).contains("x-api-key"));
     }
 
     /// Issue 30, finding 15: a config that says nothing caps every bundle's

@@ -104,6 +104,8 @@ pub struct Shared {
     /// Each workspace's tool search index (`discovery = "search"`).
     pub tool_indexes:
         std::sync::Mutex<std::collections::HashMap<String, Arc<crate::tool_search::ToolIndex>>>,
+    /// Where spans go (`[telemetry]`; nowhere by default).
+    pub telemetry: crate::telemetry::Telemetry,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -151,6 +153,8 @@ pub enum DaemonError {
         path: PathBuf,
         source: bundlevisor_embed::LoadError,
     },
+    #[error("cannot export traces ([telemetry]): {0}")]
+    Telemetry(String),
     #[error("cannot listen on [http] listen = {addr}: {source}")]
     Http {
         addr: std::net::SocketAddr,
@@ -758,6 +762,29 @@ fn claim_uids(config: &Config) -> Result<Option<uid_claim::UidClaim>, DaemonErro
     }
 }
 
+/// Tracing as `[telemetry]` says (the exporter's client is built off the
+/// runtime).
+async fn telemetry(
+    config: &Config,
+) -> Result<
+    (
+        crate::telemetry::Telemetry,
+        Option<crate::telemetry::Exporter>,
+    ),
+    DaemonError,
+> {
+    let settings = config.telemetry.clone();
+    let started =
+        tokio::task::spawn_blocking(move || crate::telemetry::Telemetry::start(&settings))
+            .await
+            .map_err(|e| DaemonError::Actor(e.to_string()))?
+            .map_err(DaemonError::Telemetry)?;
+    if let Some(endpoint) = &config.telemetry.otlp_endpoint {
+        tracing::info!(endpoint = %crate::telemetry::traces_url(endpoint), "exporting traces over OTLP");
+    }
+    Ok(started)
+}
+
 /// The model of `[search] model`, loaded off the runtime (some 90 MB).
 async fn search_encoder(
     config: &Config,
@@ -786,6 +813,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     privileges::check()?;
     let (_lock, store, credentials) = open_state(&config).await?;
     let search_encoder = search_encoder(&config).await?;
+    let (telemetry, exporter) = telemetry(&config).await?;
     let listeners = bind_listeners(&config).await?;
     let socket = config.socket.clone();
     let metrics_addr = listeners.metrics.as_ref().and_then(|l| l.local_addr().ok());
@@ -808,6 +836,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         audit_logs: Default::default(),
         search_encoder,
         tool_indexes: Default::default(),
+        telemetry,
         lanes: Default::default(),
         log_lines: tokio::sync::broadcast::channel(4096).0,
         start_permits: Semaphore::new(config.bundles.max_concurrent_starts),
@@ -885,6 +914,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     // Every bundle has stopped and its cgroup is gone: the folders above go too.
     let cgroups = shared.cgroups.clone();
     let _ = tokio::task::spawn_blocking(move || cgroups.remove_all()).await;
+    // The spans of the last requests and stops go before the daemon does.
+    if let Some(exporter) = exporter {
+        let _ = tokio::task::spawn_blocking(move || exporter.shutdown()).await;
+    }
     tracing::info!("daemon stopped");
     Ok(())
 }

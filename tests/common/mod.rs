@@ -16,7 +16,7 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_bundlevisor");
 pub const DEMO_BIN: &str = env!("CARGO_BIN_EXE_bundlevisor-demo");
 pub const DEMO_MANIFEST: &str = include_str!("../../bundles/demo/manifest.json");
 /// How many tools the demo bundle lists (bundles/demo/src/main.rs).
-pub const DEMO_TOOLS: usize = 12;
+pub const DEMO_TOOLS: usize = 13;
 
 /// A loopback port the kernel picked, then freed for a daemon to bind.
 pub fn free_port() -> u16 {

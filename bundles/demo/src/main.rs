@@ -199,8 +199,17 @@ async fn over_channel(
 async fn ask_host(
     context: &RequestContext<RoleServer>,
     method: &str,
-    params: serde_json::Value,
+    mut params: serde_json::Value,
 ) -> CallToolResult {
+    // The trace the call came in goes on with the request, as an
+    // instrumented server's would (SEP-414): the host's span of it joins.
+    if let (Some(parent), Some(object)) = (context.meta.get_traceparent(), params.as_object_mut()) {
+        let mut meta = serde_json::json!({ "traceparent": parent });
+        if let Some(state) = context.meta.get_tracestate() {
+            meta["tracestate"] = state.into();
+        }
+        object.insert("_meta".into(), meta);
+    }
     let modern = context
         .protocol_version()
         .is_some_and(|v| v >= rmcp::model::ProtocolVersion::V_2026_07_28);
@@ -483,6 +492,22 @@ impl Demo {
     ) -> Result<CallToolResult, ErrorData> {
         let params = serde_json::Value::Object(args.params.unwrap_or_default());
         Ok(ask_host(&context, "ai.nimblebrain/resources/list", params).await)
+    }
+
+    #[tool(
+        description = "Answer with the W3C trace context the request carried in _meta (traceparent, tracestate)"
+    )]
+    async fn trace(
+        &self,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let seen = serde_json::json!({
+            "traceparent": context.meta.get_traceparent(),
+            "tracestate": context.meta.get_tracestate(),
+        });
+        Ok(CallToolResult::success(vec![ContentBlock::text(
+            seen.to_string(),
+        )]))
     }
 
     #[tool(description = "Read an environment variable of the bundle process")]

@@ -18,6 +18,7 @@ use crate::bundle::client::Caller;
 use crate::daemon::bundle::{run, BundleMsg, BundleRequest, CallError, PendingCall};
 use crate::daemon::workspace::FilesOp;
 use crate::protocol::BundleState;
+use crate::telemetry::Trace;
 
 /// How long a request passed to a bundle may take.
 const PASSTHROUGH_TIMEOUT: Duration = Duration::from_secs(60);
@@ -42,6 +43,9 @@ pub struct CallRequest {
     /// A bundle that is starting or restarting is waited for this long
     /// before the call is refused as not ready.
     pub wait_ready: Option<Duration>,
+    /// The trace the call's span joins (the gateway request's); its
+    /// context goes to the bundle.
+    pub trace: Trace,
 }
 
 impl Api {
@@ -134,6 +138,7 @@ impl Api {
                 cancel: cancel.clone(),
                 progress: progress.clone(),
                 caller: caller.clone(),
+                trace: p.trace.clone(),
                 reply,
             };
             // A ready session runs the call in this task; anything else is
@@ -201,6 +206,7 @@ impl Api {
         request: ClientRequest,
         caller: Caller,
         cancel: CancellationToken,
+        trace: Trace,
     ) -> Result<ServerResult, ApiError> {
         let method = request.method().to_string();
         let actor = Api::bundle_actor(workspace, name)?;
@@ -213,6 +219,7 @@ impl Api {
                         cancel,
                         progress: None,
                         caller,
+                        trace,
                         reply,
                     })
                 },

@@ -22,6 +22,7 @@ use super::session::Lane;
 use super::BundleMsg;
 use crate::bundle::client::Caller;
 use crate::protocol::BundleState;
+use crate::telemetry::{Attribute, Kind, Trace};
 
 /// Why a request could not be answered by the bundle.
 #[derive(Debug)]
@@ -38,6 +39,19 @@ pub enum CallError {
     Cancelled,
     /// The bundle has no such tool, or `[[exclude_tools]]` removed it.
     NoSuchTool,
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallError::NotReady { state, .. } => write!(f, "the bundle is {}", state.as_str()),
+            CallError::Timeout(after) => write!(f, "no answer within {after:?}"),
+            CallError::Failed(why) => f.write_str(why),
+            CallError::Mcp(error) => write!(f, "the bundle answered: {}", error.message),
+            CallError::Cancelled => f.write_str("cancelled by the caller"),
+            CallError::NoSuchTool => f.write_str("no such tool"),
+        }
+    }
 }
 
 /// What is asked of the bundle.
@@ -64,6 +78,9 @@ pub struct PendingCall {
     /// Who the request comes from: the bundle's sampling, elicitation and
     /// roots requests while it serves this one may go to that agent only.
     pub caller: Caller,
+    /// The trace the request's span joins; its context goes to the bundle
+    /// in the request's `_meta`.
+    pub trace: Trace,
     pub reply: RpcReplyPort<Result<ServerResult, CallError>>,
 }
 
@@ -149,6 +166,17 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
     // The caller is the bundle's client for as long as the request runs.
     let caller = session.callers.enter(call.caller.clone());
     let mut request = first_request(&call.request);
+    // The request to the bundle is a span of the caller's trace, and the
+    // bundle continues it (`_meta.traceparent`, any revision).
+    let span = bundle_span(&call, &request, session.revision.as_str());
+    if let Some(w3c) = span.trace().w3c() {
+        use rmcp::model::GetMeta;
+        let meta = request.get_meta_mut();
+        meta.set_traceparent(w3c.traceparent);
+        if let Some(state) = w3c.tracestate {
+            meta.set_tracestate(state);
+        }
+    }
     // A bundle on 2026-07-28 logs only for a request that asks it to: the
     // level the agent wants goes along.
     if session.revision >= rmcp::model::ProtocolVersion::V_2026_07_28 {
@@ -223,7 +251,41 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
         }
     };
     drop((lane, caller));
+    match &result {
+        Ok(ServerResult::CallToolResult(r)) if r.is_error == Some(true) => {
+            span.end("tool_error", Some("the tool answered with an error"))
+        }
+        Ok(_) => span.end("ok", None),
+        Err(e) => span.end("error", Some(&e.to_string())),
+    }
     let _ = call.reply.send(result);
+}
+
+/// The span of a request to the bundle (kind client): the method and the
+/// tool's or prompt's name.
+fn bundle_span(
+    call: &PendingCall,
+    request: &ClientRequest,
+    revision: &str,
+) -> crate::telemetry::Span {
+    let method = request.method();
+    let (name, mut attributes) = match request {
+        ClientRequest::CallToolRequest(r) => (
+            format!("{method} {}", r.params.name),
+            vec![Attribute::new(
+                "gen_ai.tool.name",
+                r.params.name.to_string(),
+            )],
+        ),
+        ClientRequest::GetPromptRequest(r) => (
+            format!("{method} {}", r.params.name),
+            vec![Attribute::new("gen_ai.prompt.name", r.params.name.clone())],
+        ),
+        _ => (method.to_string(), Vec::new()),
+    };
+    attributes.push(Attribute::new("mcp.method.name", method.to_string()));
+    attributes.push(Attribute::new("mcp.protocol.version", revision.to_string()));
+    call.trace.span(name, Kind::Client, attributes)
 }
 
 /// An agent's `resources/subscribe` or `unsubscribe` to a bundle on MCP

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::lifecycle::{
-    self, Exit, Input, Lifecycle, Note, Refusal, RestartRules, StartFailure, Up, Wanted,
+    self, Exit, FailKind, Input, Lifecycle, Note, Refusal, RestartRules, StartFailure, Up, Wanted,
 };
 use super::Shared;
 use crate::bundle::HostContext;
@@ -36,6 +36,7 @@ use crate::manifest::LoadedManifest;
 use crate::protocol::{
     BundleState, BundleStatus, EventKind, ExitStatus, LifecycleEvent, SandboxRecord,
 };
+use crate::telemetry::{Attribute, Kind, Span};
 
 pub use super::lifecycle::Respawn;
 pub use call::{run, BundleRequest, CallError, PendingCall};
@@ -420,7 +421,8 @@ impl BundleActorState {
             self.args.name.clone(),
             self.args.source.clone(),
         );
-        let host = HostContext::new(&workspace, &name, self.args.host_port.clone());
+        let host = HostContext::new(&workspace, &name, self.args.host_port.clone())
+            .traced(shared.telemetry.clone());
         let myself = myself.clone();
         self.start_task = Some(AbortOnDropHandle::new(tokio::spawn(async move {
             let report = {
@@ -429,10 +431,16 @@ impl BundleActorState {
                     let _ = myself.send_message(BundleMsg::SandboxReady { generation, record });
                 }
             };
-            let attempt = start::Attempt { wanted, challenge };
+            let span = start_span(&shared, (&workspace, &name), generation);
+            let attempt = start::Attempt {
+                wanted,
+                challenge,
+                trace: span.trace().clone(),
+            };
             let result = start::start(&shared, &workspace, &name, source, attempt, host, report)
                 .await
                 .map(Box::new);
+            end_start_span(span, &result);
             if let Err(ractor::MessagingErr::SendErr(BundleMsg::Started {
                 result: Ok(started),
                 ..
@@ -754,4 +762,45 @@ fn spawn_pinger(
             }
         }
     })))
+}
+
+/// The span of one start (a trace of its own): its sandbox, spawn,
+/// handshake and token refresh are its children.
+fn start_span(shared: &Shared, (workspace, name): (&str, &str), generation: u64) -> Span {
+    shared.telemetry.root().span(
+        "bundle.start",
+        Kind::Internal,
+        vec![
+            Attribute::new("bundlevisor.workspace", workspace.to_string()),
+            Attribute::new("bundlevisor.bundle", name.to_string()),
+            Attribute::new("bundlevisor.generation", generation as i64),
+        ],
+    )
+}
+
+/// Ends a start's span with how it went: the MCP revision it speaks, or
+/// why it failed (the reason status shows, secrets already masked).
+fn end_start_span(mut span: Span, result: &Result<Box<Started>, StartFailure>) {
+    match result {
+        Ok(started) => {
+            let revision = started.session.revision.as_str().to_string();
+            span.set(Attribute::new("mcp.protocol.version", revision));
+            if let Some(server) = &started.session.server {
+                span.set(Attribute::new(
+                    "bundlevisor.server.version",
+                    server.version.clone(),
+                ));
+            }
+            span.end("ok", None);
+        }
+        Err(failure) => {
+            let outcome = match failure.kind {
+                FailKind::Transient => "failed",
+                FailKind::Config => "config",
+                FailKind::NeedsConfig => "needs_config",
+                FailKind::NeedsAuth => "needs_auth",
+            };
+            span.end(outcome, Some(&failure.reason));
+        }
+    }
 }

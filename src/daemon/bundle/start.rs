@@ -18,6 +18,7 @@ use crate::manifest::{LoadedManifest, Plan, PlanError, RemotePlan};
 use crate::oauth::Silent;
 use crate::protocol::SandboxRecord;
 use crate::store::TokenSet;
+use crate::telemetry::{Attribute, Kind, Trace};
 
 use super::super::lifecycle::{FailKind, StartFailure, Wanted};
 use super::super::Shared;
@@ -204,6 +205,8 @@ pub struct Attempt {
     /// The challenge of the 401 or 403 that ended the last session (a
     /// remote bundle gets a token for it before connecting).
     pub challenge: Option<String>,
+    /// The start's trace: its phases are spans of it.
+    pub trace: Trace,
 }
 
 /// A start failure that a restart cannot fix.
@@ -221,7 +224,11 @@ pub async fn start(
     workspace: &str,
     name: &str,
     source: PathBuf,
-    Attempt { wanted, challenge }: Attempt,
+    Attempt {
+        wanted,
+        challenge,
+        trace,
+    }: Attempt,
     host: HostContext,
     report_sandbox: impl FnOnce(SandboxRecord),
 ) -> Result<Started, StartFailure> {
@@ -244,7 +251,14 @@ pub async fn start(
     // The sandbox of a stdio bundle: created (or found) before each start.
     let sandbox = match &plan {
         Plan::Stdio(launch) => {
-            Some(prepare_sandbox(shared, (workspace, name), &loaded, launch, environment).await?)
+            let span = trace.span("bundle.sandbox", Kind::Internal, Vec::new());
+            let prepared =
+                prepare_sandbox(shared, (workspace, name), &loaded, launch, environment).await;
+            match &prepared {
+                Ok(_) => span.end("ok", None),
+                Err(failed) => span.end("error", Some(&failed.reason)),
+            }
+            Some(prepared?)
         }
         Plan::Remote(_) => None,
     };
@@ -270,6 +284,7 @@ pub async fn start(
         sandbox,
         legacy: legacy_revision(&loaded.manifest),
         host_channel: legacy_revision(&loaded.manifest).is_some(),
+        trace,
     };
     let (session, reauthorized) = match &plan {
         Plan::Stdio(_) => match connect(&plan, host, &opts).await {
@@ -602,17 +617,13 @@ async fn connect_with_auth(
     // The first silent grant, then at most one step-up for a scope the
     // new token lacks (403 `insufficient_scope`): bounded, never a loop.
     for attempt in 0..=MAX_STEP_UPS {
-        let tokens =
-            match crate::oauth::obtain_silently(&http, remote, &stored, challenge.as_deref()).await
-            {
-                Err(e) => return Err(grant_failed(e)),
-                Ok(Silent::Interactive(why)) => {
-                    let (keep, why) = refused_silently(&stored, challenge.as_deref(), why);
-                    keep_tokens(shared, (workspace, name), keep, "forget refused tokens").await;
-                    return Err(needs_auth(&why));
-                }
-                Ok(Silent::Tokens(tokens)) => tokens,
-            };
+        let silent = Silently {
+            http: &http,
+            remote,
+            stored: &stored,
+            challenge: challenge.as_deref(),
+        };
+        let tokens = obtain_traced(shared, (workspace, name), silent, &opts.trace).await?;
         opts.bearer = tokens.access_token.clone();
         store_tokens(shared, (workspace, name), tokens.clone()).await?;
         tracing::info!(
@@ -663,6 +674,62 @@ async fn connect_with_auth(
         }
     }
     unreachable!("the last attempt returns")
+}
+
+/// What a silent grant is asked with.
+struct Silently<'a> {
+    http: &'a crate::oauth::Http,
+    remote: &'a RemotePlan,
+    stored: &'a TokenSet,
+    challenge: Option<&'a str>,
+}
+
+/// A token obtained without the operator (refresh token, client
+/// credentials, an enterprise grant), an `oauth.refresh` span of the
+/// start's trace; refused: the tokens worth keeping kept, and `needs_auth`.
+async fn obtain_traced(
+    shared: &Shared,
+    (workspace, name): (&str, &str),
+    ask: Silently<'_>,
+    trace: &Trace,
+) -> Result<TokenSet, StartFailure> {
+    let span = trace.span(
+        "oauth.refresh",
+        Kind::Client,
+        vec![
+            Attribute::new(
+                "bundlevisor.refresh_token",
+                ask.stored.refresh_token.is_some(),
+            ),
+            // The host only: a URL's path or query may carry a key.
+            Attribute::new(
+                "server.address",
+                url::Url::parse(&ask.remote.url)
+                    .ok()
+                    .and_then(|u| u.host_str().map(str::to_string))
+                    .unwrap_or_default(),
+            ),
+        ],
+    );
+    let obtained =
+        crate::oauth::obtain_silently(ask.http, ask.remote, ask.stored, ask.challenge).await;
+    match obtained {
+        Err(e) => {
+            let failed = grant_failed(e);
+            span.end("error", Some(&failed.reason));
+            Err(failed)
+        }
+        Ok(Silent::Interactive(why)) => {
+            let (keep, why) = refused_silently(ask.stored, ask.challenge, why);
+            keep_tokens(shared, (workspace, name), keep, "forget refused tokens").await;
+            span.end("needs_auth", Some(&why));
+            Err(needs_auth(&ask.remote.url, (workspace, name), &why))
+        }
+        Ok(Silent::Tokens(tokens)) => {
+            span.end("ok", None);
+            Ok(tokens)
+        }
+    }
 }
 
 /// A remote bundle that waits for `bundlevisor auth`, and why.

@@ -15,6 +15,7 @@ use crate::daemon::gateway::with_progress;
 use crate::protocol::{
     method, BundleTools, CallParams, CallProgress, Notification, RpcError, ToolsParams, ToolsResult,
 };
+use crate::telemetry::Attribute;
 
 pub(super) async fn tools(p: ToolsParams, ctx: &Ctx) -> Result<ToolsResult, RpcError> {
     let bundles = ctx.api.tools(&p.workspace, p.name.as_deref()).await?;
@@ -59,6 +60,17 @@ pub(super) async fn call(
             out.send(&note).await;
         }
     };
+    // An operator's call is a trace of its own.
+    let span = ctx.api.shared().telemetry.root().span(
+        format!("bundle.call {}", p.tool),
+        crate::telemetry::Kind::Server,
+        vec![
+            Attribute::new("bundlevisor.workspace", p.workspace.clone()),
+            Attribute::new("bundlevisor.bundle", p.name.clone()),
+            Attribute::new("gen_ai.tool.name", p.tool.clone()),
+            Attribute::new("bundlevisor.principal", "operator"),
+        ],
+    );
     let request = CallRequest {
         workspace: p.workspace,
         name: p.name,
@@ -66,12 +78,20 @@ pub(super) async fn call(
         arguments: p.arguments,
         timeout: p.timeout_ms.map(Duration::from_millis),
         wait_ready: p.wait_ready_ms.map(Duration::from_millis),
+        trace: span.trace().clone(),
     };
     let answer = with_progress(
         p.progress,
         |progress| ctx.api.call(&request, progress, cancel, Caller::Operator),
         forward,
     )
-    .await?;
-    to_value(answer)
+    .await;
+    match &answer {
+        Ok(r) if r.is_error == Some(true) => {
+            span.end("tool_error", Some("the tool answered with an error"))
+        }
+        Ok(_) => span.end("ok", None),
+        Err(e) => span.end("error", Some(&e.to_string())),
+    }
+    to_value(answer?)
 }

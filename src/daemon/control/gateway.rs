@@ -40,6 +40,7 @@ pub(super) async fn mcp(p: McpParams, ctx: &Ctx) -> Result<Value, RpcError> {
             request,
             Caller::Operator,
             Default::default(),
+            ctx.api.shared().telemetry.root(),
         )
         .await?;
     to_value(answer)

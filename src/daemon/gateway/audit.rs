@@ -4,14 +4,20 @@
 //! host-resources decisions, rotated with `[logs]`): who (the token's
 //! name, never its text; or the local uid), what (bundle and own name),
 //! the outcome, how long it took, and the W3C trace id when the request
-//! carried one (`_meta.traceparent`, or the HTTP `traceparent` header).
-//! Never the arguments or the answer.
+//! carried one (`_meta.traceparent`, or the HTTP `traceparent` header) or
+//! the daemon traced it (`[telemetry]`). Never the arguments or the answer.
+//!
+//! The same start and end make the request's span (the gateway's, kind
+//! server): the audit and the trace never disagree on what was asked and
+//! how it ended.
 
 use std::time::Instant;
 
 use rmcp::service::RequestContext;
 use rmcp::RoleServer;
 use serde::Serialize;
+
+use crate::telemetry::{Attribute, Kind, Span, Telemetry, Trace};
 
 /// How a request through the gateway ended, for the audit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +54,7 @@ pub struct Audited {
     name: String,
     trace_id: Option<String>,
     started: Instant,
+    span: Span,
 }
 
 #[derive(Serialize)]
@@ -68,44 +75,64 @@ struct Line<'a> {
     trace_id: Option<&'a str>,
 }
 
-/// The trace id of a W3C `traceparent` (`00-TRACEID-SPANID-FLAGS`), if
-/// well formed.
-fn trace_id(traceparent: &str) -> Option<String> {
-    let id = traceparent.split('-').nth(1)?;
-    (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()) && id != "0".repeat(32))
-        .then(|| id.to_ascii_lowercase())
+/// The trace a request continues: the context in its `_meta` (SEP-414),
+/// else in the HTTP request's `traceparent` and `tracestate` headers.
+pub fn trace_of(telemetry: &Telemetry, context: &RequestContext<RoleServer>) -> Trace {
+    if let Some(parent) = context.meta.get_traceparent() {
+        let trace = telemetry.continued(Some(parent), context.meta.get_tracestate());
+        if trace.trace_id().is_some() {
+            return trace;
+        }
+    }
+    let header = |name| {
+        let parts = context.extensions.get::<axum::http::request::Parts>()?;
+        parts.headers.get(name)?.to_str().ok()
+    };
+    telemetry.continued(header("traceparent"), header("tracestate"))
 }
 
-/// The trace id a request carries: in its `_meta` (SEP-414), else in the
-/// HTTP request's `traceparent` header.
-fn trace_of(context: &RequestContext<RoleServer>) -> Option<String> {
-    if let Some(id) = context.meta.get_traceparent().and_then(trace_id) {
-        return Some(id);
-    }
-    let parts = context.extensions.get::<axum::http::request::Parts>()?;
-    let header = parts.headers.get("traceparent")?.to_str().ok()?;
-    trace_id(header)
+/// Who, where and what a request is, for its span.
+pub struct Request<'a> {
+    pub principal: String,
+    pub workspace: &'a str,
+    pub action: &'static str,
+    pub bundle: &'a str,
+    pub name: &'a str,
 }
 
 impl Audited {
-    /// A request of `principal` for `name` of `bundle`, from now.
-    pub fn start(
-        principal: String,
-        action: &'static str,
-        (bundle, name): (&str, &str),
-        context: &RequestContext<RoleServer>,
-    ) -> Audited {
+    /// `request`, from now, in the trace it continues.
+    pub fn start(request: Request, trace: &Trace, context: &RequestContext<RoleServer>) -> Audited {
+        let Request {
+            principal,
+            workspace,
+            action,
+            bundle,
+            name,
+        } = request;
         // A URI's query and fragment may carry what an argument would (a
         // signed URL's signature): never recorded, as arguments are not.
         let name = name.split(['?', '#']).next().unwrap_or_default();
+        let span = trace.span(
+            span_name(action, name),
+            Kind::Server,
+            attributes(action, (workspace, bundle, name), &principal, context),
+        );
         Audited {
             principal,
             action,
             bundle: bundle.to_string(),
             name: name.to_string(),
-            trace_id: trace_of(context),
+            trace_id: span.trace().trace_id(),
             started: Instant::now(),
+            span,
         }
+    }
+
+    /// Where the request's spans further down go (its request to the
+    /// bundle), and what the bundle is given.
+    pub fn trace(&self) -> &Trace {
+        self.span.trace()
     }
 
     /// Its audit line, ended with `outcome` (and why, for a refusal).
@@ -126,24 +153,68 @@ impl Audited {
                 .map(|r| r.split(['?', '#']).next().unwrap_or_default()),
             trace_id: self.trace_id.as_deref(),
         };
-        serde_json::to_string(&line).ok()
+        let text = serde_json::to_string(&line).ok();
+        let why = match outcome {
+            Outcome::Ok | Outcome::InputRequired => None,
+            Outcome::Refused => Some(line.reason.unwrap_or("refused")),
+            Outcome::ToolError => Some("the tool answered with an error"),
+            Outcome::Error => Some("failed"),
+        };
+        self.span.end(outcome.as_str(), why);
+        text
     }
+}
+
+/// A span's name (OpenTelemetry's MCP conventions): the method, and the
+/// tool's or prompt's name (a URI is an attribute, not a name).
+fn span_name(action: &'static str, name: &str) -> String {
+    match action {
+        "resources/read" => action.to_string(),
+        _ => format!("{action} {name}"),
+    }
+}
+
+/// A request span's attributes: OpenTelemetry's MCP conventions, and the
+/// workspace, bundle and token name (never its text).
+fn attributes(
+    action: &'static str,
+    (workspace, bundle, name): (&str, &str, &str),
+    principal: &str,
+    context: &RequestContext<RoleServer>,
+) -> Vec<Attribute> {
+    let mut attributes = vec![
+        Attribute::new("mcp.method.name", action),
+        Attribute::new("bundlevisor.workspace", workspace.to_string()),
+        Attribute::new("bundlevisor.bundle", bundle.to_string()),
+        Attribute::new("bundlevisor.principal", principal.to_string()),
+        Attribute::new("jsonrpc.request.id", context.id.to_string()),
+    ];
+    if let Some(version) = context.protocol_version() {
+        attributes.push(Attribute::new("mcp.protocol.version", version.to_string()));
+    }
+    attributes.push(match action {
+        "tools/call" => Attribute::new("gen_ai.tool.name", name.to_string()),
+        "prompts/get" => Attribute::new("gen_ai.prompt.name", name.to_string()),
+        _ => Attribute::new("mcp.resource.uri", name.to_string()),
+    });
+    if action == "tools/call" {
+        attributes.push(Attribute::new("gen_ai.operation.name", "execute_tool"));
+    }
+    attributes
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn a_trace_id_is_taken_from_a_well_formed_traceparent_only() {
-        let id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    fn a_span_is_named_by_its_method_and_target_but_never_by_a_uri() {
+        assert_eq!(super::span_name("tools/call", "add"), "tools/call add");
         assert_eq!(
-            super::trace_id(&format!("00-{id}-00f067aa0ba902b7-01")).as_deref(),
-            Some(id)
+            super::span_name("prompts/get", "greet"),
+            "prompts/get greet"
         );
-        assert_eq!(super::trace_id("00-xyz-00f067aa0ba902b7-01"), None);
         assert_eq!(
-            super::trace_id(&format!("00-{}-00f067aa0ba902b7-01", "0".repeat(32))),
-            None
+            super::span_name("resources/read", "bundle://x/secret-path"),
+            "resources/read"
         );
-        assert_eq!(super::trace_id("garbage"), None);
     }
 }

@@ -140,7 +140,15 @@ impl Gateway {
         let principal = self
             .grant(context)
             .map_or_else(|| "unknown".to_string(), |g| g.principal.clone());
-        Audited::start(principal, action, pair, context)
+        let trace = super::audit::trace_of(&self.0.api.shared().telemetry, context);
+        let request = super::audit::Request {
+            principal,
+            workspace: &self.0.workspace,
+            action,
+            bundle: pair.0,
+            name: pair.1,
+        };
+        Audited::start(request, &trace, context)
     }
 
     /// Writes the audited request's line, with how it ended (and why, for

@@ -38,6 +38,7 @@ use crate::bundle::client::{Agent, Caller};
 use crate::config::Profile;
 use crate::daemon::api::{Api, ApiError, CallRequest};
 use crate::protocol::BundleState;
+use crate::telemetry::Trace;
 use crate::token_rules::Kind;
 
 /// How long a call waits for a bundle that is starting or restarting.
@@ -291,6 +292,7 @@ impl Gateway {
         request: &CallToolRequestParams,
         context: &RequestContext<RoleServer>,
         route: Entry,
+        trace: &Trace,
     ) -> Result<CallToolResponse, ErrorData> {
         let mut params = CallToolRequestParams::new(route.name.clone());
         params.arguments = request.arguments.clone();
@@ -302,7 +304,14 @@ impl Gateway {
         let (state, responses) = (&request.request_state, &request.input_responses);
         let bundle = route.bundle.clone();
         match self
-            .pass_to_bundle(origin, state, responses, context, route.bundle, ask)
+            .pass_to_bundle(
+                origin,
+                (state, responses),
+                context,
+                route.bundle,
+                ask,
+                trace,
+            )
             .await?
         {
             Err(asks) => Ok(CallToolResponse::InputRequired(asks)),
@@ -394,6 +403,18 @@ impl Gateway {
         request: ClientRequest,
         agent: Arc<dyn Agent>,
     ) -> Result<ServerResult, ApiError> {
+        self.traced_mcp(bundle, request, agent, &Trace::default())
+            .await
+    }
+
+    /// [`Gateway::bundle_mcp`], the bundle's request a span of `trace`.
+    async fn traced_mcp(
+        &self,
+        bundle: &str,
+        request: ClientRequest,
+        agent: Arc<dyn Agent>,
+        trace: &Trace,
+    ) -> Result<ServerResult, ApiError> {
         self.0
             .api
             .mcp(
@@ -402,6 +423,7 @@ impl Gateway {
                 request,
                 Caller::Agent(agent),
                 Default::default(),
+                trace.clone(),
             )
             .await
     }
@@ -619,22 +641,30 @@ impl Gateway {
     async fn pass_to_bundle(
         &self,
         origin: Origin,
-        state: &Option<String>,
-        responses: &Option<rmcp::model::InputResponses>,
+        (state, responses): (&Option<String>, &Option<rmcp::model::InputResponses>),
         context: &RequestContext<RoleServer>,
         bundle: String,
         request: ClientRequest,
+        trace: &Trace,
     ) -> Result<Result<ServerResult, InputRequiredResult>, ErrorData> {
         if !stateless(context) {
             let agent = self.agent(&context.peer);
-            return Ok(Ok(self.bundle_mcp(&bundle, request, agent).await?));
+            return Ok(Ok(self.traced_mcp(&bundle, request, agent, trace).await?));
         }
         let (api, workspace) = (self.0.api.clone(), self.0.workspace.clone());
+        let trace = trace.clone();
         let call = move |agent, _progress, cancel| -> futures::future::BoxFuture<'static, _> {
             Box::pin(async move {
-                api.mcp(&workspace, &bundle, request, Caller::Agent(agent), cancel)
-                    .await
-                    .map_err(ErrorData::from)
+                api.mcp(
+                    &workspace,
+                    &bundle,
+                    request,
+                    Caller::Agent(agent),
+                    cancel,
+                    trace,
+                )
+                .await
+                .map_err(ErrorData::from)
             })
         };
         let progress = context.meta.get_progress_token();
@@ -688,7 +718,9 @@ impl Gateway {
             self.audited(audited, AuditOutcome::Refused, Some(&refusal.message));
             return Err(refusal);
         }
-        let answer = self.call_routed(route, exposed, request, &context).await;
+        let answer = self
+            .call_routed(route, exposed, request, &context, audited.trace())
+            .await;
         let outcome = match &answer {
             Ok(CallToolResponse::InputRequired(_)) => AuditOutcome::InputRequired,
             Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true) => {
@@ -706,6 +738,7 @@ impl Gateway {
         route: Entry,
         request: &GetPromptRequestParams,
         context: &RequestContext<RoleServer>,
+        trace: &Trace,
     ) -> Result<GetPromptResponse, ErrorData> {
         let mut params = GetPromptRequestParams::new(route.name.clone());
         params.arguments = request.arguments.clone();
@@ -716,7 +749,14 @@ impl Gateway {
         };
         let (state, responses) = (&request.request_state, &request.input_responses);
         let answer = match self
-            .pass_to_bundle(origin, state, responses, context, route.bundle, ask)
+            .pass_to_bundle(
+                origin,
+                (state, responses),
+                context,
+                route.bundle,
+                ask,
+                trace,
+            )
             .await?
         {
             Ok(answer) => answer,
@@ -735,6 +775,7 @@ impl Gateway {
         &self,
         request: &ReadResourceRequestParams,
         context: &RequestContext<RoleServer>,
+        trace: &Trace,
     ) -> Result<ReadResourceResponse, ErrorData> {
         let answer = if let Some((bundle, original)) = self.0.naming.route_uri(&request.uri) {
             if !self.bundle_allowed(&bundle) {
@@ -752,7 +793,7 @@ impl Gateway {
             };
             let (state, responses) = (&request.request_state, &request.input_responses);
             let mut answer = match self
-                .pass_to_bundle(origin, state, responses, context, bundle, ask)
+                .pass_to_bundle(origin, (state, responses), context, bundle, ask, trace)
                 .await?
             {
                 Ok(answer) => answer,
@@ -793,6 +834,7 @@ impl Gateway {
         exposed: String,
         request: CallToolRequestParams,
         context: &RequestContext<RoleServer>,
+        trace: &Trace,
     ) -> Result<CallToolResponse, ErrorData> {
         let token = request
             .meta
@@ -806,9 +848,10 @@ impl Gateway {
             arguments: request.arguments.clone(),
             timeout: None,
             wait_ready: Some(self.0.wait_ready),
+            trace: trace.clone(),
         };
         if stateless(context) && self.takes_tasks(context, &route.bundle) {
-            return self.call_as_task(&request, context, route).await;
+            return self.call_as_task(&request, context, route, trace).await;
         }
         if stateless(context) {
             let api = self.0.api.clone();
@@ -1387,7 +1430,9 @@ impl ServerHandler for Gateway {
             self.audited(audited, AuditOutcome::Refused, Some(&refusal.message));
             return Err(refusal);
         }
-        let answer = self.prompt_routed(route, &request, &context).await;
+        let answer = self
+            .prompt_routed(route, &request, &context, audited.trace())
+            .await;
         self.audited(
             audited,
             outcome_of(&answer, |a| {
@@ -1531,7 +1576,7 @@ impl ServerHandler for Gateway {
             self.audited(audited, AuditOutcome::Refused, Some(&refusal.message));
             return Err(refusal);
         }
-        let answer = self.read_routed(&request, &context).await;
+        let answer = self.read_routed(&request, &context, audited.trace()).await;
         let asks = |a: &ReadResourceResponse| matches!(a, ReadResourceResponse::InputRequired(_));
         self.audited(audited, outcome_of(&answer, asks), None);
         answer

@@ -1,0 +1,368 @@
+//! OpenTelemetry traces (docs/operations.md, "Traces"): with `[telemetry]
+//! otlp_endpoint` set, the daemon records a span per gateway request (the
+//! gateway's own, and its request to the bundle), per bundle start (its
+//! sandbox, spawn and initialize), per host-resources request and per
+//! OAuth token refresh, and exports them over OTLP (HTTP/protobuf) in
+//! batches, from the batch processor's own thread: a call only hands its
+//! finished span to a bounded queue (full: the span is dropped, the call
+//! never waits).
+//!
+//! Trace context comes from the agent (the request's `_meta.traceparent`
+//! and `tracestate`, SEP-414, else the HTTP `traceparent` header) and goes
+//! to the bundle in the `_meta` of the request the gateway sends it, so
+//! one trace spans agent, daemon and bundle. With tracing off the agent's
+//! context is still passed on unchanged, so the bundle's spans join the
+//! agent's trace; the daemon just records none of its own.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::time::Duration;
+
+use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
+use opentelemetry::trace::{
+    Span as _, SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer};
+
+use crate::config::TelemetrySettings;
+
+pub use opentelemetry::trace::SpanKind as Kind;
+pub use opentelemetry::KeyValue as Attribute;
+
+/// How long one export may take before it is given up.
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the daemon waits, when it stops, for the spans not yet sent.
+const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
+/// Finished spans waiting for their batch; beyond, new ones are dropped.
+const QUEUE: usize = 8192;
+/// Spans sent in one request.
+const BATCH: usize = 512;
+/// How often a batch goes, however small.
+const DELAY: Duration = Duration::from_millis(1000);
+
+/// Where the daemon's spans go: nowhere (tracing off, the default), or a
+/// tracer whose batches are exported to the configured endpoint. Cheap to
+/// clone.
+#[derive(Clone, Default)]
+pub struct Telemetry {
+    tracer: Option<SdkTracer>,
+}
+
+/// The exporting side of [`Telemetry`], kept by the daemon to send what is
+/// left when it stops.
+pub struct Exporter {
+    provider: opentelemetry_sdk::trace::SdkTracerProvider,
+}
+
+impl Telemetry {
+    /// Tracing as `settings` say: off without an endpoint. Called outside
+    /// the async runtime's thread is not required: the exporter's HTTP
+    /// client is built on a thread of its own.
+    pub fn start(settings: &TelemetrySettings) -> Result<(Telemetry, Option<Exporter>), String> {
+        let Some(endpoint) = &settings.otlp_endpoint else {
+            return Ok((Telemetry::default(), None));
+        };
+        let headers: HashMap<String, String> = settings
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(traces_url(endpoint))
+            .with_timeout(EXPORT_TIMEOUT)
+            .with_headers(headers)
+            .build()
+            .map_err(|e| format!("telemetry.otlp_endpoint {endpoint:?}: {e}"))?;
+        let batches = BatchConfigBuilder::default()
+            .with_max_queue_size(QUEUE)
+            .with_max_export_batch_size(BATCH)
+            .with_scheduled_delay(DELAY)
+            .build();
+        let processor = BatchSpanProcessor::builder(exporter)
+            .with_batch_config(batches)
+            .build();
+        let resource = opentelemetry_sdk::Resource::builder_empty()
+            .with_service_name(settings.service_name.clone())
+            .with_attribute(KeyValue::new("service.version", env!("CARGO_PKG_VERSION")))
+            .build();
+        let sampler =
+            Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(settings.sample_ratio)));
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_resource(resource)
+            .with_sampler(sampler)
+            .build();
+        let scope = opentelemetry::InstrumentationScope::builder("bundlevisor")
+            .with_version(env!("CARGO_PKG_VERSION"))
+            .build();
+        let tracer = provider.tracer_with_scope(scope);
+        Ok((
+            Telemetry {
+                tracer: Some(tracer),
+            },
+            Some(Exporter { provider }),
+        ))
+    }
+
+    /// Whether spans are recorded.
+    pub fn is_on(&self) -> bool {
+        self.tracer.is_some()
+    }
+
+    /// A trace of its own (no parent): a bundle's start.
+    pub fn root(&self) -> Trace {
+        Trace {
+            telemetry: self.clone(),
+            context: Context::new(),
+        }
+    }
+
+    /// The trace a request came with: W3C `traceparent` and `tracestate`
+    /// (malformed or absent: a trace of its own).
+    pub fn continued(&self, traceparent: Option<&str>, tracestate: Option<&str>) -> Trace {
+        let context = match traceparent {
+            Some(traceparent) => TraceContextPropagator::new().extract(&Carrier {
+                traceparent,
+                tracestate,
+            }),
+            None => Context::new(),
+        };
+        Trace {
+            telemetry: self.clone(),
+            context,
+        }
+    }
+}
+
+impl Exporter {
+    /// Sends the spans not yet sent and stops the batch thread. Blocks (up
+    /// to a few seconds): run it on the blocking pool.
+    pub fn shutdown(self) {
+        if let Err(e) = self.provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT) {
+            tracing::warn!("traces: the last spans could not be sent: {e}");
+        }
+    }
+}
+
+/// The URL spans are posted to: `endpoint` as given, or, when it names no
+/// path, its `/v1/traces` (as `OTEL_EXPORTER_OTLP_ENDPOINT` is read).
+pub fn traces_url(endpoint: &str) -> String {
+    match url::Url::parse(endpoint) {
+        Ok(url) if url.path() == "/" && url.query().is_none() => {
+            format!("{}/v1/traces", endpoint.trim_end_matches('/'))
+        }
+        _ => endpoint.to_string(),
+    }
+}
+
+/// `traceparent` and `tracestate` read from one request.
+struct Carrier<'a> {
+    traceparent: &'a str,
+    tracestate: Option<&'a str>,
+}
+
+impl Extractor for Carrier<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        match key {
+            "traceparent" => Some(self.traceparent),
+            "tracestate" => self.tracestate,
+            _ => None,
+        }
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        vec!["traceparent", "tracestate"]
+    }
+}
+
+/// W3C trace context to pass on: `traceparent`, and `tracestate` if any.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct W3c {
+    pub traceparent: String,
+    pub tracestate: Option<String>,
+}
+
+impl Injector for W3c {
+    fn set(&mut self, key: &str, value: String) {
+        match key {
+            "traceparent" => self.traceparent = value,
+            "tracestate" if !value.is_empty() => self.tracestate = Some(value),
+            _ => {}
+        }
+    }
+}
+
+/// Where new spans go in a trace: under the span (ours or the agent's)
+/// this holds, or at the root of a new trace. Cheap to clone; what a
+/// request carries along to the bundle.
+#[derive(Clone, Default)]
+pub struct Trace {
+    telemetry: Telemetry,
+    context: Context,
+}
+
+impl std::fmt::Debug for Trace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trace")
+            .field("trace_id", &self.trace_id())
+            .field("recording", &self.telemetry.is_on())
+            .finish()
+    }
+}
+
+impl Trace {
+    /// A span under this one, from now, with `attributes`: recorded when
+    /// tracing is on (and the trace sampled), else a span that records
+    /// nothing and passes this trace's context on.
+    pub fn span(
+        &self,
+        name: impl Into<Cow<'static, str>>,
+        kind: SpanKind,
+        attributes: Vec<KeyValue>,
+    ) -> Span {
+        let Some(tracer) = &self.telemetry.tracer else {
+            return Span {
+                span: None,
+                trace: self.clone(),
+            };
+        };
+        let span = tracer
+            .span_builder(name)
+            .with_kind(kind)
+            .with_attributes(attributes)
+            .start_with_context(tracer, &self.context);
+        let context = self
+            .context
+            .with_remote_span_context(span.span_context().clone());
+        Span {
+            span: Some(span),
+            trace: Trace {
+                telemetry: self.telemetry.clone(),
+                context,
+            },
+        }
+    }
+
+    /// The trace's id (lowercase hex), when there is a trace.
+    pub fn trace_id(&self) -> Option<String> {
+        let span = self.context.span();
+        let context = span.span_context();
+        context.is_valid().then(|| context.trace_id().to_string())
+    }
+
+    /// The context to pass on to a bundle, when there is a trace.
+    pub fn w3c(&self) -> Option<W3c> {
+        if !self.context.span().span_context().is_valid() {
+            return None;
+        }
+        let mut out = W3c::default();
+        TraceContextPropagator::new().inject_context(&self.context, &mut out);
+        (!out.traceparent.is_empty()).then_some(out)
+    }
+}
+
+/// One span being recorded (or, tracing off, nothing), ended by
+/// [`Span::end`] or when dropped.
+pub struct Span {
+    span: Option<opentelemetry_sdk::trace::Span>,
+    trace: Trace,
+}
+
+impl Span {
+    /// The trace under this span: its children's parent, and what goes to
+    /// a bundle.
+    pub fn trace(&self) -> &Trace {
+        &self.trace
+    }
+
+    /// Whether this span is recorded (tracing on and the trace sampled).
+    pub fn is_recording(&self) -> bool {
+        self.span.as_ref().is_some_and(|s| s.is_recording())
+    }
+
+    /// Sets one more attribute.
+    pub fn set(&mut self, attribute: KeyValue) {
+        if let Some(span) = &mut self.span {
+            span.set_attribute(attribute);
+        }
+    }
+
+    /// Ends the span, `outcome` recorded as `bundlevisor.outcome`; an error
+    /// (`why`) sets its status.
+    pub fn end(mut self, outcome: &'static str, why: Option<&str>) {
+        if let Some(mut span) = self.span.take() {
+            span.set_attribute(KeyValue::new("bundlevisor.outcome", outcome));
+            match why {
+                Some(why) => {
+                    span.set_attribute(KeyValue::new("error.type", outcome));
+                    span.set_status(Status::error(why.to_string()));
+                }
+                None => span.set_status(Status::Ok),
+            }
+            span.end();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn an_agents_context_is_passed_on_unchanged_when_tracing_is_off() {
+        let off = Telemetry::default();
+        let trace = off.continued(Some(PARENT), Some("vendor=1"));
+        assert_eq!(
+            trace.trace_id().as_deref(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+        let span = trace.span("tools/call x", SpanKind::Client, Vec::new());
+        assert!(!span.is_recording());
+        assert_eq!(
+            span.trace().w3c(),
+            Some(W3c {
+                traceparent: PARENT.to_string(),
+                tracestate: Some("vendor=1".to_string()),
+            })
+        );
+    }
+
+    #[test]
+    fn a_malformed_or_absent_traceparent_starts_no_trace() {
+        let off = Telemetry::default();
+        for bad in [None, Some("garbage"), Some("00-xyz-00f067aa0ba902b7-01")] {
+            let trace = off.continued(bad, None);
+            assert_eq!(trace.trace_id(), None, "{bad:?}");
+            assert_eq!(trace.w3c(), None, "{bad:?}");
+        }
+        let zero = format!("00-{}-00f067aa0ba902b7-01", "0".repeat(32));
+        assert_eq!(off.continued(Some(&zero), None).trace_id(), None);
+    }
+
+    #[test]
+    fn an_endpoint_without_a_path_posts_to_v1_traces() {
+        assert_eq!(
+            traces_url("http://127.0.0.1:4318"),
+            "http://127.0.0.1:4318/v1/traces"
+        );
+        assert_eq!(
+            traces_url("http://127.0.0.1:4318/"),
+            "http://127.0.0.1:4318/v1/traces"
+        );
+        assert_eq!(
+            traces_url("http://127.0.0.1:6006/v1/traces"),
+            "http://127.0.0.1:6006/v1/traces"
+        );
+        assert_eq!(
+            traces_url("https://collector/otlp/v1/traces"),
+            "https://collector/otlp/v1/traces"
+        );
+    }
+}
