@@ -33,7 +33,7 @@ pub use opentelemetry::trace::SpanKind as Kind;
 pub use opentelemetry::KeyValue as Attribute;
 
 /// How long one export may take before it is given up.
-const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(3);
 /// How long the daemon waits, when it stops, for the spans not yet sent.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Finished spans waiting for their batch; beyond, new ones are dropped.
@@ -58,9 +58,8 @@ pub struct Exporter {
 }
 
 impl Telemetry {
-    /// Tracing as `settings` say: off without an endpoint. Called outside
-    /// the async runtime's thread is not required: the exporter's HTTP
-    /// client is built on a thread of its own.
+    /// Tracing as `settings` say: off without an endpoint. The exporter
+    /// builds its blocking HTTP client on a thread of its own.
     pub fn start(settings: &TelemetrySettings) -> Result<(Telemetry, Option<Exporter>), String> {
         let Some(endpoint) = &settings.otlp_endpoint else {
             return Ok((Telemetry::default(), None));
@@ -216,6 +215,20 @@ impl std::fmt::Debug for Trace {
 }
 
 impl Trace {
+    /// Whether spans of this trace are recorded at all (tracing on): a
+    /// caller skips building names and attributes when not.
+    pub fn is_on(&self) -> bool {
+        self.telemetry.is_on()
+    }
+
+    /// A span that records nothing and passes this trace's context on.
+    pub fn quiet(&self) -> Span {
+        Span {
+            span: None,
+            trace: self.clone(),
+        }
+    }
+
     /// A span under this one, from now, with `attributes`: recorded when
     /// tracing is on (and the trace sampled), else a span that records
     /// nothing and passes this trace's context on.
@@ -226,10 +239,7 @@ impl Trace {
         attributes: Vec<KeyValue>,
     ) -> Span {
         let Some(tracer) = &self.telemetry.tracer else {
-            return Span {
-                span: None,
-                trace: self.clone(),
-            };
+            return self.quiet();
         };
         let span = tracer
             .span_builder(name)
@@ -246,6 +256,11 @@ impl Trace {
                 context,
             },
         }
+    }
+
+    /// Whether there is a trace (ours, or one a request came with).
+    pub fn has_context(&self) -> bool {
+        self.context.span().span_context().is_valid()
     }
 
     /// The trace's id (lowercase hex), when there is a trace.

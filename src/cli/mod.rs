@@ -28,6 +28,7 @@ mod configure;
 mod connect;
 mod credentials;
 mod daemon;
+mod dashboard;
 mod download;
 mod events;
 mod files;
@@ -113,6 +114,9 @@ enum Command {
     Audit(audit::Args),
     /// Serve a workspace's bundles as one MCP server on stdio (for agents).
     Mcp(mcp::Args),
+    /// Print a one-time link that signs you in to the web dashboard
+    /// (`[http] dashboard = true`).
+    Dashboard(dashboard::Args),
     /// Add this daemon's gateway to an agent's MCP client (Claude Desktop,
     /// Claude Code, VS Code, Cursor) beside its other servers, or print
     /// the entry: over stdio, or over HTTP with a token made for it.
@@ -178,6 +182,7 @@ pub fn main() -> ExitCode {
             Command::Token(a) => token::run(&mut client, a).await,
             Command::Files(a) => files::run(&mut client, a).await,
             Command::Connect(a) => connect::run(&mut client, a, &socket).await,
+            Command::Dashboard(a) => dashboard::run(&mut client, a).await,
         }
     });
     match result {

@@ -932,6 +932,16 @@ impl TelemetrySettings {
         let mut problems = Vec::new();
         if let Some(endpoint) = &self.otlp_endpoint {
             match url::Url::parse(endpoint) {
+                // A key in the URL would be printed wherever the endpoint is.
+                Ok(url)
+                    if !url.username().is_empty()
+                        || url.password().is_some()
+                        || url.query().is_some() =>
+                {
+                    problems.push(
+                        "telemetry.otlp_endpoint carries credentials (a user, password or query): give the collector's key in telemetry.headers instead, which is never shown".to_string(),
+                    )
+                }
                 Ok(url) if matches!(url.scheme(), "http" | "https") && url.host().is_some() => {}
                 _ => problems.push(format!(
                     "telemetry.otlp_endpoint {endpoint:?} is not an http:// or https:// URL (e.g. \"http://127.0.0.1:4318\", the collector's OTLP/HTTP port)"
@@ -1024,6 +1034,11 @@ pub struct HttpSettings {
     /// `/healthz` and `/readyz` are always served.
     #[serde(default)]
     pub metrics: bool,
+    /// Serve the operators' web dashboard under `/ui/` (docs/operations.md,
+    /// "The dashboard"): signed in with a one-time link from `bundlevisor
+    /// dashboard`, never with an agent's token.
+    #[serde(default)]
+    pub dashboard: bool,
 }
 
 impl Default for HttpSettings {
@@ -1537,6 +1552,14 @@ mod tests {
             (
                 "otlp_endpoint = \"file:///tmp/x\"",
                 "telemetry.otlp_endpoint",
+            ),
+            (
+                "otlp_endpoint = \"https://u:CANARY@otel:4318\"",
+                "never shown",
+            ),
+            (
+                "otlp_endpoint = \"https://otel:4318/v1/traces?key=CANARY\"",
+                "never shown",
             ),
             ("sample_ratio = -0.5", "telemetry.sample_ratio"),
             ("service_name = \" \"", "telemetry.service_name"),

@@ -150,6 +150,11 @@ pub async fn serve(
         .local_addr()
         .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
     let scheme = if tls.is_some() { "https" } else { "http" };
+    let dashboard = shared
+        .config
+        .http
+        .dashboard
+        .then(|| super::dashboard::router(api.clone(), tls.is_some()));
     let app = Arc::new(App {
         tokens: Mutex::default(),
         api,
@@ -181,6 +186,13 @@ pub async fn serve(
         )
         .with_state(app)
         .merge(ops);
+    let router = match dashboard {
+        Some(ui) => {
+            tracing::info!(%addr, "the dashboard is served at /ui/ (sign in: `bundlevisor dashboard`)");
+            router.merge(ui)
+        }
+        None => router,
+    };
     tracing::info!(%addr, scheme, "MCP gateway listening (/mcp/WORKSPACE)");
     super::conns::serve(listener, tls, router, limits, sandbox, shutdown).await;
 }

@@ -11,6 +11,7 @@ pub mod board;
 pub mod bundle;
 pub mod conns;
 pub mod control;
+pub mod dashboard;
 pub mod folder;
 pub mod gateway;
 pub mod http;
@@ -106,6 +107,8 @@ pub struct Shared {
         std::sync::Mutex<std::collections::HashMap<String, Arc<crate::tool_search::ToolIndex>>>,
     /// Where spans go (`[telemetry]`; nowhere by default).
     pub telemetry: crate::telemetry::Telemetry,
+    /// The dashboard's sign-in codes and sessions.
+    pub dashboard: dashboard::Logins,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -837,6 +840,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
         search_encoder,
         tool_indexes: Default::default(),
         telemetry,
+        dashboard: Default::default(),
         lanes: Default::default(),
         log_lines: tokio::sync::broadcast::channel(4096).0,
         start_permits: Semaphore::new(config.bundles.max_concurrent_starts),

@@ -49,6 +49,8 @@ pub mod method {
     pub const LOG: &str = "log";
     /// The daemon's metrics as Prometheus text (`{"text": ...}`).
     pub const METRICS: &str = "metrics";
+    /// A one-time sign-in link of the web dashboard, for the peer asking.
+    pub const DASHBOARD_LOGIN: &str = "dashboard.login";
     /// Replace the credential encryption key, re-sealing every stored secret.
     pub const ROTATE_KEY: &str = "credentials.rotate_key";
     /// The bundles something is stored for (keys, never values), installed
@@ -418,6 +420,15 @@ pub struct RotateKeyResult {
     /// user_config values and OAuth token sets re-sealed.
     pub values: usize,
     pub token_sets: usize,
+}
+
+/// A one-time sign-in to the dashboard (five minutes, one use).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DashboardLink {
+    /// The link to open (`http(s)://LISTEN/ui/login?code=…`).
+    pub url: String,
+    /// The code alone, for the sign-in form.
+    pub code: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

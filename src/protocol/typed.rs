@@ -137,6 +137,7 @@ methods! {
     dispatched {
         Status(status) = method::STATUS, StatusParams => StatusResult;
         Metrics(metrics) = method::METRICS, NoParams => MetricsResult;
+        DashboardLogin(dashboard_login) = method::DASHBOARD_LOGIN, NoParams => DashboardLink;
         Events(events) = method::EVENTS, NoParams => Subscribed;
         Install(install) = method::INSTALL, InstallParams => BundleResult;
         Uninstall(uninstall) = method::UNINSTALL, UninstallParams => UninstallResult;

@@ -37,7 +37,8 @@ pub fn digest(text: &str) -> Vec<u8> {
     Sha256::digest(text.as_bytes()).to_vec()
 }
 
-fn random_bytes<const N: usize>() -> [u8; N] {
+/// N bytes from the OS's CSPRNG.
+pub fn random_bytes<const N: usize>() -> [u8; N] {
     use chacha20poly1305::aead::rand_core::RngCore;
     let mut bytes = [0u8; N];
     chacha20poly1305::aead::OsRng.fill_bytes(&mut bytes);

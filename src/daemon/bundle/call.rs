@@ -41,15 +41,16 @@ pub enum CallError {
     NoSuchTool,
 }
 
-impl std::fmt::Display for CallError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl CallError {
+    /// What kind of failure, in words that carry nothing of the request.
+    pub fn kind(&self) -> &'static str {
         match self {
-            CallError::NotReady { state, .. } => write!(f, "the bundle is {}", state.as_str()),
-            CallError::Timeout(after) => write!(f, "no answer within {after:?}"),
-            CallError::Failed(why) => f.write_str(why),
-            CallError::Mcp(error) => write!(f, "the bundle answered: {}", error.message),
-            CallError::Cancelled => f.write_str("cancelled by the caller"),
-            CallError::NoSuchTool => f.write_str("no such tool"),
+            CallError::NotReady { .. } => "the bundle is not ready",
+            CallError::Timeout(_) => "the bundle did not answer in time",
+            CallError::Failed(_) => "the request to the bundle failed",
+            CallError::Mcp(_) => "the bundle answered with an MCP error",
+            CallError::Cancelled => "cancelled by the caller",
+            CallError::NoSuchTool => "no such tool",
         }
     }
 }
@@ -166,17 +167,7 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
     // The caller is the bundle's client for as long as the request runs.
     let caller = session.callers.enter(call.caller.clone());
     let mut request = first_request(&call.request);
-    // The request to the bundle is a span of the caller's trace, and the
-    // bundle continues it (`_meta.traceparent`, any revision).
-    let span = bundle_span(&call, &request, session.revision.as_str());
-    if let Some(w3c) = span.trace().w3c() {
-        use rmcp::model::GetMeta;
-        let meta = request.get_meta_mut();
-        meta.set_traceparent(w3c.traceparent);
-        if let Some(state) = w3c.tracestate {
-            meta.set_tracestate(state);
-        }
-    }
+    let span = traced(&call, &mut request, session.revision.as_str());
     // A bundle on 2026-07-28 logs only for a request that asks it to: the
     // level the agent wants goes along.
     if session.revision >= rmcp::model::ProtocolVersion::V_2026_07_28 {
@@ -207,6 +198,10 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
                         e.auth_challenge(),
                     ) =>
             {
+                span.end(
+                    "unauthorized",
+                    Some("401: retried on a session with a new token"),
+                );
                 let generation = lane.leave().generation;
                 let _ = myself.send_message(BundleMsg::AuthExpired {
                     generation,
@@ -251,14 +246,44 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
         }
     };
     drop((lane, caller));
-    match &result {
+    end_span(span, &result);
+    let _ = call.reply.send(result);
+}
+
+/// The request to the bundle as a span of the caller's trace, whose
+/// context the bundle is given to continue (`_meta.traceparent`, on any
+/// revision).
+fn traced(
+    call: &PendingCall,
+    request: &mut ClientRequest,
+    revision: &str,
+) -> crate::telemetry::Span {
+    let span = match call.trace.is_on() {
+        true => bundle_span(call, request, revision),
+        false => call.trace.quiet(),
+    };
+    if let Some(w3c) = span.trace().w3c() {
+        use rmcp::model::GetMeta;
+        let meta = request.get_meta_mut();
+        meta.set_traceparent(w3c.traceparent);
+        if let Some(state) = w3c.tracestate {
+            meta.set_tracestate(state);
+        }
+    }
+    span
+}
+
+/// Ends a request's span with how the bundle answered.
+fn end_span(span: crate::telemetry::Span, result: &Result<ServerResult, CallError>) {
+    match result {
         Ok(ServerResult::CallToolResult(r)) if r.is_error == Some(true) => {
             span.end("tool_error", Some("the tool answered with an error"))
         }
         Ok(_) => span.end("ok", None),
-        Err(e) => span.end("error", Some(&e.to_string())),
+        // The kind only: a transport error's text may carry a remote
+        // bundle's URL, query and all.
+        Err(e) => span.end("error", Some(e.kind())),
     }
-    let _ = call.reply.send(result);
 }
 
 /// The span of a request to the bundle (kind client): the method and the

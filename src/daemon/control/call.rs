@@ -91,7 +91,8 @@ pub(super) async fn call(
             span.end("tool_error", Some("the tool answered with an error"))
         }
         Ok(_) => span.end("ok", None),
-        Err(e) => span.end("error", Some(&e.to_string())),
+        // The kind only: a transport error's text may carry a URL.
+        Err(e) => span.end("error", Some(&format!("{:?}", e.kind()))),
     }
     to_value(answer?)
 }

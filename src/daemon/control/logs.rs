@@ -40,7 +40,7 @@ pub(super) async fn logs(p: LogsParams, ctx: &Ctx, out: &Outbox) -> Result<LogsR
 }
 
 /// The last `n` lines of a file, read backwards in chunks.
-fn tail_lines(path: &Path, n: usize) -> std::io::Result<Vec<String>> {
+pub(crate) fn tail_lines(path: &Path, n: usize) -> std::io::Result<Vec<String>> {
     let mut file = match std::fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),

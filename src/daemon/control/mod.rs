@@ -54,6 +54,7 @@ mod gateway;
 mod handover;
 mod install;
 mod logs;
+pub(crate) use logs::tail_lines;
 mod status;
 mod tokens;
 mod wire;
@@ -693,6 +694,12 @@ impl m::Handlers for Handling<'_> {
     }
     async fn metrics(&self, p: NoParams) -> Result<MetricsResult, RpcError> {
         status::metrics(p, self.ctx).await
+    }
+    async fn dashboard_login(
+        &self,
+        p: NoParams,
+    ) -> Result<crate::protocol::DashboardLink, RpcError> {
+        status::dashboard_login(p, self.ctx)
     }
     async fn events(&self, p: NoParams) -> Result<Subscribed, RpcError> {
         status::events(p, self.ctx, self.out).await

@@ -30,6 +30,30 @@ pub(super) async fn status(p: StatusParams, ctx: &Ctx) -> Result<StatusResult, R
     Ok(ctx.api.status(p.workspace.as_deref(), p.usage)?)
 }
 
+/// A one-time sign-in link of the dashboard for this peer (`uid:N`).
+pub(super) fn dashboard_login(
+    _: NoParams,
+    ctx: &Ctx,
+) -> Result<crate::protocol::DashboardLink, RpcError> {
+    let http = &ctx.shared.config.http;
+    let Some(listen) = http.listen.filter(|_| http.dashboard) else {
+        return Err(RpcError::new(
+            ErrorKind::InvalidParams,
+            "the dashboard is off: set [http] listen and [http] dashboard = true in the daemon's config, then restart it",
+        ));
+    };
+    let scheme = if http.tls_cert.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let code = ctx.shared.dashboard.issue(format!("uid:{}", ctx.peer.uid));
+    Ok(crate::protocol::DashboardLink {
+        url: format!("{scheme}://{listen}/ui/login?code={code}"),
+        code,
+    })
+}
+
 pub(super) async fn metrics(_: NoParams, ctx: &Ctx) -> Result<MetricsResult, RpcError> {
     Ok(MetricsResult {
         text: ctx.api.metrics_text(),

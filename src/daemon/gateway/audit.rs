@@ -80,7 +80,7 @@ struct Line<'a> {
 pub fn trace_of(telemetry: &Telemetry, context: &RequestContext<RoleServer>) -> Trace {
     if let Some(parent) = context.meta.get_traceparent() {
         let trace = telemetry.continued(Some(parent), context.meta.get_tracestate());
-        if trace.trace_id().is_some() {
+        if trace.has_context() {
             return trace;
         }
     }
@@ -113,11 +113,14 @@ impl Audited {
         // A URI's query and fragment may carry what an argument would (a
         // signed URL's signature): never recorded, as arguments are not.
         let name = name.split(['?', '#']).next().unwrap_or_default();
-        let span = trace.span(
-            span_name(action, name),
-            Kind::Server,
-            attributes(action, (workspace, bundle, name), &principal, context),
-        );
+        let span = match trace.is_on() {
+            true => trace.span(
+                span_name(action, name),
+                Kind::Server,
+                attributes(action, (workspace, bundle, name), &principal, context),
+            ),
+            false => trace.quiet(),
+        };
         Audited {
             principal,
             action,

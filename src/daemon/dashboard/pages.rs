@@ -1,0 +1,412 @@
+//! The dashboard's pages: HTML written here, escaped at every value, one
+//! small stylesheet and one small script (live rows and logs); nothing
+//! fetched from elsewhere.
+
+use crate::protocol::{BundleStatus, StatusResult, TokenInfo};
+
+/// `text` safe inside HTML text and attribute values.
+pub fn esc(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A path segment (workspace and bundle names are plain, but never trusted).
+pub fn path(segment: &str) -> String {
+    percent_encoding::utf8_percent_encode(segment, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+const STYLE: &str = "body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}\
+header{background:#1d2330;color:#fff;padding:10px 20px;display:flex;gap:18px;align-items:center}\
+header a{color:#cfe0ff;text-decoration:none}header b{margin-right:auto}\
+main{padding:16px 20px;max-width:1200px}table{border-collapse:collapse;width:100%;background:#fff}\
+th,td{text-align:left;padding:6px 8px;border-bottom:1px solid #e3e6ea;vertical-align:top}\
+th{background:#eef1f5;font-weight:600}.state{font-weight:600}.ready{color:#137333}.failed,.needs_config,.needs_auth{color:#b3261e}\
+.starting,.restarting,.backoff,.unpacking{color:#a15c00}pre{background:#0f1420;color:#d7e0ee;padding:10px;overflow:auto;max-height:360px}\
+section{background:#fff;padding:12px 16px;margin:14px 0;border:1px solid #e3e6ea}form.inline{display:inline}\
+textarea{width:100%;min-width:320px;font-family:monospace}.err{color:#b3261e}.once{background:#fff8d6;padding:8px;border:1px solid #e8d37a}\
+button{cursor:pointer}";
+
+/// A whole page: the title, the navigation (with sign-out when signed in)
+/// and `body`.
+fn layout(title: &str, csrf: Option<&str>, body: &str, script: &str) -> String {
+    let nav = match csrf {
+        Some(csrf) => format!(
+            "<a href=\"/ui/\">Bundles</a><a href=\"/ui/files\">Files</a><a href=\"/ui/tokens\">Tokens</a>\
+             <form class=inline method=post action=\"/ui/logout\"><input type=hidden name=csrf value=\"{}\"><button>Sign out</button></form>",
+            esc(csrf)
+        ),
+        None => String::new(),
+    };
+    format!(
+        "<!doctype html><html lang=en><head><meta charset=utf-8><meta name=viewport content=\"width=device-width\">\
+         <title>{} · bundlevisor</title><style>{STYLE}</style></head><body><header><b>bundlevisor</b>{nav}</header>\
+         <main>{body}</main>{script}</body></html>",
+        esc(title)
+    )
+}
+
+pub fn message(title: &str, text: &str) -> String {
+    layout(
+        title,
+        None,
+        &format!(
+            "<h1>{}</h1><p>{}</p><p><a href=\"/ui/\">Back</a></p>",
+            esc(title),
+            esc(text)
+        ),
+        "",
+    )
+}
+
+pub fn refused(agent: bool) -> String {
+    let text = if agent {
+        "That is an agent's access token. Agents' tokens never open the dashboard: run `bundlevisor dashboard` on the daemon's host for a sign-in link."
+    } else {
+        "Sign in with a link from `bundlevisor dashboard`; a bearer token is not taken here."
+    };
+    layout(
+        "Refused",
+        None,
+        &format!("<h1>Refused</h1><p id=why>{}</p>", esc(text)),
+        "",
+    )
+}
+
+pub fn login(why: Option<&str>) -> String {
+    let why = why.map_or(String::new(), |w| {
+        format!("<p class=err id=why>{}</p>", esc(w))
+    });
+    layout(
+        "Sign in",
+        None,
+        &format!(
+            "<h1>Sign in</h1>{why}<p>Run <code>bundlevisor dashboard</code> on the daemon's host and open the link it prints, \
+             or paste its code here.</p><form method=post action=\"/ui/login\"><input name=code size=50 autocomplete=off> \
+             <button>Sign in</button></form>"
+        ),
+        "",
+    )
+}
+
+fn human_bytes(bytes: Option<u64>) -> String {
+    match bytes {
+        Some(b) if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1 << 20) as f64),
+        Some(b) => format!("{} KiB", b / 1024),
+        None => "-".into(),
+    }
+}
+
+fn uptime(secs: Option<u64>) -> String {
+    match secs {
+        Some(s) if s >= 3600 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
+        Some(s) if s >= 60 => format!("{}m{:02}s", s / 60, s % 60),
+        Some(s) => format!("{s}s"),
+        None => "-".into(),
+    }
+}
+
+/// One bundle's cells, by key (the live script fills the same keys).
+fn cells(b: &BundleStatus) -> Vec<(&'static str, String)> {
+    let usage = b.usage.as_ref();
+    vec![
+        ("state", b.state.as_str().to_string()),
+        ("version", b.version.clone().unwrap_or_else(|| "-".into())),
+        ("restarts", b.restarts.to_string()),
+        ("uptime", uptime(b.uptime_secs)),
+        (
+            "memory",
+            human_bytes(usage.and_then(|u| u.memory_bytes.or(u.rss_bytes))),
+        ),
+        (
+            "cpu",
+            usage
+                .and_then(|u| u.cpu_usec)
+                .map_or("-".into(), |c| format!("{:.1} s", c as f64 / 1e6)),
+        ),
+        ("tools", b.tools.to_string()),
+        ("error", b.last_error.clone().unwrap_or_default()),
+    ]
+}
+
+fn row_id(b: &BundleStatus) -> String {
+    format!("b-{}-{}", path(&b.workspace), path(&b.name))
+}
+
+/// Every bundle's row for the live script: `[{id, cells…}]`.
+pub fn rows_json(status: &StatusResult) -> String {
+    let rows: Vec<serde_json::Value> = status
+        .bundles
+        .iter()
+        .map(|b| {
+            let mut row = serde_json::Map::new();
+            row.insert("id".into(), row_id(b).into());
+            for (k, v) in cells(b) {
+                row.insert(k.into(), v.into());
+            }
+            row.into()
+        })
+        .collect();
+    serde_json::Value::Array(rows).to_string()
+}
+
+const LIVE_ROWS: &str = "<script>(function(){var s=new EventSource('/ui/live');\
+s.addEventListener('status',function(e){JSON.parse(e.data).forEach(function(r){var tr=document.getElementById(r.id);\
+if(!tr)return;tr.querySelectorAll('[data-k]').forEach(function(td){var k=td.getAttribute('data-k');\
+if(r[k]!==undefined&&td.textContent!==r[k]){td.textContent=r[k];if(k==='state')td.className='state '+r[k];}});});});})();</script>";
+
+pub fn overview(csrf: &str, principal: &str, status: &StatusResult) -> String {
+    let mut rows = String::new();
+    for b in &status.bundles {
+        let mut tds = format!(
+            "<td>{}</td><td><a href=\"/ui/bundle/{}/{}\">{}</a></td>",
+            esc(&b.workspace),
+            path(&b.workspace),
+            path(&b.name),
+            esc(&b.name)
+        );
+        for (k, v) in cells(b) {
+            let class = if k == "state" {
+                format!(" class=\"state {}\"", esc(&v))
+            } else {
+                String::new()
+            };
+            tds.push_str(&format!("<td data-k={k}{class}>{}</td>", esc(&v)));
+        }
+        rows.push_str(&format!("<tr id=\"{}\">{tds}</tr>", row_id(b)));
+    }
+    let workspaces: String = status
+        .workspaces
+        .iter()
+        .map(|w| format!("<option>{}</option>", esc(w)))
+        .collect();
+    let body = format!(
+        "<h1>Bundles</h1><p>Signed in as {}. {} bundles in {} workspaces.</p>\
+         <table id=bundles><tr><th>Workspace</th><th>Bundle</th><th>State</th><th>Version</th><th>Restarts</th>\
+         <th>Uptime</th><th>Memory</th><th>CPU</th><th>Tools</th><th>Last error</th></tr>{rows}</table>\
+         <section><h2>Install</h2><form method=post action=\"/ui/install\" enctype=\"multipart/form-data\">\
+         <input type=hidden name=csrf value=\"{}\"><input type=file name=archive accept=\".mcpb\"> into \
+         <select name=workspace>{workspaces}</select> <button id=install>Install</button></form></section>",
+        esc(principal),
+        status.bundles.len(),
+        status.workspaces.len(),
+        esc(csrf)
+    );
+    layout("Bundles", Some(csrf), &body, LIVE_ROWS)
+}
+
+/// What a bundle's page shows.
+pub struct BundleView<'a> {
+    pub status: &'a BundleStatus,
+    pub tools: &'a [rmcp::model::Tool],
+    /// The tail of its log.
+    pub lines: &'a [String],
+    /// Its manifest's settings: key, title, sensitive.
+    pub settings: &'a [(String, String, bool)],
+    /// A tool just called: its name, its answer's text, whether an error.
+    pub called: Option<(String, String, bool)>,
+}
+
+/// The settings form: every field empty (a sensitive value is never
+/// shown; an empty field leaves the value as it is).
+fn settings_form(base: &str, hidden: &str, settings: &[(String, String, bool)]) -> String {
+    if settings.is_empty() {
+        return String::new();
+    }
+    let fields: String = settings
+        .iter()
+        .map(|(key, title, sensitive)| {
+            let (kind, hint) = if *sensitive {
+                ("password", "write-only: never shown; empty keeps it")
+            } else {
+                ("text", "empty keeps it")
+            };
+            format!(
+                "<tr><th>{}</th><td><input type={kind} name=\"cfg.{}\" autocomplete=off placeholder=\"{hint}\" size=40></td></tr>",
+                esc(if title.is_empty() { key } else { title }),
+                esc(key)
+            )
+        })
+        .collect();
+    format!(
+        "<section><h2>Settings</h2><form method=post action=\"{base}/configure\">{hidden}<table>{fields}</table>\
+         <button id=configure>Save and restart</button></form></section>"
+    )
+}
+
+pub fn bundle(csrf: &str, view: BundleView) -> String {
+    let BundleView {
+        status: b,
+        tools,
+        lines,
+        settings,
+        called,
+    } = view;
+    let base = format!("/ui/bundle/{}/{}", path(&b.workspace), path(&b.name));
+    let facts: String = cells(b)
+        .into_iter()
+        .map(|(k, v)| {
+            let class = if k == "state" {
+                format!(" class=\"state {}\"", esc(&v))
+            } else {
+                String::new()
+            };
+            format!(
+                "<tr><th>{k}</th><td data-k={k}{class}>{}</td></tr>",
+                esc(&v)
+            )
+        })
+        .collect();
+    let hidden = format!("<input type=hidden name=csrf value=\"{}\">", esc(csrf));
+    let answer = match called {
+        Some((tool, text, error)) => format!(
+            "<section><h2>{} answered{}</h2><pre id=answer>{}</pre></section>",
+            esc(&tool),
+            if error { " with an error" } else { "" },
+            esc(&text)
+        ),
+        None => String::new(),
+    };
+    let mut tool_rows = String::new();
+    for t in tools {
+        let schema = serde_json::to_string(&t.input_schema).unwrap_or_default();
+        tool_rows.push_str(&format!(
+            "<tr><td><b>{}</b><br>{}<br><small><code>{}</code></small></td><td><form method=post action=\"{base}/call\">{hidden}\
+             <input type=hidden name=tool value=\"{}\"><textarea name=arguments rows=2 placeholder='{{}}'></textarea>\
+             <button id=\"call-{}\">Call</button></form></td></tr>",
+            esc(&t.name),
+            esc(t.description.as_deref().unwrap_or_default()),
+            esc(&schema),
+            esc(&t.name),
+            esc(&t.name)
+        ));
+    }
+    let log: String = lines.iter().map(|l| esc(l) + "\n").collect();
+    let body = format!(
+        "<h1>{} <small>in {}</small></h1><table id=facts>{facts}</table>\
+         <p><form class=inline method=post action=\"{base}/restart\">{hidden}<button id=restart>Restart</button></form> \
+         <form class=inline method=post action=\"{base}/uninstall\">{hidden}<button id=uninstall>Uninstall</button></form></p>\
+         {answer}<section><h2>Tools</h2><table>{tool_rows}</table></section>{}\
+         <section><h2>Log</h2><pre id=log>{log}</pre></section>",
+        esc(&b.name),
+        esc(&b.workspace),
+        settings_form(&base, &hidden, settings)
+    );
+    let script = format!(
+        "<script>(function(){{var log=document.getElementById('log');var s=new EventSource('{base}/logs');\
+         s.addEventListener('log',function(e){{log.appendChild(document.createTextNode(e.data+'\\n'));log.scrollTop=log.scrollHeight;}});\
+         var id='{}';var l=new EventSource('/ui/live');l.addEventListener('status',function(e){{JSON.parse(e.data).forEach(function(r){{\
+         if(r.id!==id)return;document.querySelectorAll('#facts [data-k]').forEach(function(td){{var k=td.getAttribute('data-k');\
+         if(r[k]!==undefined&&td.textContent!==r[k]){{td.textContent=r[k];if(k==='state')td.className='state '+r[k];}}}});}});}});}})();</script>",
+        row_id(b)
+    );
+    layout(&b.name, Some(csrf), &body, &script)
+}
+
+/// A token just made: shown this once, with the client entry that uses it.
+pub struct Made {
+    pub name: String,
+    pub token: String,
+    /// The `mcpServers` entry for an agent's client.
+    pub entry: String,
+}
+
+pub fn tokens(csrf: &str, list: &[TokenInfo], made: Option<Made>) -> String {
+    let once = match made {
+        Some(made) => format!(
+            "<div class=once><p>Token <b>{}</b> made. Its text is shown this once: <code id=token>{}</code></p>\
+             <p>An agent's MCP client (Claude Code, Cursor, VS Code) takes it so (<code>bundlevisor connect</code> writes it for you):</p>\
+             <pre id=entry>{}</pre></div>",
+            esc(&made.name),
+            esc(&made.token),
+            esc(&made.entry)
+        ),
+        None => String::new(),
+    };
+    let rows: String = list
+        .iter()
+        .map(|t| {
+            format!(
+                "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&t.name),
+                esc(&t.workspace),
+                esc(t.profile.as_deref().unwrap_or("-")),
+                esc(&[
+                    t.allow.join(" "),
+                    t.deny
+                        .iter()
+                        .map(|d| format!("deny {d}"))
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                ]
+                .join(" ")),
+                if t.expired { "expired" } else { "live" }
+            )
+        })
+        .collect();
+    let body = format!(
+        "<h1>Agents' tokens</h1>{once}<table id=tokens><tr><th>Name</th><th>Workspace</th><th>Profile</th><th>Rules</th><th></th></tr>{rows}</table>\
+         <section><h2>New token</h2><form method=post action=\"/ui/tokens\"><input type=hidden name=csrf value=\"{}\">\
+         name <input name=name> workspace <input name=workspace placeholder=default> profile <input name=profile> \
+         <button id=create>Create</button></form></section>",
+        esc(csrf)
+    );
+    layout("Tokens", Some(csrf), &body, "")
+}
+
+pub fn files(
+    csrf: &str,
+    workspace: &str,
+    workspaces: &[String],
+    list: &[crate::protocol::FileRecord],
+) -> String {
+    let choose: String = workspaces
+        .iter()
+        .map(|w| {
+            let selected = if w == workspace { " selected" } else { "" };
+            format!("<option{selected}>{}</option>", esc(w))
+        })
+        .collect();
+    let rows: String = list
+        .iter()
+        .map(|f| {
+            format!(
+                "<tr><td>{}</td><td><code>files://{}</code></td><td>{}</td><td>{} B</td><td>{}</td><td>{}</td></tr>",
+                esc(&f.filename),
+                esc(&f.id),
+                esc(&f.mime_type),
+                f.size,
+                esc(&f.tags.join(", ")),
+                esc(&f.created_at)
+            )
+        })
+        .collect();
+    let body = format!(
+        "<h1>Files of {}</h1><form method=get action=\"/ui/files\"><select name=workspace>{choose}</select> <button>Show</button></form>\
+         <table id=files><tr><th>Name</th><th>URI</th><th>Type</th><th>Size</th><th>Tags</th><th>Added</th></tr>{rows}</table>\
+         <p>Bundles read these through host-resources; <code>bundlevisor files put</code> adds one.</p>",
+        esc(workspace)
+    );
+    layout("Files", Some(csrf), &body, "")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_value_is_escaped() {
+        assert_eq!(
+            super::esc("<script>\"x\" & 'y'</script>"),
+            "&lt;script&gt;&quot;x&quot; &amp; &#39;y&#39;&lt;/script&gt;"
+        );
+        assert_eq!(super::path("a b/c"), "a%20b%2Fc");
+    }
+}

@@ -1,0 +1,408 @@
+//! Issue 36, the dashboard in a real browser: Debian's chromium, headless,
+//! driven through chromedriver's WebDriver (fantoccini). Signing in with
+//! the link `bundlevisor dashboard` prints, an agent's token refused (in
+//! the sign-in form and as a bearer), the bundle list following a crash
+//! and the restart without a reload, a tool called from its form, the log
+//! followed live, an archive made by the real `mcpb pack` installed by
+//! upload, a token made (its text shown once), and a change without the
+//! form's CSRF token refused. Screenshots of the pages go to
+//! `target/dashboard/` (the ones in docs/ were taken from it).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::{demo_bundle_at, free_port, mcpb_pack, write_bundle, Daemon, DEMO_MANIFEST};
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{json, Value};
+
+/// chromedriver on a port of its own, stopped when dropped.
+struct Driver(Child, u16);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn chromedriver() -> Driver {
+    let bin = Path::new("/usr/bin/chromedriver");
+    assert!(
+        bin.exists(),
+        "chromedriver is not installed; run `make sysdeps` (make test does: chromium, chromium-driver)"
+    );
+    let port = free_port();
+    let child = Command::new(bin)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    common::wait_for(Duration::from_secs(20), "chromedriver to listen", || {
+        std::net::TcpStream::connect(("127.0.0.1", port)).ok()
+    });
+    Driver(child, port)
+}
+
+async fn browser(driver: &Driver, profile: &Path) -> Client {
+    let mut caps = serde_json::Map::new();
+    caps.insert(
+        "goog:chromeOptions".into(),
+        json!({
+            "binary": "/usr/bin/chromium",
+            "args": [
+                "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                "--disable-quic", "--no-first-run", "--disable-background-networking",
+                "--disable-component-update", "--disable-sync", "--window-size=1280,900",
+                format!("--user-data-dir={}", profile.display()),
+            ],
+        }),
+    );
+    ClientBuilder::native()
+        .capabilities(caps)
+        .connect(&format!("http://127.0.0.1:{}", driver.1))
+        .await
+        .expect("a chromium session")
+}
+
+/// The text of `css` once `done` holds for it (polled, bounded).
+async fn text_when(client: &Client, css: &str, what: &str, done: impl Fn(&str) -> bool) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut last = String::new();
+    loop {
+        if let Ok(element) = client.find(Locator::Css(css)).await {
+            if let Ok(text) = element.text().await {
+                if done(&text) {
+                    return text;
+                }
+                last = text;
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            let page = client.source().await.unwrap_or_default();
+            panic!("{what}: {css} still says {last:?}; the page:\n{page}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn screenshot(client: &Client, name: &str) {
+    let png = client.screenshot().await.unwrap();
+    assert!(png.starts_with(b"\x89PNG"));
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/dashboard");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
+}
+
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    tokio::task::block_in_place(f)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_runs_the_daemon_from_a_browser() {
+    let port = free_port();
+    let d = Daemon::start_with(&format!(
+        "[http]\nlisten = \"127.0.0.1:{port}\"\ndashboard = true\n"
+    ));
+    blocking(|| d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]));
+    let base = format!("http://127.0.0.1:{port}");
+    let agent_token = blocking(|| {
+        d.ok(&["token", "create", "--name", "an-agent"])
+            .trim()
+            .to_string()
+    });
+
+    // An agent's token is no way in: as a bearer, or in the sign-in form.
+    let raw = reqwest::Client::new()
+        .get(format!("{base}/ui/"))
+        .bearer_auth(&agent_token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 403);
+    assert!(raw
+        .text()
+        .await
+        .unwrap()
+        .contains("agent&#39;s access token"));
+    let unsigned = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(format!("{base}/ui/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unsigned.status(), 303, "no session: to the sign-in page");
+
+    let driver = blocking(chromedriver);
+    let profile = tempfile::tempdir().unwrap();
+    let client = browser(&driver, profile.path()).await;
+    client.goto(&format!("{base}/ui/login")).await.unwrap();
+    let field = client.find(Locator::Css("input[name=code]")).await.unwrap();
+    field.send_keys(&agent_token).await.unwrap();
+    client
+        .find(Locator::Css("form button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let why = text_when(&client, "#why", "the agent token's refusal", |t| {
+        !t.is_empty()
+    })
+    .await;
+    assert!(why.contains("agent's access token"), "{why}");
+    assert!(why.contains("bundlevisor dashboard"), "{why}");
+
+    // Signed in with the one-time link.
+    let link: Value = blocking(|| serde_json::from_str(&d.ok(&["dashboard", "--json"])).unwrap());
+    let url = link["url"].as_str().unwrap();
+    assert!(url.starts_with(&format!("{base}/ui/login?code=")), "{url}");
+    client.goto(url).await.unwrap();
+    let row = "#b-default-demo [data-k=state]";
+    text_when(&client, row, "the demo bundle listed ready", |t| {
+        t == "ready"
+    })
+    .await;
+    // The link works once.
+    let again = reqwest::get(url).await.unwrap();
+    assert_eq!(again.status(), 403);
+
+    // The list follows a crash and the restart, without a reload.
+    let marker = "not reloaded";
+    client
+        .execute("window.bvMarker = arguments[0];", vec![json!(marker)])
+        .await
+        .unwrap();
+    let restarts = "#b-default-demo [data-k=restarts]";
+    assert_eq!(
+        text_when(&client, restarts, "restarts", |_| true).await,
+        "0"
+    );
+    let _ = blocking(|| d.cli(&["call", "demo", "crash", "{}"]));
+    text_when(&client, restarts, "the restart counted", |t| t == "1").await;
+    text_when(&client, row, "ready again", |t| t == "ready").await;
+    let kept = client
+        .execute("return window.bvMarker;", vec![])
+        .await
+        .unwrap();
+    assert_eq!(kept, json!(marker), "the page was reloaded");
+
+    // A bundle's page: a tool called from its form, the log followed.
+    client
+        .goto(&format!("{base}/ui/bundle/default/demo"))
+        .await
+        .unwrap();
+    let args = client
+        .find(Locator::Css("form:has(#call-echo) textarea"))
+        .await
+        .unwrap();
+    args.send_keys(r#"{"text": "hello from chromium"}"#)
+        .await
+        .unwrap();
+    client
+        .find(Locator::Css("#call-echo"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let answer = text_when(&client, "#answer", "the echo's answer", |t| !t.is_empty()).await;
+    assert_eq!(answer, "hello from chromium");
+    let _ = blocking(|| d.ok(&["call", "demo", "sleep", r#"{"ms": 7}"#]));
+    text_when(&client, "#log", "the log line, live", |t| {
+        t.contains("demo: sleeping 7 ms")
+    })
+    .await;
+    screenshot(&client, "bundle").await;
+
+    // A change without the form's token is refused, even with the session.
+    let cookie = client.get_named_cookie("bv_session").await.unwrap();
+    let forged = reqwest::Client::new()
+        .post(format!("{base}/ui/bundle/default/demo/uninstall"))
+        .header("Cookie", format!("bv_session={}", cookie.value()))
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .body("csrf=wrong")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 403);
+    assert!(
+        blocking(|| d.bundle("default", "demo")).is_some(),
+        "still installed"
+    );
+
+    // An archive packed by the real mcpb CLI, installed by upload.
+    let dir = tempfile::tempdir().unwrap();
+    let folder = demo_bundle_at(dir.path(), "uploaded");
+    let archive = dir.path().join("uploaded.mcpb");
+    blocking(|| mcpb_pack(&folder, &archive));
+    client.goto(&format!("{base}/ui/")).await.unwrap();
+    let file = client.find(Locator::Css("input[type=file]")).await.unwrap();
+    file.send_keys(archive.to_str().unwrap()).await.unwrap();
+    client
+        .find(Locator::Css("#install"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    text_when(
+        &client,
+        "#facts [data-k=state]",
+        "the upload's bundle ready",
+        |t| t == "ready",
+    )
+    .await;
+    let uploaded = blocking(|| d.wait_state("default", "uploaded", "ready"));
+    assert_eq!(uploaded["archive"]["signature"], "unsigned", "{uploaded}");
+    let uploads = d.state.join("uploads");
+    assert_eq!(
+        std::fs::read_dir(&uploads).unwrap().count(),
+        0,
+        "the upload is not kept"
+    );
+
+    // A sensitive setting, entered write-only: the bundle gets it, no
+    // page shows it.
+    let secret = "sk-CANARY-dashboard-5e1";
+    blocking(|| {
+        let mut m: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+        m["name"] = json!("keyed");
+        m["user_config"] = json!({"api_key": {"type": "string", "title": "API key",
+            "description": "API key", "required": true, "sensitive": true}});
+        m["server"]["mcp_config"]["env"] = json!({ "DEMO_API_KEY": "${user_config.api_key}" });
+        let folder = write_bundle(&d.root().join("bundles"), "keyed", &m);
+        d.ok(&["install", "--no-wait", folder.to_str().unwrap()]);
+        d.wait_state("default", "keyed", "needs_config");
+    });
+    client
+        .goto(&format!("{base}/ui/bundle/default/keyed"))
+        .await
+        .unwrap();
+    let field = client
+        .find(Locator::Css("input[name='cfg.api_key']"))
+        .await
+        .unwrap();
+    assert_eq!(
+        field.attr("type").await.unwrap().as_deref(),
+        Some("password")
+    );
+    field.send_keys(secret).await.unwrap();
+    client
+        .find(Locator::Css("#configure"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    text_when(
+        &client,
+        "#facts [data-k=state]",
+        "the configured bundle ready",
+        |t| t == "ready",
+    )
+    .await;
+    let args = client
+        .find(Locator::Css("form:has(#call-env) textarea"))
+        .await
+        .unwrap();
+    args.send_keys(r#"{"name": "DEMO_API_KEY"}"#).await.unwrap();
+    client
+        .find(Locator::Css("#call-env"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(
+        text_when(&client, "#answer", "the key in the bundle", |t| !t
+            .is_empty())
+        .await,
+        secret
+    );
+    client
+        .goto(&format!("{base}/ui/bundle/default/keyed"))
+        .await
+        .unwrap();
+    assert!(
+        !client.source().await.unwrap().contains(secret),
+        "a page shows the key"
+    );
+    client.goto(&format!("{base}/ui/")).await.unwrap();
+    assert!(
+        !client.source().await.unwrap().contains(secret),
+        "a page shows the key"
+    );
+
+    // The workspace's files.
+    blocking(|| d.put_file("report.csv", b"a,b\n1,2\n"));
+    client.goto(&format!("{base}/ui/files")).await.unwrap();
+    text_when(&client, "#files", "the file listed", |t| {
+        t.contains("report.csv")
+    })
+    .await;
+    client.goto(&format!("{base}/ui/")).await.unwrap();
+    text_when(
+        &client,
+        "#b-default-keyed [data-k=state]",
+        "every bundle listed",
+        |t| t == "ready",
+    )
+    .await;
+    screenshot(&client, "overview").await;
+
+    // A token: its text shown once with the client entry, then only its name.
+    client.goto(&format!("{base}/ui/tokens")).await.unwrap();
+    client
+        .find(Locator::Css("input[name=name]"))
+        .await
+        .unwrap()
+        .send_keys("from-the-browser")
+        .await
+        .unwrap();
+    client
+        .find(Locator::Css("#create"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let text = text_when(&client, "#token", "the new token's text", |t| !t.is_empty()).await;
+    let entry: Value =
+        serde_json::from_str(&text_when(&client, "#entry", "the entry", |t| !t.is_empty()).await)
+            .unwrap();
+    let server = &entry["mcpServers"]["bundlevisor-default"];
+    assert_eq!(server["url"], format!("{base}/mcp/default"), "{entry}");
+    assert_eq!(
+        server["headers"]["Authorization"],
+        format!("Bearer {text}"),
+        "{entry}"
+    );
+    client.goto(&format!("{base}/ui/tokens")).await.unwrap();
+    screenshot(&client, "tokens").await;
+    let page = client.source().await.unwrap();
+    assert!(page.contains("from-the-browser") && !page.contains(&text));
+    let listed = blocking(|| d.ok(&["token", "ls", "--json"]));
+    assert!(listed.contains("from-the-browser"), "{listed}");
+
+    client.close().await.unwrap();
+}
+
+/// Off by default: no dashboard, and `bundlevisor dashboard` says how to
+/// turn it on.
+#[test]
+fn the_dashboard_is_off_unless_configured() {
+    let port = free_port();
+    let d = Daemon::start_with(&format!("[http]\nlisten = \"127.0.0.1:{port}\"\n"));
+    let out = d.cli(&["dashboard"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("[http] dashboard = true"), "{stderr}");
+    let answer = common::http_get(port, "/ui/");
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer}");
+}
