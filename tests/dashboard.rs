@@ -163,14 +163,44 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
     let url = link["url"].as_str().unwrap();
     assert!(url.starts_with(&format!("{base}/ui/login?code=")), "{url}");
     client.goto(url).await.unwrap();
+    // Opening the link fills the code in; the page's own button signs in.
+    client
+        .find(Locator::Css("#signin"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
     let row = "#b-default-demo [data-k=state]";
     text_when(&client, row, "the demo bundle listed ready", |t| {
         t == "ready"
     })
     .await;
     // The link works once.
-    let again = reqwest::get(url).await.unwrap();
+    let code = link["code"].as_str().unwrap();
+    let again = reqwest::Client::new()
+        .post(format!("{base}/ui/login"))
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .body(format!("code={code}"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(again.status(), 403);
+    assert!(again
+        .text()
+        .await
+        .unwrap()
+        .contains("unknown, used or expired"));
+    // Another site cannot sign a browser in (as whoever it has a code of).
+    let planted = reqwest::Client::new()
+        .post(format!("{base}/ui/login"))
+        .header("Origin", "http://evil.example")
+        .header("Content-Type", "application/x-www-form-urlencoded")
+        .body("code=anything")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(planted.status(), 403);
 
     // The list follows a crash and the restart, without a reload.
     let marker = "not reloaded";
@@ -389,6 +419,42 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
     assert!(page.contains("from-the-browser") && !page.contains(&text));
     let listed = blocking(|| d.ok(&["token", "ls", "--json"]));
     assert!(listed.contains("from-the-browser"), "{listed}");
+
+    // Signing out ends the session, and the live views it had open.
+    let cookie = client.get_named_cookie("bv_session").await.unwrap();
+    let cookie = format!("bv_session={}", cookie.value());
+    let mut live = reqwest::Client::new()
+        .get(format!("{base}/ui/live"))
+        .header("Cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(live.status(), 200);
+    let first = live.chunk().await.unwrap().unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("event: status"));
+    client
+        .find(Locator::Css("header form button"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    text_when(&client, "input[name=code]", "the sign-in page", |_| true).await;
+    let ended = tokio::time::timeout(Duration::from_secs(20), async {
+        while live.chunk().await.ok().flatten().is_some() {}
+    })
+    .await;
+    assert!(ended.is_ok(), "a live view outlived its session");
+    let after = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(format!("{base}/ui/"))
+        .header("Cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(after.status(), 303, "the cookie still works after sign-out");
 
     client.close().await.unwrap();
 }

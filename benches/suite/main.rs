@@ -27,7 +27,8 @@
 //!   bundles over 1, 10 and 100 workspaces ([`scale`]).
 //!
 //! - tracing: the same HTTP call with `[telemetry]` off and on (spans
-//!   exported over OTLP), in alternating rounds ([`traces`]).
+//!   exported over OTLP), in alternating rounds, and the dashboard's page
+//!   loads ([`traces`]).
 //!
 //! - search: the tool search ranking's recall on real servers' tools and
 //!   agents' queries, one search at 1,000 and 10,000 tools, and the bytes

@@ -1,4 +1,11 @@
-//! What tracing costs a call (issue 36): the same `echo` over the HTTP
+//! What the operator's views cost (issue 36): a dashboard page load, and
+//! what tracing costs a call.
+//!
+//! Page loads: `GET /ui/` and a bundle's page over the daemon's listener
+//! with a signed-in session (as a browser asks for the HTML; its one
+//! script and no other resource), one after the other, and the bytes.
+//!
+//! Tracing: the same `echo` over the HTTP
 //! gateway of two daemons side by side, one with `[telemetry]` off and one
 //! exporting every call's spans (the gateway's and its request to the
 //! bundle) over OTLP, in alternating rounds, each agent sending a
@@ -43,9 +50,13 @@ async fn collector() -> (u16, Arc<AtomicU64>) {
     (port, bytes)
 }
 
-/// A daemon under `root` with the demo bundle `gw` and the HTTP gateway,
-/// `telemetry` in its config; an agent of it over HTTP.
-async fn daemon(root: &Path, telemetry: &str) -> (BenchDaemon, RunningService<RoleClient, ()>) {
+/// A daemon under `root` with the demo bundle `gw` and the HTTP gateway
+/// (and the dashboard), `telemetry` in its config; an agent of it over
+/// HTTP, and the listener's port.
+async fn daemon(
+    root: &Path,
+    telemetry: &str,
+) -> (BenchDaemon, RunningService<RoleClient, ()>, u16) {
     std::fs::create_dir_all(root.join("watched")).unwrap();
     std::fs::create_dir_all(root.join("bundles")).unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -53,7 +64,7 @@ async fn daemon(root: &Path, telemetry: &str) -> (BenchDaemon, RunningService<Ro
         .map(|a| a.port())
         .unwrap();
     let config = format!(
-        "{CONFIG}{telemetry}[http]\nlisten = \"127.0.0.1:{port}\"\nrate_per_sec = 1000000.0\nburst = 1000000\n"
+        "{CONFIG}{telemetry}[http]\nlisten = \"127.0.0.1:{port}\"\nrate_per_sec = 1000000.0\nburst = 1000000\ndashboard = true\n"
     );
     let d = BenchDaemon::start(root, Some(&config)).await;
     let mut ctl = d.connect().await;
@@ -69,7 +80,57 @@ async fn daemon(root: &Path, telemetry: &str) -> (BenchDaemon, RunningService<Ro
     let agent = rmcp::ServiceExt::serve((), http_transport(port, &token))
         .await
         .expect("initialize over HTTP");
-    (d, agent)
+    (d, agent, port)
+}
+
+/// `n` loads of each page (after a few unmeasured), signed in with a
+/// one-time code from the control socket: the rows, with the bytes.
+async fn page_loads(d: &BenchDaemon, port: u16, n: usize) -> Vec<Row> {
+    let mut ctl = d.connect().await;
+    let link = call(&mut ctl, method::DASHBOARD_LOGIN, json!({})).await;
+    let http = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let signed = http
+        .get(link["url"].as_str().expect("a sign-in link"))
+        .send()
+        .await
+        .unwrap();
+    let cookie = signed
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .expect("a session cookie")
+        .to_string();
+    let mut rows = Vec::new();
+    for (what, path) in [
+        ("the bundles", "/ui/"),
+        ("a bundle's page", "/ui/bundle/default/gw"),
+    ] {
+        let (mut sample, mut bytes) = (Vec::with_capacity(n), 0);
+        for i in 0..n + 5 {
+            let start = Instant::now();
+            let page = http
+                .get(format!("http://127.0.0.1:{port}{path}"))
+                .header("Cookie", &cookie)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(page.status(), 200, "{path}");
+            bytes = page.bytes().await.unwrap().len();
+            if i >= 5 {
+                sample.push(start.elapsed());
+            }
+        }
+        rows.push(Row::latency(
+            &format!("dashboard: GET {what} ({path}, {bytes} B)"),
+            summarize(sample),
+            None,
+        ));
+    }
+    rows
 }
 
 /// `n` echo calls, each with a new `traceparent` in `_meta`.
@@ -94,15 +155,16 @@ async fn traced_calls(client: &RunningService<RoleClient, ()>, n: usize) -> Vec<
     sample
 }
 
+/// The dashboard's page loads and tracing's cost (see the module's text).
 pub async fn cost(root: &Path) -> Vec<Row> {
     let n = scaled(2000);
     let (port, exported) = collector().await;
-    let (off_daemon, off) = daemon(&root.join("tracing-off"), "").await;
+    let (off_daemon, off, off_port) = daemon(&root.join("tracing-off"), "").await;
     // Each daemon on a host has a uid range of its own.
     let on_config = format!(
         "[sandbox]\nuid_range = \"2000100000-2000165535\"\n[telemetry]\notlp_endpoint = \"http://127.0.0.1:{port}\"\n"
     );
-    let (on_daemon, on) = daemon(&root.join("tracing-on"), &on_config).await;
+    let (on_daemon, on, _) = daemon(&root.join("tracing-on"), &on_config).await;
     let (_child, direct) = floors::bare_start().await;
     let (mut floor, mut without, mut with) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..ROUNDS {
@@ -113,6 +175,7 @@ pub async fn cost(root: &Path) -> Vec<Row> {
     for c in [off, on, direct] {
         let _ = c.cancel().await;
     }
+    let mut rows = page_loads(&off_daemon, off_port, scaled(500)).await;
     // The last batch goes when the daemon stops.
     tokio::task::block_in_place(|| {
         off_daemon.stop();
@@ -122,7 +185,7 @@ pub async fn cost(root: &Path) -> Vec<Row> {
     assert!(sent > 0, "the traced daemon exported no spans");
     let floor = summarize(floor);
     let without = summarize(without);
-    vec![
+    rows.extend([
         Row::latency("tracing: echo via HTTP, tracing off", without, Some(floor)),
         Row::latency(
             &format!(
@@ -132,5 +195,6 @@ pub async fn cost(root: &Path) -> Vec<Row> {
             summarize(with),
             Some(without),
         ),
-    ]
+    ]);
+    rows
 }

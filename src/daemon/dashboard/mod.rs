@@ -19,16 +19,15 @@
 mod pages;
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::extract::{DefaultBodyLimit, Multipart, Path, RawQuery, State};
+use axum::extract::{DefaultBodyLimit, Multipart, Path, RawQuery, Request, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use futures::StreamExt;
 
 use super::api::{Api, CallRequest};
 use crate::bundle::client::Caller;
@@ -39,15 +38,37 @@ use crate::store::Origin;
 const CODE_LIFE: Duration = Duration::from_secs(300);
 /// How long a session lasts without being used.
 const SESSION_IDLE: Duration = Duration::from_secs(12 * 3600);
+/// How long a session lasts at most, however much it is used.
+const SESSION_MAX: Duration = Duration::from_secs(7 * 24 * 3600);
 /// The session cookie.
 const COOKIE: &str = "bv_session";
+/// The largest form a page posts (the upload aside).
+const FORM_BYTES: usize = 64 * 1024;
+/// Live streams open at once (each page holds one or two); beyond: 503.
+const STREAMS: usize = 32;
+/// How long one live stream lasts before the browser opens a new one
+/// (`EventSource` reconnects by itself): a session's end is felt.
+const STREAM_LIFE: Duration = Duration::from_secs(600);
+/// Codes and sessions kept at once.
+const MAX_ENTRIES: usize = 1024;
 
 /// Sign-in codes handed out and sessions made from them (in memory: a
 /// daemon restart signs everyone out).
-#[derive(Default)]
 pub struct Logins {
     codes: Mutex<HashMap<String, (String, Instant)>>,
     sessions: Mutex<HashMap<String, Session>>,
+    /// Live streams open.
+    streams: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Logins {
+    fn default() -> Self {
+        Logins {
+            codes: Mutex::default(),
+            sessions: Mutex::default(),
+            streams: Arc::new(tokio::sync::Semaphore::new(STREAMS)),
+        }
+    }
 }
 
 /// One signed-in operator.
@@ -58,6 +79,13 @@ struct Session {
     /// Each form's hidden `csrf` field.
     csrf: String,
     last_used: Instant,
+    started: Instant,
+}
+
+impl Session {
+    fn alive(&self) -> bool {
+        self.last_used.elapsed() < SESSION_IDLE && self.started.elapsed() < SESSION_MAX
+    }
 }
 
 fn random_hex() -> String {
@@ -74,6 +102,16 @@ impl Logins {
         let mut codes = self.codes.lock().unwrap_or_else(|e| e.into_inner());
         let now = Instant::now();
         codes.retain(|_, (_, at)| now.duration_since(*at) < CODE_LIFE);
+        if codes.len() >= MAX_ENTRIES {
+            // The oldest goes: a flood of links ends none but its own.
+            if let Some(oldest) = codes
+                .iter()
+                .min_by_key(|(_, (_, at))| *at)
+                .map(|(k, _)| k.clone())
+            {
+                codes.remove(&oldest);
+            }
+        }
         codes.insert(code.clone(), (principal, now));
         code
     }
@@ -93,9 +131,19 @@ impl Logins {
             principal,
             csrf: random_hex(),
             last_used: Instant::now(),
+            started: Instant::now(),
         };
         let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-        sessions.retain(|_, s| s.last_used.elapsed() < SESSION_IDLE);
+        sessions.retain(|_, s| s.alive());
+        if sessions.len() >= MAX_ENTRIES {
+            if let Some(idle) = sessions
+                .iter()
+                .min_by_key(|(_, s)| s.last_used)
+                .map(|(k, _)| k.clone())
+            {
+                sessions.remove(&idle);
+            }
+        }
         sessions.insert(id.clone(), session);
         Some(id)
     }
@@ -103,12 +151,21 @@ impl Logins {
     fn session(&self, id: &str) -> Option<Session> {
         let mut sessions = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         let session = sessions.get_mut(id)?;
-        if session.last_used.elapsed() >= SESSION_IDLE {
+        if !session.alive() {
             sessions.remove(id);
             return None;
         }
         session.last_used = Instant::now();
         Some(session.clone())
+    }
+
+    /// Whether session `id` is still signed in (its clock not moved).
+    fn lives(&self, id: &str) -> bool {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+            .is_some_and(Session::alive)
     }
 
     fn end(&self, id: &str) {
@@ -122,7 +179,8 @@ impl Logins {
 #[derive(Clone)]
 struct Ui {
     api: Api,
-    /// Over HTTPS: the cookie is `Secure`.
+    /// Over HTTPS (here, or at a TLS-terminating proxy with `[http]
+    /// insecure`): the cookie is `Secure`.
     tls: bool,
 }
 
@@ -147,7 +205,10 @@ pub fn router(api: Api, tls: bool) -> Router {
         .route("/ui/bundle/{workspace}/{name}/configure", post(configure))
         .route("/ui/files", get(files))
         .route("/ui/bundle/{workspace}/{name}/logs", get(logs_live))
-        .with_state(Ui { api, tls })
+        .with_state(Ui {
+            tls: tls || api.shared().config.http.insecure,
+            api,
+        })
 }
 
 /// Headers every page carries: no framing, no sniffing, no referrer to
@@ -182,10 +243,21 @@ async fn refusal(ui: &Ui, headers: &HeaderMap) -> Response {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     if let Some(text) = bearer {
-        let agent = matches!(ui.api.token_by_text(text.trim()).await, Ok(Some(_)));
-        return page(StatusCode::FORBIDDEN, pages::refused(agent));
+        return page(
+            StatusCode::FORBIDDEN,
+            pages::refused(is_agent_token(ui, text).await),
+        );
     }
     guarded(Redirect::to("/ui/login").into_response())
+}
+
+/// Whether `text` is a live agent token (only a string of a token's shape
+/// is looked up).
+async fn is_agent_token(ui: &Ui, text: &str) -> bool {
+    let text = text.trim();
+    text.starts_with(crate::store::tokens::PREFIX)
+        && text.len() < 200
+        && matches!(ui.api.token_by_text(text).await, Ok(Some(_)))
 }
 
 fn cookie_of(headers: &HeaderMap) -> Option<String> {
@@ -207,10 +279,10 @@ async fn signed_in(ui: &Ui, headers: &HeaderMap) -> Result<Session, Response> {
     }
 }
 
-/// A change's session: signed in, sent by this site's own page (its
-/// `Origin` and `Sec-Fetch-Site`), carrying the session's CSRF token.
-async fn change(ui: &Ui, headers: &HeaderMap, csrf: Option<&str>) -> Result<Session, Response> {
-    let session = signed_in(ui, headers).await?;
+/// Whether the browser says this site's own page sent the request (its
+/// `Origin` names this host, `Sec-Fetch-Site` is same-origin), where it
+/// says anything.
+fn sent_here(headers: &HeaderMap) -> bool {
     let host = headers.get(header::HOST).and_then(|v| v.to_str().ok());
     let origin_ok = match headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) {
         None => true,
@@ -226,31 +298,73 @@ async fn change(ui: &Ui, headers: &HeaderMap, csrf: Option<&str>) -> Result<Sess
         .get("sec-fetch-site")
         .and_then(|v| v.to_str().ok())
         .is_none_or(|s| s == "same-origin" || s == "none");
-    if !origin_ok || !site_ok || csrf != Some(session.csrf.as_str()) {
-        return Err(page(
-            StatusCode::FORBIDDEN,
-            pages::message(
-                "Refused",
-                "This change did not come from a page of this dashboard (its origin or form token is wrong). Reload the page and try again.",
-            ),
-        ));
+    origin_ok && site_ok
+}
+
+fn foreign() -> Response {
+    page(
+        StatusCode::FORBIDDEN,
+        pages::message(
+            "Refused",
+            "This change did not come from a page of this dashboard (its origin or form token is wrong). Reload the page and try again.",
+        ),
+    )
+}
+
+/// A posted form's fields, read within `[http] body_timeout` and
+/// [`FORM_BYTES`].
+async fn read_form(ui: &Ui, body: axum::body::Body) -> Result<HashMap<String, String>, Response> {
+    let within = ui.api.shared().config.http.body_timeout;
+    match tokio::time::timeout(within, axum::body::to_bytes(body, FORM_BYTES)).await {
+        Ok(Ok(bytes)) => Ok(form(&bytes)),
+        Ok(Err(_)) => Err(page(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            pages::message("Refused", "the form is too large"),
+        )),
+        Err(_) => Err(page(
+            StatusCode::REQUEST_TIMEOUT,
+            pages::message("Refused", "the form did not arrive in time"),
+        )),
     }
-    Ok(session)
+}
+
+/// A change: its session and sender checked before its body is read, then
+/// its fields, whose CSRF token must be the session's.
+async fn posted(ui: &Ui, request: Request) -> Result<(Session, HashMap<String, String>), Response> {
+    let (parts, body) = request.into_parts();
+    let session = signed_in(ui, &parts.headers).await?;
+    if !sent_here(&parts.headers) {
+        return Err(foreign());
+    }
+    let fields = read_form(ui, body).await?;
+    if fields.get("csrf") != Some(&session.csrf) {
+        return Err(foreign());
+    }
+    Ok((session, fields))
 }
 
 fn form(body: &[u8]) -> HashMap<String, String> {
     url::form_urlencoded::parse(body).into_owned().collect()
 }
 
-async fn login_page(State(ui): State<Ui>, RawQuery(query): RawQuery) -> Response {
-    match form(query.unwrap_or_default().as_bytes()).get("code") {
-        Some(code) => sign_in(&ui, code).await,
-        None => page(StatusCode::OK, pages::login(None)),
-    }
+/// The sign-in page; a link's code is only filled in (a GET spends
+/// nothing: a link preview or scanner cannot use it up).
+async fn login_page(RawQuery(query): RawQuery) -> Response {
+    let code = form(query.unwrap_or_default().as_bytes()).remove("code");
+    page(StatusCode::OK, pages::login(None, code.as_deref()))
 }
 
-async fn login_form(State(ui): State<Ui>, body: axum::body::Bytes) -> Response {
-    let code = form(&body).remove("code").unwrap_or_default();
+/// A code posted from the sign-in page itself (another site cannot sign
+/// a browser in as someone else).
+async fn login_form(State(ui): State<Ui>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    if !sent_here(&parts.headers) {
+        return foreign();
+    }
+    let code = match read_form(&ui, body).await {
+        Ok(mut fields) => fields.remove("code").unwrap_or_default(),
+        Err(r) => return r,
+    };
     sign_in(&ui, code.trim()).await
 }
 
@@ -270,20 +384,19 @@ async fn sign_in(ui: &Ui, code: &str) -> Response {
             guarded(response)
         }
         None => {
-            let agent = matches!(ui.api.token_by_text(code).await, Ok(Some(_)));
-            let why = if agent {
+            let why = if is_agent_token(ui, code).await {
                 "That is an agent's access token. Agents' tokens never open the dashboard: run `bundlevisor dashboard` on the daemon's host for a sign-in link."
             } else {
                 "That sign-in code is unknown, used or expired (a link works once, for five minutes). Run `bundlevisor dashboard` for a new one."
             };
-            page(StatusCode::FORBIDDEN, pages::login(Some(why)))
+            page(StatusCode::FORBIDDEN, pages::login(Some(why), None))
         }
     }
 }
 
-async fn logout(State(ui): State<Ui>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
-    let fields = form(&body);
-    if let Err(refused) = change(&ui, &headers, fields.get("csrf").map(String::as_str)).await {
+async fn logout(State(ui): State<Ui>, request: Request) -> Response {
+    let headers = request.headers().clone();
+    if let Err(refused) = posted(&ui, request).await {
         return refused;
     }
     if let Some(id) = cookie_of(&headers) {
@@ -314,16 +427,58 @@ async fn overview(State(ui): State<Ui>, headers: HeaderMap) -> Response {
     }
 }
 
-/// Every bundle's row, as `/ui/` shows it, whenever something changes
-/// (at most four times a second) and every two seconds (uptime, memory).
-async fn live(State(ui): State<Ui>, headers: HeaderMap) -> Response {
-    if let Err(r) = signed_in(&ui, &headers).await {
-        return r;
+/// A live stream's right to run: a slot of [`STREAMS`], its session (it
+/// ends when the session does) and its end of life.
+struct Lease {
+    _slot: tokio::sync::OwnedSemaphorePermit,
+    api: Api,
+    session: String,
+    until: Instant,
+}
+
+impl Lease {
+    fn lives(&self) -> bool {
+        Instant::now() < self.until && self.api.shared().dashboard.lives(&self.session)
     }
+}
+
+/// A lease for a live stream of a signed-in request, or the answer to give.
+async fn lease(ui: &Ui, headers: &HeaderMap) -> Result<Lease, Response> {
+    signed_in(ui, headers).await?;
+    let session = cookie_of(headers).unwrap_or_default();
+    let slot = ui
+        .api
+        .shared()
+        .dashboard
+        .streams
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| {
+            page(
+                StatusCode::SERVICE_UNAVAILABLE,
+                pages::message("Busy", "too many live views are open; close some pages"),
+            )
+        })?;
+    Ok(Lease {
+        _slot: slot,
+        api: ui.api.clone(),
+        session,
+        until: Instant::now() + STREAM_LIFE,
+    })
+}
+
+/// Every bundle's row, as `/ui/` shows it, whenever something changes
+/// (at most four times a second) and every two seconds (uptime, memory),
+/// for as long as the session lives (at most [`STREAM_LIFE`]).
+async fn live(State(ui): State<Ui>, headers: HeaderMap) -> Response {
+    let lease = match lease(&ui, &headers).await {
+        Ok(lease) => lease,
+        Err(r) => return r,
+    };
     let events = ui.api.events();
     let stream = futures::stream::unfold(
-        (ui.api.clone(), events, true),
-        |(api, mut events, first)| async move {
+        (lease, events, true),
+        |(lease, mut events, first)| async move {
             if !first {
                 let tick = tokio::time::sleep(Duration::from_secs(2));
                 tokio::select! {
@@ -334,14 +489,18 @@ async fn live(State(ui): State<Ui>, headers: HeaderMap) -> Response {
                     }
                 }
             }
-            let rows = api
+            if !lease.lives() {
+                return None;
+            }
+            let rows = lease
+                .api
                 .status(None, true)
                 .map(|s| pages::rows_json(&s))
                 .unwrap_or_default();
             let event = SseEvent::default().event("status").data(rows);
             Some((
                 Ok::<_, std::convert::Infallible>(event),
-                (api, events, false),
+                (lease, events, false),
             ))
         },
     );
@@ -419,13 +578,11 @@ async fn bundle_page(
 /// are), stored and the bundle respawned with them.
 async fn configure(
     State(ui): State<Ui>,
-    headers: HeaderMap,
     Path((workspace, name)): Path<(String, String)>,
-    body: axum::body::Bytes,
+    request: Request,
 ) -> Response {
-    let fields = form(&body);
-    let session = match change(&ui, &headers, fields.get("csrf").map(String::as_str)).await {
-        Ok(s) => s,
+    let (session, fields) = match posted(&ui, request).await {
+        Ok(posted) => posted,
         Err(r) => return r,
     };
     let set: std::collections::BTreeMap<String, String> = fields
@@ -501,13 +658,11 @@ async fn files(State(ui): State<Ui>, headers: HeaderMap, RawQuery(query): RawQue
 
 async fn call(
     State(ui): State<Ui>,
-    headers: HeaderMap,
     Path((workspace, name)): Path<(String, String)>,
-    body: axum::body::Bytes,
+    request: Request,
 ) -> Response {
-    let fields = form(&body);
-    let session = match change(&ui, &headers, fields.get("csrf").map(String::as_str)).await {
-        Ok(s) => s,
+    let (session, fields) = match posted(&ui, request).await {
+        Ok(posted) => posted,
         Err(r) => return r,
     };
     let tool = fields.get("tool").cloned().unwrap_or_default();
@@ -566,13 +721,11 @@ async fn call(
 /// to `to` (or a page saying why not).
 async fn act<F: std::future::Future<Output = Result<(), super::api::ApiError>>>(
     ui: &Ui,
-    headers: &HeaderMap,
-    body: &[u8],
+    request: Request,
     to: String,
     act: impl FnOnce() -> F,
 ) -> Response {
-    let fields = form(body);
-    if let Err(r) = change(ui, headers, fields.get("csrf").map(String::as_str)).await {
+    if let Err(r) = posted(ui, request).await {
         return r;
     }
     match act().await {
@@ -586,16 +739,15 @@ async fn act<F: std::future::Future<Output = Result<(), super::api::ApiError>>>(
 
 async fn restart(
     State(ui): State<Ui>,
-    headers: HeaderMap,
     Path((workspace, name)): Path<(String, String)>,
-    body: axum::body::Bytes,
+    request: Request,
 ) -> Response {
     let to = format!(
         "/ui/bundle/{}/{}",
         pages::path(&workspace),
         pages::path(&name)
     );
-    act(&ui, &headers, &body, to, || async {
+    act(&ui, request, to, || async {
         ui.api
             .respawn_and_wait(&workspace, &name, Respawn::Operator, |_| async {})
             .await
@@ -606,29 +758,47 @@ async fn restart(
 
 async fn uninstall(
     State(ui): State<Ui>,
-    headers: HeaderMap,
     Path((workspace, name)): Path<(String, String)>,
-    body: axum::body::Bytes,
+    request: Request,
 ) -> Response {
-    act(&ui, &headers, &body, "/ui/".to_string(), || async {
+    act(&ui, request, "/ui/".to_string(), || async {
         ui.api.uninstall(&workspace, &name, false).await.map(|_| ())
     })
     .await
 }
 
-/// A bundle's new log lines, as server-sent events.
+/// A bundle's new log lines, as server-sent events, for as long as the
+/// session lives (checked at each line and every ten seconds).
 async fn logs_live(
     State(ui): State<Ui>,
     headers: HeaderMap,
     Path((workspace, name)): Path<(String, String)>,
 ) -> Response {
-    if let Err(r) = signed_in(&ui, &headers).await {
-        return r;
-    }
-    let lines = tokio_stream_of(ui.api.shared().log_lines.subscribe());
-    let stream = lines
-        .filter(move |l| std::future::ready(l.workspace == workspace && l.name == name))
-        .map(|l| Ok::<_, std::convert::Infallible>(SseEvent::default().event("log").data(l.line)));
+    let lease = match lease(&ui, &headers).await {
+        Ok(lease) => lease,
+        Err(r) => return r,
+    };
+    let lines = ui.api.shared().log_lines.subscribe();
+    let stream = futures::stream::unfold((lease, lines), move |(lease, mut lines)| {
+        let (workspace, name) = (workspace.clone(), name.clone());
+        async move {
+            loop {
+                let next = tokio::time::timeout(Duration::from_secs(10), lines.recv()).await;
+                if !lease.lives() {
+                    return None;
+                }
+                match next {
+                    Ok(Ok(l)) if l.workspace == workspace && l.name == name => {
+                        let event = SseEvent::default().event("log").data(l.line);
+                        return Some((Ok::<_, std::convert::Infallible>(event), (lease, lines)));
+                    }
+                    Ok(Ok(_)) | Err(_) => continue,
+                    Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => continue,
+                    Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return None,
+                }
+            }
+        }
+    });
     guarded(
         Sse::new(stream)
             .keep_alive(KeepAlive::default())
@@ -636,100 +806,97 @@ async fn logs_live(
     )
 }
 
-/// A broadcast receiver as a stream (lagged lines skipped).
-fn tokio_stream_of<T: Clone + Send + 'static>(
-    rx: tokio::sync::broadcast::Receiver<T>,
-) -> impl futures::Stream<Item = T> {
-    futures::stream::unfold(rx, |mut rx| async move {
-        loop {
-            match rx.recv().await {
-                Ok(item) => return Some((item, rx)),
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-            }
-        }
-    })
-}
-
-/// An uploaded `.mcpb`, written under `STATE_DIR/uploads/` and installed
-/// into the chosen workspace (it runs from its unpacked copy, as any
-/// archive does); the upload is removed after.
+/// An uploaded `.mcpb`, installed into the chosen workspace. The sender
+/// is checked before any of the body is read, and the form's CSRF token
+/// must come first (the page's form puts it there); the archive is then
+/// streamed to `STATE_DIR/uploads/` (bounded by `[archives]
+/// max_archive_bytes`, each part within `[http] body_timeout`), installed
+/// (it runs from its unpacked copy, as any archive does) and removed,
+/// whatever happens.
 async fn install(State(ui): State<Ui>, headers: HeaderMap, mut upload: Multipart) -> Response {
-    let (mut csrf, mut workspace, mut archive) = (None, String::new(), None);
+    let session = match signed_in(&ui, &headers).await {
+        Ok(s) => s,
+        Err(r) => return r,
+    };
+    if !sent_here(&headers) {
+        return foreign();
+    }
+    let refused = |why: &str| {
+        page(
+            StatusCode::BAD_REQUEST,
+            pages::message("Not installed", why),
+        )
+    };
+    let mut workspace = crate::protocol::DEFAULT_WORKSPACE.to_string();
+    let mut checked = false;
+    let mut saved = None;
     while let Ok(Some(field)) = upload.next_field().await {
-        match field.name().unwrap_or_default() {
-            "csrf" => csrf = field.text().await.ok(),
-            "workspace" => workspace = field.text().await.unwrap_or_default(),
-            "archive" => {
-                let file = field.file_name().unwrap_or("upload.mcpb").to_string();
-                match field.bytes().await {
-                    Ok(bytes) => archive = Some((file, bytes)),
-                    Err(e) => {
-                        return page(
-                            StatusCode::BAD_REQUEST,
-                            pages::message(
-                                "Not installed",
-                                &format!("the upload did not arrive whole: {e}"),
-                            ),
-                        );
-                    }
+        match (field.name().unwrap_or_default(), checked) {
+            ("csrf", false) => {
+                if field.text().await.ok().as_deref() != Some(session.csrf.as_str()) {
+                    return foreign();
+                }
+                checked = true;
+            }
+            (_, false) => return foreign(),
+            ("workspace", true) => {
+                let text = field.text().await.unwrap_or_default();
+                if !text.trim().is_empty() {
+                    workspace = text.trim().to_string();
                 }
             }
+            ("archive", true) => match save_upload(&ui, field).await {
+                Ok(upload) => saved = Some(upload),
+                Err(why) => return refused(&why),
+            },
             _ => {}
         }
     }
-    if let Err(r) = change(&ui, &headers, csrf.as_deref()).await {
-        return r;
-    }
-    let Some((file, bytes)) = archive else {
-        return page(
-            StatusCode::BAD_REQUEST,
-            pages::message("Not installed", "choose a .mcpb archive to upload"),
-        );
+    let Some(saved) = saved else {
+        return refused("choose a .mcpb archive to upload");
     };
-    let workspace = if workspace.trim().is_empty() {
-        crate::protocol::DEFAULT_WORKSPACE.to_string()
-    } else {
-        workspace.trim().to_string()
-    };
-    match save_upload(&ui, &file, bytes).await {
-        Ok(path) => {
-            let installed = ui
-                .api
-                .install(path.clone(), &workspace, Origin::Cli, true, |_| async {})
-                .await;
-            // Installed, it runs from its unpacked copy in the state dir.
-            let _ = tokio::fs::remove_file(&path).await;
-            match installed {
-                Ok(status) => guarded(
-                    Redirect::to(&format!(
-                        "/ui/bundle/{}/{}",
-                        pages::path(&status.workspace),
-                        pages::path(&status.name)
-                    ))
-                    .into_response(),
-                ),
-                Err(e) => page(
-                    StatusCode::BAD_REQUEST,
-                    pages::message("Not installed", &e.to_string()),
-                ),
-            }
-        }
-        Err(why) => page(
-            StatusCode::BAD_REQUEST,
-            pages::message("Not installed", &why),
+    let installed = ui
+        .api
+        .install(saved.0.clone(), &workspace, Origin::Cli, true, |_| async {})
+        .await;
+    drop(saved);
+    match installed {
+        Ok(status) => guarded(
+            Redirect::to(&format!(
+                "/ui/bundle/{}/{}",
+                pages::path(&status.workspace),
+                pages::path(&status.name)
+            ))
+            .into_response(),
         ),
+        Err(e) => refused(&e.to_string()),
     }
 }
 
-/// Writes an upload as `STATE_DIR/uploads/STEM-RANDOM.mcpb` (a name of its
-/// own: never over another file); its path.
+/// An upload on disk, removed when dropped (installed or not, the client
+/// gone or not).
+struct Upload(std::path::PathBuf);
+
+impl Drop for Upload {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// Streams the archive part to `STATE_DIR/uploads/STEM-RANDOM.mcpb` (a
+/// name of its own: never over another file).
 async fn save_upload(
     ui: &Ui,
-    file: &str,
-    bytes: axum::body::Bytes,
-) -> Result<std::path::PathBuf, String> {
-    let stem: String = std::path::Path::new(file)
+    mut field: axum::extract::multipart::Field<'_>,
+) -> Result<Upload, String> {
+    use tokio::io::AsyncWriteExt;
+    let file = field.file_name().unwrap_or("upload.mcpb").to_string();
+    if !file.ends_with(".mcpb") {
+        return Err(format!(
+            "{file:?} is not a .mcpb archive (pack a bundle folder with `mcpb pack`)"
+        ));
+    }
+    let stem: String = std::path::Path::new(&file)
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default()
@@ -737,33 +904,46 @@ async fn save_upload(
         .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         .take(64)
         .collect();
-    if !file.ends_with(".mcpb") {
-        return Err(format!(
-            "{file:?} is not a .mcpb archive (pack a bundle folder with `mcpb pack`)"
-        ));
-    }
     let stem = if stem.is_empty() {
         "upload".to_string()
     } else {
         stem
     };
-    let dir = ui.api.shared().config.state_dir.join("uploads");
-    let path = dir.join(format!("{stem}-{}.mcpb", &random_hex()[..8]));
-    let target = path.clone();
-    tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-        use std::io::Write;
-        std::fs::create_dir_all(&dir)?;
-        let mut out = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&target)?;
-        out.write_all(&bytes)?;
-        out.sync_all()
-    })
-    .await
-    .map_err(|e| e.to_string())?
-    .map_err(|e| format!("cannot keep the upload: {e}"))?;
-    Ok(path)
+    let config = &ui.api.shared().config;
+    let dir = config.state_dir.join("uploads");
+    let kept = Upload(dir.join(format!("{stem}-{}.mcpb", &random_hex()[..8])));
+    tokio::fs::create_dir_all(&dir)
+        .await
+        .map_err(|e| format!("cannot keep the upload: {e}"))?;
+    let mut out = tokio::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&kept.0)
+        .await
+        .map_err(|e| format!("cannot keep the upload: {e}"))?;
+    let (limit, within) = (config.archives.max_archive_bytes, config.http.body_timeout);
+    let mut size = 0u64;
+    loop {
+        let chunk = match tokio::time::timeout(within, field.chunk()).await {
+            Ok(Ok(Some(chunk))) => chunk,
+            Ok(Ok(None)) => break,
+            Ok(Err(e)) => return Err(format!("the upload did not arrive whole: {e}")),
+            Err(_) => return Err("the upload stalled".to_string()),
+        };
+        size += chunk.len() as u64;
+        if size > limit {
+            return Err(format!(
+                "the archive is larger than [archives] max_archive_bytes ({limit} bytes)"
+            ));
+        }
+        out.write_all(&chunk)
+            .await
+            .map_err(|e| format!("cannot keep the upload: {e}"))?;
+    }
+    out.sync_all()
+        .await
+        .map_err(|e| format!("cannot keep the upload: {e}"))?;
+    Ok(kept)
 }
 
 async fn tokens(State(ui): State<Ui>, headers: HeaderMap) -> Response {
@@ -784,14 +964,10 @@ async fn tokens_page(ui: &Ui, session: &Session, made: Option<pages::Made>) -> R
     }
 }
 
-async fn token_create(
-    State(ui): State<Ui>,
-    headers: HeaderMap,
-    body: axum::body::Bytes,
-) -> Response {
-    let fields = form(&body);
-    let session = match change(&ui, &headers, fields.get("csrf").map(String::as_str)).await {
-        Ok(s) => s,
+async fn token_create(State(ui): State<Ui>, request: Request) -> Response {
+    let headers = request.headers().clone();
+    let (session, fields) = match posted(&ui, request).await {
+        Ok(posted) => posted,
         Err(r) => return r,
     };
     let field = |k: &str| {

@@ -82,17 +82,20 @@ pub fn refused(agent: bool) -> String {
     )
 }
 
-pub fn login(why: Option<&str>) -> String {
+/// The sign-in page, with a link's code filled in (signing in is a POST
+/// of this page's own form).
+pub fn login(why: Option<&str>, code: Option<&str>) -> String {
     let why = why.map_or(String::new(), |w| {
         format!("<p class=err id=why>{}</p>", esc(w))
     });
+    let code = esc(code.unwrap_or_default());
     layout(
         "Sign in",
         None,
         &format!(
             "<h1>Sign in</h1>{why}<p>Run <code>bundlevisor dashboard</code> on the daemon's host and open the link it prints, \
-             or paste its code here.</p><form method=post action=\"/ui/login\"><input name=code size=50 autocomplete=off> \
-             <button>Sign in</button></form>"
+             or paste its code here.</p><form method=post action=\"/ui/login\"><input name=code size=50 autocomplete=off value=\"{code}\"> \
+             <button id=signin>Sign in</button></form>"
         ),
         "",
     )
@@ -194,8 +197,8 @@ pub fn overview(csrf: &str, principal: &str, status: &StatusResult) -> String {
          <table id=bundles><tr><th>Workspace</th><th>Bundle</th><th>State</th><th>Version</th><th>Restarts</th>\
          <th>Uptime</th><th>Memory</th><th>CPU</th><th>Tools</th><th>Last error</th></tr>{rows}</table>\
          <section><h2>Install</h2><form method=post action=\"/ui/install\" enctype=\"multipart/form-data\">\
-         <input type=hidden name=csrf value=\"{}\"><input type=file name=archive accept=\".mcpb\"> into \
-         <select name=workspace>{workspaces}</select> <button id=install>Install</button></form></section>",
+         <input type=hidden name=csrf value=\"{}\">into <select name=workspace>{workspaces}</select> \
+         <input type=file name=archive accept=\".mcpb\"> <button id=install>Install</button></form></section>",
         esc(principal),
         status.bundles.len(),
         status.workspaces.len(),
