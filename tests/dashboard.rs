@@ -243,6 +243,46 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
         .unwrap();
     let answer = text_when(&client, "#answer", "the echo's answer", |t| !t.is_empty()).await;
     assert_eq!(answer, "hello from chromium");
+    // Its events: the crash before the page was opened, and a restart made
+    // while it is open, live.
+    let events = text_when(&client, "#events", "the crash among the events", |t| {
+        t.contains("exited")
+    })
+    .await;
+    assert!(events.contains("crashing on request"), "{events}");
+    let count = "return document.querySelectorAll('#events tr').length;";
+    let before = client
+        .execute(count, vec![])
+        .await
+        .unwrap()
+        .as_u64()
+        .unwrap();
+    blocking(|| d.ok(&["restart", "demo"]));
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = client
+            .execute(count, vec![])
+            .await
+            .unwrap()
+            .as_u64()
+            .unwrap();
+        if now >= before + 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no live events: {now} rows, {before} before"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let newest = text_when(
+        &client,
+        "#events tr:nth-child(2)",
+        "the newest event",
+        |t| !t.is_empty(),
+    )
+    .await;
+    assert!(newest.contains("ready"), "{newest}");
     let _ = blocking(|| d.ok(&["call", "demo", "sleep", r#"{"ms": 7}"#]));
     text_when(&client, "#log", "the log line, live", |t| {
         t.contains("demo: sleeping 7 ms")

@@ -48,10 +48,14 @@ pub struct Counts {
     pub crashes: u64,
 }
 
+/// Lifecycle events kept for a look back (a bundle's page): the newest.
+const RECENT_EVENTS: usize = 1024;
+
 #[derive(Clone)]
 pub struct StatusBoard {
     inner: Arc<RwLock<Inner>>,
     events: broadcast::Sender<Event>,
+    recent: Arc<std::sync::Mutex<std::collections::VecDeque<Event>>>,
 }
 
 impl Default for StatusBoard {
@@ -59,6 +63,7 @@ impl Default for StatusBoard {
         StatusBoard {
             inner: Arc::default(),
             events: broadcast::channel(1024).0,
+            recent: Arc::default(),
         }
     }
 }
@@ -100,9 +105,29 @@ impl StatusBoard {
         }
     }
 
-    /// Publishes a lifecycle event. No subscriber is fine.
+    /// Publishes a lifecycle event (kept among the recent ones). No
+    /// subscriber is fine.
     pub fn emit(&self, event: Event) {
+        {
+            let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+            if recent.len() == RECENT_EVENTS {
+                recent.pop_front();
+            }
+            recent.push_back(event.clone());
+        }
         let _ = self.events.send(event);
+    }
+
+    /// The last `n` events of one bundle still kept, newest first.
+    pub fn recent(&self, workspace: &str, name: &str, n: usize) -> Vec<Event> {
+        let recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent
+            .iter()
+            .rev()
+            .filter(|e| e.workspace == workspace && e.name == name)
+            .take(n)
+            .cloned()
+            .collect()
     }
 
     /// Restarts and crashes of every installed bundle.

@@ -564,10 +564,12 @@ async fn bundle_page(
             .collect(),
         Err(_) => Vec::new(),
     };
+    let events = ui.api.shared().board.recent(workspace, name, 50);
     let view = pages::BundleView {
         status: &status,
         tools: &tools,
         lines: &lines,
+        events: &events,
         settings: &settings,
         called,
     };
@@ -767,8 +769,9 @@ async fn uninstall(
     .await
 }
 
-/// A bundle's new log lines, as server-sent events, for as long as the
-/// session lives (checked at each line and every ten seconds).
+/// A bundle's new log lines and lifecycle events, as server-sent events
+/// (`log`, `lifecycle`), for as long as the session lives (checked at
+/// each one and every ten seconds).
 async fn logs_live(
     State(ui): State<Ui>,
     headers: HeaderMap,
@@ -778,23 +781,35 @@ async fn logs_live(
         Ok(lease) => lease,
         Err(r) => return r,
     };
-    let lines = ui.api.shared().log_lines.subscribe();
-    let stream = futures::stream::unfold((lease, lines), move |(lease, mut lines)| {
+    use tokio::sync::broadcast::error::RecvError;
+    let feeds = (ui.api.shared().log_lines.subscribe(), ui.api.events());
+    let stream = futures::stream::unfold((lease, feeds), move |(lease, mut feeds)| {
         let (workspace, name) = (workspace.clone(), name.clone());
         async move {
             loop {
-                let next = tokio::time::timeout(Duration::from_secs(10), lines.recv()).await;
+                let tick = tokio::time::sleep(Duration::from_secs(10));
+                let event = tokio::select! {
+                    line = feeds.0.recv() => match line {
+                        Ok(l) if l.workspace == workspace && l.name == name => {
+                            Some(SseEvent::default().event("log").data(l.line))
+                        }
+                        Ok(_) | Err(RecvError::Lagged(_)) => None,
+                        Err(RecvError::Closed) => return None,
+                    },
+                    happened = feeds.1.recv() => match happened {
+                        Ok(e) if e.workspace == workspace && e.name == name => {
+                            Some(SseEvent::default().event("lifecycle").data(pages::event_json(&e)))
+                        }
+                        Ok(_) | Err(RecvError::Lagged(_)) => None,
+                        Err(RecvError::Closed) => return None,
+                    },
+                    _ = tick => None,
+                };
                 if !lease.lives() {
                     return None;
                 }
-                match next {
-                    Ok(Ok(l)) if l.workspace == workspace && l.name == name => {
-                        let event = SseEvent::default().event("log").data(l.line);
-                        return Some((Ok::<_, std::convert::Infallible>(event), (lease, lines)));
-                    }
-                    Ok(Ok(_)) | Err(_) => continue,
-                    Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => continue,
-                    Ok(Err(tokio::sync::broadcast::error::RecvError::Closed)) => return None,
+                if let Some(event) = event {
+                    return Some((Ok::<_, std::convert::Infallible>(event), (lease, feeds)));
                 }
             }
         }

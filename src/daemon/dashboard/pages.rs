@@ -213,6 +213,8 @@ pub struct BundleView<'a> {
     pub tools: &'a [rmcp::model::Tool],
     /// The tail of its log.
     pub lines: &'a [String],
+    /// Its recent lifecycle events, newest first.
+    pub events: &'a [crate::protocol::LifecycleEvent],
     /// Its manifest's settings: key, title, sensitive.
     pub settings: &'a [(String, String, bool)],
     /// A tool just called: its name, its answer's text, whether an error.
@@ -251,6 +253,7 @@ pub fn bundle(csrf: &str, view: BundleView) -> String {
         status: b,
         tools,
         lines,
+        events,
         settings,
         called,
     } = view;
@@ -299,14 +302,19 @@ pub fn bundle(csrf: &str, view: BundleView) -> String {
          <p><form class=inline method=post action=\"{base}/restart\">{hidden}<button id=restart>Restart</button></form> \
          <form class=inline method=post action=\"{base}/uninstall\">{hidden}<button id=uninstall>Uninstall</button></form></p>\
          {answer}<section><h2>Tools</h2><table>{tool_rows}</table></section>{}\
-         <section><h2>Log</h2><pre id=log>{log}</pre></section>",
+         <section><h2>Log</h2><pre id=log>{log}</pre></section>\
+         <section><h2>Events</h2><table id=events><tr><th>When</th><th>What</th><th>State</th><th>Message</th></tr>{}</table></section>",
         esc(&b.name),
         esc(&b.workspace),
-        settings_form(&base, &hidden, settings)
+        settings_form(&base, &hidden, settings),
+        events.iter().map(event_row).collect::<String>()
     );
     let script = format!(
         "<script>(function(){{var log=document.getElementById('log');var s=new EventSource('{base}/logs');\
          s.addEventListener('log',function(e){{log.appendChild(document.createTextNode(e.data+'\\n'));log.scrollTop=log.scrollHeight;}});\
+         var ev=document.getElementById('events');s.addEventListener('lifecycle',function(e){{var d=JSON.parse(e.data);var tr=document.createElement('tr');\
+         ['time','kind','state','message'].forEach(function(k){{var td=document.createElement('td');td.textContent=d[k];tr.appendChild(td);}});\
+         var first=ev.rows[1];if(first){{first.parentNode.insertBefore(tr,first);}}else{{(ev.tBodies[0]||ev).appendChild(tr);}}}});\
          var id='{}';var l=new EventSource('/ui/live');l.addEventListener('status',function(e){{JSON.parse(e.data).forEach(function(r){{\
          if(r.id!==id)return;document.querySelectorAll('#facts [data-k]').forEach(function(td){{var k=td.getAttribute('data-k');\
          if(r[k]!==undefined&&td.textContent!==r[k]){{td.textContent=r[k];if(k==='state')td.className='state '+r[k];}}}});}});}});}})();</script>",
@@ -321,6 +329,38 @@ pub struct Made {
     pub token: String,
     /// The `mcpServers` entry for an agent's client.
     pub entry: String,
+}
+
+/// An event's fields as the page shows them.
+fn event_fields(e: &crate::protocol::LifecycleEvent) -> [(&'static str, String); 4] {
+    let time = std::time::UNIX_EPOCH + std::time::Duration::from_millis(e.time_ms);
+    let kind = serde_json::to_value(e.kind)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    [
+        ("time", humantime::format_rfc3339_seconds(time).to_string()),
+        ("kind", kind),
+        ("state", e.state.as_str().to_string()),
+        ("message", e.message.clone()),
+    ]
+}
+
+fn event_row(e: &crate::protocol::LifecycleEvent) -> String {
+    let cells: String = event_fields(e)
+        .iter()
+        .map(|(_, v)| format!("<td>{}</td>", esc(v)))
+        .collect();
+    format!("<tr>{cells}</tr>")
+}
+
+/// An event for the live script: `{time, kind, state, message}`.
+pub fn event_json(e: &crate::protocol::LifecycleEvent) -> String {
+    let fields: serde_json::Map<String, serde_json::Value> = event_fields(e)
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.into()))
+        .collect();
+    serde_json::Value::Object(fields).to_string()
 }
 
 pub fn tokens(csrf: &str, list: &[TokenInfo], made: Option<Made>) -> String {
