@@ -385,7 +385,7 @@ async fn sign_in(ui: &Ui, code: &str) -> Response {
         }
         None => {
             let why = if is_agent_token(ui, code).await {
-                "That is an agent's access token. Agents' tokens never open the dashboard: run `bundlevisor dashboard` on the daemon's host for a sign-in link."
+                pages::AGENT_REFUSED
             } else {
                 "That sign-in code is unknown, used or expired (a link works once, for five minutes). Run `bundlevisor dashboard` for a new one."
             };
@@ -618,14 +618,7 @@ async fn configure(
         .configure(params, super::admission::Peer { uid }, |_| async {})
         .await
     {
-        Ok(_) => guarded(
-            Redirect::to(&format!(
-                "/ui/bundle/{}/{}",
-                pages::path(&workspace),
-                pages::path(&name)
-            ))
-            .into_response(),
-        ),
+        Ok(_) => guarded(Redirect::to(&pages::bundle_url(&workspace, &name)).into_response()),
         Err(e) => page(
             StatusCode::BAD_REQUEST,
             pages::message("Not configured", &e.to_string()),
@@ -744,11 +737,7 @@ async fn restart(
     Path((workspace, name)): Path<(String, String)>,
     request: Request,
 ) -> Response {
-    let to = format!(
-        "/ui/bundle/{}/{}",
-        pages::path(&workspace),
-        pages::path(&name)
-    );
+    let to = pages::bundle_url(&workspace, &name);
     act(&ui, request, to, || async {
         ui.api
             .respawn_and_wait(&workspace, &name, Respawn::Operator, |_| async {})
@@ -877,12 +866,7 @@ async fn install(State(ui): State<Ui>, headers: HeaderMap, mut upload: Multipart
     drop(saved);
     match installed {
         Ok(status) => guarded(
-            Redirect::to(&format!(
-                "/ui/bundle/{}/{}",
-                pages::path(&status.workspace),
-                pages::path(&status.name)
-            ))
-            .into_response(),
+            Redirect::to(&pages::bundle_url(&status.workspace, &status.name)).into_response(),
         ),
         Err(e) => refused(&e.to_string()),
     }

@@ -25,6 +25,11 @@ pub fn path(segment: &str) -> String {
     percent_encoding::utf8_percent_encode(segment, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
+/// A bundle's page.
+pub fn bundle_url(workspace: &str, name: &str) -> String {
+    format!("/ui/bundle/{}/{}", path(workspace), path(name))
+}
+
 const STYLE: &str = "body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1d2330;background:#f6f7f9}\
 header{background:#1d2330;color:#fff;padding:10px 20px;display:flex;gap:18px;align-items:center}\
 header a{color:#cfe0ff;text-decoration:none}header b{margin-right:auto}\
@@ -68,9 +73,12 @@ pub fn message(title: &str, text: &str) -> String {
     )
 }
 
+/// Why an agent's token is not taken (the sign-in form, a bearer).
+pub const AGENT_REFUSED: &str = "That is an agent's access token. Agents' tokens never open the dashboard: run `bundlevisor dashboard` on the daemon's host for a sign-in link.";
+
 pub fn refused(agent: bool) -> String {
     let text = if agent {
-        "That is an agent's access token. Agents' tokens never open the dashboard: run `bundlevisor dashboard` on the daemon's host for a sign-in link."
+        AGENT_REFUSED
     } else {
         "Sign in with a link from `bundlevisor dashboard`; a bearer token is not taken here."
     };
@@ -257,7 +265,7 @@ pub fn bundle(csrf: &str, view: BundleView) -> String {
         settings,
         called,
     } = view;
-    let base = format!("/ui/bundle/{}/{}", path(&b.workspace), path(&b.name));
+    let base = bundle_url(&b.workspace, &b.name);
     let facts: String = cells(b)
         .into_iter()
         .map(|(k, v)| {
