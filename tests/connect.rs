@@ -56,7 +56,7 @@ fn tools_through(entry: &Value) -> Vec<String> {
 
 #[test]
 fn a_stdio_entry_is_added_beside_the_clients_others_and_works() {
-    let d = Daemon::start();
+    let d = Daemon::start_with("[[profile]]\nname = \"p\"\n");
     d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
     let file = d.root().join("project/.vscode/mcp.json");
     std::fs::create_dir_all(file.parent().unwrap()).unwrap();
@@ -74,6 +74,24 @@ fn a_stdio_entry_is_added_beside_the_clients_others_and_works() {
     assert_eq!(entry["type"], "stdio", "{config}");
     assert_eq!(entry["command"], BIN);
     assert!(tools_through(entry).contains(&"demo__echo".to_string()));
+
+    // A profile the daemon does not have is refused at once, naming the
+    // ones it has, and the file is left as it was.
+    let before = std::fs::read(&file).unwrap();
+    let out = d.cli(&[
+        "connect",
+        "vscode",
+        "--file",
+        path,
+        "--profile",
+        "nope",
+        "--name",
+        "x",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("no profile \"nope\""), "{stderr}");
+    assert_eq!(std::fs::read(&file).unwrap(), before);
 
     // The same name again is refused and the file left as it was; --force
     // replaces the entry.

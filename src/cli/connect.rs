@@ -13,7 +13,8 @@ use serde_json::{json, Map, Value};
 use super::{print_json, Client, ClientError};
 use crate::protocol::typed;
 use crate::protocol::{
-    ErrorKind, RpcError, TokenCreateParams, TokenCreated, TokenRevokeParams, DEFAULT_WORKSPACE,
+    ErrorKind, ProfileParams, RpcError, TokenCreateParams, TokenCreated, TokenRevokeParams,
+    DEFAULT_WORKSPACE,
 };
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -151,6 +152,10 @@ pub async fn run(client: &mut Client, args: &Args, socket: &Path) -> Result<Exit
                 args.workspace.clone(),
             ];
             if let Some(p) = &args.profile {
+                // A profile the daemon does not have is said now, with the
+                // ones it has, not when the agent first starts the entry.
+                let asked = ProfileParams { name: p.clone() };
+                client.call::<typed::Profile>(asked, |_| {}).await?;
                 mcp.extend(["--profile".to_string(), p.clone()]);
             }
             args.client.stdio(&command, &mcp)
