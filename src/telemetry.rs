@@ -82,6 +82,10 @@ impl Telemetry {
             .with_max_export_batch_size(BATCH)
             .with_scheduled_delay(DELAY)
             .build();
+        let exporter = Reported {
+            inner: exporter,
+            failing: Default::default(),
+        };
         let processor = BatchSpanProcessor::builder(exporter)
             .with_batch_config(batches)
             .build();
@@ -145,6 +149,49 @@ impl Exporter {
         if let Err(e) = self.provider.shutdown_with_timeout(SHUTDOWN_TIMEOUT) {
             tracing::warn!("traces: the last spans could not be sent: {e}");
         }
+    }
+}
+
+/// The OTLP exporter, its failures logged: the first of a run of them (a
+/// collector down, a wrong endpoint, a refused key), and when exports work
+/// again.
+#[derive(Debug)]
+struct Reported {
+    inner: opentelemetry_otlp::SpanExporter,
+    failing: std::sync::atomic::AtomicBool,
+}
+
+impl opentelemetry_sdk::trace::SpanExporter for Reported {
+    async fn export(
+        &self,
+        batch: Vec<opentelemetry_sdk::trace::SpanData>,
+    ) -> opentelemetry_sdk::error::OTelSdkResult {
+        use std::sync::atomic::Ordering;
+        let spans = batch.len();
+        let result = self.inner.export(batch).await;
+        match &result {
+            Err(e) if !self.failing.swap(true, Ordering::Relaxed) => tracing::warn!(
+                spans,
+                "traces: an export to the collector failed ({e}); its spans are dropped, and so are the next ones until an export works"
+            ),
+            Ok(()) if self.failing.swap(false, Ordering::Relaxed) => {
+                tracing::info!("traces: exports to the collector work again")
+            }
+            _ => {}
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.inner.set_resource(resource);
     }
 }
 

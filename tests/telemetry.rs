@@ -489,6 +489,32 @@ fn with_tracing_off_the_agents_context_reaches_the_bundle_unchanged() {
     assert_eq!(seen["bundle_saw"]["traceparent"], traceparent, "{seen}");
     assert_eq!(seen["bundle_saw"]["tracestate"], "agent=1", "{seen}");
 
+    // A collector that is not there: said once in the log, calls unharmed.
+    let closed = free_port();
+    let d = Daemon::start_with(&format!(
+        "[telemetry]\notlp_endpoint = \"http://127.0.0.1:{closed}\"\n"
+    ));
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    for _ in 0..3 {
+        assert_eq!(
+            d.ok(&["call", "demo", "echo", r#"{"text":"hi"}"#]).trim(),
+            "hi"
+        );
+    }
+    wait_for(
+        Duration::from_secs(20),
+        "the failed export in the log",
+        || {
+            d.log()
+                .contains("an export to the collector failed")
+                .then_some(())
+        },
+    );
+    assert_eq!(
+        d.log().matches("an export to the collector failed").count(),
+        1
+    );
+
     for (bad, says) in [
         (
             "otlp_endpoint = \"ftp://collector\"",
