@@ -137,6 +137,16 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
         .await
         .unwrap();
     assert_eq!(unsigned.status(), 303, "no session: to the sign-in page");
+    // No inline script runs: the pages' one script is /ui/app.js.
+    let policy = unsigned.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(policy.contains("script-src 'self';"), "{policy}");
+    assert!(
+        !policy.contains("script-src 'self' 'unsafe-inline'"),
+        "{policy}"
+    );
 
     let driver = blocking(chromedriver);
     let profile = tempfile::tempdir().unwrap();

@@ -191,6 +191,7 @@ pub fn router(api: Api, tls: bool) -> Router {
         .route("/ui", get(|| async { Redirect::to("/ui/") }))
         .route("/ui/", get(overview))
         .route("/ui/login", get(login_page).post(login_form))
+        .route("/ui/app.js", get(app_js))
         .route("/ui/logout", post(logout))
         .route("/ui/live", get(live))
         .route(
@@ -227,9 +228,21 @@ fn guarded(mut response: Response) -> Response {
     set(
         h,
         header::CONTENT_SECURITY_POLICY,
-        "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'unsafe-inline'; frame-ancestors 'none'; form-action 'self'",
+        "default-src 'self'; script-src 'self'; style-src 'unsafe-inline'; base-uri 'none'; frame-ancestors 'none'; form-action 'self'",
     );
     response
+}
+
+/// The pages' one script: static, the same for everyone (no session
+/// needed, nothing of the daemon's in it).
+async fn app_js() -> Response {
+    guarded(
+        (
+            [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+            pages::APP_JS,
+        )
+            .into_response(),
+    )
 }
 
 fn page(status: StatusCode, html: String) -> Response {

@@ -1,5 +1,6 @@
 //! The dashboard's pages: HTML written here, escaped at every value, one
-//! small stylesheet and one small script (live rows and logs); nothing
+//! small stylesheet and one script file (`app.js`: live rows, logs and
+//! events; no inline script, which the pages' policy refuses); nothing
 //! fetched from elsewhere.
 
 use crate::protocol::{BundleStatus, StatusResult, TokenInfo};
@@ -43,7 +44,38 @@ button{cursor:pointer}";
 
 /// A whole page: the title, the navigation (with sign-out when signed in)
 /// and `body`.
-fn layout(title: &str, csrf: Option<&str>, body: &str, script: &str) -> String {
+/// The script's one file (`/ui/app.js`).
+pub const APP_JS: &str = include_str!("app.js");
+
+/// What a page's live script follows: nothing (a page without it), every
+/// bundle's row, or one bundle (its base URL and row id).
+enum Live<'a> {
+    Off,
+    Rows,
+    Bundle(&'a str, &'a str),
+}
+
+impl Live<'_> {
+    /// The body's data attributes and the script tag.
+    fn parts(&self) -> (String, &'static str) {
+        const TAG: &str = "<script src=\"/ui/app.js\"></script>";
+        match self {
+            Live::Off => (String::new(), ""),
+            Live::Rows => (" data-live=1".to_string(), TAG),
+            Live::Bundle(base, row) => (
+                format!(
+                    " data-live=1 data-base=\"{}\" data-row=\"{}\"",
+                    esc(base),
+                    esc(row)
+                ),
+                TAG,
+            ),
+        }
+    }
+}
+
+fn layout(title: &str, csrf: Option<&str>, body: &str, live: Live) -> String {
+    let (attributes, script) = live.parts();
     let nav = match csrf {
         Some(csrf) => format!(
             "<a href=\"/ui/\">Bundles</a><a href=\"/ui/files\">Files</a><a href=\"/ui/tokens\">Tokens</a>\
@@ -54,7 +86,7 @@ fn layout(title: &str, csrf: Option<&str>, body: &str, script: &str) -> String {
     };
     format!(
         "<!doctype html><html lang=en><head><meta charset=utf-8><meta name=viewport content=\"width=device-width\">\
-         <title>{} · bundlevisor</title><style>{STYLE}</style></head><body><header><b>bundlevisor</b>{nav}</header>\
+         <title>{} · bundlevisor</title><style>{STYLE}</style></head><body{attributes}><header><b>bundlevisor</b>{nav}</header>\
          <main>{body}</main>{script}</body></html>",
         esc(title)
     )
@@ -69,7 +101,7 @@ pub fn message(title: &str, text: &str) -> String {
             esc(title),
             esc(text)
         ),
-        "",
+        Live::Off,
     )
 }
 
@@ -86,7 +118,7 @@ pub fn refused(agent: bool) -> String {
         "Refused",
         None,
         &format!("<h1>Refused</h1><p id=why>{}</p>", esc(text)),
-        "",
+        Live::Off,
     )
 }
 
@@ -105,7 +137,7 @@ pub fn login(why: Option<&str>, code: Option<&str>) -> String {
              or paste its code here.</p><form method=post action=\"/ui/login\"><input name=code size=50 autocomplete=off value=\"{code}\"> \
              <button id=signin>Sign in</button></form>"
         ),
-        "",
+        Live::Off,
     )
 }
 
@@ -170,11 +202,6 @@ pub fn rows_json(status: &StatusResult) -> String {
     serde_json::Value::Array(rows).to_string()
 }
 
-const LIVE_ROWS: &str = "<script>(function(){var s=new EventSource('/ui/live');\
-s.addEventListener('status',function(e){JSON.parse(e.data).forEach(function(r){var tr=document.getElementById(r.id);\
-if(!tr)return;tr.querySelectorAll('[data-k]').forEach(function(td){var k=td.getAttribute('data-k');\
-if(r[k]!==undefined&&td.textContent!==r[k]){td.textContent=r[k];if(k==='state')td.className='state '+r[k];}});});});})();</script>";
-
 pub fn overview(csrf: &str, principal: &str, status: &StatusResult) -> String {
     let mut rows = String::new();
     for b in &status.bundles {
@@ -212,7 +239,7 @@ pub fn overview(csrf: &str, principal: &str, status: &StatusResult) -> String {
         status.workspaces.len(),
         esc(csrf)
     );
-    layout("Bundles", Some(csrf), &body, LIVE_ROWS)
+    layout("Bundles", Some(csrf), &body, Live::Rows)
 }
 
 /// What a bundle's page shows.
@@ -317,18 +344,8 @@ pub fn bundle(csrf: &str, view: BundleView) -> String {
         settings_form(&base, &hidden, settings),
         events.iter().map(event_row).collect::<String>()
     );
-    let script = format!(
-        "<script>(function(){{var log=document.getElementById('log');var s=new EventSource('{base}/logs');\
-         s.addEventListener('log',function(e){{log.appendChild(document.createTextNode(e.data+'\\n'));log.scrollTop=log.scrollHeight;}});\
-         var ev=document.getElementById('events');s.addEventListener('lifecycle',function(e){{var d=JSON.parse(e.data);var tr=document.createElement('tr');\
-         ['time','kind','state','message'].forEach(function(k){{var td=document.createElement('td');td.textContent=d[k];tr.appendChild(td);}});\
-         var first=ev.rows[1];if(first){{first.parentNode.insertBefore(tr,first);}}else{{(ev.tBodies[0]||ev).appendChild(tr);}}}});\
-         var id='{}';var l=new EventSource('/ui/live');l.addEventListener('status',function(e){{JSON.parse(e.data).forEach(function(r){{\
-         if(r.id!==id)return;document.querySelectorAll('#facts [data-k]').forEach(function(td){{var k=td.getAttribute('data-k');\
-         if(r[k]!==undefined&&td.textContent!==r[k]){{td.textContent=r[k];if(k==='state')td.className='state '+r[k];}}}});}});}});}})();</script>",
-        row_id(b)
-    );
-    layout(&b.name, Some(csrf), &body, &script)
+    let row = row_id(b);
+    layout(&b.name, Some(csrf), &body, Live::Bundle(&base, &row))
 }
 
 /// A token just made: shown this once, with the client entry that uses it.
@@ -411,7 +428,7 @@ pub fn tokens(csrf: &str, list: &[TokenInfo], made: Option<Made>) -> String {
          <button id=create>Create</button></form></section>",
         esc(csrf)
     );
-    layout("Tokens", Some(csrf), &body, "")
+    layout("Tokens", Some(csrf), &body, Live::Off)
 }
 
 pub fn files(
@@ -447,7 +464,7 @@ pub fn files(
          <p>Bundles read these through host-resources; <code>bundlevisor files put</code> adds one.</p>",
         esc(workspace)
     );
-    layout("Files", Some(csrf), &body, "")
+    layout("Files", Some(csrf), &body, Live::Off)
 }
 
 #[cfg(test)]
