@@ -268,6 +268,21 @@ impl Trace {
         self.telemetry.is_on()
     }
 
+    /// [`Trace::span`], its name and attributes made by `make` only when
+    /// the span is recorded (tracing on): nothing is built per request
+    /// when tracing is off.
+    pub fn span_with(
+        &self,
+        kind: SpanKind,
+        make: impl FnOnce() -> (String, Vec<KeyValue>),
+    ) -> Span {
+        if !self.is_on() {
+            return self.quiet();
+        }
+        let (name, attributes) = make();
+        self.span(name, kind, attributes)
+    }
+
     /// A span that records nothing and passes this trace's context on.
     pub fn quiet(&self) -> Span {
         Span {

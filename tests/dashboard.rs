@@ -97,6 +97,19 @@ async fn screenshot(client: &Client, name: &str) {
     std::fs::write(dir.join(format!("{name}.png")), png).unwrap();
 }
 
+/// `GET /ui/`, with `cookie` if given, redirects not followed.
+async fn bundles_page(base: &str, cookie: Option<&str>) -> reqwest::Response {
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let mut request = client.get(format!("{base}/ui/"));
+    if let Some(cookie) = cookie {
+        request = request.header("Cookie", cookie);
+    }
+    request.send().await.unwrap()
+}
+
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
 }
@@ -128,14 +141,7 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
         .await
         .unwrap()
         .contains("agent&#39;s access token"));
-    let unsigned = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-        .get(format!("{base}/ui/"))
-        .send()
-        .await
-        .unwrap();
+    let unsigned = bundles_page(&base, None).await;
     assert_eq!(unsigned.status(), 303, "no session: to the sign-in page");
     // No inline script runs: the pages' one script is /ui/app.js.
     let policy = unsigned.headers()["content-security-policy"]
@@ -495,15 +501,7 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
     })
     .await;
     assert!(ended.is_ok(), "a live view outlived its session");
-    let after = reqwest::Client::builder()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-        .get(format!("{base}/ui/"))
-        .header("Cookie", &cookie)
-        .send()
-        .await
-        .unwrap();
+    let after = bundles_page(&base, Some(&cookie)).await;
     assert_eq!(after.status(), 303, "the cookie still works after sign-out");
 
     client.close().await.unwrap();

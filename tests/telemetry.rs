@@ -264,38 +264,24 @@ fn assert_one_trace(
 }
 
 /// A stateless MCP 2026-07-28 `tools/call` with a `traceparent` header and
-/// none in `_meta`.
+/// none in `_meta`: its answer.
 async fn call_with_header(url: &str, token: &str, tool: &str, traceparent: &str) -> Value {
-    let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-    "name": tool, "arguments": {"text": "hi"},
-    "_meta": {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {},
-        "io.modelcontextprotocol/clientInfo": {"name": "header-agent", "version": "1"},
-    }}});
-    let response = reqwest::Client::new()
-        .post(url)
-        .bearer_auth(token)
-        .header("Accept", "application/json, text/event-stream")
-        .header("Content-Type", "application/json")
-        .header("MCP-Protocol-Version", "2026-07-28")
-        .header("Mcp-Method", "tools/call")
-        .header("Mcp-Name", tool)
-        .header("traceparent", traceparent)
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let text = response.text().await.unwrap();
-    serde_json::from_str(&text)
-        .ok()
-        .or_else(|| {
-            text.lines()
-                .filter_map(|l| l.strip_prefix("data:"))
-                .find_map(|d| serde_json::from_str(d.trim()).ok())
-        })
-        .unwrap_or_else(|| panic!("no answer in {text}"))
+    let params = json!({"name": tool, "arguments": {"text": "hi"}});
+    let headers = [("traceparent", traceparent)];
+    let (status, messages) = common::post_2026_with(
+        url,
+        token,
+        ("tools/call", tool),
+        params,
+        json!({}),
+        &headers,
+    )
+    .await;
+    assert_eq!(status, 200, "{messages:?}");
+    let answer = messages.iter().find(|m| m.get("id").is_some());
+    answer
+        .cloned()
+        .unwrap_or_else(|| panic!("no answer in {messages:?}"))
 }
 
 /// A bundle's start is a trace of its own: the sandbox, the spawn and the

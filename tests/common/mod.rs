@@ -961,8 +961,20 @@ pub async fn post_2026(
     token: &str,
     method: &str,
     name: &str,
+    params: Value,
+    capabilities: Value,
+) -> (u16, Vec<Value>) {
+    post_2026_with(url, token, (method, name), params, capabilities, &[]).await
+}
+
+/// [`post_2026`] with more HTTP headers (a `traceparent`, say).
+pub async fn post_2026_with(
+    url: &str,
+    token: &str,
+    (method, name): (&str, &str),
     mut params: Value,
     capabilities: Value,
+    headers: &[(&str, &str)],
 ) -> (u16, Vec<Value>) {
     let meta = params
         .as_object_mut()
@@ -973,18 +985,18 @@ pub async fn post_2026(
     meta["io.modelcontextprotocol/clientCapabilities"] = capabilities;
     meta["io.modelcontextprotocol/clientInfo"] = json!({"name": "wire-check", "version": "1"});
     let body = json!({"jsonrpc": "2.0", "id": 7, "method": method, "params": params});
-    let response = reqwest::Client::new()
+    let mut request = reqwest::Client::new()
         .post(url)
         .bearer_auth(token)
         .header("Accept", "application/json, text/event-stream")
         .header("Content-Type", "application/json")
         .header("MCP-Protocol-Version", "2026-07-28")
         .header("Mcp-Method", method)
-        .header("Mcp-Name", name)
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
+        .header("Mcp-Name", name);
+    for (header, value) in headers {
+        request = request.header(*header, *value);
+    }
+    let response = request.body(body.to_string()).send().await.unwrap();
     let status = response.status().as_u16();
     let text = response.text().await.unwrap();
     let messages = match serde_json::from_str(&text) {

@@ -258,10 +258,9 @@ fn traced(
     request: &mut ClientRequest,
     revision: &str,
 ) -> crate::telemetry::Span {
-    let span = match call.trace.is_on() {
-        true => bundle_span(call, request, revision),
-        false => call.trace.quiet(),
-    };
+    let span = call
+        .trace
+        .span_with(Kind::Client, || bundle_span(request, revision));
     if let Some(w3c) = span.trace().w3c() {
         use rmcp::model::GetMeta;
         let meta = request.get_meta_mut();
@@ -286,13 +285,9 @@ fn end_span(span: crate::telemetry::Span, result: &Result<ServerResult, CallErro
     }
 }
 
-/// The span of a request to the bundle (kind client): the method and the
+/// The name and attributes of a request's span: the method and the
 /// tool's or prompt's name.
-fn bundle_span(
-    call: &PendingCall,
-    request: &ClientRequest,
-    revision: &str,
-) -> crate::telemetry::Span {
+fn bundle_span(request: &ClientRequest, revision: &str) -> (String, Vec<Attribute>) {
     let method = request.method();
     let (name, mut attributes) = match request {
         ClientRequest::CallToolRequest(r) => (
@@ -310,7 +305,7 @@ fn bundle_span(
     };
     attributes.push(Attribute::new("mcp.method.name", method.to_string()));
     attributes.push(Attribute::new("mcp.protocol.version", revision.to_string()));
-    call.trace.span(name, Kind::Client, attributes)
+    (name, attributes)
 }
 
 /// An agent's `resources/subscribe` or `unsubscribe` to a bundle on MCP

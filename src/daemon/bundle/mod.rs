@@ -767,15 +767,14 @@ fn spawn_pinger(
 /// The span of one start (a trace of its own): its sandbox, spawn,
 /// handshake and token refresh are its children.
 fn start_span(shared: &Shared, (workspace, name): (&str, &str), generation: u64) -> Span {
-    shared.telemetry.root().span(
-        "bundle.start",
-        Kind::Internal,
-        vec![
+    shared.telemetry.root().span_with(Kind::Internal, || {
+        let attributes = vec![
             Attribute::new("bundlevisor.workspace", workspace.to_string()),
             Attribute::new("bundlevisor.bundle", name.to_string()),
             Attribute::new("bundlevisor.generation", generation as i64),
-        ],
-    )
+        ];
+        ("bundle.start".to_string(), attributes)
+    })
 }
 
 /// Ends a start's span with how it went: the MCP revision it speaks, or

@@ -61,16 +61,16 @@ pub(super) async fn call(
         }
     };
     // An operator's call is a trace of its own.
-    let span = ctx.api.shared().telemetry.root().span(
-        format!("bundle.call {}", p.tool),
-        crate::telemetry::Kind::Server,
-        vec![
+    let root = ctx.api.shared().telemetry.root();
+    let span = root.span_with(crate::telemetry::Kind::Server, || {
+        let attributes = vec![
             Attribute::new("bundlevisor.workspace", p.workspace.clone()),
             Attribute::new("bundlevisor.bundle", p.name.clone()),
             Attribute::new("gen_ai.tool.name", p.tool.clone()),
             Attribute::new("bundlevisor.principal", "operator"),
-        ],
-    );
+        ];
+        (format!("bundle.call {}", p.tool), attributes)
+    });
     let request = CallRequest {
         workspace: p.workspace,
         name: p.name,

@@ -245,6 +245,11 @@ async fn app_js() -> Response {
     )
 }
 
+/// A page that says one thing (a refusal, an error) under `title`.
+fn said(status: StatusCode, title: &str, text: &str) -> Response {
+    page(status, pages::message(title, text))
+}
+
 fn page(status: StatusCode, html: String) -> Response {
     guarded((status, Html(html)).into_response())
 }
@@ -315,12 +320,10 @@ fn sent_here(headers: &HeaderMap) -> bool {
 }
 
 fn foreign() -> Response {
-    page(
+    said(
         StatusCode::FORBIDDEN,
-        pages::message(
-            "Refused",
-            "This change did not come from a page of this dashboard (its origin or form token is wrong). Reload the page and try again.",
-        ),
+        "Refused",
+        "This change did not come from a page of this dashboard (its origin or form token is wrong). Reload the page and try again.",
     )
 }
 
@@ -330,13 +333,15 @@ async fn read_form(ui: &Ui, body: axum::body::Body) -> Result<HashMap<String, St
     let within = ui.api.shared().config.http.body_timeout;
     match tokio::time::timeout(within, axum::body::to_bytes(body, FORM_BYTES)).await {
         Ok(Ok(bytes)) => Ok(form(&bytes)),
-        Ok(Err(_)) => Err(page(
+        Ok(Err(_)) => Err(said(
             StatusCode::PAYLOAD_TOO_LARGE,
-            pages::message("Refused", "the form is too large"),
+            "Refused",
+            "the form is too large",
         )),
-        Err(_) => Err(page(
+        Err(_) => Err(said(
             StatusCode::REQUEST_TIMEOUT,
-            pages::message("Refused", "the form did not arrive in time"),
+            "Refused",
+            "the form did not arrive in time",
         )),
     }
 }
@@ -433,10 +438,7 @@ async fn overview(State(ui): State<Ui>, headers: HeaderMap) -> Response {
             StatusCode::OK,
             pages::overview(&session.csrf, &session.principal, &status),
         ),
-        Err(e) => page(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            pages::message("Status", &e.to_string()),
-        ),
+        Err(e) => said(StatusCode::INTERNAL_SERVER_ERROR, "Status", &e.to_string()),
     }
 }
 
@@ -467,9 +469,10 @@ async fn lease(ui: &Ui, headers: &HeaderMap) -> Result<Lease, Response> {
         .clone()
         .try_acquire_owned()
         .map_err(|_| {
-            page(
+            said(
                 StatusCode::SERVICE_UNAVAILABLE,
-                pages::message("Busy", "too many live views are open; close some pages"),
+                "Busy",
+                "too many live views are open; close some pages",
             )
         })?;
     Ok(Lease {
@@ -544,12 +547,10 @@ async fn bundle_page(
     called: Option<(String, String, bool)>,
 ) -> Response {
     let Some(status) = ui.api.bundle_status(workspace, name) else {
-        return page(
+        return said(
             StatusCode::NOT_FOUND,
-            pages::message(
-                "No such bundle",
-                &format!("{workspace}/{name} is not installed."),
-            ),
+            "No such bundle",
+            &format!("{workspace}/{name} is not installed."),
         );
     };
     let tools = ui
@@ -606,12 +607,10 @@ async fn configure(
         .filter(|(_, v)| !v.is_empty())
         .collect();
     if set.is_empty() {
-        return page(
+        return said(
             StatusCode::BAD_REQUEST,
-            pages::message(
-                "Nothing to set",
-                "fill in at least one setting (empty ones are left as they are)",
-            ),
+            "Nothing to set",
+            "fill in at least one setting (empty ones are left as they are)",
         );
     }
     // Paths are judged as the signed-in user's own (`uid:N`).
@@ -632,10 +631,7 @@ async fn configure(
         .await
     {
         Ok(_) => guarded(Redirect::to(&pages::bundle_url(&workspace, &name)).into_response()),
-        Err(e) => page(
-            StatusCode::BAD_REQUEST,
-            pages::message("Not configured", &e.to_string()),
-        ),
+        Err(e) => said(StatusCode::BAD_REQUEST, "Not configured", &e.to_string()),
     }
 }
 
@@ -657,10 +653,7 @@ async fn files(State(ui): State<Ui>, headers: HeaderMap, RawQuery(query): RawQue
             StatusCode::OK,
             pages::files(&session.csrf, &workspace, &ui.api.known_workspaces(), &list),
         ),
-        Err(e) => page(
-            StatusCode::NOT_FOUND,
-            pages::message("Files", &e.to_string()),
-        ),
+        Err(e) => said(StatusCode::NOT_FOUND, "Files", &e.to_string()),
     }
 }
 
@@ -738,10 +731,7 @@ async fn act<F: std::future::Future<Output = Result<(), super::api::ApiError>>>(
     }
     match act().await {
         Ok(()) => guarded(Redirect::to(&to).into_response()),
-        Err(e) => page(
-            StatusCode::BAD_REQUEST,
-            pages::message("Not done", &e.to_string()),
-        ),
+        Err(e) => said(StatusCode::BAD_REQUEST, "Not done", &e.to_string()),
     }
 }
 
@@ -838,12 +828,7 @@ async fn install(State(ui): State<Ui>, headers: HeaderMap, mut upload: Multipart
     if !sent_here(&headers) {
         return foreign();
     }
-    let refused = |why: &str| {
-        page(
-            StatusCode::BAD_REQUEST,
-            pages::message("Not installed", why),
-        )
-    };
+    let refused = |why: &str| said(StatusCode::BAD_REQUEST, "Not installed", why);
     let mut workspace = crate::protocol::DEFAULT_WORKSPACE.to_string();
     let mut checked = false;
     let mut saved = None;
@@ -969,10 +954,7 @@ async fn tokens(State(ui): State<Ui>, headers: HeaderMap) -> Response {
 async fn tokens_page(ui: &Ui, session: &Session, made: Option<pages::Made>) -> Response {
     match ui.api.tokens(None).await {
         Ok(list) => page(StatusCode::OK, pages::tokens(&session.csrf, &list, made)),
-        Err(e) => page(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            pages::message("Tokens", &e.to_string()),
-        ),
+        Err(e) => said(StatusCode::INTERNAL_SERVER_ERROR, "Tokens", &e.to_string()),
     }
 }
 
@@ -1029,9 +1011,6 @@ async fn token_create(State(ui): State<Ui>, request: Request) -> Response {
             };
             tokens_page(&ui, &session, Some(made)).await
         }
-        Err(e) => page(
-            StatusCode::BAD_REQUEST,
-            pages::message("No token made", &e.to_string()),
-        ),
+        Err(e) => said(StatusCode::BAD_REQUEST, "No token made", &e.to_string()),
     }
 }

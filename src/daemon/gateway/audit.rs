@@ -113,14 +113,12 @@ impl Audited {
         // A URI's query and fragment may carry what an argument would (a
         // signed URL's signature): never recorded, as arguments are not.
         let name = name.split(['?', '#']).next().unwrap_or_default();
-        let span = match trace.is_on() {
-            true => trace.span(
+        let span = trace.span_with(Kind::Server, || {
+            (
                 span_name(action, name),
-                Kind::Server,
                 attributes(action, (workspace, bundle, name), &principal, context),
-            ),
-            false => trace.quiet(),
-        };
+            )
+        });
         Audited {
             principal,
             action,
