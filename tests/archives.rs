@@ -100,6 +100,105 @@ fn a_packed_bundle_installs_from_the_cli_and_outlives_its_file() {
     assert!(d.bundle("default", "memo").is_none());
 }
 
+/// The CLI's error for `args`, which must fail.
+fn refused(d: &Daemon, args: &[&str]) -> String {
+    let out = d.cli(args);
+    assert!(!out.status.success(), "bundlevisor {args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn an_installed_archive_is_upgraded_in_place_and_stays_upgraded() {
+    let mut d = Daemon::start_with(
+        "watch_debounce = \"50ms\"\n[[watch]]\ndir = \"watched\"\nworkspace = \"default\"\n",
+    );
+    let staging = d.root().join("staging");
+    let (v1, v2) = (
+        pack(&staging, "memo", "1.0.0"),
+        pack(&staging, "memo", "2.0.0"),
+    );
+    let (v1p, v2p) = (v1.to_str().unwrap(), v2.to_str().unwrap());
+
+    // Nothing to upgrade yet: the error says how to install it.
+    let why = refused(&d, &["upgrade", v1p]);
+    assert!(
+        why.contains("\"memo\" is not installed") && why.contains("bundlevisor install"),
+        "{why}"
+    );
+    d.ok(&["install", v1p]);
+    let why = refused(&d, &["install", v2p]);
+    assert!(why.contains("bundlevisor upgrade PATH"), "{why}");
+    let before = d.wait_state("default", "memo", "ready");
+
+    // The very archive that runs, given again: nothing restarts.
+    let same: Value = serde_json::from_str(&d.ok(&["upgrade", v1p, "--json"])).unwrap();
+    assert_eq!(same["bundle"]["pid"], before["pid"], "{same}");
+    assert_eq!(same["bundle"]["restarts"], before["restarts"], "{same}");
+
+    // The new version runs in its place, from its own unpacked copy.
+    let up: Value = serde_json::from_str(&d.ok(&["upgrade", v2p, "--json"])).unwrap();
+    assert_eq!(up["bundle"]["state"], "ready", "{up}");
+    assert_eq!(up["bundle"]["version"], "2.0.0", "{up}");
+    assert_ne!(up["bundle"]["pid"], before["pid"], "{up}");
+    let b = d.bundle("default", "memo").unwrap();
+    let unpacked_v2 = d.state.join("archives").join(sha256(&v2));
+    assert_eq!(b["archive"]["sha256"], sha256(&v2), "{b}");
+    assert_eq!(b["source"], unpacked_v2.display().to_string(), "{b}");
+    assert_eq!(
+        d.ok(&["call", "memo", "echo", r#"{"text":"v2"}"#]).trim(),
+        "v2"
+    );
+
+    // A version that cannot run is refused before anything stops.
+    let broken = staging.join("memo-broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    manifest["name"] = json!("memo");
+    manifest["version"] = json!("3.0.0");
+    std::fs::write(
+        broken.join("manifest.json"),
+        serde_json::to_string(&manifest).unwrap(),
+    )
+    .unwrap();
+    let why = refused(&d, &["upgrade", broken.to_str().unwrap()]);
+    assert!(why.contains("server/bundlevisor-demo"), "{why}");
+    let still = d.bundle("default", "memo").unwrap();
+    assert_eq!(
+        (&still["version"], &still["pid"], &still["state"]),
+        (&json!("2.0.0"), &up["bundle"]["pid"], &json!("ready")),
+        "{still}"
+    );
+
+    // The daemon restarted runs the upgraded version, the old file gone.
+    std::fs::remove_file(&v1).unwrap();
+    assert!(d.signal(nix::sys::signal::Signal::SIGTERM).success());
+    d.launch();
+    let b = d.wait_state("default", "memo", "ready");
+    assert_eq!(
+        (&b["version"], &b["archive"]["sha256"]),
+        (&json!("2.0.0"), &json!(sha256(&v2))),
+        "{b}"
+    );
+
+    // A watched folder decides its bundles' versions.
+    let watched = d.root().join("watched");
+    std::fs::create_dir_all(&watched).unwrap();
+    let notes = pack(&staging, "notes", "1.0.0");
+    std::fs::copy(&notes, staging.join("copy")).unwrap();
+    std::fs::rename(staging.join("copy"), watched.join("notes.mcpb")).unwrap();
+    wait_for(Duration::from_secs(30), "the watched bundle ready", || {
+        d.bundle("default", "notes")
+            .filter(|b| b["state"] == "ready")
+    });
+    let notes2 = pack(&staging, "notes", "2.0.0");
+    let why = refused(&d, &["upgrade", notes2.to_str().unwrap()]);
+    assert!(
+        why.contains("watched folder") && why.contains("notes.mcpb"),
+        "{why}"
+    );
+    assert_eq!(d.bundle("default", "notes").unwrap()["version"], "1.0.0");
+}
+
 #[test]
 fn a_watched_archive_is_installed_upgraded_kept_when_broken_and_removed() {
     let d = Daemon::start_with(

@@ -4,8 +4,9 @@
 //! the sign-in form and as a bearer), the bundle list following a crash
 //! and the restart without a reload, a tool called from its form, the log
 //! followed live, an archive made by the real `mcpb pack` installed by
-//! upload, a token made (its text shown once), and a change without the
-//! form's CSRF token refused. Screenshots of the pages go to
+//! upload and upgraded by upload, the workspace's files added, downloaded
+//! and removed, a token made (its text shown once), and a change without
+//! the form's CSRF token refused. Screenshots of the pages go to
 //! `target/dashboard/` (the ones in docs/ were taken from it).
 
 mod common;
@@ -353,6 +354,58 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
         "the upload is not kept"
     );
 
+    // Upgraded by upload from its page: version 2 runs in its place. An
+    // archive of another bundle is refused, and the running one stays.
+    let mut manifest: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
+    manifest["name"] = json!("uploaded");
+    manifest["version"] = json!("2.0.0");
+    let v2_folder = write_bundle(&dir.path().join("v2"), "uploaded", &manifest);
+    let v2 = dir.path().join("uploaded-2.mcpb");
+    blocking(|| mcpb_pack(&v2_folder, &v2));
+    let upgrade_with = async |archive: &Path, page: &str| {
+        client
+            .goto(&format!("{base}/ui/bundle/default/{page}"))
+            .await
+            .unwrap();
+        let file = client
+            .find(Locator::Css("form:has(#upgrade) input[type=file]"))
+            .await
+            .unwrap();
+        file.send_keys(archive.to_str().unwrap()).await.unwrap();
+        client
+            .find(Locator::Css("#upgrade"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+    };
+    upgrade_with(&archive, "demo").await;
+    let why = text_when(&client, "p", "the refusal", |t| t.contains("not")).await;
+    assert!(
+        why.contains("holds bundle \"uploaded\", not \"demo\""),
+        "{why}"
+    );
+    upgrade_with(&v2, "uploaded").await;
+    text_when(
+        &client,
+        "#facts [data-k=version]",
+        "version 2 running",
+        |t| t == "2.0.0",
+    )
+    .await;
+    let upgraded = blocking(|| d.wait_state("default", "uploaded", "ready"));
+    assert_eq!(upgraded["version"], "2.0.0", "{upgraded}");
+    assert_eq!(
+        blocking(|| d.bundle("default", "demo")).unwrap()["version"],
+        "0.1.0"
+    );
+    assert_eq!(
+        std::fs::read_dir(&uploads).unwrap().count(),
+        0,
+        "an upload is kept"
+    );
+
     // A sensitive setting, entered write-only: the bundle gets it, no
     // page shows it.
     let secret = "sk-CANARY-dashboard-5e1";
@@ -425,13 +478,109 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
         "a page shows the key"
     );
 
-    // The workspace's files.
+    // The workspace's files: one put from the shell listed, one uploaded
+    // from the page, downloaded (as a download, never a page of the
+    // site), then removed.
     blocking(|| d.put_file("report.csv", b"a,b\n1,2\n"));
     client.goto(&format!("{base}/ui/files")).await.unwrap();
     text_when(&client, "#files", "the file listed", |t| {
         t.contains("report.csv")
     })
     .await;
+    let page_bytes = b"<script>alert(1)</script> from the browser\n";
+    let local = dir.path().join("notes from the browser.html");
+    std::fs::write(&local, page_bytes).unwrap();
+    client
+        .find(Locator::Css("input[name=tags]"))
+        .await
+        .unwrap()
+        .send_keys("ui, test")
+        .await
+        .unwrap();
+    client
+        .find(Locator::Css("form:has(#put) input[type=file]"))
+        .await
+        .unwrap()
+        .send_keys(local.to_str().unwrap())
+        .await
+        .unwrap();
+    client
+        .find(Locator::Css("#put"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    text_when(&client, "#files", "the uploaded file listed", |t| {
+        t.contains("notes from the browser.html") && t.contains("ui, test")
+    })
+    .await;
+    let listed: Value =
+        serde_json::from_str(&blocking(|| d.ok(&["files", "ls", "--json"]))).unwrap();
+    let id = listed["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["filename"] == "notes from the browser.html")
+        .map(|f| f["id"].as_str().unwrap().to_string())
+        .unwrap_or_else(|| panic!("not in files ls: {listed}"));
+    let cookie = client.get_named_cookie("bv_session").await.unwrap();
+    let fetched = reqwest::Client::new()
+        .get(format!("{base}/ui/files/default/{id}"))
+        .header("Cookie", format!("bv_session={}", cookie.value()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fetched.status(), 200);
+    let disposition = fetched.headers()["content-disposition"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(disposition.starts_with("attachment;"), "{disposition}");
+    assert_eq!(
+        fetched.headers()["content-type"],
+        "application/octet-stream"
+    );
+    assert_eq!(fetched.bytes().await.unwrap().as_ref(), page_bytes);
+    let anonymous = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .get(format!("{base}/ui/files/default/{id}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), 303, "a file without a session");
+    client
+        .find(Locator::Css(&format!("#f-{id} button")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    text_when(&client, "#files", "the file removed", |t| {
+        t.contains("report.csv") && !t.contains("notes from the browser")
+    })
+    .await;
+    assert!(!blocking(|| d.ok(&["files", "ls"])).contains("notes from the browser"));
+    // An upload whose form does not open with the session's token is
+    // refused before its file is read.
+    for first in ["workspace\r\n\r\ndefault", "csrf\r\n\r\nwrong"] {
+        let body = format!(
+            "--B\r\nContent-Disposition: form-data; name={first}\r\n--B\r\n\
+             Content-Disposition: form-data; name=file; filename=x.txt\r\n\r\nforged\r\n--B--\r\n"
+        );
+        let forged = reqwest::Client::new()
+            .post(format!("{base}/ui/files/put"))
+            .header("Cookie", format!("bv_session={}", cookie.value()))
+            .header("Content-Type", "multipart/form-data; boundary=B")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(forged.status(), 403, "{first}");
+    }
+    assert!(!blocking(|| d.ok(&["files", "ls"])).contains("x.txt"));
     client.goto(&format!("{base}/ui/")).await.unwrap();
     text_when(
         &client,

@@ -1,5 +1,6 @@
-//! `bundlevisor install PATH|URL [--sha256 HEX] [-w WS]`: waits until the
-//! bundle is ready. A URL is downloaded by the CLI first (`download.rs`).
+//! `bundlevisor install PATH|URL [--sha256 HEX] [-w WS]`, and `upgrade`
+//! with the same arguments: waits until the bundle is ready. A URL is
+//! downloaded by the CLI first (`download.rs`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -19,14 +20,16 @@ pub struct Args {
     sha256: Option<String>,
     #[arg(short, long, default_value = DEFAULT_WORKSPACE)]
     workspace: String,
-    /// Return once the install is recorded, without waiting for ready.
+    /// Return once the install (or upgrade) is recorded, without waiting
+    /// for ready.
     #[arg(long)]
     no_wait: bool,
     #[arg(long)]
     json: bool,
 }
 
-pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError> {
+/// `upgrade`: the bundle runs in place of the installed one of its name.
+pub async fn run(client: &mut Client, args: &Args, upgrade: bool) -> Result<ExitCode, ClientError> {
     let arg = args.path.to_string_lossy().into_owned();
     // Deleted once the daemon has installed (unpacked) it.
     let downloaded = if super::download::is_url(&arg) {
@@ -49,11 +52,23 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
         workspace: args.workspace.clone(),
         no_wait: args.no_wait,
     };
-    let what = format!("installing {}", printable_line(&path.display().to_string()));
-    let result: BundleResult = with_spinner(what, async |on_note| {
-        client
-            .call::<crate::protocol::typed::Install>(params, on_note)
-            .await
+    let doing = if upgrade {
+        "upgrading to"
+    } else {
+        "installing"
+    };
+    let what = format!("{doing} {}", printable_line(&path.display().to_string()));
+    let result: BundleResult = with_spinner(what, async |on_note| match upgrade {
+        true => {
+            client
+                .call::<crate::protocol::typed::Upgrade>(params, on_note)
+                .await
+        }
+        false => {
+            client
+                .call::<crate::protocol::typed::Install>(params, on_note)
+                .await
+        }
     })
     .await?;
     drop(downloaded);

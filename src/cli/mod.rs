@@ -79,6 +79,10 @@ enum Command {
     Status(status::Args),
     /// Install a bundle folder or manifest file and wait until it is ready.
     Install(install::Args),
+    /// Run a new version of an installed bundle in its place (a folder,
+    /// manifest, `.mcpb` or its URL; its manifest names the bundle) and
+    /// wait until it is ready; the running version stays if it cannot run.
+    Upgrade(install::Args),
     /// Stop and remove an installed bundle.
     Uninstall(uninstall::Args),
     /// Stop a bundle and start it again; waits until it is ready.
@@ -166,7 +170,8 @@ pub fn main() -> ExitCode {
             | Command::Completions(_)
             | Command::Man => unreachable!("handled above"),
             Command::Status(a) => status::run(&mut client, a).await,
-            Command::Install(a) => install::run(&mut client, a).await,
+            Command::Install(a) => install::run(&mut client, a, false).await,
+            Command::Upgrade(a) => install::run(&mut client, a, true).await,
             Command::Uninstall(a) => uninstall::run(&mut client, a).await,
             Command::Restart(a) => restart::run(&mut client, a).await,
             Command::Configure(a) => configure::run(&mut client, a).await,

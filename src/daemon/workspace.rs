@@ -49,6 +49,15 @@ pub enum WorkspaceMsg {
         manifest: Option<Box<crate::manifest::LoadedManifest>>,
         reply: RpcReplyPort<Result<(), AddError>>,
     },
+    /// Run a new version of a bundle (an operator's upgrade), from
+    /// `source` from now on; refused for a bundle not supervised here or
+    /// being uninstalled.
+    Upgrade {
+        name: String,
+        source: PathBuf,
+        manifest: Box<crate::manifest::LoadedManifest>,
+        reply: RpcReplyPort<bool>,
+    },
     /// Stop a bundle (uninstall); replies once its process is gone.
     Remove {
         name: String,
@@ -419,6 +428,23 @@ impl Actor for WorkspaceActor {
                         }));
                     }
                 }
+            }
+            WorkspaceMsg::Upgrade {
+                name,
+                source,
+                manifest,
+                reply,
+            } => {
+                let Some(slot) = st.bundles.get_mut(&name).filter(|s| s.stopping.is_none()) else {
+                    let _ = reply.send(false);
+                    return Ok(());
+                };
+                // A replacement of a panicked actor reads this source.
+                slot.source = source.clone();
+                if let Some(actor) = &slot.actor {
+                    let _ = actor.send_message(BundleMsg::Upgrade { manifest, source });
+                }
+                let _ = reply.send(true);
             }
             WorkspaceMsg::Remove { name, reply } => {
                 let Some(slot) = st.bundles.get_mut(&name) else {

@@ -14,6 +14,7 @@ pub mod method {
     pub const STATUS: &str = "status";
     pub const INSTALL: &str = "bundle.install";
     pub const UNINSTALL: &str = "bundle.uninstall";
+    pub const UPGRADE: &str = "bundle.upgrade";
     pub const RESTART: &str = "bundle.restart";
     pub const TOOLS: &str = "bundle.tools";
     pub const CALL: &str = "bundle.call";

@@ -141,6 +141,9 @@ methods! {
         Events(events) = method::EVENTS, NoParams => Subscribed;
         Install(install) = method::INSTALL, InstallParams => BundleResult;
         Uninstall(uninstall) = method::UNINSTALL, UninstallParams => UninstallResult;
+        /// The bundle the path holds (its manifest names it) runs in place
+        /// of the installed one of that name.
+        Upgrade(upgrade) = method::UPGRADE, InstallParams => BundleResult;
         Restart(restart) = method::RESTART, BundleRef => BundleResult;
         Tools(tools) = method::TOOLS, ToolsParams => ToolsResult;
         /// The result is the bundle's MCP `CallToolResult`, as it sent it.

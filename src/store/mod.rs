@@ -292,6 +292,25 @@ impl Store {
         })
     }
 
+    /// Points an install at the copy an upgrade brought (an archive's new
+    /// unpacked folder, another bundle folder); returns whether it existed.
+    pub fn set_source(
+        &self,
+        workspace: &str,
+        name: &str,
+        source: &Path,
+    ) -> Result<bool, StoreError> {
+        self.with(|c| {
+            let tx = c.transaction()?;
+            let n = tx.execute(
+                "UPDATE installs SET source = ?3 WHERE workspace = ?1 AND name = ?2",
+                params![workspace, name, source.to_string_lossy()],
+            )?;
+            tx.commit()?;
+            Ok(n == 1)
+        })
+    }
+
     /// Removes an install; returns whether it existed.
     pub fn remove(&self, workspace: &str, name: &str) -> Result<bool, StoreError> {
         self.with(|c| {
@@ -485,6 +504,33 @@ mod tests {
         assert!(!store.remove("default", "a").unwrap());
         assert_eq!(store.get("w2", "a").unwrap(), Some(record("w2", "a")));
         assert_eq!(store.get("default", "a").unwrap(), None);
+    }
+
+    #[test]
+    fn an_upgrade_moves_only_its_own_install_and_survives_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.db");
+        {
+            let store = Store::open(&path).unwrap();
+            assert!(store.insert(&record("default", "a")).unwrap());
+            assert!(store.insert(&record("w2", "a")).unwrap());
+            assert!(store
+                .set_source("default", "a", Path::new("/new/a"))
+                .unwrap());
+            assert!(!store
+                .set_source("default", "gone", Path::new("/new/gone"))
+                .unwrap());
+        }
+        let store = Store::open(&path).unwrap();
+        let moved = store.get("default", "a").unwrap().unwrap();
+        assert_eq!(moved.source, PathBuf::from("/new/a"));
+        assert_eq!(moved.installed_at, 1, "still the same install");
+        assert_eq!(store.get("w2", "a").unwrap(), Some(record("w2", "a")));
+        assert_eq!(
+            store.get("default", "gone").unwrap(),
+            None,
+            "nothing created"
+        );
     }
 
     #[test]

@@ -4,10 +4,11 @@
 use std::path::PathBuf;
 
 use super::{limit, Api, ApiError};
-use crate::daemon::bundle::BundleMsg;
-use crate::daemon::supervisor::DaemonMsg;
+use crate::daemon::bundle::{same_archive, BundleMsg};
+use crate::daemon::supervisor::{install, DaemonMsg, InstallError};
+use crate::daemon::workspace::WorkspaceMsg;
 use crate::manifest::LoadedManifest;
-use crate::protocol::BundleStatus;
+use crate::protocol::{BundleState, BundleStatus, EventKind};
 use crate::store::{InstallRecord, Origin};
 
 impl Api {
@@ -25,17 +26,11 @@ impl Api {
         self.bare_names_free(&path, workspace).await?;
         // Subscribed before the install: no transition of its start is missed.
         let events = self.shared.board.subscribe();
-        // An archive's unpack is told while the install is asked: its row
-        // is named after the archive's file (the manifest is not read yet).
-        let mut unpacks = self.shared.board.subscribe();
-        let unpacked_as = crate::archive::is_archive(&path)
-            .then(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()))
-            .flatten();
         let ws = workspace.to_string();
         let asked = Api::ask(
             &self.daemon,
             |reply| DaemonMsg::Install {
-                path,
+                path: path.clone(),
                 workspace: ws,
                 origin,
                 reply,
@@ -43,21 +38,7 @@ impl Api {
             limit::INSTALL,
             "the daemon",
         );
-        tokio::pin!(asked);
-        let record = loop {
-            tokio::select! {
-                record = &mut asked => break record??,
-                Ok(event) = unpacks.recv(), if unpacked_as.is_some() => {
-                    if event.kind == crate::protocol::EventKind::Unpacking
-                        && event.workspace == workspace
-                        && Some(&event.name) == unpacked_as.as_ref()
-                    {
-                        seen(event).await;
-                    }
-                }
-            }
-        };
-        drop(unpacks);
+        let record = self.unpacking(&path, workspace, asked, &mut seen).await??;
         if !wait {
             // The bundle's actor may not have published its first status yet.
             return Ok(self
@@ -66,6 +47,136 @@ impl Api {
         }
         self.wait_outcome(events, &record.workspace, &record.name, seen)
             .await
+    }
+
+    /// Awaits `work` on the bundle at `path`, passing the unpack of an
+    /// archive to `seen` as it goes: its row is named after the archive's
+    /// file (the manifest is not read yet).
+    async fn unpacking<T, F: std::future::Future<Output = ()>>(
+        &self,
+        path: &std::path::Path,
+        workspace: &str,
+        work: impl std::future::Future<Output = T>,
+        seen: &mut impl FnMut(crate::daemon::board::Event) -> F,
+    ) -> T {
+        let mut unpacks = self.shared.board.subscribe();
+        let unpacked_as = crate::archive::is_archive(path)
+            .then(|| path.file_stem().map(|s| s.to_string_lossy().into_owned()))
+            .flatten();
+        tokio::pin!(work);
+        loop {
+            tokio::select! {
+                done = &mut work => return done,
+                Ok(event) = unpacks.recv(), if unpacked_as.is_some() => {
+                    if event.kind == EventKind::Unpacking
+                        && event.workspace == workspace
+                        && Some(&event.name) == unpacked_as.as_ref()
+                    {
+                        seen(event).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs a new version of an installed bundle in its place. The bundle
+    /// at `path` (a folder, or a `.mcpb` that runs from its unpacked copy)
+    /// is checked as an install is; its manifest names the bundle, which
+    /// must be `expect` when given, installed by an operator (a watched
+    /// folder decides its bundles' versions). The install then points at
+    /// it, and the bundle restarts with it (a uv bundle's environment is
+    /// built first, while the running version serves; a build that fails
+    /// leaves that version running). With `wait`, waits for the outcome,
+    /// each transition passed to `seen`. The very archive that runs,
+    /// given again, changes nothing.
+    pub async fn upgrade<F: std::future::Future<Output = ()>>(
+        &self,
+        path: PathBuf,
+        workspace: &str,
+        expect: Option<&str>,
+        wait: bool,
+        mut seen: impl FnMut(crate::daemon::board::Event) -> F,
+    ) -> Result<BundleStatus, ApiError> {
+        self.known_workspace(workspace)?;
+        self.bare_names_free(&path, workspace).await?;
+        let ws = self.workspace(workspace).await?;
+        let checking = install::checked(&self.shared, path.clone(), workspace, Origin::Cli);
+        let (source, loaded) = self
+            .unpacking(&path, workspace, checking, &mut seen)
+            .await?;
+        let name = loaded.manifest.name.clone();
+        if let Some(expected) = expect.filter(|e| **e != name) {
+            return Err(InstallError::OtherBundle {
+                expected: expected.to_string(),
+                found: name,
+            }
+            .into());
+        }
+        // One change of a bundle at a time: upgrades, `configure`, `auth`.
+        let lock = self.shared.configure_lock(workspace, &name);
+        let _serialized = lock.lock().await;
+        let (w, n) = (workspace.to_string(), name.clone());
+        let record = self
+            .shared
+            .store
+            .call(move |s| s.get(&w, &n))
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))?
+            .ok_or_else(|| InstallError::NotInstalledToUpgrade {
+                workspace: workspace.to_string(),
+                name: name.clone(),
+            })?;
+        if record.origin == Origin::Watch {
+            return Err(InstallError::WatchedUpgrade {
+                name,
+                source_path: record.source.display().to_string(),
+            }
+            .into());
+        }
+        let running = self.running_manifest(workspace, &name).await.ok();
+        if let Some(status) = self
+            .bundle_status(workspace, &name)
+            .filter(|s| s.state == BundleState::Ready)
+            .filter(|_| running.is_some_and(|r| same_archive(&r, &loaded)))
+        {
+            tracing::info!(workspace, bundle = %name, "the archive given to upgrade is the one running: nothing to do");
+            return Ok(status);
+        }
+        if record.source != source {
+            let (w, n, s) = (workspace.to_string(), name.clone(), source.clone());
+            self.shared
+                .store
+                .call(move |store| store.set_source(&w, &n, &s))
+                .await
+                .map_err(|e| ApiError::Internal(e.to_string()))?;
+        }
+        // Subscribed before the upgrade: no transition of its start is missed.
+        let events = self.shared.board.subscribe();
+        let version = loaded.manifest.version.clone();
+        let taken = Api::ask(
+            &ws,
+            |reply| WorkspaceMsg::Upgrade {
+                name: name.clone(),
+                source: source.clone(),
+                manifest: Box::new(loaded),
+                reply,
+            },
+            limit::ANSWER,
+            "the workspace",
+        )
+        .await?;
+        if !taken {
+            return Err(ApiError::not_found(workspace, &name));
+        }
+        tracing::info!(workspace, bundle = %name, source = %source.display(), "bundle upgraded to version {version}");
+        // The copy it ran from goes once nothing runs it (after a grace).
+        crate::daemon::supervisor::collect_archives_soon(self.shared.clone());
+        if !wait {
+            return Ok(self
+                .bundle_status(workspace, &name)
+                .unwrap_or_else(|| crate::daemon::expected_status(&record)));
+        }
+        self.wait_outcome(events, workspace, &name, seen).await
     }
 
     /// Refuses a bundle whose manifest lists a tool that another bundle of

@@ -219,8 +219,13 @@ fn install_kind(e: &InstallError) -> ErrorKind {
         }
         InstallError::Archive(_) => ErrorKind::InvalidParams,
         InstallError::AlreadyInstalled { .. } => ErrorKind::AlreadyInstalled,
-        InstallError::NotInstalled { .. } => ErrorKind::BundleNotFound,
-        InstallError::Watched { .. } => ErrorKind::WatchedBundle,
+        InstallError::NotInstalled { .. } | InstallError::NotInstalledToUpgrade { .. } => {
+            ErrorKind::BundleNotFound
+        }
+        InstallError::Watched { .. } | InstallError::WatchedUpgrade { .. } => {
+            ErrorKind::WatchedBundle
+        }
+        InstallError::OtherBundle { .. } => ErrorKind::InvalidParams,
         InstallError::TimedOut(_) => ErrorKind::Timeout,
         InstallError::Store(_) | InstallError::Internal(_) => ErrorKind::Internal,
     }

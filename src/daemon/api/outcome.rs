@@ -98,6 +98,14 @@ impl Api {
                     preparing = true;
                     deadline = tokio::time::Instant::now() + self.shared.config.uv.timeout + limit;
                 }
+                // An upgrade whose environment could not be built: the
+                // running version keeps running.
+                EventKind::ManifestRejected if preparing && !started => {
+                    return Err(not_started(
+                        BundleState::Failed,
+                        &format!("{message}; the running version keeps running"),
+                    ))
+                }
                 EventKind::Ready if started => {
                     return self
                         .shared

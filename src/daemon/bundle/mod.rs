@@ -95,8 +95,12 @@ pub enum BundleMsg {
     /// Stop the current process (if any) and start again at once, because
     /// of `Respawn`; answers once the new start is under way.
     Respawn(Respawn, RpcReplyPort<()>),
-    /// The manifest changed and passed validation: restart with it.
-    Upgrade(Box<LoadedManifest>),
+    /// The manifest changed and passed validation: restart with it, from
+    /// `source` from now on (an operator's upgrade brings a new copy).
+    Upgrade {
+        manifest: Box<LoadedManifest>,
+        source: PathBuf,
+    },
     /// The environment of an upgrade (a uv bundle's) is built: restart with it.
     Prepared(Box<LoadedManifest>),
     /// The manifest changed but was refused: keep running, say why.
@@ -148,7 +152,7 @@ impl lifecycle::Manifest for LoadedManifest {
 
 /// Both run from the same unpacked archive (`archives/SHA256`: the same
 /// bytes) with the same manifest.
-fn same_archive(a: &LoadedManifest, b: &LoadedManifest) -> bool {
+pub(crate) fn same_archive(a: &LoadedManifest, b: &LoadedManifest) -> bool {
     a.dir == b.dir
         && a.text == b.text
         && a.dir
@@ -589,7 +593,8 @@ impl Actor for BundleActor {
                 let _ = reply.send(());
                 return Ok(());
             }
-            BundleMsg::Upgrade(manifest) => {
+            BundleMsg::Upgrade { manifest, source } => {
+                st.args.source = source;
                 // The archive put back is the one running (a copy seen half
                 // written, then whole): nothing to upgrade.
                 let running = st

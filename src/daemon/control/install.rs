@@ -1,4 +1,4 @@
-//! `bundle.install`, `bundle.uninstall`, `bundle.restart`: asked of the
+//! `bundle.install`, `bundle.upgrade`, `bundle.uninstall`, `bundle.restart`: asked of the
 //! DaemonActor (installs, uninstalls) or the bundle's actor (restart), then
 //! the outcome of the start is waited for.
 
@@ -16,8 +16,24 @@ pub(super) async fn install(
     ctx: &Ctx,
     out: &Outbox,
 ) -> Result<BundleResult, RpcError> {
+    let path = peers_bundle(&p, ctx).await?;
+    let bundle = ctx
+        .api
+        .install(
+            path,
+            &p.workspace,
+            Origin::Cli,
+            !p.no_wait,
+            out.forwarding(),
+        )
+        .await?;
+    Ok(BundleResult { bundle })
+}
+
+/// The bundle folder, manifest or archive `p` names, if the peer may use
+/// it (checked on the blocking pool, never on the event loop).
+async fn peers_bundle(p: &InstallParams, ctx: &Ctx) -> Result<PathBuf, RpcError> {
     let path = PathBuf::from(&p.path);
-    // File-system checks run on the blocking pool, never on the event loop.
     let (peer, checked) = (ctx.peer, path.clone());
     let allowed = tokio::task::spawn_blocking(move || {
         let manifest = crate::manifest::manifest_file(&checked);
@@ -31,15 +47,18 @@ pub(super) async fn install(
             ctx.peer.not_theirs("bundle folder or manifest", &p.path),
         ));
     }
+    Ok(path)
+}
+
+pub(super) async fn upgrade(
+    p: InstallParams,
+    ctx: &Ctx,
+    out: &Outbox,
+) -> Result<BundleResult, RpcError> {
+    let path = peers_bundle(&p, ctx).await?;
     let bundle = ctx
         .api
-        .install(
-            path,
-            &p.workspace,
-            Origin::Cli,
-            !p.no_wait,
-            out.forwarding(),
-        )
+        .upgrade(path, &p.workspace, None, !p.no_wait, out.forwarding())
         .await?;
     Ok(BundleResult { bundle })
 }

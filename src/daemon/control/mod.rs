@@ -707,6 +707,9 @@ impl m::Handlers for Handling<'_> {
     async fn install(&self, p: InstallParams) -> Result<BundleResult, RpcError> {
         install::install(p, self.ctx, self.out).await
     }
+    async fn upgrade(&self, p: InstallParams) -> Result<BundleResult, RpcError> {
+        install::upgrade(p, self.ctx, self.out).await
+    }
     async fn uninstall(&self, p: UninstallParams) -> Result<UninstallResult, RpcError> {
         install::uninstall(p, self.ctx).await
     }

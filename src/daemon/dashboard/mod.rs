@@ -205,6 +205,16 @@ pub fn router(api: Api, tls: bool) -> Router {
         .route("/ui/bundle/{workspace}/{name}/uninstall", post(uninstall))
         .route("/ui/bundle/{workspace}/{name}/configure", post(configure))
         .route("/ui/files", get(files))
+        .route(
+            "/ui/files/put",
+            post(file_put).layer(DefaultBodyLimit::max(upload)),
+        )
+        .route("/ui/files/remove", post(file_remove))
+        .route("/ui/files/{workspace}/{id}", get(file_get))
+        .route(
+            "/ui/bundle/{workspace}/{name}/upgrade",
+            post(upgrade).layer(DefaultBodyLimit::max(upload)),
+        )
         .route("/ui/bundle/{workspace}/{name}/logs", get(logs_live))
         .with_state(Ui {
             tls: tls || api.shared().config.http.insecure,
@@ -813,60 +823,158 @@ async fn logs_live(
     )
 }
 
-/// An uploaded `.mcpb`, installed into the chosen workspace. The sender
-/// is checked before any of the body is read, and the form's CSRF token
-/// must come first (the page's form puts it there); the archive is then
-/// streamed to `STATE_DIR/uploads/` (bounded by `[archives]
-/// max_archive_bytes`, each part within `[http] body_timeout`), installed
-/// (it runs from its unpacked copy, as any archive does) and removed,
-/// whatever happens.
-async fn install(State(ui): State<Ui>, headers: HeaderMap, mut upload: Multipart) -> Response {
-    let session = match signed_in(&ui, &headers).await {
-        Ok(s) => s,
-        Err(r) => return r,
-    };
-    if !sent_here(&headers) {
-        return foreign();
+/// What a page's upload form carries: its text fields, and its one file
+/// (on disk, removed when dropped) with the name the browser gave it.
+struct Uploaded {
+    fields: HashMap<String, String>,
+    file: Option<(Upload, String)>,
+}
+
+/// Which file an upload form takes.
+#[derive(Clone, Copy, PartialEq)]
+enum Takes {
+    /// A `.mcpb` archive (part `archive`).
+    Archive,
+    /// Any file for the workspace's FileStore (part `file`).
+    File,
+}
+
+/// Reads an upload form (`multipart/form-data`). The sender is checked
+/// before any of the body is read, and the form's CSRF token must come
+/// first (the pages' forms put it there); text fields are held to
+/// [`FORM_BYTES`], and the file is streamed to `STATE_DIR/uploads/`
+/// (bounded by `[archives] max_archive_bytes`), each part within `[http]
+/// body_timeout`.
+async fn uploaded(
+    ui: &Ui,
+    headers: &HeaderMap,
+    mut form: Multipart,
+    takes: Takes,
+) -> Result<Uploaded, Response> {
+    let session = signed_in(ui, headers).await?;
+    if !sent_here(headers) {
+        return Err(foreign());
     }
-    let refused = |why: &str| said(StatusCode::BAD_REQUEST, "Not installed", why);
-    let mut workspace = crate::protocol::DEFAULT_WORKSPACE.to_string();
-    let mut checked = false;
-    let mut saved = None;
-    while let Ok(Some(field)) = upload.next_field().await {
-        match (field.name().unwrap_or_default(), checked) {
-            ("csrf", false) => {
-                if field.text().await.ok().as_deref() != Some(session.csrf.as_str()) {
-                    return foreign();
-                }
-                checked = true;
+    let refused = |why: &str| said(StatusCode::BAD_REQUEST, "Not uploaded", why);
+    let within = ui.api.shared().config.http.body_timeout;
+    let (mut fields, mut file, mut checked) = (HashMap::new(), None, false);
+    let wanted = match takes {
+        Takes::Archive => "archive",
+        Takes::File => "file",
+    };
+    loop {
+        let field = match tokio::time::timeout(within, form.next_field()).await {
+            Ok(Ok(Some(field))) => field,
+            Ok(Ok(None)) => break,
+            Ok(Err(e)) => return Err(refused(&format!("the form did not arrive whole: {e}"))),
+            Err(_) => return Err(refused("the form stalled")),
+        };
+        let name = field.name().unwrap_or_default().to_string();
+        if name == wanted && checked {
+            let sent = plain_name(field.file_name().unwrap_or_default());
+            let saved = save_upload(ui, field, &sent, takes).await;
+            file = Some((saved.map_err(|w| refused(&w))?, sent));
+            continue;
+        }
+        let text = small_text(field, within).await.map_err(|w| refused(&w))?;
+        if !checked {
+            if name != "csrf" || text != session.csrf {
+                return Err(foreign());
             }
-            (_, false) => return foreign(),
-            ("workspace", true) => {
-                let text = field.text().await.unwrap_or_default();
-                if !text.trim().is_empty() {
-                    workspace = text.trim().to_string();
-                }
-            }
-            ("archive", true) => match save_upload(&ui, field).await {
-                Ok(upload) => saved = Some(upload),
-                Err(why) => return refused(&why),
-            },
-            _ => {}
+            checked = true;
+        }
+        fields.insert(name, text);
+    }
+    if !checked {
+        return Err(foreign());
+    }
+    Ok(Uploaded { fields, file })
+}
+
+/// A text part of a form, at most [`FORM_BYTES`].
+async fn small_text(
+    mut field: axum::extract::multipart::Field<'_>,
+    within: Duration,
+) -> Result<String, String> {
+    let mut bytes = Vec::new();
+    loop {
+        match tokio::time::timeout(within, field.chunk()).await {
+            Ok(Ok(Some(chunk))) => bytes.extend_from_slice(&chunk),
+            Ok(Ok(None)) => break,
+            Ok(Err(e)) => return Err(format!("the form did not arrive whole: {e}")),
+            Err(_) => return Err("the form stalled".to_string()),
+        }
+        if bytes.len() > FORM_BYTES {
+            return Err("a field of the form is too large".to_string());
         }
     }
-    let Some(saved) = saved else {
-        return refused("choose a .mcpb archive to upload");
+    String::from_utf8(bytes).map_err(|_| "a field of the form is not text".to_string())
+}
+
+/// An uploaded `.mcpb`, installed into the chosen workspace (it runs
+/// from its unpacked copy, as any archive does; the upload is removed,
+/// whatever happens).
+async fn install(State(ui): State<Ui>, headers: HeaderMap, form: Multipart) -> Response {
+    let Uploaded { fields, file } = match uploaded(&ui, &headers, form, Takes::Archive).await {
+        Ok(u) => u,
+        Err(r) => return r,
     };
+    let Some((file, _)) = file else {
+        return said(
+            StatusCode::BAD_REQUEST,
+            "Not installed",
+            "choose a .mcpb archive to upload",
+        );
+    };
+    let workspace = fields
+        .get("workspace")
+        .map(|w| w.trim())
+        .filter(|w| !w.is_empty())
+        .unwrap_or(crate::protocol::DEFAULT_WORKSPACE);
     let installed = ui
         .api
-        .install(saved.0.clone(), &workspace, Origin::Cli, true, |_| async {})
+        .install(file.0.clone(), workspace, Origin::Cli, true, |_| async {})
         .await;
-    drop(saved);
+    drop(file);
     match installed {
         Ok(status) => guarded(
             Redirect::to(&pages::bundle_url(&status.workspace, &status.name)).into_response(),
         ),
-        Err(e) => refused(&e.to_string()),
+        Err(e) => said(StatusCode::BAD_REQUEST, "Not installed", &e.to_string()),
+    }
+}
+
+/// An uploaded `.mcpb` of this bundle, run in place of the installed
+/// version (`bundlevisor upgrade`); the running version stays when the
+/// new one is refused.
+async fn upgrade(
+    State(ui): State<Ui>,
+    Path((workspace, name)): Path<(String, String)>,
+    headers: HeaderMap,
+    form: Multipart,
+) -> Response {
+    let file = match uploaded(&ui, &headers, form, Takes::Archive).await {
+        Ok(Uploaded {
+            file: Some((file, _)),
+            ..
+        }) => file,
+        Ok(_) => {
+            return said(
+                StatusCode::BAD_REQUEST,
+                "Not upgraded",
+                "choose a .mcpb archive to upload",
+            )
+        }
+        Err(r) => return r,
+    };
+    let upgraded = ui
+        .api
+        .upgrade(file.0.clone(), &workspace, Some(&name), true, |_| async {})
+        .await;
+    drop(file);
+    match upgraded {
+        Ok(_) => guarded(Redirect::to(&pages::bundle_url(&workspace, &name)).into_response()),
+        Err(e) => said(StatusCode::BAD_REQUEST, "Not upgraded", &e.to_string()),
     }
 }
 
@@ -880,20 +988,34 @@ impl Drop for Upload {
     }
 }
 
-/// Streams the archive part to `STATE_DIR/uploads/STEM-RANDOM.mcpb` (a
-/// name of its own: never over another file).
+/// The last component of a name the browser sent, without control
+/// characters, at most 200 characters (never empty).
+fn plain_name(sent: &str) -> String {
+    let last = sent.rsplit(['/', '\\']).next().unwrap_or_default();
+    let name: String = last.chars().filter(|c| !c.is_control()).take(200).collect();
+    match name.trim() {
+        "" | "." | ".." => "upload".to_string(),
+        name => name.to_string(),
+    }
+}
+
+/// Streams the file part to `STATE_DIR/uploads/RANDOM-STEM` (a name of
+/// its own: never over another file).
 async fn save_upload(
     ui: &Ui,
     mut field: axum::extract::multipart::Field<'_>,
+    file: &str,
+    takes: Takes,
 ) -> Result<Upload, String> {
     use tokio::io::AsyncWriteExt;
-    let file = field.file_name().unwrap_or("upload.mcpb").to_string();
-    if !file.ends_with(".mcpb") {
+    if takes == Takes::Archive && !file.ends_with(".mcpb") {
         return Err(format!(
             "{file:?} is not a .mcpb archive (pack a bundle folder with `mcpb pack`)"
         ));
     }
-    let stem: String = std::path::Path::new(&file)
+    // Only its stem's plain characters name it on disk (an archive's
+    // stem names its row while it is unpacked).
+    let stem: String = std::path::Path::new(file)
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default()
@@ -908,7 +1030,11 @@ async fn save_upload(
     };
     let config = &ui.api.shared().config;
     let dir = config.state_dir.join("uploads");
-    let kept = Upload(dir.join(format!("{stem}-{}.mcpb", &random_hex()[..8])));
+    let extension = match takes {
+        Takes::Archive => "mcpb",
+        Takes::File => "upload",
+    };
+    let kept = Upload(dir.join(format!("{stem}-{}.{extension}", &random_hex()[..8])));
     tokio::fs::create_dir_all(&dir)
         .await
         .map_err(|e| format!("cannot keep the upload: {e}"))?;
@@ -930,7 +1056,7 @@ async fn save_upload(
         size += chunk.len() as u64;
         if size > limit {
             return Err(format!(
-                "the archive is larger than [archives] max_archive_bytes ({limit} bytes)"
+                "the upload is larger than [archives] max_archive_bytes ({limit} bytes)"
             ));
         }
         out.write_all(&chunk)
@@ -941,6 +1067,139 @@ async fn save_upload(
         .await
         .map_err(|e| format!("cannot keep the upload: {e}"))?;
     Ok(kept)
+}
+
+/// Where a workspace's files page is.
+fn files_url(workspace: &str) -> String {
+    format!("/ui/files?workspace={}", pages::path(workspace))
+}
+
+/// An uploaded file put into the chosen workspace's FileStore, under the
+/// name it had (tags: the form's, comma-separated).
+async fn file_put(State(ui): State<Ui>, headers: HeaderMap, form: Multipart) -> Response {
+    let Uploaded { fields, file } = match uploaded(&ui, &headers, form, Takes::File).await {
+        Ok(u) => u,
+        Err(r) => return r,
+    };
+    let workspace = fields
+        .get("workspace")
+        .cloned()
+        .unwrap_or_else(|| crate::protocol::DEFAULT_WORKSPACE.to_string());
+    let Some((file, sent)) = file else {
+        return said(
+            StatusCode::BAD_REQUEST,
+            "Not added",
+            "choose a file to upload",
+        );
+    };
+    let tags: Vec<String> = fields
+        .get("tags")
+        .map(|t| {
+            t.split(',')
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    let path = file.0.clone();
+    let put = ui
+        .api
+        .files(&workspace, |reply| super::workspace::FilesOp::Put {
+            path,
+            filename: Some(sent),
+            tags,
+            mime: None,
+            held: Box::new(file),
+            reply,
+        })
+        .await;
+    match put {
+        Ok(_) => guarded(Redirect::to(&files_url(&workspace)).into_response()),
+        Err(e) => said(StatusCode::BAD_REQUEST, "Not added", &e.to_string()),
+    }
+}
+
+/// A file removed from a workspace's FileStore.
+async fn file_remove(State(ui): State<Ui>, request: Request) -> Response {
+    let (_, fields) = match posted(&ui, request).await {
+        Ok(posted) => posted,
+        Err(r) => return r,
+    };
+    let (Some(workspace), Some(id)) = (fields.get("workspace"), fields.get("id")) else {
+        return said(
+            StatusCode::BAD_REQUEST,
+            "Not removed",
+            "the form names no file",
+        );
+    };
+    let id = id.clone();
+    match ui
+        .api
+        .files(workspace, |reply| super::workspace::FilesOp::Remove {
+            id,
+            reply,
+        })
+        .await
+    {
+        Ok(true) => guarded(Redirect::to(&files_url(workspace)).into_response()),
+        Ok(false) => said(
+            StatusCode::NOT_FOUND,
+            "Not removed",
+            "no such file (removed already?)",
+        ),
+        Err(e) => said(StatusCode::BAD_REQUEST, "Not removed", &e.to_string()),
+    }
+}
+
+/// A file's bytes, as a download (never shown in the dashboard's own
+/// origin: whatever it holds, it is not a page of this site).
+async fn file_get(
+    State(ui): State<Ui>,
+    headers: HeaderMap,
+    Path((workspace, id)): Path<(String, String)>,
+) -> Response {
+    if let Err(r) = signed_in(&ui, &headers).await {
+        return r;
+    }
+    let got = ui
+        .api
+        .files(&workspace, |reply| super::workspace::FilesOp::Get {
+            id,
+            reply,
+        })
+        .await;
+    let (record, bytes) = match got {
+        Ok(Some(found)) => found,
+        Ok(None) => {
+            return said(
+                StatusCode::NOT_FOUND,
+                "No such file",
+                "no such file in this workspace",
+            )
+        }
+        Err(e) => return said(StatusCode::BAD_REQUEST, "Files", &e.to_string()),
+    };
+    let disposition = format!(
+        "attachment; filename*=UTF-8''{}",
+        pages::path(&record.filename)
+    );
+    let mut response = guarded(
+        (
+            [(header::CONTENT_TYPE, "application/octet-stream".to_string())],
+            bytes,
+        )
+            .into_response(),
+    );
+    if let Ok(value) = header::HeaderValue::from_str(&disposition) {
+        response
+            .headers_mut()
+            .insert(header::CONTENT_DISPOSITION, value);
+    }
+    response.headers_mut().insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static("sandbox"),
+    );
+    response
 }
 
 async fn tokens(State(ui): State<Ui>, headers: HeaderMap) -> Response {

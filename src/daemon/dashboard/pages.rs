@@ -337,6 +337,9 @@ pub fn bundle(csrf: &str, view: BundleView) -> String {
          <p><form class=inline method=post action=\"{base}/restart\">{hidden}<button id=restart>Restart</button></form> \
          <form class=inline method=post action=\"{base}/uninstall\">{hidden}<button id=uninstall>Uninstall</button></form></p>\
          {answer}<section><h2>Tools</h2><table>{tool_rows}</table></section>{}\
+         <section><h2>Upgrade</h2><form method=post action=\"{base}/upgrade\" enctype=\"multipart/form-data\">{hidden}\
+         <input type=file name=archive accept=\".mcpb\"> <button id=upgrade>Upgrade</button> \
+         <small>a .mcpb of this bundle runs in place of this version; if it cannot run, this one stays</small></form></section>\
          <section><h2>Log</h2><pre id=log>{log}</pre></section>\
          <section><h2>Events</h2><table id=events><tr><th>When</th><th>What</th><th>State</th><th>Message</th></tr>{}</table></section>",
         esc(&b.name),
@@ -444,24 +447,36 @@ pub fn files(
             format!("<option{selected}>{}</option>", esc(w))
         })
         .collect();
+    let hidden = format!(
+        "<input type=hidden name=csrf value=\"{}\"><input type=hidden name=workspace value=\"{}\">",
+        esc(csrf),
+        esc(workspace)
+    );
     let rows: String = list
         .iter()
         .map(|f| {
             format!(
-                "<tr><td>{}</td><td><code>files://{}</code></td><td>{}</td><td>{} B</td><td>{}</td><td>{}</td></tr>",
+                "<tr id=\"f-{}\"><td><a href=\"/ui/files/{}/{}\">{}</a></td><td><code>files://{}</code></td><td>{}</td><td>{} B</td><td>{}</td><td>{}</td>\
+                 <td><form class=inline method=post action=\"/ui/files/remove\">{hidden}<input type=hidden name=id value=\"{}\"><button>Remove</button></form></td></tr>",
+                esc(&f.id),
+                path(workspace),
+                path(&f.id),
                 esc(&f.filename),
                 esc(&f.id),
                 esc(&f.mime_type),
                 f.size,
                 esc(&f.tags.join(", ")),
-                esc(&f.created_at)
+                esc(&f.created_at),
+                esc(&f.id)
             )
         })
         .collect();
     let body = format!(
         "<h1>Files of {}</h1><form method=get action=\"/ui/files\"><select name=workspace>{choose}</select> <button>Show</button></form>\
-         <table id=files><tr><th>Name</th><th>URI</th><th>Type</th><th>Size</th><th>Tags</th><th>Added</th></tr>{rows}</table>\
-         <p>Bundles read these through host-resources; <code>bundlevisor files put</code> adds one.</p>",
+         <table id=files><tr><th>Name</th><th>URI</th><th>Type</th><th>Size</th><th>Tags</th><th>Added</th><th></th></tr>{rows}</table>\
+         <section><h2>Add a file</h2><form method=post action=\"/ui/files/put\" enctype=\"multipart/form-data\">{hidden}\
+         tags <input name=tags placeholder=\"a, b\"> <input type=file name=file> <button id=put>Add</button></form></section>\
+         <p>Bundles read these through host-resources (<code>bundlevisor files</code> does the same from a shell).</p>",
         esc(workspace)
     );
     layout("Files", Some(csrf), &body, Live::Off)

@@ -35,7 +35,7 @@ pub enum InstallError {
     /// signatures are required.
     #[error("{0}")]
     Untrusted(String),
-    #[error("bundle {name:?} is already installed in workspace {workspace:?} (from {source_path}); uninstall it first, or use `bundlevisor restart {name}`")]
+    #[error("bundle {name:?} is already installed in workspace {workspace:?} (from {source_path}); `bundlevisor upgrade PATH` runs this one in its place, `bundlevisor restart {name}` restarts it")]
     AlreadyInstalled {
         workspace: String,
         name: String,
@@ -43,6 +43,12 @@ pub enum InstallError {
     },
     #[error("bundle {name:?} is not installed in workspace {workspace:?}")]
     NotInstalled { workspace: String, name: String },
+    #[error("bundle {name:?} is not installed in workspace {workspace:?}; `bundlevisor install PATH` installs it")]
+    NotInstalledToUpgrade { workspace: String, name: String },
+    #[error("bundle {name:?} comes from a watched folder, which decides its version: put the new version at {source_path} instead")]
+    WatchedUpgrade { name: String, source_path: String },
+    #[error("the archive holds bundle {found:?}, not {expected:?}; upgrade {expected:?} with an archive of it, or install this one")]
+    OtherBundle { expected: String, found: String },
     #[error("bundle {name:?} comes from a watched folder; remove {source_path} from the folder to uninstall it (its stored credentials are kept: then `bundlevisor uninstall {name} --purge` deletes them)")]
     Watched { name: String, source_path: String },
     #[error(transparent)]
@@ -57,15 +63,15 @@ pub enum InstallError {
 /// recorded and the install is refused.
 const INSTALL_DEADLINE: Duration = Duration::from_secs(30);
 
-/// Reads, validates, gates and records an install, then has the workspace
-/// supervise it (undone if that fails). Runs in a task.
-pub async fn install(
-    shared: Arc<Shared>,
-    ws: ActorRef<WorkspaceMsg>,
+/// Reads and checks the bundle at `path` for `workspace`, as an install
+/// or an upgrade does (manifest, gate, trust, entry point, runtimes,
+/// sandbox), under a deadline; the source to record and its manifest.
+pub async fn checked(
+    shared: &Shared,
     path: PathBuf,
-    workspace: String,
+    workspace: &str,
     origin: Origin,
-) -> Result<InstallRecord, InstallError> {
+) -> Result<(PathBuf, LoadedManifest), InstallError> {
     // Reading the manifest and walking the bundle folder is blocking work,
     // under a deadline. Nothing is recorded before it is done, and once the
     // record is written the install completes: a caller that was told
@@ -76,7 +82,7 @@ pub async fn install(
         shared.config.protected_paths(),
         shared.config.clone(),
     );
-    let in_workspace = workspace.clone();
+    let in_workspace = workspace.to_string();
     let board = shared.board.clone();
     let checked = tokio::task::spawn_blocking(move || {
         let missing = |e: std::io::Error| InstallError::NoSuchPath {
@@ -126,6 +132,19 @@ pub async fn install(
             ))
         })?
         .map_err(|e| InstallError::Internal(e.to_string()))??;
+    Ok((source, loaded))
+}
+
+/// Reads, validates, gates and records an install, then has the workspace
+/// supervise it (undone if that fails). Runs in a task.
+pub async fn install(
+    shared: Arc<Shared>,
+    ws: ActorRef<WorkspaceMsg>,
+    path: PathBuf,
+    workspace: String,
+    origin: Origin,
+) -> Result<InstallRecord, InstallError> {
+    let (source, loaded) = checked(&shared, path, &workspace, origin).await?;
     let record = InstallRecord {
         workspace,
         name: loaded.manifest.name.clone(),

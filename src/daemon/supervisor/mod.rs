@@ -4,7 +4,7 @@
 //! wait on slow work: installs, uninstalls and folder scans run in tasks
 //! (`install.rs`, `super::folder`) and report back by message.
 
-mod install;
+pub(crate) mod install;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -316,7 +316,10 @@ impl DaemonState {
                     } else if let Some(actor) =
                         ActorRef::<BundleMsg>::where_is(actor_name(&record.workspace, &record.name))
                     {
-                        let _ = actor.send_message(BundleMsg::Upgrade(Box::new(loaded.clone())));
+                        let _ = actor.send_message(BundleMsg::Upgrade {
+                            manifest: Box::new(loaded.clone()),
+                            source: record.source.clone(),
+                        });
                     }
                 }
                 (Some(record), Some(Err(reason))) => {
@@ -492,7 +495,7 @@ const ARCHIVE_GRACE: std::time::Duration = std::time::Duration::from_secs(600);
 /// [`collect_archives`] once, a moment after the first of a run of
 /// uninstalls (each would read every install and saved manifest: removing
 /// n bundles was O(n²)).
-fn collect_archives_soon(shared: Arc<Shared>) {
+pub(crate) fn collect_archives_soon(shared: Arc<Shared>) {
     use std::sync::atomic::Ordering;
     if shared.collect_pending.swap(true, Ordering::AcqRel) {
         return;
