@@ -16,11 +16,12 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator};
 use opentelemetry::trace::{
-    Span as _, SpanKind, Status, TraceContextExt, Tracer as _, TracerProvider as _,
+    Span as _, SpanKind, Status, TraceContextExt, TraceId, Tracer as _, TracerProvider as _,
 };
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig};
@@ -49,6 +50,10 @@ const DELAY: Duration = Duration::from_millis(1000);
 #[derive(Clone, Default)]
 pub struct Telemetry {
     tracer: Option<SdkTracer>,
+    /// The traces of recorded requests to bundles still in flight (how
+    /// many of each): the only contexts a bundle's own requests may
+    /// continue.
+    handed: Arc<Mutex<HashMap<TraceId, usize>>>,
 }
 
 /// The exporting side of [`Telemetry`], kept by the daemon to send what is
@@ -107,6 +112,7 @@ impl Telemetry {
         Ok((
             Telemetry {
                 tracer: Some(tracer),
+                handed: Default::default(),
             },
             Some(Exporter { provider }),
         ))
@@ -122,6 +128,24 @@ impl Telemetry {
         Trace {
             telemetry: self.clone(),
             context: Context::new(),
+        }
+    }
+
+    /// The trace a bundle's own request came with, continued only when it
+    /// is one the daemon handed a bundle with a request still in flight:
+    /// else a trace of its own, sampled by `sample_ratio` (a bundle cannot
+    /// have its requests recorded by marking them sampled).
+    pub fn continued_by_bundle(
+        &self,
+        traceparent: Option<&str>,
+        tracestate: Option<&str>,
+    ) -> Trace {
+        let trace = self.continued(traceparent, tracestate);
+        let id = trace.context.span().span_context().trace_id();
+        let handed = self.handed.lock().unwrap_or_else(|p| p.into_inner());
+        match handed.contains_key(&id) {
+            true => trace,
+            false => self.root(),
         }
     }
 
@@ -288,6 +312,7 @@ impl Trace {
         Span {
             span: None,
             trace: self.clone(),
+            handed: None,
         }
     }
 
@@ -317,6 +342,7 @@ impl Trace {
                 telemetry: self.telemetry.clone(),
                 context,
             },
+            handed: None,
         }
     }
 
@@ -348,9 +374,51 @@ impl Trace {
 pub struct Span {
     span: Option<opentelemetry_sdk::trace::Span>,
     trace: Trace,
+    /// Handed to a bundle ([`Span::hand_over`]): its trace is vouched for
+    /// until the span ends.
+    handed: Option<TraceId>,
+}
+
+impl Drop for Span {
+    fn drop(&mut self) {
+        let Some(id) = self.handed.take() else {
+            return;
+        };
+        let mut handed = self
+            .trace
+            .telemetry
+            .handed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = handed.get_mut(&id) {
+            *n -= 1;
+            if *n == 0 {
+                handed.remove(&id);
+            }
+        }
+    }
 }
 
 impl Span {
+    /// This recorded span's context goes to a bundle with a request: until
+    /// the span ends, the bundle's own requests in its trace continue it
+    /// ([`Telemetry::continued_by_bundle`]).
+    pub fn hand_over(&mut self) {
+        if !self.is_recording() || self.handed.is_some() {
+            return;
+        }
+        let id = self.trace.context.span().span_context().trace_id();
+        *self
+            .trace
+            .telemetry
+            .handed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id)
+            .or_default() += 1;
+        self.handed = Some(id);
+    }
+
     /// The trace under this span: its children's parent, and what goes to
     /// a bundle.
     pub fn trace(&self) -> &Trace {
@@ -409,6 +477,54 @@ mod tests {
                 tracestate: Some("vendor=1".to_string()),
             })
         );
+    }
+
+    /// Tracing on, sampling nothing of its own, exporting nowhere.
+    fn sampling_nothing() -> Telemetry {
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(
+                0.0,
+            ))))
+            .build();
+        Telemetry {
+            tracer: Some(provider.tracer("test")),
+            handed: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_bundle_continues_only_a_trace_handed_to_it_and_only_while_in_flight() {
+        let on = sampling_nothing();
+        // A sampled context the bundle made up: a trace of the daemon's
+        // own, which samples nothing here.
+        let made_up = on.continued_by_bundle(Some(PARENT), None);
+        assert_ne!(
+            made_up.trace_id().as_deref(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+        assert!(!made_up
+            .span("host-resources x", SpanKind::Server, Vec::new())
+            .is_recording());
+        // The agent's sampled trace, handed to the bundle with a request.
+        let agents = on.continued(Some(PARENT), None);
+        let mut request = agents.span("tools/call x", SpanKind::Client, Vec::new());
+        assert!(request.is_recording());
+        request.hand_over();
+        let given = request.trace().w3c().unwrap().traceparent;
+        let read = on.continued_by_bundle(Some(&given), None);
+        let span = read.span("host-resources x", SpanKind::Server, Vec::new());
+        assert!(span.is_recording());
+        assert_eq!(
+            span.trace().trace_id().as_deref(),
+            Some("4bf92f3577b34da6a3ce929d0e0e4736")
+        );
+        // Its request answered: the trace is no longer the bundle's to use.
+        request.end("ok", None);
+        let late = on.continued_by_bundle(Some(&given), None);
+        assert!(!late
+            .span("host-resources x", SpanKind::Server, Vec::new())
+            .is_recording());
+        assert!(on.handed.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -99,7 +99,8 @@ impl HostContext {
     }
 
     /// The span of a host-resources request (kind server: the bundle
-    /// asks), in the trace the bundle passed in its `_meta`, if any.
+    /// asks), in the trace the bundle passed in its `_meta` if the daemon
+    /// handed it that trace with a request still in flight.
     fn span(&self, method: &str, params: Option<&Value>) -> crate::telemetry::Span {
         use crate::telemetry::{Attribute, Kind};
         // Off: nothing of the request is read or built.
@@ -116,7 +117,7 @@ impl HostContext {
         let (parent, state) = (field("traceparent"), field("tracestate"));
         let trace = self
             .telemetry
-            .continued(parent.as_deref(), state.as_deref());
+            .continued_by_bundle(parent.as_deref(), state.as_deref());
         let mut attributes = vec![
             Attribute::new("mcp.method.name", method.to_string()),
             Attribute::new("bundlevisor.workspace", self.requester.workspace.clone()),

@@ -258,9 +258,10 @@ fn traced(
     request: &mut ClientRequest,
     revision: &str,
 ) -> crate::telemetry::Span {
-    let span = call
+    let mut span = call
         .trace
         .span_with(Kind::Client, || bundle_span(request, revision));
+    span.hand_over();
     if let Some(w3c) = span.trace().w3c() {
         use rmcp::model::GetMeta;
         let meta = request.get_meta_mut();
