@@ -410,12 +410,13 @@ bench: build bench-peers model ## The benchmark suite: each figure next to its f
 	$(MAKE) bench-callgrind
 
 .PHONY: bench-callgrind
-bench-callgrind: build ## Instructions per host-resources read and per gateway tool call (valgrind's callgrind, installed with apt-get when missing)
+bench-callgrind: build ## Instructions per host-resources read and per gateway tool call, over stdio and HTTP (valgrind's callgrind, installed with apt-get when missing)
 	@command -v valgrind >/dev/null || (apt-get update -qq && apt-get install -y -qq valgrind)
 	$(CARGO) bench --bench suite --no-run
 	benches/callgrind-host-read.sh
 	benches/callgrind-gateway-call.sh
 	CALLGRIND_TRACED=1 CALLGRIND_OUT=target/bench/callgrind-gateway-traced.json benches/callgrind-gateway-call.sh
+	benches/callgrind-http-call.sh
 
 # Fuzz smoke run: each target for FUZZ_SECONDS (cargo-fuzz from crates.io;
 # RUSTC_BOOTSTRAP lets the stable toolchain take libFuzzer's flags).

@@ -189,6 +189,59 @@ pub struct WorkspaceState {
 const INLINE_READ_MAX: u64 = 64 * 1024;
 
 impl WorkspaceState {
+    /// Stops a bundle's actor (an uninstall); `reply` answers once it has
+    /// stopped (`Removed`), false at once for a bundle not here.
+    fn remove(&mut self, myself: &ActorRef<WorkspaceMsg>, name: String, reply: RpcReplyPort<bool>) {
+        let Some(slot) = self.bundles.get_mut(&name) else {
+            let _ = reply.send(false);
+            return;
+        };
+        if let Some(stopping) = &mut slot.stopping {
+            stopping.removers.push(reply);
+            return;
+        }
+        self.buckets.remove(&name);
+        self.standings.remove(&name);
+        slot.stopping = Some(Stopping {
+            removers: vec![reply],
+            then: None,
+        });
+        let actor = slot.actor.take();
+        let ws = self.name.clone();
+        let limit = self.shared.config.bundles.stop_grace + Duration::from_secs(5);
+        let myself = myself.clone();
+        tokio::spawn(async move {
+            if let Some(actor) = actor {
+                if let Err(e) = actor
+                    .stop_and_wait(Some("uninstall".into()), Some(limit))
+                    .await
+                {
+                    tracing::warn!(workspace = %ws, bundle = %name, "bundle actor did not stop in time: {e}");
+                }
+            }
+            let _ = myself.send_message(WorkspaceMsg::Removed { name });
+        });
+    }
+
+    /// Passes an operator's upgrade to a bundle's actor, its slot moved to
+    /// the new source (which a replacement of a panicked actor reads);
+    /// false for a bundle not here or being uninstalled.
+    fn upgrade(
+        &mut self,
+        name: &str,
+        source: PathBuf,
+        manifest: Box<crate::manifest::LoadedManifest>,
+    ) -> bool {
+        let Some(slot) = self.bundles.get_mut(name).filter(|s| s.stopping.is_none()) else {
+            return false;
+        };
+        slot.source = source.clone();
+        if let Some(actor) = &slot.actor {
+            let _ = actor.send_message(BundleMsg::Upgrade { manifest, source });
+        }
+        true
+    }
+
     /// Scheme check → access decision (audited) → rate bucket → FileStore
     /// (on the blocking pool). The workspace is the one the connection was
     /// bound to; a refused request is answered as not found (no leak).
@@ -435,47 +488,9 @@ impl Actor for WorkspaceActor {
                 manifest,
                 reply,
             } => {
-                let Some(slot) = st.bundles.get_mut(&name).filter(|s| s.stopping.is_none()) else {
-                    let _ = reply.send(false);
-                    return Ok(());
-                };
-                // A replacement of a panicked actor reads this source.
-                slot.source = source.clone();
-                if let Some(actor) = &slot.actor {
-                    let _ = actor.send_message(BundleMsg::Upgrade { manifest, source });
-                }
-                let _ = reply.send(true);
+                let _ = reply.send(st.upgrade(&name, source, manifest));
             }
-            WorkspaceMsg::Remove { name, reply } => {
-                let Some(slot) = st.bundles.get_mut(&name) else {
-                    let _ = reply.send(false);
-                    return Ok(());
-                };
-                if let Some(stopping) = &mut slot.stopping {
-                    stopping.removers.push(reply);
-                    return Ok(());
-                }
-                st.buckets.remove(&name);
-                st.standings.remove(&name);
-                slot.stopping = Some(Stopping {
-                    removers: vec![reply],
-                    then: None,
-                });
-                let actor = slot.actor.take();
-                let ws = st.name.clone();
-                let limit = st.shared.config.bundles.stop_grace + Duration::from_secs(5);
-                tokio::spawn(async move {
-                    if let Some(actor) = actor {
-                        if let Err(e) = actor
-                            .stop_and_wait(Some("uninstall".into()), Some(limit))
-                            .await
-                        {
-                            tracing::warn!(workspace = %ws, bundle = %name, "bundle actor did not stop in time: {e}");
-                        }
-                    }
-                    let _ = myself.send_message(WorkspaceMsg::Removed { name });
-                });
-            }
+            WorkspaceMsg::Remove { name, reply } => st.remove(&myself, name, reply),
             WorkspaceMsg::Removed { name } => {
                 let Some(slot) = st.bundles.remove(&name) else {
                     return Ok(());
