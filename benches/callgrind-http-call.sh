@@ -13,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 N=${CALLGRIND_CALLS:-1000}
 OUT=${CALLGRIND_OUT:-target/bench/callgrind-http.json}
+mkdir -p target/bench
 . benches/callgrind-common.sh
 mkdir -p "$work/demo/server"
 cp "$DEMO" "$work/demo/server/"
@@ -21,7 +22,7 @@ chmod -R a+rX "$work/demo"
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 start_daemon "$(printf '[http]\nlisten = "127.0.0.1:%s"\nrate_per_sec = 1000000.0\nburst = 1000000' "$port")"
 "$BV" install "$work/demo" >/dev/null
-token=$("$BV" token create --name callgrind)
+token=$("$BV" token create --name callgrind 2>/dev/null)
 
 python3 - "$daemon" "$N" "$port" "$token" "$work" <<'PY'
 import glob, http.client, json, subprocess, sys
@@ -94,6 +95,8 @@ for label, call in (("2025-11-25", call_2025), ("2026-07-28", call_2026)):
     control("-d")
     control("-i", "off")
     new = sorted(dumped() - before)
+    # Kept for `callgrind_annotate` (target/bench/callgrind-http-REVISION.out).
+    subprocess.run(["cp", new[-1], f"target/bench/callgrind-http-{label}.out"], check=False)
     total = 0
     for path in new:
         with open(path) as f:

@@ -41,8 +41,8 @@ use tokio_util::sync::CancellationToken;
 use super::{resumed, Shared};
 use crate::daemon::api::Api;
 use crate::daemon::gateway::names::Naming;
-use crate::daemon::gateway::rounds::{AgentKey, RoundLimits, Rounds};
-use crate::daemon::gateway::{Gateway, DEFAULT_WAIT_READY};
+use crate::daemon::gateway::rounds::{AgentKey, RoundLimits};
+use crate::daemon::gateway::{Common, Gateway, DEFAULT_WAIT_READY};
 
 type Endpoint = StreamableHttpService<Gateway, LocalSessionManager>;
 
@@ -1056,8 +1056,9 @@ impl App {
                 }
                 let sessions = Arc::new(LocalSessionManager::default());
                 // A 2026-07-28 request gets a gateway of its own; the calls
-                // waiting for their agents' input are the endpoint's.
-                let rounds = Rounds::new(RoundLimits {
+                // waiting for their agents' input, and the routes, are the
+                // endpoint's.
+                let common = Common::new(RoundLimits {
                     timeout: settings.input_timeout,
                     per_agent: settings.max_waiting_for_input,
                     ..RoundLimits::default()
@@ -1069,7 +1070,7 @@ impl App {
                             workspace.clone(),
                             profile.clone(),
                             DEFAULT_WAIT_READY,
-                            rounds.clone(),
+                            common.clone(),
                             naming.clone(),
                             // Each request carries its token's grant; one
                             // that does not reaches nothing.

@@ -50,8 +50,8 @@ where
         p.wait_ready_ms
             .map(Duration::from_millis)
             .unwrap_or(crate::daemon::gateway::DEFAULT_WAIT_READY),
-        // One agent on this connection: its own waiting calls.
-        crate::daemon::gateway::rounds::Rounds::new(Default::default()),
+        // One agent on this connection: its own waiting calls and routes.
+        crate::daemon::gateway::Common::new(Default::default()),
         naming,
         Some(scope.grant),
     );

@@ -38,7 +38,7 @@ use rmcp::RoleServer;
 use tokio::sync::{broadcast, mpsc};
 
 use crate::protocol::EventKind;
-pub use server::{Gateway, DEFAULT_WAIT_READY};
+pub use server::{Common, Gateway, DEFAULT_WAIT_READY};
 
 /// Runs a call that reports the bundle's progress to the sender it is
 /// given (one when `wanted`), passing each report to `forward` in order and

@@ -139,9 +139,9 @@ impl Gateway {
         }
         let tools = self.tools().await?;
         let tools = self
-            .granted(context, Kind::Tool, &self.0.tools, tools, |t| &t.name)
+            .granted(context, Kind::Tool, &self.0.routes.tools, tools, |t| &t.name)
             .await;
-        let routes = self.0.tools.lock().await;
+        let routes = self.0.routes.tools.lock().await;
         listed.extend(tools.into_iter().filter(|t| {
             routes
                 .get(t.name.as_ref())
@@ -232,10 +232,10 @@ impl Gateway {
         // The tools this agent may call, by their own names.
         let (tools, _) = self.catalog_of(all).await?;
         let tools = self
-            .granted(context, Kind::Tool, &self.0.tools, tools, |t| &t.name)
+            .granted(context, Kind::Tool, &self.0.routes.tools, tools, |t| &t.name)
             .await;
         let visible: HashMap<(String, String), Tool> = {
-            let routes = self.0.tools.lock().await;
+            let routes = self.0.routes.tools.lock().await;
             tools
                 .into_iter()
                 .filter_map(|t| {
@@ -322,7 +322,7 @@ impl Gateway {
         let mut pairs = Vec::new();
         for name in &names {
             let refresh = async { self.tools().await.map(|_| ()) };
-            let route = self.route(&self.0.tools, name, refresh).await?;
+            let route = self.route(&self.0.routes.tools, name, refresh).await?;
             self.permit(context, Kind::Tool, (&route.bundle, &route.name), name)?;
             pairs.push((route.bundle, route.name));
         }

@@ -52,11 +52,8 @@ pub struct Inner {
     /// How the bundles' names and URIs are shown: prefixed, or one bundle
     /// as itself (the per-bundle endpoint).
     pub naming: Arc<Naming>,
-    /// Exposed tool and prompt names of the last listing → their origin.
-    pub(super) tools: Mutex<BTreeMap<String, Entry>>,
-    pub(super) prompts: Mutex<BTreeMap<String, Entry>>,
-    /// Exposed URI templates → their bundle and own template (`name`).
-    pub(super) templates: Mutex<BTreeMap<String, Entry>>,
+    /// Exposed names → their origin, as the last listing found them.
+    pub(super) routes: Arc<Routes>,
     /// Whom this connection's requests come from (stdio); an HTTP request
     /// carries its own ([`super::grant`]).
     pub grant: Option<Arc<Grant>>,
@@ -72,6 +69,37 @@ pub struct Inner {
     rounds: Arc<Rounds>,
 }
 
+/// Exposed names → their bundle and own name, as the last listing found
+/// them; shared by the gateways of one endpoint (over HTTP each
+/// 2026-07-28 request has a gateway of its own, and a call must not list
+/// every bundle's tools to find its route) or of one connection.
+#[derive(Default)]
+pub struct Routes {
+    /// Exposed tool and prompt names.
+    pub(super) tools: Mutex<BTreeMap<String, Entry>>,
+    pub(super) prompts: Mutex<BTreeMap<String, Entry>>,
+    /// Exposed URI templates → their bundle and own template (`name`).
+    pub(super) templates: Mutex<BTreeMap<String, Entry>>,
+}
+
+/// What the gateways of one endpoint (or one connection) share: the
+/// calls waiting for their agents' input, and the routes.
+#[derive(Clone)]
+pub struct Common {
+    pub rounds: Arc<Rounds>,
+    pub routes: Arc<Routes>,
+}
+
+impl Common {
+    /// Calls waiting for input held to `limits`, no routes yet.
+    pub fn new(limits: super::rounds::RoundLimits) -> Common {
+        Common {
+            rounds: Rounds::new(limits),
+            routes: Arc::default(),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Gateway(pub Arc<Inner>);
 
@@ -81,7 +109,7 @@ impl Gateway {
         workspace: String,
         profile: Option<Profile>,
         wait_ready: Duration,
-        rounds: Arc<Rounds>,
+        common: Common,
         naming: Naming,
         grant: Option<Arc<Grant>>,
     ) -> Self {
@@ -90,13 +118,11 @@ impl Gateway {
             workspace,
             profile,
             wait_ready,
-            rounds,
+            rounds: common.rounds,
             naming: Arc::new(naming),
             grant,
             pinned: Default::default(),
-            tools: Mutex::default(),
-            prompts: Mutex::default(),
-            templates: Mutex::default(),
+            routes: common.routes,
             agent: std::sync::OnceLock::new(),
             log_level: Arc::default(),
         }))
@@ -240,7 +266,7 @@ impl Gateway {
             })
             .collect();
         let mut routes = super::names::index(&entries);
-        let mut current = self.0.tools.lock().await;
+        let mut current = self.0.routes.tools.lock().await;
         for (exposed, entry) in current.iter() {
             if waiting.contains(&entry.bundle) && !routes.contains_key(exposed) {
                 routes.insert(exposed.clone(), entry.clone());
@@ -513,7 +539,7 @@ impl Gateway {
                 p
             })
             .collect();
-        *self.0.prompts.lock().await = super::names::index(&entries);
+        *self.0.routes.prompts.lock().await = super::names::index(&entries);
         Ok(prompts)
     }
 
@@ -555,7 +581,7 @@ impl Gateway {
             );
             templates.push(template);
         }
-        *self.0.templates.lock().await = routes;
+        *self.0.routes.templates.lock().await = routes;
         Ok(templates)
     }
 
@@ -696,7 +722,7 @@ impl Gateway {
         let exposed = request.name.to_string();
         let refresh = async { self.tools().await.map(|_| ()) };
         // A name that routes nowhere is audited too (a probe leaves a line).
-        let route = match self.route(&self.0.tools, &exposed, refresh).await {
+        let route = match self.route(&self.0.routes.tools, &exposed, refresh).await {
             Ok(route) => route,
             Err(e) => {
                 let audited = self.audit(&context, "tools/call", ("-", &exposed));
@@ -1142,7 +1168,7 @@ impl ServerHandler for Gateway {
         let (bundle, reference) = match &request.r#ref {
             Reference::Prompt(prompt) => {
                 let refresh = async { self.prompt_catalog(&context.peer).await.map(|_| ()) };
-                let route = self.route(&self.0.prompts, &prompt.name, refresh).await?;
+                let route = self.route(&self.0.routes.prompts, &prompt.name, refresh).await?;
                 let pair = (route.bundle.as_str(), route.name.as_str());
                 self.permit(&context, Kind::Prompt, pair, &prompt.name)?;
                 let mut own = prompt.clone();
@@ -1152,7 +1178,7 @@ impl ServerHandler for Gateway {
             Reference::Resource(resource) => {
                 let refresh = async { self.template_catalog(&context.peer).await.map(|_| ()) };
                 let route = self
-                    .route(&self.0.templates, &resource.uri, refresh)
+                    .route(&self.0.routes.templates, &resource.uri, refresh)
                     .await?;
                 let pair = (route.bundle.as_str(), route.name.as_str());
                 self.permit(&context, Kind::Resource, pair, &resource.uri)?;
@@ -1317,7 +1343,7 @@ impl ServerHandler for Gateway {
             .granted(
                 &context,
                 Kind::Resource,
-                &self.0.templates,
+                &self.0.routes.templates,
                 templates,
                 |t| &t.uri_template,
             )
@@ -1375,7 +1401,7 @@ impl ServerHandler for Gateway {
         }
         let tools = self.tools().await?;
         let tools = self
-            .granted(&context, Kind::Tool, &self.0.tools, tools, |t| &t.name)
+            .granted(&context, Kind::Tool, &self.0.routes.tools, tools, |t| &t.name)
             .await;
         Ok(ListToolsResult::with_all_items(tools))
     }
@@ -1403,7 +1429,7 @@ impl ServerHandler for Gateway {
     ) -> Result<ListPromptsResult, ErrorData> {
         let prompts = self.prompt_catalog(&context.peer).await?;
         let prompts = self
-            .granted(&context, Kind::Prompt, &self.0.prompts, prompts, |p| {
+            .granted(&context, Kind::Prompt, &self.0.routes.prompts, prompts, |p| {
                 &p.name
             })
             .await;
@@ -1416,7 +1442,7 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
         let refresh = async { self.prompt_catalog(&context.peer).await.map(|_| ()) };
-        let route = match self.route(&self.0.prompts, &request.name, refresh).await {
+        let route = match self.route(&self.0.routes.prompts, &request.name, refresh).await {
             Ok(route) => route,
             Err(e) => {
                 let audited = self.audit(&context, "prompts/get", ("-", &request.name));
