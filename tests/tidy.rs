@@ -1463,3 +1463,41 @@ fn the_encoders_unsafe_is_in_its_kernels_and_says_why_it_is_sound() {
         ["x.rs:6: unsafe { g() }", "x.rs:11: unsafe fn d() {}"]
     );
 }
+
+/// Issue 37: rmcp spawns one task per request whose future holds the
+/// handler's future by value, and tokio copies a task's future whole when
+/// it spawns it. Every async request handler of the gateway boxes its body
+/// (`Box::pin(async move { … }).await`), so that spawn stays small whatever
+/// the request; unboxed, the copies were a third of a call's instructions.
+#[test]
+fn every_gateway_request_handler_boxes_its_body() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/daemon/gateway/server.rs");
+    let code = blank(&code(&path));
+    let start = code
+        .find("impl ServerHandler for Gateway {")
+        .expect("the gateway implements rmcp's ServerHandler");
+    let block = &code[start..];
+    let block = &block[..block.find("\n}\n").unwrap()];
+    let mut handlers = 0;
+    let mut unboxed = Vec::new();
+    let mut from = 0;
+    while let Some(at) = block[from..].find("    async fn ").map(|i| from + i) {
+        from = at + 1;
+        let (name, _) = read_ident(block.as_bytes(), at + "    async fn ".len());
+        let open = block[at..].find(" {\n").map(|i| at + i + 3).unwrap();
+        let first = block[open..].trim_start();
+        // A notification's handler is not a request's.
+        if name == "on_initialized" {
+            continue;
+        }
+        handlers += 1;
+        if !first.starts_with("Box::pin(async move {") {
+            unboxed.push(name);
+        }
+    }
+    assert!(handlers >= 10, "the check sees the handlers: {handlers}");
+    assert!(
+        unboxed.is_empty(),
+        "request handlers whose body is not boxed: {unboxed:?}"
+    );
+}

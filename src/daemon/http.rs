@@ -1049,7 +1049,12 @@ impl App {
                         n => n,
                     })
                     .with_allowed_origins(self.allowed_origins())
-                    .enforce_origin_validation();
+                    .enforce_origin_validation()
+                    // A 2026-07-28 answer that is the whole reply goes as
+                    // one JSON body, not a stream of one event (nothing is
+                    // sent before the first message either way; one that
+                    // notifies first still streams).
+                    .with_json_response(true);
                 if settings.listen.is_some_and(|a| !a.ip().is_loopback()) {
                     // Behind a proxy, the Host is the proxy's; tokens guard it.
                     config = config.disable_allowed_hosts();

@@ -139,7 +139,9 @@ impl Gateway {
         }
         let tools = self.tools().await?;
         let tools = self
-            .granted(context, Kind::Tool, &self.0.routes.tools, tools, |t| &t.name)
+            .granted(context, Kind::Tool, &self.0.routes.tools, tools, |t| {
+                &t.name
+            })
             .await;
         let routes = self.0.routes.tools.lock().await;
         listed.extend(tools.into_iter().filter(|t| {
@@ -232,7 +234,9 @@ impl Gateway {
         // The tools this agent may call, by their own names.
         let (tools, _) = self.catalog_of(all).await?;
         let tools = self
-            .granted(context, Kind::Tool, &self.0.routes.tools, tools, |t| &t.name)
+            .granted(context, Kind::Tool, &self.0.routes.tools, tools, |t| {
+                &t.name
+            })
             .await;
         let visible: HashMap<(String, String), Tool> = {
             let routes = self.0.routes.tools.lock().await;

@@ -1163,49 +1163,56 @@ impl ServerHandler for Gateway {
         request: CompleteRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CompleteResult, ErrorData> {
-        // Routed by what it completes: a prompt by its name, a resource
-        // template by its URI template; the bundle sees its own.
-        let (bundle, reference) = match &request.r#ref {
-            Reference::Prompt(prompt) => {
-                let refresh = async { self.prompt_catalog(&context.peer).await.map(|_| ()) };
-                let route = self.route(&self.0.routes.prompts, &prompt.name, refresh).await?;
-                let pair = (route.bundle.as_str(), route.name.as_str());
-                self.permit(&context, Kind::Prompt, pair, &prompt.name)?;
-                let mut own = prompt.clone();
-                own.name = route.name;
-                (route.bundle, Reference::Prompt(own))
+        // Boxed, as every request's handler here: the future rmcp spawns
+        // per request is copied whole when spawned, and stays small.
+        Box::pin(async move {
+            // Routed by what it completes: a prompt by its name, a resource
+            // template by its URI template; the bundle sees its own.
+            let (bundle, reference) = match &request.r#ref {
+                Reference::Prompt(prompt) => {
+                    let refresh = async { self.prompt_catalog(&context.peer).await.map(|_| ()) };
+                    let route = self
+                        .route(&self.0.routes.prompts, &prompt.name, refresh)
+                        .await?;
+                    let pair = (route.bundle.as_str(), route.name.as_str());
+                    self.permit(&context, Kind::Prompt, pair, &prompt.name)?;
+                    let mut own = prompt.clone();
+                    own.name = route.name;
+                    (route.bundle, Reference::Prompt(own))
+                }
+                Reference::Resource(resource) => {
+                    let refresh = async { self.template_catalog(&context.peer).await.map(|_| ()) };
+                    let route = self
+                        .route(&self.0.routes.templates, &resource.uri, refresh)
+                        .await?;
+                    let pair = (route.bundle.as_str(), route.name.as_str());
+                    self.permit(&context, Kind::Resource, pair, &resource.uri)?;
+                    let mut own = resource.clone();
+                    own.uri = route.name;
+                    (route.bundle, Reference::Resource(own))
+                }
+                _ => {
+                    return Err(ErrorData::invalid_params(
+                        "completion/complete: ref must be ref/prompt or ref/resource",
+                        None,
+                    ))
+                }
+            };
+            let mut params = request.clone();
+            params.r#ref = reference;
+            let ask = ClientRequest::CompleteRequest(CompleteRequest::new(params));
+            match self
+                .bundle_mcp(&bundle, ask, self.agent(&context.peer))
+                .await?
+            {
+                ServerResult::CompleteResult(mut result) => {
+                    result.result_type.get_or_insert(ResultType::COMPLETE);
+                    Ok(result)
+                }
+                _ => Err(unusable("completion")),
             }
-            Reference::Resource(resource) => {
-                let refresh = async { self.template_catalog(&context.peer).await.map(|_| ()) };
-                let route = self
-                    .route(&self.0.routes.templates, &resource.uri, refresh)
-                    .await?;
-                let pair = (route.bundle.as_str(), route.name.as_str());
-                self.permit(&context, Kind::Resource, pair, &resource.uri)?;
-                let mut own = resource.clone();
-                own.uri = route.name;
-                (route.bundle, Reference::Resource(own))
-            }
-            _ => {
-                return Err(ErrorData::invalid_params(
-                    "completion/complete: ref must be ref/prompt or ref/resource",
-                    None,
-                ))
-            }
-        };
-        let mut params = request.clone();
-        params.r#ref = reference;
-        let ask = ClientRequest::CompleteRequest(CompleteRequest::new(params));
-        match self
-            .bundle_mcp(&bundle, ask, self.agent(&context.peer))
-            .await?
-        {
-            ServerResult::CompleteResult(mut result) => {
-                result.result_type.get_or_insert(ResultType::COMPLETE);
-                Ok(result)
-            }
-            _ => Err(unusable("completion")),
-        }
+        })
+        .await
     }
 
     /// Skills (SEP-2640): every bundle's that serves them, each skill and
@@ -1215,43 +1222,46 @@ impl ServerHandler for Gateway {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::ListSkillsResult, ErrorData> {
-        let serving: Vec<String> = self
-            .0
-            .api
-            .declared_all(&self.0.workspace)
-            .into_iter()
-            .filter(|(bundle, info)| {
-                self.bundle_allowed(bundle) && info.capabilities.supports_skills()
-            })
-            .map(|(bundle, _)| bundle)
-            .collect();
-        let agent = self.agent(&context.peer);
-        let asks = serving.iter().map(|bundle| {
-            let request = ClientRequest::ListSkillsRequest(Default::default());
-            let agent = agent.clone();
-            async move { (bundle, self.bundle_mcp(bundle, request, agent).await) }
-        });
-        let mut skills = Vec::new();
-        for (bundle, answer) in futures::future::join_all(asks).await {
-            match answer {
-                Ok(ServerResult::ListSkillsResult(listed)) => {
-                    for mut skill in listed.skills {
-                        expose_skill(&self.0.naming, bundle, &mut skill);
-                        skills.push(skill);
-                    }
-                }
-                Ok(_) => tracing::debug!(bundle, "skills/list answered with something else"),
-                Err(e) => tracing::debug!(bundle, "skills/list: {e}"),
-            }
-        }
-        if let Some(grant) = self.live_grant(&context).filter(|g| !g.rules.is_empty()) {
-            skills.retain(|skill| {
-                let (bundle, own) = self.resource_owner(&skill.uri);
-                grant.rules.allows(Kind::Resource, &bundle, &own)
+        Box::pin(async move {
+            let serving: Vec<String> = self
+                .0
+                .api
+                .declared_all(&self.0.workspace)
+                .into_iter()
+                .filter(|(bundle, info)| {
+                    self.bundle_allowed(bundle) && info.capabilities.supports_skills()
+                })
+                .map(|(bundle, _)| bundle)
+                .collect();
+            let agent = self.agent(&context.peer);
+            let asks = serving.iter().map(|bundle| {
+                let request = ClientRequest::ListSkillsRequest(Default::default());
+                let agent = agent.clone();
+                async move { (bundle, self.bundle_mcp(bundle, request, agent).await) }
             });
-        }
-        skills.sort_by(|a, b| a.uri.cmp(&b.uri));
-        Ok(rmcp::model::ListSkillsResult::with_all_items(skills))
+            let mut skills = Vec::new();
+            for (bundle, answer) in futures::future::join_all(asks).await {
+                match answer {
+                    Ok(ServerResult::ListSkillsResult(listed)) => {
+                        for mut skill in listed.skills {
+                            expose_skill(&self.0.naming, bundle, &mut skill);
+                            skills.push(skill);
+                        }
+                    }
+                    Ok(_) => tracing::debug!(bundle, "skills/list answered with something else"),
+                    Err(e) => tracing::debug!(bundle, "skills/list: {e}"),
+                }
+            }
+            if let Some(grant) = self.live_grant(&context).filter(|g| !g.rules.is_empty()) {
+                skills.retain(|skill| {
+                    let (bundle, own) = self.resource_owner(&skill.uri);
+                    grant.rules.allows(Kind::Resource, &bundle, &own)
+                });
+            }
+            skills.sort_by(|a, b| a.uri.cmp(&b.uri));
+            Ok(rmcp::model::ListSkillsResult::with_all_items(skills))
+        })
+        .await
     }
 
     async fn get_skill(
@@ -1259,31 +1269,34 @@ impl ServerHandler for Gateway {
         request: rmcp::model::GetSkillRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetSkillResult, ErrorData> {
-        let Some((bundle, own)) = self
-            .0
-            .naming
-            .route_uri(&request.uri)
-            .filter(|(bundle, _)| self.bundle_allowed(bundle))
-        else {
-            return Err(ErrorData::invalid_params(
-                format!("no skill {} (skills/list names them)", request.uri),
-                None,
-            ));
-        };
-        self.permit(&context, Kind::Resource, (&bundle, &own), &request.uri)?;
-        let mut params = request.clone();
-        params.uri = own;
-        let ask = ClientRequest::GetSkillRequest(rmcp::model::GetSkillRequest::new(params));
-        match self
-            .bundle_mcp(&bundle, ask, self.agent(&context.peer))
-            .await?
-        {
-            ServerResult::GetSkillResult(mut result) => {
-                expose_skill(&self.0.naming, &bundle, &mut result.skill);
-                Ok(result)
+        Box::pin(async move {
+            let Some((bundle, own)) = self
+                .0
+                .naming
+                .route_uri(&request.uri)
+                .filter(|(bundle, _)| self.bundle_allowed(bundle))
+            else {
+                return Err(ErrorData::invalid_params(
+                    format!("no skill {} (skills/list names them)", request.uri),
+                    None,
+                ));
+            };
+            self.permit(&context, Kind::Resource, (&bundle, &own), &request.uri)?;
+            let mut params = request.clone();
+            params.uri = own;
+            let ask = ClientRequest::GetSkillRequest(rmcp::model::GetSkillRequest::new(params));
+            match self
+                .bundle_mcp(&bundle, ask, self.agent(&context.peer))
+                .await?
+            {
+                ServerResult::GetSkillResult(mut result) => {
+                    expose_skill(&self.0.naming, &bundle, &mut result.skill);
+                    Ok(result)
+                }
+                _ => Err(unusable("skill")),
             }
-            _ => Err(unusable("skill")),
-        }
+        })
+        .await
     }
 
     async fn get_task(
@@ -1291,20 +1304,23 @@ impl ServerHandler for Gateway {
         request: rmcp::model::GetTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
-        let route = self.task_route(&request.task_id, &context)?;
-        let mut params = request.clone();
-        params.task_id = route.id;
-        let ask = ClientRequest::GetTaskRequest(rmcp::model::GetTaskRequest::new(params));
-        match self
-            .bundle_mcp(&route.bundle, ask, self.agent(&context.peer))
-            .await?
-        {
-            ServerResult::GetTaskResult(mut result) => {
-                result.task.task.task_id = request.task_id;
-                Ok(result)
+        Box::pin(async move {
+            let route = self.task_route(&request.task_id, &context)?;
+            let mut params = request.clone();
+            params.task_id = route.id;
+            let ask = ClientRequest::GetTaskRequest(rmcp::model::GetTaskRequest::new(params));
+            match self
+                .bundle_mcp(&route.bundle, ask, self.agent(&context.peer))
+                .await?
+            {
+                ServerResult::GetTaskResult(mut result) => {
+                    result.task.task.task_id = request.task_id;
+                    Ok(result)
+                }
+                _ => Err(unusable("task")),
             }
-            _ => Err(unusable("task")),
-        }
+        })
+        .await
     }
 
     async fn update_task(
@@ -1312,10 +1328,13 @@ impl ServerHandler for Gateway {
         request: rmcp::model::UpdateTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.task_ack(&request.task_id, &context, |id| {
-            let mut params = request.clone();
-            params.task_id = id;
-            ClientRequest::UpdateTaskRequest(rmcp::model::UpdateTaskRequest::new(params))
+        Box::pin(async move {
+            self.task_ack(&request.task_id, &context, |id| {
+                let mut params = request.clone();
+                params.task_id = id;
+                ClientRequest::UpdateTaskRequest(rmcp::model::UpdateTaskRequest::new(params))
+            })
+            .await
         })
         .await
     }
@@ -1325,10 +1344,13 @@ impl ServerHandler for Gateway {
         request: rmcp::model::CancelTaskParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        self.task_ack(&request.task_id, &context, |id| {
-            let mut params = request.clone();
-            params.task_id = id;
-            ClientRequest::CancelTaskRequest(rmcp::model::CancelTaskRequest::new(params))
+        Box::pin(async move {
+            self.task_ack(&request.task_id, &context, |id| {
+                let mut params = request.clone();
+                params.task_id = id;
+                ClientRequest::CancelTaskRequest(rmcp::model::CancelTaskRequest::new(params))
+            })
+            .await
         })
         .await
     }
@@ -1338,17 +1360,20 @@ impl ServerHandler for Gateway {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
-        let templates = self.template_catalog(&context.peer).await?;
-        let templates = self
-            .granted(
-                &context,
-                Kind::Resource,
-                &self.0.routes.templates,
-                templates,
-                |t| &t.uri_template,
-            )
-            .await;
-        Ok(ListResourceTemplatesResult::with_all_items(templates))
+        Box::pin(async move {
+            let templates = self.template_catalog(&context.peer).await?;
+            let templates = self
+                .granted(
+                    &context,
+                    Kind::Resource,
+                    &self.0.routes.templates,
+                    templates,
+                    |t| &t.uri_template,
+                )
+                .await;
+            Ok(ListResourceTemplatesResult::with_all_items(templates))
+        })
+        .await
     }
 
     /// A tool by the name agents call it, for rmcp's SEP-2243 check of
@@ -1395,15 +1420,20 @@ impl ServerHandler for Gateway {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        if self.searching() {
-            let listed = self.search_listing(&context, stateless(&context)).await?;
-            return Ok(ListToolsResult::with_all_items(listed));
-        }
-        let tools = self.tools().await?;
-        let tools = self
-            .granted(&context, Kind::Tool, &self.0.routes.tools, tools, |t| &t.name)
-            .await;
-        Ok(ListToolsResult::with_all_items(tools))
+        Box::pin(async move {
+            if self.searching() {
+                let listed = self.search_listing(&context, stateless(&context)).await?;
+                return Ok(ListToolsResult::with_all_items(listed));
+            }
+            let tools = self.tools().await?;
+            let tools = self
+                .granted(&context, Kind::Tool, &self.0.routes.tools, tools, |t| {
+                    &t.name
+                })
+                .await;
+            Ok(ListToolsResult::with_all_items(tools))
+        })
+        .await
     }
 
     async fn call_tool(
@@ -1411,15 +1441,18 @@ impl ServerHandler for Gateway {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        if self.searching() {
-            if let Some(answer) = self
-                .meta_call(&request, &context, stateless(&context))
-                .await
-            {
-                return answer;
+        Box::pin(async move {
+            if self.searching() {
+                if let Some(answer) = self
+                    .meta_call(&request, &context, stateless(&context))
+                    .await
+                {
+                    return answer;
+                }
             }
-        }
-        self.call_exposed(request, context).await
+            self.call_exposed(request, context).await
+        })
+        .await
     }
 
     async fn list_prompts(
@@ -1427,13 +1460,20 @@ impl ServerHandler for Gateway {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListPromptsResult, ErrorData> {
-        let prompts = self.prompt_catalog(&context.peer).await?;
-        let prompts = self
-            .granted(&context, Kind::Prompt, &self.0.routes.prompts, prompts, |p| {
-                &p.name
-            })
-            .await;
-        Ok(ListPromptsResult::with_all_items(prompts))
+        Box::pin(async move {
+            let prompts = self.prompt_catalog(&context.peer).await?;
+            let prompts = self
+                .granted(
+                    &context,
+                    Kind::Prompt,
+                    &self.0.routes.prompts,
+                    prompts,
+                    |p| &p.name,
+                )
+                .await;
+            Ok(ListPromptsResult::with_all_items(prompts))
+        })
+        .await
     }
 
     async fn get_prompt(
@@ -1441,32 +1481,38 @@ impl ServerHandler for Gateway {
         request: GetPromptRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<GetPromptResponse, ErrorData> {
-        let refresh = async { self.prompt_catalog(&context.peer).await.map(|_| ()) };
-        let route = match self.route(&self.0.routes.prompts, &request.name, refresh).await {
-            Ok(route) => route,
-            Err(e) => {
-                let audited = self.audit(&context, "prompts/get", ("-", &request.name));
-                self.audited(audited, AuditOutcome::Error, None);
-                return Err(e);
+        Box::pin(async move {
+            let refresh = async { self.prompt_catalog(&context.peer).await.map(|_| ()) };
+            let route = match self
+                .route(&self.0.routes.prompts, &request.name, refresh)
+                .await
+            {
+                Ok(route) => route,
+                Err(e) => {
+                    let audited = self.audit(&context, "prompts/get", ("-", &request.name));
+                    self.audited(audited, AuditOutcome::Error, None);
+                    return Err(e);
+                }
+            };
+            let audited = self.audit(&context, "prompts/get", (&route.bundle, &route.name));
+            let pair = (route.bundle.as_str(), route.name.as_str());
+            if let Err(refusal) = self.permit(&context, Kind::Prompt, pair, &request.name) {
+                self.audited(audited, AuditOutcome::Refused, Some(&refusal.message));
+                return Err(refusal);
             }
-        };
-        let audited = self.audit(&context, "prompts/get", (&route.bundle, &route.name));
-        let pair = (route.bundle.as_str(), route.name.as_str());
-        if let Err(refusal) = self.permit(&context, Kind::Prompt, pair, &request.name) {
-            self.audited(audited, AuditOutcome::Refused, Some(&refusal.message));
-            return Err(refusal);
-        }
-        let answer = self
-            .prompt_routed(route, &request, &context, audited.trace())
-            .await;
-        self.audited(
-            audited,
-            outcome_of(&answer, |a| {
-                matches!(a, GetPromptResponse::InputRequired(_))
-            }),
-            None,
-        );
-        answer
+            let answer = self
+                .prompt_routed(route, &request, &context, audited.trace())
+                .await;
+            self.audited(
+                audited,
+                outcome_of(&answer, |a| {
+                    matches!(a, GetPromptResponse::InputRequired(_))
+                }),
+                None,
+            );
+            answer
+        })
+        .await
     }
 
     async fn list_resources(
@@ -1474,9 +1520,12 @@ impl ServerHandler for Gateway {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
-        let resources = self.resource_catalog(&context.peer).await?;
-        let resources = self.granted_resources(&context, resources);
-        Ok(ListResourcesResult::with_all_items(resources))
+        Box::pin(async move {
+            let resources = self.resource_catalog(&context.peer).await?;
+            let resources = self.granted_resources(&context, resources);
+            Ok(ListResourcesResult::with_all_items(resources))
+        })
+        .await
     }
 
     async fn subscribe(
@@ -1484,11 +1533,16 @@ impl ServerHandler for Gateway {
         request: SubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        let ask = |uri| {
-            ClientRequest::SubscribeRequest(SubscribeRequest::new(SubscribeRequestParams::new(uri)))
-        };
-        self.permit_resource(&context, &request.uri)?;
-        self.subscription(ask, &request.uri, &context.peer).await
+        Box::pin(async move {
+            let ask = |uri| {
+                ClientRequest::SubscribeRequest(SubscribeRequest::new(SubscribeRequestParams::new(
+                    uri,
+                )))
+            };
+            self.permit_resource(&context, &request.uri)?;
+            self.subscription(ask, &request.uri, &context.peer).await
+        })
+        .await
     }
 
     async fn unsubscribe(
@@ -1496,12 +1550,15 @@ impl ServerHandler for Gateway {
         request: UnsubscribeRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        let ask = |uri| {
-            ClientRequest::UnsubscribeRequest(UnsubscribeRequest::new(
-                UnsubscribeRequestParams::new(uri),
-            ))
-        };
-        self.subscription(ask, &request.uri, &context.peer).await
+        Box::pin(async move {
+            let ask = |uri| {
+                ClientRequest::UnsubscribeRequest(UnsubscribeRequest::new(
+                    UnsubscribeRequestParams::new(uri),
+                ))
+            };
+            self.subscription(ask, &request.uri, &context.peer).await
+        })
+        .await
     }
 
     /// `subscriptions/listen` (2026-07-28): list changes, and updates of
@@ -1521,65 +1578,68 @@ impl ServerHandler for Gateway {
     }
 
     async fn listen(&self, context: SubscriptionContext) -> Result<(), ErrorData> {
-        let sink = context.sink().clone();
-        // The token's rules hold here too: a resource it may not read is
-        // not followed (the acknowledgement, made before, could not know).
-        let asked = context.request_context();
-        let uris: Vec<String> = (context.accepted().resource_subscriptions.clone())
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|uri| self.permit_resource(asked, uri).is_ok())
-            .collect();
-        // Ended with this future, however it ends (a dropped stream too):
-        // the bundles' subscriber lists then drop the listener.
-        let alive = tokio_util::sync::CancellationToken::new();
-        let _alive = alive.clone().drop_guard();
-        let listener: Arc<dyn Agent> = Arc::new(Listener {
-            sink: sink.clone(),
-            naming: self.0.naming.clone(),
-            alive,
-        });
-        let follow = |subscribe: bool| {
-            let listener = listener.clone();
-            let uris = &uris;
-            async move {
-                for uri in uris {
-                    let Some((bundle, original)) = self.0.naming.route_uri(uri) else {
-                        continue;
-                    };
-                    let request = if subscribe {
-                        ClientRequest::SubscribeRequest(SubscribeRequest::new(
-                            SubscribeRequestParams::new(original),
-                        ))
-                    } else {
-                        ClientRequest::UnsubscribeRequest(UnsubscribeRequest::new(
-                            UnsubscribeRequestParams::new(original),
-                        ))
-                    };
-                    if let Err(e) = self.bundle_mcp(&bundle, request, listener.clone()).await {
-                        tracing::debug!(bundle, "a listen stream's resource subscription: {e}");
+        Box::pin(async move {
+            let sink = context.sink().clone();
+            // The token's rules hold here too: a resource it may not read is
+            // not followed (the acknowledgement, made before, could not know).
+            let asked = context.request_context();
+            let uris: Vec<String> = (context.accepted().resource_subscriptions.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|uri| self.permit_resource(asked, uri).is_ok())
+                .collect();
+            // Ended with this future, however it ends (a dropped stream too):
+            // the bundles' subscriber lists then drop the listener.
+            let alive = tokio_util::sync::CancellationToken::new();
+            let _alive = alive.clone().drop_guard();
+            let listener: Arc<dyn Agent> = Arc::new(Listener {
+                sink: sink.clone(),
+                naming: self.0.naming.clone(),
+                alive,
+            });
+            let follow = |subscribe: bool| {
+                let listener = listener.clone();
+                let uris = &uris;
+                async move {
+                    for uri in uris {
+                        let Some((bundle, original)) = self.0.naming.route_uri(uri) else {
+                            continue;
+                        };
+                        let request = if subscribe {
+                            ClientRequest::SubscribeRequest(SubscribeRequest::new(
+                                SubscribeRequestParams::new(original),
+                            ))
+                        } else {
+                            ClientRequest::UnsubscribeRequest(UnsubscribeRequest::new(
+                                UnsubscribeRequestParams::new(original),
+                            ))
+                        };
+                        if let Err(e) = self.bundle_mcp(&bundle, request, listener.clone()).await {
+                            tracing::debug!(bundle, "a listen stream's resource subscription: {e}");
+                        }
                     }
                 }
+            };
+            follow(true).await;
+            let tell = |list| {
+                let sink = sink.clone();
+                async move {
+                    // The sink sends only what the agent asked for.
+                    let _ = match list {
+                        super::List::Tools => sink.notify_tool_list_changed().await,
+                        super::List::Prompts => sink.notify_prompt_list_changed().await,
+                        super::List::Resources => sink.notify_resource_list_changed().await,
+                    };
+                }
+            };
+            tokio::select! {
+                _ = super::watch_changes(self.clone(), tell) => {}
+                _ = context.cancelled() => {}
             }
-        };
-        follow(true).await;
-        let tell = |list| {
-            let sink = sink.clone();
-            async move {
-                // The sink sends only what the agent asked for.
-                let _ = match list {
-                    super::List::Tools => sink.notify_tool_list_changed().await,
-                    super::List::Prompts => sink.notify_prompt_list_changed().await,
-                    super::List::Resources => sink.notify_resource_list_changed().await,
-                };
-            }
-        };
-        tokio::select! {
-            _ = super::watch_changes(self.clone(), tell) => {}
-            _ = context.cancelled() => {}
-        }
-        follow(false).await;
-        Ok(())
+            follow(false).await;
+            Ok(())
+        })
+        .await
     }
 
     async fn set_level(
@@ -1587,8 +1647,11 @@ impl ServerHandler for Gateway {
         request: SetLevelRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
-        *self.0.log_level.lock().unwrap_or_else(|e| e.into_inner()) = Some(request.level);
-        Ok(())
+        Box::pin(async move {
+            *self.0.log_level.lock().unwrap_or_else(|e| e.into_inner()) = Some(request.level);
+            Ok(())
+        })
+        .await
     }
 
     async fn read_resource(
@@ -1596,16 +1659,20 @@ impl ServerHandler for Gateway {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        let (bundle, own) = self.resource_owner(&request.uri);
-        let audited = self.audit(&context, "resources/read", (&bundle, &own));
-        if let Err(refusal) = self.permit_resource(&context, &request.uri) {
-            self.audited(audited, AuditOutcome::Refused, Some(&refusal.message));
-            return Err(refusal);
-        }
-        let answer = self.read_routed(&request, &context, audited.trace()).await;
-        let asks = |a: &ReadResourceResponse| matches!(a, ReadResourceResponse::InputRequired(_));
-        self.audited(audited, outcome_of(&answer, asks), None);
-        answer
+        Box::pin(async move {
+            let (bundle, own) = self.resource_owner(&request.uri);
+            let audited = self.audit(&context, "resources/read", (&bundle, &own));
+            if let Err(refusal) = self.permit_resource(&context, &request.uri) {
+                self.audited(audited, AuditOutcome::Refused, Some(&refusal.message));
+                return Err(refusal);
+            }
+            let answer = self.read_routed(&request, &context, audited.trace()).await;
+            let asks =
+                |a: &ReadResourceResponse| matches!(a, ReadResourceResponse::InputRequired(_));
+            self.audited(audited, outcome_of(&answer, asks), None);
+            answer
+        })
+        .await
     }
 }
 
