@@ -5,6 +5,7 @@
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::methods::*;
@@ -114,8 +115,10 @@ macro_rules! methods {
             )*
         }
 
-        /// Runs `request` by its handler; the answer as JSON.
-        pub async fn dispatch<H: Handlers + Sync>(handlers: &H, request: Request) -> Result<Value, RpcError> {
+        /// Runs `request` by its handler; the answer as JSON text (written
+        /// once: a `status` of thousands of bundles is never a `Value`
+        /// tree on its way out).
+        pub async fn dispatch<H: Handlers + Sync>(handlers: &H, request: Request) -> Result<Box<RawValue>, RpcError> {
             match request {
                 $(Request::$ty(p) => to_json(handlers.$handler(p).await?),)*
             }
@@ -123,8 +126,9 @@ macro_rules! methods {
     };
 }
 
-fn to_json(v: impl Serialize) -> Result<Value, RpcError> {
-    serde_json::to_value(v).map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))
+fn to_json(v: impl Serialize) -> Result<Box<RawValue>, RpcError> {
+    serde_json::value::to_raw_value(&v)
+        .map_err(|e| RpcError::new(ErrorKind::Internal, e.to_string()))
 }
 
 methods! {

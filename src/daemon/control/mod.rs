@@ -506,7 +506,7 @@ fn spawn_request(
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&key);
-        out.send(&respond(id, result)).await;
+        out.send(&answer(id, result)).await;
         drop(permit);
     });
 }
@@ -632,6 +632,31 @@ fn respond(id: Value, result: Result<Value, RpcError>) -> Response {
     match result {
         Ok(v) => Response::ok(id, v),
         Err(e) => Response::err(id, e),
+    }
+}
+
+/// A dispatched request's answer as it goes on the wire, its result
+/// already JSON text.
+#[derive(serde::Serialize)]
+struct Answer {
+    jsonrpc: &'static str,
+    id: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    result: Option<Box<serde_json::value::RawValue>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<RpcError>,
+}
+
+fn answer(id: Value, result: Result<Box<serde_json::value::RawValue>, RpcError>) -> Answer {
+    let (result, error) = match result {
+        Ok(r) => (Some(r), None),
+        Err(e) => (None, Some(e)),
+    };
+    Answer {
+        jsonrpc: crate::protocol::jsonrpc::JSONRPC,
+        id,
+        result,
+        error,
     }
 }
 
@@ -823,7 +848,7 @@ async fn dispatch(
     ctx: &Ctx,
     out: &Outbox,
     cancel: &CancellationToken,
-) -> Result<Value, RpcError> {
+) -> Result<Box<serde_json::value::RawValue>, RpcError> {
     // Served only by a daemon built for fault injection.
     if request.method == method::DEBUG_PANIC && !cfg!(feature = "fault-injection") {
         return Err(unknown_method(&request.method));
