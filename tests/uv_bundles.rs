@@ -652,3 +652,56 @@ fn finding_30_3_a_linked_pyproject_leaks_nothing_of_its_target() {
     common::assert_no_canary("the daemon log", d.log().as_bytes());
     assert!(!d.log().contains("SECRET_MARKER"));
 }
+
+/// Issue 36's `bundlevisor upgrade` of a uv bundle: the new version's
+/// environment is built while the old one serves. One that cannot be built
+/// fails the command, leaves the old version running, and gives the install
+/// record back to it: after a daemon restart the old version still runs.
+#[test]
+fn an_operators_uv_upgrade_that_cannot_be_built_leaves_the_old_version_installed() {
+    let mut d = Daemon::start_with(&uv_config());
+    let v1 = time_uv(&d.root().join("v1"), "clock", |_| {});
+    d.ok(&["install", v1.to_str().unwrap()]);
+    let before = d.wait_state("default", "clock", "ready");
+    let v2 = time_uv(&d.root().join("v2"), "clock", |m| {
+        m["version"] = Value::from("2.0.0");
+    });
+    let project = std::fs::read_to_string(v2.join("pyproject.toml")).unwrap();
+    std::fs::remove_file(v2.join("uv.lock")).unwrap();
+    std::fs::write(
+        v2.join("pyproject.toml"),
+        project.replace(
+            "\"mcp-server-time==2026.10.19\"",
+            "\"mcp-server-time==2026.10.19\", \"bundlevisor-no-such-package-zz==1.0\"",
+        ),
+    )
+    .unwrap();
+    let out = d.cli(&["upgrade", v2.to_str().unwrap()]);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "the upgrade succeeded: {said}");
+    assert!(said.contains("the running version keeps running"), "{said}");
+    let b = d.bundle("default", "clock").unwrap();
+    assert_eq!(
+        (&b["state"], &b["version"], &b["pid"], &b["source"]),
+        (
+            &before["state"],
+            &before["version"],
+            &before["pid"],
+            &before["source"]
+        ),
+        "{b}"
+    );
+    // The record is the old version's again: a restarted daemon runs it.
+    assert!(d.signal(nix::sys::signal::Signal::SIGTERM).success());
+    d.launch();
+    let b = common::wait_for(Duration::from_secs(60), "the old version back", || {
+        d.bundle("default", "clock")
+            .filter(|b| b["state"] == "ready")
+    });
+    assert_eq!(
+        (&b["version"], &b["source"]),
+        (&before["version"], &before["source"]),
+        "{b}"
+    );
+    assert!(current_time(&d, "clock").contains("datetime"));
+}

@@ -81,7 +81,8 @@ enum Command {
     Install(install::Args),
     /// Run a new version of an installed bundle in its place (a folder,
     /// manifest, `.mcpb` or its URL; its manifest names the bundle) and
-    /// wait until it is ready; the running version stays if it cannot run.
+    /// wait until it is ready; one the install checks refuse leaves the
+    /// running version running.
     Upgrade(install::Args),
     /// Stop and remove an installed bundle.
     Uninstall(uninstall::Args),

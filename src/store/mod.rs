@@ -292,19 +292,28 @@ impl Store {
         })
     }
 
-    /// Points an install at the copy an upgrade brought (an archive's new
-    /// unpacked folder, another bundle folder); returns whether it existed.
+    /// Points an operator's install at the copy an upgrade brought (an
+    /// archive's new unpacked folder, another bundle folder), if it is
+    /// still the install from `from`: false (nothing changed) when it is
+    /// gone, a watched folder's, or from elsewhere now (uninstalled and
+    /// installed again meanwhile).
     pub fn set_source(
         &self,
         workspace: &str,
         name: &str,
-        source: &Path,
+        (from, to): (&Path, &Path),
     ) -> Result<bool, StoreError> {
         self.with(|c| {
             let tx = c.transaction()?;
             let n = tx.execute(
-                "UPDATE installs SET source = ?3 WHERE workspace = ?1 AND name = ?2",
-                params![workspace, name, source.to_string_lossy()],
+                "UPDATE installs SET source = ?4 WHERE workspace = ?1 AND name = ?2 AND source = ?3 AND origin = ?5",
+                params![
+                    workspace,
+                    name,
+                    from.to_string_lossy(),
+                    to.to_string_lossy(),
+                    Origin::Cli.as_str()
+                ],
             )?;
             tx.commit()?;
             Ok(n == 1)
@@ -507,18 +516,24 @@ mod tests {
     }
 
     #[test]
-    fn an_upgrade_moves_only_its_own_install_and_survives_reopen() {
+    fn an_upgrade_moves_only_its_own_cli_install_from_where_it_was() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state.db");
+        let (old, new) = (Path::new("/b/a"), Path::new("/new/a"));
         {
             let store = Store::open(&path).unwrap();
             assert!(store.insert(&record("default", "a")).unwrap());
             assert!(store.insert(&record("w2", "a")).unwrap());
-            assert!(store
-                .set_source("default", "a", Path::new("/new/a"))
-                .unwrap());
+            let mut watched = record("default", "w");
+            watched.origin = Origin::Watch;
+            assert!(store.insert(&watched).unwrap());
+            assert!(store.set_source("default", "a", (old, new)).unwrap());
+            // Not from where it was to move from (installed again meanwhile).
+            let elsewhere = Path::new("/elsewhere");
+            assert!(!store.set_source("w2", "a", (elsewhere, new)).unwrap());
+            assert!(!store.set_source("default", "gone", (old, new)).unwrap());
             assert!(!store
-                .set_source("default", "gone", Path::new("/new/gone"))
+                .set_source("default", "w", (Path::new("/b/w"), new))
                 .unwrap());
         }
         let store = Store::open(&path).unwrap();
@@ -526,11 +541,9 @@ mod tests {
         assert_eq!(moved.source, PathBuf::from("/new/a"));
         assert_eq!(moved.installed_at, 1, "still the same install");
         assert_eq!(store.get("w2", "a").unwrap(), Some(record("w2", "a")));
-        assert_eq!(
-            store.get("default", "gone").unwrap(),
-            None,
-            "nothing created"
-        );
+        assert_eq!(store.get("default", "gone").unwrap(), None);
+        let watched = store.get("default", "w").unwrap().unwrap();
+        assert_eq!(watched.source, PathBuf::from("/b/w"), "a watched install");
     }
 
     #[test]

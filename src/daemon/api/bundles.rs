@@ -133,22 +133,36 @@ impl Api {
             }
             .into());
         }
+        // The very archive that runs, and the install already from it (not
+        // a way back from an upgrade still being built: that one is sent,
+        // and the actor drops the build).
         let running = self.running_manifest(workspace, &name).await.ok();
         if let Some(status) = self
             .bundle_status(workspace, &name)
-            .filter(|s| s.state == BundleState::Ready)
+            .filter(|s| s.state == BundleState::Ready && record.source == source)
             .filter(|_| running.is_some_and(|r| same_archive(&r, &loaded)))
         {
             tracing::info!(workspace, bundle = %name, "the archive given to upgrade is the one running: nothing to do");
             return Ok(status);
         }
         if record.source != source {
-            let (w, n, s) = (workspace.to_string(), name.clone(), source.clone());
-            self.shared
+            // Only if it is still this install (not uninstalled and
+            // installed again since it was read).
+            let (w, n, from, to) = (
+                workspace.to_string(),
+                name.clone(),
+                record.source.clone(),
+                source.clone(),
+            );
+            let moved = self
+                .shared
                 .store
-                .call(move |store| store.set_source(&w, &n, &s))
+                .call(move |store| store.set_source(&w, &n, (&from, &to)))
                 .await
                 .map_err(|e| ApiError::Internal(e.to_string()))?;
+            if !moved {
+                return Err(InstallError::Moved { name }.into());
+            }
         }
         // Subscribed before the upgrade: no transition of its start is missed.
         let events = self.shared.board.subscribe();
@@ -166,7 +180,8 @@ impl Api {
         )
         .await?;
         if !taken {
-            return Err(ApiError::not_found(workspace, &name));
+            // Being uninstalled: its record goes with it.
+            return Err(InstallError::Moved { name }.into());
         }
         tracing::info!(workspace, bundle = %name, source = %source.display(), "bundle upgraded to version {version}");
         // The copy it ran from goes once nothing runs it (after a grace).

@@ -219,9 +219,9 @@ fn install_kind(e: &InstallError) -> ErrorKind {
         }
         InstallError::Archive(_) => ErrorKind::InvalidParams,
         InstallError::AlreadyInstalled { .. } => ErrorKind::AlreadyInstalled,
-        InstallError::NotInstalled { .. } | InstallError::NotInstalledToUpgrade { .. } => {
-            ErrorKind::BundleNotFound
-        }
+        InstallError::NotInstalled { .. }
+        | InstallError::NotInstalledToUpgrade { .. }
+        | InstallError::Moved { .. } => ErrorKind::BundleNotFound,
         InstallError::Watched { .. } | InstallError::WatchedUpgrade { .. } => {
             ErrorKind::WatchedBundle
         }

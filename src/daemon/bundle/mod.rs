@@ -180,6 +180,13 @@ pub struct BundleActorState {
     /// The environment of an upgrade being built while the running
     /// version serves (aborted if dropped: a newer upgrade, an uninstall).
     preparing: Option<AbortOnDropHandle<()>>,
+    /// The source an operator's upgrade just brought: taken by the build
+    /// of its environment, else the bundle's source from now on.
+    offered: Option<PathBuf>,
+    /// The source of the upgrade whose environment is being built: the
+    /// bundle's once built; given back to the old one in the install
+    /// record if the build fails.
+    building_from: Option<PathBuf>,
     /// The liveness check of the ready session (of that generation).
     pinger: Option<(u64, AbortOnDropHandle<()>)>,
 }
@@ -309,8 +316,14 @@ impl BundleActorState {
             }
             Effect::Drain(session) => self.drain(session),
             Effect::AbortStart => self.start_task = None,
-            Effect::Prepare(manifest) => self.prepare_upgrade(myself, manifest),
-            Effect::AbortPrepare => self.preparing = None,
+            Effect::Prepare(manifest) => {
+                self.building_from = self.offered.take();
+                self.prepare_upgrade(myself, manifest)
+            }
+            Effect::AbortPrepare => {
+                self.preparing = None;
+                self.building_from = None;
+            }
             Effect::Send { call, retry } => match self.lc.session() {
                 Some(live) => call::spawn(live.lane(), call, retry, myself.clone()),
                 None => unreachable!("the lifecycle sends only to a ready session"),
@@ -378,6 +391,24 @@ impl BundleActorState {
             }
             _ => tracing::debug!(workspace = %ws, bundle = %bundle, kind = ?note.kind, "{message}"),
         }
+    }
+
+    /// An operator's upgrade whose environment could not be built: the
+    /// install record, moved to its copy when it was asked for, points at
+    /// the version that runs again (unless the install changed since).
+    fn give_back(&self, refused: PathBuf) {
+        let (shared, running) = (self.args.shared.clone(), self.args.source.clone());
+        let (workspace, name) = (self.args.workspace.clone(), self.args.name.clone());
+        tokio::spawn(async move {
+            let (w, n) = (workspace.clone(), name.clone());
+            let back = shared
+                .store
+                .call(move |s| s.set_source(&w, &n, (&refused, &running)))
+                .await;
+            if let Err(e) = back {
+                tracing::error!(workspace = %workspace, bundle = %name, "the refused upgrade's source could not be given back in the state database: {e}");
+            }
+        });
     }
 
     /// Builds the environment of a uv bundle's new version while the
@@ -540,6 +571,8 @@ impl Actor for BundleActor {
             archive: None,
             start_task: None,
             preparing: None,
+            offered: None,
+            building_from: None,
             pinger: None,
         })
     }
@@ -594,7 +627,7 @@ impl Actor for BundleActor {
                 return Ok(());
             }
             BundleMsg::Upgrade { manifest, source } => {
-                st.args.source = source;
+                st.offered = Some(source);
                 // The archive put back is the one running (a copy seen half
                 // written, then whole): nothing to upgrade.
                 let running = st
@@ -607,8 +640,18 @@ impl Actor for BundleActor {
                 }
                 Input::Upgrade(*manifest)
             }
-            BundleMsg::Prepared(manifest) => Input::Prepared(*manifest),
-            BundleMsg::ManifestRejected(reason) => Input::Rejected(reason),
+            BundleMsg::Prepared(manifest) => {
+                if let Some(source) = st.building_from.take() {
+                    st.args.source = source;
+                }
+                Input::Prepared(*manifest)
+            }
+            BundleMsg::ManifestRejected(reason) => {
+                if let Some(refused) = st.building_from.take() {
+                    st.give_back(refused);
+                }
+                Input::Rejected(reason)
+            }
             BundleMsg::Retry => Input::FilesChanged,
             BundleMsg::Call(call) => Input::Call(call),
             BundleMsg::AuthExpired {
@@ -640,6 +683,10 @@ impl Actor for BundleActor {
             ),
         };
         st.step(&myself, input);
+        // An upgrade that restarts at once runs from its source from now on.
+        if let Some(source) = st.offered.take() {
+            st.args.source = source;
+        }
         Ok(())
     }
 

@@ -339,7 +339,7 @@ pub fn bundle(csrf: &str, view: BundleView) -> String {
          {answer}<section><h2>Tools</h2><table>{tool_rows}</table></section>{}\
          <section><h2>Upgrade</h2><form method=post action=\"{base}/upgrade\" enctype=\"multipart/form-data\">{hidden}\
          <input type=file name=archive accept=\".mcpb\"> <button id=upgrade>Upgrade</button> \
-         <small>a .mcpb of this bundle runs in place of this version; if it cannot run, this one stays</small></form></section>\
+         <small>a .mcpb of this bundle runs in place of this version; one refused by the install checks leaves this one running</small></form></section>\
          <section><h2>Log</h2><pre id=log>{log}</pre></section>\
          <section><h2>Events</h2><table id=events><tr><th>When</th><th>What</th><th>State</th><th>Message</th></tr>{}</table></section>",
         esc(&b.name),

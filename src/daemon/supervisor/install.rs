@@ -47,6 +47,8 @@ pub enum InstallError {
     NotInstalledToUpgrade { workspace: String, name: String },
     #[error("bundle {name:?} comes from a watched folder, which decides its version: put the new version at {source_path} instead")]
     WatchedUpgrade { name: String, source_path: String },
+    #[error("bundle {name:?} was uninstalled or installed again while it was being upgraded; nothing was changed, try again")]
+    Moved { name: String },
     #[error("the archive holds bundle {found:?}, not {expected:?}; upgrade {expected:?} with an archive of it, or install this one")]
     OtherBundle { expected: String, found: String },
     #[error("bundle {name:?} comes from a watched folder; remove {source_path} from the folder to uninstall it (its stored credentials are kept: then `bundlevisor uninstall {name} --purge` deletes them)")]
