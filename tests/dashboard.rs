@@ -581,6 +581,42 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
         assert_eq!(forged.status(), 403, "{first}");
     }
     assert!(!blocking(|| d.ok(&["files", "ls"])).contains("x.txt"));
+    // With the session's token first, the form's text fields are still
+    // held to 64 KiB together (each under it, many of them over).
+    let files_page = reqwest::Client::new()
+        .get(format!("{base}/ui/files"))
+        .header("Cookie", format!("bv_session={}", cookie.value()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let csrf = files_page
+        .split("name=csrf value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the page's form token")
+        .to_string();
+    let mut body = format!("--B\r\nContent-Disposition: form-data; name=csrf\r\n\r\n{csrf}\r\n");
+    for i in 0..20 {
+        body.push_str(&format!(
+            "--B\r\nContent-Disposition: form-data; name=f{i}\r\n\r\n{}\r\n",
+            "x".repeat(4096)
+        ));
+    }
+    body.push_str("--B\r\nContent-Disposition: form-data; name=file; filename=big.txt\r\n\r\nbig\r\n--B--\r\n");
+    let flooded = reqwest::Client::new()
+        .post(format!("{base}/ui/files/put"))
+        .header("Cookie", format!("bv_session={}", cookie.value()))
+        .header("Content-Type", "multipart/form-data; boundary=B")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(flooded.status(), 400);
+    assert!(flooded.text().await.unwrap().contains("too large"));
+    assert!(!blocking(|| d.ok(&["files", "ls"])).contains("big.txt"));
     client.goto(&format!("{base}/ui/")).await.unwrap();
     text_when(
         &client,

@@ -841,8 +841,8 @@ enum Takes {
 
 /// Reads an upload form (`multipart/form-data`). The sender is checked
 /// before any of the body is read, and the form's CSRF token must come
-/// first (the pages' forms put it there); text fields are held to
-/// [`FORM_BYTES`], and the file is streamed to `STATE_DIR/uploads/`
+/// first (the pages' forms put it there); its text fields are held to
+/// [`FORM_BYTES`] together, and the file is streamed to `STATE_DIR/uploads/`
 /// (bounded by `[archives] max_archive_bytes`), each part within `[http]
 /// body_timeout`.
 async fn uploaded(
@@ -858,6 +858,8 @@ async fn uploaded(
     let refused = |why: &str| said(StatusCode::BAD_REQUEST, "Not uploaded", why);
     let within = ui.api.shared().config.http.body_timeout;
     let (mut fields, mut file, mut checked) = (HashMap::new(), None, false);
+    // All its text fields together, at most a form's worth.
+    let mut text_bytes = 0;
     let wanted = match takes {
         Takes::Archive => "archive",
         Takes::File => "file",
@@ -877,6 +879,10 @@ async fn uploaded(
             continue;
         }
         let text = small_text(field, within).await.map_err(|w| refused(&w))?;
+        text_bytes += name.len() + text.len();
+        if text_bytes > FORM_BYTES {
+            return Err(refused("the form's fields are too large"));
+        }
         if !checked {
             if name != "csrf" || text != session.csrf {
                 return Err(foreign());
