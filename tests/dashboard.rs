@@ -90,6 +90,28 @@ async fn text_when(client: &Client, css: &str, what: &str, done: impl Fn(&str) -
     }
 }
 
+/// Clicks the element `css` finds.
+async fn click(client: &Client, css: &str) {
+    client
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .click()
+        .await
+        .unwrap();
+}
+
+/// Types `text` into the element `css` finds (a file input: its path).
+async fn type_into(client: &Client, css: &str, text: &str) {
+    client
+        .find(Locator::Css(css))
+        .await
+        .unwrap_or_else(|e| panic!("{css}: {e}"))
+        .send_keys(text)
+        .await
+        .unwrap();
+}
+
 async fn screenshot(client: &Client, name: &str) {
     let png = client.screenshot().await.unwrap();
     assert!(png.starts_with(b"\x89PNG"));
@@ -161,13 +183,7 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
     client.goto(&format!("{base}/ui/login")).await.unwrap();
     let field = client.find(Locator::Css("input[name=code]")).await.unwrap();
     field.send_keys(&agent_token).await.unwrap();
-    client
-        .find(Locator::Css("form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, "form button").await;
     let why = text_when(&client, "#why", "the agent token's refusal", |t| {
         !t.is_empty()
     })
@@ -181,13 +197,7 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
     assert!(url.starts_with(&format!("{base}/ui/login?code=")), "{url}");
     client.goto(url).await.unwrap();
     // Opening the link fills the code in; the page's own button signs in.
-    client
-        .find(Locator::Css("#signin"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, "#signin").await;
     let row = "#b-default-demo [data-k=state]";
     text_when(&client, row, "the demo bundle listed ready", |t| {
         t == "ready"
@@ -251,13 +261,7 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
     args.send_keys(r#"{"text": "hello from chromium"}"#)
         .await
         .unwrap();
-    client
-        .find(Locator::Css("#call-echo"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, "#call-echo").await;
     let answer = text_when(&client, "#answer", "the echo's answer", |t| !t.is_empty()).await;
     assert_eq!(answer, "hello from chromium");
     // Its events: the crash before the page was opened, and a restart made
@@ -331,13 +335,7 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
     client.goto(&format!("{base}/ui/")).await.unwrap();
     let file = client.find(Locator::Css("input[type=file]")).await.unwrap();
     file.send_keys(archive.to_str().unwrap()).await.unwrap();
-    client
-        .find(Locator::Css("#install"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, "#install").await;
     text_when(
         &client,
         "#facts [data-k=state]",
@@ -372,13 +370,7 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
             .await
             .unwrap();
         file.send_keys(archive.to_str().unwrap()).await.unwrap();
-        client
-            .find(Locator::Css("#upgrade"))
-            .await
-            .unwrap()
-            .click()
-            .await
-            .unwrap();
+        click(&client, "#upgrade").await;
     };
     upgrade_with(&archive, "demo").await;
     let why = text_when(&client, "p", "the refusal", |t| t.contains("not")).await;
@@ -432,13 +424,7 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
         Some("password")
     );
     field.send_keys(secret).await.unwrap();
-    client
-        .find(Locator::Css("#configure"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, "#configure").await;
     text_when(
         &client,
         "#facts [data-k=state]",
@@ -451,13 +437,7 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
         .await
         .unwrap();
     args.send_keys(r#"{"name": "DEMO_API_KEY"}"#).await.unwrap();
-    client
-        .find(Locator::Css("#call-env"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, "#call-env").await;
     assert_eq!(
         text_when(&client, "#answer", "the key in the bundle", |t| !t
             .is_empty())
@@ -490,27 +470,14 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
     let page_bytes = b"<script>alert(1)</script> from the browser\n";
     let local = dir.path().join("notes from the browser.html");
     std::fs::write(&local, page_bytes).unwrap();
-    client
-        .find(Locator::Css("input[name=tags]"))
-        .await
-        .unwrap()
-        .send_keys("ui, test")
-        .await
-        .unwrap();
-    client
-        .find(Locator::Css("form:has(#put) input[type=file]"))
-        .await
-        .unwrap()
-        .send_keys(local.to_str().unwrap())
-        .await
-        .unwrap();
-    client
-        .find(Locator::Css("#put"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    type_into(&client, "input[name=tags]", "ui, test").await;
+    type_into(
+        &client,
+        "form:has(#put) input[type=file]",
+        local.to_str().unwrap(),
+    )
+    .await;
+    click(&client, "#put").await;
     text_when(&client, "#files", "the uploaded file listed", |t| {
         t.contains("notes from the browser.html") && t.contains("ui, test")
     })
@@ -551,13 +518,7 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
         .await
         .unwrap();
     assert_eq!(anonymous.status(), 303, "a file without a session");
-    client
-        .find(Locator::Css(&format!("#f-{id} button")))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, &format!("#f-{id} button")).await;
     text_when(&client, "#files", "the file removed", |t| {
         t.contains("report.csv") && !t.contains("notes from the browser")
     })
@@ -629,20 +590,8 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
 
     // A token: its text shown once with the client entry, then only its name.
     client.goto(&format!("{base}/ui/tokens")).await.unwrap();
-    client
-        .find(Locator::Css("input[name=name]"))
-        .await
-        .unwrap()
-        .send_keys("from-the-browser")
-        .await
-        .unwrap();
-    client
-        .find(Locator::Css("#create"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    type_into(&client, "input[name=name]", "from-the-browser").await;
+    click(&client, "#create").await;
     let text = text_when(&client, "#token", "the new token's text", |t| !t.is_empty()).await;
     let entry: Value =
         serde_json::from_str(&text_when(&client, "#entry", "the entry", |t| !t.is_empty()).await)
@@ -673,13 +622,7 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
     assert_eq!(live.status(), 200);
     let first = live.chunk().await.unwrap().unwrap();
     assert!(String::from_utf8_lossy(&first).contains("event: status"));
-    client
-        .find(Locator::Css("header form button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(&client, "header form button").await;
     text_when(&client, "input[name=code]", "the sign-in page", |_| true).await;
     let ended = tokio::time::timeout(Duration::from_secs(20), async {
         while live.chunk().await.ok().flatten().is_some() {}

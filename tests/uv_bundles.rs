@@ -36,6 +36,22 @@ fn time_uv(dir: &Path, name: &str, edit: impl FnOnce(&mut Value)) -> PathBuf {
     to
 }
 
+/// Makes the uv bundle at `folder` depend on a package the index does
+/// not have (its lock removed, so uv resolves); its `pyproject.toml` as it was.
+fn needs_a_missing_package(folder: &Path) -> String {
+    let project = std::fs::read_to_string(folder.join("pyproject.toml")).unwrap();
+    std::fs::remove_file(folder.join("uv.lock")).unwrap();
+    std::fs::write(
+        folder.join("pyproject.toml"),
+        project.replace(
+            "\"mcp-server-time==2026.10.19\"",
+            "\"mcp-server-time==2026.10.19\", \"bundlevisor-no-such-package-zz==1.0\"",
+        ),
+    )
+    .unwrap();
+    project
+}
+
 /// The bundle's environments: `STATE_DIR/sandboxes/default/NAME/env/*`.
 fn environments(d: &Daemon, name: &str) -> Vec<PathBuf> {
     let root = d
@@ -255,16 +271,7 @@ fn a_watched_uv_upgrade_is_built_before_the_running_version_stops() {
         std::fs::write(&tmp, serde_json::to_string_pretty(&m).unwrap()).unwrap();
         std::fs::rename(tmp, file).unwrap();
     };
-    let project = std::fs::read_to_string(folder.join("pyproject.toml")).unwrap();
-    std::fs::remove_file(folder.join("uv.lock")).unwrap();
-    std::fs::write(
-        folder.join("pyproject.toml"),
-        project.replace(
-            "\"mcp-server-time==2026.10.19\"",
-            "\"mcp-server-time==2026.10.19\", \"bundlevisor-no-such-package-zz==1.0\"",
-        ),
-    )
-    .unwrap();
+    let project = needs_a_missing_package(&folder);
     set_version("2.0.0");
     let b = common::wait_for(Duration::from_secs(60), "the rejection", || {
         d.bundle("default", "clock").filter(|b| {
@@ -666,16 +673,7 @@ fn an_operators_uv_upgrade_that_cannot_be_built_leaves_the_old_version_installed
     let v2 = time_uv(&d.root().join("v2"), "clock", |m| {
         m["version"] = Value::from("2.0.0");
     });
-    let project = std::fs::read_to_string(v2.join("pyproject.toml")).unwrap();
-    std::fs::remove_file(v2.join("uv.lock")).unwrap();
-    std::fs::write(
-        v2.join("pyproject.toml"),
-        project.replace(
-            "\"mcp-server-time==2026.10.19\"",
-            "\"mcp-server-time==2026.10.19\", \"bundlevisor-no-such-package-zz==1.0\"",
-        ),
-    )
-    .unwrap();
+    needs_a_missing_package(&v2);
     let out = d.cli(&["upgrade", v2.to_str().unwrap()]);
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the upgrade succeeded: {said}");
