@@ -21,6 +21,7 @@ use bert::{Bert, Config};
 use tensors::Tensors;
 use wordpiece::WordPiece;
 
+pub use linear::Precision;
 pub use tensors::TensorError;
 pub use wordpiece::VocabError;
 
@@ -79,8 +80,15 @@ fn yes() -> bool {
 }
 
 impl Encoder {
-    /// The model in `folder` (see the crate doc for what it must hold).
+    /// The model in `folder` (see the crate doc for what it must hold),
+    /// its products in the CPU's fastest [`Precision`].
     pub fn load(folder: &Path) -> Result<Encoder, LoadError> {
+        Encoder::load_with(folder, Precision::fastest())
+    }
+
+    /// The model in `folder`, its products in `precision` where the CPU
+    /// can sum them so (else in half precision).
+    pub fn load_with(folder: &Path, precision: Precision) -> Result<Encoder, LoadError> {
         let read = |name: &str| -> Result<Vec<u8>, LoadError> {
             let path = folder.join(name);
             std::fs::read(&path).map_err(|error| LoadError::Read { path, error })
@@ -169,8 +177,8 @@ impl Encoder {
                 path: path.clone(),
                 error,
             })?;
-        let bert =
-            Bert::load(config, &tensors).map_err(|error| LoadError::Tensors { path, error })?;
+        let bert = Bert::load(config, &tensors, precision)
+            .map_err(|error| LoadError::Tensors { path, error })?;
         Ok(Encoder {
             bert,
             tokenizer,
