@@ -468,7 +468,7 @@ pub(crate) mod avx {
         panel: &[i8],
         sums: &mut [[i32; NR]; MR_BYTES],
     ) {
-        assert!(R <= MR_BYTES && depth % 4 == 0);
+        assert!(R <= MR_BYTES && depth.is_multiple_of(4));
         let mut acc = [_mm512_setzero_si512(); R];
         let (x, w) = (x.as_ptr(), panel.as_ptr());
         for g in 0..depth / 4 {
