@@ -3,7 +3,8 @@
 //! `discovery = "search"`, docs/gateway.md). Ranking is `tantivy`'s BM25
 //! over each tool's name, its bundle's name, its description and its
 //! parameters' names and descriptions, in an index held in memory; names
-//! are split at `_`, `-`, `.` and camelCase humps, words are stemmed
+//! are split at `_`, `-`, `.` and camelCase humps (and kept whole; in a
+//! query, a capitalised name such as `GitHub` is not split), words are stemmed
 //! (English) and stop words dropped, the same way for tools and queries.
 //!
 //! With a sentence-embedding model (`[search] model`, [`ToolIndex::with_encoder`])
@@ -524,11 +525,11 @@ impl ToolIndex {
         let mut doc = TantivyDocument::default();
         doc.add_text(f.bundle_key, bundle);
         doc.add_text(f.tool, &tool.name);
-        doc.add_text(f.name, split_words(&tool.name));
+        doc.add_text(f.name, whole_and_split(&tool.name));
         if let Some(title) = &tool.title {
-            doc.add_text(f.name, split_words(title));
+            doc.add_text(f.name, whole_and_split(title));
         }
-        doc.add_text(f.bundle, split_words(bundle));
+        doc.add_text(f.bundle, whole_and_split(bundle));
         doc.add_text(
             f.description,
             tool.description.as_deref().unwrap_or_default(),
@@ -541,7 +542,7 @@ impl ToolIndex {
     /// [`MAX_QUERY_WORDS`] of its first [`MAX_QUERY_BYTES`].
     fn words(&self, text: &str) -> Vec<String> {
         let mut analyzer = self.analyzer.clone();
-        let text = split_words(capped(text));
+        let text = identifiers_split(capped(text));
         let mut stream = analyzer.token_stream(&text);
         let mut seen = std::collections::HashSet::new();
         let mut words = Vec::new();
@@ -724,6 +725,36 @@ fn split_words(text: &str) -> String {
     out
 }
 
+/// An identifier as itself and, if it has humps, as its words too
+/// (`listIssues` → `listIssues list Issues`: `listissues`, `list`,
+/// `issues` once analyzed), so a query may name it either way.
+fn whole_and_split(text: &str) -> String {
+    let split = split_words(text);
+    if split.len() == text.len() {
+        split
+    } else {
+        format!("{text} {split}")
+    }
+}
+
+/// A query's words, those that read as identifiers (`createPullRequest`:
+/// a lower-case start, then humps) also split. A capitalised word with
+/// humps is a name (`GitHub`, `PostgreSQL`, `JavaScript`) and kept
+/// whole: split, `GitHub` would also be `git` and rank the git server's
+/// tools above GitHub's.
+fn identifiers_split(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 8);
+    for word in text.split_inclusive(char::is_whitespace) {
+        if word.starts_with(char::is_lowercase) {
+            out.push_str(&whole_and_split(word.trim_end()));
+            out.push(' ');
+        } else {
+            out.push_str(word);
+        }
+    }
+    out
+}
+
 /// A tool's parameters as text: each property's name (split) and
 /// description, one level deep.
 fn parameters(tool: &Tool) -> String {
@@ -732,7 +763,7 @@ fn parameters(tool: &Tool) -> String {
         return text;
     };
     for (name, schema) in properties {
-        text.push_str(&split_words(name));
+        text.push_str(&whole_and_split(name));
         text.push(' ');
         if let Some(description) = schema.get("description").and_then(|d| d.as_str()) {
             text.push_str(description);
@@ -979,10 +1010,42 @@ mod tests {
         );
     }
 
+    /// A query's `GitHub` is GitHub, not `git` and `hub`: split, it ranked
+    /// the git server's tools above GitHub's for most questions about
+    /// GitHub (benches/search's queries).
+    #[test]
+    fn a_capitalised_name_in_a_query_is_not_split() {
+        let index = ToolIndex::new().unwrap();
+        let github = [tool(
+            "list_commits",
+            "Get list of commits of a branch in a GitHub repository",
+            serde_json::json!({}),
+        )];
+        let git = [
+            tool("git_log", "Shows the commit logs", serde_json::json!({})),
+            tool("git_branch", "List Git branches", serde_json::json!({})),
+        ];
+        index
+            .sync([("github", &github[..]), ("git", &git[..])])
+            .unwrap();
+        let all = |_: &str, _: &str| true;
+        let found = index.search("what landed on the main branch on GitHub", 1, all);
+        assert_eq!(names(&found.unwrap()), ["github/list_commits"]);
+        // An identifier in a query is still read as its words.
+        let found = index.search("gitLog", 1, all).unwrap();
+        assert_eq!(names(&found), ["git/git_log"]);
+    }
+
     #[test]
     fn identifiers_are_split_into_words() {
         assert_eq!(split_words("createPullRequest"), "create Pull Request");
         assert_eq!(split_words("get_v2Items"), "get_v2 Items");
         assert_eq!(split_words("HTTPServer"), "HTTPServer");
+        assert_eq!(whole_and_split("listIssues"), "listIssues list Issues");
+        assert_eq!(whole_and_split("list_issues"), "list_issues");
+        assert_eq!(
+            identifiers_split("find listIssues on GitHub\tnow"),
+            "find listIssues list Issues on GitHub\tnow "
+        );
     }
 }
