@@ -60,6 +60,11 @@ pub struct Point {
     pub reads_per_s: f64,
     pub reads_floor_per_s: f64,
     pub crash: Summary,
+    /// One process moved into a fresh cgroup (a write to `cgroup.procs`,
+    /// what a bundle's start does for each hierarchy), timed while the N
+    /// bundles run: the kernel's part of a crash → ready. `None` where no
+    /// cgroup hierarchy is writable.
+    pub cgroup_attach: Option<Summary>,
     /// SIGTERM → the daemon exited, all N bundles stopped.
     pub stop_s: f64,
     pub met: bool,
@@ -89,7 +94,7 @@ pub async fn curve(root: &Path) -> Vec<Point> {
             let p = point(&dir, n, w).await;
             eprintln!(
                 "  boot {:.2} s, RSS {:.1} MiB, {} fds, status {:.2} ms, call {:.0} µs (floor {:.0}), \
-                 reads {:.0}/s (floor {:.0}), crash {:.1} ms, stop {:.2} s{}",
+                 reads {:.0}/s (floor {:.0}), crash {:.1} ms (one cgroup attach {}), stop {:.2} s{}",
                 p.boot_s,
                 p.daemon_kib as f64 / 1024.0,
                 p.daemon_fds,
@@ -99,6 +104,11 @@ pub async fn curve(root: &Path) -> Vec<Point> {
                 p.reads_per_s,
                 p.reads_floor_per_s,
                 p.crash.median_us / 1000.0,
+                p.cgroup_attach.as_ref().map_or("unmeasured".into(), |a| format!(
+                    "{:.1} ms, p99 {:.1}",
+                    a.median_us / 1000.0,
+                    a.p99_us / 1000.0
+                )),
                 p.stop_s,
                 if p.met { String::new() } else { format!(" — missed: {}", p.missed.join(", ")) }
             );
@@ -175,6 +185,7 @@ async fn point(dir: &Path, n: usize, w: usize) -> Point {
         &bundle_name(n - 1),
     )
     .await;
+    let cgroup_attach = tokio::task::spawn_blocking(cgroup_attach).await.unwrap();
 
     drop((tap, ctl));
     let nofile_soft = nofile_soft(d.pid());
@@ -199,6 +210,7 @@ async fn point(dir: &Path, n: usize, w: usize) -> Point {
         reads_per_s,
         reads_floor_per_s,
         crash,
+        cgroup_attach,
         stop_s,
         met: true,
         missed: Vec::new(),
@@ -338,6 +350,36 @@ async fn crash(ctl: &mut Client, tap: &mut EventTap, workspace: &str, name: &str
         sample.push(tap.wait(name, EventKind::Ready).await - start);
     }
     summarize(sample)
+}
+
+/// A process moved into a fresh cgroup, timed: the write to `cgroup.procs`
+/// a bundle's start makes in each hierarchy. On cgroup v1 (and v2 without
+/// `favordynmods`) the kernel takes its threadgroup lock for writing,
+/// which waits for an RCU grace period: milliseconds, whatever the daemon
+/// does. The pids hierarchy (v1), else the v2 one.
+fn cgroup_attach() -> Option<Summary> {
+    let hierarchy = ["/sys/fs/cgroup/pids", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
+        .into_iter()
+        .map(Path::new)
+        .find(|h| h.join("cgroup.procs").exists())?;
+    let dir = hierarchy.join(format!("bench-attach-{}", std::process::id()));
+    std::fs::create_dir(&dir).ok()?;
+    let mut sample = Vec::new();
+    for _ in 0..scaled_at_least(10) {
+        // Apart, as crashes are: within a grace period of the last write
+        // the lock is still held for writers and the next costs nothing.
+        std::thread::sleep(Duration::from_millis(100));
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().ok()?;
+        let start = Instant::now();
+        let moved = std::fs::write(dir.join("cgroup.procs"), child.id().to_string());
+        let took = start.elapsed();
+        let _ = child.kill();
+        let _ = child.wait();
+        moved.ok()?;
+        sample.push(took);
+    }
+    let _ = std::fs::remove_dir(&dir);
+    Some(summarize(sample))
 }
 
 /// Prints the curve as a table.
