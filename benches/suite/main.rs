@@ -41,9 +41,10 @@
 //! Environment: `BENCH_SCALE` (default 1.0) scales the sample sizes,
 //! `BOOT_BUNDLES` (default 200), `SCALE_BUNDLES` (default 50,200,1000,2000)
 //! and `SCALE_WORKSPACES` (default 1,10,100) the curve's points,
-//! `BENCH_ONLY` (comma-separated of install,crash,host,control,gateway,
+//! `BENCH_ONLY` (comma-separated of install,crash,host,control,gateway,throughput,
 //! boot,scale,search,supervisord,tracing) runs a subset. Results also go to
-//! `target/bench/suite.json`, the curve to `target/bench/scale.{json,png}`.
+//! `target/bench/suite.json`, the curve to `target/bench/scale.{json,png}`,
+//! the throughput points to `target/bench/throughput.json`.
 
 mod floors;
 mod harness;
@@ -51,6 +52,7 @@ mod report;
 mod scale;
 mod search;
 mod supervisord;
+mod throughput;
 mod traces;
 
 use std::path::Path;
@@ -84,7 +86,7 @@ burst = 1000000
 /// `cargo test --all-targets` (so `make test`) runs this binary without
 /// `--bench`: a smoke run with small samples that checks every scenario
 /// still works end to end, in seconds.
-fn smoke() -> bool {
+pub(crate) fn smoke() -> bool {
     !std::env::args().any(|a| a == "--bench")
 }
 
@@ -114,7 +116,7 @@ fn main() {
         .unwrap();
     let started = Instant::now();
     let mut search_lines = Vec::new();
-    let (rows, curve) = rt.block_on(async {
+    let (rows, curve, through) = rt.block_on(async {
         let mut rows = Vec::new();
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
@@ -131,7 +133,7 @@ fn main() {
             .map(|a| a.port())
             .unwrap();
         let config = format!(
-            "{CONFIG}[http]\nlisten = \"127.0.0.1:{http_port}\"\nrate_per_sec = 1000000.0\nburst = 1000000\n"
+            "{CONFIG}[http]\nlisten = \"127.0.0.1:{http_port}\"\nrate_per_sec = 1000000.0\nburst = 1000000\nmax_connections = 2048\n"
         );
         let d = BenchDaemon::start(root, Some(&config)).await;
         let mut tap = EventTap::start(&d).await;
@@ -180,6 +182,15 @@ fn main() {
             eprintln!("gateway…");
             rows.extend(gateway(&d, &mut ctl, http_port).await);
         }
+        let mut through = Vec::new();
+        if wanted("throughput") {
+            eprintln!("throughput…");
+            let dir = harness::demo_bundle(&d.root.join("bundles"), "tp");
+            call(&mut ctl, method::INSTALL, json!({"path": dir})).await;
+            let made = call(&mut ctl, method::TOKEN_CREATE, json!({"workspace": "default"})).await;
+            let token = made["token"].as_str().expect("a token").to_string();
+            through = throughput::measure(&d, http_port, &token, "tp__echo").await;
+        }
         d.stop();
         if wanted("tracing") {
             eprintln!("tracing on and off…");
@@ -203,12 +214,23 @@ fn main() {
             let png = scale::write(&curve, &root.join("plots")).expect("plot the curve");
             assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
         }
-        (rows, curve)
+        (rows, curve, through)
     });
     // A smoke run's figures are not results.
     report::print(&rows, started.elapsed(), !smoke());
     for line in &search_lines {
         println!("{line}");
+    }
+    if !through.is_empty() {
+        println!("\nthroughput of the HTTP gateway (MCP 2026-07-28 tools/call, wrk; one connection an agent):");
+        for line in throughput::lines(&through) {
+            println!("{line}");
+        }
+        if !smoke() {
+            if let Err(e) = throughput::write(&through, std::path::Path::new("target/bench")) {
+                eprintln!("throughput.json could not be written: {e}");
+            }
+        }
     }
     if !curve.is_empty() {
         scale::print(&curve);

@@ -358,10 +358,14 @@ async fn crash(ctl: &mut Client, tap: &mut EventTap, workspace: &str, name: &str
 /// which waits for an RCU grace period: milliseconds, whatever the daemon
 /// does. The pids hierarchy (v1), else the v2 one.
 fn cgroup_attach() -> Option<Summary> {
-    let hierarchy = ["/sys/fs/cgroup/pids", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"]
-        .into_iter()
-        .map(Path::new)
-        .find(|h| h.join("cgroup.procs").exists())?;
+    let hierarchy = [
+        "/sys/fs/cgroup/pids",
+        "/sys/fs/cgroup/unified",
+        "/sys/fs/cgroup",
+    ]
+    .into_iter()
+    .map(Path::new)
+    .find(|h| h.join("cgroup.procs").exists())?;
     let dir = hierarchy.join(format!("bench-attach-{}", std::process::id()));
     std::fs::create_dir(&dir).ok()?;
     let mut sample = Vec::new();

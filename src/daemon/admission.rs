@@ -337,6 +337,11 @@ fn tcp_owner(
     peer: std::net::SocketAddr,
     ours: std::net::SocketAddr,
 ) -> Option<(u32, u64)> {
+    if proc_root == Path::new("/proc") {
+        if let Some(found) = sock_diag::owner(peer, ours) {
+            return found;
+        }
+    }
     let (local, remote) = (proc_net_address(peer), proc_net_address(ours));
     let table = if peer.is_ipv4() {
         "net/tcp"
@@ -350,6 +355,118 @@ fn tcp_owner(
             .then(|| Some((f[7].parse().ok()?, f[9].parse().ok()?)))
             .flatten()
     })
+}
+
+/// The kernel's socket diagnostics (`NETLINK_SOCK_DIAG`): one TCP socket
+/// looked up by its four addresses, where `/proc/net/tcp` lists them all —
+/// 10 ms a read with 1,000 connections open, so a burst of N new clients
+/// cost N² (1,000 agents connecting at once spent their first seconds
+/// being admitted; docs/performance.md, "Throughput").
+mod sock_diag {
+    use std::net::{IpAddr, SocketAddr};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+    use nix::libc;
+
+    const SOCK_DIAG_BY_FAMILY: u16 = 20;
+    const TCP_LISTEN: u8 = 10;
+    /// nlmsghdr (16 bytes) + inet_diag_req_v2 (56 bytes).
+    const REQUEST: usize = 16 + 56;
+
+    /// The four addresses as `struct inet_diag_sockid` holds them (ports
+    /// and addresses in network order, no interface, no cookie).
+    fn sockid(local: SocketAddr, remote: SocketAddr) -> [u8; 48] {
+        let mut id = [0u8; 48];
+        id[0..2].copy_from_slice(&local.port().to_be_bytes());
+        id[2..4].copy_from_slice(&remote.port().to_be_bytes());
+        let put = |out: &mut [u8], ip: IpAddr| match ip {
+            IpAddr::V4(v4) => out[..4].copy_from_slice(&v4.octets()),
+            IpAddr::V6(v6) => out.copy_from_slice(&v6.octets()),
+        };
+        put(&mut id[4..20], local.ip());
+        put(&mut id[20..36], remote.ip());
+        // idiag_if = 0, then the cookie: INET_DIAG_NOCOOKIE twice.
+        id[40..48].fill(0xff);
+        id
+    }
+
+    /// The uid and inode of the TCP socket whose local end is `local` and
+    /// remote end `remote`: `Some(None)` when there is none, `None` when
+    /// the kernel cannot be asked (no sock_diag: the caller reads /proc).
+    pub fn owner(local: SocketAddr, remote: SocketAddr) -> Option<Option<(u32, u64)>> {
+        if local.is_ipv4() != remote.is_ipv4() {
+            return Some(None);
+        }
+        // SAFETY: socket() takes three integers and returns a new
+        // descriptor or -1.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+                libc::NETLINK_SOCK_DIAG,
+            )
+        };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: a descriptor socket() just returned, owned by no one else.
+        let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+        let id = sockid(local, remote);
+        let mut request = [0u8; REQUEST];
+        request[0..4].copy_from_slice(&(REQUEST as u32).to_ne_bytes());
+        request[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+        request[6..8].copy_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
+        request[8..12].copy_from_slice(&1u32.to_ne_bytes());
+        let family = if local.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
+        request[16] = family as u8;
+        request[17] = libc::IPPROTO_TCP as u8;
+        // idiag_states: every state.
+        request[20..24].copy_from_slice(&u32::MAX.to_ne_bytes());
+        request[24..72].copy_from_slice(&id);
+        // SAFETY: the request is REQUEST bytes, all of which are sent.
+        let sent = unsafe { libc::send(socket.as_raw_fd(), request.as_ptr().cast(), REQUEST, 0) };
+        if sent != REQUEST as isize {
+            return None;
+        }
+        let mut answer = [0u8; 8192];
+        // SAFETY: at most answer.len() bytes are written into it.
+        let got = unsafe {
+            libc::recv(
+                socket.as_raw_fd(),
+                answer.as_mut_ptr().cast(),
+                answer.len(),
+                0,
+            )
+        };
+        let answer = &answer[..usize::try_from(got).ok()?];
+        if answer.len() < 16 {
+            return None;
+        }
+        let kind = u16::from_ne_bytes([answer[4], answer[5]]);
+        if kind == libc::NLMSG_ERROR as u16 {
+            let error = i32::from_ne_bytes(answer.get(16..20)?.try_into().ok()?);
+            // No such socket: an answer. Anything else: ask /proc.
+            return (error == -libc::ENOENT).then_some(None);
+        }
+        // inet_diag_msg: family, state, timer, retrans, the sockid (48),
+        // expires, rqueue, wqueue, uid, inode. The socket found must be
+        // the one asked for (its ports and addresses; the kernel fills in
+        // its own cookie).
+        let msg = answer.get(16..16 + 72)?;
+        if kind != SOCK_DIAG_BY_FAMILY || msg[4..40] != id[..36] {
+            return None;
+        }
+        if msg[1] == TCP_LISTEN {
+            return Some(None);
+        }
+        let uid = u32::from_ne_bytes(msg[64..68].try_into().ok()?);
+        let inode = u32::from_ne_bytes(msg[68..72].try_into().ok()?);
+        Some(Some((uid, u64::from(inode))))
+    }
 }
 
 /// Whether `ip` is an address of this host's network namespace: only such
@@ -585,6 +702,29 @@ mod tests {
         assert!(is_local("::ffff:127.0.0.5".parse().unwrap()));
         assert!(!is_local("192.0.2.7".parse().unwrap()));
         assert!(!is_local("2001:db8::7".parse().unwrap()));
+    }
+
+    #[test]
+    fn the_kernels_socket_lookup_agrees_with_proc_net_tcp() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = listener.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(ours).unwrap();
+        let peer = client.local_addr().unwrap();
+        let found = sock_diag::owner(peer, ours).expect("sock_diag answers");
+        // The same socket /proc/net/tcp names (read through another root
+        // path, so tcp_owner does not ask the kernel).
+        let by_proc = tcp_owner(Path::new("/proc/self/.."), peer, ours);
+        assert_eq!(found, by_proc);
+        let (uid, inode) = found.unwrap();
+        assert_eq!(uid, nix::unistd::geteuid().as_raw());
+        assert!(inode > 0);
+        // The listener's side and the wildcard are not the client's socket.
+        let wildcard = std::net::SocketAddr::from(([0, 0, 0, 0], ours.port()));
+        assert_eq!(sock_diag::owner(peer, wildcard), Some(None));
+        let gone = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
+        assert_eq!(sock_diag::owner(gone, ours), Some(None));
+        let v6 = std::net::SocketAddr::from(([0u16, 0, 0, 0, 0, 0, 0, 1], 1));
+        assert_eq!(sock_diag::owner(v6, ours), Some(None));
     }
 
     #[test]

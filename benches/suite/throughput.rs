@@ -1,0 +1,242 @@
+//! Throughput of the HTTP gateway (issue 37, point 2;
+//! `BENCH_ONLY=throughput`): `wrk` (Debian's, installed by `make
+//! bench-peers`) drives raw MCP 2026-07-28 `tools/call` POSTs — stateless
+//! requests, each a whole call — at the daemon's endpoint over 1, 10, 100
+//! and 1,000 keep-alive connections (one agent each), for a few seconds
+//! each. At each point: calls per second, calls per second per daemon
+//! core (the calls over the CPU time the daemon used meanwhile, from
+//! `/proc`), wrk's median and p99 latency, the daemon's RSS; beside them
+//! the bundle's own ceiling (the same demo bundle called directly over its
+//! stdio with as many calls in flight). wrk, the daemon and the bundle
+//! share this machine's cores: the per-core figure is the one that does
+//! not depend on who else runs. Written to `target/bench/throughput.json`.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::json;
+
+use crate::harness::{rss_kib, BenchDaemon};
+
+/// The agents (connections) at each point.
+const AGENTS: [usize; 4] = [1, 10, 100, 1000];
+
+#[derive(Debug, Serialize)]
+pub struct Point {
+    pub agents: usize,
+    pub calls_per_s: f64,
+    /// Calls over the daemon's CPU seconds (user + system) in the run.
+    pub calls_per_daemon_core_s: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub daemon_rss_kib: u64,
+    /// Non-2xx answers and socket errors (timeouts included).
+    pub errors: u64,
+    /// The bundle called directly with `agents` calls in flight.
+    pub bundle_calls_per_s: f64,
+}
+
+/// The daemon's CPU time so far (user + system), from `/proc/PID/stat`.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The fields after the command's closing parenthesis: utime and stime
+    // are the 12th and 13th of them.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    (ticks(11) + ticks(12)) as f64 / hz
+}
+
+/// The wrk script: the same stateless call on every request, and the
+/// figures printed as one line at the end.
+fn script(token: &str, tool: &str) -> String {
+    let body = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {
+            "name": tool,
+            "arguments": {"text": "ping"},
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {},
+            },
+        },
+    });
+    format!(
+        r#"wrk.method = "POST"
+wrk.body = [[{body}]]
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Accept"] = "application/json, text/event-stream"
+wrk.headers["Authorization"] = "Bearer {token}"
+wrk.headers["MCP-Protocol-Version"] = "2026-07-28"
+wrk.headers["Mcp-Method"] = "tools/call"
+wrk.headers["Mcp-Name"] = "{tool}"
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("RESULT %d %d %d %d %d\n", summary.requests, summary.duration,
+    latency:percentile(50), latency:percentile(99),
+    e.status + e.connect + e.read + e.write + e.timeout))
+end
+"#
+    )
+}
+
+/// One call by hand first: wrk counts any 200 as done, and a JSON-RPC
+/// error is a 200 too.
+async fn check(url: &str, token: &str, tool: &str) {
+    let body = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": tool, "arguments": {"text": "ping"}, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}},
+    });
+    let answer = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .header("Accept", "application/json, text/event-stream")
+        .header("MCP-Protocol-Version", "2026-07-28")
+        .header("Mcp-Method", "tools/call")
+        .header("Mcp-Name", tool)
+        .json(&body)
+        .send()
+        .await
+        .expect("the call")
+        .text()
+        .await
+        .expect("its answer");
+    assert!(
+        answer.contains("\"result\"") && answer.contains("ping"),
+        "the call wrk repeats must succeed: {answer}"
+    );
+}
+
+/// The demo bundle called directly over its stdio with `in_flight` calls
+/// at once for `secs`: its calls per second.
+async fn bundle_ceiling(in_flight: usize, secs: Duration) -> f64 {
+    let (_child, client) = crate::floors::bare_start().await;
+    let peer = client.peer().clone();
+    let end = Instant::now() + secs;
+    let mut tasks = Vec::new();
+    for _ in 0..in_flight {
+        let peer = peer.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while Instant::now() < end {
+                let args = json!({"text": "ping"}).as_object().cloned();
+                let request =
+                    rmcp::model::CallToolRequestParams::new("echo").with_arguments(args.unwrap());
+                peer.call_tool(request).await.expect("echo");
+                n += 1;
+            }
+            n
+        }));
+    }
+    let started = Instant::now();
+    let mut calls = 0;
+    for t in tasks {
+        calls += t.await.unwrap();
+    }
+    let took = started.elapsed().as_secs_f64();
+    let _ = client.cancel().await;
+    calls as f64 / took
+}
+
+pub async fn measure(d: &BenchDaemon, http_port: u16, token: &str, tool: &str) -> Vec<Point> {
+    let url = format!("http://127.0.0.1:{http_port}/mcp/default");
+    check(&url, token, tool).await;
+    let script_path = d.root.join("throughput.lua");
+    std::fs::write(&script_path, script(token, tool)).unwrap();
+    let secs = if crate::smoke() { 1 } else { 5 };
+    let mut points = Vec::new();
+    for agents in AGENTS {
+        let agents = if crate::smoke() {
+            agents.min(10)
+        } else {
+            agents
+        };
+        let threads = agents.min(2);
+        let before = cpu_seconds(d.pid());
+        let out = tokio::task::block_in_place(|| {
+            Command::new("wrk")
+                .args(["-t", &threads.to_string(), "-c", &agents.to_string()])
+                .args(["-d", &format!("{secs}s"), "--timeout", "10s", "-s"])
+                .arg(&script_path)
+                .arg(&url)
+                .output()
+                .expect("wrk (make bench-peers installs it)")
+        });
+        let daemon_cpu = cpu_seconds(d.pid()) - before;
+        let daemon_rss_kib = rss_kib(d.pid());
+        let text = String::from_utf8_lossy(&out.stdout);
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix("RESULT "))
+            .unwrap_or_else(|| {
+                panic!(
+                    "wrk said no result: {text}{}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            });
+        let f: Vec<f64> = line
+            .split_whitespace()
+            .map(|v| v.parse().unwrap())
+            .collect();
+        let (requests, duration_s) = (f[0], f[1] / 1e6);
+        let bundle_calls_per_s = bundle_ceiling(agents, Duration::from_secs(secs)).await;
+        points.push(Point {
+            agents,
+            calls_per_s: requests / duration_s,
+            calls_per_daemon_core_s: requests / daemon_cpu.max(1e-3),
+            p50_us: f[2],
+            p99_us: f[3],
+            daemon_rss_kib,
+            errors: f[4] as u64,
+            bundle_calls_per_s,
+        });
+        if crate::smoke() && agents == 10 {
+            break;
+        }
+    }
+    points
+}
+
+/// The points as lines of a table.
+pub fn lines(points: &[Point]) -> Vec<String> {
+    let mut lines = vec![format!(
+        "{:>7} {:>10} {:>16} {:>10} {:>10} {:>10} {:>7} {:>14}",
+        "agents", "calls/s", "calls/s/core", "p50", "p99", "RSS", "errors", "bundle alone"
+    )];
+    for p in points {
+        lines.push(format!(
+            "{:>7} {:>10.0} {:>16.0} {:>7.0} µs {:>7.0} µs {:>6.1} MiB {:>7} {:>10.0}/s",
+            p.agents,
+            p.calls_per_s,
+            p.calls_per_daemon_core_s,
+            p.p50_us,
+            p.p99_us,
+            p.daemon_rss_kib as f64 / 1024.0,
+            p.errors,
+            p.bundle_calls_per_s
+        ));
+    }
+    lines
+}
+
+/// `target/bench/throughput.json`.
+pub fn write(points: &[Point], dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(
+        dir.join("throughput.json"),
+        serde_json::to_vec_pretty(points).map_err(std::io::Error::other)?,
+    )
+}
