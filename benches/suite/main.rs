@@ -226,10 +226,19 @@ fn main() {
         for line in throughput::lines(&through) {
             println!("{line}");
         }
-        if !smoke() {
-            if let Err(e) = throughput::write(&through, std::path::Path::new("target/bench")) {
-                eprintln!("throughput.json could not be written: {e}");
-            }
+        // A smoke run draws the plot too (so `make test` checks it), into
+        // a folder of its own.
+        let dir = if smoke() {
+            std::env::temp_dir().join(format!("bench-throughput-{}", std::process::id()))
+        } else {
+            std::path::PathBuf::from("target/bench")
+        };
+        let png = throughput::write(&through, &dir).expect("write and plot the throughput");
+        assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
+        if smoke() {
+            let _ = std::fs::remove_dir_all(&dir);
+        } else {
+            println!("the curve: {} and throughput.json", png.display());
         }
     }
     if !curve.is_empty() {

@@ -551,7 +551,7 @@ fn plot(points: &[Point], png: &Path) -> Result<(), Box<dyn std::error::Error>> 
 
 /// The plots' font: DejaVu Sans (Debian `fonts-dejavu-core`, which `make`
 /// installs), read once.
-fn register_font() -> Result<(), Box<dyn std::error::Error>> {
+pub(crate) fn register_font() -> Result<(), Box<dyn std::error::Error>> {
     const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
     static FONT_BYTES: std::sync::OnceLock<&'static [u8]> = std::sync::OnceLock::new();
     if FONT_BYTES.get().is_some() {

@@ -9,7 +9,8 @@
 //! the bundle's own ceiling (the same demo bundle called directly over its
 //! stdio with as many calls in flight). wrk, the daemon and the bundle
 //! share this machine's cores: the per-core figure is the one that does
-//! not depend on who else runs. Written to `target/bench/throughput.json`.
+//! not depend on who else runs. Written to `target/bench/throughput.json`
+//! and plotted to `target/bench/throughput.png`.
 
 use std::path::Path;
 use std::process::Command;
@@ -232,11 +233,124 @@ pub fn lines(points: &[Point]) -> Vec<String> {
     lines
 }
 
-/// `target/bench/throughput.json`.
-pub fn write(points: &[Point], dir: &Path) -> std::io::Result<()> {
+/// `DIR/throughput.json` and the curve, `DIR/throughput.png`.
+pub fn write(points: &[Point], dir: &Path) -> std::io::Result<std::path::PathBuf> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(
         dir.join("throughput.json"),
         serde_json::to_vec_pretty(points).map_err(std::io::Error::other)?,
-    )
+    )?;
+    let png = dir.join("throughput.png");
+    plot(points, &png).map_err(|e| std::io::Error::other(e.to_string()))?;
+    Ok(png)
+}
+
+/// Calls per second (and the bundle's own, dashed grey), latency, RSS:
+/// one chart each, the agents across on a log scale.
+fn plot(points: &[Point], png: &Path) -> Result<(), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    crate::scale::register_font()?;
+    type Line = (&'static str, fn(&Point) -> f64, RGBColor, bool);
+    let charts: [(&str, Vec<Line>); 3] = [
+        (
+            "calls per second",
+            vec![
+                (
+                    "through the daemon",
+                    |p| p.calls_per_s,
+                    RGBColor(31, 119, 180),
+                    false,
+                ),
+                (
+                    "per daemon core",
+                    |p| p.calls_per_daemon_core_s,
+                    RGBColor(255, 127, 14),
+                    false,
+                ),
+                (
+                    "the bundle alone",
+                    |p| p.bundle_calls_per_s,
+                    RGBColor(150, 150, 150),
+                    true,
+                ),
+            ],
+        ),
+        (
+            "latency (ms)",
+            vec![
+                ("p50", |p| p.p50_us / 1000.0, RGBColor(31, 119, 180), false),
+                ("p99", |p| p.p99_us / 1000.0, RGBColor(214, 39, 40), false),
+            ],
+        ),
+        (
+            "daemon RSS (MiB)",
+            vec![(
+                "RSS",
+                |p| p.daemon_rss_kib as f64 / 1024.0,
+                RGBColor(44, 160, 44),
+                false,
+            )],
+        ),
+    ];
+    let root = BitMapBackend::new(png, (1600, 550)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (title, body) = root.split_vertically(50);
+    title.draw_text(
+        "bundlevisor: MCP 2026-07-28 tools/call over HTTP, wrk, one connection an agent",
+        &("sans-serif", 24).into_font().color(&BLACK),
+        (20, 15),
+    )?;
+    let most = points.iter().map(|p| p.agents).max().unwrap_or(1) as f64;
+    for (area, (name, lines)) in body.split_evenly((1, 3)).iter().zip(charts) {
+        let top = (points.iter())
+            .flat_map(|p| lines.iter().map(move |l| (l.1)(p)))
+            .fold(0.0, f64::max)
+            * 1.15;
+        let mut chart = ChartBuilder::on(area)
+            .caption(name, ("sans-serif", 20))
+            .margin(12)
+            .x_label_area_size(35)
+            .y_label_area_size(70)
+            .build_cartesian_2d((0.8..most * 1.25).log_scale(), 0.0..top.max(1e-9))?;
+        chart
+            .configure_mesh()
+            .x_desc("agents")
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| {
+                if top >= 100.0 {
+                    format!("{y:.0}")
+                } else {
+                    format!("{y:.1}")
+                }
+            })
+            .label_style(("sans-serif", 14))
+            .draw()?;
+        for (label, value, color, dashed) in lines {
+            let line: Vec<(f64, f64)> =
+                points.iter().map(|p| (p.agents as f64, value(p))).collect();
+            if dashed {
+                chart
+                    .draw_series(DashedLineSeries::new(line, 6, 4, color.stroke_width(2)))?
+                    .label(label)
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
+            } else {
+                chart
+                    .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))?
+                    .label(label)
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                    });
+                chart.draw_series(line.iter().map(|xy| Circle::new(*xy, 3, color.filled())))?;
+            }
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 13))
+            .position(SeriesLabelPosition::UpperLeft)
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
 }
