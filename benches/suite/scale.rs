@@ -500,13 +500,7 @@ fn plot(points: &[Point], png: &Path) -> Result<(), Box<dyn std::error::Error>> 
             .configure_mesh()
             .x_desc("bundles")
             .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| {
-                if top >= 100.0 {
-                    format!("{y:.0}")
-                } else {
-                    format!("{y:.2}")
-                }
-            })
+            .y_label_formatter(&|y| figure(top, *y))
             .label_style(("sans-serif", 14))
             .draw()?;
         for (k, w) in spreads.iter().enumerate() {
@@ -516,13 +510,8 @@ fn plot(points: &[Point], png: &Path) -> Result<(), Box<dyn std::error::Error>> 
                 .filter(|p| p.workspaces == *w)
                 .map(|p| (p.bundles as f64, value(p)))
                 .collect();
-            chart
-                .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))?
-                .label(format!("{w} workspace{}", if *w == 1 { "" } else { "s" }))
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-                });
-            chart.draw_series(line.iter().map(|xy| Circle::new(*xy, 3, color.filled())))?;
+            let label = format!("{w} workspace{}", if *w == 1 { "" } else { "s" });
+            solid(&mut chart, line, color, label)?;
             if let Some(floor) = floor {
                 let line: Vec<(f64, f64)> = points
                     .iter()
@@ -537,15 +526,61 @@ fn plot(points: &[Point], png: &Path) -> Result<(), Box<dyn std::error::Error>> 
                 ))?;
             }
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 13))
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()?;
+        legend(&mut chart)?;
     }
     root.present()?;
+    Ok(())
+}
+
+type Chart<'a, X> = plotters::chart::ChartContext<
+    'a,
+    plotters::prelude::BitMapBackend<'a>,
+    plotters::prelude::Cartesian2d<X, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// A plot's y label: whole numbers on a tall axis, two decimals on a
+/// short one.
+pub(crate) fn figure(top: f64, y: f64) -> String {
+    if top >= 100.0 {
+        format!("{y:.0}")
+    } else {
+        format!("{y:.2}")
+    }
+}
+
+/// A solid line through `line` with a dot at each point, in the legend as
+/// `label`.
+pub(crate) fn solid<'a, X>(
+    chart: &mut Chart<'a, X>,
+    line: Vec<(f64, f64)>,
+    color: plotters::prelude::RGBColor,
+    label: String,
+) -> Result<(), Box<dyn std::error::Error>>
+where
+    X: plotters::prelude::Ranged<ValueType = f64>,
+{
+    use plotters::prelude::*;
+    chart
+        .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))?
+        .label(label)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+    chart.draw_series(line.iter().map(|xy| Circle::new(*xy, 3, color.filled())))?;
+    Ok(())
+}
+
+/// The chart's legend, boxed, at its upper left.
+pub(crate) fn legend<'a, X>(chart: &mut Chart<'a, X>) -> Result<(), Box<dyn std::error::Error>>
+where
+    X: plotters::prelude::Ranged<ValueType = f64>,
+{
+    use plotters::prelude::*;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 13))
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()?;
     Ok(())
 }
 

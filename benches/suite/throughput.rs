@@ -316,13 +316,7 @@ fn plot(points: &[Point], png: &Path) -> Result<(), Box<dyn std::error::Error>> 
             .configure_mesh()
             .x_desc("agents")
             .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| {
-                if top >= 100.0 {
-                    format!("{y:.0}")
-                } else {
-                    format!("{y:.1}")
-                }
-            })
+            .y_label_formatter(&|y| crate::scale::figure(top, *y))
             .label_style(("sans-serif", 14))
             .draw()?;
         for (label, value, color, dashed) in lines {
@@ -334,22 +328,10 @@ fn plot(points: &[Point], png: &Path) -> Result<(), Box<dyn std::error::Error>> 
                     .label(label)
                     .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
             } else {
-                chart
-                    .draw_series(LineSeries::new(line.clone(), color.stroke_width(2)))?
-                    .label(label)
-                    .legend(move |(x, y)| {
-                        PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
-                    });
-                chart.draw_series(line.iter().map(|xy| Circle::new(*xy, 3, color.filled())))?;
+                crate::scale::solid(&mut chart, line, color, label.to_string())?;
             }
         }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 13))
-            .position(SeriesLabelPosition::UpperLeft)
-            .draw()?;
+        crate::scale::legend(&mut chart)?;
     }
     root.present()?;
     Ok(())
