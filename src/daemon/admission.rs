@@ -391,8 +391,9 @@ mod sock_diag {
     }
 
     /// The uid and inode of the TCP socket whose local end is `local` and
-    /// remote end `remote`: `Some(None)` when there is none, `None` when
-    /// the kernel cannot be asked (no sock_diag: the caller reads /proc).
+    /// remote end `remote`: `Some(None)` for a listening socket or other
+    /// families, `None` when the kernel does not name it (the caller reads
+    /// /proc).
     pub fn owner(local: SocketAddr, remote: SocketAddr) -> Option<Option<(u32, u64)>> {
         if local.is_ipv4() != remote.is_ipv4() {
             return Some(None);
@@ -433,13 +434,15 @@ mod sock_diag {
             return None;
         }
         let mut answer = [0u8; 8192];
+        // The kernel answers within send(): nothing queued by now is no
+        // answer (never a wait on the blocking pool).
         // SAFETY: at most answer.len() bytes are written into it.
         let got = unsafe {
             libc::recv(
                 socket.as_raw_fd(),
                 answer.as_mut_ptr().cast(),
                 answer.len(),
-                0,
+                libc::MSG_DONTWAIT,
             )
         };
         let answer = &answer[..usize::try_from(got).ok()?];
@@ -448,9 +451,10 @@ mod sock_diag {
         }
         let kind = u16::from_ne_bytes([answer[4], answer[5]]);
         if kind == libc::NLMSG_ERROR as u16 {
-            let error = i32::from_ne_bytes(answer.get(16..20)?.try_into().ok()?);
-            // No such socket: an answer. Anything else: ask /proc.
-            return (error == -libc::ENOENT).then_some(None);
+            // Even ENOENT says too little (no such socket, but also no
+            // tcp_diag module, or a socket bound to a device, which an
+            // interface-less request does not find): /proc decides.
+            return None;
         }
         // inet_diag_msg: family, state, timer, retrans, the sockid (48),
         // expires, rqueue, wqueue, uid, inode. The socket found must be
@@ -556,6 +560,14 @@ fn tcp_refusal_in(
             "{peer} is a local client whose socket is not in the daemon's /proc/net/tcp, so it cannot be told apart from a bundle"
         ));
     };
+    // A socket its process closed and the daemon's side too (TIME_WAIT)
+    // is no one's: the kernel names it uid 0, inode 0, which would pass
+    // for root's.
+    if inode == 0 {
+        return Some(format!(
+            "{peer} was closed by its process before it could be identified, so it cannot be told apart from a bundle"
+        ));
+    }
     if let Some(why) = bundle_identity(uid, uid, sandbox) {
         return Some(format!(
             "{peer} (uid {uid}) is {why}; bundles may not use the daemon's listeners"
@@ -566,11 +578,7 @@ fn tcp_refusal_in(
     }
     let me = std::process::id() as i32;
     let wanted = format!("socket:[{inode}]");
-    let found = if inode == 0 {
-        Vec::new()
-    } else {
-        holders(proc_root, uid, inode)
-    };
+    let found = holders(proc_root, uid, inode);
     if found.is_empty() {
         return Some(format!(
             "{peer} (uid {uid}, which bundles run as) is held by no process the daemon can see, so it cannot be told apart from a bundle"
@@ -720,11 +728,41 @@ mod tests {
         assert!(inode > 0);
         // The listener's side and the wildcard are not the client's socket.
         let wildcard = std::net::SocketAddr::from(([0, 0, 0, 0], ours.port()));
-        assert_eq!(sock_diag::owner(peer, wildcard), Some(None));
+        assert_eq!(sock_diag::owner(peer, wildcard), None);
+        assert_eq!(tcp_owner(Path::new("/proc"), peer, wildcard), None);
+        // No such socket: the kernel's ENOENT leaves it to /proc.
         let gone = std::net::SocketAddr::from(([127, 0, 0, 1], 1));
-        assert_eq!(sock_diag::owner(gone, ours), Some(None));
+        assert_eq!(sock_diag::owner(gone, ours), None);
+        assert_eq!(tcp_owner(Path::new("/proc"), gone, ours), None);
         let v6 = std::net::SocketAddr::from(([0u16, 0, 0, 0, 0, 0, 0, 1], 1));
         assert_eq!(sock_diag::owner(v6, ours), Some(None));
+    }
+
+    /// A client that closes first, once the daemon's side closes too, is
+    /// left in TIME_WAIT: a socket of no process, which the kernel and
+    /// /proc both call uid 0, inode 0. It was served as root's, so a
+    /// bundle could send a request and close at once.
+    #[test]
+    fn a_client_closed_before_it_is_identified_is_refused() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let ours = listener.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(ours).unwrap();
+        let peer = client.local_addr().unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        drop(client);
+        // The daemon's side reads the client's end, then closes.
+        let mut rest = Vec::new();
+        std::io::Read::read_to_end(&mut &accepted, &mut rest).unwrap();
+        drop(accepted);
+        let sandbox = SandboxSettings::default();
+        for proc_root in [Path::new("/proc"), Path::new("/proc/self/..")] {
+            let why = tcp_refusal_in(proc_root, peer, ours, &sandbox, None)
+                .expect("a closed client is refused");
+            assert!(
+                why.contains("closed by its process") || why.contains("not in the daemon's"),
+                "{why}"
+            );
+        }
     }
 
     #[test]
