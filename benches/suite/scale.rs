@@ -368,22 +368,24 @@ fn cgroup_attach() -> Option<Summary> {
     .find(|h| h.join("cgroup.procs").exists())?;
     let dir = hierarchy.join(format!("bench-attach-{}", std::process::id()));
     std::fs::create_dir(&dir).ok()?;
-    let mut sample = Vec::new();
-    for _ in 0..scaled_at_least(10) {
-        // Apart, as crashes are: within a grace period of the last write
-        // the lock is still held for writers and the next costs nothing.
-        std::thread::sleep(Duration::from_millis(100));
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().ok()?;
-        let start = Instant::now();
-        let moved = std::fs::write(dir.join("cgroup.procs"), child.id().to_string());
-        let took = start.elapsed();
-        let _ = child.kill();
-        let _ = child.wait();
-        moved.ok()?;
-        sample.push(took);
-    }
+    let timed = (0..scaled_at_least(10))
+        .map(|_| {
+            // Apart, as crashes are: within a grace period of the last
+            // write the lock is still held for writers and the next costs
+            // nothing.
+            std::thread::sleep(Duration::from_millis(100));
+            let mut child = std::process::Command::new("sleep").arg("30").spawn().ok()?;
+            let start = Instant::now();
+            let moved = std::fs::write(dir.join("cgroup.procs"), child.id().to_string());
+            let took = start.elapsed();
+            let _ = child.kill();
+            let _ = child.wait();
+            moved.ok().map(|()| took)
+        })
+        .collect::<Option<Vec<Duration>>>();
+    // Removed whatever happened (its processes were all waited for).
     let _ = std::fs::remove_dir(&dir);
-    Some(summarize(sample))
+    timed.map(summarize)
 }
 
 /// Prints the curve as a table.
