@@ -133,6 +133,19 @@ async fn bundles_page(base: &str, cookie: Option<&str>) -> reqwest::Response {
     request.send().await.unwrap()
 }
 
+/// A multipart `body` (boundary `B`) posted to the files page's upload
+/// with the session `cookie`, as a forger or a flooder would send it.
+async fn upload(base: &str, cookie: &str, body: String) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{base}/ui/files/put"))
+        .header("Cookie", format!("bv_session={cookie}"))
+        .header("Content-Type", "multipart/form-data; boundary=B")
+        .body(body)
+        .send()
+        .await
+        .unwrap()
+}
+
 fn blocking<T>(f: impl FnOnce() -> T) -> T {
     tokio::task::block_in_place(f)
 }
@@ -531,14 +544,7 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
             "--B\r\nContent-Disposition: form-data; name={first}\r\n--B\r\n\
              Content-Disposition: form-data; name=file; filename=x.txt\r\n\r\nforged\r\n--B--\r\n"
         );
-        let forged = reqwest::Client::new()
-            .post(format!("{base}/ui/files/put"))
-            .header("Cookie", format!("bv_session={}", cookie.value()))
-            .header("Content-Type", "multipart/form-data; boundary=B")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
+        let forged = upload(&base, cookie.value(), body).await;
         assert_eq!(forged.status(), 403, "{first}");
     }
     assert!(!blocking(|| d.ok(&["files", "ls"])).contains("x.txt"));
@@ -567,14 +573,7 @@ async fn an_operator_runs_the_daemon_from_a_browser() {
         ));
     }
     body.push_str("--B\r\nContent-Disposition: form-data; name=file; filename=big.txt\r\n\r\nbig\r\n--B--\r\n");
-    let flooded = reqwest::Client::new()
-        .post(format!("{base}/ui/files/put"))
-        .header("Cookie", format!("bv_session={}", cookie.value()))
-        .header("Content-Type", "multipart/form-data; boundary=B")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let flooded = upload(&base, cookie.value(), body).await;
     assert_eq!(flooded.status(), 400);
     assert!(flooded.text().await.unwrap().contains("too large"));
     assert!(!blocking(|| d.ok(&["files", "ls"])).contains("big.txt"));

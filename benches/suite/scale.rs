@@ -469,13 +469,10 @@ fn plot(points: &[Point], png: &Path) -> Result<(), Box<dyn std::error::Error>> 
         ),
         ("graceful stop of all (s)", |p| p.stop_s, None),
     ];
-    let root = BitMapBackend::new(png, (1600, 1500)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let (title, body) = root.split_vertically(50);
-    title.draw_text(
+    let (root, body) = page(
+        png,
+        (1600, 1500),
         "bundlevisor: one node, N demo bundles over W workspaces (grey dashed: the floor)",
-        &("sans-serif", 24).into_font().color(&BLACK),
-        (20, 15),
     )?;
     let mut spreads: Vec<usize> = points.iter().map(|p| p.workspaces).collect();
     spreads.sort_unstable();
@@ -539,6 +536,28 @@ type Chart<'a, X> = plotters::chart::ChartContext<
     plotters::prelude::BitMapBackend<'a>,
     plotters::prelude::Cartesian2d<X, plotters::coord::types::RangedCoordf64>,
 >;
+
+type Page<'a> =
+    plotters::drawing::DrawingArea<plotters::prelude::BitMapBackend<'a>, plotters::coord::Shift>;
+
+/// A white page of `size` pixels with `title` across its top: the page
+/// (to present once drawn) and the area below the title.
+pub(crate) fn page<'a>(
+    png: &'a Path,
+    size: (u32, u32),
+    title: &str,
+) -> Result<(Page<'a>, Page<'a>), Box<dyn std::error::Error>> {
+    use plotters::prelude::*;
+    let root = BitMapBackend::new(png, size).into_drawing_area();
+    root.fill(&WHITE)?;
+    let (top, body) = root.split_vertically(50);
+    top.draw_text(
+        title,
+        &("sans-serif", 24).into_font().color(&BLACK),
+        (20, 15),
+    )?;
+    Ok((root, body))
+}
 
 /// A plot's y label: whole numbers on a tall axis, two decimals on a
 /// short one.

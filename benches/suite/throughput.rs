@@ -292,13 +292,10 @@ fn plot(points: &[Point], png: &Path) -> Result<(), Box<dyn std::error::Error>> 
             )],
         ),
     ];
-    let root = BitMapBackend::new(png, (1600, 550)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let (title, body) = root.split_vertically(50);
-    title.draw_text(
+    let (root, body) = crate::scale::page(
+        png,
+        (1600, 550),
         "bundlevisor: MCP 2026-07-28 tools/call over HTTP, wrk, one connection an agent",
-        &("sans-serif", 24).into_font().color(&BLACK),
-        (20, 15),
     )?;
     let most = points.iter().map(|p| p.agents).max().unwrap_or(1) as f64;
     for (area, (name, lines)) in body.split_evenly((1, 3)).iter().zip(charts) {
