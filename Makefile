@@ -147,11 +147,23 @@ test: sysdeps pyenv inspector mcpb ts-sdk servers uv model bench-peers k8s-valid
 # tests/supergateway/package-lock.json) and mcp-proxy (PyPI, pinned by
 # tests/mcp-proxy/requirements.lock); and the supervisor operators run today,
 # supervisord (PyPI, pinned by tests/supervisor/requirements.lock).
+# Also IBM ContextForge (PyPI, pinned by tests/contextforge/requirements.lock;
+# it needs Python >= 3.12, pyenv's on these machines) and mcp-hub (npm, pinned
+# by tests/mcp-hub/package-lock.json), the gateways issue 37 names.
 MCP_PROXY := target/mcp-proxy
 SUPERVISOR := target/supervisor
+CONTEXTFORGE := target/contextforge
+PYTHON312 ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3) $(shell command -v python3.12 2>/dev/null))
 
 .PHONY: bench-peers
-bench-peers: target/supergateway/.installed $(MCP_PROXY)/.installed $(SUPERVISOR)/.installed ## supergateway, mcp-proxy and supervisord, pinned, for the benchmarks
+bench-peers: target/supergateway/.installed $(MCP_PROXY)/.installed $(SUPERVISOR)/.installed $(CONTEXTFORGE)/.installed target/mcp-hub/.installed ## supergateway, mcp-proxy, ContextForge, mcp-hub and supervisord, pinned, for the benchmarks
+
+$(CONTEXTFORGE)/.installed: tests/contextforge/requirements.lock
+	@test -n "$(PYTHON312)" || { echo "ContextForge needs Python >= 3.12: install it (pyenv install 3.12) or set PYTHON312=/path/to/python3.12"; exit 1; }
+	rm -rf $(CONTEXTFORGE)
+	$(PYTHON312) -m venv $(CONTEXTFORGE)/venv
+	$(CONTEXTFORGE)/venv/bin/pip install --quiet --disable-pip-version-check --no-deps -r $<
+	touch $@
 
 $(SUPERVISOR)/.installed: tests/supervisor/requirements.lock
 	rm -rf $(SUPERVISOR)

@@ -288,74 +288,6 @@ pub async fn hammer(
     all
 }
 
-/// A gateway an operator would otherwise pick, in front of the demo bundle:
-/// `supergateway` (npm) or `mcp-proxy` (PyPI), pinned and installed by
-/// `make bench-peers`, serving streamable HTTP at `/mcp` on a free port.
-pub async fn peer_gateway(which: &str) -> (tokio::process::Child, RunningService<RoleClient, ()>) {
-    let target = Path::new(env!("CARGO_MANIFEST_DIR")).join("target");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let mut command = match which {
-        "supergateway" => {
-            let bin = target.join("supergateway/node_modules/.bin/supergateway");
-            let mut c = tokio::process::Command::new(bin);
-            c.args([
-                "--stdio",
-                DEMO,
-                "--outputTransport",
-                "streamableHttp",
-                "--stateful",
-            ])
-            .args(["--streamableHttpPath", "/mcp", "--logLevel", "none"])
-            .args(["--port", &port.to_string()]);
-            c
-        }
-        _ => {
-            let bin = target.join("mcp-proxy/venv/bin/mcp-proxy");
-            let mut c = tokio::process::Command::new(bin);
-            c.args([
-                "--host",
-                "127.0.0.1",
-                "--port",
-                &port.to_string(),
-                "--",
-                DEMO,
-            ]);
-            c
-        }
-    };
-    let child = command
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap_or_else(|e| panic!("{which} is not installed ({e}); run `make bench-peers`"));
-    // Listening once it accepts a connection (30 s at most: Node and
-    // Python start slowly).
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .is_err()
-    {
-        assert!(
-            Instant::now() < deadline,
-            "{which} did not listen on {port}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let config =
-        rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig::with_uri(
-            format!("http://127.0.0.1:{port}/mcp"),
-        );
-    let transport =
-        rmcp::transport::StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
-    let client = ().serve(transport).await.expect("initialize through the peer");
-    (child, client)
-}
-
 /// rmcp's streamable HTTP server alone: an in-process `echo` tool behind
 /// it, no bundle, no daemon — the least any gateway built on it can add.
 pub async fn rmcp_http_echo() -> RunningService<RoleClient, ()> {
@@ -422,4 +354,189 @@ pub async fn rmcp_http_echo() -> RunningService<RoleClient, ()> {
     let transport =
         rmcp::transport::StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
     ().serve(transport).await.expect("initialize")
+}
+
+/// A lean agent of the demo bundle's stdio: JSON-RPC lines written and
+/// read by hand, no MCP library — the floor a lean HTTP agent's figure
+/// is compared with.
+pub struct RawStdio {
+    _child: tokio::process::Child,
+    write: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    id: u64,
+}
+
+impl RawStdio {
+    pub async fn start() -> RawStdio {
+        let mut child = tokio::process::Command::new(DEMO)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn the demo bundle");
+        let write = child.stdin.take().unwrap();
+        let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let mut raw = RawStdio {
+            _child: child,
+            write,
+            lines,
+            id: 0,
+        };
+        let hello = json!({"protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "bench", "version": "1"}});
+        raw.request("initialize", hello).await;
+        raw.write_line(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        raw
+    }
+
+    async fn write_line(&mut self, message: &Value) {
+        let mut bytes = serde_json::to_vec(message).unwrap();
+        bytes.push(b'\n');
+        self.write.write_all(&bytes).await.unwrap();
+    }
+
+    async fn request(&mut self, method: &str, params: Value) -> String {
+        self.id += 1;
+        let message = json!({"jsonrpc": "2.0", "id": self.id, "method": method, "params": params});
+        self.write_line(&message).await;
+        let line = self.lines.next_line().await.unwrap().expect("an answer");
+        assert!(line.contains("\"result\""), "{line}");
+        line
+    }
+
+    /// `n` echo calls after 50 unmeasured ones.
+    pub async fn echo_calls(&mut self, n: usize) -> Vec<Duration> {
+        let mut sample = Vec::with_capacity(n);
+        for i in 0..n + 50 {
+            let start = Instant::now();
+            let params = json!({"name": "echo", "arguments": {"text": "ping"}});
+            let line = self.request("tools/call", params).await;
+            if i >= 50 {
+                sample.push(start.elapsed());
+            }
+            assert!(line.contains("ping"), "{line}");
+        }
+        sample
+    }
+}
+
+/// A lean agent of an HTTP endpoint: HTTP/1.1 requests written by hand on
+/// one keep-alive connection, each answer read by its length or its
+/// chunks — no HTTP or MCP library on the agent's side, as wrk.
+pub struct RawHttp {
+    stream: tokio::io::BufReader<tokio::net::TcpStream>,
+    /// The request line and the headers every request carries.
+    head: String,
+    id: u64,
+}
+
+impl RawHttp {
+    pub async fn connect(port: u16, path: &str, headers: &[(String, String)]) -> RawHttp {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        stream.set_nodelay(true).unwrap();
+        let mut head = format!(
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+        );
+        for (k, v) in headers {
+            head.push_str(&format!("{k}: {v}\r\n"));
+        }
+        RawHttp {
+            stream: tokio::io::BufReader::new(stream),
+            head,
+            id: 0,
+        }
+    }
+
+    /// One POST of `body` (with `extra` headers): the answer's headers
+    /// (lower-cased names) and body.
+    pub async fn post(&mut self, body: &[u8], extra: &str) -> (String, String) {
+        let request = format!("{}{extra}Content-Length: {}\r\n\r\n", self.head, body.len());
+        let stream = self.stream.get_mut();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        stream.write_all(body).await.unwrap();
+        let mut headers = String::new();
+        loop {
+            let mut line = String::new();
+            self.stream.read_line(&mut line).await.unwrap();
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+            headers.push_str(&line.to_ascii_lowercase());
+        }
+        let length = headers
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map(|v| v.trim().parse::<usize>().unwrap());
+        let mut answer = Vec::new();
+        if let Some(length) = length {
+            answer.resize(length, 0);
+            tokio::io::AsyncReadExt::read_exact(&mut self.stream, &mut answer)
+                .await
+                .unwrap();
+        } else {
+            // Chunked: size lines, data, until the empty chunk.
+            loop {
+                let mut size = String::new();
+                self.stream.read_line(&mut size).await.unwrap();
+                let size = usize::from_str_radix(size.trim(), 16).expect("a chunk size");
+                let mut chunk = vec![0; size + 2];
+                tokio::io::AsyncReadExt::read_exact(&mut self.stream, &mut chunk)
+                    .await
+                    .unwrap();
+                if size == 0 {
+                    break;
+                }
+                answer.extend_from_slice(&chunk[..size]);
+            }
+        }
+        (headers, String::from_utf8(answer).unwrap())
+    }
+
+    /// `n` echo calls of `tool` after 50 unmeasured ones: `params` is the
+    /// call's params (a 2026-07-28 request's `_meta` in it).
+    pub async fn echo_calls(&mut self, params: &Value, n: usize) -> Vec<Duration> {
+        let mut sample = Vec::with_capacity(n);
+        for i in 0..n + 50 {
+            self.id += 1;
+            let body = json!({"jsonrpc": "2.0", "id": self.id, "method": "tools/call",
+                "params": params});
+            let body = serde_json::to_vec(&body).unwrap();
+            let start = Instant::now();
+            let (_, answer) = self.post(&body, "").await;
+            if i >= 50 {
+                sample.push(start.elapsed());
+            }
+            assert!(
+                answer.contains("\"result\"") && answer.contains("ping"),
+                "{answer}"
+            );
+        }
+        sample
+    }
+
+    /// A 2025-11-25 session opened on this connection: every later request
+    /// carries its id.
+    pub async fn open_session(&mut self) {
+        let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {},
+            "clientInfo": {"name": "bench", "version": "1"}}});
+        let (headers, answer) = self.post(&serde_json::to_vec(&init).unwrap(), "").await;
+        assert!(answer.contains("\"result\""), "{answer}");
+        let id = headers
+            .lines()
+            .find_map(|l| l.strip_prefix("mcp-session-id:"))
+            .expect("a session id")
+            .trim()
+            .to_string();
+        self.head.push_str(&format!(
+            "Mcp-Session-Id: {id}\r\nMCP-Protocol-Version: 2025-11-25\r\n"
+        ));
+        let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        self.post(&serde_json::to_vec(&initialized).unwrap(), "")
+            .await;
+    }
 }

@@ -18,6 +18,11 @@ pub enum Target {
     RateOfFloorAtLeast(f64),
     /// At most this many KiB.
     MemoryAtMost(u64),
+    /// A peer's median over the floor at least this many times ours
+    /// (the second figure, µs).
+    OverheadOverOursAtLeast(f64, f64),
+    /// A peer's rate at most this fraction of ours (the row's second rate).
+    RateOfOursAtMost(f64),
 }
 
 #[derive(Debug, Serialize)]
@@ -58,6 +63,19 @@ impl Row {
         .target(target)
     }
 
+    /// Operations per second against another's (a floor, or ours).
+    pub fn throughput(what: &str, got: f64, of: f64) -> Row {
+        Row {
+            what: what.to_string(),
+            got: None,
+            floor: None,
+            rate: Some((got, of)),
+            memory_kib: None,
+            target: Target::None,
+            met: None,
+        }
+    }
+
     pub fn rate(mut self, got: f64, floor: f64) -> Row {
         self.rate = Some((got, floor));
         let target = self.target;
@@ -76,6 +94,11 @@ impl Row {
             Target::AtMost(d) => self.got.map(|g| g.median_us <= us(d)),
             Target::RateOfFloorAtLeast(x) => self.rate.map(|(g, f)| g >= x * f),
             Target::MemoryAtMost(kib) => self.memory_kib.map(|m| m <= kib),
+            Target::OverheadOverOursAtLeast(x, ours) => self
+                .got
+                .zip(self.floor)
+                .map(|(g, f)| g.median_us - f.median_us >= x * ours),
+            Target::RateOfOursAtMost(x) => self.rate.map(|(g, ours)| g <= x * ours),
         };
         self
     }
@@ -104,6 +127,10 @@ fn target_text(t: Target) -> String {
         Target::AtMost(d) => format!("≤ {}", time(d.as_secs_f64() * 1e6)),
         Target::RateOfFloorAtLeast(x) => format!("rate ≥ {:.0}% of floor", x * 100.0),
         Target::MemoryAtMost(kib) => format!("≤ {} MiB", kib >> 10),
+        Target::OverheadOverOursAtLeast(x, ours) => {
+            format!("over floor ≥ {x:.0}× ours ({})", time(ours))
+        }
+        Target::RateOfOursAtMost(x) => format!("rate ≤ {:.0}% of ours", x * 100.0),
     }
 }
 

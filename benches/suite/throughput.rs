@@ -59,29 +59,78 @@ fn cpu_seconds(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) as f64 / hz
 }
 
-/// The wrk script: the same stateless call on every request, and the
-/// figures printed as one line at the end.
-fn script(token: &str, tool: &str) -> String {
-    let body = json!({
-        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
-        "params": {
-            "name": tool,
-            "arguments": {"text": "ping"},
-            "_meta": {
-                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                "io.modelcontextprotocol/clientCapabilities": {},
-            },
-        },
-    });
-    format!(
-        r#"wrk.method = "POST"
-wrk.body = [[{body}]]
-wrk.headers["Content-Type"] = "application/json"
-wrk.headers["Accept"] = "application/json, text/event-stream"
-wrk.headers["Authorization"] = "Bearer {token}"
-wrk.headers["MCP-Protocol-Version"] = "2026-07-28"
-wrk.headers["Mcp-Method"] = "tools/call"
-wrk.headers["Mcp-Name"] = "{tool}"
+/// What wrk repeats: a POST of `body` with `headers`. A JSON-RPC body
+/// (`numbered`) gets an id of its own on every request (each wrk thread
+/// its own range), since a peer that keeps a session may route answers by
+/// id; a REST body is sent as it is.
+pub struct Load {
+    pub url: String,
+    pub headers: Vec<(String, String)>,
+    pub body: serde_json::Value,
+    pub numbered: bool,
+}
+
+impl Load {
+    /// The daemon's MCP 2026-07-28 stateless `tools/call` of `tool`.
+    pub fn stateless(url: &str, token: &str, tool: &str) -> Load {
+        let header = |k: &str, v: &str| (k.to_string(), v.to_string());
+        Load {
+            url: url.to_string(),
+            headers: vec![
+                header("Authorization", &format!("Bearer {token}")),
+                header("MCP-Protocol-Version", "2026-07-28"),
+                header("Mcp-Method", "tools/call"),
+                header("Mcp-Name", tool),
+            ],
+            body: json!({
+                "jsonrpc": "2.0", "method": "tools/call",
+                "params": {
+                    "name": tool,
+                    "arguments": {"text": "ping"},
+                    "_meta": {
+                        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                        "io.modelcontextprotocol/clientCapabilities": {},
+                    },
+                },
+            }),
+            numbered: true,
+        }
+    }
+
+    /// The wrk script: this request on every call, and the figures
+    /// printed as one line at the end.
+    fn script(&self) -> String {
+        let mut headers = String::new();
+        for (k, v) in [
+            ("Content-Type", "application/json"),
+            ("Accept", "application/json, text/event-stream"),
+        ]
+        .into_iter()
+        .chain(self.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        {
+            headers.push_str(&format!("wrk.headers[\"{k}\"] = [[{v}]]\n"));
+        }
+        let body = self.body.to_string();
+        let request = if self.numbered {
+            // `{"id":N,` then the body without its opening brace.
+            r#"request = function()
+  counter = counter + 1
+  return wrk.format(nil, nil, nil, '{"id":' .. (tid * 1000000000 + counter) .. ',' .. string.sub(body, 2))
+end"#
+        } else {
+            "wrk.body = body"
+        };
+        format!(
+            r#"wrk.method = "POST"
+{headers}body = [[{body}]]
+counter = 0
+tid = 0
+threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("tid", threads)
+end
+{request}
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format("RESULT %d %d %d %d %d\n", summary.requests, summary.duration,
@@ -89,36 +138,86 @@ done = function(summary, latency, requests)
     e.status + e.connect + e.read + e.write + e.timeout))
 end
 "#
-    )
+        )
+    }
+
+    /// One request by hand first: wrk counts any 200 as done, and a
+    /// JSON-RPC error (or a REST error in a 200) is a 200 too.
+    pub async fn check(&self) {
+        let mut body = self.body.clone();
+        if self.numbered {
+            body["id"] = json!(1);
+        }
+        let mut request = reqwest::Client::new()
+            .post(&self.url)
+            .header("Accept", "application/json, text/event-stream")
+            .json(&body);
+        for (k, v) in &self.headers {
+            request = request.header(k, v);
+        }
+        let answer = request
+            .send()
+            .await
+            .expect("the call")
+            .text()
+            .await
+            .expect("its answer");
+        assert!(
+            answer.contains("\"result\"")
+                && answer.contains("ping")
+                && !answer.contains("isError\":true"),
+            "the call wrk repeats must succeed at {}: {answer}",
+            self.url
+        );
+    }
 }
 
-/// One call by hand first: wrk counts any 200 as done, and a JSON-RPC
-/// error is a 200 too.
-async fn check(url: &str, token: &str, tool: &str) {
-    let body = json!({
-        "jsonrpc": "2.0", "id": 1, "method": "tools/call",
-        "params": {"name": tool, "arguments": {"text": "ping"}, "_meta": {
-            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientCapabilities": {}}},
+/// What one wrk run measured.
+pub struct Wrk {
+    pub requests: f64,
+    pub calls_per_s: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub errors: u64,
+}
+
+/// wrk with `agents` connections for `secs` against `load` (its script
+/// written into `dir`).
+pub fn wrk(load: &Load, dir: &Path, agents: usize, secs: u64) -> Wrk {
+    let script_path = dir.join(format!("wrk-{}.lua", std::process::id()));
+    std::fs::write(&script_path, load.script()).unwrap();
+    let threads = agents.min(2);
+    let out = tokio::task::block_in_place(|| {
+        Command::new("wrk")
+            .args(["-t", &threads.to_string(), "-c", &agents.to_string()])
+            .args(["-d", &format!("{secs}s"), "--timeout", "10s", "-s"])
+            .arg(&script_path)
+            .arg(&load.url)
+            .output()
+            .expect("wrk (make bench-peers installs it)")
     });
-    let answer = reqwest::Client::new()
-        .post(url)
-        .bearer_auth(token)
-        .header("Accept", "application/json, text/event-stream")
-        .header("MCP-Protocol-Version", "2026-07-28")
-        .header("Mcp-Method", "tools/call")
-        .header("Mcp-Name", tool)
-        .json(&body)
-        .send()
-        .await
-        .expect("the call")
-        .text()
-        .await
-        .expect("its answer");
-    assert!(
-        answer.contains("\"result\"") && answer.contains("ping"),
-        "the call wrk repeats must succeed: {answer}"
-    );
+    let _ = std::fs::remove_file(&script_path);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("RESULT "))
+        .unwrap_or_else(|| {
+            panic!(
+                "wrk said no result: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    let f: Vec<f64> = line
+        .split_whitespace()
+        .map(|v| v.parse().unwrap())
+        .collect();
+    Wrk {
+        requests: f[0],
+        calls_per_s: f[0] / (f[1] / 1e6),
+        p50_us: f[2],
+        p99_us: f[3],
+        errors: f[4] as u64,
+    }
 }
 
 /// The demo bundle called directly over its stdio with `in_flight` calls
@@ -154,9 +253,8 @@ async fn bundle_ceiling(in_flight: usize, secs: Duration) -> f64 {
 
 pub async fn measure(d: &BenchDaemon, http_port: u16, token: &str, tool: &str) -> Vec<Point> {
     let url = format!("http://127.0.0.1:{http_port}/mcp/default");
-    check(&url, token, tool).await;
-    let script_path = d.root.join("throughput.lua");
-    std::fs::write(&script_path, script(token, tool)).unwrap();
+    let load = Load::stateless(&url, token, tool);
+    load.check().await;
     let secs = if crate::smoke() { 1 } else { 5 };
     let mut points = Vec::new();
     for agents in AGENTS {
@@ -165,43 +263,19 @@ pub async fn measure(d: &BenchDaemon, http_port: u16, token: &str, tool: &str) -
         } else {
             agents
         };
-        let threads = agents.min(2);
         let before = cpu_seconds(d.pid());
-        let out = tokio::task::block_in_place(|| {
-            Command::new("wrk")
-                .args(["-t", &threads.to_string(), "-c", &agents.to_string()])
-                .args(["-d", &format!("{secs}s"), "--timeout", "10s", "-s"])
-                .arg(&script_path)
-                .arg(&url)
-                .output()
-                .expect("wrk (make bench-peers installs it)")
-        });
+        let run = wrk(&load, &d.root, agents, secs);
         let daemon_cpu = cpu_seconds(d.pid()) - before;
         let daemon_rss_kib = rss_kib(d.pid());
-        let text = String::from_utf8_lossy(&out.stdout);
-        let line = text
-            .lines()
-            .find_map(|l| l.strip_prefix("RESULT "))
-            .unwrap_or_else(|| {
-                panic!(
-                    "wrk said no result: {text}{}",
-                    String::from_utf8_lossy(&out.stderr)
-                )
-            });
-        let f: Vec<f64> = line
-            .split_whitespace()
-            .map(|v| v.parse().unwrap())
-            .collect();
-        let (requests, duration_s) = (f[0], f[1] / 1e6);
         let bundle_calls_per_s = bundle_ceiling(agents, Duration::from_secs(secs)).await;
         points.push(Point {
             agents,
-            calls_per_s: requests / duration_s,
-            calls_per_daemon_core_s: requests / daemon_cpu.max(1e-3),
-            p50_us: f[2],
-            p99_us: f[3],
+            calls_per_s: run.calls_per_s,
+            calls_per_daemon_core_s: run.requests / daemon_cpu.max(1e-3),
+            p50_us: run.p50_us,
+            p99_us: run.p99_us,
             daemon_rss_kib,
-            errors: f[4] as u64,
+            errors: run.errors,
             bundle_calls_per_s,
         });
         if crate::smoke() && agents == 10 {
