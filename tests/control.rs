@@ -138,6 +138,37 @@ fn install_reports_progress_notifications_before_the_result() {
     assert_eq!(states, vec!["installed", "starting", "ready"]);
 }
 
+/// Issue 37: a list's `status` leaves each sandbox's read, write and
+/// execute lists out (they were 2 KiB of a bundle's 2.2 and made `status`
+/// of 2,000 bundles 4.3 MB); `{"paths": true}` and `status --json` have
+/// them, and an install's answer (one bundle) keeps them.
+#[test]
+fn status_has_the_sandbox_paths_only_when_asked() {
+    let d = Daemon::start();
+    let bundle = d.demo_bundle("demo");
+    let installed: Value =
+        serde_json::from_str(&d.ok(&["install", bundle.to_str().unwrap(), "--json"])).unwrap();
+    let listed = |s: &Value| -> usize {
+        let sandbox = &s["sandbox"];
+        assert!(sandbox["strategy"].is_string(), "{s}");
+        ["read", "write", "execute"]
+            .iter()
+            .map(|k| sandbox[k].as_array().map_or(0, Vec::len))
+            .sum()
+    };
+    let mut raw = d.raw();
+    raw.hello();
+    let lean = raw.request(1, "status", json!({}));
+    let lean = &lean["result"]["bundles"][0];
+    assert_eq!(listed(lean), 0, "{lean}");
+    let whole = raw.request(2, "status", json!({"paths": true}));
+    let whole = &whole["result"]["bundles"][0];
+    assert!(listed(whole) > 0, "{whole}");
+    assert!(listed(&d.bundle("default", "demo").unwrap()) > 0);
+    let one = installed.get("bundle").unwrap_or(&installed);
+    assert!(listed(one) > 0, "{installed}");
+}
+
 #[test]
 fn a_silent_client_is_closed_after_the_handshake_timeout_and_connections_are_capped() {
     let d = Daemon::start_with("[control]\nmax_connections = 3\nhandshake_timeout = \"300ms\"\n");

@@ -34,8 +34,10 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
     let status: StatusResult = client
         .call::<crate::protocol::typed::Status>(
             StatusParams {
-                // Scripts get memory and CPU too (a few small reads a bundle).
+                // Scripts get memory and CPU too (a few small reads a
+                // bundle), and each sandbox's path lists.
                 usage: args.json,
+                paths: args.json,
                 workspace: args.workspace.clone(),
             },
             |_| {},
@@ -74,6 +76,7 @@ async fn watch(client: &mut Client, args: &Args) -> Result<ExitCode, ClientError
         }
         let params = StatusParams {
             usage: true,
+            paths: false,
             workspace: args.workspace.clone(),
         };
         // Ctrl-C ends the watch even while the daemon is slow to answer.

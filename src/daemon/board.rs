@@ -198,15 +198,21 @@ impl StatusBoard {
         inner
             .bundles
             .get(&(workspace.to_string(), name.to_string()))
-            .map(with_uptime)
+            .map(|e| with_uptime(e, true))
     }
 
     /// Every bundle, ordered by workspace then name, with uptimes computed now.
-    pub fn snapshot(&self) -> (Vec<String>, Vec<BundleStatus>) {
+    /// Each sandbox's path lists only with `paths` (`status` without them
+    /// is a tenth of the bytes).
+    pub fn snapshot(&self, paths: bool) -> (Vec<String>, Vec<BundleStatus>) {
         let inner = self.inner.read().unwrap_or_else(|p| p.into_inner());
         (
             inner.workspaces.iter().cloned().collect(),
-            inner.bundles.values().map(with_uptime).collect(),
+            inner
+                .bundles
+                .values()
+                .map(|e| with_uptime(e, paths))
+                .collect(),
         )
     }
 }
@@ -345,10 +351,46 @@ fn hold_unpack() {
     }
 }
 
-fn with_uptime(entry: &Entry) -> BundleStatus {
-    let mut status = entry.status.clone();
-    status.uptime_secs = entry.ready_since.map(|t| t.elapsed().as_secs());
-    status
+fn with_uptime(entry: &Entry, paths: bool) -> BundleStatus {
+    // The sandbox apart, so that its lists are not copied to be dropped.
+    let sandbox = entry.status.sandbox.as_ref().map(|s| match paths {
+        true => s.clone(),
+        false => crate::protocol::SandboxRecord {
+            read: Vec::new(),
+            write: Vec::new(),
+            execute: Vec::new(),
+            sandbox_id: s.sandbox_id.clone(),
+            sandbox_path: s.sandbox_path.clone(),
+            strategy: s.strategy.clone(),
+            landlock: s.landlock.clone(),
+            created: s.created,
+            uid: s.uid,
+            isolation: s.isolation.clone(),
+            landlock_abi: s.landlock_abi,
+            containment: s.containment.clone(),
+            cgroup: s.cgroup.clone(),
+            limits: s.limits.clone(),
+        },
+    });
+    let status = &entry.status;
+    BundleStatus {
+        workspace: status.workspace.clone(),
+        name: status.name.clone(),
+        version: status.version.clone(),
+        state: status.state,
+        pid: status.pid,
+        uptime_secs: entry.ready_since.map(|t| t.elapsed().as_secs()),
+        restarts: status.restarts,
+        tools: status.tools,
+        last_error: status.last_error.clone(),
+        last_error_at: status.last_error_at,
+        source: status.source.clone(),
+        sandbox,
+        usage: status.usage.clone(),
+        archive: status.archive.clone(),
+        mcp: status.mcp.clone(),
+        unpacking: status.unpacking,
+    }
 }
 
 #[cfg(test)]
@@ -366,7 +408,7 @@ mod tests {
     fn the_starting_count_follows_every_change() {
         let board = StatusBoard::default();
         let counted = |board: &StatusBoard| {
-            let (_, all) = board.snapshot();
+            let (_, all) = board.snapshot(false);
             let starting = all
                 .iter()
                 .filter(|b| b.state == BundleState::Starting)
@@ -388,6 +430,47 @@ mod tests {
         board.remove("w", "a");
         assert_eq!(board.settling(), (1, 0));
         assert_eq!(board.settling(), counted(&board));
+    }
+
+    /// Issue 37: `status` of a list leaves each sandbox's path lists out
+    /// unless asked (they were 2 KiB of a bundle's 2.2), and keeps every
+    /// other field; `get` (one bundle) keeps them.
+    #[test]
+    fn a_snapshot_has_the_sandbox_paths_only_when_asked() {
+        let board = StatusBoard::default();
+        let mut st = status("w", "a", BundleState::Ready);
+        st.version = Some("1.0.0".into());
+        st.pid = Some(42);
+        st.sandbox = Some(crate::protocol::SandboxRecord {
+            sandbox_id: "w/a".into(),
+            sandbox_path: "/s/w/a".into(),
+            strategy: "landlock".into(),
+            landlock: "enforced (ABI 7)".into(),
+            created: true,
+            uid: 2000,
+            isolation: "own uid 2000".into(),
+            landlock_abi: Some(7),
+            read: vec!["/usr".into(), "/lib".into()],
+            write: vec!["/s/w/a/data".into()],
+            execute: vec!["/usr/bin".into()],
+            containment: "cgroup v2".into(),
+            cgroup: Some("/sys/fs/cgroup/x".into()),
+            limits: vec!["pids.max 64".into()],
+        });
+        board.update(st.clone(), None, 0);
+        let (_, with) = board.snapshot(true);
+        assert_eq!(with, [st.clone()]);
+        assert_eq!(board.get("w", "a").as_ref(), Some(&st));
+        let (_, without) = board.snapshot(false);
+        let mut lean = st.clone();
+        let sandbox = lean.sandbox.as_mut().unwrap();
+        (sandbox.read, sandbox.write, sandbox.execute) = (vec![], vec![], vec![]);
+        assert_eq!(without, [lean]);
+        let json = serde_json::to_string(&without[0]).unwrap();
+        assert!(
+            !json.contains("\"read\"") && json.contains("pids.max 64"),
+            "{json}"
+        );
     }
 
     /// One workspace's names, not its neighbours' (whose names sort

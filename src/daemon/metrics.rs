@@ -274,7 +274,7 @@ fn per_bundle<V>(ws: &str, bundle: &str, value: V) -> ([(&'static str, String); 
 
 impl Collector for Observed {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let (mut workspaces, mut bundles) = self.board.snapshot();
+        let (mut workspaces, mut bundles) = self.board.snapshot(false);
         // Archives being unpacked for an install count as `unpacking`.
         self.board.with_unpacking(&mut workspaces, &mut bundles);
         let counts = self.board.counts();

@@ -734,7 +734,7 @@ async fn serve_until(
         _ = shutdown.cancelled() => {}
         _ = boot_settled(shared) => {
             shared.settled.cancel();
-            let (_, bundles) = shared.board.snapshot();
+            let (_, bundles) = shared.board.snapshot(false);
             let ready = bundles.iter().filter(|b| b.state == crate::protocol::BundleState::Ready).count();
             let message = format!("boot reload done: {ready} of {} bundles ready", bundles.len());
             tracing::info!(elapsed_ms = shared.started_at.elapsed().as_millis() as u64, "{message}");

@@ -280,13 +280,14 @@ pub struct SandboxRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub landlock_abi: Option<u32>,
     /// Exactly what Landlock lets the bundle read (files and folders below).
-    #[serde(default)]
+    /// In `status`, only with `paths` (absent: empty, or not asked for).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub read: Vec<String>,
     /// ... write (create, remove, truncate; never device files).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub write: Vec<String>,
     /// ... execute.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub execute: Vec<String>,
     /// What holds the bundle's whole process tree, e.g. `cgroup v2
     /// (…/w-WS/b-NAME, killed with cgroup.kill); limits from memory (v1), …`,
@@ -320,6 +321,10 @@ pub struct StatusParams {
     /// Add each bundle's `usage` (memory, tool calls).
     #[serde(default)]
     pub usage: bool,
+    /// Add each sandbox's `read`, `write` and `execute` lists (most of a
+    /// bundle's line: 2 KiB of the 2.2; a list view does without them).
+    #[serde(default)]
+    pub paths: bool,
     /// Only this workspace (`workspace_not_found` if it has no bundles).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<String>,

@@ -313,7 +313,7 @@ impl Api {
     /// Workspaces with bundles (or files), those a watched folder feeds,
     /// and the default one.
     pub fn known_workspaces(&self) -> Vec<String> {
-        let (mut known, _) = self.shared.board.snapshot();
+        let (mut known, _) = self.shared.board.snapshot(false);
         known.push(crate::protocol::DEFAULT_WORKSPACE.to_string());
         known.extend(self.shared.config.watch.iter().map(|w| w.workspace.clone()));
         known.sort();
@@ -394,14 +394,15 @@ impl Api {
     }
 
     /// Every bundle's status (of one workspace), with its resource use
-    /// when `usage`.
+    /// when `usage` and its sandbox's path lists when `paths`.
     pub fn status(
         &self,
         workspace: Option<&str>,
         usage: bool,
+        paths: bool,
     ) -> Result<crate::protocol::StatusResult, ApiError> {
         use crate::protocol::{DaemonInfo, StatusResult, Usage};
-        let (mut workspaces, mut bundles) = self.shared.board.snapshot();
+        let (mut workspaces, mut bundles) = self.shared.board.snapshot(paths);
         self.shared
             .board
             .with_unpacking(&mut workspaces, &mut bundles);

@@ -27,7 +27,7 @@ pub(super) fn hello(p: HelloParams) -> Result<HelloResult, RpcError> {
 }
 
 pub(super) async fn status(p: StatusParams, ctx: &Ctx) -> Result<StatusResult, RpcError> {
-    Ok(ctx.api.status(p.workspace.as_deref(), p.usage)?)
+    Ok(ctx.api.status(p.workspace.as_deref(), p.usage, p.paths)?)
 }
 
 /// A one-time sign-in link of the dashboard for this peer (`uid:N`).

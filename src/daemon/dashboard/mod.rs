@@ -443,7 +443,7 @@ async fn overview(State(ui): State<Ui>, headers: HeaderMap) -> Response {
         Ok(s) => s,
         Err(r) => return r,
     };
-    match ui.api.status(None, true) {
+    match ui.api.status(None, true, false) {
         Ok(status) => page(
             StatusCode::OK,
             pages::overview(&session.csrf, &session.principal, &status),
@@ -520,7 +520,7 @@ async fn live(State(ui): State<Ui>, headers: HeaderMap) -> Response {
             }
             let rows = lease
                 .api
-                .status(None, true)
+                .status(None, true, false)
                 .map(|s| pages::rows_json(&s))
                 .unwrap_or_default();
             let event = SseEvent::default().event("status").data(rows);

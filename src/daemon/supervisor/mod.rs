@@ -191,7 +191,7 @@ impl DaemonState {
         let (shared, seen, myself) = (self.shared.clone(), self.seen.clone(), myself.clone());
         // Failed bundles of this folder: their files are fingerprinted, so
         // a fix copied in retries them.
-        let (_, statuses) = self.shared.board.snapshot();
+        let (_, statuses) = self.shared.board.snapshot(false);
         let trees: std::collections::HashSet<PathBuf> = statuses
             .iter()
             .filter(|b| b.workspace == watch.workspace && b.state == BundleState::Failed)
@@ -517,7 +517,7 @@ fn collect_archives(shared: Arc<Shared>) {
         let Ok(installs) = shared.store.call(|s| s.installs()).await else {
             return;
         };
-        let (_, running) = shared.board.snapshot();
+        let (_, running) = shared.board.snapshot(false);
         let state_dir = shared.config.state_dir.clone();
         let removed = tokio::task::spawn_blocking(move || {
             let root = crate::archive::root(&state_dir);
