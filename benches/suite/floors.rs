@@ -426,6 +426,7 @@ impl RawStdio {
 /// one keep-alive connection, each answer read by its length or its
 /// chunks — no HTTP or MCP library on the agent's side, as wrk.
 pub struct RawHttp {
+    port: u16,
     stream: tokio::io::BufReader<tokio::net::TcpStream>,
     /// The request line and the headers every request carries.
     head: String,
@@ -433,11 +434,15 @@ pub struct RawHttp {
 }
 
 impl RawHttp {
-    pub async fn connect(port: u16, path: &str, headers: &[(String, String)]) -> RawHttp {
+    async fn open(port: u16) -> tokio::io::BufReader<tokio::net::TcpStream> {
         let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
             .expect("connect");
         stream.set_nodelay(true).unwrap();
+        tokio::io::BufReader::new(stream)
+    }
+
+    pub async fn connect(port: u16, path: &str, headers: &[(String, String)]) -> RawHttp {
         let mut head = format!(
             "POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
         );
@@ -445,19 +450,38 @@ impl RawHttp {
             head.push_str(&format!("{k}: {v}\r\n"));
         }
         RawHttp {
-            stream: tokio::io::BufReader::new(stream),
+            port,
+            stream: Self::open(port).await,
             head,
             id: 0,
         }
     }
 
+    /// Sends a request; once more on a new connection when the server
+    /// had closed the idle one (uvicorn and Node close keep-alive
+    /// connections idle for 5 s).
+    async fn send(&mut self, request: &[u8]) -> String {
+        for _ in 0..2 {
+            let stream = self.stream.get_mut();
+            if stream.write_all(request).await.is_ok() {
+                let mut status = String::new();
+                if self.stream.read_line(&mut status).await.unwrap_or(0) > 0 {
+                    return status;
+                }
+            }
+            self.stream = Self::open(self.port).await;
+        }
+        panic!("the server closed every connection");
+    }
+
     /// One POST of `body` (with `extra` headers): the answer's headers
     /// (lower-cased names) and body.
     pub async fn post(&mut self, body: &[u8], extra: &str) -> (String, String) {
-        let request = format!("{}{extra}Content-Length: {}\r\n\r\n", self.head, body.len());
-        let stream = self.stream.get_mut();
-        stream.write_all(request.as_bytes()).await.unwrap();
-        stream.write_all(body).await.unwrap();
+        let mut request =
+            format!("{}{extra}Content-Length: {}\r\n\r\n", self.head, body.len()).into_bytes();
+        request.extend_from_slice(body);
+        let status = self.send(&request).await;
+        assert!(status.starts_with("HTTP/1.1 2"), "{status}");
         let mut headers = String::new();
         loop {
             let mut line = String::new();

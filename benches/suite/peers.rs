@@ -551,6 +551,9 @@ fn children_of(pid: u32) -> Vec<u32> {
 /// What was measured of one gateway.
 struct Figures {
     latency: Summary,
+    /// The same call by a lean agent (requests written by hand), where
+    /// the peer speaks streamable HTTP.
+    lean: Option<Summary>,
     calls_per_s: f64,
     /// wrk's non-2xx answers and socket errors (timeouts included).
     errors: u64,
@@ -577,11 +580,29 @@ pub async fn compare(
     }
     let (mut floor_sample, mut our_sample) = (Vec::new(), Vec::new());
     let mut samples: Vec<Vec<Duration>> = peers.iter().map(|_| Vec::new()).collect();
+    // Lean agents beside: the agent library's own cost taken out.
+    let mut lean_floor = crate::floors::RawStdio::start().await;
+    let mut our_lean = lean_agent(&load)
+        .await
+        .expect("ours speaks streamable HTTP");
+    let mut leans = Vec::new();
+    for peer in &peers {
+        leans.push(lean_agent(&peer.load).await);
+    }
+    let (mut lean_floor_sample, mut our_lean_sample) = (Vec::new(), Vec::new());
+    let mut lean_samples: Vec<Vec<Duration>> = peers.iter().map(|_| Vec::new()).collect();
     for _ in 0..rounds {
         floor_sample.extend(floor.calls(n / rounds).await);
         our_sample.extend(ours.calls(n / rounds).await);
+        lean_floor_sample.extend(lean_floor.echo_calls(n / rounds).await);
+        our_lean_sample.extend(our_lean.0.echo_calls(&our_lean.1, n / rounds).await);
         for (peer, sample) in peers.iter_mut().zip(&mut samples) {
             sample.extend(peer.agent.calls(n / rounds).await);
+        }
+        for (lean, sample) in leans.iter_mut().zip(&mut lean_samples) {
+            if let Some((agent, params)) = lean {
+                sample.extend(agent.echo_calls(params, n / rounds).await);
+            }
         }
     }
     let secs = if crate::smoke() { 1 } else { 5 };
@@ -590,45 +611,64 @@ pub async fn compare(
     let run = throughput::wrk(&load, dir, agents, secs);
     let ours_figures = Figures {
         latency: summarize(our_sample),
+        lean: Some(summarize(our_lean_sample)),
         calls_per_s: run.calls_per_s,
         errors: run.errors,
         rss_kib: rss_kib(daemon),
     };
     let mut figures = Vec::new();
-    for (peer, sample) in peers.iter().zip(samples) {
+    for ((peer, sample), lean) in peers.iter().zip(samples).zip(lean_samples) {
         peer.load.check().await;
         let run = throughput::wrk(&peer.load, dir, agents, secs);
         figures.push(Figures {
             latency: summarize(sample),
+            lean: (!lean.is_empty()).then(|| summarize(lean)),
             calls_per_s: run.calls_per_s,
             errors: run.errors,
             rss_kib: peer.rss_kib(),
         });
     }
-    let floor_summary = summarize(floor_sample);
+    let floors = (summarize(floor_sample), summarize(lean_floor_sample));
     floor.close().await;
     ours.close().await;
-    let mut rows = rows_for("bundlevisor", &ours_figures, floor_summary, None, agents);
+    let mut rows = rows_for("bundlevisor", &ours_figures, floors, None, agents);
     for (peer, f) in peers.into_iter().zip(figures) {
-        rows.extend(rows_for(
-            peer.name,
-            &f,
-            floor_summary,
-            Some(&ours_figures),
-            agents,
-        ));
+        rows.extend(rows_for(peer.name, &f, floors, Some(&ours_figures), agents));
         peer.agent.close().await;
     }
     rows
 }
 
+/// A lean agent of `load`'s endpoint and session (a JSON-RPC load only),
+/// with the params of its call.
+async fn lean_agent(load: &Load) -> Option<(crate::floors::RawHttp, Value)> {
+    if !load.numbered {
+        return None;
+    }
+    let rest = load.url.strip_prefix("http://127.0.0.1:")?;
+    let (port, path) = rest.split_once('/')?;
+    let agent =
+        crate::floors::RawHttp::connect(port.parse().ok()?, &format!("/{path}"), &load.headers)
+            .await;
+    Some((agent, load.body["params"].clone()))
+}
+
+/// `floors`: the bundle called directly by the rmcp client and by a lean
+/// agent.
 fn rows_for(
     name: &str,
     f: &Figures,
-    floor: Summary,
+    (floor, lean_floor): (Summary, Summary),
     ours: Option<&Figures>,
     agents: usize,
 ) -> Vec<Row> {
+    let mut lean = f.lean.map(|l| {
+        Row::latency(
+            &format!("peers: echo via {name}, lean agent"),
+            l,
+            Some(lean_floor),
+        )
+    });
     let mut latency = Row::latency(&format!("peers: echo via {name}"), f.latency, Some(floor));
     let what = match f.errors {
         0 => format!("peers: {name}, calls/s at {agents} agents"),
@@ -638,12 +678,18 @@ fn rows_for(
     if let Some(ours) = ours {
         let our_overhead = ours.latency.median_us - floor.median_us;
         latency = latency.target(Target::OverheadOverOursAtLeast(FACTOR, our_overhead));
+        if let (Some(row), Some(our_lean)) = (lean.take(), ours.lean) {
+            let our_overhead = our_lean.median_us - lean_floor.median_us;
+            lean = Some(row.target(Target::OverheadOverOursAtLeast(FACTOR, our_overhead)));
+        }
         rate = Row::throughput(&what, f.calls_per_s, ours.calls_per_s)
             .target(Target::RateOfOursAtMost(1.0 / FACTOR));
     }
-    vec![
-        latency,
+    let mut rows = vec![latency];
+    rows.extend(lean);
+    rows.extend([
         rate,
         Row::memory(&format!("peers: {name}, RSS"), f.rss_kib, Target::None),
-    ]
+    ]);
+    rows
 }

@@ -62,6 +62,9 @@ pub struct Cgroups {
     v1: BTreeMap<&'static str, PathBuf>,
     /// Said in `status` and at start.
     pub containment: String,
+    /// Said at start, when moving a process into a cgroup waits for the
+    /// kernel (see [`moves_wait`]).
+    pub advice: Option<String>,
     mode: Enforcement,
 }
 
@@ -71,10 +74,16 @@ struct Mount {
     v2: bool,
     /// v1: the controllers of the hierarchy (super options).
     controllers: Vec<String>,
+    /// The `favordynmods` super option.
+    favordynmods: bool,
 }
 
 fn cgroup_mounts() -> Vec<Mount> {
-    let text = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    mounts_in(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default())
+}
+
+/// The cgroup hierarchies of a `mountinfo` text.
+fn mounts_in(text: &str) -> Vec<Mount> {
     text.lines()
         .filter_map(|line| {
             let (left, right) = line.split_once(" - ")?;
@@ -82,16 +91,19 @@ fn cgroup_mounts() -> Vec<Mount> {
             let mut right = right.split(' ');
             let fstype = right.next()?;
             let options = right.nth(1).unwrap_or_default();
+            let favordynmods = options.split(',').any(|o| o == "favordynmods");
             match fstype {
                 "cgroup2" => Some(Mount {
                     point: PathBuf::from(point),
                     v2: true,
                     controllers: Vec::new(),
+                    favordynmods,
                 }),
                 "cgroup" => Some(Mount {
                     point: PathBuf::from(point),
                     v2: false,
                     controllers: options.split(',').map(str::to_string).collect(),
+                    favordynmods,
                 }),
                 _ => None,
             }
@@ -160,6 +172,7 @@ impl Cgroups {
             containment: format!(
                 "process group only: {why}; a bundle's descendants that leave its process group (setsid) can outlive it"
             ),
+            advice: None,
             mode: Enforcement::Off,
         }
     }
@@ -230,8 +243,15 @@ impl Cgroups {
                 v1.insert(files, base);
             }
         }
+        let used: Vec<&Mount> = (mounts.iter())
+            .filter(|m| match m.v2 {
+                true => v2.is_some(),
+                false => v1.values().any(|base| base.starts_with(&m.point)),
+            })
+            .collect();
         let cgroups = Cgroups {
             containment: describe(v2.as_deref(), &v2_controllers, &v1, &notes),
+            advice: moves_wait(&used),
             v2,
             v2_controllers,
             v1,
@@ -413,6 +433,25 @@ fn describe(
             "process group only: no writable cgroup{why}; a bundle's descendants that leave its process group (setsid) can outlive it"
         ),
     }
+}
+
+/// What to say when a bundle's start will wait for the kernel: moving a
+/// process into a cgroup takes the kernel's threadgroup lock for writing,
+/// which, unless the hierarchy is mounted with `favordynmods` (or the
+/// kernel booted with `cgroup_favordynmods=true`), waits for an RCU grace
+/// period — 5–13 ms a move on the test VM, several moves a start (one a
+/// hierarchy): most of a crash's restart. The lock is one for every
+/// hierarchy, so one mount with the option is enough.
+fn moves_wait(used: &[&Mount]) -> Option<String> {
+    if used.is_empty() || used.iter().any(|m| m.favordynmods) {
+        return None;
+    }
+    let v2 = used.iter().find(|m| m.v2).or(used.first())?;
+    Some(format!(
+        "each bundle start moves its process into {} cgroup hierarchies, and each move waits for an RCU grace period (milliseconds) because no cgroup hierarchy is mounted with favordynmods; for restarts several times faster, boot with cgroup_favordynmods=true or `mount -o remount,favordynmods {}`, at a small cost to every fork and exit on the host (docs/scaling.md)",
+        used.len(),
+        v2.point.display()
+    ))
 }
 
 /// The name of a start's folder: `gN`, N counting the daemon's starts.
@@ -714,6 +753,38 @@ mod tests {
         assert_eq!(a, instance(Path::new("/nonexistent/a")));
         assert_ne!(a, instance(Path::new("/nonexistent/b")));
         assert!(a.starts_with("i-") && a.len() == 14, "{a}");
+    }
+
+    /// Issue 37, point 4: a start's cgroup moves wait for an RCU grace
+    /// period unless a hierarchy is mounted with `favordynmods`; the
+    /// daemon says so at start, naming the fix, only when it applies.
+    #[test]
+    fn a_start_that_waits_for_the_kernel_is_said_with_its_fix() {
+        let hybrid = "\
+35 26 0:30 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:10 - cgroup2 cgroup2 rw,nsdelegate
+36 26 0:31 / /sys/fs/cgroup/memory rw,relatime shared:11 - cgroup cgroup rw,memory
+37 26 0:32 / /sys/fs/cgroup/pids rw,relatime shared:12 - cgroup cgroup rw,pids
+38 26 0:33 / /proc rw - proc proc rw
+";
+        let mounts = mounts_in(hybrid);
+        assert_eq!(mounts.len(), 3);
+        let all: Vec<&Mount> = mounts.iter().collect();
+        let advice = moves_wait(&all).expect("no hierarchy favours moves");
+        assert!(
+            advice.contains("3 cgroup hierarchies")
+                && advice.contains("mount -o remount,favordynmods /sys/fs/cgroup/unified")
+                && advice.contains("cgroup_favordynmods=true"),
+            "{advice}"
+        );
+        let favoured = hybrid.replace(
+            "cgroup2 rw,nsdelegate",
+            "cgroup2 rw,nsdelegate,favordynmods",
+        );
+        let mounts = mounts_in(&favoured);
+        assert!(mounts[0].favordynmods && !mounts[1].favordynmods);
+        assert_eq!(moves_wait(&mounts.iter().collect::<Vec<_>>()), None);
+        // No cgroup used: nothing to say.
+        assert_eq!(moves_wait(&[]), None);
     }
 
     #[test]

@@ -705,6 +705,9 @@ async fn contain(
     };
     if cgroups.available() {
         tracing::info!("containment: {}", cgroups.containment);
+        if let Some(advice) = &cgroups.advice {
+            tracing::info!("{advice}");
+        }
     } else {
         tracing::warn!("containment: {}", cgroups.containment);
     }
