@@ -34,16 +34,21 @@ pub fn run_role() -> bool {
     true
 }
 
-/// Spawns the demo bundle and completes `initialize` + `tools/list` with a
-/// bare rmcp client.
-pub async fn bare_start() -> (tokio::process::Child, RunningService<RoleClient, ()>) {
-    let mut child = tokio::process::Command::new(DEMO)
+/// The demo bundle, its stdio piped, killed on drop.
+fn spawn_demo() -> tokio::process::Child {
+    tokio::process::Command::new(DEMO)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)
         .spawn()
-        .expect("spawn the demo bundle");
+        .expect("spawn the demo bundle")
+}
+
+/// Spawns the demo bundle and completes `initialize` + `tools/list` with a
+/// bare rmcp client.
+pub async fn bare_start() -> (tokio::process::Child, RunningService<RoleClient, ()>) {
+    let mut child = spawn_demo();
     let io = (child.stdout.take().unwrap(), child.stdin.take().unwrap());
     let client = ().serve(io).await.expect("initialize");
     let tools = client.peer().list_all_tools().await.expect("tools/list");
@@ -368,13 +373,7 @@ pub struct RawStdio {
 
 impl RawStdio {
     pub async fn start() -> RawStdio {
-        let mut child = tokio::process::Command::new(DEMO)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn the demo bundle");
+        let mut child = spawn_demo();
         let write = child.stdin.take().unwrap();
         let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
         let mut raw = RawStdio {

@@ -238,7 +238,7 @@ fn main() {
         println!("{line}");
     }
     if !through.is_empty() {
-        println!("\nthroughput of the HTTP gateway (MCP 2026-07-28 tools/call, wrk; one connection an agent):");
+        println!("\nthroughput of the HTTP gateway (tools/call, wrk, one connection an agent: MCP 2026-07-28 stateless, and on one 2025-11-25 session):");
         for line in throughput::lines(&through) {
             println!("{line}");
         }

@@ -44,7 +44,7 @@ const FACTOR: f64 = 3.0;
 /// One peer, started, with what it takes to call it.
 pub struct Peer {
     pub name: &'static str,
-    children: Vec<Child>,
+    children: Groups,
     agent: Agent,
     load: Load,
     _dir: tempfile::TempDir,
@@ -75,7 +75,7 @@ impl Agent {
         }
     }
 
-    async fn close(self) {
+    pub async fn close(self) {
         match self {
             Agent::Streamable(client, _) => {
                 let _ = client.cancel().await;
@@ -96,16 +96,34 @@ fn target_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("target")
 }
 
-/// Spawns `command` quietly, killed on drop, with a clear word when the
-/// peer is not installed.
+/// Spawns `command` quietly in a process group of its own (its workers
+/// and bundle with it: [`Peer`]'s drop kills the group), with a clear word
+/// when the peer is not installed.
 fn spawn(mut command: Command, which: &str) -> Child {
     command
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .unwrap_or_else(|e| panic!("{which} is not installed ({e}); run `make bench-peers`"))
+}
+
+/// A peer's processes: dropped, the whole of each one's process group is
+/// killed (ContextForge's workers and every peer's bundle would outlive a
+/// killed leader).
+struct Groups(Vec<Child>);
+
+impl Drop for Groups {
+    fn drop(&mut self) {
+        for child in &self.0 {
+            if let Some(pid) = child.id() {
+                let group = nix::unistd::Pid::from_raw(pid as i32);
+                let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+    }
 }
 
 /// Until something accepts connections on `port` (Node and Python start
@@ -227,7 +245,7 @@ async fn bridge(which: &'static str) -> Peer {
     let (agent, load) = streamable(&format!("http://127.0.0.1:{port}/mcp"), None, "echo").await;
     Peer {
         name: which,
-        children,
+        children: Groups(children),
         agent,
         load,
         _dir: dir,
@@ -342,7 +360,7 @@ async fn contextforge() -> Peer {
     let (agent, load) = streamable(&url, Some(&token), "echo-echo").await;
     Peer {
         name: "ContextForge",
-        children,
+        children: Groups(children),
         agent,
         load,
         _dir: dir,
@@ -403,7 +421,7 @@ async fn mcp_hub() -> Peer {
     let agent = Agent::Sse(SseAgent::connect(&format!("{base}/mcp")).await);
     Peer {
         name: "mcp-hub",
-        children,
+        children: Groups(children),
         agent,
         load,
         _dir: dir,
@@ -517,7 +535,7 @@ impl Peer {
     /// The RSS of the peer's own processes: those started and their
     /// descendants, the bundle's (the demo binary) not counted.
     fn rss_kib(&self) -> u64 {
-        let mut pids: Vec<u32> = self.children.iter().filter_map(Child::id).collect();
+        let mut pids: Vec<u32> = self.children.0.iter().filter_map(Child::id).collect();
         let mut i = 0;
         while i < pids.len() {
             pids.extend(children_of(pids[i]));

@@ -3,7 +3,8 @@
 //! bench-peers`) drives raw MCP 2026-07-28 `tools/call` POSTs — stateless
 //! requests, each a whole call — at the daemon's endpoint over 1, 10, 100
 //! and 1,000 keep-alive connections (one agent each), for a few seconds
-//! each. At each point: calls per second, calls per second per daemon
+//! each; then the same call on one MCP 2025-11-25 session that every
+//! connection shares. At each point: calls per second, calls per second per daemon
 //! core (the calls over the CPU time the daemon used meanwhile, from
 //! `/proc`), wrk's median and p99 latency, the daemon's RSS; beside them
 //! the bundle's own ceiling (the same demo bundle called directly over its
@@ -37,6 +38,12 @@ pub struct Point {
     pub errors: u64,
     /// The bundle called directly with `agents` calls in flight.
     pub bundle_calls_per_s: f64,
+    /// The same call on one MCP 2025-11-25 session (all the agents share
+    /// it): calls per second and median.
+    pub session_calls_per_s: f64,
+    pub session_p50_us: f64,
+    /// Non-2xx answers and socket errors of the session's run.
+    pub session_errors: u64,
 }
 
 /// The daemon's CPU time so far (user + system), from `/proc/PID/stat`.
@@ -255,6 +262,9 @@ pub async fn measure(d: &BenchDaemon, http_port: u16, token: &str, tool: &str) -
     let url = format!("http://127.0.0.1:{http_port}/mcp/default");
     let load = Load::stateless(&url, token, tool);
     load.check().await;
+    let (agent, session) = crate::peers::streamable(&url, Some(token), tool).await;
+    agent.close().await;
+    session.check().await;
     let secs = if crate::smoke() { 1 } else { 5 };
     let mut points = Vec::new();
     for agents in AGENTS {
@@ -267,6 +277,7 @@ pub async fn measure(d: &BenchDaemon, http_port: u16, token: &str, tool: &str) -
         let run = wrk(&load, &d.root, agents, secs);
         let daemon_cpu = cpu_seconds(d.pid()) - before;
         let daemon_rss_kib = rss_kib(d.pid());
+        let on_session = wrk(&session, &d.root, agents, secs);
         let bundle_calls_per_s = bundle_ceiling(agents, Duration::from_secs(secs)).await;
         points.push(Point {
             agents,
@@ -277,6 +288,9 @@ pub async fn measure(d: &BenchDaemon, http_port: u16, token: &str, tool: &str) -
             daemon_rss_kib,
             errors: run.errors,
             bundle_calls_per_s,
+            session_calls_per_s: on_session.calls_per_s,
+            session_p50_us: on_session.p50_us,
+            session_errors: on_session.errors,
         });
         if crate::smoke() && agents == 10 {
             break;
@@ -288,20 +302,31 @@ pub async fn measure(d: &BenchDaemon, http_port: u16, token: &str, tool: &str) -
 /// The points as lines of a table.
 pub fn lines(points: &[Point]) -> Vec<String> {
     let mut lines = vec![format!(
-        "{:>7} {:>10} {:>16} {:>10} {:>10} {:>10} {:>7} {:>14}",
-        "agents", "calls/s", "calls/s/core", "p50", "p99", "RSS", "errors", "bundle alone"
+        "{:>7} {:>10} {:>16} {:>10} {:>10} {:>10} {:>7} {:>14} {:>16} {:>12}",
+        "agents",
+        "calls/s",
+        "calls/s/core",
+        "p50",
+        "p99",
+        "RSS",
+        "errors",
+        "bundle alone",
+        "session calls/s",
+        "session p50"
     )];
     for p in points {
         lines.push(format!(
-            "{:>7} {:>10.0} {:>16.0} {:>7.0} µs {:>7.0} µs {:>6.1} MiB {:>7} {:>10.0}/s",
+            "{:>7} {:>10.0} {:>16.0} {:>7.0} µs {:>7.0} µs {:>6.1} MiB {:>7} {:>12.0}/s {:>16.0} {:>9.0} µs",
             p.agents,
             p.calls_per_s,
             p.calls_per_daemon_core_s,
             p.p50_us,
             p.p99_us,
             p.daemon_rss_kib as f64 / 1024.0,
-            p.errors,
-            p.bundle_calls_per_s
+            p.errors + p.session_errors,
+            p.bundle_calls_per_s,
+            p.session_calls_per_s,
+            p.session_p50_us
         ));
     }
     lines
@@ -342,6 +367,12 @@ fn plot(points: &[Point], png: &Path) -> Result<(), Box<dyn std::error::Error>> 
                     false,
                 ),
                 (
+                    "2025-11-25 session",
+                    |p| p.session_calls_per_s,
+                    RGBColor(148, 103, 189),
+                    false,
+                ),
+                (
                     "the bundle alone",
                     |p| p.bundle_calls_per_s,
                     RGBColor(150, 150, 150),
@@ -369,7 +400,7 @@ fn plot(points: &[Point], png: &Path) -> Result<(), Box<dyn std::error::Error>> 
     let (root, body) = crate::scale::page(
         png,
         (1600, 550),
-        "bundlevisor: MCP 2026-07-28 tools/call over HTTP, wrk, one connection an agent",
+        "bundlevisor: tools/call over HTTP (MCP 2026-07-28 stateless; one 2025-11-25 session), wrk, one connection an agent",
     )?;
     let most = points.iter().map(|p| p.agents).max().unwrap_or(1) as f64;
     for (area, (name, lines)) in body.split_evenly((1, 3)).iter().zip(charts) {
