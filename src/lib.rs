@@ -26,6 +26,9 @@
 //! - [`remote_http`]: the network rules of remote bundles (https or
 //!   loopback, same-origin redirects only).
 //! - [`secret`]: secret values and the redactor that masks them.
+//! - [`secret_ref`]: references to secrets kept elsewhere (systemd
+//!   credentials, files, the environment, pass, GCP, Vault), their allow
+//!   rules and the local sources' resolution (issue 38, not wired yet).
 //! - [`lines`]: bounded line reading for untrusted streams.
 //! - [`logfile`]: size-rotated log files (bundle stderr, the audit log).
 //! - [`http_listener`]: one-request HTTP connections served with deadlines
@@ -58,6 +61,7 @@ pub mod progress;
 pub mod protocol;
 pub mod remote_http;
 pub mod secret;
+pub mod secret_ref;
 pub mod stdio;
 pub mod store;
 pub mod telemetry;

@@ -1,0 +1,575 @@
+//! References to secrets kept where operators already keep them (issue 38,
+//! in progress): what may stand in place of a sensitive value — a systemd
+//! credential, a file (a Kubernetes Secret volume, a Docker secret), the
+//! daemon's environment, the `pass` store, GCP Secret Manager, Vault KV v2
+//! — parsed, checked against the operator's allow rules, and, for the
+//! local sources, resolved. The reference is what gets stored; the value
+//! is read at each start and never written anywhere.
+//!
+//! A reference is never told apart from a literal by its text: a value
+//! set as `KEY=env:HOME` is those nine characters. Only a value given as a
+//! reference is parsed here.
+//!
+//! Not yet wired into `configure`, the store or a bundle's start (the
+//! plan is in issue 38's note).
+
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use crate::secret::Secret;
+
+/// The most a referenced value may be (a key file fits many times over).
+pub const MAX_VALUE_BYTES: u64 = 64 * 1024;
+
+/// Where a secret is kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SecretRef {
+    /// `credential:NAME`: the file NAME in the daemon's
+    /// `$CREDENTIALS_DIRECTORY` (systemd's `LoadCredential=`,
+    /// `SetCredentialEncrypted=`, `systemd-creds`).
+    Credential(String),
+    /// `file:/ABSOLUTE/PATH` (a mounted Kubernetes Secret, a Docker
+    /// secret, any file the operator allows).
+    File(PathBuf),
+    /// `env:NAME`: a variable of the daemon's environment.
+    Env(String),
+    /// `pass:PATH`: the entry PATH of the `pass` store (its first line).
+    Pass(String),
+    /// `gcp:projects/P/secrets/S/versions/V` (GCP Secret Manager).
+    Gcp {
+        project: String,
+        secret: String,
+        version: String,
+    },
+    /// `vault:MOUNT/PATH#FIELD`, or `…#FIELD@VERSION` (Vault or OpenBao
+    /// KV version 2).
+    Vault {
+        mount: String,
+        path: String,
+        field: String,
+        version: Option<u64>,
+    },
+}
+
+/// The forms, for error messages.
+const FORMS: &str = "credential:NAME, file:/ABSOLUTE/PATH, env:NAME, pass:PATH, gcp:projects/P/secrets/S/versions/V or vault:MOUNT/PATH#FIELD[@VERSION]";
+
+/// A name of a credential or variable: letters, digits, `_`, `-`, `.`,
+/// not starting with `.`.
+fn name_ok(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with('.')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+/// A relative path of segments that are names (no `.`, `..` or empty one).
+fn segments_ok(path: &str) -> bool {
+    !path.is_empty() && path.split('/').all(name_ok)
+}
+
+impl FromStr for SecretRef {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<SecretRef, String> {
+        let bad = |why: &str| Err(format!("{text:?} is not a secret reference: {why}"));
+        let Some((scheme, rest)) = text.split_once(':') else {
+            return bad(&format!("expected one of {FORMS}"));
+        };
+        match scheme {
+            "credential" if name_ok(rest) => Ok(SecretRef::Credential(rest.into())),
+            "credential" => bad("a credential's name is letters, digits, '_', '-' and '.', without '/'"),
+            "env" if name_ok(rest) && !rest.contains('.') && !rest.contains('-') => {
+                Ok(SecretRef::Env(rest.into()))
+            }
+            "env" => bad("a variable's name is letters, digits and '_'"),
+            "file" => {
+                // By its text: `Path::components` would hide a `.`.
+                let normal = rest.strip_prefix('/').is_some_and(|r| {
+                    r.split('/').all(|s| !s.is_empty() && s != "." && s != "..")
+                });
+                if normal {
+                    Ok(SecretRef::File(PathBuf::from(rest)))
+                } else {
+                    bad("a file is an absolute path without '.' or '..' segments")
+                }
+            }
+            "pass" if segments_ok(rest) => Ok(SecretRef::Pass(rest.into())),
+            "pass" => bad("an entry of the pass store is a relative path of names"),
+            "gcp" => match rest.split('/').collect::<Vec<_>>()[..] {
+                ["projects", p, "secrets", s, "versions", v]
+                    if [p, s, v].iter().all(|x| name_ok(x)) =>
+                {
+                    Ok(SecretRef::Gcp {
+                        project: p.into(),
+                        secret: s.into(),
+                        version: v.into(),
+                    })
+                }
+                _ => bad("expected gcp:projects/PROJECT/secrets/SECRET/versions/VERSION (VERSION a number or latest)"),
+            },
+            "vault" => {
+                let (location, field) = rest.split_once('#').unwrap_or((rest, ""));
+                let (field, version) = match field.split_once('@') {
+                    Some((f, v)) => match v.parse::<u64>() {
+                        Ok(v) if v > 0 => (f, Some(v)),
+                        _ => return bad("a Vault version is a number from 1"),
+                    },
+                    None => (field, None),
+                };
+                match location.split_once('/') {
+                    Some((mount, path)) if name_ok(mount) && segments_ok(path) && name_ok(field) => {
+                        Ok(SecretRef::Vault {
+                            mount: mount.into(),
+                            path: path.into(),
+                            field: field.into(),
+                            version,
+                        })
+                    }
+                    _ => bad("expected vault:MOUNT/PATH#FIELD (a KV v2 mount, the secret's path, the field), optionally @VERSION"),
+                }
+            }
+            _ => bad(&format!("unknown kind {scheme:?}; expected one of {FORMS}")),
+        }
+    }
+}
+
+impl fmt::Display for SecretRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SecretRef::Credential(n) => write!(f, "credential:{n}"),
+            SecretRef::File(p) => write!(f, "file:{}", p.display()),
+            SecretRef::Env(n) => write!(f, "env:{n}"),
+            SecretRef::Pass(p) => write!(f, "pass:{p}"),
+            SecretRef::Gcp {
+                project,
+                secret,
+                version,
+            } => write!(
+                f,
+                "gcp:projects/{project}/secrets/{secret}/versions/{version}"
+            ),
+            SecretRef::Vault {
+                mount,
+                path,
+                field,
+                version,
+            } => {
+                write!(f, "vault:{mount}/{path}#{field}")?;
+                match version {
+                    Some(v) => write!(f, "@{v}"),
+                    None => Ok(()),
+                }
+            }
+        }
+    }
+}
+
+impl SecretRef {
+    pub fn scheme(&self) -> &'static str {
+        match self {
+            SecretRef::Credential(_) => "credential",
+            SecretRef::File(_) => "file",
+            SecretRef::Env(_) => "env",
+            SecretRef::Pass(_) => "pass",
+            SecretRef::Gcp { .. } => "gcp",
+            SecretRef::Vault { .. } => "vault",
+        }
+    }
+
+    /// What an allow rule's prefix is matched against: a path, or a name.
+    fn location(&self) -> String {
+        match self {
+            SecretRef::Credential(n) | SecretRef::Env(n) => n.clone(),
+            SecretRef::File(p) => p.display().to_string(),
+            SecretRef::Pass(p) => p.clone(),
+            SecretRef::Gcp {
+                project, secret, ..
+            } => format!("projects/{project}/secrets/{secret}"),
+            SecretRef::Vault { mount, path, .. } => format!("{mount}/{path}"),
+        }
+    }
+}
+
+/// One `[secrets]` allow rule: references of `scheme` whose location is
+/// `prefix` or below it (whole segments: `/run/secrets` allows
+/// `/run/secrets/db`, never `/run/secrets-old/db`; for `credential` and
+/// `env`, a name, or a name prefix ending in `*`), usable by the daemon's
+/// own uid and by `uids`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AllowRule {
+    pub scheme: String,
+    pub prefix: String,
+    pub uids: Vec<u32>,
+}
+
+impl AllowRule {
+    fn covers(&self, scheme: &str, location: &str) -> bool {
+        if self.scheme != scheme {
+            return false;
+        }
+        match scheme {
+            "credential" | "env" => match self.prefix.strip_suffix('*') {
+                Some(start) => location.starts_with(start),
+                None => location == self.prefix,
+            },
+            _ => {
+                // `/` (or an empty prefix) is everything of the scheme.
+                let (rule, here) = (self.prefix.trim_end_matches('/'), location);
+                rule.is_empty()
+                    || here == rule
+                    || (here.starts_with(rule) && here[rule.len()..].starts_with('/'))
+            }
+        }
+    }
+}
+
+/// Why a reference gave no value: what an operator fixes (`needs_config`:
+/// not allowed, missing, unreadable, too large) or what may pass (a store
+/// not reachable). The text names the reference, never a value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RefError {
+    pub reference: String,
+    pub why: String,
+    pub transient: bool,
+}
+
+impl fmt::Display for RefError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "secret reference {}: {}", self.reference, self.why)
+    }
+}
+
+impl std::error::Error for RefError {}
+
+impl RefError {
+    fn fix(reference: &SecretRef, why: impl Into<String>) -> RefError {
+        RefError {
+            reference: reference.to_string(),
+            why: why.into(),
+            transient: false,
+        }
+    }
+}
+
+/// Whether `uid` may use `reference` under `rules` (the daemon's own uid
+/// under any rule that covers it; another uid only where a rule lists it).
+pub fn allowed(
+    rules: &[AllowRule],
+    reference: &SecretRef,
+    uid: u32,
+    daemon_uid: u32,
+) -> Result<(), RefError> {
+    let (scheme, location) = (reference.scheme(), reference.location());
+    let covering: Vec<&AllowRule> = rules
+        .iter()
+        .filter(|r| r.covers(scheme, &location))
+        .collect();
+    if covering.is_empty() {
+        return Err(RefError::fix(
+            reference,
+            format!("no [secrets] allow rule covers it; add one with scheme = \"{scheme}\" and a prefix over {location:?} to the daemon's config"),
+        ));
+    }
+    if uid != daemon_uid && !covering.iter().any(|r| r.uids.contains(&uid)) {
+        return Err(RefError::fix(
+            reference,
+            format!("uid {uid} may not use it (the [secrets] rules that cover it allow only the daemon's uid and their `uids`)"),
+        ));
+    }
+    Ok(())
+}
+
+/// The local sources: where systemd's credentials are, and the daemon's
+/// environment.
+pub struct Local<'a> {
+    /// `$CREDENTIALS_DIRECTORY`, when the daemon has one.
+    pub credentials: Option<&'a Path>,
+    pub env: &'a dyn Fn(&str) -> Option<String>,
+}
+
+/// The value of a local reference (`credential`, `file`, `env`) for `uid`
+/// (`who`: it and the daemon's uid), checked with [`allowed`]. A file is
+/// checked again where it really is once open (a link under an allowed
+/// folder that points out of it is refused, a Kubernetes `..data` swap is
+/// followed), and must be a regular file of at most [`MAX_VALUE_BYTES`].
+/// One trailing newline is dropped.
+pub fn resolve_local(
+    reference: &SecretRef,
+    rules: &[AllowRule],
+    (uid, daemon_uid): (u32, u32),
+    local: &Local<'_>,
+) -> Result<Secret, RefError> {
+    allowed(rules, reference, uid, daemon_uid)?;
+    let text = match reference {
+        SecretRef::Env(name) => (local.env)(name)
+            .ok_or_else(|| RefError::fix(reference, "the daemon has no such variable"))?,
+        SecretRef::Credential(name) => {
+            let Some(dir) = local.credentials else {
+                return Err(RefError::fix(
+                    reference,
+                    "the daemon has no $CREDENTIALS_DIRECTORY (give its unit LoadCredential= or SetCredentialEncrypted=)",
+                ));
+            };
+            let within = std::fs::canonicalize(dir)
+                .map_err(|e| RefError::fix(reference, format!("$CREDENTIALS_DIRECTORY: {e}")))?;
+            read_checked(reference, &dir.join(name), |real| {
+                real.parent() == Some(within.as_path())
+            })?
+        }
+        SecretRef::File(path) => read_checked(reference, path, |real| {
+            allowed(rules, &SecretRef::File(real.to_path_buf()), uid, daemon_uid).is_ok()
+        })?,
+        _ => {
+            return Err(RefError::fix(
+                reference,
+                "not a local source (resolved by its store's client)",
+            ))
+        }
+    };
+    let text = text
+        .strip_suffix("\r\n")
+        .or_else(|| text.strip_suffix('\n'))
+        .unwrap_or(&text);
+    Ok(Secret::new(text))
+}
+
+/// Opens `path` (following links, never blocking on a FIFO), checks where
+/// the open file really is with `inside`, and reads it whole.
+fn read_checked(
+    reference: &SecretRef,
+    path: &Path,
+    inside: impl Fn(&Path) -> bool,
+) -> Result<String, RefError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::os::unix::io::AsRawFd;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| RefError::fix(reference, format!("cannot open it: {e}")))?;
+    let real = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+        .map_err(|e| RefError::fix(reference, format!("cannot tell where it is: {e}")))?;
+    if !inside(&real) {
+        return Err(RefError::fix(
+            reference,
+            format!(
+                "it leads to {}, which no [secrets] rule allows",
+                real.display()
+            ),
+        ));
+    }
+    let meta = file
+        .metadata()
+        .map_err(|e| RefError::fix(reference, format!("cannot read it: {e}")))?;
+    if !meta.is_file() {
+        return Err(RefError::fix(reference, "it is not a regular file"));
+    }
+    if meta.len() > MAX_VALUE_BYTES {
+        return Err(RefError::fix(
+            reference,
+            format!("it is {} bytes, more than {MAX_VALUE_BYTES}", meta.len()),
+        ));
+    }
+    let mut text = String::new();
+    file.take(MAX_VALUE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| RefError::fix(reference, format!("cannot read it as text: {e}")))?;
+    Ok(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(scheme: &str, prefix: &str, uids: &[u32]) -> AllowRule {
+        AllowRule {
+            scheme: scheme.into(),
+            prefix: prefix.into(),
+            uids: uids.to_vec(),
+        }
+    }
+
+    #[test]
+    fn every_form_parses_and_prints_back() {
+        for text in [
+            "credential:db-password",
+            "file:/run/secrets/db/password",
+            "env:GITHUB_TOKEN",
+            "pass:team/github/token",
+            "gcp:projects/acme/secrets/github/versions/latest",
+            "gcp:projects/acme/secrets/github/versions/3",
+            "vault:secret/teams/acme#token",
+            "vault:kv/app/db#password@4",
+        ] {
+            let parsed: SecretRef = text.parse().unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(parsed.to_string(), text);
+        }
+    }
+
+    #[test]
+    fn a_malformed_reference_is_refused_with_the_form_it_needs() {
+        for (text, says) in [
+            ("HOME", "expected one of credential:NAME"),
+            ("nope:x", "unknown kind \"nope\""),
+            ("credential:../x", "without '/'"),
+            ("credential:a/b", "without '/'"),
+            ("env:", "letters, digits and '_'"),
+            ("env:A-B", "letters, digits and '_'"),
+            ("file:relative/x", "absolute path"),
+            ("file:/run/secrets/../../etc/shadow", "absolute path"),
+            ("file:/run/./x", "absolute path"),
+            ("pass:/abs", "relative path"),
+            ("pass:a/../b", "relative path"),
+            ("gcp:projects/a/secrets/b", "versions/VERSION"),
+            ("vault:secret#token", "vault:MOUNT/PATH#FIELD"),
+            ("vault:secret/app", "vault:MOUNT/PATH#FIELD"),
+            ("vault:secret/app#f@0", "from 1"),
+        ] {
+            let err = text.parse::<SecretRef>().unwrap_err();
+            assert!(err.contains(says), "{text}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_rule_covers_whole_segments_and_names_only() {
+        let rules = [
+            rule("file", "/run/secrets", &[]),
+            rule("env", "GITHUB_*", &[]),
+            rule("credential", "db", &[1000]),
+            rule("vault", "secret/teams", &[]),
+        ];
+        let ok = |r: &str, uid| allowed(&rules, &r.parse().unwrap(), uid, 0);
+        assert!(ok("file:/run/secrets/db", 0).is_ok());
+        assert!(ok("file:/run/secrets/a/b", 0).is_ok());
+        let err = ok("file:/run/secrets-old/db", 0).unwrap_err();
+        assert!(err.why.contains("no [secrets] allow rule"), "{err}");
+        assert!(ok("env:GITHUB_TOKEN", 0).is_ok());
+        assert!(ok("env:HOME", 0).is_err());
+        assert!(ok("credential:db", 0).is_ok());
+        assert!(ok("credential:db2", 0).is_err());
+        assert!(ok("vault:secret/teams/acme#t", 0).is_ok());
+        assert!(ok("vault:secret/teamsx#t", 0).is_err());
+        // Another uid: only where a covering rule lists it.
+        assert!(ok("credential:db", 1000).is_ok());
+        let err = ok("file:/run/secrets/db", 1000).unwrap_err();
+        assert!(err.why.contains("uid 1000 may not use it"), "{err}");
+        assert!(err
+            .to_string()
+            .starts_with("secret reference file:/run/secrets/db: "));
+        // No rules: nothing is allowed.
+        assert!(allowed(&[], &"env:GITHUB_TOKEN".parse().unwrap(), 0, 0).is_err());
+    }
+
+    fn local_env(name: &str) -> Option<String> {
+        (name == "GITHUB_TOKEN").then(|| "ghp_example\n".to_string())
+    }
+
+    #[test]
+    fn a_kubernetes_secret_is_read_through_its_data_link_and_follows_a_swap() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        // The layout the kubelet makes: a timestamped folder, `..data`
+        // pointing at it, the key a link through `..data`.
+        std::fs::create_dir(root.join("..2026_11_27_a")).unwrap();
+        std::fs::write(root.join("..2026_11_27_a/token"), "first\n").unwrap();
+        std::os::unix::fs::symlink("..2026_11_27_a", root.join("..data")).unwrap();
+        std::os::unix::fs::symlink("..data/token", root.join("token")).unwrap();
+        let rules = [rule("file", &root.display().to_string(), &[])];
+        let reference = SecretRef::File(root.join("token"));
+        let local = Local {
+            credentials: None,
+            env: &local_env,
+        };
+        let read = || resolve_local(&reference, &rules, (0, 0), &local);
+        assert_eq!(read().unwrap().expose(), "first");
+        // The update: a new folder, a new link renamed over `..data`.
+        std::fs::create_dir(root.join("..2026_11_27_b")).unwrap();
+        std::fs::write(root.join("..2026_11_27_b/token"), "second").unwrap();
+        std::os::unix::fs::symlink("..2026_11_27_b", root.join("..data_tmp")).unwrap();
+        std::fs::rename(root.join("..data_tmp"), root.join("..data")).unwrap();
+        assert_eq!(read().unwrap().expose(), "second");
+    }
+
+    #[test]
+    fn a_link_out_of_the_allowed_folder_a_fifo_and_a_large_file_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (allowed_dir, outside) = (dir.path().join("secrets"), dir.path().join("private"));
+        std::fs::create_dir(&allowed_dir).unwrap();
+        std::fs::write(&outside, "root's secret").unwrap();
+        std::os::unix::fs::symlink(&outside, allowed_dir.join("escape")).unwrap();
+        nix::unistd::mkfifo(&allowed_dir.join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        std::fs::write(
+            allowed_dir.join("big"),
+            vec![b'x'; MAX_VALUE_BYTES as usize + 1],
+        )
+        .unwrap();
+        let rules = [rule("file", &allowed_dir.display().to_string(), &[])];
+        let local = Local {
+            credentials: None,
+            env: &local_env,
+        };
+        let read = |name: &str| {
+            resolve_local(
+                &SecretRef::File(allowed_dir.join(name)),
+                &rules,
+                (0, 0),
+                &local,
+            )
+            .unwrap_err()
+        };
+        let escape = read("escape");
+        assert!(
+            escape.why.contains("which no [secrets] rule allows"),
+            "{escape}"
+        );
+        assert!(!escape.to_string().contains("root's secret"));
+        assert!(read("fifo").why.contains("not a regular file"));
+        assert!(read("big").why.contains("more than"));
+        assert!(read("missing").why.contains("cannot open it"));
+    }
+
+    #[test]
+    fn a_credential_and_a_variable_are_read_with_one_newline_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("db"), "s3cret\r\n").unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", dir.path().join("out")).unwrap();
+        let local = Local {
+            credentials: Some(dir.path()),
+            env: &local_env,
+        };
+        let rules = [
+            rule("credential", "*", &[]),
+            rule("env", "GITHUB_*", &[]),
+            rule("env", "NOPE", &[]),
+        ];
+        let get = |r: &str| resolve_local(&r.parse().unwrap(), &rules, (0, 0), &local);
+        assert_eq!(get("credential:db").unwrap().expose(), "s3cret");
+        assert_eq!(get("env:GITHUB_TOKEN").unwrap().expose(), "ghp_example");
+        assert!(get("env:NOPE")
+            .unwrap_err()
+            .why
+            .contains("no such variable"));
+        // A credential that leads out of the credentials folder.
+        assert!(get("credential:out").unwrap_err().why.contains("leads to"));
+        let none = Local {
+            credentials: None,
+            env: &local_env,
+        };
+        let err =
+            resolve_local(&"credential:db".parse().unwrap(), &rules, (0, 0), &none).unwrap_err();
+        assert!(err.why.contains("LoadCredential="), "{err}");
+        // Not allowed: never read, whatever it holds.
+        assert!(get("env:HOME")
+            .unwrap_err()
+            .why
+            .contains("no [secrets] allow rule"));
+        // Not a local source.
+        let pass = [rule("pass", "", &[])];
+        let err = resolve_local(&"pass:a/b".parse().unwrap(), &pass, (0, 0), &local).unwrap_err();
+        assert!(err.why.contains("not a local source"), "{err}");
+    }
+}
