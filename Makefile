@@ -28,9 +28,10 @@ help: ## List the targets
 # signatures), pkg-config to find them, the openssl CLI (test certificates)
 # binutils (strip), the DejaVu font (the plots of `make bench`), and chromium
 # with chromium-driver (the dashboard's browser test, tests/dashboard.rs), and wrk
-# (the load generator of the benchmark's throughput curve). Installed with
+# (the load generator of the benchmark's throughput curve), pass and gnupg
+# (`pass:` secret references, tests/secret_refs.rs). Installed with
 # apt-get when missing.
-SYSDEPS := libssl-dev pkg-config openssl binutils fonts-dejavu-core chromium chromium-driver wrk
+SYSDEPS := libssl-dev pkg-config openssl binutils fonts-dejavu-core chromium chromium-driver wrk pass gnupg
 
 .PHONY: sysdeps
 sysdeps: ## Debian packages the build and tests need, installed with apt-get when missing

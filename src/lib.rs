@@ -28,7 +28,7 @@
 //! - [`secret`]: secret values and the redactor that masks them.
 //! - [`secret_ref`]: references to secrets kept elsewhere (systemd
 //!   credentials, files, the environment, pass, GCP, Vault), their allow
-//!   rules and the local sources' resolution (issue 38, not wired yet).
+//!   rules and their resolution at each start.
 //! - [`lines`]: bounded line reading for untrusted streams.
 //! - [`logfile`]: size-rotated log files (bundle stderr, the audit log).
 //! - [`http_listener`]: one-request HTTP connections served with deadlines

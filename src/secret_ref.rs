@@ -10,14 +10,17 @@
 //! set as `KEY=env:HOME` is those nine characters. Only a value given as a
 //! reference is parsed here.
 //!
-//! Not yet wired into `configure`, the store or a bundle's start (the
-//! plan is in issue 38's note).
+//! `configure --ref` stores a reference (store::credentials, its own
+//! associated data); a bundle's start resolves each one with
+//! [`Sources::resolve`] (daemon::bundle::start) and daemon::secret_watch
+//! respawns the bundle when a referenced file changes.
 
 use std::fmt;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
+pub use crate::config::AllowRule;
 use crate::secret::Secret;
 
 /// The most a referenced value may be (a key file fits many times over).
@@ -194,35 +197,22 @@ impl SecretRef {
     }
 }
 
-/// One `[secrets]` allow rule: references of `scheme` whose location is
-/// `prefix` or below it (whole segments: `/run/secrets` allows
-/// `/run/secrets/db`, never `/run/secrets-old/db`; for `credential` and
-/// `env`, a name, or a name prefix ending in `*`), usable by the daemon's
-/// own uid and by `uids`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AllowRule {
-    pub scheme: String,
-    pub prefix: String,
-    pub uids: Vec<u32>,
-}
-
-impl AllowRule {
-    fn covers(&self, scheme: &str, location: &str) -> bool {
-        if self.scheme != scheme {
-            return false;
-        }
-        match scheme {
-            "credential" | "env" => match self.prefix.strip_suffix('*') {
-                Some(start) => location.starts_with(start),
-                None => location == self.prefix,
-            },
-            _ => {
-                // `/` (or an empty prefix) is everything of the scheme.
-                let (rule, here) = (self.prefix.trim_end_matches('/'), location);
-                rule.is_empty()
-                    || here == rule
-                    || (here.starts_with(rule) && here[rule.len()..].starts_with('/'))
-            }
+/// Whether `rule` covers a reference of `scheme` at `location`.
+fn covers(rule: &AllowRule, scheme: &str, location: &str) -> bool {
+    if rule.scheme != scheme {
+        return false;
+    }
+    match scheme {
+        "credential" | "env" => match rule.prefix.strip_suffix('*') {
+            Some(start) => location.starts_with(start),
+            None => location == rule.prefix,
+        },
+        _ => {
+            // `/` (or an empty prefix) is everything of the scheme.
+            let (rule, here) = (rule.prefix.trim_end_matches('/'), location);
+            rule.is_empty()
+                || here == rule
+                || (here.starts_with(rule) && here[rule.len()..].starts_with('/'))
         }
     }
 }
@@ -253,6 +243,13 @@ impl RefError {
             transient: false,
         }
     }
+
+    fn transient(reference: &SecretRef, why: impl Into<String>) -> RefError {
+        RefError {
+            transient: true,
+            ..RefError::fix(reference, why)
+        }
+    }
 }
 
 /// Whether `uid` may use `reference` under `rules` (the daemon's own uid
@@ -266,7 +263,7 @@ pub fn allowed(
     let (scheme, location) = (reference.scheme(), reference.location());
     let covering: Vec<&AllowRule> = rules
         .iter()
-        .filter(|r| r.covers(scheme, &location))
+        .filter(|r| covers(r, scheme, &location))
         .collect();
     if covering.is_empty() {
         return Err(RefError::fix(
@@ -289,6 +286,11 @@ pub struct Local<'a> {
     /// `$CREDENTIALS_DIRECTORY`, when the daemon has one.
     pub credentials: Option<&'a Path>,
     pub env: &'a dyn Fn(&str) -> Option<String>,
+    /// The daemon's own files (state, key, socket): never read, whatever
+    /// a rule allows.
+    pub protected: &'a [PathBuf],
+    /// `[credentials] key_env`: never read.
+    pub key_env: Option<&'a str>,
 }
 
 /// The value of a local reference (`credential`, `file`, `env`) for `uid`
@@ -304,7 +306,14 @@ pub fn resolve_local(
     local: &Local<'_>,
 ) -> Result<Secret, RefError> {
     allowed(rules, reference, uid, daemon_uid)?;
+    let own = |real: &Path| local.protected.iter().any(|p| real.starts_with(p));
     let text = match reference {
+        SecretRef::Env(name) if local.key_env == Some(name.as_str()) => {
+            return Err(RefError::fix(
+                reference,
+                "it holds the daemon's credential key, which is never a secret source",
+            ))
+        }
         SecretRef::Env(name) => (local.env)(name)
             .ok_or_else(|| RefError::fix(reference, "the daemon has no such variable"))?,
         SecretRef::Credential(name) => {
@@ -317,11 +326,12 @@ pub fn resolve_local(
             let within = std::fs::canonicalize(dir)
                 .map_err(|e| RefError::fix(reference, format!("$CREDENTIALS_DIRECTORY: {e}")))?;
             read_checked(reference, &dir.join(name), |real| {
-                real.parent() == Some(within.as_path())
+                real.parent() == Some(within.as_path()) && !own(real)
             })?
         }
         SecretRef::File(path) => read_checked(reference, path, |real| {
-            allowed(rules, &SecretRef::File(real.to_path_buf()), uid, daemon_uid).is_ok()
+            !own(real)
+                && allowed(rules, &SecretRef::File(real.to_path_buf()), uid, daemon_uid).is_ok()
         })?,
         _ => {
             return Err(RefError::fix(
@@ -330,11 +340,16 @@ pub fn resolve_local(
             ))
         }
     };
+    Ok(without_newline(&text))
+}
+
+/// `text` without one trailing newline (`echo` and editors add one).
+fn without_newline(text: &str) -> Secret {
     let text = text
         .strip_suffix("\r\n")
         .or_else(|| text.strip_suffix('\n'))
-        .unwrap_or(&text);
-    Ok(Secret::new(text))
+        .unwrap_or(text);
+    Secret::new(text)
 }
 
 /// Opens `path` (following links, never blocking on a FIFO), checks where
@@ -379,6 +394,371 @@ fn read_checked(
         .read_to_string(&mut text)
         .map_err(|e| RefError::fix(reference, format!("cannot read it as text: {e}")))?;
     Ok(text)
+}
+
+/// A resolved value, and the file whose change changes it (watched for
+/// rotation; none for the environment and the cloud stores).
+pub struct Resolved {
+    pub value: Secret,
+    pub watch: Option<PathBuf>,
+}
+
+/// Where the references are resolved from: the daemon's `[secrets]`
+/// settings, its systemd credentials and what it never hands out.
+#[derive(Clone)]
+pub struct Sources {
+    pub settings: crate::config::SecretsConfig,
+    /// `$CREDENTIALS_DIRECTORY` of the daemon.
+    pub credentials: Option<PathBuf>,
+    pub protected: Vec<PathBuf>,
+    pub key_env: Option<String>,
+    pub daemon_uid: u32,
+    http: reqwest::Client,
+}
+
+impl Sources {
+    pub fn of(config: &crate::config::Config) -> Sources {
+        Sources {
+            settings: config.secrets.clone(),
+            credentials: std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from),
+            protected: config.protected_paths(),
+            key_env: config.credentials.key_env.clone(),
+            daemon_uid: nix::unistd::geteuid().as_raw(),
+            // A redirect could carry a token to another host.
+            http: reqwest::Client::builder()
+                .redirect(reqwest::redirect::Policy::none())
+                .timeout(config.secrets.timeout)
+                .build()
+                .expect("a reqwest client with static settings builds"),
+        }
+    }
+
+    /// Whether `uid` may use `reference` (checked when it is set).
+    pub fn allowed(&self, reference: &SecretRef, uid: u32) -> Result<(), RefError> {
+        allowed(&self.settings.allow, reference, uid, self.daemon_uid)
+    }
+
+    /// The value of `reference` for the operator `uid` who set it, read
+    /// now (within `[secrets] timeout`).
+    pub async fn resolve(&self, reference: &SecretRef, uid: u32) -> Result<Resolved, RefError> {
+        self.allowed(reference, uid)?;
+        let limit = self.settings.timeout;
+        let work = async {
+            match reference {
+                SecretRef::Credential(_) | SecretRef::File(_) | SecretRef::Env(_) => {
+                    self.local(reference, uid).await
+                }
+                SecretRef::Pass(entry) => self.pass(reference, entry).await,
+                SecretRef::Gcp { .. } => self.gcp(reference).await,
+                SecretRef::Vault { .. } => self.vault(reference).await,
+            }
+        };
+        match tokio::time::timeout(limit, work).await {
+            Ok(result) => result,
+            Err(_) => Err(RefError::transient(
+                reference,
+                format!("no answer within {limit:?} ([secrets] timeout)"),
+            )),
+        }
+    }
+
+    async fn local(&self, reference: &SecretRef, uid: u32) -> Result<Resolved, RefError> {
+        let (named, reference, this) = (reference.clone(), reference.clone(), self.clone());
+        tokio::task::spawn_blocking(move || {
+            let local = Local {
+                credentials: this.credentials.as_deref(),
+                env: &|name| std::env::var(name).ok(),
+                protected: &this.protected,
+                key_env: this.key_env.as_deref(),
+            };
+            let value = resolve_local(
+                &reference,
+                &this.settings.allow,
+                (uid, this.daemon_uid),
+                &local,
+            )?;
+            let watch = match &reference {
+                SecretRef::Credential(name) => this.credentials.as_ref().map(|d| d.join(name)),
+                SecretRef::File(path) => Some(path.clone()),
+                _ => None,
+            };
+            Ok(Resolved { value, watch })
+        })
+        .await
+        .map_err(|e| RefError::transient(&named, e.to_string()))?
+    }
+
+    /// The first line of `pass show ENTRY`, run with only the variables
+    /// it needs.
+    async fn pass(&self, reference: &SecretRef, entry: &str) -> Result<Resolved, RefError> {
+        let settings = &self.settings;
+        let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+        let store = settings
+            .pass_store
+            .clone()
+            .unwrap_or_else(|| Path::new(&home).join(".password-store"));
+        let mut command = crate::bundle::helper::command(&settings.pass_command);
+        command
+            .args(["show", "--", entry])
+            .env_clear()
+            .env("HOME", &home)
+            .env("PASSWORD_STORE_DIR", &store)
+            .env("LC_ALL", "C")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        if let Some(path) = std::env::var_os("PATH") {
+            command.env("PATH", path);
+        }
+        if let Some(gnupg) = &settings.gnupg_home {
+            command.env("GNUPGHOME", gnupg);
+        }
+        let cannot_run = |e: std::io::Error| {
+            RefError::fix(
+                reference,
+                format!(
+                    "cannot run {} ({e}); install pass or set [secrets] pass_command",
+                    settings.pass_command.display()
+                ),
+            )
+        };
+        // Registered with the orphan reaper, its group killed if the
+        // timeout drops it.
+        let helper = crate::bundle::helper::spawn(&mut command).map_err(cannot_run)?;
+        let out = helper.output().await.map_err(cannot_run)?;
+        if !out.status.success() {
+            // pass and gpg say what is wrong on stderr (never the value).
+            let said = String::from_utf8_lossy(&out.stderr);
+            let said = said
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            return Err(RefError::fix(
+                reference,
+                format!(
+                    "pass failed ({}): {}",
+                    out.status,
+                    said.chars().take(200).collect::<String>()
+                ),
+            ));
+        }
+        let text = zeroize::Zeroizing::new(
+            String::from_utf8(out.stdout)
+                .map_err(|_| RefError::fix(reference, "the entry is not UTF-8 text"))?,
+        );
+        Ok(Resolved {
+            value: Secret::new(text.lines().next().unwrap_or("")),
+            watch: Some(store.join(format!("{entry}.gpg"))),
+        })
+    }
+
+    /// `GET …/versions/V:access` of GCP Secret Manager, with the token of
+    /// `[secrets] gcp_token_file` or of the metadata server.
+    async fn gcp(&self, reference: &SecretRef) -> Result<Resolved, RefError> {
+        let SecretRef::Gcp {
+            project,
+            secret,
+            version,
+        } = reference
+        else {
+            unreachable!("gcp() is called for gcp references")
+        };
+        let settings = &self.settings;
+        let token = match &settings.gcp_token_file {
+            Some(file) => token_file(reference, file, "gcp_token_file").await?,
+            None => {
+                let url = format!(
+                    "{}/computeMetadata/v1/instance/service-accounts/default/token",
+                    settings.gcp_metadata.trim_end_matches('/')
+                );
+                let answer = self
+                    .get(
+                        reference,
+                        &url,
+                        &[("Metadata-Flavor", "Google")],
+                        "the metadata server",
+                    )
+                    .await?;
+                let token = answer["access_token"].as_str().ok_or_else(|| {
+                    RefError::fix(
+                        reference,
+                        "the metadata server's answer has no access_token",
+                    )
+                })?;
+                Secret::new(token)
+            }
+        };
+        let url = format!(
+            "{}/v1/projects/{project}/secrets/{secret}/versions/{version}:access",
+            settings.gcp_endpoint.trim_end_matches('/')
+        );
+        let bearer = Secret::new(format!("Bearer {}", token.expose()));
+        let answer = self
+            .get(
+                reference,
+                &url,
+                &[("Authorization", bearer.expose())],
+                "Secret Manager",
+            )
+            .await?;
+        let bad = || RefError::fix(reference, "Secret Manager's answer has no payload.data");
+        let data = answer["payload"]["data"].as_str().ok_or_else(bad)?;
+        use base64::Engine as _;
+        let bytes = zeroize::Zeroizing::new(
+            base64::engine::general_purpose::STANDARD
+                .decode(data)
+                .map_err(|_| bad())?,
+        );
+        // int64 in JSON is a string; a number is taken too.
+        let sum = &answer["payload"]["dataCrc32c"];
+        let sum = sum.as_str().and_then(|s| s.parse().ok()).or(sum.as_u64());
+        if sum.is_some_and(|sum| sum != u64::from(crc32c(&bytes))) {
+            return Err(RefError::transient(
+                reference,
+                "the payload does not match its dataCrc32c (damaged on the way)",
+            ));
+        }
+        let text = std::str::from_utf8(&bytes)
+            .map_err(|_| RefError::fix(reference, "the secret is not UTF-8 text"))?;
+        Ok(Resolved {
+            value: without_newline(text),
+            watch: None,
+        })
+    }
+
+    /// `GET /v1/MOUNT/data/PATH[?version=N]` of Vault (or OpenBao) KV
+    /// version 2, with the token of `[secrets] vault_token_file`.
+    async fn vault(&self, reference: &SecretRef) -> Result<Resolved, RefError> {
+        let SecretRef::Vault {
+            mount,
+            path,
+            field,
+            version,
+        } = reference
+        else {
+            unreachable!("vault() is called for vault references")
+        };
+        let settings = &self.settings;
+        let Some(addr) = &settings.vault_addr else {
+            return Err(RefError::fix(
+                reference,
+                "the daemon has no [secrets] vault_addr",
+            ));
+        };
+        let Some(file) = &settings.vault_token_file else {
+            return Err(RefError::fix(
+                reference,
+                "the daemon has no [secrets] vault_token_file",
+            ));
+        };
+        let token = token_file(reference, file, "vault_token_file").await?;
+        let mut url = format!("{}/v1/{mount}/data/{path}", addr.trim_end_matches('/'));
+        if let Some(v) = version {
+            url.push_str(&format!("?version={v}"));
+        }
+        let mut headers = vec![("X-Vault-Token", token.expose())];
+        if let Some(ns) = &settings.vault_namespace {
+            headers.push(("X-Vault-Namespace", ns.as_str()));
+        }
+        let answer = self.get(reference, &url, &headers, "Vault").await?;
+        let fields = answer["data"]["data"].as_object().ok_or_else(|| {
+            RefError::fix(
+                reference,
+                "Vault's answer has no data.data (is the mount KV version 2, and the version not deleted?)",
+            )
+        })?;
+        match fields.get(field) {
+            Some(serde_json::Value::String(text)) => Ok(Resolved {
+                value: without_newline(text),
+                watch: None,
+            }),
+            Some(_) => Err(RefError::fix(
+                reference,
+                format!("field {field:?} is not a string"),
+            )),
+            None => Err(RefError::fix(
+                reference,
+                format!("the secret has no field {field:?}"),
+            )),
+        }
+    }
+
+    /// A GET answered with JSON; a failure named by its status (never by
+    /// its body, which could echo what was sent).
+    async fn get(
+        &self,
+        reference: &SecretRef,
+        url: &str,
+        headers: &[(&str, &str)],
+        store: &str,
+    ) -> Result<serde_json::Value, RefError> {
+        let mut request = self.http.get(url);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = request.send().await.map_err(|e| {
+            RefError::transient(
+                reference,
+                format!("{store} is unreachable: {}", e.without_url()),
+            )
+        })?;
+        let status = response.status();
+        let failed = |why: String| match status.as_u16() {
+            429 | 500..=599 => RefError::transient(reference, why),
+            _ => RefError::fix(reference, why),
+        };
+        match status.as_u16() {
+            200 => {}
+            404 => return Err(failed(format!("{store} has no such secret (HTTP 404)"))),
+            401 | 403 => {
+                return Err(failed(format!(
+                    "{store} refused the daemon's credentials (HTTP {})",
+                    status.as_u16()
+                )))
+            }
+            code => return Err(failed(format!("{store} answered HTTP {code}"))),
+        }
+        let body = zeroize::Zeroizing::new(
+            response
+                .bytes()
+                .await
+                .map_err(|e| {
+                    RefError::transient(reference, format!("{store}: {}", e.without_url()))
+                })?
+                .to_vec(),
+        );
+        serde_json::from_slice(&body)
+            .map_err(|_| RefError::fix(reference, format!("{store}'s answer is not JSON")))
+    }
+}
+
+/// A token kept in a file of the daemon's configuration (trimmed).
+async fn token_file(reference: &SecretRef, file: &Path, setting: &str) -> Result<Secret, RefError> {
+    let text = tokio::fs::read_to_string(file).await.map_err(|e| {
+        RefError::fix(
+            reference,
+            format!("[secrets] {setting} {}: {e}", file.display()),
+        )
+    })?;
+    let text = zeroize::Zeroizing::new(text);
+    Ok(Secret::new(text.trim()))
+}
+
+/// CRC-32C (Castagnoli), as Secret Manager's `dataCrc32c`.
+fn crc32c(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &byte in data {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = if crc & 1 != 0 {
+                (crc >> 1) ^ 0x82F6_3B78
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
 }
 
 #[cfg(test)]
@@ -483,6 +863,8 @@ mod tests {
         let local = Local {
             credentials: None,
             env: &local_env,
+            protected: &[],
+            key_env: None,
         };
         let read = || resolve_local(&reference, &rules, (0, 0), &local);
         assert_eq!(read().unwrap().expose(), "first");
@@ -511,6 +893,8 @@ mod tests {
         let local = Local {
             credentials: None,
             env: &local_env,
+            protected: &[],
+            key_env: None,
         };
         let read = |name: &str| {
             resolve_local(
@@ -540,6 +924,8 @@ mod tests {
         let local = Local {
             credentials: Some(dir.path()),
             env: &local_env,
+            protected: &[],
+            key_env: None,
         };
         let rules = [
             rule("credential", "*", &[]),
@@ -558,6 +944,8 @@ mod tests {
         let none = Local {
             credentials: None,
             env: &local_env,
+            protected: &[],
+            key_env: None,
         };
         let err =
             resolve_local(&"credential:db".parse().unwrap(), &rules, (0, 0), &none).unwrap_err();
@@ -571,5 +959,38 @@ mod tests {
         let pass = [rule("pass", "", &[])];
         let err = resolve_local(&"pass:a/b".parse().unwrap(), &pass, (0, 0), &local).unwrap_err();
         assert!(err.why.contains("not a local source"), "{err}");
+    }
+
+    #[test]
+    fn the_daemons_own_files_and_key_variable_are_never_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        std::fs::create_dir(&state).unwrap();
+        std::fs::write(state.join("credentials.key"), "key").unwrap();
+        let rules = [rule("file", "/", &[]), rule("env", "*", &[])];
+        let protected = [state.clone()];
+        let local = Local {
+            credentials: None,
+            env: &local_env,
+            protected: &protected,
+            key_env: Some("GITHUB_TOKEN"),
+        };
+        let file = SecretRef::File(state.join("credentials.key"));
+        let err = resolve_local(&file, &rules, (0, 0), &local).unwrap_err();
+        assert!(err.why.contains("leads to"), "{err}");
+        let err = resolve_local(
+            &SecretRef::Env("GITHUB_TOKEN".into()),
+            &rules,
+            (0, 0),
+            &local,
+        )
+        .unwrap_err();
+        assert!(err.why.contains("credential key"), "{err}");
+    }
+
+    #[test]
+    fn crc32c_is_castagnoli() {
+        // The check value of CRC-32C.
+        assert_eq!(crc32c(b"123456789"), 0xE306_9283);
     }
 }

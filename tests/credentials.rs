@@ -4,81 +4,15 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
-use common::{events, nth, wait_for, write_bundle, Daemon, DEMO_MANIFEST};
-use serde_json::{json, Value};
+use common::{
+    all_files, contains, env_of, events, keyed_bundle, keyed_ready, nth, text, wait_for, Daemon,
+};
+use serde_json::Value;
 
 const CANARY: &str = "sk-CANARY-7f3a91c2";
 const CANARY2: &str = "sk-CANARY-second-55d0";
-
-/// A demo bundle with a required sensitive `api_key` and a `region` with a
-/// default, both passed in its environment. Its shell wrapper prints the key
-/// to stderr (a careless bundle), and exits with it in the message when
-/// `mode` is `crash`.
-fn keyed_bundle(dir: &Path, name: &str) -> std::path::PathBuf {
-    let mut m: Value = serde_json::from_str(DEMO_MANIFEST).unwrap();
-    m["name"] = json!(name);
-    m["user_config"] = json!({
-        "api_key": {"type": "string", "title": "API key", "description": "API key", "required": true, "sensitive": true},
-        "region": {"type": "string", "title": "Region", "description": "Region", "default": "eu"},
-        "mode": {"type": "string", "title": "Mode", "description": "Mode", "default": "serve"}
-    });
-    m["server"]["mcp_config"]["command"] = json!("/bin/sh");
-    m["server"]["mcp_config"]["args"] = json!([
-        "-c",
-        "echo \"using key $DEMO_API_KEY\" >&2; if [ \"$DEMO_MODE\" = crash ]; then echo \"fatal: key $DEMO_API_KEY was rejected\" >&2; exit 3; fi; exec \"$0\"",
-        "${__dirname}/server/bundlevisor-demo"
-    ]);
-    m["server"]["mcp_config"]["env"] = json!({
-        "DEMO_API_KEY": "${user_config.api_key}",
-        "DEMO_REGION": "${user_config.region}",
-        "DEMO_MODE": "${user_config.mode}"
-    });
-    write_bundle(dir, name, &m)
-}
-
-fn keyed_ready(line: &str) -> bool {
-    line.contains("\"keyed\"") && line.contains("\"kind\":\"ready\"")
-}
-
-fn env_of(d: &Daemon, bundle: &str, var: &str) -> String {
-    let out = d.ok(&["call", bundle, "env", &json!({ "name": var }).to_string()]);
-    out.trim().to_string()
-}
-
-fn text(out: &std::process::Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-/// Every file under `dir`, as lossy text.
-fn all_files(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for entry in std::fs::read_dir(&d).unwrap().flatten() {
-            let path = entry.path();
-            let kind = entry.file_type().unwrap();
-            if kind.is_dir() {
-                stack.push(path);
-            } else if kind.is_file() {
-                out.push((path.clone(), std::fs::read(&path).unwrap_or_default()));
-            }
-        }
-    }
-    out
-}
-
-fn contains(haystack: &[u8], needle: &str) -> bool {
-    haystack
-        .windows(needle.len())
-        .any(|w| w == needle.as_bytes())
-}
 
 #[test]
 fn configure_respawns_with_the_new_values_and_the_secret_never_leaks() {

@@ -210,6 +210,62 @@ fn client_credentials_rebuild_retries_the_call_and_host_resources_work_on_the_ne
     assert_no_leak(&d, &secrets, &lines);
 }
 
+/// Issue 38: the client secret kept in a file the operator mounts (a
+/// Kubernetes Secret, a Docker secret), given as a reference: read at each
+/// start for the client-credentials grant, never stored.
+#[test]
+fn a_client_secret_given_by_reference_gets_the_token_and_is_never_stored() {
+    let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
+    let mut d = Daemon::unlaunched("");
+    let secrets = d.root().join("secrets");
+    std::fs::create_dir(&secrets).unwrap();
+    std::fs::write(secrets.join("client_secret"), format!("{CLIENT_SECRET}\n")).unwrap();
+    let mut config = std::fs::read_to_string(&d.config).unwrap();
+    config.push_str(&format!(
+        "[secrets]\nallow = [{{ scheme = \"file\", prefix = \"{}\" }}]\n",
+        secrets.display()
+    ));
+    std::fs::write(&d.config, config).unwrap();
+    d.launch();
+    let stream = events(&d, &["events", "--json"]);
+    let path = write_remote(
+        &d,
+        &fx,
+        "notes",
+        json!({
+            "user_config": {"client_secret": {"type": "string", "title": "Client secret", "description": "Client secret", "sensitive": true, "required": true}},
+            "auth": {"client_id": "bv-daemon", "client_secret": "${user_config.client_secret}"}
+        }),
+    );
+    let _ = d.cli(&["install", path.to_str().unwrap()]);
+    d.wait_state("default", "notes", "needs_config");
+    let reference = format!(
+        "client_secret=file:{}",
+        secrets.join("client_secret").display()
+    );
+    let out = d.ok(&["configure", "notes", "--ref", &reference]);
+    assert!(out.contains("reconfigured: ready"), "{out}");
+    assert_eq!(fx.with(|s| s.client_credentials_grants), 1);
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+    // Boot reload reads it again (no token is stored for a fresh daemon's
+    // first call: the stored one is used, and a revoked one gets a new grant).
+    restart_daemon(&mut d);
+    d.wait_state("default", "notes", "ready");
+    fx.revoke_access_tokens();
+    assert_eq!(
+        call_text(&d, "notes", "whoami", json!({})),
+        "remote fixture"
+    );
+    assert_eq!(fx.with(|s| s.client_credentials_grants), 2);
+    let lines = stream.until("a reauthorized event", |l| {
+        l.contains("\"kind\":\"reauthorized\"")
+    });
+    assert_no_leak(&d, &[CLIENT_SECRET.to_string()], &lines);
+}
+
 #[test]
 fn authorization_code_flow_refresh_once_for_concurrent_401s_boot_reload_and_needs_auth() {
     let fx = Fixture::start(None);

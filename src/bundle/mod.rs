@@ -16,6 +16,7 @@ pub mod client;
 pub mod connect;
 pub mod follow;
 pub mod guard;
+pub mod helper;
 pub mod orphans;
 pub mod process;
 pub mod pyproject;

@@ -413,7 +413,7 @@ impl Runner<'_> {
     /// One uv command; every line it prints goes to `progress`, the last
     /// ones (from its `error:` line on) into the failure.
     async fn step(&self, args: &[&str], progress: &mut impl FnMut(&str)) -> Result<(), UvError> {
-        let mut cmd = tokio::process::Command::new(self.uv);
+        let mut cmd = super::helper::command(self.uv);
         cmd.args(args)
             .env_clear()
             .envs(std::env::var_os("PATH").map(|p| ("PATH", p)))
@@ -425,9 +425,7 @@ impl Runner<'_> {
             .current_dir(self.cwd)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0)
-            .kill_on_drop(true);
+            .stderr(Stdio::piped());
         if !self.settings.build_from_source {
             cmd.env("UV_NO_BUILD", "1");
         }
@@ -444,16 +442,12 @@ impl Runner<'_> {
             [first, ..] => format!("uv {first}"),
             [] => "uv".into(),
         };
-        let spawning = super::orphans::spawning();
-        let mut child = cmd.spawn().map_err(|source| UvError::NoUv {
+        // Its whole group dies with this step if the start is abandoned.
+        let mut helper = super::helper::spawn(&mut cmd).map_err(|source| UvError::NoUv {
             program: self.uv.display().to_string(),
             source,
         })?;
-        let pid = child.id().unwrap_or(0);
-        super::orphans::own(pid);
-        drop(spawning);
-        // Its whole group dies with this step if the start is abandoned.
-        let _group = GroupGuard(pid);
+        let child = &mut helper.child;
         let (Some(out), Some(err)) = (child.stdout.take(), child.stderr.take()) else {
             unreachable!("both pipes were requested");
         };
@@ -479,9 +473,7 @@ impl Runner<'_> {
             }
             tail.push_back(line.to_string());
         }
-        let status = child.wait().await;
-        super::orphans::release(pid);
-        let status = status.map_err(|source| UvError::NoUv {
+        let status = helper.wait().await.map_err(|source| UvError::NoUv {
             program: self.uv.display().to_string(),
             source,
         })?;
@@ -507,21 +499,6 @@ impl Runner<'_> {
             step: shown,
             detail,
         })
-    }
-}
-
-/// SIGKILLs a process group when dropped (a build cut short by a timeout,
-/// an uninstall or a shutdown leaves nothing running).
-struct GroupGuard(u32);
-
-impl Drop for GroupGuard {
-    fn drop(&mut self) {
-        if self.0 > 0 {
-            let _ = nix::sys::signal::killpg(
-                nix::unistd::Pid::from_raw(self.0 as i32),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
     }
 }
 

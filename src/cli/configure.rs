@@ -1,7 +1,8 @@
-//! `bundlevisor configure NAME [-w WS] KEY=VALUE... [--unset KEY]...`
-//! (a key declared `multiple` takes several: `KEY=a KEY=b`, or a JSON array):
-//! stores user_config values (encrypted) and respawns the bundle; waits for
-//! the outcome. Without changes it lists the bundle's keys. `KEY=-` reads
+//! `bundlevisor configure NAME [-w WS] KEY=VALUE... [--ref KEY=REFERENCE]...
+//! [--unset KEY]...` (a key declared `multiple` takes several: `KEY=a
+//! KEY=b`, or a JSON array): stores user_config values (encrypted), or
+//! references to where a sensitive value is kept (read at each start), and
+//! respawns the bundle; waits for the outcome. Without changes it lists the bundle's keys. `KEY=-` reads
 //! the value from stdin, which keeps a secret out of the shell history and
 //! the process list.
 
@@ -20,6 +21,12 @@ pub struct Args {
     /// KEY=VALUE pairs (KEY=- reads the value from stdin).
     #[arg(value_name = "KEY=VALUE")]
     set: Vec<Assignment>,
+    /// Read a sensitive key's value, at each start, from where it is kept:
+    /// credential:NAME, file:/PATH, env:NAME, pass:PATH,
+    /// gcp:projects/P/secrets/S/versions/V or vault:MOUNT/PATH#FIELD[@VERSION]
+    /// (allowed by the daemon's [secrets] rules).
+    #[arg(long = "ref", value_name = "KEY=REFERENCE")]
+    refs: Vec<String>,
     /// Remove a stored value (the manifest default applies again).
     #[arg(long, value_name = "KEY")]
     unset: Vec<String>,
@@ -89,11 +96,26 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
             (key, value)
         })
         .collect();
+    let mut refs = std::collections::BTreeMap::new();
+    for given in &args.refs {
+        let Some((key, reference)) = given.split_once('=').filter(|(k, _)| !k.is_empty()) else {
+            return Err(usage(format!(
+                "--ref {given:?}: expected KEY=REFERENCE (e.g. --ref api_key=file:/run/secrets/api_key)"
+            )));
+        };
+        if refs
+            .insert(key.to_string(), reference.to_string())
+            .is_some()
+        {
+            return Err(usage(format!("--ref {key}: given twice")));
+        }
+    }
     let params = ConfigureParams {
         workspace: args.workspace.clone(),
         name: args.name.clone(),
         set,
         unset: args.unset.clone(),
+        refs,
     };
     let what = format!("configuring {}/{}", args.workspace, args.name);
     let r: ConfigureResult = with_spinner(what, async |on_note| {
@@ -136,6 +158,10 @@ pub async fn run(client: &mut Client, args: &Args) -> Result<ExitCode, ClientErr
     );
     for k in &r.keys {
         let value = match (&k.value, k.set, k.has_default) {
+            _ if k.reference.is_some() => format!(
+                "(read from {})",
+                printable_line(k.reference.as_deref().unwrap_or_default())
+            ),
             (Some(v), _, _) => printable_line(v).into_owned(),
             (None, true, _) => crate::secret::MASK.to_string(),
             (None, false, true) => "(default)".to_string(),

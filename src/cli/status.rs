@@ -330,6 +330,7 @@ mod tests {
                 archive: None,
                 mcp: None,
                 unpacking: None,
+                secret_refs: Vec::new(),
             }],
         };
         let text = table(&status);

@@ -68,6 +68,18 @@ pub mod defaults {
     }
     /// `[uv]`: `uv` and `python3` from the daemon's `PATH`, a build of at
     /// most 10 minutes, the system's certificate store.
+    pub fn pass_command() -> PathBuf {
+        PathBuf::from("pass")
+    }
+    pub fn gcp_endpoint() -> String {
+        "https://secretmanager.googleapis.com".into()
+    }
+    pub fn gcp_metadata() -> String {
+        "http://metadata.google.internal".into()
+    }
+    pub fn secret_timeout() -> Duration {
+        Duration::from_secs(10)
+    }
     pub fn uv_command() -> PathBuf {
         PathBuf::from("uv")
     }
@@ -238,6 +250,10 @@ pub struct Config {
     pub logs: LogSettings,
     #[serde(default)]
     pub credentials: CredentialsConfig,
+    /// `[secrets]`: where secret references may point, and the stores
+    /// they are read from (docs/credentials.md, "Secret references").
+    #[serde(default)]
+    pub secrets: SecretsConfig,
     #[serde(default)]
     pub control: ControlSettings,
     #[serde(default)]
@@ -782,6 +798,151 @@ pub struct CredentialsConfig {
     pub key_env: Option<String>,
 }
 
+/// One `[secrets]` allow rule: references of `scheme` whose location is
+/// `prefix` or below it (whole segments: `/run/secrets` allows
+/// `/run/secrets/db`, never `/run/secrets-old/db`; for `credential` and
+/// `env`, a name, or a name prefix ending in `*`), usable by the daemon's
+/// own uid and by `uids`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AllowRule {
+    pub scheme: String,
+    pub prefix: String,
+    #[serde(default)]
+    pub uids: Vec<u32>,
+}
+
+/// Whether `text` may be a secret store's address: `https://`, or
+/// `http://` only to a loopback address or the cloud metadata server (a
+/// token must never cross a network in the clear), without a user,
+/// password or query (they would be printed wherever the address is).
+pub fn check_store_url(text: &str) -> Result<(), String> {
+    let url = url::Url::parse(text).map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    if !url.username().is_empty() || url.password().is_some() || url.query().is_some() {
+        return Err(format!(
+            "{text:?} carries a user, password or query; give the store's token in its token file instead"
+        ));
+    }
+    let near = match url.host() {
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback() || ip.is_link_local(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        Some(url::Host::Domain(d)) => d == "localhost" || d == "metadata.google.internal",
+        None => return Err(format!("{text:?} names no host")),
+    };
+    match url.scheme() {
+        "https" => Ok(()),
+        "http" if near => Ok(()),
+        _ => Err(format!(
+            "{text:?} must be https:// (http:// only to a loopback address or the metadata server), so that no token crosses a network in the clear"
+        )),
+    }
+}
+
+/// `[secrets]`: the sources a `configure --ref` reference may name
+/// (`[[secrets.allow]]`; nothing is allowed unless a rule says so) and how
+/// the stores are reached.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretsConfig {
+    #[serde(default)]
+    pub allow: Vec<AllowRule>,
+    /// The `pass` program (a path, or a name on the daemon's `PATH`).
+    #[serde(default = "defaults::pass_command")]
+    pub pass_command: PathBuf,
+    /// `PASSWORD_STORE_DIR` for `pass:` (pass's own default: `~/.password-store`).
+    pub pass_store: Option<PathBuf>,
+    /// `GNUPGHOME` for `pass:` (gpg's own default: `~/.gnupg`).
+    pub gnupg_home: Option<PathBuf>,
+    /// GCP Secret Manager's API.
+    #[serde(default = "defaults::gcp_endpoint")]
+    pub gcp_endpoint: String,
+    /// A file holding an OAuth access token for GCP (kept fresh by
+    /// whoever writes it); without it, the metadata server's token of the
+    /// machine's service account.
+    pub gcp_token_file: Option<PathBuf>,
+    /// The GCE/GKE metadata server.
+    #[serde(default = "defaults::gcp_metadata")]
+    pub gcp_metadata: String,
+    /// Vault's (or OpenBao's) address, `https://HOST:8200`.
+    pub vault_addr: Option<String>,
+    /// A file holding the Vault token (a Vault Agent sink, say).
+    pub vault_token_file: Option<PathBuf>,
+    /// `X-Vault-Namespace` (Vault Enterprise, HCP).
+    pub vault_namespace: Option<String>,
+    /// One reference's resolution may take this long.
+    #[serde(default = "defaults::secret_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for SecretsConfig {
+    fn default() -> Self {
+        SecretsConfig {
+            allow: Vec::new(),
+            pass_command: defaults::pass_command(),
+            pass_store: None,
+            gnupg_home: None,
+            gcp_endpoint: defaults::gcp_endpoint(),
+            gcp_token_file: None,
+            gcp_metadata: defaults::gcp_metadata(),
+            vault_addr: None,
+            vault_token_file: None,
+            vault_namespace: None,
+            timeout: defaults::secret_timeout(),
+        }
+    }
+}
+
+impl SecretsConfig {
+    /// What is wrong with these settings, each with its fix; `protected`
+    /// are the daemon's own files, which no rule may reach into.
+    fn problems(&self, protected: &[PathBuf]) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (i, rule) in self.allow.iter().enumerate() {
+            let at = format!("secrets.allow[{i}]");
+            match rule.scheme.as_str() {
+                "file" => {
+                    let prefix = Path::new(&rule.prefix);
+                    if !prefix.is_absolute() {
+                        problems.push(format!(
+                            "{at}.prefix {:?} must be an absolute folder (e.g. \"/run/secrets\")",
+                            rule.prefix
+                        ));
+                    } else if let Some(p) = protected
+                        .iter()
+                        .find(|p| p.starts_with(prefix) || prefix.starts_with(p))
+                    {
+                        problems.push(format!(
+                            "{at}.prefix {:?} overlaps the daemon's own {} (its state, key or socket are never secret sources); name a folder of its own",
+                            rule.prefix,
+                            p.display()
+                        ));
+                    }
+                }
+                "credential" | "env" | "pass" | "gcp" | "vault" => {}
+                other => problems.push(format!(
+                    "{at}.scheme {other:?} is not one of credential, file, env, pass, gcp, vault"
+                )),
+            }
+        }
+        let urls = [
+            ("gcp_endpoint", Some(&self.gcp_endpoint)),
+            ("gcp_metadata", Some(&self.gcp_metadata)),
+            ("vault_addr", self.vault_addr.as_ref()),
+        ];
+        for (name, url) in urls {
+            if let Some(url) = url {
+                if let Err(e) = check_store_url(url) {
+                    problems.push(format!("secrets.{name}: {e}"));
+                }
+            }
+        }
+        if self.timeout.is_zero() {
+            problems.push("secrets.timeout must be above 0".to_string());
+        }
+        problems
+    }
+}
+
 /// `[archives]`: the limits a `.mcpb` archive is held to before anything
 /// of it is unpacked (a zip bomb is refused, not inflated).
 #[derive(Debug, Clone, Deserialize)]
@@ -1243,6 +1404,18 @@ impl Config {
         for cert in &mut config.bundles.trusted_certs {
             *cert = normalize(&base.join(&*cert));
         }
+        let secrets = &mut config.secrets;
+        for p in [
+            &mut secrets.pass_store,
+            &mut secrets.gnupg_home,
+            &mut secrets.gcp_token_file,
+            &mut secrets.vault_token_file,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            *p = normalize(&base.join(&*p));
+        }
         // `[uv]` programs: a path is relative to the file, a bare name is
         // looked up on the daemon's PATH.
         for program in [&mut config.uv.command, &mut config.uv.python] {
@@ -1354,6 +1527,7 @@ impl Config {
         if self.bundles.max_concurrent_starts == 0 {
             problems.push("bundles.max_concurrent_starts must be at least 1".to_string());
         }
+        problems.extend(self.secrets.problems(&self.protected_paths()));
         if self.credentials.key_file.is_some() && self.credentials.key_env.is_some() {
             problems.push(
                 "credentials: set key_file or key_env, not both (the key has one source)"
@@ -1499,6 +1673,57 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("uid_range"), "{err}");
+    }
+
+    #[test]
+    fn store_addresses_are_https_or_near() {
+        for ok in [
+            "https://vault.example:8200",
+            "http://127.0.0.1:8200",
+            "http://[::1]:1",
+            "http://metadata.google.internal",
+            "http://169.254.169.254",
+        ] {
+            assert_eq!(super::check_store_url(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "http://vault.example:8200",
+            "https://user:pw@vault.example",
+            "https://vault.example/?token=x",
+            "vault.example",
+        ] {
+            assert!(super::check_store_url(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn secret_rules_never_reach_the_daemons_own_files_and_stores_are_https() {
+        let err = |text: &str| {
+            Config::from_toml(text, Path::new("/srv/bv/config"))
+                .unwrap_err()
+                .to_string()
+        };
+        // The state folder (relative to the config file) is not a source.
+        let e = err("state_dir = \"state\"\n[secrets]\nallow = [{ scheme = \"file\", prefix = \"/srv/bv\" }]\n");
+        assert!(
+            e.contains("overlaps the daemon's own /srv/bv/config/state"),
+            "{e}"
+        );
+        let e = err("[secrets]\nallow = [{ scheme = \"file\", prefix = \"run/secrets\" }]\n");
+        assert!(e.contains("must be an absolute folder"), "{e}");
+        let e = err("[secrets]\nallow = [{ scheme = \"ssm\", prefix = \"x\" }]\n");
+        assert!(e.contains("is not one of credential, file"), "{e}");
+        let e = err("[secrets]\nvault_addr = \"http://vault.example:8200\"\n");
+        assert!(
+            e.contains("secrets.vault_addr") && e.contains("https://"),
+            "{e}"
+        );
+        let ok = Config::from_toml(
+            "[secrets]\nvault_addr = \"https://vault.example:8200\"\nallow = [{ scheme = \"file\", prefix = \"/run/secrets\", uids = [1000] }]\n",
+            Path::new("/srv/bv/config"),
+        )
+        .unwrap();
+        assert_eq!(ok.secrets.allow[0].uids, [1000]);
     }
 
     #[test]

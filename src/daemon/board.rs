@@ -390,6 +390,7 @@ fn with_uptime(entry: &Entry, paths: bool) -> BundleStatus {
         archive: status.archive.clone(),
         mcp: status.mcp.clone(),
         unpacking: status.unpacking,
+        secret_refs: status.secret_refs.clone(),
     }
 }
 

@@ -164,6 +164,9 @@ pub enum Respawn {
     Reconfigured,
     /// `auth` stored new tokens.
     Authorized,
+    /// A secret one of its user_config values refers to changed where it
+    /// is kept (daemon::secret_watch).
+    Rotated,
 }
 
 /// Why a bundle is stopped and started again at once.
@@ -187,6 +190,10 @@ impl Why {
             Why::Asked(Respawn::Reconfigured) => (
                 EventKind::Reconfigured,
                 "user_config changed: restarting with the new values".into(),
+            ),
+            Why::Asked(Respawn::Rotated) => (
+                EventKind::Reconfigured,
+                "a secret its user_config refers to changed: restarting with the new value".into(),
             ),
             Why::Asked(Respawn::Authorized) => (
                 EventKind::Reauthorized,

@@ -20,6 +20,7 @@ pub mod metrics;
 pub mod policy;
 pub mod privileges;
 pub mod resumed;
+pub mod secret_watch;
 pub mod source;
 pub mod supervisor;
 pub mod systemd;
@@ -109,6 +110,10 @@ pub struct Shared {
     pub telemetry: crate::telemetry::Telemetry,
     /// The dashboard's sign-in codes and sessions.
     pub dashboard: dashboard::Logins,
+    /// Where secret references are read from (`[secrets]`).
+    pub secrets: crate::secret_ref::Sources,
+    /// Respawns a bundle when a secret it was started with changes.
+    pub secret_watch: secret_watch::SecretWatch,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -194,6 +199,32 @@ impl Shared {
             bundle.to_string(),
         );
         self.store.call(move |_| f(&credentials, &ws, &b)).await
+    }
+
+    /// A bundle's user_config values as a start injects them: those stored,
+    /// and those its references point at, read now.
+    pub async fn user_values(
+        &self,
+        workspace: &str,
+        bundle: &str,
+    ) -> Result<
+        (
+            std::collections::BTreeMap<String, crate::secret::Secret>,
+            Vec<secret_watch::ReadRef>,
+        ),
+        secret_watch::ValuesError,
+    > {
+        let (mut values, stored) = self
+            .credentials_of(workspace, bundle, |c, w, n| {
+                Ok((c.values(w, n)?, c.refs(w, n)?))
+            })
+            .await
+            .map_err(secret_watch::ValuesError::Store)?;
+        let (read, refs) = secret_watch::read_refs(&self.secrets, stored)
+            .await
+            .map_err(|(key, error)| secret_watch::ValuesError::Ref { key, error })?;
+        values.extend(read);
+        Ok((values, refs))
     }
 
     /// The audit log of `workspace`, started the first time it is asked for.
@@ -815,6 +846,26 @@ async fn search_encoder(
     Ok(Some(Arc::new(encoder)))
 }
 
+/// Respawns a bundle whose referenced secret changed (daemon::secret_watch).
+fn respawn_rotated(workspace: &str, name: &str) {
+    let Ok(actor) = api::Api::bundle_actor(workspace, name) else {
+        return;
+    };
+    let (workspace, name) = (workspace.to_string(), name.to_string());
+    tokio::spawn(async move {
+        let asked = api::Api::ask(
+            &actor,
+            |port| bundle::BundleMsg::Respawn(lifecycle::Respawn::Rotated, port),
+            Duration::from_secs(10),
+            "the bundle's actor",
+        )
+        .await;
+        if let Err(e) = asked {
+            tracing::warn!(workspace = %workspace, bundle = %name, "cannot respawn the bundle with its changed secret: {e}");
+        }
+    });
+}
+
 pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), DaemonError> {
     privileges::check()?;
     let (_lock, store, credentials) = open_state(&config).await?;
@@ -833,7 +884,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     }
     let cgroups = Arc::new(cgroups);
     let started_at = Instant::now();
+    let secrets = crate::secret_ref::Sources::of(&config);
+    let (secret_watch, watching) = secret_watch::SecretWatch::new(
+        secrets.clone(),
+        Box::new(respawn_rotated),
+        shutdown.clone(),
+    );
+    tokio::spawn(watching);
     let shared = Arc::new(Shared {
+        secrets,
+        secret_watch,
         reaper,
         metrics: metrics::Metrics::new(board.clone(), cgroups.clone(), started_at),
         cgroups,

@@ -197,6 +197,20 @@ pub struct BundleStatus {
     /// While a `.mcpb` archive of the bundle is being unpacked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unpacking: Option<UnpackProgress>,
+    /// The user_config values that are references to secrets kept
+    /// elsewhere, and when the running process's were read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_refs: Vec<SecretRefStatus>,
+}
+
+/// A user_config value read from where the operator keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretRefStatus {
+    pub key: String,
+    /// `credential:NAME`, `file:/PATH`, ... (where, never what).
+    pub reference: String,
+    /// Unix seconds of the read the running process was started with.
+    pub resolved_at: i64,
 }
 
 /// How far an archive's unpack has come.
@@ -229,6 +243,7 @@ impl BundleStatus {
             archive: None,
             mcp: None,
             unpacking: None,
+            secret_refs: Vec::new(),
         }
     }
 }
@@ -496,6 +511,12 @@ pub struct ConfigureParams {
     pub set: BTreeMap<String, String>,
     #[serde(default)]
     pub unset: Vec<String>,
+    /// Sensitive keys whose value is read, at each start, from where the
+    /// operator keeps it: `KEY` → `credential:NAME`, `file:/PATH`,
+    /// `env:NAME`, `pass:PATH`, `gcp:projects/P/secrets/S/versions/V` or
+    /// `vault:MOUNT/PATH#FIELD[@VERSION]` (docs/credentials.md).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub refs: BTreeMap<String, String>,
 }
 
 impl std::fmt::Debug for ConfigureParams {
@@ -506,6 +527,7 @@ impl std::fmt::Debug for ConfigureParams {
             .field("name", &self.name)
             .field("set", &self.set.keys().collect::<Vec<_>>())
             .field("unset", &self.unset)
+            .field("refs", &self.refs)
             .finish()
     }
 }
@@ -577,6 +599,9 @@ pub struct ConfigKey {
     /// The stored value, for non-sensitive keys only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
+    /// The value is read at each start from here (`configure --ref`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reference: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -3,7 +3,9 @@
 //!
 //! Every value is encrypted, sensitive or not (the `sensitive` column only
 //! decides what is redacted and masked). The associated data binds each
-//! ciphertext to its row: `credential\0WS\0BUNDLE\0KEY` or
+//! ciphertext to its row: `credential\0WS\0BUNDLE\0KEY` for a value,
+//! `credential-ref\0WS\0BUNDLE\0KEY` for a reference to a secret kept
+//! elsewhere (so no row can be turned from one into the other), or
 //! `oauth\0WS\0BUNDLE`. A `meta` row sealed at first use lets the daemon
 //! tell at start that it was given the wrong key, instead of failing on
 //! each bundle later.
@@ -27,6 +29,8 @@ const KEY_CHECK_PLAIN: &[u8] = b"bundlevisor credential key";
 pub struct StoredKey {
     pub key: String,
     pub sensitive: bool,
+    /// The entry is a reference (the value is read at each start).
+    pub reference: bool,
     /// Unix seconds.
     pub updated_at: i64,
 }
@@ -39,8 +43,26 @@ pub enum Change {
         value: Secret,
         sensitive: bool,
     },
+    /// A reference to a secret kept elsewhere, instead of its value.
+    SetRef {
+        key: String,
+        reference: StoredRef,
+    },
     Unset(String),
 }
+
+/// A stored reference (`credential:NAME`, `file:/PATH`, ...; see
+/// [`crate::secret_ref`]) and the uid of the operator who set it, whose
+/// rights it is resolved with at each start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredRef {
+    pub reference: String,
+    pub uid: u32,
+}
+
+/// The two kinds of `credentials` rows.
+const VALUE: &str = "value";
+const REF: &str = "ref";
 
 /// The OAuth tokens (and dynamically registered client) of a remote bundle.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -97,6 +119,19 @@ struct TokenJson {
 
 fn credential_aad(workspace: &str, bundle: &str, key: &str) -> Vec<u8> {
     format!("credential\0{workspace}\0{bundle}\0{key}").into_bytes()
+}
+
+fn ref_aad(workspace: &str, bundle: &str, key: &str) -> Vec<u8> {
+    format!("credential-ref\0{workspace}\0{bundle}\0{key}").into_bytes()
+}
+
+/// The associated data of a `credentials` row of `kind`.
+fn row_aad(kind: &str, workspace: &str, bundle: &str, key: &str) -> Vec<u8> {
+    if kind == REF {
+        ref_aad(workspace, bundle, key)
+    } else {
+        credential_aad(workspace, bundle, key)
+    }
 }
 
 fn token_aad(workspace: &str, bundle: &str) -> Vec<u8> {
@@ -186,12 +221,15 @@ impl Credentials {
                 token_sets: 0,
             };
             let tx = c.transaction()?;
-            let values: Vec<(String, String, String, Vec<u8>)> = tx
-                .prepare("SELECT workspace, bundle, key, value FROM credentials")?
-                .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))?
+            type Row = (String, String, String, Vec<u8>, String);
+            let values: Vec<Row> = tx
+                .prepare("SELECT workspace, bundle, key, value, kind FROM credentials")?
+                .query_map([], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+                })?
                 .collect::<Result<_, _>>()?;
-            for (ws, bundle, key, sealed) in values {
-                let aad = credential_aad(&ws, &bundle, &key);
+            for (ws, bundle, key, sealed, kind) in values {
+                let aad = row_aad(&kind, &ws, &bundle, &key);
                 let Ok(plain) = current.open(&aad, &sealed) else {
                     return Ok(Err(failed(format!(
                         "user_config value {key:?} of bundle {bundle:?}"
@@ -234,32 +272,65 @@ impl Credentials {
         &self.store
     }
 
-    /// Every stored value of a bundle, decrypted.
+    /// Every stored value of a bundle, decrypted (not its references).
     pub fn values(
         &self,
         workspace: &str,
         bundle: &str,
     ) -> Result<BTreeMap<String, Secret>, StoreError> {
+        let opened = self.opened(workspace, bundle, VALUE)?;
+        let mut out = BTreeMap::new();
+        for (key, mut text) in opened {
+            out.insert(key, Secret::new(std::mem::take(&mut *text)));
+        }
+        Ok(out)
+    }
+
+    /// Every stored reference of a bundle, decrypted.
+    pub fn refs(
+        &self,
+        workspace: &str,
+        bundle: &str,
+    ) -> Result<BTreeMap<String, StoredRef>, StoreError> {
+        let opened = self.opened(workspace, bundle, REF)?;
+        let mut out = BTreeMap::new();
+        for (key, text) in opened {
+            let reference = serde_json::from_str(&text).map_err(|_| StoreError::Decrypt {
+                what: format!("user_config reference {key:?} of bundle {bundle:?}"),
+            })?;
+            out.insert(key, reference);
+        }
+        Ok(out)
+    }
+
+    /// The rows of `kind` of a bundle, opened (as text held only while it
+    /// is turned into what the caller keeps).
+    fn opened(
+        &self,
+        workspace: &str,
+        bundle: &str,
+        kind: &str,
+    ) -> Result<Vec<(String, Zeroizing<String>)>, StoreError> {
         let cipher = self.cipher();
         let rows: Vec<(String, Vec<u8>)> = self.store.with(|c| {
             let mut stmt = c.prepare(
-                "SELECT key, value FROM credentials WHERE workspace = ?1 AND bundle = ?2",
+                "SELECT key, value FROM credentials WHERE workspace = ?1 AND bundle = ?2 AND kind = ?3",
             )?;
-            let rows =
-                stmt.query_map(params![workspace, bundle], |r| Ok((r.get(0)?, r.get(1)?)))?;
+            let rows = stmt.query_map(params![workspace, bundle, kind], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })?;
             rows.collect()
         })?;
-        let mut out = BTreeMap::new();
+        let mut out = Vec::with_capacity(rows.len());
         for (key, sealed) in rows {
+            let what = || StoreError::Decrypt {
+                what: format!("user_config entry {key:?} of bundle {bundle:?}"),
+            };
             let plain = cipher
-                .open(&credential_aad(workspace, bundle, &key), &sealed)
-                .map_err(|_| StoreError::Decrypt {
-                    what: format!("user_config value {key:?} of bundle {bundle:?}"),
-                })?;
-            let text = String::from_utf8(plain.to_vec()).map_err(|_| StoreError::Decrypt {
-                what: format!("user_config value {key:?} of bundle {bundle:?}"),
-            })?;
-            out.insert(key, Secret::new(text));
+                .open(&row_aad(kind, workspace, bundle, &key), &sealed)
+                .map_err(|_| what())?;
+            let text = String::from_utf8(plain.to_vec()).map_err(|_| what())?;
+            out.push((key, Zeroizing::new(text)));
         }
         Ok(out)
     }
@@ -268,13 +339,14 @@ impl Credentials {
     pub fn keys(&self, workspace: &str, bundle: &str) -> Result<Vec<StoredKey>, StoreError> {
         self.store.with(|c| {
             let mut stmt = c.prepare(
-                "SELECT key, sensitive, updated_at FROM credentials WHERE workspace = ?1 AND bundle = ?2 ORDER BY key",
+                "SELECT key, sensitive, updated_at, kind FROM credentials WHERE workspace = ?1 AND bundle = ?2 ORDER BY key",
             )?;
             let rows = stmt.query_map(params![workspace, bundle], |r| {
                 Ok(StoredKey {
                     key: r.get(0)?,
                     sensitive: r.get::<_, i64>(1)? != 0,
                     updated_at: r.get(2)?,
+                    reference: r.get::<_, String>(3)? == REF,
                 })
             })?;
             rows.collect()
@@ -288,8 +360,9 @@ impl Credentials {
         bundle: &str,
         changes: &[Change],
     ) -> Result<(), StoreError> {
-        // (key, Some((ciphertext, sensitive))) to store, (key, None) to delete.
-        type Row = (String, Option<(Vec<u8>, bool)>);
+        // (key, Some((ciphertext, sensitive, kind))) to store, (key, None)
+        // to delete.
+        type Row = (String, Option<(Vec<u8>, bool, &'static str)>);
         let cipher = self.cipher();
         let sealed: Vec<Row> = changes
             .iter()
@@ -306,8 +379,17 @@ impl Credentials {
                             value.expose().as_bytes(),
                         ),
                         *sensitive,
+                        VALUE,
                     )),
                 ),
+                Change::SetRef { key, reference } => {
+                    let json = Zeroizing::new(
+                        serde_json::to_string(reference).expect("a reference serializes"),
+                    );
+                    let blob = cipher.seal(&ref_aad(workspace, bundle, key), json.as_bytes());
+                    // Only sensitive entries take references.
+                    (key.clone(), Some((blob, true, REF)))
+                }
                 Change::Unset(key) => (key.clone(), None),
             })
             .collect();
@@ -316,12 +398,13 @@ impl Credentials {
             let tx = c.transaction()?;
             for (key, value) in &sealed {
                 match value {
-                    Some((blob, sensitive)) => tx.execute(
-                        "INSERT INTO credentials (workspace, bundle, key, sensitive, value, updated_at)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                    Some((blob, sensitive, kind)) => tx.execute(
+                        "INSERT INTO credentials (workspace, bundle, key, sensitive, value, updated_at, kind)
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
                          ON CONFLICT (workspace, bundle, key) DO UPDATE
-                         SET sensitive = excluded.sensitive, value = excluded.value, updated_at = excluded.updated_at",
-                        params![workspace, bundle, key, *sensitive as i64, blob, at],
+                         SET sensitive = excluded.sensitive, value = excluded.value,
+                             updated_at = excluded.updated_at, kind = excluded.kind",
+                        params![workspace, bundle, key, *sensitive as i64, blob, at, kind],
                     )?,
                     None => tx.execute(
                         "DELETE FROM credentials WHERE workspace = ?1 AND bundle = ?2 AND key = ?3",
@@ -559,7 +642,7 @@ mod tests {
             .store()
             .with(|c| {
                 c.execute(
-                    "INSERT INTO credentials SELECT workspace, 'b', key, sensitive, value, updated_at FROM credentials WHERE bundle = 'a'",
+                    "INSERT INTO credentials SELECT workspace, 'b', key, sensitive, value, updated_at, kind FROM credentials WHERE bundle = 'a'",
                     [],
                 )
             })
@@ -569,6 +652,94 @@ mod tests {
         assert!(!err.to_string().contains("secret-a"));
         creds.purge("ws", "b").unwrap();
         assert!(creds.values("ws", "b").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_reference_is_stored_apart_from_values_and_cannot_be_turned_into_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let creds = open(dir.path(), 1).unwrap();
+        let reference = StoredRef {
+            reference: "file:/run/secrets/db-password".into(),
+            uid: 1234,
+        };
+        creds
+            .apply(
+                "ws",
+                "a",
+                &[
+                    Change::SetRef {
+                        key: "db".into(),
+                        reference: reference.clone(),
+                    },
+                    Change::Set {
+                        key: "user".into(),
+                        value: Secret::new("alice"),
+                        sensitive: false,
+                    },
+                ],
+            )
+            .unwrap();
+        assert_eq!(creds.refs("ws", "a").unwrap()["db"], reference);
+        let values = creds.values("ws", "a").unwrap();
+        assert_eq!(values.keys().collect::<Vec<_>>(), ["user"]);
+        let keys = creds.keys("ws", "a").unwrap();
+        assert!(keys[0].reference && keys[0].sensitive, "{keys:?}");
+        assert!(!keys[1].reference);
+        // The reference survives a rotation, and setting a value replaces it.
+        creds.rotate(Cipher::from_key(&[2; 32])).unwrap();
+        assert_eq!(creds.refs("ws", "a").unwrap()["db"], reference);
+        // A row flipped from reference to value does not open as a value.
+        creds
+            .store
+            .with(|c| c.execute("UPDATE credentials SET kind = 'value' WHERE key = 'db'", []))
+            .unwrap();
+        assert!(matches!(
+            creds.values("ws", "a"),
+            Err(StoreError::Decrypt { .. })
+        ));
+        creds
+            .apply(
+                "ws",
+                "a",
+                &[Change::Set {
+                    key: "db".into(),
+                    value: Secret::new("literal"),
+                    sensitive: true,
+                }],
+            )
+            .unwrap();
+        assert!(creds.refs("ws", "a").unwrap().is_empty());
+        assert_eq!(creds.values("ws", "a").unwrap()["db"].expose(), "literal");
+    }
+
+    #[test]
+    fn values_stored_before_references_existed_stay_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let creds = open(dir.path(), 1).unwrap();
+        creds
+            .apply(
+                "ws",
+                "a",
+                &[Change::Set {
+                    key: "k".into(),
+                    value: Secret::new("from-v6"),
+                    sensitive: true,
+                }],
+            )
+            .unwrap();
+        // The table as schema version 6 had it.
+        creds
+            .store
+            .with(|c| {
+                c.execute_batch(
+                    "ALTER TABLE credentials DROP COLUMN kind; PRAGMA user_version = 6;",
+                )
+            })
+            .unwrap();
+        drop(creds);
+        let creds = open(dir.path(), 1).unwrap();
+        assert_eq!(creds.values("ws", "a").unwrap()["k"].expose(), "from-v6");
+        assert!(creds.refs("ws", "a").unwrap().is_empty());
     }
 
     #[test]

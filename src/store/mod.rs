@@ -13,11 +13,11 @@ pub mod credentials;
 pub mod crypto;
 pub mod tokens;
 
-pub use credentials::{Change, Credentials, StoredKey, TokenSet};
+pub use credentials::{Change, Credentials, StoredKey, StoredRef, TokenSet};
 pub use tokens::{AccessToken, NewToken, TokenScope};
 
 /// Newest schema version this build writes (`PRAGMA user_version`).
-pub const SCHEMA_VERSION: i64 = 6;
+pub const SCHEMA_VERSION: i64 = 7;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -219,6 +219,31 @@ impl Store {
                  PRAGMA user_version = 6;
                  COMMIT;",
             )
+            .map_err(err)?;
+        }
+        if version < 7 {
+            // A stored user_config entry is a value or a reference to a
+            // secret kept elsewhere (secret_ref), each sealed with its own
+            // associated data.
+            // (A database cut down by hand may lack the table.)
+            let has_table: bool = conn
+                .query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'credentials'",
+                    [],
+                    |r| r.get::<_, i64>(0),
+                )
+                .map_err(err)?
+                > 0;
+            let alter = match has_table {
+                true => "ALTER TABLE credentials ADD COLUMN kind TEXT NOT NULL DEFAULT 'value';",
+                false => "",
+            };
+            conn.execute_batch(&format!(
+                "BEGIN;
+                 {alter}
+                 PRAGMA user_version = 7;
+                 COMMIT;"
+            ))
             .map_err(err)?;
         }
         Ok(Store {

@@ -107,7 +107,7 @@ impl Api {
 
         // The values' checks look at the file system (a directory must exist,
         // a path must be the peer's): on the blocking pool.
-        let (problems, changes) = {
+        let (mut problems, mut changes) = {
             let (manifest, set, unset, peer, name) = (
                 loaded.manifest.clone(),
                 p.set.clone(),
@@ -121,6 +121,10 @@ impl Api {
             .await
             .map_err(internal)?
         };
+        let (ref_problems, ref_changes) =
+            check_refs(&self.shared.secrets, &loaded.manifest, &p, peer).await;
+        problems.extend(ref_problems);
+        changes.extend(ref_changes);
         if !problems.is_empty() {
             return Err(ApiError::InvalidConfigValue {
                 message: format!(
@@ -151,7 +155,7 @@ impl Api {
                 .await
                 .map_err(internal)?;
         }
-        tracing::info!(workspace = %p.workspace, bundle = %p.name, set = ?p.set.keys().collect::<Vec<_>>(), unset = ?p.unset, "user_config changed; respawning");
+        tracing::info!(workspace = %p.workspace, bundle = %p.name, set = ?p.set.keys().collect::<Vec<_>>(), refs = ?p.refs, unset = ?p.unset, "user_config changed; respawning");
         let bundle = self
             .respawn_and_wait(&p.workspace, &p.name, Respawn::Reconfigured, seen)
             .await?;
@@ -166,11 +170,12 @@ impl Api {
     /// The resolved remote plan of an installed remote bundle.
     async fn remote_plan(&self, workspace: &str, name: &str) -> Result<RemotePlan, ApiError> {
         let loaded = self.installed_manifest(workspace, name).await?;
-        let values = self
+        // A client secret may be a reference: read now, as a start would.
+        let (values, _) = self
             .shared
-            .credentials_of(workspace, name, move |c, w, n| c.values(w, n))
+            .user_values(workspace, name)
             .await
-            .map_err(internal)?;
+            .map_err(|e| ApiError::NotConfigured(e.to_string()))?;
         match loaded.manifest.plan(&loaded.dir, &values) {
             Ok(Plan::Remote(plan)) => Ok(plan),
             Ok(Plan::Stdio(_)) => Err(ApiError::InvalidParams(format!(
@@ -389,6 +394,59 @@ fn check_changes(
     (problems, changes)
 }
 
+/// Checks `p.refs`: each names a sensitive, single `string` key not also
+/// set or unset, parses, is allowed for `peer` by the `[secrets]` rules
+/// and resolves now (so that a reference that cannot work is refused
+/// before anything is stored); every problem at once, or the changes.
+async fn check_refs(
+    sources: &crate::secret_ref::Sources,
+    manifest: &crate::manifest::Manifest,
+    p: &ConfigureParams,
+    peer: Peer,
+) -> (Vec<String>, Vec<Change>) {
+    let (mut problems, mut changes) = (Vec::new(), Vec::new());
+    for (key, text) in &p.refs {
+        let Some(entry) = manifest.user_config.get(key) else {
+            problems.push(format!(
+                "{key} is not a user_config key of bundle {:?}",
+                p.name
+            ));
+            continue;
+        };
+        if p.set.contains_key(key) || p.unset.contains(key) {
+            problems.push(format!(
+                "{key} is given both as a reference and set or unset"
+            ));
+            continue;
+        }
+        if !entry.sensitive || entry.multiple || entry.kind != UserConfigType::String {
+            problems.push(format!(
+                "{key}: only a sensitive, single string key takes a reference (set this one with {key}=VALUE)"
+            ));
+            continue;
+        }
+        let reference: crate::secret_ref::SecretRef = match text.parse() {
+            Ok(r) => r,
+            Err(e) => {
+                problems.push(format!("{key}: {e}"));
+                continue;
+            }
+        };
+        if let Err(e) = sources.resolve(&reference, peer.uid).await {
+            problems.push(format!("{key}: {e}"));
+            continue;
+        }
+        changes.push(Change::SetRef {
+            key: key.clone(),
+            reference: crate::store::StoredRef {
+                reference: reference.to_string(),
+                uid: peer.uid,
+            },
+        });
+    }
+    (problems, changes)
+}
+
 /// The manifest's keys with what is stored for each (values of sensitive
 /// keys never leave the daemon).
 async fn describe_keys(
@@ -397,8 +455,10 @@ async fn describe_keys(
     workspace: &str,
     name: &str,
 ) -> Result<Vec<ConfigKey>, ApiError> {
-    let values = shared
-        .credentials_of(workspace, name, move |c, w, n| c.values(w, n))
+    let (values, refs) = shared
+        .credentials_of(workspace, name, move |c, w, n| {
+            Ok((c.values(w, n)?, c.refs(w, n)?))
+        })
         .await
         .map_err(internal)?;
     Ok(loaded
@@ -418,12 +478,13 @@ async fn describe_keys(
             .to_string(),
             required: entry.required,
             sensitive: entry.sensitive,
-            set: values.contains_key(key),
+            set: values.contains_key(key) || refs.contains_key(key),
             has_default: entry.default.is_some(),
             value: values
                 .get(key)
                 .filter(|_| !entry.sensitive)
                 .map(|v| v.expose().to_string()),
+            reference: refs.get(key).map(|r| r.reference.clone()),
         })
         .collect())
 }

@@ -175,6 +175,8 @@ pub struct BundleActorState {
     sandbox: Option<SandboxRecord>,
     /// The archive the bundle runs from, if it came as one.
     archive: Option<crate::protocol::ArchiveInfo>,
+    /// The secret references the running process's values were read from.
+    secret_refs: Vec<crate::protocol::SecretRefStatus>,
     /// The start in progress (aborted if dropped).
     start_task: Option<AbortOnDropHandle<()>>,
     /// The environment of an upgrade being built while the running
@@ -215,6 +217,7 @@ impl BundleActorState {
                 why: l.session.revision_why.clone(),
             }),
             unpacking: None,
+            secret_refs: self.secret_refs.clone(),
         }
     }
 
@@ -499,6 +502,10 @@ impl BundleActorState {
         generation: u64,
         result: Result<Box<Started>, StartFailure>,
     ) {
+        if result.is_err() && generation == self.lc.generation() {
+            // No process runs with what was read before.
+            self.secret_refs.clear();
+        }
         let result = result.map(|started| {
             let Started {
                 mut session,
@@ -506,10 +513,14 @@ impl BundleActorState {
                 archive,
                 reauthorized,
                 rejected,
+                refs,
             } = *started;
             session.tools.retain(|t| !self.lc.excludes(&t.name));
             if generation == self.lc.generation() {
                 self.archive = archive;
+                self.secret_refs = refs.iter().map(|r| r.status()).collect();
+                let (workspace, name) = (&self.args.workspace, &self.args.name);
+                self.args.shared.secret_watch.watch(workspace, name, &refs);
             }
             let config = &self.args.shared.config;
             let timeouts = (config.bundles.call_timeout, config.http.input_timeout);
@@ -569,6 +580,7 @@ impl Actor for BundleActor {
             lc,
             sandbox: None,
             archive: None,
+            secret_refs: Vec::new(),
             start_task: None,
             preparing: None,
             offered: None,
@@ -696,6 +708,10 @@ impl Actor for BundleActor {
         st: &mut BundleActorState,
     ) -> Result<(), ActorProcessingErr> {
         st.publish_lane(None);
+        st.args
+            .shared
+            .secret_watch
+            .forget(&st.args.workspace, &st.args.name);
         let effects = st.decide(Input::Shutdown, 0.0);
         // The process is stopped here, not in a task: the actor is gone
         // only once its process is.

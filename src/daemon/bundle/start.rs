@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 
 use crate::bundle::{connect, ConnectError, ConnectOptions, HostContext, Session};
 use crate::config::Config;
+use crate::daemon::secret_watch::ReadRef;
 use crate::host_resources::PROVIDED_CAPABILITIES;
 use crate::manifest::{LoadedManifest, Plan, PlanError, RemotePlan};
 use crate::oauth::Silent;
@@ -34,6 +35,8 @@ pub struct Started {
     pub reauthorized: bool,
     /// The manifest on disk was refused, and the last good one runs instead.
     pub rejected: Option<String>,
+    /// The secret references its values were read from.
+    pub refs: Vec<crate::daemon::secret_watch::ReadRef>,
 }
 
 /// The archive a bundle folder was unpacked from, and its signature.
@@ -234,7 +237,7 @@ pub async fn start(
 ) -> Result<Started, StartFailure> {
     let (loaded, rejected, archive) =
         read_manifest(shared, (workspace, name), source, wanted).await?;
-    let mut plan = resolve_plan(shared, (workspace, name), &loaded).await?;
+    let (mut plan, refs) = resolve_plan(shared, (workspace, name), &loaded).await?;
     // A uv bundle runs in the environment built for its version (built
     // now if there is none yet: after an install or an upgrade).
     let environment = match &mut plan {
@@ -327,6 +330,7 @@ pub async fn start(
         }
     };
     Ok(Started {
+        refs,
         session,
         manifest: loaded,
         archive,
@@ -378,14 +382,14 @@ async fn resolve_plan(
     shared: &Shared,
     (workspace, name): (&str, &str),
     loaded: &LoadedManifest,
-) -> Result<Plan, StartFailure> {
-    let values = shared
-        .credentials_of(workspace, name, |c, w, n| c.values(w, n))
+) -> Result<(Plan, Vec<ReadRef>), StartFailure> {
+    let (values, refs) = shared
+        .user_values(workspace, name)
         .await
-        .map_err(|e| config(e.to_string()))?;
+        .map_err(|e| e.start_failure(workspace, name))?;
     // `${HOME}` is the bundle's own home (its sandbox data folder).
     let home = crate::bundle::sandbox::data_dir(&shared.config.state_dir, workspace, name);
-    loaded
+    let plan = loaded
         .manifest
         .plan_with_home(&loaded.dir, &values, Some(&home))
         .map_err(|e| match e {
@@ -398,7 +402,8 @@ async fn resolve_plan(
                 ),
             },
             other => config(other.to_string()),
-        })
+        })?;
+    Ok((plan, refs))
 }
 
 /// The sandbox of a stdio bundle, created (or found) and its cgroup

@@ -634,6 +634,7 @@ async fn configure(
         name: name.clone(),
         set,
         unset: Vec::new(),
+        refs: Default::default(),
     };
     match ui
         .api

@@ -257,19 +257,32 @@ pub struct BundleView<'a> {
 }
 
 /// The settings form: every field empty (a sensitive value is never
-/// shown; an empty field leaves the value as it is).
-fn settings_form(base: &str, hidden: &str, settings: &[(String, String, bool)]) -> String {
+/// shown; an empty field leaves the value as it is; one read by reference
+/// says from where).
+fn settings_form(
+    (base, hidden): (&str, &str),
+    settings: &[(String, String, bool)],
+    refs: &[crate::protocol::SecretRefStatus],
+) -> String {
     if settings.is_empty() {
         return String::new();
     }
     let fields: String = settings
         .iter()
         .map(|(key, title, sensitive)| {
-            let (kind, hint) = if *sensitive {
-                ("password", "write-only: never shown; empty keeps it")
-            } else {
-                ("text", "empty keeps it")
+            let read_from = refs.iter().find(|r| &r.key == key);
+            let (kind, hint) = match (sensitive, read_from) {
+                (true, Some(r)) => (
+                    "password",
+                    format!(
+                        "read from {} at each start; a value typed here replaces it",
+                        r.reference
+                    ),
+                ),
+                (true, None) => ("password", "write-only: never shown; empty keeps it".into()),
+                (false, _) => ("text", "empty keeps it".into()),
             };
+            let hint = esc(&hint);
             format!(
                 "<tr><th>{}</th><td><input type={kind} name=\"cfg.{}\" autocomplete=off placeholder=\"{hint}\" size=40></td></tr>",
                 esc(if title.is_empty() { key } else { title }),
@@ -344,7 +357,7 @@ pub fn bundle(csrf: &str, view: BundleView) -> String {
          <section><h2>Events</h2><table id=events><tr><th>When</th><th>What</th><th>State</th><th>Message</th></tr>{}</table></section>",
         esc(&b.name),
         esc(&b.workspace),
-        settings_form(&base, &hidden, settings),
+        settings_form((&base, &hidden), settings, &b.secret_refs),
         events.iter().map(event_row).collect::<String>()
     );
     let row = row_id(b);
@@ -491,5 +504,24 @@ mod tests {
             "&lt;script&gt;&quot;x&quot; &amp; &#39;y&#39;&lt;/script&gt;"
         );
         assert_eq!(super::path("a b/c"), "a%20b%2Fc");
+    }
+
+    #[test]
+    fn a_setting_read_by_reference_says_from_where_never_what() {
+        let settings = [
+            ("api_key".to_string(), "API key".to_string(), true),
+            ("token".to_string(), String::new(), true),
+        ];
+        let refs = [crate::protocol::SecretRefStatus {
+            key: "api_key".into(),
+            reference: "file:/run/secrets/<api>".into(),
+            resolved_at: 1,
+        }];
+        let form = super::settings_form(("/b", ""), &settings, &refs);
+        assert!(
+            form.contains("read from file:/run/secrets/&lt;api&gt; at each start"),
+            "{form}"
+        );
+        assert!(form.contains("write-only: never shown"), "{form}");
     }
 }
