@@ -74,6 +74,9 @@ impl Drop for Helper {
                 nix::unistd::Pid::from_raw(self.pid as i32),
                 nix::sys::signal::Signal::SIGKILL,
             );
+            // Not waited for by its owner (tokio reaps a child killed on
+            // drop; so may the orphan reaper now).
+            super::orphans::release(self.pid);
         }
     }
 }

@@ -846,6 +846,22 @@ async fn search_encoder(
     Ok(Some(Arc::new(encoder)))
 }
 
+/// Where secret references are read from, and the task that respawns a
+/// bundle when one changes (until `shutdown`).
+fn watch_secrets(
+    config: &Config,
+    shutdown: &CancellationToken,
+) -> (crate::secret_ref::Sources, secret_watch::SecretWatch) {
+    let secrets = crate::secret_ref::Sources::of(config);
+    let (watch, watching) = secret_watch::SecretWatch::new(
+        secrets.clone(),
+        Box::new(respawn_rotated),
+        shutdown.clone(),
+    );
+    tokio::spawn(watching);
+    (secrets, watch)
+}
+
 /// Respawns a bundle whose referenced secret changed (daemon::secret_watch).
 fn respawn_rotated(workspace: &str, name: &str) {
     let Ok(actor) = api::Api::bundle_actor(workspace, name) else {
@@ -884,13 +900,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> Result<(), Daem
     }
     let cgroups = Arc::new(cgroups);
     let started_at = Instant::now();
-    let secrets = crate::secret_ref::Sources::of(&config);
-    let (secret_watch, watching) = secret_watch::SecretWatch::new(
-        secrets.clone(),
-        Box::new(respawn_rotated),
-        shutdown.clone(),
-    );
-    tokio::spawn(watching);
+    let (secrets, secret_watch) = watch_secrets(&config, &shutdown);
     let shared = Arc::new(Shared {
         secrets,
         secret_watch,

@@ -8,7 +8,8 @@
 //! volume is updated by renaming a new `..data` link over the old one, an
 //! editor by renaming a new file over the old, and neither touches the
 //! file's own inode. Events are hints: after the folder has been quiet for
-//! [`QUIET`], each reference of the bundles watching it is read again, and
+//! [`QUIET`] (or [`MOST`] after the first change, for a folder that is
+//! never quiet), each reference of the bundles watching it is read again, and
 //! a bundle is respawned only when a value's SHA-256 (held in memory, never
 //! written) differs from the one it was started with. A reference that
 //! cannot be read at that moment (a file half replaced, deleted) keeps the
@@ -33,6 +34,9 @@ use crate::store::StoredRef;
 /// How long a watched folder must be quiet before its references are read
 /// again (a `..data` swap is several renames and links).
 const QUIET: Duration = Duration::from_millis(150);
+
+/// The longest a change waits for its folder to be quiet.
+const MOST: Duration = Duration::from_secs(2);
 
 /// One reference a running process was started with.
 #[derive(Clone, Debug)]
@@ -146,7 +150,7 @@ impl ValuesError {
 }
 
 enum Msg {
-    /// The references generation `generation` of a bundle runs with.
+    /// The references the running process of a bundle was started with.
     Watch {
         bundle: (String, String),
         refs: Vec<ReadRef>,
@@ -232,11 +236,14 @@ async fn run(
     let mut bundles: HashMap<(String, String), Vec<ReadRef>> = HashMap::new();
     let mut watched: BTreeSet<PathBuf> = BTreeSet::new();
     let mut due: BTreeSet<PathBuf> = BTreeSet::new();
+    // When the folders in `due` are looked at.
+    let mut at = tokio::time::Instant::now();
+    let mut first = at;
     loop {
         let msg = tokio::select! {
             _ = shutdown.cancelled() => return,
             msg = rx.recv() => msg,
-            _ = tokio::time::sleep(QUIET), if !due.is_empty() => {
+            _ = tokio::time::sleep_until(at), if !due.is_empty() => {
                 let folders = std::mem::take(&mut due);
                 let mut respawned = Vec::new();
                 for (bundle, refs) in &bundles {
@@ -264,6 +271,7 @@ async fn run(
                 bundles.remove(&bundle);
             }
             Msg::Changed(paths) => {
+                let was_due = !due.is_empty();
                 for path in paths {
                     // An event names the folder itself or an entry of it.
                     for candidate in [path.clone(), folder(&path)] {
@@ -271,6 +279,13 @@ async fn run(
                             due.insert(candidate);
                         }
                     }
+                }
+                if !due.is_empty() {
+                    let now = tokio::time::Instant::now();
+                    if !was_due {
+                        first = now;
+                    }
+                    at = (now + QUIET).min(first + MOST);
                 }
                 continue;
             }
