@@ -54,6 +54,15 @@ fn write_remote(d: &Daemon, fx: &Fixture, name: &str, extra: Value) -> PathBuf {
     path
 }
 
+/// A confidential client whose secret is the sensitive user_config
+/// `client_secret` (set with `configure`, as a value or a reference).
+fn secret_from_user_config() -> Value {
+    json!({
+        "user_config": {"client_secret": {"type": "string", "title": "Client secret", "description": "Client secret", "sensitive": true, "required": true}},
+        "auth": {"client_id": "bv-daemon", "client_secret": "${user_config.client_secret}"}
+    })
+}
+
 /// Restarts the daemon and checks the remote bundle comes back by itself.
 fn restart_daemon(d: &mut Daemon) {
     d.signal(nix::sys::signal::Signal::SIGTERM);
@@ -144,15 +153,7 @@ fn client_credentials_rebuild_retries_the_call_and_host_resources_work_on_the_ne
     let fx = Fixture::start(Some(("bv-daemon", CLIENT_SECRET)));
     let d = Daemon::start();
     let stream = events(&d, &["events", "--json"]);
-    let path = write_remote(
-        &d,
-        &fx,
-        "notes",
-        json!({
-            "user_config": {"client_secret": {"type": "string", "title": "Client secret", "description": "Client secret", "sensitive": true, "required": true}},
-            "auth": {"client_id": "bv-daemon", "client_secret": "${user_config.client_secret}"}
-        }),
-    );
+    let path = write_remote(&d, &fx, "notes", secret_from_user_config());
     let out = d.cli(&["install", path.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
     d.wait_state("default", "notes", "needs_config");
@@ -228,15 +229,7 @@ fn a_client_secret_given_by_reference_gets_the_token_and_is_never_stored() {
     std::fs::write(&d.config, config).unwrap();
     d.launch();
     let stream = events(&d, &["events", "--json"]);
-    let path = write_remote(
-        &d,
-        &fx,
-        "notes",
-        json!({
-            "user_config": {"client_secret": {"type": "string", "title": "Client secret", "description": "Client secret", "sensitive": true, "required": true}},
-            "auth": {"client_id": "bv-daemon", "client_secret": "${user_config.client_secret}"}
-        }),
-    );
+    let path = write_remote(&d, &fx, "notes", secret_from_user_config());
     let _ = d.cli(&["install", path.to_str().unwrap()]);
     d.wait_state("default", "notes", "needs_config");
     let reference = format!(
