@@ -13,8 +13,7 @@
 
 use std::time::Instant;
 
-use rmcp::service::RequestContext;
-use rmcp::RoleServer;
+use super::facts::Facts;
 use serde::Serialize;
 
 use crate::telemetry::{Attribute, Kind, Span, Telemetry, Trace};
@@ -77,15 +76,15 @@ struct Line<'a> {
 
 /// The trace a request continues: the context in its `_meta` (SEP-414),
 /// else in the HTTP request's `traceparent` and `tracestate` headers.
-pub fn trace_of(telemetry: &Telemetry, context: &RequestContext<RoleServer>) -> Trace {
-    if let Some(parent) = context.meta.get_traceparent() {
-        let trace = telemetry.continued(Some(parent), context.meta.get_tracestate());
+pub fn trace_of(telemetry: &Telemetry, context: &Facts<'_>) -> Trace {
+    if let Some(parent) = context.meta().get_traceparent() {
+        let trace = telemetry.continued(Some(parent), context.meta().get_tracestate());
         if trace.has_context() {
             return trace;
         }
     }
     let header = |name| {
-        let parts = context.extensions.get::<axum::http::request::Parts>()?;
+        let parts = context.parts()?;
         parts.headers.get(name)?.to_str().ok()
     };
     telemetry.continued(header("traceparent"), header("tracestate"))
@@ -102,7 +101,7 @@ pub struct Request<'a> {
 
 impl Audited {
     /// `request`, from now, in the trace it continues.
-    pub fn start(request: Request, trace: &Trace, context: &RequestContext<RoleServer>) -> Audited {
+    pub fn start(request: Request, trace: &Trace, context: &Facts<'_>) -> Audited {
         let Request {
             principal,
             workspace,
@@ -181,14 +180,14 @@ fn attributes(
     action: &'static str,
     (workspace, bundle, name): (&str, &str, &str),
     principal: &str,
-    context: &RequestContext<RoleServer>,
+    context: &Facts<'_>,
 ) -> Vec<Attribute> {
     let mut attributes = vec![
         Attribute::new("mcp.method.name", action),
         Attribute::new("bundlevisor.workspace", workspace.to_string()),
         Attribute::new("bundlevisor.bundle", bundle.to_string()),
         Attribute::new("bundlevisor.principal", principal.to_string()),
-        Attribute::new("jsonrpc.request.id", context.id.to_string()),
+        Attribute::new("jsonrpc.request.id", context.id().to_string()),
     ];
     if let Some(version) = context.protocol_version() {
         attributes.push(Attribute::new("mcp.protocol.version", version.to_string()));

@@ -7,8 +7,8 @@
 
 use std::sync::Arc;
 
-use rmcp::service::RequestContext;
-use rmcp::{ErrorData, RoleServer};
+use super::facts::Facts;
+use rmcp::ErrorData;
 
 use crate::token_rules::{Kind, Rules};
 
@@ -60,10 +60,9 @@ impl Grant {
 }
 
 /// The grant the HTTP listener marked a request with.
-pub fn marked(context: &RequestContext<RoleServer>) -> Option<Arc<Grant>> {
+pub fn marked(context: &Facts<'_>) -> Option<Arc<Grant>> {
     context
-        .extensions
-        .get::<axum::http::request::Parts>()
+        .parts()
         .and_then(|parts| parts.extensions.get::<Arc<Grant>>())
         .cloned()
 }

@@ -7,11 +7,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use rmcp::model::Resource;
-use rmcp::service::RequestContext;
-use rmcp::{ErrorData, RoleServer};
+use rmcp::ErrorData;
 use tokio::sync::Mutex;
 
 use super::audit::{Audited, Outcome};
+use super::facts::Facts;
 use super::grant::{marked, refused, Grant};
 use super::names::Entry;
 use super::server::Gateway;
@@ -20,7 +20,7 @@ use crate::token_rules::{Kind, FILES};
 impl Gateway {
     /// This request's grant: the listener's mark (HTTP), else the
     /// connection's (stdio).
-    pub fn grant(&self, context: &RequestContext<RoleServer>) -> Option<Arc<Grant>> {
+    pub fn grant(&self, context: &Facts<'_>) -> Option<Arc<Grant>> {
         marked(context).or_else(|| self.0.grant.clone())
     }
 
@@ -35,7 +35,7 @@ impl Gateway {
 
     /// This request's grant, unless its token lapsed: then nothing is
     /// reached.
-    pub fn live_grant(&self, context: &RequestContext<RoleServer>) -> Option<Arc<Grant>> {
+    pub fn live_grant(&self, context: &Facts<'_>) -> Option<Arc<Grant>> {
         self.grant(context).map(|g| match self.lapsed(&g) {
             true => Arc::new(Grant {
                 rules: crate::token_rules::Rules::nothing(),
@@ -49,7 +49,7 @@ impl Gateway {
     /// to the agent as `exposed`); the refusal names the rule.
     pub fn permit(
         &self,
-        context: &RequestContext<RoleServer>,
+        context: &Facts<'_>,
         kind: Kind,
         (bundle, name): (&str, &str),
         exposed: &str,
@@ -72,7 +72,7 @@ impl Gateway {
     /// this request's grant reaches.
     pub async fn granted<T>(
         &self,
-        context: &RequestContext<RoleServer>,
+        context: &Facts<'_>,
         kind: Kind,
         routes: &Mutex<BTreeMap<String, Entry>>,
         items: Vec<T>,
@@ -104,7 +104,7 @@ impl Gateway {
     /// The listed resources this request's grant reaches.
     pub fn granted_resources(
         &self,
-        context: &RequestContext<RoleServer>,
+        context: &Facts<'_>,
         resources: Vec<Resource>,
     ) -> Vec<Resource> {
         let Some(grant) = self.live_grant(context).filter(|g| !g.rules.is_empty()) else {
@@ -121,22 +121,13 @@ impl Gateway {
 
     /// Whether a resource URI of this gateway may be read or followed by
     /// this request.
-    pub fn permit_resource(
-        &self,
-        context: &RequestContext<RoleServer>,
-        uri: &str,
-    ) -> Result<(), ErrorData> {
+    pub fn permit_resource(&self, context: &Facts<'_>, uri: &str) -> Result<(), ErrorData> {
         let (bundle, own) = self.resource_owner(uri);
         self.permit(context, Kind::Resource, (&bundle, &own), uri)
     }
 
     /// Starts the audit of a request for `name` of `bundle`.
-    pub fn audit(
-        &self,
-        context: &RequestContext<RoleServer>,
-        action: &'static str,
-        pair: (&str, &str),
-    ) -> Audited {
+    pub fn audit(&self, context: &Facts<'_>, action: &'static str, pair: (&str, &str)) -> Audited {
         let principal = self
             .grant(context)
             .map_or_else(|| "unknown".to_string(), |g| g.principal.clone());

@@ -43,7 +43,9 @@ use rmcp::model::{
     InputRequests, InputRequiredResult, InputResponses, ListRootsResult, LoggingLevel,
     ProgressNotificationParam, ProgressToken, ServerNotification, ServerRequest, ServerResult,
 };
-use rmcp::service::{Peer, RequestContext};
+use rmcp::service::Peer;
+
+use super::facts::Facts;
 use rmcp::{ErrorData, RoleServer};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -156,7 +158,7 @@ impl Drop for Running {
 
 /// Where a running call's notifications go now: the request being served.
 pub struct Served<'a> {
-    pub context: &'a RequestContext<RoleServer>,
+    pub context: &'a Facts<'a>,
     pub progress_token: Option<ProgressToken>,
 }
 
@@ -252,7 +254,7 @@ impl Running {
     /// progress sender (when the request asked for progress) and the
     /// token that cancels it.
     pub fn start(
-        context: &RequestContext<RoleServer>,
+        context: &Facts<'_>,
         wants_progress: bool,
         call: impl FnOnce(
             Arc<dyn Agent>,
@@ -261,7 +263,7 @@ impl Running {
         ) -> BoxFuture<'static, Result<ServerResult, ErrorData>>,
     ) -> Running {
         let (events_tx, events) = mpsc::channel(16);
-        let level = Arc::new(Mutex::new(context.meta.log_level()));
+        let level = Arc::new(Mutex::new(context.meta().log_level()));
         let agent = Arc::new(RoundAgent {
             events: events_tx,
             capabilities: context.client_capabilities().unwrap_or_default(),
@@ -288,8 +290,10 @@ impl Running {
     /// request is cancelled; its progress and log messages go to that
     /// request.
     async fn step(&mut self, served: &Served<'_>) -> Step {
-        *self.level.lock().unwrap_or_else(|e| e.into_inner()) = served.context.meta.log_level();
-        let peer = &served.context.peer;
+        *self.level.lock().unwrap_or_else(|e| e.into_inner()) = served.context.meta().log_level();
+        // A request answered below rmcp has no peer: it asked for neither
+        // progress nor log messages, so none is sent.
+        let peer = served.context.peer();
         loop {
             tokio::select! {
                 biased;
@@ -300,24 +304,20 @@ impl Running {
                     }
                 } => send_progress(peer, served.progress_token.clone(), report).await,
                 Some(event) = self.events.recv() => match event {
-                    Event::Log(note) => {
-                        let _ = peer.send_notification(note).await;
-                    }
+                    Event::Log(note) => notify(peer, note).await,
                     Event::Ask(mut asked) => {
                         // Whatever else it asked meanwhile, together.
                         while let Ok(event) = self.events.try_recv() {
                             match event {
                                 Event::Ask(more) => asked.extend(more),
-                                Event::Log(note) => {
-                                    let _ = peer.send_notification(note).await;
-                                }
+                                Event::Log(note) => notify(peer, note).await,
                             }
                         }
                         return Step::Asked(asked);
                     }
                 },
                 answer = &mut self.answer => return Step::Done(answer),
-                _ = served.context.ct.cancelled() => return Step::Cancelled,
+                _ = served.context.ct().cancelled() => return Step::Cancelled,
             }
         }
     }
@@ -350,22 +350,27 @@ impl Running {
     }
 }
 
+async fn notify(peer: Option<&Peer<RoleServer>>, note: ServerNotification) {
+    if let Some(peer) = peer {
+        let _ = peer.send_notification(note).await;
+    }
+}
+
 async fn send_progress(
-    peer: &Peer<RoleServer>,
+    peer: Option<&Peer<RoleServer>>,
     token: Option<ProgressToken>,
     mut report: ProgressNotificationParam,
 ) {
-    if let Some(token) = token {
+    if let (Some(peer), Some(token)) = (peer, token) {
         report.progress_token = token;
         let _ = peer.notify_progress(report).await;
     }
 }
 
 /// The agent that made a request, for resuming: the listener's mark.
-pub fn agent_key(context: &RequestContext<RoleServer>) -> Option<AgentKey> {
+pub fn agent_key(context: &Facts<'_>) -> Option<AgentKey> {
     context
-        .extensions
-        .get::<axum::http::request::Parts>()
+        .parts()
         .and_then(|parts| parts.extensions.get::<AgentKey>())
         .cloned()
 }

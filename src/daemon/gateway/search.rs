@@ -10,11 +10,11 @@
 
 use std::collections::HashMap;
 
+use super::facts::Facts;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ResultType, Tool,
 };
-use rmcp::service::RequestContext;
-use rmcp::{ErrorData, RoleServer};
+use rmcp::ErrorData;
 use serde_json::{json, Value};
 
 use super::audit::Outcome;
@@ -124,7 +124,7 @@ impl Gateway {
     /// then the tools its session pinned.
     pub async fn search_listing(
         &self,
-        context: &RequestContext<RoleServer>,
+        context: &Facts<'_>,
         stateless: bool,
     ) -> Result<Vec<Tool>, ErrorData> {
         let mut listed = meta_tools(!stateless);
@@ -156,7 +156,7 @@ impl Gateway {
     pub async fn meta_call(
         &self,
         request: &CallToolRequestParams,
-        context: &RequestContext<RoleServer>,
+        context: &Facts<'_>,
         stateless: bool,
     ) -> Option<Result<CallToolResponse, ErrorData>> {
         // A found tool's call is audited as that tool's; a search or a pin
@@ -182,7 +182,7 @@ impl Gateway {
     async fn find(
         &self,
         request: &CallToolRequestParams,
-        context: &RequestContext<RoleServer>,
+        context: &Facts<'_>,
     ) -> Result<CallToolResponse, ErrorData> {
         let Some(query) = argument(request, "query").and_then(Value::as_str) else {
             return Err(bad(format!(
@@ -284,7 +284,7 @@ impl Gateway {
     async fn call_found(
         &self,
         request: &CallToolRequestParams,
-        context: &RequestContext<RoleServer>,
+        context: &Facts<'_>,
     ) -> Result<CallToolResponse, ErrorData> {
         let Some(name) = argument(request, "name").and_then(Value::as_str) else {
             return Err(bad(format!(
@@ -299,14 +299,14 @@ impl Gateway {
         let mut call = request.clone();
         call.name = name.to_string().into();
         call.arguments = arguments;
-        self.call_exposed(call, context.clone()).await
+        self.call_exposed(call, context).await
     }
 
     /// [`PIN`]: found tools joined to this session's list.
     async fn pin(
         &self,
         request: &CallToolRequestParams,
-        context: &RequestContext<RoleServer>,
+        context: &Facts<'_>,
         stateless: bool,
     ) -> Result<CallToolResponse, ErrorData> {
         if stateless {
@@ -335,7 +335,9 @@ impl Gateway {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .extend(pairs);
-        super::tell_session(&context.peer, super::List::Tools).await;
+        if let Some(peer) = context.peer() {
+            super::tell_session(peer, super::List::Tools).await;
+        }
         Ok(answered(
             format!(
                 "pinned {}: listed in tools/list from now on",

@@ -26,6 +26,8 @@ use rmcp::model::{
     SubscriptionFilter,
 };
 use rmcp::service::{Peer, RequestContext, SubscriptionContext, SubscriptionSink};
+
+use super::facts::Facts;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::json;
 use tokio::sync::Mutex;
@@ -168,6 +170,15 @@ impl Gateway {
             .clone()
     }
 
+    /// The agent of the session a request came on (every request rmcp
+    /// parsed has one; one answered below rmcp never reaches a session's
+    /// path).
+    fn session_agent(&self, context: &Facts<'_>) -> Result<Arc<dyn Agent>, ErrorData> {
+        context.peer().map(|peer| self.agent(peer)).ok_or_else(|| {
+            ErrorData::internal_error("a request answered below rmcp has no session", None)
+        })
+    }
+
     fn bundle_allowed(&self, bundle: &str) -> bool {
         if let Naming::Single(only) = &*self.0.naming {
             if only != bundle {
@@ -297,7 +308,7 @@ impl Gateway {
 
     /// Whether a tool call may become a task: the agent declared the Tasks
     /// extension on this request and the bundle offers it.
-    fn takes_tasks(&self, context: &RequestContext<RoleServer>, bundle: &str) -> bool {
+    fn takes_tasks(&self, context: &Facts<'_>, bundle: &str) -> bool {
         let agent = context.client_capabilities().is_some_and(|c| {
             c.extensions
                 .is_some_and(|e| e.contains_key(rmcp::model::TASKS_EXTENSION_ID))
@@ -316,7 +327,7 @@ impl Gateway {
     async fn call_as_task(
         &self,
         request: &CallToolRequestParams,
-        context: &RequestContext<RoleServer>,
+        context: &Facts<'_>,
         route: Entry,
         trace: &Trace,
     ) -> Result<CallToolResponse, ErrorData> {
@@ -364,7 +375,7 @@ impl Gateway {
     fn task_route(
         &self,
         id: &str,
-        context: &RequestContext<RoleServer>,
+        context: &Facts<'_>,
     ) -> Result<super::tasks::TaskRoute, ErrorData> {
         let owner = super::rounds::agent_key(context);
         self.0.rounds.tasks.route(id, owner.as_ref()).ok_or_else(|| {
@@ -381,11 +392,11 @@ impl Gateway {
     async fn task_ack(
         &self,
         id: &str,
-        context: &RequestContext<RoleServer>,
+        context: &Facts<'_>,
         request: impl FnOnce(String) -> ClientRequest,
     ) -> Result<(), ErrorData> {
         let route = self.task_route(id, context)?;
-        let agent = self.agent(&context.peer);
+        let agent = self.session_agent(context)?;
         match self
             .bundle_mcp(&route.bundle, request(route.id), agent)
             .await?
@@ -639,7 +650,7 @@ impl Gateway {
         origin: Origin,
         state: Option<&str>,
         responses: Option<rmcp::model::InputResponses>,
-        context: &RequestContext<RoleServer>,
+        context: &Facts<'_>,
         progress_token: Option<rmcp::model::ProgressToken>,
         call: impl FnOnce(
             Arc<dyn Agent>,
@@ -668,13 +679,13 @@ impl Gateway {
         &self,
         origin: Origin,
         (state, responses): (&Option<String>, &Option<rmcp::model::InputResponses>),
-        context: &RequestContext<RoleServer>,
+        context: &Facts<'_>,
         bundle: String,
         request: ClientRequest,
         trace: &Trace,
     ) -> Result<Result<ServerResult, InputRequiredResult>, ErrorData> {
         if !stateless(context) {
-            let agent = self.agent(&context.peer);
+            let agent = self.session_agent(context)?;
             return Ok(Ok(self.traced_mcp(&bundle, request, agent, trace).await?));
         }
         let (api, workspace) = (self.0.api.clone(), self.0.workspace.clone());
@@ -693,7 +704,7 @@ impl Gateway {
                 .map_err(ErrorData::from)
             })
         };
-        let progress = context.meta.get_progress_token();
+        let progress = context.meta().get_progress_token();
         let outcome = self
             .in_rounds(
                 origin,
@@ -717,7 +728,7 @@ impl Gateway {
     pub async fn call_exposed(
         &self,
         request: CallToolRequestParams,
-        context: RequestContext<RoleServer>,
+        context: &Facts<'_>,
     ) -> Result<CallToolResponse, ErrorData> {
         let exposed = request.name.to_string();
         let refresh = async { self.tools().await.map(|_| ()) };
@@ -725,12 +736,12 @@ impl Gateway {
         let route = match self.route(&self.0.routes.tools, &exposed, refresh).await {
             Ok(route) => route,
             Err(e) => {
-                let audited = self.audit(&context, "tools/call", ("-", &exposed));
+                let audited = self.audit(context, "tools/call", ("-", &exposed));
                 self.audited(audited, AuditOutcome::Error, None);
                 return Err(e);
             }
         };
-        let audited = self.audit(&context, "tools/call", (&route.bundle, &route.name));
+        let audited = self.audit(context, "tools/call", (&route.bundle, &route.name));
         if self.tool_excluded(&route.bundle, &route.name) || !self.bundle_allowed(&route.bundle) {
             self.audited(audited, AuditOutcome::Refused, Some("not in this profile"));
             return Err(ErrorData::invalid_params(
@@ -739,13 +750,13 @@ impl Gateway {
             ));
         }
         if let Err(refusal) =
-            self.permit(&context, Kind::Tool, (&route.bundle, &route.name), &exposed)
+            self.permit(context, Kind::Tool, (&route.bundle, &route.name), &exposed)
         {
             self.audited(audited, AuditOutcome::Refused, Some(&refusal.message));
             return Err(refusal);
         }
         let answer = self
-            .call_routed(route, exposed, request, &context, audited.trace())
+            .call_routed(route, exposed, request, context, audited.trace())
             .await;
         let outcome = match &answer {
             Ok(CallToolResponse::InputRequired(_)) => AuditOutcome::InputRequired,
@@ -763,7 +774,7 @@ impl Gateway {
         &self,
         route: Entry,
         request: &GetPromptRequestParams,
-        context: &RequestContext<RoleServer>,
+        context: &Facts<'_>,
         trace: &Trace,
     ) -> Result<GetPromptResponse, ErrorData> {
         let mut params = GetPromptRequestParams::new(route.name.clone());
@@ -800,7 +811,7 @@ impl Gateway {
     async fn read_routed(
         &self,
         request: &ReadResourceRequestParams,
-        context: &RequestContext<RoleServer>,
+        context: &Facts<'_>,
         trace: &Trace,
     ) -> Result<ReadResourceResponse, ErrorData> {
         let answer = if let Some((bundle, original)) = self.0.naming.route_uri(&request.uri) {
@@ -859,14 +870,14 @@ impl Gateway {
         route: Entry,
         exposed: String,
         request: CallToolRequestParams,
-        context: &RequestContext<RoleServer>,
+        context: &Facts<'_>,
         trace: &Trace,
     ) -> Result<CallToolResponse, ErrorData> {
         let token = request
             .meta
             .as_ref()
             .and_then(|m| m.get_progress_token())
-            .or_else(|| context.meta.get_progress_token());
+            .or_else(|| context.meta().get_progress_token());
         let call = CallRequest {
             workspace: self.0.workspace.clone(),
             name: route.bundle.clone(),
@@ -911,12 +922,12 @@ impl Gateway {
                 Outcome::Complete(_) => Err(unusable("tool result")),
             };
         }
-        let caller = Caller::Agent(self.agent(&context.peer));
+        let caller = Caller::Agent(self.session_agent(context)?);
         let notify = |mut note: ProgressNotificationParam| {
-            let peer = context.peer.clone();
+            let peer = context.peer().cloned();
             let token = token.clone();
             async move {
-                if let Some(token) = token {
+                if let (Some(peer), Some(token)) = (peer, token) {
                     note.progress_token = token;
                     let _ = peer.notify_progress(note).await;
                 }
@@ -924,7 +935,7 @@ impl Gateway {
         };
         let answer = super::with_progress(
             token.is_some(),
-            |progress| self.0.api.call(&call, progress, &context.ct, caller),
+            |progress| self.0.api.call(&call, progress, context.ct(), caller),
             notify,
         )
         .await;
@@ -946,7 +957,7 @@ fn outcome_of<T>(answer: &Result<T, ErrorData>, asks: impl Fn(&T) -> bool) -> Au
 
 /// Whether a request is of MCP 2026-07-28 or newer: stateless, so its agent
 /// is asked for input by `input_required` results, never by a request.
-fn stateless(context: &RequestContext<RoleServer>) -> bool {
+fn stateless(context: &Facts<'_>) -> bool {
     context
         .protocol_version()
         .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28)
@@ -1175,7 +1186,7 @@ impl ServerHandler for Gateway {
                         .route(&self.0.routes.prompts, &prompt.name, refresh)
                         .await?;
                     let pair = (route.bundle.as_str(), route.name.as_str());
-                    self.permit(&context, Kind::Prompt, pair, &prompt.name)?;
+                    self.permit(&Facts::Rmcp(&context), Kind::Prompt, pair, &prompt.name)?;
                     let mut own = prompt.clone();
                     own.name = route.name;
                     (route.bundle, Reference::Prompt(own))
@@ -1186,7 +1197,7 @@ impl ServerHandler for Gateway {
                         .route(&self.0.routes.templates, &resource.uri, refresh)
                         .await?;
                     let pair = (route.bundle.as_str(), route.name.as_str());
-                    self.permit(&context, Kind::Resource, pair, &resource.uri)?;
+                    self.permit(&Facts::Rmcp(&context), Kind::Resource, pair, &resource.uri)?;
                     let mut own = resource.clone();
                     own.uri = route.name;
                     (route.bundle, Reference::Resource(own))
@@ -1252,7 +1263,10 @@ impl ServerHandler for Gateway {
                     Err(e) => tracing::debug!(bundle, "skills/list: {e}"),
                 }
             }
-            if let Some(grant) = self.live_grant(&context).filter(|g| !g.rules.is_empty()) {
+            if let Some(grant) = self
+                .live_grant(&Facts::Rmcp(&context))
+                .filter(|g| !g.rules.is_empty())
+            {
                 skills.retain(|skill| {
                     let (bundle, own) = self.resource_owner(&skill.uri);
                     grant.rules.allows(Kind::Resource, &bundle, &own)
@@ -1281,7 +1295,12 @@ impl ServerHandler for Gateway {
                     None,
                 ));
             };
-            self.permit(&context, Kind::Resource, (&bundle, &own), &request.uri)?;
+            self.permit(
+                &Facts::Rmcp(&context),
+                Kind::Resource,
+                (&bundle, &own),
+                &request.uri,
+            )?;
             let mut params = request.clone();
             params.uri = own;
             let ask = ClientRequest::GetSkillRequest(rmcp::model::GetSkillRequest::new(params));
@@ -1305,7 +1324,7 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
         Box::pin(async move {
-            let route = self.task_route(&request.task_id, &context)?;
+            let route = self.task_route(&request.task_id, &Facts::Rmcp(&context))?;
             let mut params = request.clone();
             params.task_id = route.id;
             let ask = ClientRequest::GetTaskRequest(rmcp::model::GetTaskRequest::new(params));
@@ -1329,7 +1348,7 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         Box::pin(async move {
-            self.task_ack(&request.task_id, &context, |id| {
+            self.task_ack(&request.task_id, &Facts::Rmcp(&context), |id| {
                 let mut params = request.clone();
                 params.task_id = id;
                 ClientRequest::UpdateTaskRequest(rmcp::model::UpdateTaskRequest::new(params))
@@ -1345,7 +1364,7 @@ impl ServerHandler for Gateway {
         context: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         Box::pin(async move {
-            self.task_ack(&request.task_id, &context, |id| {
+            self.task_ack(&request.task_id, &Facts::Rmcp(&context), |id| {
                 let mut params = request.clone();
                 params.task_id = id;
                 ClientRequest::CancelTaskRequest(rmcp::model::CancelTaskRequest::new(params))
@@ -1364,7 +1383,7 @@ impl ServerHandler for Gateway {
             let templates = self.template_catalog(&context.peer).await?;
             let templates = self
                 .granted(
-                    &context,
+                    &Facts::Rmcp(&context),
                     Kind::Resource,
                     &self.0.routes.templates,
                     templates,
@@ -1422,14 +1441,20 @@ impl ServerHandler for Gateway {
     ) -> Result<ListToolsResult, ErrorData> {
         Box::pin(async move {
             if self.searching() {
-                let listed = self.search_listing(&context, stateless(&context)).await?;
+                let listed = self
+                    .search_listing(&Facts::Rmcp(&context), stateless(&Facts::Rmcp(&context)))
+                    .await?;
                 return Ok(ListToolsResult::with_all_items(listed));
             }
             let tools = self.tools().await?;
             let tools = self
-                .granted(&context, Kind::Tool, &self.0.routes.tools, tools, |t| {
-                    &t.name
-                })
+                .granted(
+                    &Facts::Rmcp(&context),
+                    Kind::Tool,
+                    &self.0.routes.tools,
+                    tools,
+                    |t| &t.name,
+                )
                 .await;
             Ok(ListToolsResult::with_all_items(tools))
         })
@@ -1444,13 +1469,17 @@ impl ServerHandler for Gateway {
         Box::pin(async move {
             if self.searching() {
                 if let Some(answer) = self
-                    .meta_call(&request, &context, stateless(&context))
+                    .meta_call(
+                        &request,
+                        &Facts::Rmcp(&context),
+                        stateless(&Facts::Rmcp(&context)),
+                    )
                     .await
                 {
                     return answer;
                 }
             }
-            self.call_exposed(request, context).await
+            self.call_exposed(request, &Facts::Rmcp(&context)).await
         })
         .await
     }
@@ -1464,7 +1493,7 @@ impl ServerHandler for Gateway {
             let prompts = self.prompt_catalog(&context.peer).await?;
             let prompts = self
                 .granted(
-                    &context,
+                    &Facts::Rmcp(&context),
                     Kind::Prompt,
                     &self.0.routes.prompts,
                     prompts,
@@ -1489,19 +1518,26 @@ impl ServerHandler for Gateway {
             {
                 Ok(route) => route,
                 Err(e) => {
-                    let audited = self.audit(&context, "prompts/get", ("-", &request.name));
+                    let audited =
+                        self.audit(&Facts::Rmcp(&context), "prompts/get", ("-", &request.name));
                     self.audited(audited, AuditOutcome::Error, None);
                     return Err(e);
                 }
             };
-            let audited = self.audit(&context, "prompts/get", (&route.bundle, &route.name));
+            let audited = self.audit(
+                &Facts::Rmcp(&context),
+                "prompts/get",
+                (&route.bundle, &route.name),
+            );
             let pair = (route.bundle.as_str(), route.name.as_str());
-            if let Err(refusal) = self.permit(&context, Kind::Prompt, pair, &request.name) {
+            if let Err(refusal) =
+                self.permit(&Facts::Rmcp(&context), Kind::Prompt, pair, &request.name)
+            {
                 self.audited(audited, AuditOutcome::Refused, Some(&refusal.message));
                 return Err(refusal);
             }
             let answer = self
-                .prompt_routed(route, &request, &context, audited.trace())
+                .prompt_routed(route, &request, &Facts::Rmcp(&context), audited.trace())
                 .await;
             self.audited(
                 audited,
@@ -1522,7 +1558,7 @@ impl ServerHandler for Gateway {
     ) -> Result<ListResourcesResult, ErrorData> {
         Box::pin(async move {
             let resources = self.resource_catalog(&context.peer).await?;
-            let resources = self.granted_resources(&context, resources);
+            let resources = self.granted_resources(&Facts::Rmcp(&context), resources);
             Ok(ListResourcesResult::with_all_items(resources))
         })
         .await
@@ -1539,7 +1575,7 @@ impl ServerHandler for Gateway {
                     uri,
                 )))
             };
-            self.permit_resource(&context, &request.uri)?;
+            self.permit_resource(&Facts::Rmcp(&context), &request.uri)?;
             self.subscription(ask, &request.uri, &context.peer).await
         })
         .await
@@ -1582,7 +1618,7 @@ impl ServerHandler for Gateway {
             let sink = context.sink().clone();
             // The token's rules hold here too: a resource it may not read is
             // not followed (the acknowledgement, made before, could not know).
-            let asked = context.request_context();
+            let asked = &Facts::Rmcp(context.request_context());
             let uris: Vec<String> = (context.accepted().resource_subscriptions.clone())
                 .unwrap_or_default()
                 .into_iter()
@@ -1661,12 +1697,14 @@ impl ServerHandler for Gateway {
     ) -> Result<ReadResourceResponse, ErrorData> {
         Box::pin(async move {
             let (bundle, own) = self.resource_owner(&request.uri);
-            let audited = self.audit(&context, "resources/read", (&bundle, &own));
-            if let Err(refusal) = self.permit_resource(&context, &request.uri) {
+            let audited = self.audit(&Facts::Rmcp(&context), "resources/read", (&bundle, &own));
+            if let Err(refusal) = self.permit_resource(&Facts::Rmcp(&context), &request.uri) {
                 self.audited(audited, AuditOutcome::Refused, Some(&refusal.message));
                 return Err(refusal);
             }
-            let answer = self.read_routed(&request, &context, audited.trace()).await;
+            let answer = self
+                .read_routed(&request, &Facts::Rmcp(&context), audited.trace())
+                .await;
             let asks =
                 |a: &ReadResourceResponse| matches!(a, ReadResourceResponse::InputRequired(_));
             self.audited(audited, outcome_of(&answer, asks), None);

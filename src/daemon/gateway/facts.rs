@@ -1,0 +1,88 @@
+//! What the gateway knows of one request, whoever parsed it: rmcp's
+//! service (a `RequestContext`), or the gateway itself below it (a
+//! stateless 2026-07-28 request answered directly). Routing, the token's
+//! rules, the audit, its span and the rounds of a request that asks the
+//! agent for input read a request only through [`Facts`], so both ways
+//! run the same policy.
+
+use axum::http::request::Parts;
+use rmcp::model::{ClientCapabilities, ProtocolVersion, RequestId, RequestMetaObject};
+use rmcp::service::{Peer, RequestContext};
+use rmcp::RoleServer;
+use tokio_util::sync::CancellationToken;
+
+/// One request, as the gateway's checks and records read it.
+#[derive(Clone, Copy)]
+pub enum Facts<'a> {
+    /// Parsed by rmcp's service.
+    Rmcp(&'a RequestContext<RoleServer>),
+    /// Parsed by the gateway below rmcp.
+    Direct(&'a Direct),
+}
+
+/// A request the gateway parsed itself: 2026-07-28, stateless, no session
+/// (so no peer to send notifications to).
+pub struct Direct {
+    pub id: RequestId,
+    pub meta: RequestMetaObject,
+    /// The HTTP request's head (headers, and the listener's marks: the
+    /// grant and the agent's key).
+    pub parts: Parts,
+    /// Cancelled when the agent goes away.
+    pub ct: CancellationToken,
+}
+
+impl<'a> Facts<'a> {
+    pub fn id(&self) -> &'a RequestId {
+        match self {
+            Facts::Rmcp(c) => &c.id,
+            Facts::Direct(d) => &d.id,
+        }
+    }
+
+    /// The request's `_meta`.
+    pub fn meta(&self) -> &'a RequestMetaObject {
+        match self {
+            Facts::Rmcp(c) => &c.meta,
+            Facts::Direct(d) => &d.meta,
+        }
+    }
+
+    /// The HTTP request's head, for a request that came over HTTP.
+    pub fn parts(&self) -> Option<&'a Parts> {
+        match self {
+            Facts::Rmcp(c) => c.extensions.get::<Parts>(),
+            Facts::Direct(d) => Some(&d.parts),
+        }
+    }
+
+    pub fn ct(&self) -> &'a CancellationToken {
+        match self {
+            Facts::Rmcp(c) => &c.ct,
+            Facts::Direct(d) => &d.ct,
+        }
+    }
+
+    /// The agent's end of its connection, where notifications go (none
+    /// for a request answered below rmcp).
+    pub fn peer(&self) -> Option<&'a Peer<RoleServer>> {
+        match self {
+            Facts::Rmcp(c) => Some(&c.peer),
+            Facts::Direct(_) => None,
+        }
+    }
+
+    pub fn protocol_version(&self) -> Option<ProtocolVersion> {
+        match self {
+            Facts::Rmcp(c) => c.protocol_version(),
+            Facts::Direct(d) => d.meta.protocol_version(),
+        }
+    }
+
+    pub fn client_capabilities(&self) -> Option<ClientCapabilities> {
+        match self {
+            Facts::Rmcp(c) => c.client_capabilities(),
+            Facts::Direct(d) => d.meta.client_capabilities(),
+        }
+    }
+}
