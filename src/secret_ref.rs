@@ -325,14 +325,23 @@ pub fn resolve_local(
             };
             let within = std::fs::canonicalize(dir)
                 .map_err(|e| RefError::fix(reference, format!("$CREDENTIALS_DIRECTORY: {e}")))?;
-            read_checked(reference, &dir.join(name), |real| {
-                real.parent() == Some(within.as_path()) && !own(real)
-            })?
+            // The daemon's own credentials: read with its rights.
+            read_checked(
+                reference,
+                &dir.join(name),
+                |real| real.parent() == Some(within.as_path()) && !own(real),
+                daemon_uid,
+            )?
         }
-        SecretRef::File(path) => read_checked(reference, path, |real| {
-            !own(real)
-                && allowed(rules, &SecretRef::File(real.to_path_buf()), uid, daemon_uid).is_ok()
-        })?,
+        SecretRef::File(path) => read_checked(
+            reference,
+            path,
+            |real| {
+                !own(real)
+                    && allowed(rules, &SecretRef::File(real.to_path_buf()), uid, daemon_uid).is_ok()
+            },
+            uid,
+        )?,
         _ => {
             return Err(RefError::fix(
                 reference,
@@ -352,21 +361,43 @@ fn without_newline(text: &str) -> Secret {
     Secret::new(text)
 }
 
-/// Opens `path` (following links, never blocking on a FIFO), checks where
-/// the open file really is with `inside`, and reads it whole.
+/// Reads `path` with the rights of `uid` (an admitted user's reference
+/// reaches only what that user could read itself): opened first as an
+/// `O_PATH` handle (links followed; nothing is opened for I/O, so a FIFO
+/// does not block and a device is never touched), checked to be a regular
+/// file of at most [`MAX_VALUE_BYTES`] where it really is (`inside`), then
+/// that very inode opened for reading through `/proc/self/fd` (the read
+/// permission checked for `uid` then) and read whole.
 fn read_checked(
+    reference: &SecretRef,
+    path: &Path,
+    inside: impl Fn(&Path) -> bool + Send,
+    uid: u32,
+) -> Result<String, RefError> {
+    crate::bundle::sandbox::as_user(uid, || read_regular(reference, path, inside)).unwrap_or_else(
+        || {
+            Err(RefError::fix(
+                reference,
+                format!("cannot take the rights of uid {uid} to read it"),
+            ))
+        },
+    )
+}
+
+fn read_regular(
     reference: &SecretRef,
     path: &Path,
     inside: impl Fn(&Path) -> bool,
 ) -> Result<String, RefError> {
     use std::os::unix::fs::OpenOptionsExt;
     use std::os::unix::io::AsRawFd;
-    let file = std::fs::OpenOptions::new()
+    let handle = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
+        .custom_flags(nix::libc::O_PATH)
         .open(path)
         .map_err(|e| RefError::fix(reference, format!("cannot open it: {e}")))?;
-    let real = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd()))
+    let at = format!("/proc/self/fd/{}", handle.as_raw_fd());
+    let real = std::fs::read_link(&at)
         .map_err(|e| RefError::fix(reference, format!("cannot tell where it is: {e}")))?;
     if !inside(&real) {
         return Err(RefError::fix(
@@ -377,7 +408,7 @@ fn read_checked(
             ),
         ));
     }
-    let meta = file
+    let meta = handle
         .metadata()
         .map_err(|e| RefError::fix(reference, format!("cannot read it: {e}")))?;
     if !meta.is_file() {
@@ -389,6 +420,11 @@ fn read_checked(
             format!("it is {} bytes, more than {MAX_VALUE_BYTES}", meta.len()),
         ));
     }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
+        .open(&at)
+        .map_err(|e| RefError::fix(reference, format!("cannot open it: {e}")))?;
     let mut text = String::new();
     file.take(MAX_VALUE_BYTES + 1)
         .read_to_string(&mut text)
@@ -416,16 +452,32 @@ pub struct Sources {
     http: reqwest::Client,
 }
 
+/// What no reference may read: the daemon's state, key and socket, and
+/// the credentials it reads the stores with (token files, the GnuPG
+/// home), each also where it really is.
+fn protected(config: &crate::config::Config) -> Vec<PathBuf> {
+    let mut paths = config.never_secret_sources();
+    let real: Vec<PathBuf> = paths
+        .iter()
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .collect();
+    paths.extend(real);
+    paths
+}
+
 impl Sources {
     pub fn of(config: &crate::config::Config) -> Sources {
         Sources {
             settings: config.secrets.clone(),
             credentials: std::env::var_os("CREDENTIALS_DIRECTORY").map(PathBuf::from),
-            protected: config.protected_paths(),
+            protected: protected(config),
             key_env: config.credentials.key_env.clone(),
             daemon_uid: nix::unistd::geteuid().as_raw(),
             // A redirect could carry a token to another host.
+            // A proxy would see the tokens of an http:// (loopback or
+            // metadata) store in the clear.
             http: reqwest::Client::builder()
+                .no_proxy()
                 .redirect(reqwest::redirect::Policy::none())
                 .timeout(config.secrets.timeout)
                 .build()
@@ -448,7 +500,7 @@ impl Sources {
                 SecretRef::Credential(_) | SecretRef::File(_) | SecretRef::Env(_) => {
                     self.local(reference, uid).await
                 }
-                SecretRef::Pass(entry) => self.pass(reference, entry).await,
+                SecretRef::Pass(entry) => self.pass(reference, entry, uid).await,
                 SecretRef::Gcp { .. } => self.gcp(reference).await,
                 SecretRef::Vault { .. } => self.vault(reference).await,
             }
@@ -490,13 +542,19 @@ impl Sources {
 
     /// The first line of `pass show ENTRY`, run with only the variables
     /// it needs.
-    async fn pass(&self, reference: &SecretRef, entry: &str) -> Result<Resolved, RefError> {
+    async fn pass(
+        &self,
+        reference: &SecretRef,
+        entry: &str,
+        uid: u32,
+    ) -> Result<Resolved, RefError> {
         let settings = &self.settings;
         let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
         let store = settings
             .pass_store
             .clone()
             .unwrap_or_else(|| Path::new(&home).join(".password-store"));
+        self.pass_entry(reference, &store, entry, uid).await?;
         let mut command = crate::bundle::helper::command(&settings.pass_command);
         command
             .args(["show", "--", entry])
@@ -525,7 +583,11 @@ impl Sources {
         // Registered with the orphan reaper, its group killed if the
         // timeout drops it.
         let helper = crate::bundle::helper::spawn(&mut command).map_err(cannot_run)?;
-        let out = helper.output().await.map_err(cannot_run)?;
+        let out = helper
+            .output(MAX_VALUE_BYTES + 1)
+            .await
+            .map_err(cannot_run)?;
+        let stdout = zeroize::Zeroizing::new(out.stdout);
         if !out.status.success() {
             // pass and gpg say what is wrong on stderr (never the value).
             let said = String::from_utf8_lossy(&out.stderr);
@@ -543,14 +605,63 @@ impl Sources {
                 ),
             ));
         }
-        let text = zeroize::Zeroizing::new(
-            String::from_utf8(out.stdout)
-                .map_err(|_| RefError::fix(reference, "the entry is not UTF-8 text"))?,
-        );
+        if stdout.len() as u64 > MAX_VALUE_BYTES {
+            return Err(RefError::fix(
+                reference,
+                format!("the entry is more than {MAX_VALUE_BYTES} bytes"),
+            ));
+        }
+        let text = std::str::from_utf8(&stdout)
+            .map_err(|_| RefError::fix(reference, "the entry is not UTF-8 text"))?;
         Ok(Resolved {
             value: Secret::new(text.lines().next().unwrap_or("")),
             watch: Some(store.join(format!("{entry}.gpg"))),
         })
+    }
+
+    /// Checks that `ENTRY.gpg` is a regular file of the store, and that
+    /// where it really is (a link inside the store followed) is allowed
+    /// for `uid` too: `pass show` of a folder would print a tree, and a
+    /// link could lead to an entry no rule allows.
+    async fn pass_entry(
+        &self,
+        reference: &SecretRef,
+        store: &Path,
+        entry: &str,
+        uid: u32,
+    ) -> Result<(), RefError> {
+        let file = store.join(format!("{entry}.gpg"));
+        let missing = |e: std::io::Error| {
+            RefError::fix(reference, format!("no such entry in the store: {e}"))
+        };
+        let real_store = tokio::fs::canonicalize(store).await.map_err(|e| {
+            RefError::fix(
+                reference,
+                format!("the pass store {}: {e}", store.display()),
+            )
+        })?;
+        let real = tokio::fs::canonicalize(&file).await.map_err(missing)?;
+        let is_file = tokio::fs::metadata(&real).await.map_err(missing)?.is_file();
+        let within = real
+            .strip_prefix(&real_store)
+            .ok()
+            .and_then(|rel| rel.to_str()?.strip_suffix(".gpg").map(str::to_string));
+        match within {
+            Some(rel) if is_file => self.allowed(&SecretRef::Pass(rel), uid).map_err(|_| {
+                RefError::fix(
+                    reference,
+                    format!(
+                        "it leads to {}, which no [secrets] rule allows",
+                        real.display()
+                    ),
+                )
+            }),
+            Some(_) => Err(RefError::fix(reference, "it is not an entry (a folder?)")),
+            None => Err(RefError::fix(
+                reference,
+                format!("it leads to {}, outside the pass store", real.display()),
+            )),
+        }
     }
 
     /// `GET …/versions/V:access` of GCP Secret Manager, with the token of
@@ -673,9 +784,13 @@ impl Sources {
                 value: without_newline(text),
                 watch: None,
             }),
+            Some(v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_))) => Ok(Resolved {
+                value: Secret::new(v.to_string()),
+                watch: None,
+            }),
             Some(_) => Err(RefError::fix(
                 reference,
-                format!("field {field:?} is not a string"),
+                format!("field {field:?} is not a string, number or boolean"),
             )),
             None => Err(RefError::fix(
                 reference,
@@ -695,7 +810,15 @@ impl Sources {
     ) -> Result<serde_json::Value, RefError> {
         let mut request = self.http.get(url);
         for (name, value) in headers {
-            request = request.header(*name, *value);
+            let Ok(mut value) = reqwest::header::HeaderValue::from_str(value) else {
+                return Err(RefError::fix(
+                    reference,
+                    format!("the {name} the daemon has is not a valid header value"),
+                ));
+            };
+            // Tokens are kept out of reqwest's own debug output.
+            value.set_sensitive(true);
+            request = request.header(*name, value);
         }
         let response = request.send().await.map_err(|e| {
             RefError::transient(
@@ -717,6 +840,15 @@ impl Sources {
                     status.as_u16()
                 )))
             }
+            300..=399 => {
+                return Err(RefError::transient(
+                    reference,
+                    format!(
+                        "{store} answered HTTP {} (a redirect, which is never followed: a Vault standby sends one; give the active node's address)",
+                        status.as_u16()
+                    ),
+                ))
+            }
             code => return Err(failed(format!("{store} answered HTTP {code}"))),
         }
         let body = zeroize::Zeroizing::new(
@@ -736,10 +868,12 @@ impl Sources {
 /// A token kept in a file of the daemon's configuration (trimmed).
 async fn token_file(reference: &SecretRef, file: &Path, setting: &str) -> Result<Secret, RefError> {
     let text = tokio::fs::read_to_string(file).await.map_err(|e| {
-        RefError::fix(
-            reference,
-            format!("[secrets] {setting} {}: {e}", file.display()),
-        )
+        let why = format!("[secrets] {setting} {}: {e}", file.display());
+        // A Vault Agent's (or a refresher's) sink may not be written yet.
+        match e.kind() {
+            std::io::ErrorKind::NotFound => RefError::transient(reference, why),
+            _ => RefError::fix(reference, why),
+        }
     })?;
     let text = zeroize::Zeroizing::new(text);
     Ok(Secret::new(text.trim()))

@@ -349,10 +349,7 @@ fn a_pass_entry_is_read_with_a_real_gpg_key_and_its_change_respawns() {
         &d,
         &["configure", "keyed", "--ref", "api_key=pass:team/missing"],
     );
-    assert!(
-        msg.contains("pass failed") && msg.contains("not in the password store"),
-        "{msg}"
-    );
+    assert!(msg.contains("no such entry in the store"), "{msg}");
     let msg = refused(
         &d,
         &["configure", "keyed", "--ref", "api_key=pass:other/api"],
@@ -458,6 +455,27 @@ fn gcp_and_vault_references_are_read_over_their_apis_and_failures_say_why() {
     d.ok(&["restart", "keyed"]);
     assert_eq!(env_of(&d, "keyed", "DEMO_API_KEY"), CANARY3);
 
+    // A sealed Vault (503) may pass; a standby's redirect is not followed.
+    for (code, says) in [
+        (503, "Vault answered HTTP 503"),
+        (307, "a redirect, which is never followed"),
+    ] {
+        fake.with(|s| s.vault_status.insert("secret/team/api".into(), code));
+        let msg = refused(&d, &["restart", "keyed"]);
+        assert!(msg.contains(says), "{msg}");
+        let b = d.bundle("default", "keyed").unwrap();
+        assert!(
+            b["last_error"]
+                .as_str()
+                .unwrap()
+                .contains("tried again by the restart policy"),
+            "{b}"
+        );
+        seen.push(msg);
+    }
+    fake.with(|s| s.vault_status.clear());
+    d.ok(&["restart", "keyed"]);
+
     // The store goes away: a start fails as one that may pass, and says so.
     drop(fake);
     let msg = refused(&d, &["restart", "keyed"]);
@@ -475,8 +493,11 @@ fn gcp_and_vault_references_are_read_over_their_apis_and_failures_say_why() {
 }
 
 /// An admitted user (not root) may use only the references a rule lists
-/// its uid for: root's files are not an oracle, whether they exist or not,
-/// and a link from its folder into root's is refused where it leads.
+/// its uid for, and a file is read with its own rights: root's files are
+/// not an oracle, whether they exist or not; a link from its folder into
+/// root's is refused where it leads; a root-only file under its rule is
+/// not readable through it; and a reference root set does not follow the
+/// bundle's name to a bundle the user installs in its place.
 #[test]
 fn an_admitted_user_cannot_read_roots_files_through_a_reference() {
     const NOBODY: u32 = 65534;
@@ -495,9 +516,21 @@ fn an_admitted_user_cannot_read_roots_files_through_a_reference() {
     for folder in ["root-secrets", "team"] {
         std::fs::create_dir(root.join(folder)).unwrap();
     }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |path: &str, mode: u32| {
+        std::fs::set_permissions(root.join(path), std::fs::Permissions::from_mode(mode)).unwrap()
+    };
     std::fs::write(root.join("root-secrets/db"), CANARY2).unwrap();
+    mode("root-secrets/db", 0o644);
     std::fs::write(root.join("team/api"), CANARY).unwrap();
+    mode("team/api", 0o644);
     std::os::unix::fs::symlink(root.join("root-secrets/db"), root.join("team/escape")).unwrap();
+    // Under its rule, but root's only.
+    std::fs::write(root.join("team/root-only"), CANARY2).unwrap();
+    mode("team/root-only", 0o600);
+    std::fs::create_dir(root.join("team/private")).unwrap();
+    std::fs::write(root.join("team/private/key"), CANARY2).unwrap();
+    mode("team/private", 0o700);
     let bundle = keyed_bundle(&root.join("bundles"), "keyed");
     common::chown_tree(&bundle, NOBODY);
     let _ = d.cli_as(NOBODY, &["install", bundle.to_str().unwrap()]);
@@ -523,9 +556,56 @@ fn an_admitted_user_cannot_read_roots_files_through_a_reference() {
         escape.contains("which no [secrets] rule allows"),
         "{escape}"
     );
+    // Read with its own rights: root's file under its rule is refused, and
+    // a folder it cannot enter says the same whether the file is there.
+    let (code, root_only) = as_nobody(&format!("api_key=file:{}/team/root-only", root.display()));
+    assert_eq!(code, Some(1), "{root_only}");
+    assert!(root_only.contains("Permission denied"), "{root_only}");
+    let (_, hidden) = as_nobody(&format!("api_key=file:{}/team/private/key", root.display()));
+    let (_, absent) = as_nobody(&format!(
+        "api_key=file:{}/team/private/nope",
+        root.display()
+    ));
+    assert!(hidden.contains("Permission denied"), "{hidden}");
+    assert_eq!(
+        hidden.replace("/private/key", "P"),
+        absent.replace("/private/nope", "P")
+    );
     // Its own folder works, for it.
     let (code, out) = as_nobody(&format!("api_key=file:{}/team/api", root.display()));
     assert_eq!(code, Some(0), "{out}");
     assert_eq!(env_of(&d, "keyed", "DEMO_API_KEY"), CANARY);
-    assert_nowhere(&d, vec![existing, missing, escape, out], &[CANARY, CANARY2]);
+
+    // Root configures its own bundle with its own secret; the user
+    // uninstalls it and installs its own under the same name: the
+    // reference root set is not read for it.
+    let roots = keyed_bundle(&root.join("bundles/root"), "shared");
+    let _ = d.cli(&["install", roots.to_str().unwrap()]);
+    let by_root = format!("api_key=file:{}/root-secrets/db", root.display());
+    d.ok(&["configure", "shared", "--ref", &by_root]);
+    assert_eq!(env_of(&d, "shared", "DEMO_API_KEY"), CANARY2);
+    let uninstalled = d.cli_as(NOBODY, &["uninstall", "shared"]);
+    assert!(uninstalled.status.success(), "{}", text(&uninstalled));
+    let theirs = keyed_bundle(&root.join("bundles/nobody"), "shared");
+    common::chown_tree(&theirs, NOBODY);
+    let installed = d.cli_as(NOBODY, &["install", theirs.to_str().unwrap()]);
+    assert_eq!(installed.status.code(), Some(1), "{}", text(&installed));
+    let b = d.wait_state("default", "shared", "needs_config");
+    assert!(
+        b["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("set while uid 0 owned the bundle's source, which uid 65534 owns now"),
+        "{b}"
+    );
+    let seen = vec![
+        existing,
+        missing,
+        escape,
+        out,
+        root_only,
+        hidden,
+        text(&installed),
+    ];
+    assert_nowhere(&d, seen, &[CANARY, CANARY2]);
 }

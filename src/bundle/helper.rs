@@ -17,6 +17,8 @@ pub fn command(program: impl AsRef<std::ffi::OsStr>) -> tokio::process::Command 
 pub struct Helper {
     pub child: tokio::process::Child,
     pid: u32,
+    /// Waited for: its pid may be another process's by now.
+    reaped: bool,
 }
 
 /// Spawns `command` as a helper (its own process group, killed on drop).
@@ -27,7 +29,11 @@ pub fn spawn(command: &mut tokio::process::Command) -> std::io::Result<Helper> {
     let pid = child.id().unwrap_or(0);
     super::orphans::own(pid);
     drop(spawning);
-    Ok(Helper { child, pid })
+    Ok(Helper {
+        child,
+        pid,
+        reaped: false,
+    })
 }
 
 impl Helper {
@@ -35,23 +41,25 @@ impl Helper {
     pub async fn wait(&mut self) -> std::io::Result<ExitStatus> {
         let status = self.child.wait().await;
         super::orphans::release(self.pid);
+        self.reaped = status.is_ok();
         status
     }
 
-    /// Its exit status and everything it wrote on its piped outputs.
-    pub async fn output(mut self) -> std::io::Result<Output> {
+    /// Its exit status and what it wrote on its piped outputs, at most
+    /// `max` bytes of each (the rest is left unread).
+    pub async fn output(mut self, max: u64) -> std::io::Result<Output> {
         use tokio::io::AsyncReadExt;
         let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
         let (out, err) = (self.child.stdout.take(), self.child.stderr.take());
         let read_out = async {
             match out {
-                Some(mut o) => o.read_to_end(&mut stdout).await.map(|_| ()),
+                Some(o) => o.take(max).read_to_end(&mut stdout).await.map(|_| ()),
                 None => Ok(()),
             }
         };
         let read_err = async {
             match err {
-                Some(mut e) => e.read_to_end(&mut stderr).await.map(|_| ()),
+                Some(e) => e.take(max).read_to_end(&mut stderr).await.map(|_| ()),
                 None => Ok(()),
             }
         };
@@ -69,7 +77,7 @@ impl Helper {
 
 impl Drop for Helper {
     fn drop(&mut self) {
-        if self.pid > 0 {
+        if self.pid > 0 && !self.reaped {
             let _ = nix::sys::signal::killpg(
                 nix::unistd::Pid::from_raw(self.pid as i32),
                 nix::sys::signal::Signal::SIGKILL,

@@ -918,6 +918,10 @@ impl SecretsConfig {
                         ));
                     }
                 }
+                "pass" | "gcp" | "vault" if rule.prefix.starts_with('/') => problems.push(format!(
+                    "{at}.prefix {:?}: a {} prefix is a path inside its store, without a leading '/' (e.g. \"team/api\")",
+                    rule.prefix, rule.scheme
+                )),
                 "credential" | "env" | "pass" | "gcp" | "vault" => {}
                 other => problems.push(format!(
                     "{at}.scheme {other:?} is not one of credential, file, env, pass, gcp, vault"
@@ -1527,7 +1531,7 @@ impl Config {
         if self.bundles.max_concurrent_starts == 0 {
             problems.push("bundles.max_concurrent_starts must be at least 1".to_string());
         }
-        problems.extend(self.secrets.problems(&self.protected_paths()));
+        problems.extend(self.secrets.problems(&self.never_secret_sources()));
         if self.credentials.key_file.is_some() && self.credentials.key_env.is_some() {
             problems.push(
                 "credentials: set key_file or key_env, not both (the key has one source)"
@@ -1612,6 +1616,24 @@ impl Config {
             .cache_dir
             .clone()
             .unwrap_or_else(|| self.state_dir.join("uv-cache"))
+    }
+
+    /// What no secret reference may read: the daemon's own files and the
+    /// credentials it reads the secret stores with.
+    pub fn never_secret_sources(&self) -> Vec<PathBuf> {
+        let secrets = &self.secrets;
+        let mut paths = self.protected_paths();
+        paths.extend(
+            [
+                &secrets.gcp_token_file,
+                &secrets.vault_token_file,
+                &secrets.gnupg_home,
+            ]
+            .into_iter()
+            .flatten()
+            .cloned(),
+        );
+        paths
     }
 
     pub fn protected_paths(&self) -> Vec<PathBuf> {
@@ -1711,6 +1733,13 @@ mod tests {
         );
         let e = err("[secrets]\nallow = [{ scheme = \"file\", prefix = \"run/secrets\" }]\n");
         assert!(e.contains("must be an absolute folder"), "{e}");
+        let e = err("[secrets]\nvault_token_file = \"/run/vault/token\"\nallow = [{ scheme = \"file\", prefix = \"/run/vault\" }]\n");
+        assert!(
+            e.contains("overlaps the daemon's own /run/vault/token"),
+            "{e}"
+        );
+        let e = err("[secrets]\nallow = [{ scheme = \"vault\", prefix = \"/secret/team\" }]\n");
+        assert!(e.contains("without a leading '/'"), "{e}");
         let e = err("[secrets]\nallow = [{ scheme = \"ssm\", prefix = \"x\" }]\n");
         assert!(e.contains("is not one of credential, file"), "{e}");
         let e = err("[secrets]\nvault_addr = \"http://vault.example:8200\"\n");

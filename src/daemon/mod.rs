@@ -207,6 +207,7 @@ impl Shared {
         &self,
         workspace: &str,
         bundle: &str,
+        owner: Option<u32>,
     ) -> Result<
         (
             std::collections::BTreeMap<String, crate::secret::Secret>,
@@ -220,7 +221,7 @@ impl Shared {
             })
             .await
             .map_err(secret_watch::ValuesError::Store)?;
-        let (read, refs) = secret_watch::read_refs(&self.secrets, stored)
+        let (read, refs) = secret_watch::read_refs(&self.secrets, stored, owner)
             .await
             .map_err(|(key, error)| secret_watch::ValuesError::Ref { key, error })?;
         values.extend(read);

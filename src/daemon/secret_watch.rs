@@ -38,8 +38,12 @@ const QUIET: Duration = Duration::from_millis(150);
 /// The longest a change waits for its folder to be quiet.
 const MOST: Duration = Duration::from_secs(2);
 
+/// How often a folder that could not be watched (not there yet, removed)
+/// is tried again.
+const REARM_EVERY: Duration = Duration::from_secs(2);
+
 /// One reference a running process was started with.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ReadRef {
     pub key: String,
     pub reference: SecretRef,
@@ -51,6 +55,18 @@ pub struct ReadRef {
     digest: [u8; 32],
     /// The file whose folder is watched.
     pub watch: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for ReadRef {
+    // The digest of a secret is not shown either.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReadRef")
+            .field("key", &self.key)
+            .field("reference", &self.reference)
+            .field("uid", &self.uid)
+            .field("at", &self.at)
+            .finish()
+    }
 }
 
 impl ReadRef {
@@ -67,15 +83,41 @@ fn digest(value: &Secret) -> [u8; 32] {
     Sha256::digest(value.expose().as_bytes()).into()
 }
 
-/// Reads every reference of `stored` for a start: the values (to inject)
-/// and what was read, or the first key whose reference gave no value.
+/// The uid that owns a bundle's source (its folder, manifest or archive),
+/// if it can be told.
+pub async fn source_owner(source: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    tokio::fs::metadata(source).await.ok().map(|m| m.uid())
+}
+
+/// Reads every reference of `stored` for a start of a bundle whose source
+/// `owner` owns: the values (to inject) and what was read, or the first
+/// key whose reference gave no value.
 pub async fn read_refs(
     sources: &Sources,
     stored: BTreeMap<String, StoredRef>,
+    owner: Option<u32>,
 ) -> Result<(BTreeMap<String, Secret>, Vec<ReadRef>), (String, RefError)> {
     let mut values = BTreeMap::new();
     let mut read = Vec::with_capacity(stored.len());
-    for (key, StoredRef { reference, uid }) in stored {
+    for (key, stored) in stored {
+        let StoredRef {
+            reference,
+            uid,
+            owner: set_for,
+        } = stored;
+        if let Some(set_for) = set_for.filter(|o| Some(*o) != owner) {
+            let why = format!(
+                "it was set while uid {set_for} owned the bundle's source, which uid {} owns now (installed again by someone else?); set it again with `configure --ref`",
+                owner.map_or_else(|| "?".to_string(), |o| o.to_string())
+            );
+            let error = RefError {
+                reference,
+                why,
+                transient: false,
+            };
+            return Err((key, error));
+        }
         let reference: SecretRef = match reference.parse() {
             Ok(r) => r,
             Err(why) => {
@@ -156,8 +198,8 @@ enum Msg {
         refs: Vec<ReadRef>,
     },
     Forget((String, String)),
-    /// Something happened in a watched folder.
-    Changed(Vec<PathBuf>),
+    /// Something happened in a watched folder (removed: a removal).
+    Changed(Vec<PathBuf>, bool),
 }
 
 /// Asks for a bundle (workspace, name) to be respawned.
@@ -222,7 +264,8 @@ async fn run(
     let handler = move |res: notify::Result<notify::Event>| {
         if let Ok(event) = res {
             if !matches!(event.kind, notify::EventKind::Access(_)) {
-                let _ = events.send(Msg::Changed(event.paths));
+                let removed = matches!(event.kind, notify::EventKind::Remove(_));
+                let _ = events.send(Msg::Changed(event.paths, removed));
             }
         }
     };
@@ -234,11 +277,13 @@ async fn run(
         }
     };
     let mut bundles: HashMap<(String, String), Vec<ReadRef>> = HashMap::new();
-    let mut watched: BTreeSet<PathBuf> = BTreeSet::new();
+    // The folders the bundles' references are in, and those armed.
+    let (mut wanted, mut watched) = (BTreeSet::<PathBuf>::new(), BTreeSet::<PathBuf>::new());
     let mut due: BTreeSet<PathBuf> = BTreeSet::new();
     // When the folders in `due` are looked at.
     let mut at = tokio::time::Instant::now();
     let mut first = at;
+    let mut rearm = tokio::time::interval(REARM_EVERY);
     loop {
         let msg = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -261,18 +306,48 @@ async fn run(
                 }
                 continue;
             }
+            _ = rearm.tick(), if wanted.len() > watched.len() => {
+                if let Some(w) = watcher.as_mut() {
+                    // A folder that is back (a volume mounted again) is
+                    // armed, and what changed meanwhile looked at.
+                    for back in arm(w, &wanted, &mut watched) {
+                        due.insert(back);
+                        at = tokio::time::Instant::now();
+                    }
+                }
+                continue;
+            }
         };
         let Some(msg) = msg else { return };
         match msg {
             Msg::Watch { bundle, refs } => {
+                // What changed while it started is looked at too.
+                let now = tokio::time::Instant::now();
+                if due.is_empty() {
+                    first = now;
+                }
+                for f in refs.iter().filter_map(|r| r.watch.as_deref().map(folder)) {
+                    // Armed again: it may be a new folder under the old
+                    // name (a volume mounted again) whose removal was
+                    // not seen.
+                    watched.remove(&f);
+                    due.insert(f);
+                }
+                at = (now + QUIET).min(first + MOST);
                 bundles.insert(bundle, refs);
             }
             Msg::Forget(bundle) => {
                 bundles.remove(&bundle);
             }
-            Msg::Changed(paths) => {
+            Msg::Changed(paths, removed) => {
                 let was_due = !due.is_empty();
                 for path in paths {
+                    // A watched folder removed lost its watch: armed again
+                    // once it is back.
+                    if removed && watched.remove(&path) {
+                        tracing::info!(folder = %path.display(), "a secret reference's folder was removed; it is watched again when it is back");
+                        continue;
+                    }
                     // An event names the folder itself or an entry of it.
                     for candidate in [path.clone(), folder(&path)] {
                         if watched.contains(&candidate) {
@@ -290,31 +365,39 @@ async fn run(
                 continue;
             }
         }
-        let Some(watcher) = watcher.as_mut() else {
+        let Some(w) = watcher.as_mut() else {
             continue;
         };
-        let wanted: BTreeSet<PathBuf> = bundles
+        wanted = bundles
             .values()
             .flatten()
             .filter_map(|r| r.watch.as_deref().map(folder))
             .collect();
         for gone in watched.difference(&wanted) {
-            let _ = watcher.unwatch(gone);
+            let _ = w.unwatch(gone);
         }
-        // Each wanted folder is (re)armed: one that was deleted and made
-        // again (a volume remounted) lost its watch with its inode.
-        watched.clear();
-        for folder in wanted {
-            match watcher.watch(&folder, RecursiveMode::NonRecursive) {
-                Ok(()) => {
-                    watched.insert(folder);
-                }
-                Err(e) => {
-                    tracing::warn!(folder = %folder.display(), "cannot watch a secret reference's folder ({e}); a change there reaches its bundles at their next restart")
-                }
-            }
+        watched.retain(|f| wanted.contains(f));
+        arm(w, &wanted, &mut watched);
+        for failed in wanted.difference(&watched) {
+            tracing::warn!(folder = %failed.display(), "cannot watch a secret reference's folder (yet); tried again every {REARM_EVERY:?}, and a change there reaches its bundles at their next restart meanwhile");
         }
     }
+}
+
+/// Arms each of `wanted` not yet `watched` that can be; those newly armed.
+fn arm(
+    watcher: &mut notify::RecommendedWatcher,
+    wanted: &BTreeSet<PathBuf>,
+    watched: &mut BTreeSet<PathBuf>,
+) -> Vec<PathBuf> {
+    let mut armed = Vec::new();
+    for folder in wanted.difference(&watched.clone()) {
+        if watcher.watch(folder, RecursiveMode::NonRecursive).is_ok() {
+            watched.insert(folder.clone());
+            armed.push(folder.clone());
+        }
+    }
+    armed
 }
 
 /// Reads `refs` of `bundle` again: whether a value changed.

@@ -58,6 +58,10 @@ pub enum Change {
 pub struct StoredRef {
     pub reference: String,
     pub uid: u32,
+    /// The uid that owned the bundle's source when it was set: a bundle
+    /// installed again by someone else does not inherit it.
+    #[serde(default)]
+    pub owner: Option<u32>,
 }
 
 /// The two kinds of `credentials` rows.
@@ -661,6 +665,7 @@ mod tests {
         let reference = StoredRef {
             reference: "file:/run/secrets/db-password".into(),
             uid: 1234,
+            owner: Some(0),
         };
         creds
             .apply(

@@ -29,6 +29,9 @@ pub struct Stores {
     pub gcp: HashMap<String, String>,
     /// `MOUNT/PATH` → the versions' fields, version 1 first.
     pub vault: HashMap<String, Vec<HashMap<String, String>>>,
+    /// `MOUNT/PATH` → the status Vault answers it with instead (a sealed
+    /// or overloaded Vault's 503, a standby's 307 to the active node).
+    pub vault_status: HashMap<String, u16>,
     /// Requests that reached each store.
     pub gcp_reads: usize,
     pub vault_reads: usize,
@@ -158,6 +161,15 @@ async fn vault_read(
     }
     let mut stores = s.lock().unwrap();
     stores.vault_reads += 1;
+    if let Some(&code) = stores.vault_status.get(&format!("{mount}/{path}")) {
+        let status = StatusCode::from_u16(code).unwrap();
+        return (
+            status,
+            [("location", "http://127.0.0.1:1/v1/elsewhere")],
+            Json(json!({"errors": ["Vault is sealed"]})),
+        )
+            .into_response();
+    }
     let versions = stores.vault.get(&format!("{mount}/{path}"));
     let wanted = query.get("version").and_then(|v| v.parse::<usize>().ok());
     let found = versions.and_then(|v| match wanted {

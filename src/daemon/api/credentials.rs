@@ -121,8 +121,9 @@ impl Api {
             .await
             .map_err(internal)?
         };
+        let owner = self.source_owner(&p.workspace, &p.name).await;
         let (ref_problems, ref_changes) =
-            check_refs(&self.shared.secrets, &loaded.manifest, &p, peer).await;
+            check_refs(&self.shared.secrets, &loaded.manifest, &p, (peer, owner)).await;
         problems.extend(ref_problems);
         changes.extend(ref_changes);
         if !problems.is_empty() {
@@ -167,15 +168,27 @@ impl Api {
         })
     }
 
+    /// The uid owning an installed bundle's source.
+    async fn source_owner(&self, workspace: &str, name: &str) -> Option<u32> {
+        let source = self.shared.board.get(workspace, name)?.source;
+        crate::daemon::secret_watch::source_owner(std::path::Path::new(&source)).await
+    }
+
     /// The resolved remote plan of an installed remote bundle.
     async fn remote_plan(&self, workspace: &str, name: &str) -> Result<RemotePlan, ApiError> {
         let loaded = self.installed_manifest(workspace, name).await?;
         // A client secret may be a reference: read now, as a start would.
+        let owner = self.source_owner(workspace, name).await;
         let (values, _) = self
             .shared
-            .user_values(workspace, name)
+            .user_values(workspace, name, owner)
             .await
-            .map_err(|e| ApiError::NotConfigured(e.to_string()))?;
+            .map_err(|e| match &e {
+                crate::daemon::secret_watch::ValuesError::Ref { error, .. } if error.transient => {
+                    ApiError::unavailable(e.to_string())
+                }
+                _ => ApiError::NotConfigured(e.to_string()),
+            })?;
         match loaded.manifest.plan(&loaded.dir, &values) {
             Ok(Plan::Remote(plan)) => Ok(plan),
             Ok(Plan::Stdio(_)) => Err(ApiError::InvalidParams(format!(
@@ -402,7 +415,7 @@ async fn check_refs(
     sources: &crate::secret_ref::Sources,
     manifest: &crate::manifest::Manifest,
     p: &ConfigureParams,
-    peer: Peer,
+    (peer, owner): (Peer, Option<u32>),
 ) -> (Vec<String>, Vec<Change>) {
     let (mut problems, mut changes) = (Vec::new(), Vec::new());
     for (key, text) in &p.refs {
@@ -441,6 +454,7 @@ async fn check_refs(
             reference: crate::store::StoredRef {
                 reference: reference.to_string(),
                 uid: peer.uid,
+                owner,
             },
         });
     }

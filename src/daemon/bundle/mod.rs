@@ -634,7 +634,13 @@ impl Actor for BundleActor {
                 Input::Unresponsive { generation, reason }
             }
             BundleMsg::Respawn(why, reply) => {
-                st.step(&myself, Input::Respawn(why));
+                // A changed secret restarts a bundle that runs (or is
+                // coming up) only: one stopped, failed or waiting for its
+                // configuration stays so, its restart policy kept.
+                let runs = matches!(st.lc.state(), BundleState::Ready | BundleState::Starting);
+                if why != Respawn::Rotated || runs {
+                    st.step(&myself, Input::Respawn(why));
+                }
                 let _ = reply.send(());
                 return Ok(());
             }

@@ -235,9 +235,10 @@ pub async fn start(
     host: HostContext,
     report_sandbox: impl FnOnce(SandboxRecord),
 ) -> Result<Started, StartFailure> {
+    let owner = crate::daemon::secret_watch::source_owner(&source).await;
     let (loaded, rejected, archive) =
         read_manifest(shared, (workspace, name), source, wanted).await?;
-    let (mut plan, refs) = resolve_plan(shared, (workspace, name), &loaded).await?;
+    let (mut plan, refs) = resolve_plan(shared, (workspace, name, owner), &loaded).await?;
     // A uv bundle runs in the environment built for its version (built
     // now if there is none yet: after an install or an upgrade).
     let environment = match &mut plan {
@@ -380,11 +381,11 @@ async fn read_manifest(
 /// missing required one is `needs_config`.
 async fn resolve_plan(
     shared: &Shared,
-    (workspace, name): (&str, &str),
+    (workspace, name, owner): (&str, &str, Option<u32>),
     loaded: &LoadedManifest,
 ) -> Result<(Plan, Vec<ReadRef>), StartFailure> {
     let (values, refs) = shared
-        .user_values(workspace, name)
+        .user_values(workspace, name, owner)
         .await
         .map_err(|e| e.start_failure(workspace, name))?;
     // `${HOME}` is the bundle's own home (its sandbox data folder).
