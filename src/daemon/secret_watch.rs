@@ -279,17 +279,14 @@ async fn run(
     let mut bundles: HashMap<(String, String), Vec<ReadRef>> = HashMap::new();
     // The folders the bundles' references are in, and those armed.
     let (mut wanted, mut watched) = (BTreeSet::<PathBuf>::new(), BTreeSet::<PathBuf>::new());
-    let mut due: BTreeSet<PathBuf> = BTreeSet::new();
-    // When the folders in `due` are looked at.
-    let mut at = tokio::time::Instant::now();
-    let mut first = at;
+    let mut due = Due::default();
     let mut rearm = tokio::time::interval(REARM_EVERY);
     loop {
         let msg = tokio::select! {
             _ = shutdown.cancelled() => return,
             msg = rx.recv() => msg,
-            _ = tokio::time::sleep_until(at), if !due.is_empty() => {
-                let folders = std::mem::take(&mut due);
+            _ = tokio::time::sleep_until(due.at), if !due.folders.is_empty() => {
+                let folders = std::mem::take(&mut due.folders);
                 let mut respawned = Vec::new();
                 for (bundle, refs) in &bundles {
                     let concerned = refs
@@ -311,8 +308,7 @@ async fn run(
                     // A folder that is back (a volume mounted again) is
                     // armed, and what changed meanwhile looked at.
                     for back in arm(w, &wanted, &mut watched) {
-                        due.insert(back);
-                        at = tokio::time::Instant::now();
+                        due.add(back);
                     }
                 }
                 continue;
@@ -322,25 +318,19 @@ async fn run(
         match msg {
             Msg::Watch { bundle, refs } => {
                 // What changed while it started is looked at too.
-                let now = tokio::time::Instant::now();
-                if due.is_empty() {
-                    first = now;
-                }
                 for f in refs.iter().filter_map(|r| r.watch.as_deref().map(folder)) {
                     // Armed again: it may be a new folder under the old
                     // name (a volume mounted again) whose removal was
                     // not seen.
                     watched.remove(&f);
-                    due.insert(f);
+                    due.add(f);
                 }
-                at = (now + QUIET).min(first + MOST);
                 bundles.insert(bundle, refs);
             }
             Msg::Forget(bundle) => {
                 bundles.remove(&bundle);
             }
             Msg::Changed(paths, removed) => {
-                let was_due = !due.is_empty();
                 for path in paths {
                     // A watched folder removed lost its watch: armed again
                     // once it is back.
@@ -351,16 +341,9 @@ async fn run(
                     // An event names the folder itself or an entry of it.
                     for candidate in [path.clone(), folder(&path)] {
                         if watched.contains(&candidate) {
-                            due.insert(candidate);
+                            due.add(candidate);
                         }
                     }
-                }
-                if !due.is_empty() {
-                    let now = tokio::time::Instant::now();
-                    if !was_due {
-                        first = now;
-                    }
-                    at = (now + QUIET).min(first + MOST);
                 }
                 continue;
             }
@@ -381,6 +364,37 @@ async fn run(
         for failed in wanted.difference(&watched) {
             tracing::warn!(folder = %failed.display(), "cannot watch a secret reference's folder (yet); tried again every {REARM_EVERY:?}, and a change there reaches its bundles at their next restart meanwhile");
         }
+    }
+}
+
+/// The folders to look at once they are quiet, and when.
+struct Due {
+    folders: BTreeSet<PathBuf>,
+    /// When they are looked at: [`QUIET`] after the last change, at most
+    /// [`MOST`] after the first.
+    at: tokio::time::Instant,
+    first: tokio::time::Instant,
+}
+
+impl Default for Due {
+    fn default() -> Due {
+        let now = tokio::time::Instant::now();
+        Due {
+            folders: BTreeSet::new(),
+            at: now,
+            first: now,
+        }
+    }
+}
+
+impl Due {
+    fn add(&mut self, folder: PathBuf) {
+        let now = tokio::time::Instant::now();
+        if self.folders.is_empty() {
+            self.first = now;
+        }
+        self.folders.insert(folder);
+        self.at = (now + QUIET).min(self.first + MOST);
     }
 }
 
