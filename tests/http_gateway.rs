@@ -1058,3 +1058,82 @@ async fn an_agent_is_told_why_the_bundle_died_under_its_call_on_both_revisions()
         "{said}"
     );
 }
+
+/// The HTTP gateway's requests answered below rmcp, and by rmcp, as
+/// `/metrics` counts them.
+fn answered_by(d: &Daemon) -> (u64, u64) {
+    let text = d.ok(&["metrics"]);
+    let count = |path: &str| {
+        let line = format!("bundlevisor_http_gateway_requests_total{{path=\"{path}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .and_then(|n| n.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {path} count in:\n{text}")) as u64
+    };
+    (count("direct"), count("rmcp"))
+}
+
+/// Issue 37, point 1: a plain stateless 2026-07-28 tool call is answered
+/// below rmcp's service, with the answer rmcp gives (the same request
+/// asking for log messages goes through rmcp: compared), and on the same
+/// path of policy: a tool the token's rules deny is refused there and
+/// audited; a name that routes nowhere, a session's request and a call
+/// asking for progress are rmcp's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_stateless_call_is_answered_below_rmcp_with_rmcps_answer_and_policy() {
+    let (d, base) = daemon();
+    let t =
+        tokio::task::block_in_place(|| token(&d, &["--name", "direct", "--deny", "tool:demo/add"]));
+    let url = format!("{base}/mcp/default");
+    let before = answered_by(&d);
+    let echo = json!({"name": "demo__echo", "arguments": {"text": "below"}});
+    let direct = stateless(&url, &t, "tools/call", "demo__echo", echo.clone()).await;
+    let after = answered_by(&d);
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 0), "{direct}");
+    // The same call asking for log messages: rmcp's answer, the same.
+    let mut logged = echo.clone();
+    logged["_meta"] = json!({"io.modelcontextprotocol/logLevel": "debug"});
+    let by_rmcp = stateless(&url, &t, "tools/call", "demo__echo", logged).await;
+    assert_eq!(answered_by(&d), (after.0, after.1 + 1));
+    assert_eq!(direct, by_rmcp);
+    assert_eq!(direct["result"]["content"][0]["text"], "below", "{direct}");
+
+    // Denied by the token's rules, below rmcp too, with the rule named.
+    let add = json!({"name": "demo__add", "arguments": {"a": 1, "b": 2}});
+    let refused = stateless(&url, &t, "tools/call", "demo__add", add).await;
+    assert_eq!(answered_by(&d).0, after.0 + 1);
+    let why = refused["error"]["message"].as_str().unwrap_or_default();
+    assert!(why.contains("--deny tool:demo/add"), "{refused}");
+    let audit = tokio::task::block_in_place(|| {
+        common::wait_for(
+            std::time::Duration::from_secs(10),
+            "the audit lines",
+            || {
+                let out = d.ok(&["audit", "--json", "--token", "direct"]);
+                let lines: Vec<Value> = out
+                    .lines()
+                    .map(|l| serde_json::from_str(l).unwrap())
+                    .collect();
+                (lines.len() >= 3).then_some(lines)
+            },
+        )
+    });
+    let outcomes: Vec<&str> = audit
+        .iter()
+        .map(|l| l["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["ok", "ok", "refused"], "{audit:?}");
+
+    // Not for this path: a name that routes nowhere, a progress token.
+    let nowhere = json!({"name": "demo__nosuch", "arguments": {}});
+    let missing = stateless(&url, &t, "tools/call", "demo__nosuch", nowhere).await;
+    assert!(missing["error"]["message"].as_str().is_some(), "{missing}");
+    let mut progress = echo;
+    progress["_meta"] = json!({"progressToken": "p1"});
+    stateless(&url, &t, "tools/call", "demo__echo", progress).await;
+    assert_eq!(
+        answered_by(&d).0,
+        after.0 + 1,
+        "only the plain calls went below rmcp"
+    );
+}

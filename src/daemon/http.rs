@@ -78,7 +78,11 @@ impl Face<'_> {
     }
 }
 /// An endpoint's rmcp service and the sessions it keeps.
-type Served = (Arc<Endpoint>, Arc<LocalSessionManager>);
+/// An endpoint's rmcp service, its sessions, and the gateway each of its
+/// stateless requests gets (rmcp's, or [`direct`](crate::daemon::gateway::direct)'s).
+type Served = (Arc<Endpoint>, Arc<LocalSessionManager>, MakeGateway);
+
+type MakeGateway = Arc<dyn Fn() -> Gateway + Send + Sync>;
 
 struct App {
     /// What every gateway session asks of the daemon (in-process).
@@ -398,7 +402,7 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
             return *response;
         }
     }
-    let (service, sessions) = app.endpoint(&workspace, the_profile, bundle);
+    let (service, sessions, make) = app.endpoint(&workspace, the_profile, bundle);
     let owners = &app.owners;
     let (named, busy) = match session_named(owners, &token, &request) {
         Ok(named) => named,
@@ -447,6 +451,10 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
     // and what its token's rules let it reach.
     request.extensions_mut().insert(AgentKey(token.id.clone()));
     request.extensions_mut().insert(grant);
+    let request = match direct(&app, &make, request, &body, stateless && named.is_none()).await {
+        Ok(response) => return response,
+        Err(back) => back,
+    };
     let ends_session = request.method() == axum::http::Method::DELETE;
     let mut response = service.handle(request).await.into_response();
     // ending a session is done, not accepted for later: 200 (clients such
@@ -467,6 +475,30 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
         return resumed::sent(response, busy, tag);
     }
     response
+}
+
+/// A plain stateless tool call (`stateless`, no session) answered below
+/// rmcp's service, on the same call path ([`gateway::direct`]); any other
+/// request given back for rmcp. Counted either way.
+///
+/// [`gateway::direct`]: crate::daemon::gateway::direct
+async fn direct(
+    app: &App,
+    make: &MakeGateway,
+    request: Request,
+    body: &axum::body::Bytes,
+    stateless: bool,
+) -> Result<Response, Request> {
+    let answered = if stateless && request.method() == axum::http::Method::POST {
+        // rmcp checks the Host on a loopback listener only.
+        let listen = app.shared.config.http.listen;
+        let hosts_checked = listen.is_none_or(|a| a.ip().is_loopback());
+        crate::daemon::gateway::direct::answer(&**make, request, body, hosts_checked).await
+    } else {
+        Err(request)
+    };
+    app.shared.metrics.gateway_request(answered.is_ok());
+    answered
 }
 
 /// The session a request names, if any, and (a request on it) its busy
@@ -850,7 +882,7 @@ fn is_initialize(body: &[u8]) -> bool {
 /// Drops the endpoints of bundles that are no longer installed, ending
 /// their sessions (an agent still holding one is told it is gone: 404).
 fn drop_gone(endpoints: &mut HashMap<EndpointKey, Served>) {
-    endpoints.retain(|(workspace, _, bundle), (_, sessions)| {
+    endpoints.retain(|(workspace, _, bundle), (_, sessions, _)| {
         let gone = bundle
             .as_deref()
             .is_some_and(|b| Api::bundle_actor(workspace, b).is_err());
@@ -1002,7 +1034,7 @@ impl App {
         let managers: Vec<Arc<LocalSessionManager>> = {
             let mut endpoints = self.endpoints.lock().unwrap_or_else(|e| e.into_inner());
             drop_gone(&mut endpoints);
-            endpoints.values().map(|(_, m)| m.clone()).collect()
+            endpoints.values().map(|(_, m, _)| m.clone()).collect()
         };
         let mut live = std::collections::HashSet::new();
         for manager in managers {
@@ -1068,24 +1100,28 @@ impl App {
                     per_agent: settings.max_waiting_for_input,
                     ..RoundLimits::default()
                 });
+                let make: MakeGateway = Arc::new(move || {
+                    Gateway::new(
+                        api.clone(),
+                        workspace.clone(),
+                        profile.clone(),
+                        DEFAULT_WAIT_READY,
+                        common.clone(),
+                        naming.clone(),
+                        // Each request carries its token's grant; one
+                        // that does not reaches nothing.
+                        Some(Arc::new(crate::daemon::gateway::grant::Grant::unmarked())),
+                    )
+                });
                 let service = Arc::new(StreamableHttpService::new(
-                    move || {
-                        Ok(Gateway::new(
-                            api.clone(),
-                            workspace.clone(),
-                            profile.clone(),
-                            DEFAULT_WAIT_READY,
-                            common.clone(),
-                            naming.clone(),
-                            // Each request carries its token's grant; one
-                            // that does not reaches nothing.
-                            Some(Arc::new(crate::daemon::gateway::grant::Grant::unmarked())),
-                        ))
+                    {
+                        let make = make.clone();
+                        move || Ok(make())
                     },
                     sessions.clone(),
                     config,
                 ));
-                (service, sessions)
+                (service, sessions, make)
             })
             .clone()
     }

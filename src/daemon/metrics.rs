@@ -65,6 +65,11 @@ struct MethodLabels {
     method: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PathLabels {
+    path: &'static str,
+}
+
 fn latency() -> Histogram {
     Histogram::new(BUCKETS)
 }
@@ -78,6 +83,9 @@ struct Counted {
     host: Family<HostLabels, Counter>,
     control: Family<MethodLabels, Counter>,
     oom: Family<BundleLabels, Counter>,
+    /// The HTTP gateway's requests answered below rmcp, and by rmcp.
+    direct: Counter,
+    by_rmcp: Counter,
 }
 
 pub struct Metrics {
@@ -111,6 +119,10 @@ impl HostCounters {
 impl Metrics {
     /// The registry, with the collector of what `board` and `cgroups` know.
     pub fn new(board: StatusBoard, cgroups: Arc<Cgroups>, started_at: Instant) -> Metrics {
+        let paths = Family::<PathLabels, Counter>::default();
+        // One at a time: a series is handed out under the family's lock.
+        let direct = paths.get_or_create(&PathLabels { path: "direct" }).clone();
+        let by_rmcp = paths.get_or_create(&PathLabels { path: "rmcp" }).clone();
         let counted = Counted {
             calls: Family::default(),
             errors: Family::default(),
@@ -118,8 +130,15 @@ impl Metrics {
             host: Family::default(),
             control: Family::default(),
             oom: Family::default(),
+            direct,
+            by_rmcp,
         };
         let mut registry = Registry::default();
+        registry.register(
+            "bundlevisor_http_gateway_requests",
+            "Requests to the HTTP gateway, by how they were answered: a stateless tool call below rmcp (direct), or by rmcp's service",
+            paths,
+        );
         registry.register_collector(Box::new(Observed {
             board,
             cgroups,
@@ -186,6 +205,14 @@ impl Metrics {
             .control
             .get_or_create(&MethodLabels { method })
             .inc();
+    }
+
+    /// A request to the HTTP gateway, answered below rmcp (`direct`) or not.
+    pub fn gateway_request(&self, direct: bool) {
+        match direct {
+            true => self.counted.direct.inc(),
+            false => self.counted.by_rmcp.inc(),
+        };
     }
 
     /// A bundle's process tree was killed by the OOM killer (its memory_max).

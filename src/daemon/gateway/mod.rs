@@ -24,6 +24,7 @@
 #![allow(deprecated)]
 
 pub mod audit;
+pub mod direct;
 pub mod facts;
 pub mod grant;
 pub mod guard;

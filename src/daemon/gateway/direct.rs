@@ -1,0 +1,213 @@
+//! A stateless 2026-07-28 `tools/call` answered below rmcp's HTTP service
+//! (issue 37): the request parsed once, then the same call path every
+//! other request takes — [`Gateway::call_exposed`]: route, profile, the
+//! token's rules, the audit and its span, rounds when the bundle asks for
+//! input — and the answer written as one JSON body. rmcp's service costs a
+//! request of its own, a oneshot transport, a spawned serve loop and two
+//! conversions; none is needed for a request that is one call.
+//!
+//! Only a request that rmcp would accept and answer the same way is taken
+//! here; anything else (another method, a session, a header or `_meta`
+//! this path does not check, progress or log messages asked for, a task, a
+//! resumed request, the search profile's meta-tools, a tool whose schema
+//! names `Mcp-Param-*` headers, an `Origin`, a Host rmcp would check) is
+//! handed back untouched for rmcp to answer.
+
+use axum::body::Bytes;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use rmcp::model::{
+    CallToolRequestParams, ErrorCode, ProtocolVersion, RequestId, RequestMetaObject,
+    ServerJsonRpcMessage, ServerResult,
+};
+use rmcp::ServerHandler;
+use tokio_util::sync::CancellationToken;
+
+use super::facts::{Direct, Facts};
+use super::Gateway;
+
+/// The one revision answered here.
+const REVISION: &str = "2026-07-28";
+
+/// A request this path takes: what it asks, and how it is named.
+struct Call {
+    id: RequestId,
+    meta: RequestMetaObject,
+    params: CallToolRequestParams,
+}
+
+/// Answers `request` (its body `body`) when it is a plain stateless tool
+/// call, with a gateway `make` makes; otherwise gives it back.
+/// `hosts_checked`: rmcp checks the Host of this listener (a loopback one).
+pub async fn answer(
+    make: &(dyn Fn() -> Gateway + Send + Sync),
+    request: axum::extract::Request,
+    body: &Bytes,
+    hosts_checked: bool,
+) -> Result<Response, axum::extract::Request> {
+    if !headers_fit(request.headers(), hosts_checked) {
+        return Err(request);
+    }
+    let Some(call) = parse(body, request.headers()) else {
+        return Err(request);
+    };
+    let gateway = make();
+    if gateway.searching() || names_headers(&gateway, &call.params.name) {
+        return Err(request);
+    }
+    let (parts, _) = request.into_parts();
+    let Call { id, meta, params } = call;
+    let ct = CancellationToken::new();
+    let direct = Direct {
+        id: id.clone(),
+        meta,
+        parts,
+        ct: ct.clone(),
+    };
+    // In a task of its own, as rmcp runs a request: an agent that goes
+    // away cancels the call, which still ends (and is audited) as one.
+    let cancel_on_drop = ct.drop_guard();
+    let task = tokio::spawn(async move {
+        let facts = Facts::Direct(&direct);
+        gateway.call_exposed(params, &facts).await
+    });
+    let answered = task.await;
+    cancel_on_drop.disarm();
+    let message = match answered {
+        Ok(Ok(response)) => ServerJsonRpcMessage::response(ServerResult::from(response), id),
+        Ok(Err(error)) => ServerJsonRpcMessage::error(error, Some(id)),
+        Err(e) => ServerJsonRpcMessage::error(
+            rmcp::ErrorData::internal_error(format!("the call's task ended: {e}"), None),
+            Some(id),
+        ),
+    };
+    Ok(respond(&message))
+}
+
+/// The reply as rmcp writes a whole one: a JSON body, its status by the
+/// error it carries (2026-07-28's header and capability errors are 400,
+/// an unknown method 404, anything else 200).
+fn respond(message: &ServerJsonRpcMessage) -> Response {
+    let status = match message {
+        ServerJsonRpcMessage::Error(e) => match e.error.code {
+            ErrorCode::UNSUPPORTED_PROTOCOL_VERSION
+            | ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY
+            | ErrorCode::HEADER_MISMATCH => StatusCode::BAD_REQUEST,
+            ErrorCode::METHOD_NOT_FOUND => StatusCode::NOT_FOUND,
+            _ => StatusCode::OK,
+        },
+        _ => StatusCode::OK,
+    };
+    match serde_json::to_vec(message) {
+        Ok(body) => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    }
+}
+
+/// The one value of header `name`, as text.
+fn single<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    first.to_str().ok()
+}
+
+/// The request's headers are those of a plain stateless call, each as rmcp
+/// would accept it.
+fn headers_fit(headers: &HeaderMap, hosts_checked: bool) -> bool {
+    let accepts = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect::<Vec<_>>()
+        .join(",");
+    let json_body = single(headers, header::CONTENT_TYPE.as_str())
+        .is_some_and(|t| t.starts_with("application/json"));
+    let host_ok =
+        !hosts_checked || single(headers, header::HOST.as_str()).is_some_and(loopback_host);
+    let param_headers = headers.keys().any(|k| k.as_str().starts_with("mcp-param-"));
+    single(headers, "mcp-protocol-version") == Some(REVISION)
+        && !headers.contains_key("mcp-session-id")
+        && !headers.contains_key(header::ORIGIN)
+        && !headers.contains_key("last-event-id")
+        && accepts.contains("application/json")
+        && accepts.contains("text/event-stream")
+        && json_body
+        && host_ok
+        && single(headers, "mcp-method") == Some("tools/call")
+        && !param_headers
+}
+
+/// A Host of rmcp's default allowed hosts (`localhost`, `127.0.0.1`,
+/// `::1`, any port).
+fn loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    matches!(name, "localhost" | "127.0.0.1" | "::1")
+}
+
+/// The call in `body`, when it is one `tools/call` request with only a
+/// name, arguments and a `_meta` of this revision that asks for neither
+/// progress nor log messages nor a task, named by its `Mcp-Name`.
+fn parse(body: &[u8], headers: &HeaderMap) -> Option<Call> {
+    let serde_json::Value::Object(mut request) = serde_json::from_slice(body).ok()? else {
+        return None;
+    };
+    if request.get("jsonrpc")?.as_str()? != "2.0"
+        || request.get("method")?.as_str()? != "tools/call"
+        || request.len() != 4
+    {
+        return None;
+    }
+    let id: RequestId = serde_json::from_value(request.remove("id")?).ok()?;
+    let serde_json::Value::Object(mut params) = request.remove("params")? else {
+        return None;
+    };
+    if params
+        .keys()
+        .any(|k| !matches!(k.as_str(), "name" | "arguments" | "_meta"))
+    {
+        return None;
+    }
+    let meta: RequestMetaObject = serde_json::from_value(params.remove("_meta")?).ok()?;
+    let revision = ProtocolVersion::V_2026_07_28;
+    let fits = meta.protocol_version().as_ref() == Some(&revision)
+        && meta.missing_required_keys(&revision).is_empty()
+        && meta.get_progress_token().is_none()
+        && meta.log_level().is_none()
+        && meta
+            .client_capabilities()
+            .is_some_and(|c| !c.supports_tasks());
+    if !fits {
+        return None;
+    }
+    let params: CallToolRequestParams =
+        serde_json::from_value(serde_json::Value::Object(params)).ok()?;
+    // `Mcp-Name` is the name, as it is (an encoded one is rmcp's to check).
+    if single(headers, "mcp-name") != Some(&*params.name) {
+        return None;
+    }
+    Some(Call { id, meta, params })
+}
+
+/// Whether the tool's schema names headers its arguments are sent in
+/// (`x-mcp-header`), which rmcp checks against `Mcp-Param-*`.
+fn names_headers(gateway: &Gateway, name: &str) -> bool {
+    fn names(value: &serde_json::Value) -> bool {
+        match value {
+            serde_json::Value::Object(map) => {
+                map.contains_key("x-mcp-header") || map.values().any(names)
+            }
+            serde_json::Value::Array(items) => items.iter().any(names),
+            _ => false,
+        }
+    }
+    // A tool not found is rmcp's to answer.
+    gateway.get_tool(name).is_none_or(|tool| {
+        tool.input_schema.values().any(names) || tool.input_schema.contains_key("x-mcp-header")
+    })
+}
