@@ -150,30 +150,43 @@ fn loopback_host(host: &str) -> bool {
     matches!(name, "localhost" | "127.0.0.1" | "::1")
 }
 
+/// One JSON-RPC request, as this path takes it: nothing else in it.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Wire<'a> {
+    #[serde(borrow)]
+    jsonrpc: &'a str,
+    id: RequestId,
+    #[serde(borrow)]
+    method: &'a str,
+    params: WireParams,
+}
+
+/// A tool call's params with nothing but a name, arguments and `_meta`
+/// (no `requestState`, `inputResponses` or `task`).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WireParams {
+    name: String,
+    #[serde(default)]
+    arguments: Option<rmcp::model::JsonObject>,
+    #[serde(rename = "_meta")]
+    meta: RequestMetaObject,
+}
+
 /// The call in `body`, when it is one `tools/call` request with only a
 /// name, arguments and a `_meta` of this revision that asks for neither
 /// progress nor log messages nor a task, named by its `Mcp-Name`.
 fn parse(body: &[u8], headers: &HeaderMap) -> Option<Call> {
-    let serde_json::Value::Object(mut request) = serde_json::from_slice(body).ok()? else {
-        return None;
-    };
-    if request.get("jsonrpc")?.as_str()? != "2.0"
-        || request.get("method")?.as_str()? != "tools/call"
-        || request.len() != 4
-    {
+    let wire: Wire<'_> = serde_json::from_slice(body).ok()?;
+    if wire.jsonrpc != "2.0" || wire.method != "tools/call" {
         return None;
     }
-    let id: RequestId = serde_json::from_value(request.remove("id")?).ok()?;
-    let serde_json::Value::Object(mut params) = request.remove("params")? else {
-        return None;
-    };
-    if params
-        .keys()
-        .any(|k| !matches!(k.as_str(), "name" | "arguments" | "_meta"))
-    {
-        return None;
-    }
-    let meta: RequestMetaObject = serde_json::from_value(params.remove("_meta")?).ok()?;
+    let WireParams {
+        name,
+        arguments,
+        meta,
+    } = wire.params;
     let revision = ProtocolVersion::V_2026_07_28;
     let fits = meta.protocol_version().as_ref() == Some(&revision)
         && meta.missing_required_keys(&revision).is_empty()
@@ -182,16 +195,17 @@ fn parse(body: &[u8], headers: &HeaderMap) -> Option<Call> {
         && meta
             .client_capabilities()
             .is_some_and(|c| !c.supports_tasks());
-    if !fits {
-        return None;
-    }
-    let params: CallToolRequestParams =
-        serde_json::from_value(serde_json::Value::Object(params)).ok()?;
     // `Mcp-Name` is the name, as it is (an encoded one is rmcp's to check).
-    if single(headers, "mcp-name") != Some(&*params.name) {
+    if !fits || single(headers, "mcp-name") != Some(name.as_str()) {
         return None;
     }
-    Some(Call { id, meta, params })
+    let mut params = CallToolRequestParams::new(name);
+    params.arguments = arguments;
+    Some(Call {
+        id: wire.id,
+        meta,
+        params,
+    })
 }
 
 /// Whether the tool's schema names headers its arguments are sent in
