@@ -378,7 +378,7 @@ fn gcp_and_vault_references_are_read_over_their_apis_and_failures_say_why() {
     let dir = tempfile::tempdir().unwrap();
     let token = dir.path().join("vault-token");
     std::fs::write(&token, format!("{}\n", stores::VAULT_TOKEN)).unwrap();
-    let d = daemon(
+    let mut d = daemon(
         &format!(
             "[secrets]\ngcp_endpoint = \"{url}\"\ngcp_metadata = \"{url}\"\nvault_addr = \"{url}\"\nvault_token_file = \"{}\"\ntimeout = \"3s\"\nallow = [\n  {{ scheme = \"gcp\", prefix = \"projects/acme\" }},\n  {{ scheme = \"vault\", prefix = \"secret/team\" }},\n]\n",
             token.display(),
@@ -475,6 +475,52 @@ fn gcp_and_vault_references_are_read_over_their_apis_and_failures_say_why() {
     }
     fake.with(|s| s.vault_status.clear());
     d.ok(&["restart", "keyed"]);
+    assert_eq!(fake.with(|s| s.vault_namespace.clone()), None);
+
+    // A payload damaged on the way (its CRC32C) is not used.
+    d.ok(&[
+        "configure",
+        "keyed",
+        "--ref",
+        "api_key=gcp:projects/acme/secrets/api/versions/3",
+    ]);
+    fake.with(|s| s.gcp_bad_crc = true);
+    let msg = refused(&d, &["restart", "keyed"]);
+    assert!(msg.contains("does not match its dataCrc32c"), "{msg}");
+    fake.with(|s| s.gcp_bad_crc = false);
+
+    // A token file instead of the metadata server, and a Vault namespace.
+    let gcp_token = dir.path().join("gcp-token");
+    std::fs::write(&gcp_token, stores::GCP_TOKEN).unwrap();
+    let mut config = std::fs::read_to_string(&d.config).unwrap();
+    config = config.replace(
+        "[secrets]\n",
+        &format!(
+            "[secrets]\ngcp_token_file = \"{}\"\nvault_namespace = \"team\"\n",
+            gcp_token.display()
+        ),
+    );
+    std::fs::write(&d.config, config).unwrap();
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    let tokens = fake.with(|s| s.metadata_tokens);
+    d.launch();
+    d.wait_state("default", "keyed", "ready");
+    assert_eq!(env_of(&d, "keyed", "DEMO_API_KEY"), CANARY);
+    assert_eq!(
+        fake.with(|s| s.metadata_tokens),
+        tokens,
+        "the token file is used"
+    );
+    d.ok(&[
+        "configure",
+        "keyed",
+        "--ref",
+        "api_key=vault:secret/team/api#key",
+    ]);
+    assert_eq!(
+        fake.with(|s| s.vault_namespace.clone()).as_deref(),
+        Some("team")
+    );
 
     // The store goes away: a start fails as one that may pass, and says so.
     drop(fake);
@@ -608,4 +654,21 @@ fn an_admitted_user_cannot_read_roots_files_through_a_reference() {
         text(&installed),
     ];
     assert_nowhere(&d, seen, &[CANARY, CANARY2]);
+
+    // The operator takes the uid out of the rule: its reference is not
+    // read at the next start.
+    let config = std::fs::read_to_string(&d.config)
+        .unwrap()
+        .replace(&format!(", uids = [{NOBODY}]"), "");
+    std::fs::write(&d.config, config).unwrap();
+    d.signal(nix::sys::signal::Signal::SIGTERM);
+    d.launch();
+    let b = d.wait_state("default", "keyed", "needs_config");
+    assert!(
+        b["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("uid 65534 may not use it"),
+        "{b}"
+    );
 }

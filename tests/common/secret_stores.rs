@@ -32,6 +32,10 @@ pub struct Stores {
     /// `MOUNT/PATH` → the status Vault answers it with instead (a sealed
     /// or overloaded Vault's 503, a standby's 307 to the active node).
     pub vault_status: HashMap<String, u16>,
+    /// Secret Manager's payloads come with a wrong `dataCrc32c`.
+    pub gcp_bad_crc: bool,
+    /// The `X-Vault-Namespace` of Vault's last request.
+    pub vault_namespace: Option<String>,
     /// Requests that reached each store.
     pub gcp_reads: usize,
     pub vault_reads: usize,
@@ -140,7 +144,7 @@ async fn gcp_access(
         "name": name,
         "payload": {
             "data": base64::engine::general_purpose::STANDARD.encode(value),
-            "dataCrc32c": crc32c(value.as_bytes()).to_string(),
+            "dataCrc32c": (crc32c(value.as_bytes()) ^ u32::from(stores.gcp_bad_crc)).to_string(),
         }
     }))
     .into_response()
@@ -161,6 +165,10 @@ async fn vault_read(
     }
     let mut stores = s.lock().unwrap();
     stores.vault_reads += 1;
+    stores.vault_namespace = headers
+        .get("x-vault-namespace")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
     if let Some(&code) = stores.vault_status.get(&format!("{mount}/{path}")) {
         let status = StatusCode::from_u16(code).unwrap();
         return (
