@@ -81,6 +81,12 @@ fn kubelet_write(volume: &Path, key: &str, value: &str, generation: u32) {
     }
 }
 
+/// The bundle's `last_error`.
+fn last_error(d: &Daemon, name: &str) -> String {
+    let b = d.bundle("default", name).unwrap();
+    b["last_error"].as_str().unwrap_or_default().to_string()
+}
+
 fn secret_refs(d: &Daemon, name: &str) -> Vec<Value> {
     let b = d.bundle("default", name).unwrap();
     b["secret_refs"].as_array().cloned().unwrap_or_default()
@@ -463,13 +469,10 @@ fn gcp_and_vault_references_are_read_over_their_apis_and_failures_say_why() {
         fake.with(|s| s.vault_status.insert("secret/team/api".into(), code));
         let msg = refused(&d, &["restart", "keyed"]);
         assert!(msg.contains(says), "{msg}");
-        let b = d.bundle("default", "keyed").unwrap();
+        let error = last_error(&d, "keyed");
         assert!(
-            b["last_error"]
-                .as_str()
-                .unwrap()
-                .contains("tried again by the restart policy"),
-            "{b}"
+            error.contains("tried again by the restart policy"),
+            "{error}"
         );
         seen.push(msg);
     }
@@ -526,13 +529,10 @@ fn gcp_and_vault_references_are_read_over_their_apis_and_failures_say_why() {
     drop(fake);
     let msg = refused(&d, &["restart", "keyed"]);
     assert!(msg.contains("Vault is unreachable"), "{msg}");
-    let b = d.bundle("default", "keyed").unwrap();
+    let error = last_error(&d, "keyed");
     assert!(
-        b["last_error"]
-            .as_str()
-            .unwrap()
-            .contains("tried again by the restart policy"),
-        "{b}"
+        error.contains("tried again by the restart policy"),
+        "{error}"
     );
     seen.push(msg);
     assert_nowhere(&d, seen, &CANARIES);
