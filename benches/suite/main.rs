@@ -204,8 +204,10 @@ fn main() {
             let token = made["token"].as_str().expect("a token");
             let url = format!("http://127.0.0.1:{http_port}/mcp/default");
             let (ours, load) = peers::streamable(&url, Some(token), "pe__echo").await;
+            let stateless = throughput::Load::stateless(&url, token, "pe__echo");
             let n = scaled(2000);
-            rows.extend(peers::compare(ours, load, d.pid(), &d.root, ROUNDS, n).await);
+            let loads = (load, stateless);
+            rows.extend(peers::compare(ours, loads, d.pid(), &d.root, ROUNDS, n).await);
         }
         d.stop();
         if wanted("tracing") {

@@ -580,10 +580,13 @@ struct Figures {
 
 /// Ours and every peer, in the same run. `ours` is the daemon's HTTP
 /// agent (a 2025-11-25 session, as the peers' are) and `load` its wrk
-/// request ([`streamable`]), `daemon` its pid; `n` calls each in `rounds`.
+/// request ([`streamable`]), `stateless` the same call as a 2026-07-28
+/// stateless request (each gateway's throughput is its best way in: the
+/// peers' are measured the way each serves fastest, mcp-hub's by its REST
+/// call), `daemon` its pid; `n` calls each in `rounds`.
 pub async fn compare(
     mut ours: Agent,
-    load: Load,
+    (load, stateless): (Load, Load),
     daemon: u32,
     dir: &Path,
     rounds: usize,
@@ -603,6 +606,10 @@ pub async fn compare(
     let mut our_lean = lean_agent(&load)
         .await
         .expect("ours speaks streamable HTTP");
+    let mut our_stateless_lean = lean_agent(&stateless)
+        .await
+        .expect("ours speaks streamable HTTP");
+    let mut our_stateless_sample = Vec::new();
     let mut leans = Vec::new();
     for peer in &peers {
         leans.push(lean_agent(&peer.load).await);
@@ -614,6 +621,8 @@ pub async fn compare(
         our_sample.extend(ours.calls(n / rounds).await);
         lean_floor_sample.extend(lean_floor.echo_calls(n / rounds).await);
         our_lean_sample.extend(our_lean.0.echo_calls(&our_lean.1, n / rounds).await);
+        let (agent, params) = &mut our_stateless_lean;
+        our_stateless_sample.extend(agent.echo_calls(params, n / rounds).await);
         for (peer, sample) in peers.iter_mut().zip(&mut samples) {
             sample.extend(peer.agent.calls(n / rounds).await);
         }
@@ -627,12 +636,33 @@ pub async fn compare(
     let agents = if crate::smoke() { 10 } else { AGENTS };
     load.check().await;
     let run = throughput::wrk(&load, dir, agents, secs);
+    stateless.check().await;
+    let best = throughput::wrk(&stateless, dir, agents, secs);
     let ours_figures = Figures {
         latency: summarize(our_sample),
         lean: Some(summarize(our_lean_sample)),
         calls_per_s: run.calls_per_s,
         errors: run.errors,
         rss_kib: rss_kib(daemon),
+    };
+    let stateless_row = {
+        let what = format!(
+            "peers: bundlevisor, calls/s at {agents} agents, 2026-07-28 stateless{}",
+            match best.errors {
+                0 => String::new(),
+                n => format!(" ({n} errors)"),
+            }
+        );
+        Row::throughput(&what, best.calls_per_s, best.calls_per_s)
+    };
+    // Each peer is held to ours by our best way in.
+    let stateless_lean = summarize(our_stateless_sample);
+    let ours_best = Figures {
+        calls_per_s: best.calls_per_s.max(run.calls_per_s),
+        lean: Some(stateless_lean),
+        latency: ours_figures.latency,
+        errors: ours_figures.errors,
+        rss_kib: ours_figures.rss_kib,
     };
     let mut figures = Vec::new();
     for ((peer, sample), lean) in peers.iter().zip(samples).zip(lean_samples) {
@@ -650,8 +680,15 @@ pub async fn compare(
     floor.close().await;
     ours.close().await;
     let mut rows = rows_for("bundlevisor", &ours_figures, floors, None, agents);
+    let lean_row = Row::latency(
+        "peers: echo via bundlevisor, lean agent, 2026-07-28 stateless",
+        stateless_lean,
+        Some(floors.1),
+    );
+    rows.insert(2, lean_row);
+    rows.insert(rows.len() - 1, stateless_row);
     for (peer, f) in peers.into_iter().zip(figures) {
-        rows.extend(rows_for(peer.name, &f, floors, Some(&ours_figures), agents));
+        rows.extend(rows_for(peer.name, &f, floors, Some(&ours_best), agents));
         peer.agent.close().await;
     }
     rows
