@@ -77,8 +77,7 @@ impl Face<'_> {
             }
     }
 }
-/// An endpoint's rmcp service and the sessions it keeps.
-/// An endpoint's rmcp service, its sessions, and the gateway each of its
+/// An endpoint's rmcp service, the sessions it keeps, and the gateway each of its
 /// stateless requests gets (rmcp's, or [`direct`](crate::daemon::gateway::direct)'s).
 type Served = (Arc<Endpoint>, Arc<LocalSessionManager>, MakeGateway);
 

@@ -32,6 +32,7 @@
 // and still there.
 #![allow(deprecated)]
 
+use super::facts::Facts;
 use super::new_state;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, Weak};
@@ -44,8 +45,6 @@ use rmcp::model::{
     ProgressNotificationParam, ProgressToken, ServerNotification, ServerRequest, ServerResult,
 };
 use rmcp::service::Peer;
-
-use super::facts::Facts;
 use rmcp::{ErrorData, RoleServer};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;

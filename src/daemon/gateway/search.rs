@@ -10,7 +10,6 @@
 
 use std::collections::HashMap;
 
-use super::facts::Facts;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ResultType, Tool,
 };
@@ -18,6 +17,7 @@ use rmcp::ErrorData;
 use serde_json::{json, Value};
 
 use super::audit::Outcome;
+use super::facts::Facts;
 use super::server::Gateway;
 use crate::config::Discovery;
 use crate::token_rules::Kind;

@@ -26,13 +26,12 @@ use rmcp::model::{
     SubscriptionFilter,
 };
 use rmcp::service::{Peer, RequestContext, SubscriptionContext, SubscriptionSink};
-
-use super::facts::Facts;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::json;
 use tokio::sync::Mutex;
 
 use super::audit::Outcome as AuditOutcome;
+use super::facts::Facts;
 use super::grant::Grant;
 use super::names::{Entry, Naming};
 use super::rounds::{Origin, Outcome, Rounds, Running, Served};
