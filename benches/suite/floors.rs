@@ -29,6 +29,7 @@ pub fn run_role() -> bool {
         Ok("pipe-echo") => pipe_echo_peer(),
         Ok("socket-echo") => socket_echo_server(),
         Ok("relay") => relay(),
+        Ok("http-relay") => http_relay(),
         _ => return false,
     }
     true
@@ -96,6 +97,80 @@ fn relay() {
     drop(to_child);
     let _ = child.wait();
     let _ = back.join();
+}
+
+/// The least any HTTP gateway in front of a stdio bundle can add on this
+/// machine (issue 37): a process on one thread, as the daemon, with the
+/// daemon's HTTP stack (axum on hyper, no Nagle delay), that writes each
+/// POST's body to the demo bundle's stdin as a line and answers with the
+/// line the bundle writes back. No token, no parsing, no MCP: only the
+/// agent's connection, the bundle's pipe and the two wake-ups between.
+/// Prints its port on stdout.
+fn http_relay() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut child = spawn_demo();
+        let write = child.stdin.take().unwrap();
+        let lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let pipe = std::sync::Arc::new(tokio::sync::Mutex::new((write, lines)));
+        {
+            let mut pipe = pipe.lock().await;
+            let hello = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {},
+                "clientInfo": {"name": "bench-relay", "version": "1"}}});
+            let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+            pipe.0
+                .write_all(format!("{hello}\n{initialized}\n").as_bytes())
+                .await
+                .unwrap();
+            pipe.1
+                .next_line()
+                .await
+                .unwrap()
+                .expect("initialize answered");
+        }
+        let relay = move |body: axum::body::Bytes| {
+            let pipe = pipe.clone();
+            async move {
+                let mut pipe = pipe.lock().await;
+                let mut line = body.to_vec();
+                line.push(b'\n');
+                pipe.0.write_all(&line).await.unwrap();
+                let answer = pipe.1.next_line().await.unwrap().expect("an answer");
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    answer,
+                )
+            }
+        };
+        let router = axum::Router::new().route("/mcp", axum::routing::post(relay));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        println!("{}", listener.local_addr().unwrap().port());
+        let listener = axum::serve::ListenerExt::tap_io(listener, |s| {
+            let _ = s.set_nodelay(true);
+        });
+        let _ = axum::serve(listener, router).await;
+        drop(child);
+    });
+}
+
+/// The bare HTTP→stdio relay ([`http_relay`]) as a process of its own,
+/// killed on drop, and its port.
+pub async fn http_relay_start() -> (tokio::process::Child, u16) {
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .env(ROLE, "http-relay")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let port = out.next_line().await.unwrap().expect("the relay's port");
+    (child, port.parse().expect("a port"))
 }
 
 /// The demo bundle behind `relays` line-relay processes.

@@ -618,6 +618,13 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> 
         headers.push((k.to_string(), v.to_string()));
     }
     let mut lean = floors::RawHttp::connect(http_port, "/mcp/default", &headers).await;
+    // The same request to a bare HTTP→stdio relay: what any gateway adds.
+    let (_http_relay, relay_port) = floors::http_relay_start().await;
+    let mut lean_relay = floors::RawHttp::connect(relay_port, "/mcp", &headers).await;
+    let relay_2026 = json!({"name": "echo", "arguments": {"text": "ping"}, "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}}});
+    let mut lean_relay_sample = Vec::new();
     let lean_2026 = json!({"name": "gw__echo", "arguments": {"text": "ping"}, "_meta": {
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {}}});
@@ -637,6 +644,7 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> 
         lean_floor_sample.extend(lean_floor.echo_calls(n / ROUNDS).await);
         lean_session_sample.extend(lean_session.echo_calls(&lean_params, n / ROUNDS).await);
         lean_sample.extend(lean.echo_calls(&lean_2026, n / ROUNDS).await);
+        lean_relay_sample.extend(lean_relay.echo_calls(&relay_2026, n / ROUNDS).await);
         for _ in 0..n / ROUNDS {
             let start = Instant::now();
             call(ctl, method::CALL, args.clone()).await;
@@ -698,6 +706,14 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> 
             Some(lean_floor_summary),
         )
         .target(Target::OverFloorAtMost(Duration::from_micros(50))),
+        // A process that only relays the POST body to the bundle's pipe
+        // and its line back, on the daemon's HTTP stack: the bound of the
+        // two rows above on this machine (docs/performance.md).
+        Row::latency(
+            "  same request through a bare HTTP→stdio relay",
+            summarize(lean_relay_sample),
+            Some(lean_floor_summary),
+        ),
         // rmcp's streamable HTTP server with an in-process echo: the least
         // a gateway on it adds (no bundle behind it, so its floor is 0).
         Row::latency(
