@@ -127,20 +127,25 @@ async fn a_bundles_elicitation_reaches_a_2026_agent_as_input_required_and_the_ca
 
 /// An agent that declared no elicitation is not asked: the bundle is told
 /// why at once, and the call ends with the bundle's own answer to that.
+/// Issue 37: such a plain call is answered below rmcp without the rounds'
+/// machinery (nothing can be asked of its agent); the same call asking
+/// for log messages goes through rmcp and its rounds, and is answered
+/// the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_without_elicitation_is_not_asked() {
     let (d, url) = daemon("");
     let t = token(&d);
-    let (_, messages) = post_2026(
-        &url,
-        &t,
-        "tools/call",
-        "demo__confirm",
-        first_call(1),
-        json!({}),
-    )
-    .await;
-    let answer = messages.iter().find(|m| m["id"] == 7).unwrap();
+    let answer_to = |params: Value| {
+        let (url, t) = (url.clone(), t.clone());
+        async move {
+            let (_, messages) =
+                post_2026(&url, &t, "tools/call", "demo__confirm", params, json!({})).await;
+            messages.into_iter().find(|m| m["id"] == 7).unwrap()
+        }
+    };
+    let direct_before = answered_below_rmcp(&d);
+    let answer = answer_to(first_call(1)).await;
+    assert_eq!(answered_below_rmcp(&d), direct_before + 1, "{answer}");
     assert_eq!(answer["result"]["resultType"], "complete", "{answer}");
     assert_eq!(answer["result"]["isError"], true, "{answer}");
     let text = answer["result"]["content"][0]["text"].as_str().unwrap();
@@ -148,6 +153,21 @@ async fn an_agent_without_elicitation_is_not_asked() {
         text.contains("did not declare the elicitation capability"),
         "{text}"
     );
+    let mut logged = first_call(1);
+    logged["_meta"] = json!({"io.modelcontextprotocol/logLevel": "emergency"});
+    let in_rounds = answer_to(logged).await;
+    assert_eq!(answered_below_rmcp(&d), direct_before + 1, "{in_rounds}");
+    assert_eq!(in_rounds["result"], answer["result"]);
+}
+
+/// Requests the HTTP gateway answered below rmcp, so far.
+fn answered_below_rmcp(d: &Daemon) -> u64 {
+    let text = d.ok(&["metrics"]);
+    let line = "bundlevisor_http_gateway_requests_total{path=\"direct\"} ";
+    text.lines()
+        .find_map(|l| l.strip_prefix(line))
+        .and_then(|n| n.trim().parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
 }
 
 /// Installs copies of the demo named `names` beside the first one. Over

@@ -32,7 +32,7 @@ use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rmcp::model::{
     CallToolResult, ClientNotification, ClientRequest, ErrorData, JsonRpcMessage, JsonRpcResponse,
-    JsonRpcVersion2_0, NumberOrString, RequestId, ServerResult,
+    JsonRpcVersion2_0, MetaObject, NumberOrString, RequestId, RequestMetaObject, ServerResult,
 };
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::async_rw::{JsonRpcMessageCodec, JsonRpcMessageCodecError};
@@ -413,10 +413,57 @@ fn answer_out(id: &NumberOrString, result: Result<Answer, HostError>) -> Out {
     }
 }
 
+/// `message` as one line. A tool call whose `_meta` is in one place (in
+/// its params, or beside them as the call path's trace context is: the
+/// gateway's calls, always) is written here: rmcp's serializer goes
+/// through a `serde_json::Value` of the params to merge the two, a third
+/// of the instructions the daemon spends sending a call.
 fn encode(message: &TxJsonRpcMessage<RoleClient>) -> std::io::Result<Vec<u8>> {
-    let mut line = serde_json::to_vec(message)?;
+    let mut line = match message {
+        JsonRpcMessage::Request(r) => match &r.request {
+            ClientRequest::CallToolRequest(call) => match call_line(&r.id, call)? {
+                Some(line) => line,
+                None => serde_json::to_vec(message)?,
+            },
+            _ => serde_json::to_vec(message)?,
+        },
+        _ => serde_json::to_vec(message)?,
+    };
     line.push(b'\n');
     Ok(line)
+}
+
+/// A tool call as rmcp writes it, unless its `_meta` is in two places.
+fn call_line(
+    id: &RequestId,
+    call: &rmcp::model::CallToolRequest,
+) -> std::io::Result<Option<Vec<u8>>> {
+    let typed = call.extensions.get::<RequestMetaObject>();
+    let legacy = call.extensions.get::<MetaObject>();
+    let beside = match (typed, legacy) {
+        (Some(_), Some(_)) => return Ok(None),
+        (Some(typed), None) => Some(serde_json::to_vec(typed)?),
+        (None, Some(legacy)) => Some(serde_json::to_vec(legacy)?),
+        (None, None) => None,
+    };
+    if beside.is_some() && call.params.meta.is_some() {
+        return Ok(None);
+    }
+    let mut line = Vec::with_capacity(128);
+    line.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+    serde_json::to_writer(&mut line, id)?;
+    line.extend_from_slice(br#","method":"tools/call","params":"#);
+    let params = line.len();
+    serde_json::to_writer(&mut line, &call.params)?;
+    if let Some(meta) = beside {
+        // After the params' `{`: they always have a name after it.
+        let mut at = br#""_meta":"#.to_vec();
+        at.extend_from_slice(&meta);
+        at.push(b',');
+        line.splice(params + 1..params + 1, at);
+    }
+    line.push(b'}');
+    Ok(Some(line))
 }
 
 impl<R> Transport<RoleClient> for BundleStdio<R>
@@ -767,6 +814,65 @@ mod tests {
     /// other answer (another request's, an error, an unknown id) still
     /// goes through rmcp's decoder, and a call answered or cancelled is
     /// forgotten.
+    /// A tool call written by [`encode`] says what rmcp's serializer says,
+    /// its params' `_meta`, arguments and MRTR fields included; a `_meta`
+    /// kept beside the params (merged by rmcp) and other messages are
+    /// rmcp's to write.
+    #[test]
+    fn a_tool_call_is_written_as_rmcp_writes_it() {
+        use rmcp::model::{CallToolRequestParams, GetMeta, Request};
+        let request = |params: CallToolRequestParams| {
+            TxJsonRpcMessage::<RoleClient>::request(
+                ClientRequest::CallToolRequest(Request::new(params)),
+                RequestId::Number(41),
+            )
+        };
+        let mut traced = CallToolRequestParams::new("echo").with_arguments(
+            json!({"text": "a \"quoted\"\nline", "n": [1, 2.5, null]})
+                .as_object()
+                .unwrap()
+                .clone(),
+        );
+        let mut in_params = RequestMetaObject::default();
+        in_params.set_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+        traced.meta = Some(in_params);
+        let mut retried = CallToolRequestParams::new("confirm");
+        retried.request_state = Some("s1".into());
+        // The trace context beside the params (as the call path sets it),
+        // alone, and with a `_meta` in the params too (merged by rmcp).
+        let beside = |params: CallToolRequestParams| {
+            let mut message = request(params);
+            if let JsonRpcMessage::Request(r) = &mut message {
+                r.request
+                    .get_meta_mut()
+                    .set_traceparent("00-1af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+            }
+            message
+        };
+        let mut both = CallToolRequestParams::new("echo");
+        let mut progress = RequestMetaObject::default();
+        progress.set_progress_token(rmcp::model::ProgressToken(RequestId::Number(3)));
+        both.meta = Some(progress);
+        let other = TxJsonRpcMessage::<RoleClient>::request(
+            ClientRequest::ListToolsRequest(Default::default()),
+            RequestId::String("t".into()),
+        );
+        for message in [
+            request(CallToolRequestParams::new("plain")),
+            request(traced),
+            request(retried),
+            beside(CallToolRequestParams::new("echo").with_arguments(Default::default())),
+            beside(both),
+            other,
+        ] {
+            let line = encode(&message).unwrap();
+            assert_eq!(line.last(), Some(&b'\n'));
+            assert_eq!(line.iter().filter(|b| **b == b'\n').count(), 1);
+            let ours: Value = serde_json::from_slice(&line).unwrap();
+            assert_eq!(ours, serde_json::to_value(&message).unwrap());
+        }
+    }
+
     #[tokio::test]
     async fn a_tool_result_is_parsed_as_its_call_expects() {
         use rmcp::model::{

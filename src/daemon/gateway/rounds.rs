@@ -248,6 +248,65 @@ impl Agent for RoundAgent {
     }
 }
 
+/// The agent of a request answered below rmcp (so no stream to send it
+/// anything on) that declared nothing a bundle could ask of it: no
+/// sampling, elicitation or roots, no log level, no progress, no retry.
+/// Its call can never need a round — a bundle that asks anyway is refused
+/// by the capability check every request of a bundle passes
+/// ([`crate::bundle::client`]), as it would be with a [`RoundAgent`] — so
+/// it runs without the rounds' channels, task and boxed call.
+pub struct Unaskable(ClientCapabilities);
+
+impl Unaskable {
+    /// The agent of `context` when it is such a request; `retried`: the
+    /// request carries `requestState` or `inputResponses`.
+    pub fn of(context: &Facts<'_>, retried: bool, progress: bool) -> Option<Arc<dyn Agent>> {
+        if !matches!(context, Facts::Direct(_))
+            || retried
+            || progress
+            || context.meta().log_level().is_some()
+        {
+            return None;
+        }
+        let declared = context.client_capabilities().unwrap_or_default();
+        let askable = declared.sampling.is_some()
+            || declared.elicitation.is_some()
+            || declared.roots.is_some();
+        (!askable).then(|| Arc::new(Unaskable(declared)) as Arc<dyn Agent>)
+    }
+}
+
+impl Agent for Unaskable {
+    fn capabilities(&self) -> ClientCapabilities {
+        self.0.clone()
+    }
+
+    fn request(
+        &self,
+        _request: ServerRequest,
+    ) -> BoxFuture<'static, Result<ClientResult, ErrorData>> {
+        // Not reached: the capability check refuses first.
+        Box::pin(async { Err(ended()) })
+    }
+
+    fn notify(&self, _notification: ServerNotification) -> BoxFuture<'static, ()> {
+        // No log level asked, and no stream to send anything on.
+        Box::pin(async {})
+    }
+
+    fn resource_updated(&self, _bundle: &str, _uri: &str) -> BoxFuture<'static, ()> {
+        Box::pin(async {})
+    }
+
+    fn gone(&self) -> bool {
+        false
+    }
+
+    fn unreachable(&self) -> Option<String> {
+        None
+    }
+}
+
 impl Running {
     /// Starts a call: `call` gets the agent its bundle's requests go to, a
     /// progress sender (when the request asked for progress) and the

@@ -34,7 +34,7 @@ use super::audit::Outcome as AuditOutcome;
 use super::facts::Facts;
 use super::grant::Grant;
 use super::names::{Entry, Naming};
-use super::rounds::{Origin, Outcome, Rounds, Running, Served};
+use super::rounds::{Origin, Outcome, Rounds, Running, Served, Unaskable};
 use crate::bundle::client::{Agent, Caller};
 use crate::config::Profile;
 use crate::daemon::api::{Api, ApiError, CallRequest};
@@ -888,6 +888,16 @@ impl Gateway {
         };
         if stateless(context) && self.takes_tasks(context, &route.bundle) {
             return self.call_as_task(&request, context, route, trace).await;
+        }
+        let retried = request.request_state.is_some() || request.input_responses.is_some();
+        if let Some(agent) = Unaskable::of(context, retried, token.is_some()) {
+            let called = self
+                .0
+                .api
+                .call(&call, None, context.ct(), Caller::Agent(agent));
+            let mut result = called.await?;
+            result.result_type.get_or_insert(ResultType::COMPLETE);
+            return Ok(result.into());
         }
         if stateless(context) {
             let api = self.0.api.clone();
