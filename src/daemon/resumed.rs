@@ -19,16 +19,26 @@ const TOLD: &str = "!told";
 /// The tag of a JSON-RPC request's stream: the hex of its id's JSON; None
 /// for a body that is not one request (a notification, a response, a
 /// batch).
+/// The id as the request wrote it (the JSON of a number or a string;
+/// decoded, it is the same id).
 pub fn tag_of_request(body: &[u8]) -> Option<String> {
     #[derive(serde::Deserialize)]
-    struct Head {
-        id: Option<serde_json::Value>,
-        method: Option<String>,
+    struct Head<'a> {
+        #[serde(borrow)]
+        id: Option<&'a serde_json::value::RawValue>,
+        #[serde(borrow)]
+        method: Option<std::borrow::Cow<'a, str>>,
     }
-    let head: Head = serde_json::from_slice(body).ok()?;
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let head: Head<'_> = serde_json::from_slice(body).ok()?;
     head.method?;
-    let id = serde_json::to_vec(&head.id?).ok()?;
-    Some(id.iter().map(|b| format!("{b:02x}")).collect())
+    let id = head.id?.get().as_bytes();
+    let mut tag = String::with_capacity(id.len() * 2);
+    for b in id {
+        tag.push(char::from(HEX[usize::from(b >> 4)]));
+        tag.push(char::from(HEX[usize::from(b & 15)]));
+    }
+    Some(tag)
 }
 
 /// A resume (GET with `Last-Event-ID`) of a tagged stream: the tag is
@@ -137,6 +147,13 @@ mod tests {
     #[test]
     fn a_requests_events_carry_its_id_and_a_lost_one_is_answered_once() {
         let tag = tag_of_request(br#"{"jsonrpc":"2.0","id":7,"method":"tools/call"}"#).unwrap();
+        assert_eq!(tag, "37");
+        let named = br#"{"jsonrpc":"2.0","id" : "r\u00e9-1", "method":"tools/call"}"#;
+        assert_eq!(
+            tag_of_request(named).unwrap(),
+            "22725c75303065392d3122",
+            "the id's JSON as written"
+        );
         assert!(
             tag_of_request(br#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#).is_none()
         );
