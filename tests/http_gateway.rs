@@ -1137,3 +1137,133 @@ async fn a_plain_stateless_call_is_answered_below_rmcp_with_rmcps_answer_and_pol
         "only the plain calls went below rmcp"
     );
 }
+
+/// A raw 2025-11-25 session of `token` at `url`, its agent declaring
+/// `capabilities`: initialized, and its id.
+async fn raw_session(url: &str, token: &str, capabilities: Value) -> String {
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": capabilities,
+        "clientInfo": {"name": "raw-session", "version": "1"}}});
+    let (status, headers, _) = posted(url, token, None, &init).await;
+    assert_eq!(status, 200);
+    let id = headers["mcp-session-id"].to_str().unwrap().to_string();
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let (status, _, _) = posted(url, token, Some(&id), &initialized).await;
+    assert!(status < 300, "{status}");
+    id
+}
+
+/// One POST on session `id` (none: opening one): the status, the headers,
+/// and the JSON-RPC messages of the answer (a JSON body or SSE events).
+async fn posted(
+    url: &str,
+    token: &str,
+    id: Option<&str>,
+    body: &Value,
+) -> (u16, reqwest::header::HeaderMap, Vec<Value>) {
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json");
+    if let Some(id) = id {
+        request = request
+            .header("Mcp-Session-Id", id)
+            .header("MCP-Protocol-Version", "2025-11-25");
+    }
+    let response = request.body(body.to_string()).send().await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await.unwrap_or_default();
+    let messages = match serde_json::from_str(&text) {
+        Ok(v) => vec![v],
+        Err(_) => text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str(d.trim()).ok())
+            .collect(),
+    };
+    (status, headers, messages)
+}
+
+/// Issue 37, point 1: a plain `tools/call` on a 2025-11-25 session whose
+/// agent declared nothing a bundle could ask of it is answered below rmcp
+/// too, as one JSON body, on the session's path of policy: the result rmcp
+/// gives the same call asking for progress, the token's rules. An agent
+/// that declared sampling stays with rmcp (the bundle's request would go
+/// on the call's stream). Such calls keep their session alive for rmcp
+/// (`[http] session_idle`, whose timer is rmcp's), and an idle session
+/// still ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_call_on_a_session_is_answered_below_rmcp_and_keeps_it_alive() {
+    let port = free_port();
+    let d = Daemon::start_with(&format!(
+        "[http]\nlisten = \"127.0.0.1:{port}\"\nsession_idle = \"1s\"\n"
+    ));
+    d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
+    let url = format!("http://127.0.0.1:{port}/mcp/default");
+    let t = token(&d, &["--name", "sessions", "--deny", "tool:demo/add"]);
+    let id = raw_session(&url, &t, json!({})).await;
+    let echo = |n: u64, text: &str| {
+        json!({"jsonrpc": "2.0", "id": n, "method": "tools/call",
+            "params": {"name": "demo__echo", "arguments": {"text": text}}})
+    };
+    // The session is the gateway's once its `initialized` is handled.
+    let before = tokio::task::block_in_place(|| answered_by(&d));
+    let mut n = 10;
+    let (headers, direct) = loop {
+        n += 1;
+        let (status, headers, messages) = posted(&url, &t, Some(&id), &echo(n, "below")).await;
+        assert_eq!(status, 200, "{messages:?}");
+        let after = tokio::task::block_in_place(|| answered_by(&d));
+        if after.0 > before.0 {
+            break (headers, messages);
+        }
+        assert!(n < 200, "no session call was answered below rmcp");
+    };
+    assert_eq!(headers["content-type"], "application/json");
+    let mut progress = echo(1000, "below");
+    progress["params"]["_meta"] = json!({"progressToken": "p"});
+    let (_, _, by_rmcp) = posted(&url, &t, Some(&id), &progress).await;
+    let rmcp_answer = by_rmcp
+        .iter()
+        .find(|m| m["id"] == 1000)
+        .expect("rmcp's answer");
+    assert_eq!(direct[0]["result"], rmcp_answer["result"], "{direct:?}");
+    assert_eq!(direct[0]["result"]["content"][0]["text"], "below");
+    let add = json!({"jsonrpc": "2.0", "id": 2000, "method": "tools/call",
+        "params": {"name": "demo__add", "arguments": {"a": 1, "b": 2}}});
+    let (_, _, refused) = posted(&url, &t, Some(&id), &add).await;
+    let why = refused[0]["error"]["message"].as_str().unwrap_or_default();
+    assert!(why.contains("--deny tool:demo/add"), "{refused:?}");
+    let direct_so_far = tokio::task::block_in_place(|| answered_by(&d)).0;
+
+    // Calls below rmcp only, for longer than the idle time: one every
+    // 200 ms for 2.5 s, and the session lives.
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(2500);
+    while std::time::Instant::now() < until {
+        n += 1;
+        let (status, _, messages) = posted(&url, &t, Some(&id), &echo(n, "alive")).await;
+        assert_eq!(status, 200, "the session ended while in use: {messages:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let (direct_now, _) = tokio::task::block_in_place(|| answered_by(&d));
+    assert!(
+        direct_now > direct_so_far + 5,
+        "{direct_now} {direct_so_far}"
+    );
+    // Idle for three times that (any request would be use): ended.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let (status, _, _) = posted(&url, &t, Some(&id), &echo(9000, "idle")).await;
+    assert_eq!(status, 404, "an idle session lives on");
+
+    // An agent that declared sampling: rmcp's.
+    let asking = raw_session(&url, &t, json!({"sampling": {}})).await;
+    let (direct_before, rmcp_before) = tokio::task::block_in_place(|| answered_by(&d));
+    let (status, _, answer) = posted(&url, &t, Some(&asking), &echo(3, "asks")).await;
+    assert_eq!(status, 200);
+    let result = answer.iter().find(|m| m["id"] == 3).expect("an answer");
+    assert_eq!(result["result"]["content"][0]["text"], "asks");
+    let (direct_after, rmcp_after) = tokio::task::block_in_place(|| answered_by(&d));
+    assert_eq!((direct_after, rmcp_after), (direct_before, rmcp_before + 1));
+}

@@ -66,6 +66,10 @@ pub mod defaults {
     pub fn http_body_timeout() -> Duration {
         Duration::from_secs(30)
     }
+    /// rmcp's own default for a session's idle time.
+    pub fn http_session_idle() -> Duration {
+        Duration::from_secs(300)
+    }
     /// `[uv]`: `uv` and `python3` from the daemon's `PATH`, a build of at
     /// most 10 minutes, the system's certificate store.
     pub fn pass_command() -> PathBuf {
@@ -1194,6 +1198,10 @@ pub struct HttpSettings {
     /// A request body must arrive within this of its head.
     #[serde(default = "defaults::http_body_timeout", with = "humantime_serde")]
     pub body_timeout: Duration,
+    /// A session with no request for this long is ended; its agent starts
+    /// a new one (`initialize`).
+    #[serde(default = "defaults::http_session_idle", with = "humantime_serde")]
+    pub session_idle: Duration,
     /// Serve `GET /metrics` here too, to anyone who reaches the listener
     /// (it names every workspace and bundle; no token is asked).
     /// `/healthz` and `/readyz` are always served.
@@ -1503,6 +1511,10 @@ impl Config {
         problems.extend(self.telemetry.problems());
         if self.uv.timeout.is_zero() {
             problems.push("uv.timeout must be above 0".to_string());
+        }
+        if self.http.session_idle.is_zero() {
+            problems
+                .push("http.session_idle must be above 0 (a duration such as \"5m\")".to_string());
         }
         if self.control.max_in_flight == 0 {
             problems.push("control.max_in_flight must be at least 1".to_string());

@@ -450,8 +450,8 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
     // and what its token's rules let it reach.
     request.extensions_mut().insert(AgentKey(token.id.clone()));
     request.extensions_mut().insert(grant);
-    let request = match direct(&app, &make, request, &body, stateless && named.is_none()).await {
-        Ok(response) => return response,
+    let request = match direct(&app, &make, request, &body, (named.as_deref(), stateless)).await {
+        Ok(response) => return resumed::sent(response, busy, tag),
         Err(back) => back,
     };
     let ends_session = request.method() == axum::http::Method::DELETE;
@@ -476,9 +476,10 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
     response
 }
 
-/// A plain stateless tool call (`stateless`, no session) answered below
-/// rmcp's service, on the same call path ([`gateway::direct`]); any other
-/// request given back for rmcp. Counted either way.
+/// A plain tool call answered below rmcp's service, on the same call path
+/// ([`gateway::direct`]): one that is `stateless` with no session, or one
+/// on its token's session (`named`, checked); any other request is given
+/// back for rmcp. Counted either way.
 ///
 /// [`gateway::direct`]: crate::daemon::gateway::direct
 async fn direct(
@@ -486,13 +487,20 @@ async fn direct(
     make: &MakeGateway,
     request: Request,
     body: &axum::body::Bytes,
-    stateless: bool,
+    (named, stateless): (Option<&str>, bool),
 ) -> Result<Response, Request> {
-    let answered = if stateless && request.method() == axum::http::Method::POST {
+    let plain = named.is_some() != stateless && request.method() == axum::http::Method::POST;
+    let answered = if plain {
         // rmcp checks the Host on a loopback listener only.
-        let listen = app.shared.config.http.listen;
-        let hosts_checked = listen.is_none_or(|a| a.ip().is_loopback());
-        crate::daemon::gateway::direct::answer(&**make, request, body, hosts_checked).await
+        let settings = &app.shared.config.http;
+        let hosts_checked = settings.listen.is_none_or(|a| a.ip().is_loopback());
+        let make = &**make;
+        let answered =
+            crate::daemon::gateway::direct::answer(make, request, body, hosts_checked, named).await;
+        if let (Ok(_), Some(id)) = (&answered, named) {
+            Owners::keep_alive(&app.owners, id, settings.session_idle);
+        }
+        answered
     } else {
         Err(request)
     };
@@ -747,6 +755,9 @@ struct Held {
     sessions: Arc<LocalSessionManager>,
     last: std::time::Instant,
     busy: usize,
+    /// When rmcp's session worker last heard of the session from us (its
+    /// idle timer, `[http] session_idle`, runs on what it hears).
+    told: std::time::Instant,
 }
 
 /// A session ended to make room: its id, its endpoint's sessions and whose.
@@ -846,8 +857,38 @@ impl Owners {
                 sessions,
                 last: std::time::Instant::now(),
                 busy: 0,
+                told: std::time::Instant::now(),
             },
         );
+    }
+
+    /// After a request of session `id` answered below rmcp: rmcp's session
+    /// worker, which ends a session it has not heard of for `idle`, is told
+    /// it is in use — at most every quarter of `idle`, so a session whose
+    /// agent only calls tools lives as long as one whose calls rmcp
+    /// answers.
+    fn keep_alive(owners: &Mutex<Owners>, id: &str, idle: std::time::Duration) {
+        let sessions = {
+            let mut owners = owners.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(held) = owners.by_session.get_mut(id) else {
+                return;
+            };
+            if held.told.elapsed() < idle / 4 {
+                return;
+            }
+            held.told = std::time::Instant::now();
+            held.sessions.clone()
+        };
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let handle = sessions.sessions.read().await.get(id.as_str()).cloned();
+            if let Some(handle) = handle {
+                // The worker restarts its idle timer at every event it
+                // gets. This one closes a request stream it never hands
+                // out (it numbers them up from 0): it changes nothing else.
+                let _ = handle.close_request_wise_channel(u64::MAX).await;
+            }
+        });
     }
 }
 
@@ -1090,7 +1131,9 @@ impl App {
                     // Behind a proxy, the Host is the proxy's; tokens guard it.
                     config = config.disable_allowed_hosts();
                 }
-                let sessions = Arc::new(LocalSessionManager::default());
+                let mut manager = LocalSessionManager::default();
+                manager.session_config.keep_alive = Some(settings.session_idle);
+                let sessions = Arc::new(manager);
                 // A 2026-07-28 request gets a gateway of its own; the calls
                 // waiting for their agents' input, and the routes, are the
                 // endpoint's.

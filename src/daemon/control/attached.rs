@@ -65,7 +65,7 @@ where
             let _ = peer.notify_tool_list_changed().await;
             let _ = peer.notify_prompt_list_changed().await;
             let _ = peer.notify_resource_list_changed().await;
-            gateway.watch(peer);
+            gateway.watch(peer, None);
             Some(service)
         }
         None => match gateway.serve(transport).await {

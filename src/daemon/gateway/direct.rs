@@ -1,17 +1,23 @@
-//! A stateless 2026-07-28 `tools/call` answered below rmcp's HTTP service
-//! (issue 37): the request parsed once, then the same call path every
-//! other request takes — [`Gateway::call_exposed`]: route, profile, the
-//! token's rules, the audit and its span, rounds when the bundle asks for
-//! input — and the answer written as one JSON body. rmcp's service costs a
-//! request of its own, a oneshot transport, a spawned serve loop and two
-//! conversions; none is needed for a request that is one call.
+//! A plain `tools/call` answered below rmcp's HTTP service (issue 37): a
+//! stateless 2026-07-28 one, or one on a 2025-11-25 session whose agent
+//! can be asked nothing. The request is parsed once, then takes the same
+//! call path every other request takes — [`Gateway::call_exposed`]:
+//! route, profile, the token's rules, the audit and its span, rounds when
+//! the bundle asks for input — on the session's own gateway for a
+//! session's, and the answer is written as one JSON body. rmcp's service
+//! costs a request of its own, a oneshot transport or the session's
+//! worker and channels, a spawned serve loop, a parse that builds an
+//! error for each variant it tries and two conversions; none is needed for
+//! a request that is one call.
 //!
 //! Only a request that rmcp would accept and answer the same way is taken
-//! here; anything else (another method, a session, a header or `_meta`
-//! this path does not check, progress or log messages asked for, a task, a
-//! resumed request, the search profile's meta-tools, a tool whose schema
-//! names `Mcp-Param-*` headers, an `Origin`, a Host rmcp would check) is
-//! handed back untouched for rmcp to answer.
+//! here; anything else (another method, a header or `_meta` this path does
+//! not check, progress or log messages asked for, a task, a resumed
+//! request, the search profile's meta-tools, a tool whose schema names
+//! `Mcp-Param-*` headers, an `Origin`, a Host rmcp would check, a session
+//! not yet (or no longer) known, or whose agent declared sampling,
+//! elicitation or roots — their requests would go on the call's own
+//! stream) is handed back untouched for rmcp to answer.
 
 use axum::body::Bytes;
 use axum::http::{header, HeaderMap, StatusCode};
@@ -26,7 +32,7 @@ use tokio_util::sync::CancellationToken;
 use super::facts::{Direct, Facts};
 use super::Gateway;
 
-/// The one revision answered here.
+/// The one revision answered here without a session.
 const REVISION: &str = "2026-07-28";
 
 /// A request this path takes: what it asks, and how it is named.
@@ -36,22 +42,46 @@ struct Call {
     params: CallToolRequestParams,
 }
 
-/// Answers `request` (its body `body`) when it is a plain stateless tool
-/// call, with a gateway `make` makes; otherwise gives it back.
-/// `hosts_checked`: rmcp checks the Host of this listener (a loopback one).
+/// Answers `request` (its body `body`) when it is a plain tool call —
+/// stateless, or on `session` (its id, already checked to be this token's)
+/// — with a gateway `make` makes or the session's own; otherwise gives it
+/// back. `hosts_checked`: rmcp checks the Host of this listener (a
+/// loopback one).
 pub async fn answer(
     make: &(dyn Fn() -> Gateway + Send + Sync),
     request: axum::extract::Request,
     body: &Bytes,
     hosts_checked: bool,
+    session: Option<&str>,
 ) -> Result<Response, axum::extract::Request> {
-    if !headers_fit(request.headers(), hosts_checked) {
-        return Err(request);
-    }
-    let Some(call) = parse(body, request.headers()) else {
+    let (gateway, peer) = match session {
+        None => (None, None),
+        Some(id) => match make().session(id) {
+            Some((gateway, peer)) => (Some(gateway), Some(peer)),
+            None => return Err(request),
+        },
+    };
+    let fits = match &peer {
+        None => headers_fit(request.headers(), hosts_checked, REVISION, false),
+        Some(peer) => peer.peer_info().is_some_and(|info| {
+            let caps = &info.capabilities;
+            let askable =
+                caps.sampling.is_some() || caps.elicitation.is_some() || caps.roots.is_some();
+            // Sessions are older revisions' (2026-07-28 has none).
+            let legacy = info.protocol_version < ProtocolVersion::V_2026_07_28;
+            let revision = info.protocol_version.as_str();
+            legacy && !askable && headers_fit(request.headers(), hosts_checked, revision, true)
+        }),
+    };
+    let call = match (fits, &peer) {
+        (false, _) => None,
+        (true, None) => parse(body, request.headers()),
+        (true, Some(_)) => parse_on_session(body),
+    };
+    let Some(call) = call else {
         return Err(request);
     };
-    let gateway = make();
+    let gateway = gateway.unwrap_or_else(make);
     if gateway.searching() || names_headers(&gateway, &call.params.name) {
         return Err(request);
     }
@@ -63,6 +93,7 @@ pub async fn answer(
         meta,
         parts,
         ct: ct.clone(),
+        session: peer,
     };
     // In a task of its own, as rmcp runs a request: an agent that goes
     // away cancels the call, which still ends (and is audited) as one.
@@ -74,14 +105,35 @@ pub async fn answer(
     let answered = task.await;
     cancel_on_drop.disarm();
     let message = match answered {
-        Ok(Ok(response)) => ServerJsonRpcMessage::response(ServerResult::from(response), id),
-        Ok(Err(error)) => ServerJsonRpcMessage::error(error, Some(id)),
+        Ok(Ok(response)) => {
+            ServerJsonRpcMessage::response(for_revision(response.into(), session), id)
+        }
+        Ok(Err(mut error)) => {
+            // As rmcp answers 2026-07-28: the standard code.
+            if session.is_none() && error.code == ErrorCode::RESOURCE_NOT_FOUND {
+                error.code = ErrorCode::INVALID_PARAMS;
+            }
+            ServerJsonRpcMessage::error(error, Some(id))
+        }
         Err(e) => ServerJsonRpcMessage::error(
             rmcp::ErrorData::internal_error(format!("the call's task ended: {e}"), None),
             Some(id),
         ),
     };
     Ok(respond(&message))
+}
+
+/// A result in the shape rmcp gives the request's revision: 2026-07-28's
+/// cache hints; a session's (an older revision) without `resultType:
+/// "complete"` and with object-only tool output.
+fn for_revision(mut result: ServerResult, session: Option<&str>) -> ServerResult {
+    if session.is_some() {
+        result.strip_result_type_for_legacy_peer();
+        result.strip_non_object_output_for_legacy_peer();
+    } else {
+        result.fill_missing_cache_hints();
+    }
+    result
 }
 
 /// The reply as rmcp writes a whole one: a JSON body, its status by the
@@ -114,9 +166,10 @@ fn single<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     first.to_str().ok()
 }
 
-/// The request's headers are those of a plain stateless call, each as rmcp
-/// would accept it.
-fn headers_fit(headers: &HeaderMap, hosts_checked: bool) -> bool {
+/// The request's headers are those of a plain call of `revision` —
+/// stateless (2026-07-28, named by `Mcp-Method`), or on a session — each
+/// as rmcp would accept it.
+fn headers_fit(headers: &HeaderMap, hosts_checked: bool, revision: &str, session: bool) -> bool {
     let accepts = headers
         .get_all(header::ACCEPT)
         .iter()
@@ -128,15 +181,23 @@ fn headers_fit(headers: &HeaderMap, hosts_checked: bool) -> bool {
     let host_ok =
         !hosts_checked || single(headers, header::HOST.as_str()).is_some_and(loopback_host);
     let param_headers = headers.keys().any(|k| k.as_str().starts_with("mcp-param-"));
-    single(headers, "mcp-protocol-version") == Some(REVISION)
-        && !headers.contains_key("mcp-session-id")
+    // A session's request names it, and none of 2026-07-28's headers.
+    let kind = if session {
+        single(headers, "mcp-session-id").is_some()
+            && !headers.contains_key("mcp-method")
+            && !headers.contains_key("mcp-name")
+    } else {
+        !headers.contains_key("mcp-session-id")
+            && single(headers, "mcp-method") == Some("tools/call")
+    };
+    single(headers, "mcp-protocol-version") == Some(revision)
+        && kind
         && !headers.contains_key(header::ORIGIN)
         && !headers.contains_key("last-event-id")
         && accepts.contains("application/json")
         && accepts.contains("text/event-stream")
         && json_body
         && host_ok
-        && single(headers, "mcp-method") == Some("tools/call")
         && !param_headers
 }
 
@@ -153,13 +214,19 @@ fn loopback_host(host: &str) -> bool {
 /// One JSON-RPC request, as this path takes it: nothing else in it.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Wire<'a> {
+struct Wire<'a, P> {
     #[serde(borrow)]
     jsonrpc: &'a str,
     id: RequestId,
     #[serde(borrow)]
     method: &'a str,
-    params: WireParams,
+    params: P,
+}
+
+impl<P> Wire<'_, P> {
+    fn is_call(&self) -> bool {
+        self.jsonrpc == "2.0" && self.method == "tools/call"
+    }
 }
 
 /// A tool call's params with nothing but a name, arguments and `_meta`
@@ -178,8 +245,8 @@ struct WireParams {
 /// name, arguments and a `_meta` of this revision that asks for neither
 /// progress nor log messages nor a task, named by its `Mcp-Name`.
 fn parse(body: &[u8], headers: &HeaderMap) -> Option<Call> {
-    let wire: Wire<'_> = serde_json::from_slice(body).ok()?;
-    if wire.jsonrpc != "2.0" || wire.method != "tools/call" {
+    let wire: Wire<'_, WireParams> = serde_json::from_slice(body).ok()?;
+    if !wire.is_call() {
         return None;
     }
     let WireParams {
@@ -197,6 +264,47 @@ fn parse(body: &[u8], headers: &HeaderMap) -> Option<Call> {
             .is_some_and(|c| !c.supports_tasks());
     // `Mcp-Name` is the name, as it is (an encoded one is rmcp's to check).
     if !fits || single(headers, "mcp-name") != Some(name.as_str()) {
+        return None;
+    }
+    let mut params = CallToolRequestParams::new(name);
+    params.arguments = arguments;
+    Some(Call {
+        id: wire.id,
+        meta,
+        params,
+    })
+}
+
+/// A session request's tool call params: a name, arguments and perhaps a
+/// `_meta`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionParams {
+    name: String,
+    #[serde(default)]
+    arguments: Option<rmcp::model::JsonObject>,
+    #[serde(rename = "_meta", default)]
+    meta: Option<RequestMetaObject>,
+}
+
+/// The call in `body`, a session's request: one `tools/call` with only a
+/// name, arguments and a `_meta` that asks for neither progress nor log
+/// messages and carries nothing of 2026-07-28.
+fn parse_on_session(body: &[u8]) -> Option<Call> {
+    let wire: Wire<'_, SessionParams> = serde_json::from_slice(body).ok()?;
+    if !wire.is_call() {
+        return None;
+    }
+    let SessionParams {
+        name,
+        arguments,
+        meta,
+    } = wire.params;
+    let meta = meta.unwrap_or_default();
+    let plain = meta.get_progress_token().is_none()
+        && meta.log_level().is_none()
+        && meta.protocol_version().is_none();
+    if !plain {
         return None;
     }
     let mut params = CallToolRequestParams::new(name);

@@ -20,8 +20,8 @@ pub enum Facts<'a> {
     Direct(&'a Direct),
 }
 
-/// A request the gateway parsed itself: 2026-07-28, stateless, no session
-/// (so no peer to send notifications to).
+/// A request the gateway parsed itself: a stateless 2026-07-28 one (no
+/// peer to send notifications to), or one on a 2025-11-25 session.
 pub struct Direct {
     pub id: RequestId,
     pub meta: RequestMetaObject,
@@ -30,6 +30,10 @@ pub struct Direct {
     pub parts: Parts,
     /// Cancelled when the agent goes away.
     pub ct: CancellationToken,
+    /// The agent's end of its session, for a session's request: what it
+    /// declared at `initialize`, and where its notifications go (the
+    /// session's own stream, as rmcp sends any not tied to a request).
+    pub session: Option<Peer<RoleServer>>,
 }
 
 impl<'a> Facts<'a> {
@@ -64,25 +68,32 @@ impl<'a> Facts<'a> {
     }
 
     /// The agent's end of its connection, where notifications go (none
-    /// for a request answered below rmcp).
+    /// for a stateless request answered below rmcp).
     pub fn peer(&self) -> Option<&'a Peer<RoleServer>> {
         match self {
             Facts::Rmcp(c) => Some(&c.peer),
-            Facts::Direct(_) => None,
+            Facts::Direct(d) => d.session.as_ref(),
         }
     }
 
     pub fn protocol_version(&self) -> Option<ProtocolVersion> {
         match self {
             Facts::Rmcp(c) => c.protocol_version(),
-            Facts::Direct(d) => d.meta.protocol_version(),
+            // As rmcp reads it: the request's, else its session's.
+            Facts::Direct(d) => d.meta.protocol_version().or_else(|| {
+                let info = d.session.as_ref()?.peer_info()?;
+                Some(info.protocol_version.clone())
+            }),
         }
     }
 
     pub fn client_capabilities(&self) -> Option<ClientCapabilities> {
         match self {
             Facts::Rmcp(c) => c.client_capabilities(),
-            Facts::Direct(d) => d.meta.client_capabilities(),
+            Facts::Direct(d) => d.meta.client_capabilities().or_else(|| {
+                let info = d.session.as_ref()?.peer_info()?;
+                Some(info.capabilities.clone())
+            }),
         }
     }
 }

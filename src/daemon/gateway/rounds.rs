@@ -248,8 +248,8 @@ impl Agent for RoundAgent {
     }
 }
 
-/// The agent of a request answered below rmcp (so no stream to send it
-/// anything on) that declared nothing a bundle could ask of it: no
+/// The agent of a stateless request answered below rmcp (so no stream to
+/// send it anything on) that declared nothing a bundle could ask of it: no
 /// sampling, elicitation or roots, no log level, no progress, no retry.
 /// Its call can never need a round — a bundle that asks anyway is refused
 /// by the capability check every request of a bundle passes
@@ -261,7 +261,7 @@ impl Unaskable {
     /// The agent of `context` when it is such a request; `retried`: the
     /// request carries `requestState` or `inputResponses`.
     pub fn of(context: &Facts<'_>, retried: bool, progress: bool) -> Option<Arc<dyn Agent>> {
-        if !matches!(context, Facts::Direct(_))
+        if !matches!(context, Facts::Direct(d) if d.session.is_none())
             || retried
             || progress
             || context.meta().log_level().is_some()

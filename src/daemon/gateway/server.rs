@@ -6,7 +6,7 @@
 // 2025-11-25 use it.
 #![allow(deprecated)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,6 +60,8 @@ pub struct Inner {
     pub grant: Option<Arc<Grant>>,
     /// Tools this session pinned (`discovery = "search"`): bundle, own name.
     pub(super) pinned: std::sync::Mutex<std::collections::BTreeSet<(String, String)>>,
+    /// The live sessions of this gateway's endpoint, by id.
+    pub(super) sessions: Arc<Sessions>,
     /// The agent of this session, as the bundles' requests reach it (one
     /// per session: the bundles tell agents apart by it).
     agent: std::sync::OnceLock<Arc<dyn Agent>>,
@@ -89,6 +91,44 @@ pub struct Routes {
 pub struct Common {
     pub rounds: Arc<Rounds>,
     pub routes: Arc<Routes>,
+    pub sessions: Arc<Sessions>,
+}
+
+/// The gateways of an endpoint's live sessions, by session id, each with
+/// its agent's end. A session's gateway enters it when its agent says it
+/// is initialized (that request names the session; rmcp routed it to this
+/// gateway), and leaves with the session. A session request answered
+/// below rmcp ([`super::direct`]) runs on its session's gateway; one on a
+/// session not (or no longer) here is rmcp's.
+#[derive(Default)]
+pub struct Sessions(std::sync::Mutex<HashMap<String, Live>>);
+
+/// A live session's gateway (held by its watcher) and its agent's end.
+type Live = (std::sync::Weak<Inner>, Peer<RoleServer>);
+
+impl Sessions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn enter(&self, id: &str, gateway: &Gateway, peer: &Peer<RoleServer>) {
+        let entry = (Arc::downgrade(&gateway.0), peer.clone());
+        self.lock().insert(id.to_string(), entry);
+    }
+
+    fn leave(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
+    /// Session `id`'s gateway and its agent's end, while it lives.
+    fn get(&self, id: &str) -> Option<(Gateway, Peer<RoleServer>)> {
+        let (gateway, peer) = {
+            let sessions = self.lock();
+            let (gateway, peer) = sessions.get(id)?;
+            (gateway.upgrade()?, peer.clone())
+        };
+        (!peer.is_transport_closed()).then_some((Gateway(gateway), peer))
+    }
 }
 
 impl Common {
@@ -97,6 +137,7 @@ impl Common {
         Common {
             rounds: Rounds::new(limits),
             routes: Arc::default(),
+            sessions: Arc::default(),
         }
     }
 }
@@ -124,14 +165,24 @@ impl Gateway {
             grant,
             pinned: Default::default(),
             routes: common.routes,
+            sessions: common.sessions,
             agent: std::sync::OnceLock::new(),
             log_level: Arc::default(),
         }))
     }
 
+    /// Session `id` of this gateway's endpoint: its gateway and its
+    /// agent's end, while it lives.
+    pub fn session(&self, id: &str) -> Option<(Gateway, Peer<RoleServer>)> {
+        self.0.sessions.get(id)
+    }
+
     /// Tells the agent when its lists change, for as long as its session
-    /// lives.
-    pub fn watch(&self, peer: Peer<RoleServer>) {
+    /// lives; session `id` (over HTTP) is this gateway's until then.
+    pub fn watch(&self, peer: Peer<RoleServer>, id: Option<String>) {
+        if let Some(id) = &id {
+            self.0.sessions.enter(id, self, &peer);
+        }
         let gateway = self.clone();
         tokio::spawn(async move {
             // Ends with the session: the watcher holds the gateway, so
@@ -149,8 +200,11 @@ impl Gateway {
                 async move { super::tell_session(&peer, list).await }
             };
             tokio::select! {
-                _ = super::watch_changes(gateway, tell) => {}
+                _ = super::watch_changes(gateway.clone(), tell) => {}
                 _ = closed => {}
+            }
+            if let Some(id) = id {
+                gateway.0.sessions.leave(&id);
             }
         });
     }
@@ -169,12 +223,15 @@ impl Gateway {
             .clone()
     }
 
-    /// The agent of the session a request came on (every request rmcp
-    /// parsed has one; one answered below rmcp never reaches a session's
-    /// path).
+    /// The agent of the session a request came on (every session request
+    /// has one, whoever parsed it; a stateless one answered below rmcp
+    /// never reaches a session's path).
     fn session_agent(&self, context: &Facts<'_>) -> Result<Arc<dyn Agent>, ErrorData> {
         context.peer().map(|peer| self.agent(peer)).ok_or_else(|| {
-            ErrorData::internal_error("a request answered below rmcp has no session", None)
+            ErrorData::internal_error(
+                "a stateless request answered below rmcp has no session",
+                None,
+            )
         })
     }
 
@@ -1103,7 +1160,14 @@ impl Agent for Listener {
 
 impl ServerHandler for Gateway {
     async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
-        self.watch(context.peer);
+        // Over HTTP, the notification names its session.
+        let id = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|p| p.headers.get("mcp-session-id"))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        self.watch(context.peer, id);
     }
 
     fn get_info(&self) -> ServerConfig {
