@@ -1059,20 +1059,6 @@ async fn an_agent_is_told_why_the_bundle_died_under_its_call_on_both_revisions()
     );
 }
 
-/// The HTTP gateway's requests answered below rmcp, and by rmcp, as
-/// `/metrics` counts them.
-fn answered_by(d: &Daemon) -> (u64, u64) {
-    let text = d.ok(&["metrics"]);
-    let count = |path: &str| {
-        let line = format!("bundlevisor_http_gateway_requests_total{{path=\"{path}\"}} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(&line))
-            .and_then(|n| n.trim().parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no {path} count in:\n{text}")) as u64
-    };
-    (count("direct"), count("rmcp"))
-}
-
 /// Issue 37, point 1: a plain stateless 2026-07-28 tool call is answered
 /// below rmcp's service, with the answer rmcp gives (the same request
 /// asking for log messages goes through rmcp: compared), and on the same
@@ -1085,23 +1071,23 @@ async fn a_plain_stateless_call_is_answered_below_rmcp_with_rmcps_answer_and_pol
     let t =
         tokio::task::block_in_place(|| token(&d, &["--name", "direct", "--deny", "tool:demo/add"]));
     let url = format!("{base}/mcp/default");
-    let before = answered_by(&d);
+    let before = common::answered_by(&d);
     let echo = json!({"name": "demo__echo", "arguments": {"text": "below"}});
     let direct = stateless(&url, &t, "tools/call", "demo__echo", echo.clone()).await;
-    let after = answered_by(&d);
+    let after = common::answered_by(&d);
     assert_eq!((after.0 - before.0, after.1 - before.1), (1, 0), "{direct}");
     // The same call asking for log messages: rmcp's answer, the same.
     let mut logged = echo.clone();
     logged["_meta"] = json!({"io.modelcontextprotocol/logLevel": "debug"});
     let by_rmcp = stateless(&url, &t, "tools/call", "demo__echo", logged).await;
-    assert_eq!(answered_by(&d), (after.0, after.1 + 1));
+    assert_eq!(common::answered_by(&d), (after.0, after.1 + 1));
     assert_eq!(direct, by_rmcp);
     assert_eq!(direct["result"]["content"][0]["text"], "below", "{direct}");
 
     // Denied by the token's rules, below rmcp too, with the rule named.
     let add = json!({"name": "demo__add", "arguments": {"a": 1, "b": 2}});
     let refused = stateless(&url, &t, "tools/call", "demo__add", add).await;
-    assert_eq!(answered_by(&d).0, after.0 + 1);
+    assert_eq!(common::answered_by(&d).0, after.0 + 1);
     let why = refused["error"]["message"].as_str().unwrap_or_default();
     assert!(why.contains("--deny tool:demo/add"), "{refused}");
     let audit = tokio::task::block_in_place(|| {
@@ -1132,58 +1118,10 @@ async fn a_plain_stateless_call_is_answered_below_rmcp_with_rmcps_answer_and_pol
     progress["_meta"] = json!({"progressToken": "p1"});
     stateless(&url, &t, "tools/call", "demo__echo", progress).await;
     assert_eq!(
-        answered_by(&d).0,
+        common::answered_by(&d).0,
         after.0 + 1,
         "only the plain calls went below rmcp"
     );
-}
-
-/// A raw 2025-11-25 session of `token` at `url`, its agent declaring
-/// `capabilities`: initialized, and its id.
-async fn raw_session(url: &str, token: &str, capabilities: Value) -> String {
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-11-25", "capabilities": capabilities,
-        "clientInfo": {"name": "raw-session", "version": "1"}}});
-    let (status, headers, _) = posted(url, token, None, &init).await;
-    assert_eq!(status, 200);
-    let id = headers["mcp-session-id"].to_str().unwrap().to_string();
-    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
-    let (status, _, _) = posted(url, token, Some(&id), &initialized).await;
-    assert!(status < 300, "{status}");
-    id
-}
-
-/// One POST on session `id` (none: opening one): the status, the headers,
-/// and the JSON-RPC messages of the answer (a JSON body or SSE events).
-async fn posted(
-    url: &str,
-    token: &str,
-    id: Option<&str>,
-    body: &Value,
-) -> (u16, reqwest::header::HeaderMap, Vec<Value>) {
-    let mut request = reqwest::Client::new()
-        .post(url)
-        .bearer_auth(token)
-        .header("Accept", "application/json, text/event-stream")
-        .header("Content-Type", "application/json");
-    if let Some(id) = id {
-        request = request
-            .header("Mcp-Session-Id", id)
-            .header("MCP-Protocol-Version", "2025-11-25");
-    }
-    let response = request.body(body.to_string()).send().await.unwrap();
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let text = response.text().await.unwrap_or_default();
-    let messages = match serde_json::from_str(&text) {
-        Ok(v) => vec![v],
-        Err(_) => text
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .filter_map(|d| serde_json::from_str(d.trim()).ok())
-            .collect(),
-    };
-    (status, headers, messages)
 }
 
 /// Issue 37, point 1: a plain `tools/call` on a 2025-11-25 session whose
@@ -1203,19 +1141,20 @@ async fn a_plain_call_on_a_session_is_answered_below_rmcp_and_keeps_it_alive() {
     d.ok(&["install", d.demo_bundle("demo").to_str().unwrap()]);
     let url = format!("http://127.0.0.1:{port}/mcp/default");
     let t = token(&d, &["--name", "sessions", "--deny", "tool:demo/add"]);
-    let id = raw_session(&url, &t, json!({})).await;
+    let id = common::raw_session(&url, &t, json!({})).await;
     let echo = |n: u64, text: &str| {
         json!({"jsonrpc": "2.0", "id": n, "method": "tools/call",
             "params": {"name": "demo__echo", "arguments": {"text": text}}})
     };
     // The session is the gateway's once its `initialized` is handled.
-    let before = tokio::task::block_in_place(|| answered_by(&d));
+    let before = tokio::task::block_in_place(|| common::answered_by(&d));
     let mut n = 10;
     let (headers, direct) = loop {
         n += 1;
-        let (status, headers, messages) = posted(&url, &t, Some(&id), &echo(n, "below")).await;
+        let (status, headers, messages) =
+            common::posted(&url, &t, Some(&id), &echo(n, "below")).await;
         assert_eq!(status, 200, "{messages:?}");
-        let after = tokio::task::block_in_place(|| answered_by(&d));
+        let after = tokio::task::block_in_place(|| common::answered_by(&d));
         if after.0 > before.0 {
             break (headers, messages);
         }
@@ -1224,7 +1163,7 @@ async fn a_plain_call_on_a_session_is_answered_below_rmcp_and_keeps_it_alive() {
     assert_eq!(headers["content-type"], "application/json");
     let mut progress = echo(1000, "below");
     progress["params"]["_meta"] = json!({"progressToken": "p"});
-    let (_, _, by_rmcp) = posted(&url, &t, Some(&id), &progress).await;
+    let (_, _, by_rmcp) = common::posted(&url, &t, Some(&id), &progress).await;
     let rmcp_answer = by_rmcp
         .iter()
         .find(|m| m["id"] == 1000)
@@ -1233,37 +1172,37 @@ async fn a_plain_call_on_a_session_is_answered_below_rmcp_and_keeps_it_alive() {
     assert_eq!(direct[0]["result"]["content"][0]["text"], "below");
     let add = json!({"jsonrpc": "2.0", "id": 2000, "method": "tools/call",
         "params": {"name": "demo__add", "arguments": {"a": 1, "b": 2}}});
-    let (_, _, refused) = posted(&url, &t, Some(&id), &add).await;
+    let (_, _, refused) = common::posted(&url, &t, Some(&id), &add).await;
     let why = refused[0]["error"]["message"].as_str().unwrap_or_default();
     assert!(why.contains("--deny tool:demo/add"), "{refused:?}");
-    let direct_so_far = tokio::task::block_in_place(|| answered_by(&d)).0;
+    let direct_so_far = tokio::task::block_in_place(|| common::answered_by(&d)).0;
 
     // Calls below rmcp only, for longer than the idle time: one every
     // 200 ms for 2.5 s, and the session lives.
     let until = std::time::Instant::now() + std::time::Duration::from_millis(2500);
     while std::time::Instant::now() < until {
         n += 1;
-        let (status, _, messages) = posted(&url, &t, Some(&id), &echo(n, "alive")).await;
+        let (status, _, messages) = common::posted(&url, &t, Some(&id), &echo(n, "alive")).await;
         assert_eq!(status, 200, "the session ended while in use: {messages:?}");
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
-    let (direct_now, _) = tokio::task::block_in_place(|| answered_by(&d));
+    let (direct_now, _) = tokio::task::block_in_place(|| common::answered_by(&d));
     assert!(
         direct_now > direct_so_far + 5,
         "{direct_now} {direct_so_far}"
     );
     // Idle for three times that (any request would be use): ended.
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
-    let (status, _, _) = posted(&url, &t, Some(&id), &echo(9000, "idle")).await;
+    let (status, _, _) = common::posted(&url, &t, Some(&id), &echo(9000, "idle")).await;
     assert_eq!(status, 404, "an idle session lives on");
 
     // An agent that declared sampling: rmcp's.
-    let asking = raw_session(&url, &t, json!({"sampling": {}})).await;
-    let (direct_before, rmcp_before) = tokio::task::block_in_place(|| answered_by(&d));
-    let (status, _, answer) = posted(&url, &t, Some(&asking), &echo(3, "asks")).await;
+    let asking = common::raw_session(&url, &t, json!({"sampling": {}})).await;
+    let (direct_before, rmcp_before) = tokio::task::block_in_place(|| common::answered_by(&d));
+    let (status, _, answer) = common::posted(&url, &t, Some(&asking), &echo(3, "asks")).await;
     assert_eq!(status, 200);
     let result = answer.iter().find(|m| m["id"] == 3).expect("an answer");
     assert_eq!(result["result"]["content"][0]["text"], "asks");
-    let (direct_after, rmcp_after) = tokio::task::block_in_place(|| answered_by(&d));
+    let (direct_after, rmcp_after) = tokio::task::block_in_place(|| common::answered_by(&d));
     assert_eq!((direct_after, rmcp_after), (direct_before, rmcp_before + 1));
 }

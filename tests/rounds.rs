@@ -143,9 +143,9 @@ async fn an_agent_without_elicitation_is_not_asked() {
             messages.into_iter().find(|m| m["id"] == 7).unwrap()
         }
     };
-    let direct_before = answered_below_rmcp(&d);
+    let direct_before = common::answered_by(&d).0;
     let answer = answer_to(first_call(1)).await;
-    assert_eq!(answered_below_rmcp(&d), direct_before + 1, "{answer}");
+    assert_eq!(common::answered_by(&d).0, direct_before + 1, "{answer}");
     assert_eq!(answer["result"]["resultType"], "complete", "{answer}");
     assert_eq!(answer["result"]["isError"], true, "{answer}");
     let text = answer["result"]["content"][0]["text"].as_str().unwrap();
@@ -156,18 +156,37 @@ async fn an_agent_without_elicitation_is_not_asked() {
     let mut logged = first_call(1);
     logged["_meta"] = json!({"io.modelcontextprotocol/logLevel": "emergency"});
     let in_rounds = answer_to(logged).await;
-    assert_eq!(answered_below_rmcp(&d), direct_before + 1, "{in_rounds}");
+    assert_eq!(common::answered_by(&d).0, direct_before + 1, "{in_rounds}");
     assert_eq!(in_rounds["result"], answer["result"]);
 }
 
-/// Requests the HTTP gateway answered below rmcp, so far.
-fn answered_below_rmcp(d: &Daemon) -> u64 {
-    let text = d.ok(&["metrics"]);
-    let line = "bundlevisor_http_gateway_requests_total{path=\"direct\"} ";
-    text.lines()
-        .find_map(|l| l.strip_prefix(line))
-        .and_then(|n| n.trim().parse::<f64>().ok())
-        .unwrap_or(0.0) as u64
+/// Issue 37: a plain call on a 2025-11-25 session, answered below rmcp,
+/// to a bundle on 2026-07-28 that needs input its agent cannot give
+/// (`input_required` for an elicitation; the agent declared none): the
+/// bundle's need is an error in a 200, as on rmcp's stream of a session
+/// (a stateless agent's is a 400).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_agent_that_cannot_be_asked_hears_why_in_a_200() {
+    let (d, url) = daemon("");
+    tokio::task::block_in_place(|| with_py_asker(&d));
+    let t = token(&d);
+    let id = common::session_below_rmcp(&d, &url, &t).await;
+    let (direct, _) = tokio::task::block_in_place(|| common::answered_by(&d));
+    let greet = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+        "params": {"name": "py-asker__greet", "arguments": {}}});
+    let (status, headers, answer) = common::posted(&url, &t, Some(&id), &greet).await;
+    assert_eq!(status, 200, "{answer:?}");
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(common::answered_by(&d).0, direct + 1);
+    let error = &answer[0]["error"];
+    assert_eq!(error["code"], -32021, "{answer:?}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("elicitation"),
+        "{answer:?}"
+    );
 }
 
 /// Installs copies of the demo named `names` beside the first one. Over

@@ -1125,3 +1125,83 @@ pub fn contains(haystack: &[u8], needle: &str) -> bool {
         .windows(needle.len())
         .any(|w| w == needle.as_bytes())
 }
+
+/// A raw 2025-11-25 session of `token` at `url`, its agent declaring
+/// `capabilities`: initialized, and its id.
+pub async fn raw_session(url: &str, token: &str, capabilities: Value) -> String {
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": capabilities,
+        "clientInfo": {"name": "raw-session", "version": "1"}}});
+    let (status, headers, _) = posted(url, token, None, &init).await;
+    assert_eq!(status, 200);
+    let id = headers["mcp-session-id"].to_str().unwrap().to_string();
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let (status, _, _) = posted(url, token, Some(&id), &initialized).await;
+    assert!(status < 300, "{status}");
+    id
+}
+
+/// One POST on session `id` (none: opening one): the status, the headers,
+/// and the JSON-RPC messages of the answer (a JSON body or SSE events).
+pub async fn posted(
+    url: &str,
+    token: &str,
+    id: Option<&str>,
+    body: &Value,
+) -> (u16, reqwest::header::HeaderMap, Vec<Value>) {
+    let mut request = reqwest::Client::new()
+        .post(url)
+        .bearer_auth(token)
+        .header("Accept", "application/json, text/event-stream")
+        .header("Content-Type", "application/json");
+    if let Some(id) = id {
+        request = request
+            .header("Mcp-Session-Id", id)
+            .header("MCP-Protocol-Version", "2025-11-25");
+    }
+    let response = request.body(body.to_string()).send().await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await.unwrap_or_default();
+    let messages = match serde_json::from_str(&text) {
+        Ok(v) => vec![v],
+        Err(_) => text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str(d.trim()).ok())
+            .collect(),
+    };
+    (status, headers, messages)
+}
+
+/// The HTTP gateway's requests answered below rmcp, and by rmcp, as
+/// `/metrics` counts them.
+pub fn answered_by(d: &Daemon) -> (u64, u64) {
+    let text = d.ok(&["metrics"]);
+    let count = |path: &str| {
+        let line = format!("bundlevisor_http_gateway_requests_total{{path=\"{path}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .and_then(|n| n.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no {path} count in:\n{text}")) as u64
+    };
+    (count("direct"), count("rmcp"))
+}
+
+/// [`raw_session`] of an agent declaring nothing a bundle could ask, once
+/// a plain call on it (`demo__echo`) is answered below rmcp (the session's
+/// gateway knows it once its `initialized` is handled): its id.
+pub async fn session_below_rmcp(d: &Daemon, url: &str, token: &str) -> String {
+    let id = raw_session(url, token, json!({})).await;
+    let echo = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "demo__echo", "arguments": {"text": "ready"}}});
+    for _ in 0..200 {
+        let before = tokio::task::block_in_place(|| answered_by(d)).0;
+        let (status, _, answer) = posted(url, token, Some(&id), &echo).await;
+        assert_eq!(status, 200, "{answer:?}");
+        if tokio::task::block_in_place(|| answered_by(d)).0 > before {
+            return id;
+        }
+    }
+    panic!("no call on the session was answered below rmcp");
+}

@@ -120,7 +120,7 @@ pub async fn answer(
             Some(id),
         ),
     };
-    Ok(respond(&message))
+    Ok(respond(&message, session.is_some()))
 }
 
 /// A result in the shape rmcp gives the request's revision: 2026-07-28's
@@ -138,9 +138,11 @@ fn for_revision(mut result: ServerResult, session: Option<&str>) -> ServerResult
 
 /// The reply as rmcp writes a whole one: a JSON body, its status by the
 /// error it carries (2026-07-28's header and capability errors are 400,
-/// an unknown method 404, anything else 200).
-fn respond(message: &ServerJsonRpcMessage) -> Response {
+/// an unknown method 404, anything else 200). A session's answer is 200
+/// whatever it carries, as rmcp's stream of it is.
+fn respond(message: &ServerJsonRpcMessage, on_session: bool) -> Response {
     let status = match message {
+        ServerJsonRpcMessage::Error(_) if on_session => StatusCode::OK,
         ServerJsonRpcMessage::Error(e) => match e.error.code {
             ErrorCode::UNSUPPORTED_PROTOCOL_VERSION
             | ErrorCode::MISSING_REQUIRED_CLIENT_CAPABILITY
