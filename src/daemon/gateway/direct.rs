@@ -26,7 +26,6 @@ use rmcp::model::{
     CallToolRequestParams, ErrorCode, ProtocolVersion, RequestId, RequestMetaObject,
     ServerJsonRpcMessage, ServerResult,
 };
-use rmcp::ServerHandler;
 use tokio_util::sync::CancellationToken;
 
 use super::facts::{Direct, Facts};
@@ -82,7 +81,7 @@ pub async fn answer(
         return Err(request);
     };
     let gateway = gateway.unwrap_or_else(make);
-    if gateway.searching() || names_headers(&gateway, &call.params.name) {
+    if gateway.searching() || names_headers(&gateway, &call.params.name).await {
         return Err(request);
     }
     let (parts, _) = request.into_parts();
@@ -320,7 +319,7 @@ fn parse_on_session(body: &[u8]) -> Option<Call> {
 
 /// Whether the tool's schema names headers its arguments are sent in
 /// (`x-mcp-header`), which rmcp checks against `Mcp-Param-*`.
-fn names_headers(gateway: &Gateway, name: &str) -> bool {
+async fn names_headers(gateway: &Gateway, name: &str) -> bool {
     fn names(value: &serde_json::Value) -> bool {
         match value {
             serde_json::Value::Object(map) => {
@@ -331,7 +330,6 @@ fn names_headers(gateway: &Gateway, name: &str) -> bool {
         }
     }
     // A tool not found is rmcp's to answer.
-    gateway.get_tool(name).is_none_or(|tool| {
-        tool.input_schema.values().any(names) || tool.input_schema.contains_key("x-mcp-header")
-    })
+    let schema = gateway.routed_schema(name).await;
+    schema.is_none_or(|schema| schema.values().any(names) || schema.contains_key("x-mcp-header"))
 }

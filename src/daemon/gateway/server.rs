@@ -462,6 +462,24 @@ impl Gateway {
         }
     }
 
+    /// The input schema of the tool exposed as `exposed`, found as a call
+    /// finds its route (the endpoint's table, listed once when it has not
+    /// the name), while its bundle is ready. Not `get_tool`, which looks
+    /// through every ready bundle of the workspace for the name.
+    pub(super) async fn routed_schema(
+        &self,
+        exposed: &str,
+    ) -> Option<Arc<rmcp::model::JsonObject>> {
+        let refresh = async { self.tools().await.map(|_| ()) };
+        let route = self
+            .route(&self.0.routes.tools, exposed, refresh)
+            .await
+            .ok()?;
+        self.0
+            .api
+            .tool_schema(&self.0.workspace, &route.bundle, &route.name)
+    }
+
     pub(super) async fn route(
         &self,
         map: &Mutex<BTreeMap<String, Entry>>,
