@@ -967,6 +967,19 @@ pub async fn post_2026(
     post_2026_with(url, token, (method, name), params, capabilities, &[]).await
 }
 
+/// The JSON-RPC messages of an answer's body: one JSON body, or the data
+/// of its SSE events.
+fn messages_of(text: &str) -> Vec<Value> {
+    match serde_json::from_str(text) {
+        Ok(v) => vec![v],
+        Err(_) => text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str(d.trim()).ok())
+            .collect(),
+    }
+}
+
 /// [`post_2026`] with more HTTP headers (a `traceparent`, say).
 pub async fn post_2026_with(
     url: &str,
@@ -999,14 +1012,7 @@ pub async fn post_2026_with(
     let response = request.body(body.to_string()).send().await.unwrap();
     let status = response.status().as_u16();
     let text = response.text().await.unwrap();
-    let messages = match serde_json::from_str(&text) {
-        Ok(v) => vec![v],
-        Err(_) => text
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .filter_map(|d| serde_json::from_str(d.trim()).ok())
-            .collect(),
-    };
+    let messages = messages_of(&text);
     (status, messages)
 }
 
@@ -1163,14 +1169,7 @@ pub async fn posted(
     let status = response.status().as_u16();
     let headers = response.headers().clone();
     let text = response.text().await.unwrap_or_default();
-    let messages = match serde_json::from_str(&text) {
-        Ok(v) => vec![v],
-        Err(_) => text
-            .lines()
-            .filter_map(|l| l.strip_prefix("data:"))
-            .filter_map(|d| serde_json::from_str(d.trim()).ok())
-            .collect(),
-    };
+    let messages = messages_of(&text);
     (status, headers, messages)
 }
 

@@ -41,6 +41,19 @@ struct Call {
     params: CallToolRequestParams,
 }
 
+impl Call {
+    fn new(
+        id: RequestId,
+        meta: RequestMetaObject,
+        name: String,
+        arguments: Option<rmcp::model::JsonObject>,
+    ) -> Call {
+        let mut params = CallToolRequestParams::new(name);
+        params.arguments = arguments;
+        Call { id, meta, params }
+    }
+}
+
 /// Answers `request` (its body `body`) when it is a plain tool call —
 /// stateless, or on `session` (its id, already checked to be this token's)
 /// — with a gateway `make` makes or the session's own; otherwise gives it
@@ -267,13 +280,7 @@ fn parse(body: &[u8], headers: &HeaderMap) -> Option<Call> {
     if !fits || single(headers, "mcp-name") != Some(name.as_str()) {
         return None;
     }
-    let mut params = CallToolRequestParams::new(name);
-    params.arguments = arguments;
-    Some(Call {
-        id: wire.id,
-        meta,
-        params,
-    })
+    Some(Call::new(wire.id, meta, name, arguments))
 }
 
 /// A session request's tool call params: a name, arguments and perhaps a
@@ -305,16 +312,7 @@ fn parse_on_session(body: &[u8]) -> Option<Call> {
     let plain = meta.get_progress_token().is_none()
         && meta.log_level().is_none()
         && meta.protocol_version().is_none();
-    if !plain {
-        return None;
-    }
-    let mut params = CallToolRequestParams::new(name);
-    params.arguments = arguments;
-    Some(Call {
-        id: wire.id,
-        meta,
-        params,
-    })
+    plain.then(|| Call::new(wire.id, meta, name, arguments))
 }
 
 /// Whether the tool's schema names headers its arguments are sent in
