@@ -1172,10 +1172,43 @@ async fn a_plain_call_on_a_session_is_answered_below_rmcp_and_keeps_it_alive() {
     assert_eq!(direct[0]["result"]["content"][0]["text"], "below");
     let add = json!({"jsonrpc": "2.0", "id": 2000, "method": "tools/call",
         "params": {"name": "demo__add", "arguments": {"a": 1, "b": 2}}});
+    let direct_before = tokio::task::block_in_place(|| common::answered_by(&d)).0;
     let (_, _, refused) = common::posted(&url, &t, Some(&id), &add).await;
     let why = refused[0]["error"]["message"].as_str().unwrap_or_default();
     assert!(why.contains("--deny tool:demo/add"), "{refused:?}");
     let direct_so_far = tokio::task::block_in_place(|| common::answered_by(&d)).0;
+    assert_eq!(direct_so_far, direct_before + 1, "refused below rmcp");
+
+    // The agent cancels a call answered below rmcp by its id, as it would
+    // one of rmcp's: the bundle hears it.
+    let sleep = json!({"jsonrpc": "2.0", "id": 3000, "method": "tools/call",
+        "params": {"name": "demo__sleep", "arguments": {"ms": 30000}}});
+    let sleeping = tokio::spawn({
+        let (url, t, id) = (url.clone(), t.clone(), id.clone());
+        async move { common::posted(&url, &t, Some(&id), &sleep).await }
+    });
+    let logged = |what: &str| {
+        tokio::task::block_in_place(|| {
+            common::wait_for(std::time::Duration::from_secs(10), what, || {
+                d.ok(&["logs", "demo", "-n", "50"])
+                    .contains(what)
+                    .then_some(())
+            })
+        })
+    };
+    logged("sleeping 30000 ms");
+    let cancel = json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+        "params": {"requestId": 3000, "reason": "test"}});
+    common::posted(&url, &t, Some(&id), &cancel).await;
+    logged("sleep of 30000 ms cancelled by the client");
+    let (status, _, _) = sleeping.await.unwrap();
+    assert_eq!(status, 200);
+    let direct_so_far = tokio::task::block_in_place(|| common::answered_by(&d)).0;
+    assert_eq!(
+        direct_so_far,
+        direct_before + 2,
+        "the sleep went below rmcp"
+    );
 
     // Calls below rmcp only, for longer than the idle time: one every
     // 200 ms for 2.5 s, and the session lives.
@@ -1196,8 +1229,10 @@ async fn a_plain_call_on_a_session_is_answered_below_rmcp_and_keeps_it_alive() {
     let (status, _, _) = common::posted(&url, &t, Some(&id), &echo(9000, "idle")).await;
     assert_eq!(status, 404, "an idle session lives on");
 
-    // An agent that declared sampling: rmcp's.
+    // An agent that declared sampling: rmcp's. Its session is the
+    // gateway's by the time one opened after it is.
     let asking = common::raw_session(&url, &t, json!({"sampling": {}})).await;
+    common::session_below_rmcp(&d, &url, &t).await;
     let (direct_before, rmcp_before) = tokio::task::block_in_place(|| common::answered_by(&d));
     let (status, _, answer) = common::posted(&url, &t, Some(&asking), &echo(3, "asks")).await;
     assert_eq!(status, 200);

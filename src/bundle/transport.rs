@@ -820,7 +820,7 @@ mod tests {
     /// rmcp's to write.
     #[test]
     fn a_tool_call_is_written_as_rmcp_writes_it() {
-        use rmcp::model::{CallToolRequestParams, GetMeta, Request};
+        use rmcp::model::{CallToolRequestParams, GetExtensions, GetMeta, Request};
         let request = |params: CallToolRequestParams| {
             TxJsonRpcMessage::<RoleClient>::request(
                 ClientRequest::CallToolRequest(Request::new(params)),
@@ -853,6 +853,15 @@ mod tests {
         let mut progress = RequestMetaObject::default();
         progress.set_progress_token(rmcp::model::ProgressToken(RequestId::Number(3)));
         both.meta = Some(progress);
+        // A legacy `_meta` beside them, and an empty one in them.
+        let mut legacy = request(CallToolRequestParams::new("echo"));
+        if let JsonRpcMessage::Request(r) = &mut legacy {
+            let mut meta = MetaObject::new();
+            meta.0.insert("k".into(), json!("v"));
+            r.request.extensions_mut().insert(meta);
+        }
+        let mut empty = CallToolRequestParams::new("echo");
+        empty.meta = Some(RequestMetaObject::default());
         let other = TxJsonRpcMessage::<RoleClient>::request(
             ClientRequest::ListToolsRequest(Default::default()),
             RequestId::String("t".into()),
@@ -863,6 +872,8 @@ mod tests {
             request(retried),
             beside(CallToolRequestParams::new("echo").with_arguments(Default::default())),
             beside(both),
+            legacy,
+            request(empty),
             other,
         ] {
             let line = encode(&message).unwrap();

@@ -1198,8 +1198,8 @@ pub struct HttpSettings {
     /// A request body must arrive within this of its head.
     #[serde(default = "defaults::http_body_timeout", with = "humantime_serde")]
     pub body_timeout: Duration,
-    /// A session with no request for this long is ended; its agent starts
-    /// a new one (`initialize`).
+    /// A session with no request for this long is ended (within a quarter
+    /// more); its agent starts a new one (`initialize`).
     #[serde(default = "defaults::http_session_idle", with = "humantime_serde")]
     pub session_idle: Duration,
     /// Serve `GET /metrics` here too, to anyone who reaches the listener

@@ -450,7 +450,8 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
     // and what its token's rules let it reach.
     request.extensions_mut().insert(AgentKey(token.id.clone()));
     request.extensions_mut().insert(grant);
-    let request = match direct(&app, &make, request, &body, (named.as_deref(), stateless)).await {
+    let plain = (named.as_deref(), stateless);
+    let request = match direct(&app, (&make, &sessions), request, &body, plain).await {
         Ok(response) => return resumed::sent(response, busy, tag),
         Err(back) => back,
     };
@@ -478,18 +479,22 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
 
 /// A plain tool call answered below rmcp's service, on the same call path
 /// ([`gateway::direct`]): one that is `stateless` with no session, or one
-/// on its token's session (`named`, checked); any other request is given
-/// back for rmcp. Counted either way.
+/// on its token's session (`named`, checked, and still one of the
+/// endpoint's `sessions`: one just ended is rmcp's to refuse); any other
+/// request is given back for rmcp. Counted either way.
 ///
 /// [`gateway::direct`]: crate::daemon::gateway::direct
 async fn direct(
     app: &App,
-    make: &MakeGateway,
+    (make, sessions): (&MakeGateway, &LocalSessionManager),
     request: Request,
     body: &axum::body::Bytes,
     (named, stateless): (Option<&str>, bool),
 ) -> Result<Response, Request> {
-    let plain = named.is_some() != stateless && request.method() == axum::http::Method::POST;
+    let mut plain = named.is_some() != stateless && request.method() == axum::http::Method::POST;
+    if let (true, Some(id)) = (plain, named) {
+        plain = sessions.sessions.read().await.contains_key(id);
+    }
     let answered = if plain {
         // rmcp checks the Host on a loopback listener only.
         let settings = &app.shared.config.http;
@@ -863,9 +868,9 @@ impl Owners {
     }
 
     /// After a request of session `id` answered below rmcp: rmcp's session
-    /// worker, which ends a session it has not heard of for `idle`, is told
-    /// it is in use — at most every quarter of `idle`, so a session whose
-    /// agent only calls tools lives as long as one whose calls rmcp
+    /// worker, which ends a session it has not heard of for 5/4 of `idle`,
+    /// is told it is in use — at most every quarter of `idle`, so a session
+    /// whose agent only calls tools lives as long as one whose calls rmcp
     /// answers.
     fn keep_alive(owners: &Mutex<Owners>, id: &str, idle: std::time::Duration) {
         let sessions = {
@@ -1131,8 +1136,12 @@ impl App {
                     // Behind a proxy, the Host is the proxy's; tokens guard it.
                     config = config.disable_allowed_hosts();
                 }
+                // rmcp's idle timer runs a quarter longer than the setting:
+                // a session whose calls it does not see is told it is alive
+                // at most every quarter of it (`Owners::keep_alive`), so no
+                // session ends sooner than `session_idle` after its last.
                 let mut manager = LocalSessionManager::default();
-                manager.session_config.keep_alive = Some(settings.session_idle);
+                manager.session_config.keep_alive = Some(settings.session_idle * 5 / 4);
                 let sessions = Arc::new(manager);
                 // A 2026-07-28 request gets a gateway of its own; the calls
                 // waiting for their agents' input, and the routes, are the

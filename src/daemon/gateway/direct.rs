@@ -100,6 +100,10 @@ pub async fn answer(
     let (parts, _) = request.into_parts();
     let Call { id, meta, params } = call;
     let ct = CancellationToken::new();
+    // A session's agent may cancel it by its id, as rmcp's own requests.
+    let _cancellable = peer
+        .is_some()
+        .then(|| gateway.below_rmcp(id.clone(), ct.clone()));
     let direct = Direct {
         id: id.clone(),
         meta,
@@ -184,14 +188,21 @@ fn single<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 /// stateless (2026-07-28, named by `Mcp-Method`), or on a session — each
 /// as rmcp would accept it.
 fn headers_fit(headers: &HeaderMap, hosts_checked: bool, revision: &str, session: bool) -> bool {
-    let accepts = headers
+    // Media types as rmcp reads them: each without its parameters.
+    let media = |value: &str| -> String {
+        let kind = value.split(';').next().unwrap_or_default();
+        kind.trim().to_ascii_lowercase()
+    };
+    let accepts: Vec<String> = headers
         .get_all(header::ACCEPT)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .collect::<Vec<_>>()
-        .join(",");
+        .flat_map(|v| v.split(','))
+        .map(media)
+        .collect();
+    let accepts = |kind: &str| accepts.iter().any(|a| a == kind);
     let json_body = single(headers, header::CONTENT_TYPE.as_str())
-        .is_some_and(|t| t.starts_with("application/json"));
+        .is_some_and(|t| media(t) == "application/json");
     let host_ok =
         !hosts_checked || single(headers, header::HOST.as_str()).is_some_and(loopback_host);
     let param_headers = headers.keys().any(|k| k.as_str().starts_with("mcp-param-"));
@@ -208,8 +219,8 @@ fn headers_fit(headers: &HeaderMap, hosts_checked: bool, revision: &str, session
         && kind
         && !headers.contains_key(header::ORIGIN)
         && !headers.contains_key("last-event-id")
-        && accepts.contains("application/json")
-        && accepts.contains("text/event-stream")
+        && accepts("application/json")
+        && accepts("text/event-stream")
         && json_body
         && host_ok
         && !param_headers
@@ -311,7 +322,9 @@ fn parse_on_session(body: &[u8]) -> Option<Call> {
     let meta = meta.unwrap_or_default();
     let plain = meta.get_progress_token().is_none()
         && meta.log_level().is_none()
-        && meta.protocol_version().is_none();
+        && meta.protocol_version().is_none()
+        && meta.client_capabilities().is_none()
+        && meta.client_info().is_none();
     plain.then(|| Call::new(wire.id, meta, name, arguments))
 }
 

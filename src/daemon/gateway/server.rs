@@ -29,6 +29,7 @@ use rmcp::service::{Peer, RequestContext, SubscriptionContext, SubscriptionSink}
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::json;
 use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
 
 use super::audit::Outcome as AuditOutcome;
 use super::facts::Facts;
@@ -62,6 +63,10 @@ pub struct Inner {
     pub(super) pinned: std::sync::Mutex<std::collections::BTreeSet<(String, String)>>,
     /// The live sessions of this gateway's endpoint, by id.
     pub(super) sessions: Arc<Sessions>,
+    /// This session's calls answered below rmcp, by request id: what a
+    /// `notifications/cancelled` naming one cancels (rmcp knows only its
+    /// own requests).
+    below: std::sync::Mutex<HashMap<rmcp::model::RequestId, CancellationToken>>,
     /// The agent of this session, as the bundles' requests reach it (one
     /// per session: the bundles tell agents apart by it).
     agent: std::sync::OnceLock<Arc<dyn Agent>>,
@@ -102,6 +107,17 @@ pub struct Common {
 /// session not (or no longer) here is rmcp's.
 #[derive(Default)]
 pub struct Sessions(std::sync::Mutex<HashMap<String, Live>>);
+
+/// Runs its closure when dropped (a session left, a call forgotten).
+pub(super) struct OnDrop<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(done) = self.0.take() {
+            done();
+        }
+    }
+}
 
 /// A live session's gateway (held by its watcher) and its agent's end.
 type Live = (std::sync::Weak<Inner>, Peer<RoleServer>);
@@ -166,6 +182,7 @@ impl Gateway {
             pinned: Default::default(),
             routes: common.routes,
             sessions: common.sessions,
+            below: Default::default(),
             agent: std::sync::OnceLock::new(),
             log_level: Arc::default(),
         }))
@@ -177,14 +194,39 @@ impl Gateway {
         self.0.sessions.get(id)
     }
 
+    /// A call of this session answered below rmcp, request `id`, that a
+    /// `notifications/cancelled` naming it cancels with `ct` until the
+    /// returned guard is dropped.
+    pub(super) fn below_rmcp(
+        &self,
+        id: rmcp::model::RequestId,
+        ct: CancellationToken,
+    ) -> OnDrop<impl FnOnce()> {
+        self.below().insert(id.clone(), ct);
+        let gateway = self.clone();
+        OnDrop(Some(move || {
+            gateway.below().remove(&id);
+        }))
+    }
+
+    fn below(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<rmcp::model::RequestId, CancellationToken>> {
+        self.0.below.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Tells the agent when its lists change, for as long as its session
     /// lives; session `id` (over HTTP) is this gateway's until then.
     pub fn watch(&self, peer: Peer<RoleServer>, id: Option<String>) {
-        if let Some(id) = &id {
-            self.0.sessions.enter(id, self, &peer);
-        }
+        // Left when the watcher ends, however it ends.
+        let entered = id.map(|id| {
+            self.0.sessions.enter(&id, self, &peer);
+            let sessions = self.0.sessions.clone();
+            OnDrop(Some(move || sessions.leave(&id)))
+        });
         let gateway = self.clone();
         tokio::spawn(async move {
+            let _entered = entered;
             // Ends with the session: the watcher holds the gateway, so
             // nothing else would stop it.
             let closed = {
@@ -200,11 +242,8 @@ impl Gateway {
                 async move { super::tell_session(&peer, list).await }
             };
             tokio::select! {
-                _ = super::watch_changes(gateway.clone(), tell) => {}
+                _ = super::watch_changes(gateway, tell) => {}
                 _ = closed => {}
-            }
-            if let Some(id) = id {
-                gateway.0.sessions.leave(&id);
             }
         });
     }
@@ -1177,6 +1216,20 @@ impl Agent for Listener {
 }
 
 impl ServerHandler for Gateway {
+    async fn on_cancelled(
+        &self,
+        notification: rmcp::model::CancelledNotificationParam,
+        _context: rmcp::service::NotificationContext<RoleServer>,
+    ) {
+        // rmcp cancels its own requests; one answered below it is here.
+        if let Some(id) = &notification.request_id {
+            let ct = self.below().remove(id);
+            if let Some(ct) = ct {
+                ct.cancel();
+            }
+        }
+    }
+
     async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
         // Over HTTP, the notification names its session.
         let id = context
