@@ -189,20 +189,19 @@ fn single<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 /// as rmcp would accept it.
 fn headers_fit(headers: &HeaderMap, hosts_checked: bool, revision: &str, session: bool) -> bool {
     // Media types as rmcp reads them: each without its parameters.
-    let media = |value: &str| -> String {
-        let kind = value.split(';').next().unwrap_or_default();
-        kind.trim().to_ascii_lowercase()
+    let media = |value: &str, kind: &str| {
+        let named = value.split(';').next().unwrap_or_default();
+        named.trim().eq_ignore_ascii_case(kind)
     };
-    let accepts: Vec<String> = headers
-        .get_all(header::ACCEPT)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(media)
-        .collect();
-    let accepts = |kind: &str| accepts.iter().any(|a| a == kind);
+    let accepts = |kind: &str| {
+        let mut values = headers.get_all(header::ACCEPT).iter();
+        values.any(|v| {
+            v.to_str()
+                .is_ok_and(|v| v.split(',').any(|a| media(a, kind)))
+        })
+    };
     let json_body = single(headers, header::CONTENT_TYPE.as_str())
-        .is_some_and(|t| media(t) == "application/json");
+        .is_some_and(|t| media(t, "application/json"));
     let host_ok =
         !hosts_checked || single(headers, header::HOST.as_str()).is_some_and(loopback_host);
     let param_headers = headers.keys().any(|k| k.as_str().starts_with("mcp-param-"));
@@ -343,4 +342,57 @@ async fn names_headers(gateway: &Gateway, name: &str) -> bool {
     // A tool not found is rmcp's to answer.
     let schema = gateway.routed_schema(name).await;
     schema.is_none_or(|schema| schema.values().any(names) || schema.contains_key("x-mcp-header"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A stateless call's headers with `content_type` and `accept`.
+    fn stateless(content_type: &str, accept: &str) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("content-type", content_type),
+            ("accept", accept),
+            ("host", "127.0.0.1:8766"),
+            ("mcp-protocol-version", REVISION),
+            ("mcp-method", "tools/call"),
+        ] {
+            headers.insert(name, value.parse().unwrap());
+        }
+        headers
+    }
+
+    /// Media types are read as rmcp reads them: the type, without its
+    /// parameters, in any case; a longer type that starts the same is
+    /// another one (rmcp answers 415 or 406 for it).
+    #[test]
+    fn media_types_are_read_whole_as_rmcp_reads_them() {
+        let both = "application/json, text/event-stream";
+        let fits = |headers: &HeaderMap| headers_fit(headers, true, REVISION, false);
+        assert!(fits(&stateless("application/json", both)));
+        assert!(fits(&stateless("Application/JSON; charset=utf-8", both)));
+        assert!(fits(&stateless(
+            "application/json",
+            "text/event-stream;q=0.9, APPLICATION/json"
+        )));
+        assert!(!fits(&stateless("application/json-seq", both)));
+        assert!(!fits(&stateless(
+            "application/json",
+            "application/jsonl, text/event-stream"
+        )));
+        assert!(!fits(&stateless("application/json", "application/json")));
+        let mut on_session = stateless("application/json", both);
+        assert!(
+            !headers_fit(&on_session, true, REVISION, true),
+            "no session named"
+        );
+        on_session.remove("mcp-method");
+        on_session.insert("mcp-session-id", "s1".parse().unwrap());
+        assert!(headers_fit(&on_session, true, REVISION, true));
+        assert!(
+            !headers_fit(&on_session, true, "2025-11-25", true),
+            "another revision"
+        );
+    }
 }
