@@ -18,9 +18,8 @@ const TOLD: &str = "!told";
 
 /// The tag of a JSON-RPC request's stream: the hex of its id's JSON; None
 /// for a body that is not one request (a notification, a response, a
-/// batch).
-/// The id as the request wrote it (the JSON of a number or a string;
-/// decoded, it is the same id).
+/// batch). The id is taken as the request wrote it (the JSON of a number
+/// or a string; decoded, it is the same id).
 pub fn tag_of_request(body: &[u8]) -> Option<String> {
     #[derive(serde::Deserialize)]
     struct Head<'a> {

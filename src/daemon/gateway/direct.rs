@@ -16,8 +16,9 @@
 //! request, the search profile's meta-tools, a tool whose schema names
 //! `Mcp-Param-*` headers, an `Origin`, a Host rmcp would check, a session
 //! not yet (or no longer) known, or whose agent declared sampling,
-//! elicitation or roots — their requests would go on the call's own
-//! stream) is handed back untouched for rmcp to answer.
+//! elicitation or roots — their requests may go on the call's own stream,
+//! which a JSON answer does not have) is handed back untouched for rmcp to
+//! answer.
 
 use axum::body::Bytes;
 use axum::http::{header, HeaderMap, StatusCode};

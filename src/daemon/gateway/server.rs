@@ -108,17 +108,6 @@ pub struct Common {
 #[derive(Default)]
 pub struct Sessions(std::sync::Mutex<HashMap<String, Live>>);
 
-/// Runs its closure when dropped (a session left, a call forgotten).
-pub(super) struct OnDrop<F: FnOnce()>(Option<F>);
-
-impl<F: FnOnce()> Drop for OnDrop<F> {
-    fn drop(&mut self) {
-        if let Some(done) = self.0.take() {
-            done();
-        }
-    }
-}
-
 /// A live session's gateway (held by its watcher) and its agent's end.
 type Live = (std::sync::Weak<Inner>, Peer<RoleServer>);
 
@@ -144,6 +133,17 @@ impl Sessions {
             (gateway.upgrade()?, peer.clone())
         };
         (!peer.is_transport_closed()).then_some((Gateway(gateway), peer))
+    }
+}
+
+/// Runs its closure when dropped (a session left, a call forgotten).
+pub(super) struct OnDrop<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(done) = self.0.take() {
+            done();
+        }
     }
 }
 
