@@ -416,8 +416,8 @@ fn answer_out(id: &NumberOrString, result: Result<Answer, HostError>) -> Out {
 /// `message` as one line. A tool call whose `_meta` is in one place (in
 /// its params, or beside them as the call path's trace context is: the
 /// gateway's calls, always) is written here: rmcp's serializer goes
-/// through a `serde_json::Value` of the params to merge the two, a third
-/// of the instructions the daemon spends sending a call.
+/// through a `serde_json::Value` of the params to merge the two, half the
+/// instructions of encoding a call (`make bench-callgrind`).
 fn encode(message: &TxJsonRpcMessage<RoleClient>) -> std::io::Result<Vec<u8>> {
     let mut line = match message {
         JsonRpcMessage::Request(r) => match &r.request {
@@ -810,14 +810,10 @@ mod tests {
         assert_eq!(got.iter().filter(|v| v["method"] == "x/big").count(), 4);
     }
 
-    /// A tool result is parsed as one when its call is in flight; every
-    /// other answer (another request's, an error, an unknown id) still
-    /// goes through rmcp's decoder, and a call answered or cancelled is
-    /// forgotten.
-    /// A tool call written by [`encode`] says what rmcp's serializer says,
-    /// its params' `_meta`, arguments and MRTR fields included; a `_meta`
-    /// kept beside the params (merged by rmcp) and other messages are
-    /// rmcp's to write.
+    /// A tool call written by [`encode`] says what rmcp's serializer says:
+    /// its params' `_meta`, a `_meta` beside them (typed or legacy),
+    /// arguments and MRTR fields included; a `_meta` in both places (merged
+    /// by rmcp) and other messages are rmcp's to write.
     #[test]
     fn a_tool_call_is_written_as_rmcp_writes_it() {
         use rmcp::model::{CallToolRequestParams, GetExtensions, GetMeta, Request};
@@ -884,6 +880,10 @@ mod tests {
         }
     }
 
+    /// A tool result is parsed as one when its call is in flight; every
+    /// other answer (another request's, an error, an unknown id) still
+    /// goes through rmcp's decoder, and a call answered or cancelled is
+    /// forgotten.
     #[tokio::test]
     async fn a_tool_result_is_parsed_as_its_call_expects() {
         use rmcp::model::{
