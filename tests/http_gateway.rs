@@ -1146,20 +1146,14 @@ async fn a_plain_call_on_a_session_is_answered_below_rmcp_and_keeps_it_alive() {
         json!({"jsonrpc": "2.0", "id": n, "method": "tools/call",
             "params": {"name": "demo__echo", "arguments": {"text": text}}})
     };
-    // The session is the gateway's once its `initialized` is handled.
+    // Known to the session's gateway once its `initialized` is answered:
+    // the first call already goes below rmcp.
     let before = tokio::task::block_in_place(|| common::answered_by(&d));
-    let mut n = 10;
-    let (headers, direct) = loop {
-        n += 1;
-        let (status, headers, messages) =
-            common::posted(&url, &t, Some(&id), &echo(n, "below")).await;
-        assert_eq!(status, 200, "{messages:?}");
-        let after = tokio::task::block_in_place(|| common::answered_by(&d));
-        if after.0 > before.0 {
-            break (headers, messages);
-        }
-        assert!(n < 200, "no session call was answered below rmcp");
-    };
+    let mut n = 11;
+    let (status, headers, direct) = common::posted(&url, &t, Some(&id), &echo(n, "below")).await;
+    assert_eq!(status, 200, "{direct:?}");
+    let after = tokio::task::block_in_place(|| common::answered_by(&d));
+    assert_eq!((after.0, after.1), (before.0 + 1, before.1), "{direct:?}");
     assert_eq!(headers["content-type"], "application/json");
     let mut progress = echo(1000, "below");
     progress["params"]["_meta"] = json!({"progressToken": "p"});
@@ -1229,10 +1223,8 @@ async fn a_plain_call_on_a_session_is_answered_below_rmcp_and_keeps_it_alive() {
     let (status, _, _) = common::posted(&url, &t, Some(&id), &echo(9000, "idle")).await;
     assert_eq!(status, 404, "an idle session lives on");
 
-    // An agent that declared sampling: rmcp's. Its session is the
-    // gateway's by the time one opened after it is.
+    // An agent that declared sampling (its session known, as above): rmcp's.
     let asking = common::raw_session(&url, &t, json!({"sampling": {}})).await;
-    common::session_below_rmcp(&d, &url, &t).await;
     let (direct_before, rmcp_before) = tokio::task::block_in_place(|| common::answered_by(&d));
     let (status, _, answer) = common::posted(&url, &t, Some(&asking), &echo(3, "asks")).await;
     assert_eq!(status, 200);

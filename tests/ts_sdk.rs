@@ -84,6 +84,13 @@ fn the_typescript_sdk_client_lists_calls_reads_and_hears_of_changes() {
         "{tools}"
     );
     assert_eq!(next("tools/call")["call"], "from the TypeScript SDK");
+    // Issue 37: the SDK's plain call on its session (it declared nothing a
+    // bundle could ask) was answered below rmcp.
+    assert_eq!(
+        common::answered_by(&d).0,
+        1,
+        "the SDK's call went through rmcp"
+    );
     let resources = next("resources/list");
     assert!(
         resources["resources"]

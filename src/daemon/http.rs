@@ -438,7 +438,7 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
     }
     // Room is made (an idle session ended) only for an `initialize` that
     // is read whole and of a revision spoken here.
-    let _opening = if opens_session && is_initialize(&body) {
+    let _opening = if opens_session && method_is(&body, "initialize") {
         match room_for_a_session(&app, &token).await {
             Ok(opening) => Some(opening),
             Err(response) => return response,
@@ -471,10 +471,31 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
             Owners::own(owners, id, &token.id, sessions);
         }
     }
+    session_ready(&make, named.as_deref(), &body, response.status()).await;
     if busy.is_some() || tag.is_some() {
         return resumed::sent(response, busy, tag);
     }
     response
+}
+
+/// After an agent's `notifications/initialized` on session `named` (rmcp
+/// answers it 202 before the session's gateway has handled it): held until
+/// the gateway knows the session — a moment, at most a second — so the
+/// agent's first call is answered below rmcp as the ones after it are.
+async fn session_ready(make: &MakeGateway, named: Option<&str>, body: &[u8], status: StatusCode) {
+    let Some(id) = named else {
+        return;
+    };
+    if status != StatusCode::ACCEPTED || !method_is(body, "notifications/initialized") {
+        return;
+    }
+    let gateway = make();
+    if !gateway
+        .session_entered(id, std::time::Duration::from_secs(1))
+        .await
+    {
+        tracing::debug!("a session's gateway did not know it a second after its initialized");
+    }
 }
 
 /// A plain tool call answered below rmcp's service, on the same call path
@@ -914,14 +935,13 @@ impl Drop for Busy {
     }
 }
 
-/// Whether a body is an `initialize` request (the one that opens a
-/// session).
-fn is_initialize(body: &[u8]) -> bool {
+/// Whether a body is one message of `method`.
+fn method_is(body: &[u8], method: &str) -> bool {
     #[derive(serde::Deserialize)]
     struct Head {
         method: Option<String>,
     }
-    serde_json::from_slice::<Head>(body).is_ok_and(|h| h.method.as_deref() == Some("initialize"))
+    serde_json::from_slice::<Head>(body).is_ok_and(|h| h.method.as_deref() == Some(method))
 }
 
 /// Drops the endpoints of bundles that are no longer installed, ending

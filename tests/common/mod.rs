@@ -1187,20 +1187,20 @@ pub fn answered_by(d: &Daemon) -> (u64, u64) {
     (count("direct"), count("rmcp"))
 }
 
-/// [`raw_session`] of an agent declaring nothing a bundle could ask, once
-/// a plain call on it (`demo__echo`) is answered below rmcp (the session's
-/// gateway knows it once its `initialized` is handled): its id.
+/// [`raw_session`] of an agent declaring nothing a bundle could ask, its
+/// first plain call (`demo__echo`) answered below rmcp: its id.
 pub async fn session_below_rmcp(d: &Daemon, url: &str, token: &str) -> String {
     let id = raw_session(url, token, json!({})).await;
     let echo = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
         "params": {"name": "demo__echo", "arguments": {"text": "ready"}}});
-    for _ in 0..200 {
-        let before = tokio::task::block_in_place(|| answered_by(d)).0;
-        let (status, _, answer) = posted(url, token, Some(&id), &echo).await;
-        assert_eq!(status, 200, "{answer:?}");
-        if tokio::task::block_in_place(|| answered_by(d)).0 > before {
-            return id;
-        }
-    }
-    panic!("no call on the session was answered below rmcp");
+    let before = tokio::task::block_in_place(|| answered_by(d)).0;
+    let (status, _, answer) = posted(url, token, Some(&id), &echo).await;
+    assert_eq!(status, 200, "{answer:?}");
+    let after = tokio::task::block_in_place(|| answered_by(d)).0;
+    assert_eq!(
+        after,
+        before + 1,
+        "the first call was not answered below rmcp"
+    );
+    id
 }

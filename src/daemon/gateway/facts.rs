@@ -36,6 +36,14 @@ pub struct Direct {
     pub session: Option<Peer<RoleServer>>,
 }
 
+impl Direct {
+    /// What its session's agent declared at `initialize`, for a session's
+    /// request.
+    fn declared(&self) -> Option<std::sync::Arc<rmcp::model::ClientInfo>> {
+        self.session.as_ref()?.peer_info()
+    }
+}
+
 impl<'a> Facts<'a> {
     pub fn id(&self) -> &'a RequestId {
         match self {
@@ -80,20 +88,20 @@ impl<'a> Facts<'a> {
         match self {
             Facts::Rmcp(c) => c.protocol_version(),
             // As rmcp reads it: the request's, else its session's.
-            Facts::Direct(d) => d.meta.protocol_version().or_else(|| {
-                let info = d.session.as_ref()?.peer_info()?;
-                Some(info.protocol_version.clone())
-            }),
+            Facts::Direct(d) => d
+                .meta
+                .protocol_version()
+                .or_else(|| Some(d.declared()?.protocol_version.clone())),
         }
     }
 
     pub fn client_capabilities(&self) -> Option<ClientCapabilities> {
         match self {
             Facts::Rmcp(c) => c.client_capabilities(),
-            Facts::Direct(d) => d.meta.client_capabilities().or_else(|| {
-                let info = d.session.as_ref()?.peer_info()?;
-                Some(info.capabilities.clone())
-            }),
+            Facts::Direct(d) => d
+                .meta
+                .client_capabilities()
+                .or_else(|| Some(d.declared()?.capabilities.clone())),
         }
     }
 }

@@ -106,19 +106,41 @@ pub struct Common {
 /// below rmcp ([`super::direct`]) runs on its session's gateway; one on a
 /// session not (or no longer) here is rmcp's.
 #[derive(Default)]
-pub struct Sessions(std::sync::Mutex<HashMap<String, Live>>);
+pub struct Sessions {
+    live: std::sync::Mutex<HashMap<String, Live>>,
+    /// Told whenever a session enters.
+    entered: tokio::sync::Notify,
+}
 
 /// A live session's gateway (held by its watcher) and its agent's end.
 type Live = (std::sync::Weak<Inner>, Peer<RoleServer>);
 
 impl Sessions {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn enter(&self, id: &str, gateway: &Gateway, peer: &Peer<RoleServer>) {
         let entry = (Arc::downgrade(&gateway.0), peer.clone());
         self.lock().insert(id.to_string(), entry);
+        self.entered.notify_waiters();
+    }
+
+    /// Whether session `id` is here, or enters within `within`.
+    async fn entered(&self, id: &str, within: Duration) -> bool {
+        let until = tokio::time::Instant::now() + within;
+        loop {
+            // Listening before looking: an entry in between is not missed.
+            let told = self.entered.notified();
+            tokio::pin!(told);
+            told.as_mut().enable();
+            if self.lock().contains_key(id) {
+                return true;
+            }
+            if tokio::time::timeout_at(until, told).await.is_err() {
+                return false;
+            }
+        }
     }
 
     fn leave(&self, id: &str) {
@@ -192,6 +214,12 @@ impl Gateway {
     /// agent's end, while it lives.
     pub fn session(&self, id: &str) -> Option<(Gateway, Peer<RoleServer>)> {
         self.0.sessions.get(id)
+    }
+
+    /// Whether session `id` of this gateway's endpoint is known to its
+    /// gateway, or becomes known within `within`.
+    pub async fn session_entered(&self, id: &str, within: Duration) -> bool {
+        self.0.sessions.entered(id, within).await
     }
 
     /// A call of this session answered below rmcp, request `id`, that a
