@@ -1063,8 +1063,9 @@ async fn an_agent_is_told_why_the_bundle_died_under_its_call_on_both_revisions()
 /// below rmcp's service, with the answer rmcp gives (the same request
 /// asking for log messages goes through rmcp: compared), and on the same
 /// path of policy: a tool the token's rules deny is refused there and
-/// audited; a name that routes nowhere, a session's request and a call
-/// asking for progress are rmcp's.
+/// audited; a name that routes nowhere and a session's request are rmcp's.
+/// A call asking for progress is answered here too: its reports on its
+/// own stream, then its answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_stateless_call_is_answered_below_rmcp_with_rmcps_answer_and_policy() {
     let (d, base) = daemon();
@@ -1110,24 +1111,44 @@ async fn a_plain_stateless_call_is_answered_below_rmcp_with_rmcps_answer_and_pol
         .collect();
     assert_eq!(outcomes, ["ok", "ok", "refused"], "{audit:?}");
 
-    // Not for this path: a name that routes nowhere, a progress token.
+    // Not for this path: a name that routes nowhere.
     let nowhere = json!({"name": "demo__nosuch", "arguments": {}});
     let missing = stateless(&url, &t, "tools/call", "demo__nosuch", nowhere).await;
     assert!(missing["error"]["message"].as_str().is_some(), "{missing}");
-    let mut progress = echo;
-    progress["_meta"] = json!({"progressToken": "p1"});
-    stateless(&url, &t, "tools/call", "demo__echo", progress).await;
     assert_eq!(
         common::answered_by(&d).0,
         after.0 + 1,
         "only the plain calls went below rmcp"
     );
+    // A progress token keeps a call here: rmcp's answer when the tool
+    // reports nothing; its reports, in order, then its answer when it does.
+    let mut quiet = echo;
+    quiet["_meta"] = json!({"progressToken": "p1"});
+    let answer = stateless(&url, &t, "tools/call", "demo__echo", quiet).await;
+    assert_eq!(answer, by_rmcp);
+    let stepped = json!({"name": "demo__progress", "arguments": {"steps": 2, "delay_ms": 20},
+        "_meta": {"progressToken": "p2"}});
+    let (status, messages) =
+        common::post_2026(&url, &t, "tools/call", "demo__progress", stepped, json!({})).await;
+    assert_eq!(status, 200, "{messages:?}");
+    let reports: Vec<_> = messages
+        .iter()
+        .filter(|m| m["params"]["progressToken"] == "p2")
+        .map(|m| m["params"]["progress"].as_f64())
+        .collect();
+    assert_eq!(reports, [Some(1.0), Some(2.0)], "{messages:?}");
+    let last = messages.last().expect("an answer");
+    assert_eq!(messages.len(), 3, "{messages:?}");
+    assert_eq!(last["result"]["content"][0]["text"], "done after 2 steps");
+    assert_eq!(last["result"]["resultType"], "complete", "{last}");
+    assert_eq!(common::answered_by(&d).0, after.0 + 3);
 }
 
 /// Issue 37, point 1: a plain `tools/call` on a 2025-11-25 session whose
 /// agent declared nothing a bundle could ask of it is answered below rmcp
 /// too, as one JSON body, on the session's path of policy: the result rmcp
-/// gives the same call asking for progress, the token's rules. An agent
+/// gives the same call, the token's rules; a call asking for progress
+/// gets its reports on its own stream, then its answer. An agent
 /// that declared sampling stays with rmcp (the bundle's request would go
 /// on the call's stream). Such calls keep their session alive for rmcp
 /// (`[http] session_idle`, whose timer is rmcp's), and an idle session
@@ -1155,15 +1176,77 @@ async fn a_plain_call_on_a_session_is_answered_below_rmcp_and_keeps_it_alive() {
     let after = tokio::task::block_in_place(|| common::answered_by(&d));
     assert_eq!((after.0, after.1), (before.0 + 1, before.1), "{direct:?}");
     assert_eq!(headers["content-type"], "application/json");
-    let mut progress = echo(1000, "below");
-    progress["params"]["_meta"] = json!({"progressToken": "p"});
-    let (_, _, by_rmcp) = common::posted(&url, &t, Some(&id), &progress).await;
-    let rmcp_answer = by_rmcp
-        .iter()
-        .find(|m| m["id"] == 1000)
-        .expect("rmcp's answer");
-    assert_eq!(direct[0]["result"], rmcp_answer["result"], "{direct:?}");
     assert_eq!(direct[0]["result"]["content"][0]["text"], "below");
+    // A progress token (rmcp's client sends one with every call) keeps a
+    // call below rmcp: one JSON body when the tool reports nothing, the
+    // reports on the call's own stream, in order, then its answer when it
+    // does.
+    let mut quiet = echo(1000, "below");
+    quiet["params"]["_meta"] = json!({"progressToken": "p"});
+    let (status, headers, answer) = common::posted(&url, &t, Some(&id), &quiet).await;
+    assert_eq!(status, 200, "{answer:?}");
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(answer[0]["result"], direct[0]["result"]);
+    let stepped = json!({"jsonrpc": "2.0", "id": 1001, "method": "tools/call", "params": {
+        "name": "demo__progress", "arguments": {"steps": 3, "delay_ms": 20},
+        "_meta": {"progressToken": "p"}}});
+    let (status, headers, answer) = common::posted(&url, &t, Some(&id), &stepped).await;
+    assert_eq!(status, 200, "{answer:?}");
+    assert_eq!(headers["content-type"], "text/event-stream");
+    let reports: Vec<_> = answer
+        .iter()
+        .filter(|m| m["method"] == "notifications/progress")
+        .map(|m| {
+            (
+                m["params"]["progressToken"].clone(),
+                m["params"]["progress"].as_f64(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        reports,
+        [
+            (json!("p"), Some(1.0)),
+            (json!("p"), Some(2.0)),
+            (json!("p"), Some(3.0))
+        ],
+        "{answer:?}"
+    );
+    let last = answer.last().expect("an answer");
+    assert_eq!((&last["id"], answer.len()), (&json!(1001), 4), "{answer:?}");
+    assert_eq!(last["result"]["content"][0]["text"], "done after 3 steps");
+    let now = tokio::task::block_in_place(|| common::answered_by(&d));
+    assert_eq!((now.0, now.1), (before.0 + 3, before.1), "{answer:?}");
+    // Its events carry ids, tagged with the request's id (its JSON in
+    // hex), so an agent whose stream breaks resumes it: the daemon keeps
+    // no copy, so the resume is answered with the request's error at once
+    // (after a daemon restart, with the session's end), not left waiting.
+    let mut again = stepped.clone();
+    again["id"] = json!(1002);
+    let text = session_post(&url, &t, &id, again)
+        .await
+        .text()
+        .await
+        .unwrap();
+    let last_id = "direct-3#31303032";
+    assert!(text.contains(&format!("id: {last_id}\n")), "{text}");
+    let resumed = reqwest::Client::new()
+        .get(&url)
+        .bearer_auth(&t)
+        .header("Accept", "text/event-stream")
+        .header("Mcp-Session-Id", &id)
+        .header("MCP-Protocol-Version", "2025-11-25")
+        .header("Last-Event-ID", last_id)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status().as_u16(), 200);
+    let text = resumed.text().await.unwrap();
+    let data = text.lines().find_map(|l| l.strip_prefix("data: "));
+    let error: Value = serde_json::from_str(data.unwrap_or_default()).expect(&text);
+    assert_eq!(error["id"], 1002, "{text}");
+    let why = error["error"]["message"].as_str().unwrap_or_default();
+    assert!(why.contains("send the request again"), "{text}");
     let add = json!({"jsonrpc": "2.0", "id": 2000, "method": "tools/call",
         "params": {"name": "demo__add", "arguments": {"a": 1, "b": 2}}});
     let direct_before = tokio::task::block_in_place(|| common::answered_by(&d)).0;
@@ -1226,10 +1309,11 @@ async fn a_plain_call_on_a_session_is_answered_below_rmcp_and_keeps_it_alive() {
     // An agent that declared sampling (its session known, as above): rmcp's.
     let asking = common::raw_session(&url, &t, json!({"sampling": {}})).await;
     let (direct_before, rmcp_before) = tokio::task::block_in_place(|| common::answered_by(&d));
-    let (status, _, answer) = common::posted(&url, &t, Some(&asking), &echo(3, "asks")).await;
+    let (status, _, answer) = common::posted(&url, &t, Some(&asking), &echo(11, "below")).await;
     assert_eq!(status, 200);
-    let result = answer.iter().find(|m| m["id"] == 3).expect("an answer");
-    assert_eq!(result["result"]["content"][0]["text"], "asks");
+    let result = answer.iter().find(|m| m["id"] == 11).expect("an answer");
+    // rmcp's answer to the same call is the one given below it.
+    assert_eq!(result["result"], direct[0]["result"], "{answer:?}");
     let (direct_after, rmcp_after) = tokio::task::block_in_place(|| common::answered_by(&d));
     assert_eq!((direct_after, rmcp_after), (direct_before, rmcp_before + 1));
 }

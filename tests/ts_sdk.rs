@@ -84,12 +84,20 @@ fn the_typescript_sdk_client_lists_calls_reads_and_hears_of_changes() {
         "{tools}"
     );
     assert_eq!(next("tools/call")["call"], "from the TypeScript SDK");
-    // Issue 37: the SDK's plain call on its session (it declared nothing a
-    // bundle could ask) was answered below rmcp.
+    // A call asking for progress: the reports, in order, then its result.
+    let stepped = next("the call with progress");
+    assert_eq!(
+        stepped["progress"],
+        serde_json::json!([1, 2, 3]),
+        "{stepped}"
+    );
+    assert_eq!(stepped["done"], "done after 3 steps", "{stepped}");
+    // Issue 37: both calls on its session (it declared nothing a bundle
+    // could ask) were answered below rmcp, the second on its own stream.
     assert_eq!(
         common::answered_by(&d).0,
-        1,
-        "the SDK's call went through rmcp"
+        2,
+        "the SDK's calls went through rmcp"
     );
     let resources = next("resources/list");
     assert!(
@@ -136,9 +144,12 @@ fn a_call_in_progress_when_the_daemon_dies_fails_at_once_not_at_its_timeout() {
         .recv_timeout(Duration::from_secs(30))
         .expect("the call running");
     assert_eq!(running["progress"], 1, "{running}");
+    // Issue 37: the call (it asks for progress) runs below rmcp, on a
+    // stream of the daemon's own, whose ids say whose request it is too.
+    assert_eq!(common::answered_by(&d).0, 1, "the call went through rmcp");
     d.signal(nix::sys::signal::Signal::SIGKILL);
     d.launch();
-    // The SDK resumes after the stream's retry (3 s); its timeout is 120 s.
+    // The SDK resumes after its stream's retry time; its timeout is 120 s.
     let ended = lines
         .recv_timeout(Duration::from_secs(30))
         .expect("the call still waiting after the daemon came back");

@@ -430,7 +430,10 @@ async fn endpoint(app: Arc<App>, workspace: String, face: Face<'_>, request: Req
     // A session's request stream: its event ids carry the request's id.
     let tag = match (request.method(), &busy) {
         (&axum::http::Method::POST, Some(_)) => resumed::tag_of_request(&body),
-        (&axum::http::Method::GET, _) if named.is_some() => resumed::untag_resume(&mut request),
+        (&axum::http::Method::GET, _) if named.is_some() => match resumed::resume(&mut request) {
+            Ok(tag) => tag,
+            Err(unkept) => return *unkept,
+        },
         _ => None,
     };
     if let Some(requested) = unsupported {

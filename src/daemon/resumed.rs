@@ -43,7 +43,7 @@ pub fn tag_of_request(body: &[u8]) -> Option<String> {
 /// A resume (GET with `Last-Event-ID`) of a tagged stream: the tag is
 /// taken off the header (rmcp knows its own ids) and returned, to be put
 /// back on what is replayed.
-pub fn untag_resume<B>(request: &mut Request<B>) -> Option<String> {
+fn untag_resume<B>(request: &mut Request<B>) -> Option<String> {
     let last = request.headers().get("last-event-id")?.to_str().ok()?;
     let (id, tag) = last.split_once('#')?;
     let (id, tag) = (id.to_string(), tag.trim_end_matches(TOLD).to_string());
@@ -51,6 +51,11 @@ pub fn untag_resume<B>(request: &mut Request<B>) -> Option<String> {
     request.headers_mut().insert("last-event-id", value);
     Some(tag)
 }
+
+/// The prefix of the event ids of a stream the daemon answers below rmcp
+/// ([`crate::daemon::gateway::direct`]): its events are not kept, so a
+/// resume of it is answered here.
+pub const UNKEPT: &str = "direct-";
 
 /// The answer to a resume of a session that does not exist (the daemon
 /// restarted, or it ended): the error of the request whose stream it was,
@@ -62,7 +67,42 @@ pub fn lost_request<B>(request: &Request<B>) -> Option<Response> {
     }
     let last = request.headers().get("last-event-id")?.to_str().ok()?;
     let (_, tag) = last.split_once('#')?;
-    if tag.ends_with(TOLD) || tag.len() % 2 != 0 {
+    if tag.ends_with(TOLD) {
+        return None;
+    }
+    tracing::info!(
+        "a resumed stream of a session that is gone: its request is answered with an error"
+    );
+    let lost = "the daemon restarted (or the session ended) while this request ran, and its answer is lost; start a new session (initialize) and send it again";
+    request_error(last, tag, lost)
+}
+
+/// A resume (GET with `Last-Event-ID`) of a live session: the tag taken
+/// off the header and returned, to be put back on what rmcp replays; or,
+/// for a stream answered below rmcp (whose events are not kept), its
+/// request's error.
+pub fn resume<B>(request: &mut Request<B>) -> Result<Option<String>, Box<Response>> {
+    let tag = untag_resume(request);
+    let last = request.headers().get("last-event-id");
+    let unkept = last.is_some_and(|id| id.as_bytes().starts_with(UNKEPT.as_bytes()));
+    match (tag, unkept) {
+        (Some(tag), true) => {
+            let id = last.and_then(|id| id.to_str().ok()).unwrap_or_default();
+            let gone = "this request's stream broke before its answer, and it cannot be resumed (the daemon keeps no copy of a call it answers below its MCP service); send the request again";
+            let last = format!("{id}#{tag}");
+            match request_error(&last, &tag, gone) {
+                Some(error) => Err(Box::new(error)),
+                None => Ok(Some(tag)),
+            }
+        }
+        (tag, _) => Ok(tag),
+    }
+}
+
+/// The error of the request whose id is tagged `tag` (the hex of its
+/// JSON), as the one event of a stream, its id `last` marked told.
+fn request_error(last: &str, tag: &str, message: &str) -> Option<Response> {
+    if tag.len() % 2 != 0 {
         return None;
     }
     let bytes: Vec<u8> = (0..tag.len())
@@ -73,14 +113,8 @@ pub fn lost_request<B>(request: &Request<B>) -> Option<Response> {
     let error = serde_json::json!({
         "jsonrpc": "2.0",
         "id": id,
-        "error": {
-            "code": -32000,
-            "message": "the daemon restarted (or the session ended) while this request ran, and its answer is lost; start a new session (initialize) and send it again",
-        },
+        "error": {"code": -32000, "message": message},
     });
-    tracing::info!(
-        "a resumed stream of a session that is gone: its request is answered with an error"
-    );
     Some(
         (
             [
@@ -176,5 +210,43 @@ mod tests {
         assert!(lost_request(&resume(&format!("1/3#{tag}"))).is_some());
         assert!(lost_request(&resume(&format!("1/3#{tag}{TOLD}"))).is_none());
         assert!(lost_request(&resume("1/3")).is_none());
+    }
+
+    /// A live session's resume of a stream answered below rmcp (its events
+    /// not kept) gets its request's error at once; rmcp's own streams are
+    /// rmcp's to replay.
+    #[tokio::test]
+    async fn a_resume_of_a_stream_not_kept_is_answered_with_its_requests_error() {
+        let tag = tag_of_request(br#"{"jsonrpc":"2.0","id":"c-9","method":"tools/call"}"#).unwrap();
+        let resume = |last: &str| {
+            Request::get("/mcp/default")
+                .header("last-event-id", last)
+                .body(())
+                .unwrap()
+        };
+        let mut unkept = resume(&format!("{UNKEPT}2#{tag}"));
+        let error = *super::resume(&mut unkept).unwrap_err();
+        let body = axum::body::to_bytes(error.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let body = String::from_utf8(body.to_vec()).unwrap();
+        assert!(
+            body.starts_with(&format!("id: {UNKEPT}2#{tag}{TOLD}\n")),
+            "{body}"
+        );
+        let data: serde_json::Value =
+            serde_json::from_str(body.lines().nth(1).unwrap().strip_prefix("data: ").unwrap())
+                .unwrap();
+        assert_eq!(data["id"], "c-9");
+        assert!(data["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("send the request again"));
+        let mut kept = resume(&format!("4/2#{tag}"));
+        assert_eq!(
+            super::resume(&mut kept).unwrap().as_deref(),
+            Some(tag.as_str())
+        );
+        assert_eq!(kept.headers()["last-event-id"], "4/2");
     }
 }

@@ -30,6 +30,16 @@ say({ tools: tools.map((t) => t.name) });
 const called = await client.callTool({ name: "demo__echo", arguments: { text: "from the TypeScript SDK" } });
 say({ call: called.content.map((c) => c.text).join("") });
 
+// A call that asks for progress (the SDK sends a progressToken): the
+// reports, then the result.
+const reports = [];
+const stepped = await client.callTool(
+  { name: "demo__progress", arguments: { steps: 3, delay_ms: 1 } },
+  undefined,
+  { onprogress: (p) => reports.push(p) },
+);
+say({ progress: reports.map((p) => p.progress), done: stepped.content.map((c) => c.text).join("") });
+
 const { resources } = await client.listResources();
 const file = resources.find((r) => r.uri.startsWith("files://"));
 say({ resources: resources.map((r) => r.uri) });

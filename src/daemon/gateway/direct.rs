@@ -4,7 +4,10 @@
 //! call path every other request takes — [`Gateway::call_exposed`]:
 //! route, profile, the token's rules, the audit and its span, rounds when
 //! the bundle asks for input — on the session's own gateway for a
-//! session's, and the answer is written as one JSON body. rmcp's service
+//! session's, and the answer is written as one JSON body — or, when the
+//! request asked for progress and the bundle reports some before its
+//! answer, as an event stream of the reports and then the answer, as
+//! rmcp streams a request's notifications on its own response. rmcp's service
 //! costs a request of its own, a oneshot transport or the session's
 //! worker and channels, a spawned serve loop, a parse that builds an
 //! error for each variant it tries and two conversions; none is needed for
@@ -12,7 +15,7 @@
 //!
 //! Only a request that rmcp would accept and answer the same way is taken
 //! here; anything else (another method, a header or `_meta` this path does
-//! not check, progress or log messages asked for, a task, a resumed
+//! not check, log messages asked for, a task, a resumed
 //! request, the search profile's meta-tools, a tool whose schema names
 //! `Mcp-Param-*` headers, an `Origin`, a Host rmcp would check, a session
 //! not yet (or no longer) known, or whose agent declared sampling,
@@ -23,10 +26,13 @@
 use axum::body::Bytes;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use futures::future::BoxFuture;
 use rmcp::model::{
-    CallToolRequestParams, ErrorCode, ProtocolVersion, RequestId, RequestMetaObject,
-    ServerJsonRpcMessage, ServerResult,
+    CallToolRequestParams, CallToolResponse, ErrorCode, ProgressNotification,
+    ProgressNotificationParam, ProtocolVersion, RequestId, RequestMetaObject, ServerJsonRpcMessage,
+    ServerNotification, ServerResult,
 };
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::facts::{Direct, Facts};
@@ -102,32 +108,126 @@ pub async fn answer(
     let Call { id, meta, params } = call;
     let ct = CancellationToken::new();
     // A session's agent may cancel it by its id, as rmcp's own requests.
-    let _cancellable = peer
+    let cancellable = peer
         .is_some()
         .then(|| gateway.below_rmcp(id.clone(), ct.clone()));
+    let (progress, reports) = match meta.get_progress_token() {
+        Some(_) => {
+            let (tx, rx) = mpsc::channel(16);
+            (Some(tx), Some(rx))
+        }
+        None => (None, None),
+    };
     let direct = Direct {
         id: id.clone(),
         meta,
         parts,
         ct: ct.clone(),
         session: peer,
+        progress,
     };
     // In a task of its own, as rmcp runs a request: an agent that goes
     // away cancels the call, which still ends (and is audited) as one.
+    // The progress sender goes with the task: when it ends, every report
+    // the call made is queued.
     let cancel_on_drop = ct.drop_guard();
-    let task = tokio::spawn(async move {
+    let mut task = tokio::spawn(async move {
         let facts = Facts::Direct(&direct);
         gateway.call_exposed(params, &facts).await
     });
-    let answered = task.await;
-    cancel_on_drop.disarm();
-    let message = match answered {
+    let on_session = session.is_some();
+    let Some(mut reports) = reports else {
+        let answered = task.await;
+        cancel_on_drop.disarm();
+        return Ok(respond(&message_of(answered, id, on_session), on_session));
+    };
+    // One JSON body unless the bundle reports progress before its answer;
+    // then a stream of the reports, and the answer last.
+    let (first, last): (_, BoxFuture<'static, _>) = tokio::select! {
+        answered = &mut task => {
+            let mut queued = Vec::new();
+            while let Ok(report) = reports.try_recv() {
+                queued.push(report);
+            }
+            cancel_on_drop.disarm();
+            let message = message_of(answered, id.clone(), on_session);
+            if queued.is_empty() {
+                return Ok(respond(&message, on_session));
+            }
+            (queued, Box::pin(std::future::ready(message)))
+        }
+        Some(report) = reports.recv() => {
+            let id = id.clone();
+            let last = async move {
+                let answered = task.await;
+                cancel_on_drop.disarm();
+                drop(cancellable);
+                message_of(answered, id, on_session)
+            };
+            (vec![report], Box::pin(last))
+        }
+    };
+    Ok(streamed(first, reports, last, on_session))
+}
+
+/// The answer as an event stream: progress reports `first`, those still
+/// to come on `reports` (which ends with the call), then the `last`
+/// message. A stream that is dropped (the agent went away) cancels the
+/// call with `last`. A session's events have ids, as rmcp's have, so that
+/// an agent whose stream breaks resumes it: and hears at once that it
+/// cannot be resumed ([`crate::daemon::resumed::UNKEPT`]), or, after a
+/// daemon restart, that its session is gone — rather than waiting for an
+/// answer that cannot come.
+fn streamed(
+    first: Vec<ProgressNotificationParam>,
+    reports: mpsc::Receiver<ProgressNotificationParam>,
+    last: BoxFuture<'static, ServerJsonRpcMessage>,
+    with_ids: bool,
+) -> Response {
+    use futures::StreamExt;
+    let rest = futures::stream::unfold(reports, |mut reports| async move {
+        let report = reports.recv().await?;
+        Some((report, reports))
+    });
+    let events = futures::stream::iter(first)
+        .chain(rest)
+        .map(|report| {
+            let note = ServerNotification::ProgressNotification(ProgressNotification::new(report));
+            ServerJsonRpcMessage::notification(note)
+        })
+        .chain(futures::stream::once(last))
+        .enumerate()
+        .map(move |(n, message)| {
+            let mut event = Vec::with_capacity(256);
+            if with_ids {
+                let unkept = crate::daemon::resumed::UNKEPT;
+                event.extend_from_slice(format!("id: {unkept}{n}\n").as_bytes());
+            }
+            event.extend_from_slice(b"data: ");
+            serde_json::to_writer(&mut event, &message)?;
+            event.extend_from_slice(b"\n\n");
+            Ok::<_, serde_json::Error>(event)
+        });
+    let headers = [
+        (header::CONTENT_TYPE, "text/event-stream"),
+        (header::CACHE_CONTROL, "no-cache"),
+    ];
+    (headers, axum::body::Body::from_stream(events)).into_response()
+}
+
+/// The JSON-RPC answer to request `id`, from the call's task.
+fn message_of(
+    answered: Result<Result<CallToolResponse, rmcp::ErrorData>, tokio::task::JoinError>,
+    id: RequestId,
+    on_session: bool,
+) -> ServerJsonRpcMessage {
+    match answered {
         Ok(Ok(response)) => {
-            ServerJsonRpcMessage::response(for_revision(response.into(), session), id)
+            ServerJsonRpcMessage::response(for_revision(response.into(), on_session), id)
         }
         Ok(Err(mut error)) => {
             // As rmcp answers 2026-07-28: the standard code.
-            if session.is_none() && error.code == ErrorCode::RESOURCE_NOT_FOUND {
+            if !on_session && error.code == ErrorCode::RESOURCE_NOT_FOUND {
                 error.code = ErrorCode::INVALID_PARAMS;
             }
             ServerJsonRpcMessage::error(error, Some(id))
@@ -136,15 +236,14 @@ pub async fn answer(
             rmcp::ErrorData::internal_error(format!("the call's task ended: {e}"), None),
             Some(id),
         ),
-    };
-    Ok(respond(&message, session.is_some()))
+    }
 }
 
 /// A result in the shape rmcp gives the request's revision: 2026-07-28's
 /// cache hints; a session's (an older revision) without `resultType:
 /// "complete"` and with object-only tool output.
-fn for_revision(mut result: ServerResult, session: Option<&str>) -> ServerResult {
-    if session.is_some() {
+fn for_revision(mut result: ServerResult, on_session: bool) -> ServerResult {
+    if on_session {
         result.strip_result_type_for_legacy_peer();
         result.strip_non_object_output_for_legacy_peer();
     } else {
@@ -268,7 +367,7 @@ struct WireParams {
 
 /// The call in `body`, when it is one `tools/call` request with only a
 /// name, arguments and a `_meta` of this revision that asks for neither
-/// progress nor log messages nor a task, named by its `Mcp-Name`.
+/// log messages nor a task, named by its `Mcp-Name`.
 fn parse(body: &[u8], headers: &HeaderMap) -> Option<Call> {
     let wire: Wire<'_, WireParams> = serde_json::from_slice(body).ok()?;
     if !wire.is_call() {
@@ -282,7 +381,6 @@ fn parse(body: &[u8], headers: &HeaderMap) -> Option<Call> {
     let revision = ProtocolVersion::V_2026_07_28;
     let fits = meta.protocol_version().as_ref() == Some(&revision)
         && meta.missing_required_keys(&revision).is_empty()
-        && meta.get_progress_token().is_none()
         && meta.log_level().is_none()
         && meta
             .client_capabilities()
@@ -307,8 +405,8 @@ struct SessionParams {
 }
 
 /// The call in `body`, a session's request: one `tools/call` with only a
-/// name, arguments and a `_meta` that asks for neither progress nor log
-/// messages and carries nothing of 2026-07-28.
+/// name, arguments and a `_meta` that asks for no log messages and
+/// carries nothing of 2026-07-28.
 fn parse_on_session(body: &[u8]) -> Option<Call> {
     let wire: Wire<'_, SessionParams> = serde_json::from_slice(body).ok()?;
     if !wire.is_call() {
@@ -320,8 +418,7 @@ fn parse_on_session(body: &[u8]) -> Option<Call> {
         meta,
     } = wire.params;
     let meta = meta.unwrap_or_default();
-    let plain = meta.get_progress_token().is_none()
-        && meta.log_level().is_none()
+    let plain = meta.log_level().is_none()
         && meta.protocol_version().is_none()
         && meta.client_capabilities().is_none()
         && meta.client_info().is_none();

@@ -6,9 +6,13 @@
 //! run the same policy.
 
 use axum::http::request::Parts;
-use rmcp::model::{ClientCapabilities, ProtocolVersion, RequestId, RequestMetaObject};
+use rmcp::model::{
+    ClientCapabilities, ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId,
+    RequestMetaObject,
+};
 use rmcp::service::{Peer, RequestContext};
 use rmcp::RoleServer;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// One request, as the gateway's checks and records read it.
@@ -34,6 +38,10 @@ pub struct Direct {
     /// declared at `initialize`, and where its notifications go (the
     /// session's own stream, as rmcp sends any not tied to a request).
     pub session: Option<Peer<RoleServer>>,
+    /// Where the call's progress goes, when the request asked for it: the
+    /// request's own answer (a stream of its reports, then the result),
+    /// never the session's stream.
+    pub progress: Option<mpsc::Sender<ProgressNotificationParam>>,
 }
 
 impl Direct {
@@ -81,6 +89,29 @@ impl<'a> Facts<'a> {
         match self {
             Facts::Rmcp(c) => Some(&c.peer),
             Facts::Direct(d) => d.session.as_ref(),
+        }
+    }
+
+    /// Sends `report` of the request's call to its agent as progress of
+    /// `token`: on the request's own answer when it was parsed below rmcp,
+    /// else through rmcp (which puts it on the request's stream). Without
+    /// a token nothing was asked for, and nothing is sent.
+    pub async fn notify_progress(
+        &self,
+        token: Option<ProgressToken>,
+        mut report: ProgressNotificationParam,
+    ) {
+        let Some(token) = token else { return };
+        report.progress_token = token;
+        match self {
+            Facts::Rmcp(c) => {
+                let _ = c.peer.notify_progress(report).await;
+            }
+            Facts::Direct(d) => {
+                if let Some(progress) = &d.progress {
+                    let _ = progress.send(report).await;
+                }
+            }
         }
     }
 

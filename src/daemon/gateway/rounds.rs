@@ -249,8 +249,9 @@ impl Agent for RoundAgent {
 }
 
 /// The agent of a stateless request answered below rmcp (so no stream to
-/// send it anything on) that declared nothing a bundle could ask of it: no
-/// sampling, elicitation or roots, no log level, no progress, no retry.
+/// send it anything but its call's progress on) that declared nothing a
+/// bundle could ask of it: no sampling, elicitation or roots, no log
+/// level, no retry.
 /// Its call can never need a round — a bundle that asks anyway is refused
 /// by the capability check every request of a bundle passes
 /// ([`crate::bundle::client`]), as it would be with a [`RoundAgent`] — so
@@ -260,10 +261,9 @@ pub struct Unaskable(ClientCapabilities);
 impl Unaskable {
     /// The agent of `context` when it is such a request; `retried`: the
     /// request carries `requestState` or `inputResponses`.
-    pub fn of(context: &Facts<'_>, retried: bool, progress: bool) -> Option<Arc<dyn Agent>> {
+    pub fn of(context: &Facts<'_>, retried: bool) -> Option<Arc<dyn Agent>> {
         if !matches!(context, Facts::Direct(d) if d.session.is_none())
             || retried
-            || progress
             || context.meta().log_level().is_some()
         {
             return None;
@@ -349,8 +349,8 @@ impl Running {
     /// request.
     async fn step(&mut self, served: &Served<'_>) -> Step {
         *self.level.lock().unwrap_or_else(|e| e.into_inner()) = served.context.meta().log_level();
-        // A request answered below rmcp has no peer: it asked for neither
-        // progress nor log messages, so none is sent.
+        // A request answered below rmcp has no peer: it asked for no log
+        // messages, so none is sent (its progress goes on its answer).
         let peer = served.context.peer();
         loop {
             tokio::select! {
@@ -360,7 +360,7 @@ impl Running {
                         Some(rx) => rx.recv().await,
                         None => std::future::pending().await,
                     }
-                } => send_progress(peer, served.progress_token.clone(), report).await,
+                } => served.context.notify_progress(served.progress_token.clone(), report).await,
                 Some(event) = self.events.recv() => match event {
                     Event::Log(note) => notify(peer, note).await,
                     Event::Ask(mut asked) => {
@@ -411,17 +411,6 @@ impl Running {
 async fn notify(peer: Option<&Peer<RoleServer>>, note: ServerNotification) {
     if let Some(peer) = peer {
         let _ = peer.send_notification(note).await;
-    }
-}
-
-async fn send_progress(
-    peer: Option<&Peer<RoleServer>>,
-    token: Option<ProgressToken>,
-    mut report: ProgressNotificationParam,
-) {
-    if let (Some(peer), Some(token)) = (peer, token) {
-        report.progress_token = token;
-        let _ = peer.notify_progress(report).await;
     }
 }
 

@@ -1032,12 +1032,15 @@ impl Gateway {
             return self.call_as_task(&request, context, route, trace).await;
         }
         let retried = request.request_state.is_some() || request.input_responses.is_some();
-        if let Some(agent) = Unaskable::of(context, retried, token.is_some()) {
-            let called = self
-                .0
-                .api
-                .call(&call, None, context.ct(), Caller::Agent(agent));
-            let mut result = called.await?;
+        let notify = |note| context.notify_progress(token.clone(), note);
+        if let Some(agent) = Unaskable::of(context, retried) {
+            let caller = Caller::Agent(agent);
+            let answer = super::with_progress(
+                token.is_some(),
+                |progress| self.0.api.call(&call, progress, context.ct(), caller),
+                notify,
+            );
+            let mut result = answer.await?;
             result.result_type.get_or_insert(ResultType::COMPLETE);
             return Ok(result.into());
         }
@@ -1053,7 +1056,7 @@ impl Gateway {
                     request.request_state.as_deref(),
                     request.input_responses.clone(),
                     context,
-                    token,
+                    token.clone(),
                     move |agent, progress, cancel| {
                         Box::pin(async move {
                             api.call(&call, progress, &cancel, Caller::Agent(agent))
@@ -1074,16 +1077,6 @@ impl Gateway {
             };
         }
         let caller = Caller::Agent(self.session_agent(context)?);
-        let notify = |mut note: ProgressNotificationParam| {
-            let peer = context.peer().cloned();
-            let token = token.clone();
-            async move {
-                if let (Some(peer), Some(token)) = (peer, token) {
-                    note.progress_token = token;
-                    let _ = peer.notify_progress(note).await;
-                }
-            }
-        };
         let answer = super::with_progress(
             token.is_some(),
             |progress| self.0.api.call(&call, progress, context.ct(), caller),
