@@ -1148,7 +1148,8 @@ async fn a_plain_stateless_call_is_answered_below_rmcp_with_rmcps_answer_and_pol
 /// agent declared nothing a bundle could ask of it is answered below rmcp
 /// too, as one JSON body, on the session's path of policy: the result rmcp
 /// gives the same call, the token's rules; a call asking for progress
-/// gets its reports on its own stream, then its answer. An agent
+/// gets its reports on its own stream, then its answer (rmcp's own client
+/// asks for progress with every call: its calls too). An agent
 /// that declared sampling stays with rmcp (the bundle's request would go
 /// on the call's stream). Such calls keep their session alive for rmcp
 /// (`[http] session_idle`, whose timer is rmcp's), and an idle session
@@ -1316,4 +1317,24 @@ async fn a_plain_call_on_a_session_is_answered_below_rmcp_and_keeps_it_alive() {
     assert_eq!(result["result"], direct[0]["result"], "{answer:?}");
     let (direct_after, rmcp_after) = tokio::task::block_in_place(|| common::answered_by(&d));
     assert_eq!((direct_after, rmcp_after), (direct_before, rmcp_before + 1));
+
+    // rmcp's own client puts a progress token in every call: its calls
+    // are answered below rmcp too.
+    let client = agent(&url, &t).await.unwrap();
+    let mut args = serde_json::Map::new();
+    args.insert("text".into(), json!("from rmcp"));
+    let call = CallToolRequestParams::new("demo__echo").with_arguments(args);
+    let (direct_before, _) = tokio::task::block_in_place(|| common::answered_by(&d));
+    let result = client.call_tool(call).await.unwrap();
+    assert_eq!(
+        serde_json::to_value(&result.content).unwrap()[0]["text"],
+        "from rmcp"
+    );
+    let (direct_after, _) = tokio::task::block_in_place(|| common::answered_by(&d));
+    assert_eq!(
+        direct_after,
+        direct_before + 1,
+        "rmcp's client went through rmcp"
+    );
+    client.cancel().await.unwrap();
 }
