@@ -594,3 +594,57 @@ fn a_bundle_named_like_a_cgroup_control_file_starts() {
         assert!(cgroup.contains(&format!("/b-{name}/g")), "{b}");
     }
 }
+
+/// A bundle starts with its stdio and nothing else of the daemon's: the
+/// daemon's child takes a descriptor table of its own holding only the
+/// reserved block's numbers (issue 37, point 4: it used to copy the
+/// daemon's whole table, 12,000 descriptors at 2,000 bundles, and close
+/// each one), and the block is back to placeholders once it has.
+#[test]
+fn a_bundle_starts_with_none_of_the_daemons_descriptors() {
+    let d = Daemon::start();
+    // The block is reserved (the path under test), a placeholder in each.
+    let slot = std::fs::read_link(format!("/proc/{}/fd/64", d.pid())).unwrap();
+    assert_eq!(slot, std::path::Path::new("/dev/null"));
+    for name in ["one", "two"] {
+        d.ok(&["install", d.demo_bundle(name).to_str().unwrap()]);
+    }
+    let daemon_fds = std::fs::read_dir(format!("/proc/{}/fd", d.pid()))
+        .unwrap()
+        .count();
+    assert!(daemon_fds > 20, "{daemon_fds}");
+    let said = "ls -l /proc/$$/fd >&2;";
+    let bundle = shell_wrapped_demo(&d.root().join("src"), "lister", said);
+    d.ok(&["install", bundle.to_str().unwrap()]);
+    d.wait_state("default", "lister", "ready");
+    let logs = wait_for(Duration::from_secs(10), "the listing", || {
+        let logs = d.ok(&["logs", "lister"]);
+        logs.contains(" 2 -> ").then_some(logs)
+    });
+    // `ls -l` of the shell's: each `N -> what`. The shell keeps its own
+    // stdout at 10 while its stderr is the listing's stdout.
+    let open: Vec<(u32, &str)> = logs
+        .lines()
+        .filter_map(|l| {
+            let (head, target) = l.split_once(" -> ")?;
+            Some((head.rsplit(' ').next()?.parse().ok()?, target))
+        })
+        .collect();
+    let fds: Vec<u32> = open.iter().map(|(fd, _)| *fd).collect();
+    assert!(
+        fds.iter().all(|fd| [0, 1, 2, 3, 10].contains(fd)),
+        "{open:?}\n{logs}"
+    );
+    assert!(
+        open.iter()
+            .any(|(fd, target)| *fd == 3 && target.starts_with("socket:")),
+        "the host channel: {open:?}"
+    );
+    let slots: Vec<_> = (64..80)
+        .map(|fd| std::fs::read_link(format!("/proc/{}/fd/{fd}", d.pid())).unwrap())
+        .collect();
+    assert!(
+        slots.iter().all(|s| s == std::path::Path::new("/dev/null")),
+        "{slots:?}"
+    );
+}

@@ -49,7 +49,13 @@ fn init_logging(format: LogFormat) {
 }
 
 pub fn run(args: &Args) -> ExitCode {
+    // Before anything opens a file: the low descriptor numbers a bundle's
+    // start hands its child in (bundle::spawn).
+    let reserved = crate::bundle::spawn::reserve_slots();
     init_logging(args.log_format);
+    if !reserved {
+        tracing::debug!("descriptors 64 to 79 were taken at start: each bundle's start copies the daemon's descriptor table");
+    }
     let config = match &args.config {
         Some(path) => Config::load(path),
         None => std::env::current_dir()
