@@ -1338,3 +1338,89 @@ async fn a_plain_call_on_a_session_is_answered_below_rmcp_and_keeps_it_alive() {
     );
     client.cancel().await.unwrap();
 }
+
+/// Issue 37, point 1: a call answered below rmcp's server is made below
+/// rmcp's client too. The bundle is asked with an id of the daemon's own
+/// (`"bv-N"`, where rmcp's client numbers its requests) and its answer is
+/// written on as it came, in the revision's shape: the same answer rmcp
+/// gives, a tool error audited as one, and a 2025-11-25 session's answer
+/// without `resultType`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_answered_below_rmcp_is_spliced_through_to_the_bundle() {
+    let (d, base) = daemon();
+    // The bundle's stdin, copied to its stderr (its log) on the way in.
+    let copy = r#"while IFS= read -r l; do printf '%s\n' "$l" >&2; printf '%s\n' "$l"; done |"#;
+    let teed = common::shell_wrapped_demo(&d.root().join("src"), "teed", copy);
+    tokio::task::block_in_place(|| d.ok(&["install", teed.to_str().unwrap()]));
+    let t = tokio::task::block_in_place(|| token(&d, &["--name", "spliced"]));
+    let url = format!("{base}/mcp/default");
+    let echo = json!({"name": "teed__echo", "arguments": {"text": "spliced"}});
+    let before = tokio::task::block_in_place(|| common::answered_by(&d));
+    let spliced = stateless(&url, &t, "tools/call", "teed__echo", echo.clone()).await;
+    // The same call asking for log messages: rmcp's, by rmcp's client.
+    let mut logged = echo;
+    logged["_meta"] = json!({"io.modelcontextprotocol/logLevel": "debug"});
+    let typed = stateless(&url, &t, "tools/call", "teed__echo", logged).await;
+    let after = tokio::task::block_in_place(|| common::answered_by(&d));
+    assert_eq!((after.0 - before.0, after.1 - before.1), (1, 1));
+    assert_eq!(spliced, typed);
+    assert_eq!(spliced["result"]["resultType"], "complete", "{spliced}");
+    let asked = |what: &str| {
+        let logs = d.ok(&["logs", "teed", "-n", "200"]);
+        logs.lines()
+            .filter(|l| l.contains(r#""method":"tools/call""#) && l.contains(what))
+            .map(|l| {
+                let at = l.find('{').unwrap_or_default();
+                serde_json::from_str::<Value>(&l[at..]).unwrap_or(Value::Null)["id"].clone()
+            })
+            .collect::<Vec<_>>()
+    };
+    let ids = tokio::task::block_in_place(|| {
+        common::wait_for(std::time::Duration::from_secs(10), "both calls", || {
+            let ids = asked("spliced");
+            (ids.len() == 2).then_some(ids)
+        })
+    });
+    assert!(
+        ids[0].as_str().is_some_and(|id| id.starts_with("bv-")),
+        "{ids:?}"
+    );
+    assert!(ids[1].is_number(), "{ids:?}");
+
+    // A tool error: as the bundle wrote it, audited as one.
+    let fail = json!({"name": "teed__fail", "arguments": {"message": "no luck"}});
+    let failed = stateless(&url, &t, "tools/call", "teed__fail", fail).await;
+    assert_eq!(failed["result"]["isError"], true, "{failed}");
+    assert_eq!(failed["result"]["content"][0]["text"], "no luck");
+    let audit = tokio::task::block_in_place(|| {
+        common::wait_for(std::time::Duration::from_secs(10), "the audit", || {
+            let out = d.ok(&["audit", "--json", "--token", "spliced"]);
+            let lines: Vec<Value> = out
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            (lines.len() >= 3).then_some(lines)
+        })
+    });
+    assert_eq!(audit[2]["outcome"], "tool_error", "{audit:?}");
+    assert_eq!(tokio::task::block_in_place(|| asked("no luck")).len(), 1);
+
+    // On a 2025-11-25 session: no `resultType`, as rmcp answers there.
+    let id = common::session_below_rmcp(&d, &url, &t).await;
+    let call = json!({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+        "params": {"name": "teed__echo", "arguments": {"text": "on a session"}}});
+    let (status, _, answer) = common::posted(&url, &t, Some(&id), &call).await;
+    assert_eq!(status, 200, "{answer:?}");
+    assert_eq!(answer[0]["result"]["content"][0]["text"], "on a session");
+    assert!(
+        answer[0]["result"].get("resultType").is_none(),
+        "{answer:?}"
+    );
+    let on_session = tokio::task::block_in_place(|| asked("on a session"));
+    assert!(
+        on_session[0]
+            .as_str()
+            .is_some_and(|id| id.starts_with("bv-")),
+        "{on_session:?}"
+    );
+}

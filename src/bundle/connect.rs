@@ -128,6 +128,11 @@ pub struct Session {
     pub follower: super::follow::Follower,
     /// What the daemon declared to the bundle as its client.
     pub declared: rmcp::model::ClientCapabilities,
+    /// And who it said it is (a 2026-07-28 request says so again).
+    pub client_info: Implementation,
+    /// The stdio bundle's way for tool calls answered below rmcp's client
+    /// ([`super::spliced`]); None for a remote bundle.
+    pub spliced: Option<super::spliced::Spliced>,
     /// The MCP revision spoken with the bundle, and why when it is not the
     /// newest the daemon knows.
     pub revision: ProtocolVersion,
@@ -412,6 +417,7 @@ async fn connect_stdio(
     let violation = Violation::new(plan.redactor.clone());
     let rules = Rules::new(opts.max_message_bytes, violation.clone());
     let transport = BundleStdio::new(spawned.stdout, spawned.stdin, rules, host);
+    let spliced = transport.spliced();
 
     let span = handshake_span(opts, legacy.is_some());
     let outcome = tokio::select! {
@@ -458,9 +464,11 @@ async fn connect_stdio(
             return Err(err);
         }
     };
-    Ok(connected(
+    let mut session = connected(
         service, tools, lifeline, stderr, violation, ct, requester, opts, legacy,
-    ))
+    );
+    session.spliced = Some(spliced);
+    Ok(session)
 }
 
 async fn connect_remote(
@@ -576,7 +584,8 @@ fn connected(
     let subscribers = service.service().subscribers();
     let follower =
         super::follow::Follower::new(peer.clone(), subscribers.clone(), &requester.bundle);
-    let declared = rmcp::ClientHandler::get_info(service.service()).capabilities;
+    let info = rmcp::ClientHandler::get_info(service.service());
+    let (declared, client_info) = (info.capabilities, info.client_info);
     let server = service
         .peer()
         .peer_info()
@@ -612,6 +621,8 @@ fn connected(
         follower,
         subscribers,
         declared,
+        client_info,
+        spliced: None,
         revision,
         revision_why,
         violation,

@@ -24,6 +24,7 @@ pub mod reach;
 pub mod reaper;
 pub mod sandbox;
 pub mod spawn;
+pub mod spliced;
 pub mod transport;
 pub mod uv;
 

@@ -32,7 +32,7 @@ use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use rmcp::model::{
     CallToolResult, ClientNotification, ClientRequest, ErrorData, JsonRpcMessage, JsonRpcResponse,
-    JsonRpcVersion2_0, MetaObject, NumberOrString, RequestId, RequestMetaObject, ServerResult,
+    JsonRpcVersion2_0, NumberOrString, RequestId, ServerResult,
 };
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::async_rw::{JsonRpcMessageCodec, JsonRpcMessageCodecError};
@@ -46,6 +46,7 @@ use tokio_util::codec::Decoder;
 
 use super::client::HostContext;
 use super::guard::Rules;
+use super::spliced::{call_line, Out, Spliced};
 use crate::host_resources::{self, Answer, HostError};
 
 /// Host-resources answers one bundle may have in flight.
@@ -63,16 +64,6 @@ const QUEUED: usize = 64;
 /// Answers this large are written around their kept JSON (three writes)
 /// rather than copied into one line.
 const COPY_AT_MOST: usize = 64 * 1024;
-
-/// A line for the bundle's stdin.
-enum Out {
-    /// rmcp's message, or an error answer, encoded; rmcp's `send` is told
-    /// whether it was written.
-    Line(Vec<u8>, Option<oneshot::Sender<bool>>),
-    /// An answer: `head`, the kept JSON, `}` and the newline. The JSON is
-    /// shared with the store's cache, never copied while it waits.
-    Answer { head: Vec<u8>, answer: Answer },
-}
 
 /// Writes the queued lines to the bundle's stdin, each whole, until the
 /// queue closes or stdin does. The one writer: rmcp's messages and the
@@ -206,6 +197,8 @@ pub struct BundleStdio<R> {
     host: HostContext,
     /// The ids of the `tools/call` requests sent and not yet answered.
     calls: Calls,
+    /// The calls made below rmcp's client ([`super::spliced`]).
+    spliced: Spliced,
     answering: FuturesUnordered<BoxFuture<'static, ()>>,
     /// The stream ended (end of file, an error, or a rule broken).
     ended: bool,
@@ -220,6 +213,7 @@ where
         W: AsyncWrite + Send + Unpin + 'static,
     {
         let (queue, lines) = mpsc::channel(QUEUED);
+        let spliced = Spliced::new(queue.clone());
         BundleStdio {
             read,
             buf: BytesMut::new(),
@@ -232,9 +226,15 @@ where
             ))),
             host,
             calls: Calls::default(),
+            spliced,
             answering: FuturesUnordered::new(),
             ended: false,
         }
+    }
+
+    /// Where calls made below rmcp's client go ([`super::spliced`]).
+    pub fn spliced(&self) -> Spliced {
+        self.spliced.clone()
     }
 
     /// The next message for rmcp; None when the stream has ended. State
@@ -245,6 +245,7 @@ where
             // Answers in flight finish by writing their line.
             while let Poll::Ready(Some(())) = self.answering.poll_next_unpin(cx) {}
             if self.ended {
+                self.spliced.ended();
                 return Poll::Ready(None);
             }
             if self.answering.len() >= MAX_ANSWERING {
@@ -286,6 +287,19 @@ where
         let text = &line[..line.len() - 1];
         if text.trim_ascii().is_empty() {
             return None;
+        }
+        if self.spliced.expecting() {
+            if let Some((n, result)) = self.spliced.answer(text) {
+                if let Some(reason) = self.rules.check_line(text, true) {
+                    self.end(reason);
+                    return None;
+                }
+                line.truncate(line.len() - 1);
+                let line = line.freeze();
+                self.spliced
+                    .answered(n, super::spliced::RawReply { line, result });
+                return None;
+            }
         }
         let call = host_call(text);
         let reply = match call {
@@ -433,39 +447,6 @@ fn encode(message: &TxJsonRpcMessage<RoleClient>) -> std::io::Result<Vec<u8>> {
     Ok(line)
 }
 
-/// A tool call as rmcp writes it, unless its `_meta` is in two places.
-fn call_line(
-    id: &RequestId,
-    call: &rmcp::model::CallToolRequest,
-) -> std::io::Result<Option<Vec<u8>>> {
-    let typed = call.extensions.get::<RequestMetaObject>();
-    let legacy = call.extensions.get::<MetaObject>();
-    let beside = match (typed, legacy) {
-        (Some(_), Some(_)) => return Ok(None),
-        (Some(typed), None) => Some(serde_json::to_vec(typed)?),
-        (None, Some(legacy)) => Some(serde_json::to_vec(legacy)?),
-        (None, None) => None,
-    };
-    if beside.is_some() && call.params.meta.is_some() {
-        return Ok(None);
-    }
-    let mut line = Vec::with_capacity(128);
-    line.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
-    serde_json::to_writer(&mut line, id)?;
-    line.extend_from_slice(br#","method":"tools/call","params":"#);
-    let params = line.len();
-    serde_json::to_writer(&mut line, &call.params)?;
-    if let Some(meta) = beside {
-        // After the params' `{`: they always have a name after it.
-        let mut at = br#""_meta":"#.to_vec();
-        at.extend_from_slice(&meta);
-        at.push(b',');
-        line.splice(params + 1..params + 1, at);
-    }
-    line.push(b'}');
-    Ok(Some(line))
-}
-
 impl<R> Transport<RoleClient> for BundleStdio<R>
 where
     R: AsyncRead + Send + Unpin + 'static,
@@ -508,6 +489,7 @@ where
         // closes the bundle's stdin.
         self.answering.clear();
         self.calls.lock().clear();
+        self.spliced.ended();
         self.writer.take();
         // What rmcp sends from now on fails at once.
         self.queue = mpsc::channel(1).0;
@@ -527,6 +509,7 @@ mod tests {
     use super::*;
     use crate::bundle::guard::Violation;
     use crate::host_resources::HostRequest;
+    use rmcp::model::{MetaObject, RequestMetaObject};
 
     /// A workspace that answers reads of `files://X` with `{"read": X}`,
     /// `files://missing` with not found, and holds the replies to

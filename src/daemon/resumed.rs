@@ -102,7 +102,7 @@ pub fn resume<B>(request: &mut Request<B>) -> Result<Option<String>, Box<Respons
 /// The error of the request whose id is tagged `tag` (the hex of its
 /// JSON), as the one event of a stream, its id `last` marked told.
 fn request_error(last: &str, tag: &str, message: &str) -> Option<Response> {
-    if tag.len() % 2 != 0 {
+    if !tag.len().is_multiple_of(2) {
         return None;
     }
     let bytes: Vec<u8> = (0..tag.len())

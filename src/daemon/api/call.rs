@@ -15,7 +15,8 @@ use tokio_util::sync::CancellationToken;
 use super::outcome::wait_ready;
 use super::{limit, Api, ApiError};
 use crate::bundle::client::Caller;
-use crate::daemon::bundle::{run, BundleMsg, BundleRequest, CallError, PendingCall};
+use crate::bundle::spliced::RawToolResult;
+use crate::daemon::bundle::{run, Answered, BundleMsg, BundleRequest, CallError, PendingCall};
 use crate::daemon::workspace::FilesOp;
 use crate::protocol::BundleState;
 use crate::telemetry::Trace;
@@ -29,6 +30,32 @@ pub struct BundleTools {
     pub name: String,
     pub state: BundleState,
     pub tools: Vec<Tool>,
+}
+
+/// A tool's result: decoded, or as the bundle wrote it.
+pub enum ToolResult {
+    Typed(CallToolResult),
+    Raw(RawToolResult),
+}
+
+impl ToolResult {
+    /// The tool answered with an error (`isError`).
+    pub fn is_error(&self) -> bool {
+        match self {
+            ToolResult::Typed(r) => r.is_error == Some(true),
+            ToolResult::Raw(r) => r.is_error(),
+        }
+    }
+
+    /// The result decoded.
+    pub fn typed(self) -> Result<CallToolResult, ApiError> {
+        match self {
+            ToolResult::Typed(r) => Ok(r),
+            ToolResult::Raw(r) => r
+                .typed()
+                .map_err(|e| ApiError::Failed(format!("the tool's result: {e}"))),
+        }
+    }
 }
 
 /// A tool call.
@@ -95,15 +122,40 @@ impl Api {
         cancel: &CancellationToken,
         caller: Caller,
     ) -> Result<CallToolResult, ApiError> {
+        let answer = self.call_as(request, progress, cancel, caller, false);
+        answer.await?.typed()
+    }
+
+    /// [`Self::call`] for a caller that writes the result on as the bundle
+    /// wrote it, when its session can hand it over so
+    /// ([`crate::bundle::spliced`]): the gateway's answers below rmcp.
+    pub async fn call_spliced(
+        &self,
+        request: &CallRequest,
+        progress: Option<mpsc::Sender<ProgressNotificationParam>>,
+        cancel: &CancellationToken,
+        caller: Caller,
+    ) -> Result<ToolResult, ApiError> {
+        self.call_as(request, progress, cancel, caller, true).await
+    }
+
+    async fn call_as(
+        &self,
+        request: &CallRequest,
+        progress: Option<mpsc::Sender<ProgressNotificationParam>>,
+        cancel: &CancellationToken,
+        caller: Caller,
+        raw: bool,
+    ) -> Result<ToolResult, ApiError> {
         let started = std::time::Instant::now();
         // Boxed: the call's state machine (the session's request, progress,
         // the wait for ready) is large, and a future that holds it inline is
         // copied whole each time a task is spawned or polled to completion
         // around it (rmcp spawns one per request): 85% more instructions a
         // gateway call (`make bench-callgrind`).
-        let answer = Box::pin(self.call_tool(request, progress, cancel, caller)).await;
+        let answer = Box::pin(self.call_tool(request, progress, cancel, (caller, raw))).await;
         if !matches!(&answer, Err(ApiError::BundleNotFound { .. })) {
-            let ok = matches!(&answer, Ok(r) if r.is_error != Some(true));
+            let ok = matches!(&answer, Ok(r) if !r.is_error());
             self.shared
                 .metrics
                 .tool_call(&request.workspace, &request.name, started.elapsed(), ok);
@@ -116,8 +168,8 @@ impl Api {
         p: &CallRequest,
         progress: Option<mpsc::Sender<ProgressNotificationParam>>,
         cancel: &CancellationToken,
-        caller: Caller,
-    ) -> Result<CallToolResult, ApiError> {
+        (caller, raw): (Caller, bool),
+    ) -> Result<ToolResult, ApiError> {
         let actor = Api::bundle_actor(&p.workspace, &p.name)?;
         // The call's own clock stands while its agent is asked, for up to
         // `[http] input_timeout`: so long may the answer take.
@@ -139,6 +191,7 @@ impl Api {
                 progress: progress.clone(),
                 caller: caller.clone(),
                 trace: p.trace.clone(),
+                raw,
                 reply,
             };
             // A ready session runs the call in this task; anything else is
@@ -182,7 +235,10 @@ impl Api {
         };
         let (name, tool) = (&p.name, &p.tool);
         match result {
-            CallResult::Success(Ok(ServerResult::CallToolResult(r))) => Ok(r),
+            CallResult::Success(Ok(Answered::Typed(ServerResult::CallToolResult(r)))) => {
+                Ok(ToolResult::Typed(r))
+            }
+            CallResult::Success(Ok(Answered::Raw(r))) => Ok(ToolResult::Raw(r)),
             CallResult::Success(Ok(_)) => Err(ApiError::Failed(format!(
                 "tool {tool:?} of bundle {name:?} failed: the bundle answered with something else"
             ))),
@@ -220,6 +276,7 @@ impl Api {
                         progress: None,
                         caller,
                         trace,
+                        raw: false,
                         reply,
                     })
                 },
@@ -230,7 +287,11 @@ impl Api {
             .await
             .map_err(ApiError::unavailable)?;
         match answer {
-            CallResult::Success(Ok(result)) => Ok(result),
+            CallResult::Success(Ok(Answered::Typed(result))) => Ok(result),
+            CallResult::Success(Ok(Answered::Raw(raw))) => raw
+                .typed()
+                .map(ServerResult::CallToolResult)
+                .map_err(|e| ApiError::Failed(format!("{method} to bundle {name:?}: {e}"))),
             CallResult::Success(Err(CallError::NotReady { state, .. })) => {
                 Err(ApiError::NotReady {
                     message: format!("bundle {name:?} is {}, not ready", state.as_str()),

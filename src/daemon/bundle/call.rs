@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use super::session::Lane;
 use super::BundleMsg;
 use crate::bundle::client::Caller;
+use crate::bundle::spliced::{RawToolResult, Spliced};
 use crate::protocol::BundleState;
 use crate::telemetry::{Attribute, Kind, Trace};
 
@@ -82,8 +83,23 @@ pub struct PendingCall {
     /// The trace the request's span joins; its context goes to the bundle
     /// in the request's `_meta`.
     pub trace: Trace,
-    pub reply: RpcReplyPort<Result<ServerResult, CallError>>,
+    /// The caller takes a tool's result as the bundle wrote it, where the
+    /// bundle's session can hand it over so ([`crate::bundle::spliced`]).
+    pub raw: bool,
+    pub reply: RpcReplyPort<Result<Answered, CallError>>,
 }
+
+/// A request's answer: decoded, or a tool's result as the bundle wrote it.
+// The typed one is what every reply carried before; boxed, each typed
+// call would pay an allocation for the raw one's sake.
+#[allow(clippy::large_enum_variant)]
+pub enum Answered {
+    Typed(ServerResult),
+    Raw(RawToolResult),
+}
+
+/// One exchange's answer from the bundle: [`Answered`], or input it asks for.
+type Exchanged = Result<Result<Answered, ServiceError>, CallError>;
 
 impl PendingCall {
     /// The tool this call names, if it is a tool call.
@@ -154,14 +170,18 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
         if let ClientRequest::UnsubscribeRequest(r) = &**request {
             if session.subscribers.others(&r.params.uri, agent) {
                 session.subscribers.remove(&r.params.uri, agent);
-                let _ = call.reply.send(Ok(ServerResult::empty(())));
+                let _ = call
+                    .reply
+                    .send(Ok(Answered::Typed(ServerResult::empty(()))));
                 return;
             }
         }
     }
     let timeout = call.timeout.unwrap_or(live.timeout);
     if let Some(followed) = follow(session, &call, timeout).await {
-        let _ = call.reply.send(followed.map(|()| ServerResult::empty(())));
+        let _ = call
+            .reply
+            .send(followed.map(|()| Answered::Typed(ServerResult::empty(()))));
         return;
     }
     // The caller is the bundle's client for as long as the request runs.
@@ -189,7 +209,7 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
         answer_time: live.answer_time,
     };
     let result = loop {
-        match exchange(session, &call, request.clone(), &caller, &clock).await {
+        match exchange_either(session, &call, request.clone(), &caller, &clock).await {
             Err(e) => break Err(e),
             Ok(Err(e))
                 if retry
@@ -214,7 +234,8 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
                 break Err(CallError::Failed(closed_reason(session).await))
             }
             Ok(Err(e)) => break Err(answer_error(e, &call.caller)),
-            Ok(Ok(ServerResult::InputRequiredResult(asked))) => {
+            Ok(Ok(Answered::Raw(raw))) => break Ok(Answered::Raw(raw)),
+            Ok(Ok(Answered::Typed(ServerResult::InputRequiredResult(asked)))) => {
                 rounds += 1;
                 if rounds > MAX_INPUT_ROUNDS {
                     break Err(CallError::Failed(format!(
@@ -226,7 +247,7 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
                     Err(e) => break Err(e),
                 }
             }
-            Ok(Ok(result)) => {
+            Ok(Ok(Answered::Typed(result))) => {
                 // A subscription the bundle took is the agent's.
                 if let (BundleRequest::Mcp(request), Caller::Agent(agent)) =
                     (&call.request, &call.caller)
@@ -241,7 +262,7 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
                         _ => {}
                     }
                 }
-                break answer(&call.request, result);
+                break answer(&call.request, result).map(Answered::Typed);
             }
         }
     };
@@ -274,11 +295,14 @@ fn traced(
 }
 
 /// Ends a request's span with how the bundle answered.
-fn end_span(span: crate::telemetry::Span, result: &Result<ServerResult, CallError>) {
+fn end_span(span: crate::telemetry::Span, result: &Result<Answered, CallError>) {
+    let tool_error = match result {
+        Ok(Answered::Typed(ServerResult::CallToolResult(r))) => r.is_error == Some(true),
+        Ok(Answered::Raw(r)) => r.is_error(),
+        _ => false,
+    };
     match result {
-        Ok(ServerResult::CallToolResult(r)) if r.is_error == Some(true) => {
-            span.end("tool_error", Some("the tool answered with an error"))
-        }
+        Ok(_) if tool_error => span.end("tool_error", Some("the tool answered with an error")),
         Ok(_) => span.end("ok", None),
         // The kind only: a transport error's text may carry a remote
         // bundle's URL, query and all.
@@ -430,7 +454,7 @@ async fn exchange(
     request: ClientRequest,
     caller: &crate::bundle::client::CallerGuard,
     clock: &Clock,
-) -> Result<Result<ServerResult, ServiceError>, CallError> {
+) -> Exchanged {
     let peer = &session.peer;
     let mut options = PeerRequestOptions::no_options();
     // A 2026-07-28 request declares its client's capabilities: the
@@ -507,7 +531,131 @@ async fn exchange(
     match outcome {
         None => Err(CallError::Cancelled),
         Some(Err(_)) => Err(CallError::Timeout(clock.timeout)),
-        Some(Ok(answer)) => Ok(answer),
+        Some(Ok(answer)) => Ok(answer.map(Answered::Typed)),
+    }
+}
+
+/// One exchange: below rmcp's client for a tool call whose caller takes
+/// the bundle's own bytes, on a session that can hand them over; else
+/// through it.
+async fn exchange_either(
+    session: &crate::bundle::connect::Session,
+    call: &PendingCall,
+    request: ClientRequest,
+    caller: &crate::bundle::client::CallerGuard,
+    clock: &Clock,
+) -> Exchanged {
+    match (&call.request, &session.spliced) {
+        (BundleRequest::Tool { .. }, Some(spliced)) if call.raw => {
+            exchange_spliced(session, spliced, call, request, caller, clock).await
+        }
+        _ => exchange(session, call, request, caller, clock).await,
+    }
+}
+
+/// [`exchange`] below rmcp's client: the tool call written with an id of
+/// its own, its answer handed over as the bundle wrote it (decoded only
+/// when it is not a complete result of the usual shape).
+async fn exchange_spliced(
+    session: &crate::bundle::connect::Session,
+    spliced: &Spliced,
+    call: &PendingCall,
+    mut request: ClientRequest,
+    caller: &crate::bundle::client::CallerGuard,
+    clock: &Clock,
+) -> Exchanged {
+    use rmcp::model::GetMeta;
+    // What rmcp's client says in every request to a 2026-07-28 bundle,
+    // with the capabilities of this caller (as `exchange` declares them).
+    if session.revision >= rmcp::model::ProtocolVersion::V_2026_07_28 {
+        let meta = request.get_meta_mut();
+        meta.set_protocol_version(session.revision.clone());
+        meta.set_client_info(session.client_info.clone());
+        meta.set_client_capabilities(on_behalf(&session.declared, &call.caller, false));
+    }
+    let id = spliced.next_id();
+    // Subscribed before the request goes: no report is missed.
+    let mut subscription = match &call.progress {
+        Some(_) => Some(
+            session
+                .progress
+                .subscribe(rmcp::model::ProgressToken(id.clone()))
+                .await,
+        ),
+        None => None,
+    };
+    let response = match spliced.call(&id, request, call.progress.is_some()).await {
+        Ok(response) => response,
+        Err(_) => return Err(CallError::Failed(closed_reason(session).await)),
+    };
+    caller.sent_as(id.clone());
+    // Until the answer arrives, dropping this (timeout, cancel) cancels
+    // the call at the bundle.
+    let mut abandon = SplicedAbandon(Some((spliced.clone(), id)));
+    tokio::pin!(response);
+    let expired = clock
+        .asked
+        .expired(clock.started, clock.timeout, clock.answer_time);
+    tokio::pin!(expired);
+    let mut reported = false;
+    let outcome = loop {
+        tokio::select! {
+            biased;
+            Some(p) = next_progress(&mut subscription) => {
+                reported = true;
+                if let Some(tx) = &call.progress {
+                    let _ = tx.send(p).await;
+                }
+            }
+            r = &mut response => break Some(Ok(r)),
+            _ = &mut expired => break Some(Err(())),
+            _ = call.cancel.cancelled() => break None,
+        }
+    };
+    if let (true, Some(sub), Some(tx)) = (reported, subscription.as_mut(), &call.progress) {
+        while let Ok(Some(p)) =
+            tokio::time::timeout(PROGRESS_STRAGGLER_WAIT, futures::StreamExt::next(sub)).await
+        {
+            let _ = tx.send(p).await;
+        }
+    }
+    let reply = match outcome {
+        None => return Err(CallError::Cancelled),
+        Some(Err(())) => return Err(CallError::Timeout(clock.timeout)),
+        // The bundle's stream ended first.
+        Some(Ok(Err(_))) => {
+            abandon.0 = None;
+            return Ok(Err(ServiceError::TransportClosed));
+        }
+        Some(Ok(Ok(reply))) => reply,
+    };
+    abandon.0 = None;
+    let at = match reply.result {
+        Ok(at) => at,
+        Err(error) => return Ok(Err(ServiceError::McpError(error))),
+    };
+    if let Some(raw) = RawToolResult::new(reply.line.clone(), at.clone()) {
+        return Ok(Ok(Answered::Raw(raw)));
+    }
+    // Input asked for, or a result of another shape: decoded.
+    match serde_json::from_slice::<ServerResult>(&reply.line[at]) {
+        Ok(result) => Ok(Ok(Answered::Typed(result))),
+        Err(e) => Err(CallError::Failed(format!(
+            "the bundle's answer to tools/call is not a tool result ({:?} at column {})",
+            e.classify(),
+            e.column()
+        ))),
+    }
+}
+
+/// Cancels a call made below rmcp's client whose answer nobody waits for.
+struct SplicedAbandon(Option<(Spliced, rmcp::model::RequestId)>);
+
+impl Drop for SplicedAbandon {
+    fn drop(&mut self) {
+        if let Some((spliced, id)) = self.0.take() {
+            tokio::spawn(async move { spliced.cancel(&id).await });
+        }
     }
 }
 

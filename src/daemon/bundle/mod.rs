@@ -39,7 +39,7 @@ use crate::protocol::{
 use crate::telemetry::{Attribute, Kind, Span};
 
 pub use super::lifecycle::Respawn;
-pub use call::{run, BundleRequest, CallError, PendingCall};
+pub use call::{run, Answered, BundleRequest, CallError, PendingCall};
 pub use session::{Lane, Lanes, Live};
 pub use start::{snapshot_files, snapshot_path, Started};
 

@@ -36,6 +36,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::facts::{Direct, Facts};
+use super::server::Called;
 use super::Gateway;
 
 /// The one revision answered here without a session.
@@ -139,7 +140,7 @@ pub async fn answer(
     let Some(mut reports) = reports else {
         let answered = task.await;
         cancel_on_drop.disarm();
-        return Ok(respond(&message_of(answered, id, on_session), on_session));
+        return Ok(respond(reply_of(answered, &id, on_session)));
     };
     // One JSON body unless the bundle reports progress before its answer;
     // then a stream of the reports, and the answer last.
@@ -150,11 +151,11 @@ pub async fn answer(
                 queued.push(report);
             }
             cancel_on_drop.disarm();
-            let message = message_of(answered, id.clone(), on_session);
+            let reply = reply_of(answered, &id, on_session);
             if queued.is_empty() {
-                return Ok(respond(&message, on_session));
+                return Ok(respond(reply));
             }
-            (queued, Box::pin(std::future::ready(message)))
+            (queued, Box::pin(std::future::ready(reply.body)))
         }
         Some(report) = reports.recv() => {
             let id = id.clone();
@@ -162,7 +163,7 @@ pub async fn answer(
                 let answered = task.await;
                 cancel_on_drop.disarm();
                 drop(cancellable);
-                message_of(answered, id, on_session)
+                reply_of(answered, &id, on_session).body
             };
             (vec![report], Box::pin(last))
         }
@@ -172,7 +173,7 @@ pub async fn answer(
 
 /// The answer as an event stream: progress reports `first`, those still
 /// to come on `reports` (which ends with the call), then the `last`
-/// message. A stream that is dropped (the agent went away) cancels the
+/// message (written). A stream that is dropped (the agent went away) cancels the
 /// call with `last`. A session's events have ids, as rmcp's have, so that
 /// an agent whose stream breaks resumes it: and hears at once that it
 /// cannot be resumed ([`crate::daemon::resumed::UNKEPT`]), or, after a
@@ -181,7 +182,7 @@ pub async fn answer(
 fn streamed(
     first: Vec<ProgressNotificationParam>,
     reports: mpsc::Receiver<ProgressNotificationParam>,
-    last: BoxFuture<'static, ServerJsonRpcMessage>,
+    last: BoxFuture<'static, Vec<u8>>,
     with_ids: bool,
 ) -> Response {
     use futures::StreamExt;
@@ -193,26 +194,65 @@ fn streamed(
         .chain(rest)
         .map(|report| {
             let note = ServerNotification::ProgressNotification(ProgressNotification::new(report));
-            ServerJsonRpcMessage::notification(note)
+            serde_json::to_vec(&ServerJsonRpcMessage::notification(note)).unwrap_or_default()
         })
         .chain(futures::stream::once(last))
         .enumerate()
         .map(move |(n, message)| {
-            let mut event = Vec::with_capacity(256);
+            let mut event = Vec::with_capacity(message.len() + 32);
             if with_ids {
                 let unkept = crate::daemon::resumed::UNKEPT;
                 event.extend_from_slice(format!("id: {unkept}{n}\n").as_bytes());
             }
             event.extend_from_slice(b"data: ");
-            serde_json::to_writer(&mut event, &message)?;
+            event.extend_from_slice(&message);
             event.extend_from_slice(b"\n\n");
-            Ok::<_, serde_json::Error>(event)
+            Ok::<_, std::convert::Infallible>(event)
         });
     let headers = [
         (header::CONTENT_TYPE, "text/event-stream"),
         (header::CACHE_CONTROL, "no-cache"),
     ];
     (headers, axum::body::Body::from_stream(events)).into_response()
+}
+
+/// The answer to a request, written: its body, and its status as a whole
+/// answer.
+struct Reply {
+    status: StatusCode,
+    body: Vec<u8>,
+}
+
+/// The JSON-RPC answer to request `id`, from the call's task, written: a
+/// tool's result as the bundle wrote it goes on as it is, in the
+/// revision's shape.
+fn reply_of(
+    answered: Result<Result<Called, rmcp::ErrorData>, tokio::task::JoinError>,
+    id: &RequestId,
+    on_session: bool,
+) -> Reply {
+    let answered = match answered {
+        Ok(Ok(Called::Raw(raw))) => {
+            let mut body = Vec::with_capacity(raw.line_len() + 64);
+            body.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
+            serde_json::to_writer(&mut body, id).expect("an id encodes");
+            body.extend_from_slice(br#","result":"#);
+            raw.write(&mut body, on_session);
+            body.push(b'}');
+            return Reply {
+                status: StatusCode::OK,
+                body,
+            };
+        }
+        Ok(Ok(Called::Response(response))) => Ok(Ok(response)),
+        Ok(Err(error)) => Ok(Err(error)),
+        Err(e) => Err(e),
+    };
+    let message = message_of(answered, id.clone(), on_session);
+    Reply {
+        status: status_of(&message, on_session),
+        body: serde_json::to_vec(&message).unwrap_or_default(),
+    }
 }
 
 /// The JSON-RPC answer to request `id`, from the call's task.
@@ -252,12 +292,18 @@ fn for_revision(mut result: ServerResult, on_session: bool) -> ServerResult {
     result
 }
 
-/// The reply as rmcp writes a whole one: a JSON body, its status by the
-/// error it carries (2026-07-28's header and capability errors are 400,
-/// an unknown method 404, anything else 200). A session's answer is 200
-/// whatever it carries, as rmcp's stream of it is.
-fn respond(message: &ServerJsonRpcMessage, on_session: bool) -> Response {
-    let status = match message {
+/// The reply as rmcp writes a whole one: a JSON body.
+fn respond(reply: Reply) -> Response {
+    let json = [(header::CONTENT_TYPE, "application/json")];
+    (reply.status, json, reply.body).into_response()
+}
+
+/// A whole answer's status, by the error it carries (2026-07-28's header
+/// and capability errors are 400, an unknown method 404, anything else
+/// 200), as rmcp's. A session's answer is 200 whatever it carries, as
+/// rmcp's stream of it is.
+fn status_of(message: &ServerJsonRpcMessage, on_session: bool) -> StatusCode {
+    match message {
         ServerJsonRpcMessage::Error(_) if on_session => StatusCode::OK,
         ServerJsonRpcMessage::Error(e) => match e.error.code {
             ErrorCode::UNSUPPORTED_PROTOCOL_VERSION
@@ -267,10 +313,6 @@ fn respond(message: &ServerJsonRpcMessage, on_session: bool) -> Response {
             _ => StatusCode::OK,
         },
         _ => StatusCode::OK,
-    };
-    match serde_json::to_vec(message) {
-        Ok(body) => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
-        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
 }
 

@@ -299,7 +299,7 @@ impl Gateway {
         let mut call = request.clone();
         call.name = name.to_string().into();
         call.arguments = arguments;
-        self.call_exposed(call, context).await
+        self.call_exposed(call, context).await?.typed()
     }
 
     /// [`PIN`]: found tools joined to this session's list.

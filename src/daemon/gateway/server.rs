@@ -37,7 +37,9 @@ use super::grant::Grant;
 use super::names::{Entry, Naming};
 use super::rounds::{Origin, Outcome, Rounds, Running, Served, Unaskable};
 use crate::bundle::client::{Agent, Caller};
+use crate::bundle::spliced::RawToolResult;
 use crate::config::Profile;
+use crate::daemon::api::call::ToolResult;
 use crate::daemon::api::{Api, ApiError, CallRequest};
 use crate::protocol::BundleState;
 use crate::telemetry::Trace;
@@ -863,6 +865,27 @@ impl Gateway {
     }
 }
 
+/// A tool call's answer: typed, or (for a request answered below rmcp)
+/// the tool's result as the bundle wrote it.
+pub enum Called {
+    Response(CallToolResponse),
+    Raw(RawToolResult),
+}
+
+impl Called {
+    /// The typed answer (a result as the bundle wrote it, decoded).
+    pub fn typed(self) -> Result<CallToolResponse, ErrorData> {
+        match self {
+            Called::Response(response) => Ok(response),
+            Called::Raw(raw) => {
+                let mut result = raw.typed().map_err(|_| unusable("tool result"))?;
+                result.result_type.get_or_insert(ResultType::COMPLETE);
+                Ok(result.into())
+            }
+        }
+    }
+}
+
 impl Gateway {
     /// A tool call by the name the agent sees: routed, checked against the
     /// profile and the token's rules, audited, then made.
@@ -870,7 +893,7 @@ impl Gateway {
         &self,
         request: CallToolRequestParams,
         context: &Facts<'_>,
-    ) -> Result<CallToolResponse, ErrorData> {
+    ) -> Result<Called, ErrorData> {
         let exposed = request.name.to_string();
         let refresh = async { self.tools().await.map(|_| ()) };
         // A name that routes nowhere is audited too (a probe leaves a line).
@@ -900,10 +923,11 @@ impl Gateway {
             .call_routed(route, exposed, request, context, audited.trace())
             .await;
         let outcome = match &answer {
-            Ok(CallToolResponse::InputRequired(_)) => AuditOutcome::InputRequired,
-            Ok(CallToolResponse::Complete(r)) if r.is_error == Some(true) => {
+            Ok(Called::Response(CallToolResponse::InputRequired(_))) => AuditOutcome::InputRequired,
+            Ok(Called::Response(CallToolResponse::Complete(r))) if r.is_error == Some(true) => {
                 AuditOutcome::ToolError
             }
+            Ok(Called::Raw(r)) if r.is_error() => AuditOutcome::ToolError,
             Ok(_) => AuditOutcome::Ok,
             Err(_) => AuditOutcome::Error,
         };
@@ -1013,7 +1037,7 @@ impl Gateway {
         request: CallToolRequestParams,
         context: &Facts<'_>,
         trace: &Trace,
-    ) -> Result<CallToolResponse, ErrorData> {
+    ) -> Result<Called, ErrorData> {
         let token = request
             .meta
             .as_ref()
@@ -1029,20 +1053,19 @@ impl Gateway {
             trace: trace.clone(),
         };
         if stateless(context) && self.takes_tasks(context, &route.bundle) {
-            return self.call_as_task(&request, context, route, trace).await;
+            let task = self.call_as_task(&request, context, route, trace).await;
+            return task.map(Called::Response);
         }
         let retried = request.request_state.is_some() || request.input_responses.is_some();
         let notify = |note| context.notify_progress(token.clone(), note);
         if let Some(agent) = Unaskable::of(context, retried) {
             let caller = Caller::Agent(agent);
-            let answer = super::with_progress(
+            return super::with_progress(
                 token.is_some(),
-                |progress| self.0.api.call(&call, progress, context.ct(), caller),
+                |progress| self.tool_call(&call, progress, context, caller),
                 notify,
-            );
-            let mut result = answer.await?;
-            result.result_type.get_or_insert(ResultType::COMPLETE);
-            return Ok(result.into());
+            )
+            .await;
         }
         if stateless(context) {
             let api = self.0.api.clone();
@@ -1068,24 +1091,48 @@ impl Gateway {
                 )
                 .await?;
             return match outcome {
-                Outcome::InputRequired(asks) => Ok(CallToolResponse::InputRequired(asks)),
+                Outcome::InputRequired(asks) => {
+                    Ok(Called::Response(CallToolResponse::InputRequired(asks)))
+                }
                 Outcome::Complete(ServerResult::CallToolResult(mut result)) => {
                     result.result_type.get_or_insert(ResultType::COMPLETE);
-                    Ok(result.into())
+                    Ok(Called::Response(result.into()))
                 }
                 Outcome::Complete(_) => Err(unusable("tool result")),
             };
         }
         let caller = Caller::Agent(self.session_agent(context)?);
-        let answer = super::with_progress(
+        super::with_progress(
             token.is_some(),
-            |progress| self.0.api.call(&call, progress, context.ct(), caller),
+            |progress| self.tool_call(&call, progress, context, caller),
             notify,
         )
-        .await;
-        let mut result = answer?;
+        .await
+    }
+
+    /// The call made for `caller`: a request answered below rmcp takes the
+    /// tool's result as the bundle wrote it, where its session can hand it
+    /// over so; any other, typed.
+    async fn tool_call(
+        &self,
+        call: &CallRequest,
+        progress: Option<tokio::sync::mpsc::Sender<ProgressNotificationParam>>,
+        context: &Facts<'_>,
+        caller: Caller,
+    ) -> Result<Called, ErrorData> {
+        let api = &self.0.api;
+        let mut result = match context {
+            Facts::Direct(_) => match api
+                .call_spliced(call, progress, context.ct(), caller)
+                .await?
+            {
+                ToolResult::Raw(raw) => return Ok(Called::Raw(raw)),
+                ToolResult::Typed(result) => result,
+            },
+            Facts::Rmcp(_) => api.call(call, progress, context.ct(), caller).await?,
+        };
         result.result_type.get_or_insert(ResultType::COMPLETE);
-        Ok(result.into())
+        Ok(Called::Response(result.into()))
     }
 }
 
@@ -1644,7 +1691,8 @@ impl ServerHandler for Gateway {
                     return answer;
                 }
             }
-            self.call_exposed(request, &Facts::Rmcp(&context)).await
+            let called = self.call_exposed(request, &Facts::Rmcp(&context)).await;
+            called?.typed()
         })
         .await
     }
