@@ -12,7 +12,7 @@ work=$(mktemp -d /tmp/bv-callgrind.XXXXXX)
 chmod 1777 "$work"
 cleanup() {
   [ -n "${daemon:-}" ] && kill "$daemon" 2>/dev/null && wait "$daemon" 2>/dev/null
-  rm -rf "$work"
+  [ -n "${KEEP_WORK:-}" ] || rm -rf "$work"
 }
 trap cleanup EXIT
 export BUNDLEVISOR_SOCKET=$work/bv.sock
