@@ -15,8 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rmcp::model::{
-    CallToolResult, ClientRequest, ErrorData, GetMeta, MetaObject, NumberOrString, RequestId,
-    RequestMetaObject,
+    CallToolResult, ErrorData, MetaObject, NumberOrString, RequestId, RequestMetaObject,
 };
 use serde_json::value::RawValue;
 use tokio::sync::{mpsc, oneshot};
@@ -50,21 +49,30 @@ pub(super) fn call_line(
     if beside.is_some() && call.params.meta.is_some() {
         return Ok(None);
     }
+    write_call(id, &call.params, beside).map(Some)
+}
+
+/// A tool call with `params`, and `beside` (encoded) as their `_meta`.
+fn write_call(
+    id: &RequestId,
+    params: &rmcp::model::CallToolRequestParams,
+    beside: Option<Vec<u8>>,
+) -> std::io::Result<Vec<u8>> {
     let mut line = Vec::with_capacity(128);
     line.extend_from_slice(br#"{"jsonrpc":"2.0","id":"#);
     serde_json::to_writer(&mut line, id)?;
     line.extend_from_slice(br#","method":"tools/call","params":"#);
-    let params = line.len();
-    serde_json::to_writer(&mut line, &call.params)?;
+    let at = line.len();
+    serde_json::to_writer(&mut line, params)?;
     if let Some(meta) = beside {
         // After the params' `{`: they always have a name after it.
-        let mut at = br#""_meta":"#.to_vec();
-        at.extend_from_slice(&meta);
-        at.push(b',');
-        line.splice(params + 1..params + 1, at);
+        let mut inserted = br#""_meta":"#.to_vec();
+        inserted.extend_from_slice(&meta);
+        inserted.push(b',');
+        line.splice(at + 1..at + 1, inserted);
     }
     line.push(b'}');
-    Ok(Some(line))
+    Ok(line)
 }
 
 /// The prefix of the ids of calls made here.
@@ -109,25 +117,30 @@ impl Spliced {
         NumberOrString::String(format!("{PREFIX}{n}").into())
     }
 
-    /// Writes tool call `request` with `id` (from [`Self::next_id`]), asking for its
-    /// progress under that id when `progress`; its answer comes on the
-    /// receiver (which fails when the bundle's stream ends first).
+    /// Writes a tool call of `params` with `id` (from [`Self::next_id`])
+    /// and `meta` as its `_meta` (asking for its progress under that id
+    /// when `progress`); its answer comes on the receiver (which fails when
+    /// the bundle's stream ends first).
     pub async fn call(
         &self,
         id: &NumberOrString,
-        mut request: ClientRequest,
+        params: &rmcp::model::CallToolRequestParams,
+        mut meta: RequestMetaObject,
         progress: bool,
     ) -> std::io::Result<oneshot::Receiver<RawReply>> {
         let n = number(id).ok_or_else(|| std::io::Error::other("not a spliced call's id"))?;
         if progress {
-            let token = rmcp::model::ProgressToken(id.clone());
-            request.get_meta_mut().set_progress_token(token);
+            meta.set_progress_token(rmcp::model::ProgressToken(id.clone()));
         }
-        let ClientRequest::CallToolRequest(call) = &request else {
-            return Err(std::io::Error::other("only a tool call is made here"));
-        };
-        let mut line = call_line(id, call)?
-            .ok_or_else(|| std::io::Error::other("a call with its `_meta` in two places"))?;
+        if params.meta.is_some() {
+            return Err(std::io::Error::other(
+                "a call with its `_meta` in two places",
+            ));
+        }
+        let beside = (!meta.is_empty())
+            .then(|| serde_json::to_vec(&meta))
+            .transpose()?;
+        let mut line = write_call(id, params, beside)?;
         line.push(b'\n');
         let (tx, rx) = oneshot::channel();
         self.waiting().insert(n, tx);
@@ -390,8 +403,8 @@ mod tests {
         let spliced = Spliced::new(queue);
         let id = spliced.next_id();
         let call = rmcp::model::CallToolRequestParams::new("echo");
-        let request = ClientRequest::CallToolRequest(rmcp::model::Request::new(call));
-        let answer = spliced.call(&id, request, true).await.unwrap();
+        let meta = RequestMetaObject::default();
+        let answer = spliced.call(&id, &call, meta, true).await.unwrap();
         let Some(Out::Line(written, _)) = lines.recv().await else {
             panic!("nothing written")
         };
@@ -425,8 +438,8 @@ mod tests {
         // An error is the bundle's, handed over as one.
         let id = spliced.next_id();
         let call = rmcp::model::CallToolRequestParams::new("echo");
-        let request = ClientRequest::CallToolRequest(rmcp::model::Request::new(call));
-        let _answer = spliced.call(&id, request, false).await.unwrap();
+        let meta = RequestMetaObject::default();
+        let _answer = spliced.call(&id, &call, meta, false).await.unwrap();
         let failed = format!(
             r#"{{"jsonrpc":"2.0","id":{},"error":{{"code":-32602,"message":"no"}}}}"#,
             json!(id)

@@ -81,7 +81,13 @@ impl Face<'_> {
 /// stateless requests gets (rmcp's, or [`direct`](crate::daemon::gateway::direct)'s).
 type Served = (Arc<Endpoint>, Arc<LocalSessionManager>, MakeGateway);
 
-type MakeGateway = Arc<dyn Fn() -> Gateway + Send + Sync>;
+/// How an endpoint makes the gateway of a request rmcp serves (or a
+/// stateless one answered below it), and its live sessions' gateways.
+#[derive(Clone)]
+struct MakeGateway {
+    new: Arc<dyn Fn() -> Gateway + Send + Sync>,
+    live: Arc<crate::daemon::gateway::server::Sessions>,
+}
 
 struct App {
     /// What every gateway session asks of the daemon (in-process).
@@ -492,9 +498,9 @@ async fn session_ready(make: &MakeGateway, named: Option<&str>, body: &[u8], sta
     if status != StatusCode::ACCEPTED || !method_is(body, "notifications/initialized") {
         return;
     }
-    let gateway = make();
-    if !gateway
-        .session_entered(id, std::time::Duration::from_secs(1))
+    if !make
+        .live
+        .entered(id, std::time::Duration::from_secs(1))
         .await
     {
         tracing::debug!("a session's gateway did not know it a second after its initialized");
@@ -523,9 +529,10 @@ async fn direct(
         // rmcp checks the Host on a loopback listener only.
         let settings = &app.shared.config.http;
         let hosts_checked = settings.listen.is_none_or(|a| a.ip().is_loopback());
-        let make = &**make;
+        let gateways = (&*make.new, &*make.live);
         let answered =
-            crate::daemon::gateway::direct::answer(make, request, body, hosts_checked, named).await;
+            crate::daemon::gateway::direct::answer(gateways, request, body, hosts_checked, named)
+                .await;
         if let (Ok(_), Some(id)) = (&answered, named) {
             Owners::keep_alive(&app.owners, id, settings.session_idle);
         }
@@ -1013,9 +1020,10 @@ fn too_many(app: &App, wait_ms: u64) -> Response {
     response
 }
 
-/// A live token, and its grant (its rules parsed once, not per request).
+/// A live token, and its grant (its rules parsed once, not per request);
+/// shared with the cache, not copied for each request.
 type Admitted = (
-    crate::store::AccessToken,
+    Arc<crate::store::AccessToken>,
     Arc<crate::daemon::gateway::grant::Grant>,
 );
 
@@ -1048,7 +1056,7 @@ impl App {
             .await?
             .map(|t| {
                 let grant = Arc::new(crate::daemon::gateway::grant::Grant::of_token(&t));
-                (t, grant)
+                (Arc::new(t), grant)
             });
         if let Some(t) = &found {
             let mut cache = self.tokens.lock().unwrap_or_else(|e| e.into_inner());
@@ -1174,7 +1182,11 @@ impl App {
                     per_agent: settings.max_waiting_for_input,
                     ..RoundLimits::default()
                 });
-                let make: MakeGateway = Arc::new(move || {
+                let live = common.sessions.clone();
+                // Each request carries its token's grant; one that does
+                // not reaches nothing.
+                let unmarked = Arc::new(crate::daemon::gateway::grant::Grant::unmarked());
+                let new: Arc<dyn Fn() -> Gateway + Send + Sync> = Arc::new(move || {
                     Gateway::new(
                         api.clone(),
                         workspace.clone(),
@@ -1182,16 +1194,15 @@ impl App {
                         DEFAULT_WAIT_READY,
                         common.clone(),
                         naming.clone(),
-                        // Each request carries its token's grant; one
-                        // that does not reaches nothing.
-                        Some(Arc::new(crate::daemon::gateway::grant::Grant::unmarked())),
+                        Some(unmarked.clone()),
                     )
                 });
+                let make = MakeGateway {
+                    new: new.clone(),
+                    live,
+                };
                 let service = Arc::new(StreamableHttpService::new(
-                    {
-                        let make = make.clone();
-                        move || Ok(make())
-                    },
+                    move || Ok(new()),
                     sessions.clone(),
                     config,
                 ));

@@ -219,7 +219,7 @@ pub async fn run(lane: Lane, call: PendingCall, retry: bool, myself: ActorRef<Bu
         answer_time: live.answer_time,
     };
     let result = loop {
-        match exchange_either(session, &call, request.clone(), &caller, &clock).await {
+        match exchange_either(session, &call, &request, &caller, &clock).await {
             Err(e) => break Err(e),
             Ok(Err(e))
                 if retry
@@ -551,7 +551,7 @@ async fn exchange(
 async fn exchange_either(
     session: &crate::bundle::connect::Session,
     call: &PendingCall,
-    request: ClientRequest,
+    request: &ClientRequest,
     caller: &crate::bundle::client::CallerGuard,
     clock: &Clock,
 ) -> Exchanged {
@@ -560,8 +560,9 @@ async fn exchange_either(
             exchange_spliced(session, spliced, call, request, caller, clock).await
         }
         // Boxed: rmcp's request future makes this one 7.6 KiB, which the
-        // spliced calls would otherwise carry, and copy, too.
-        _ => Box::pin(exchange(session, call, request, caller, clock)).await,
+        // spliced calls would otherwise carry, and copy, too. rmcp takes
+        // the request: a copy (the original is sent again with input).
+        _ => Box::pin(exchange(session, call, request.clone(), caller, clock)).await,
     }
 }
 
@@ -572,15 +573,21 @@ async fn exchange_spliced(
     session: &crate::bundle::connect::Session,
     spliced: &Spliced,
     call: &PendingCall,
-    mut request: ClientRequest,
+    request: &ClientRequest,
     caller: &crate::bundle::client::CallerGuard,
     clock: &Clock,
 ) -> Exchanged {
     use rmcp::model::GetMeta;
-    // What rmcp's client says in every request to a 2026-07-28 bundle,
-    // with the capabilities of this caller (as `exchange` declares them).
+    let ClientRequest::CallToolRequest(tool) = request else {
+        return Err(CallError::Failed(
+            "only a tool call is made below rmcp's client".into(),
+        ));
+    };
+    // Its `_meta` (the trace context), and what rmcp's client says in
+    // every request to a 2026-07-28 bundle, with the capabilities of this
+    // caller (as `exchange` declares them).
+    let mut meta = request.get_meta().clone();
     if session.revision >= rmcp::model::ProtocolVersion::V_2026_07_28 {
-        let meta = request.get_meta_mut();
         meta.set_protocol_version(session.revision.clone());
         meta.set_client_info(session.client_info.clone());
         meta.set_client_capabilities(on_behalf(&session.declared, &call.caller, false));
@@ -596,7 +603,8 @@ async fn exchange_spliced(
         ),
         None => None,
     };
-    let response = match spliced.call(&id, request, call.progress.is_some()).await {
+    let progress = call.progress.is_some();
+    let response = match spliced.call(&id, &tool.params, meta, progress).await {
         Ok(response) => response,
         Err(_) => return Err(CallError::Failed(closed_reason(session).await)),
     };

@@ -36,7 +36,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::facts::{Direct, Facts};
-use super::server::Called;
+use super::server::{Called, Sessions};
 use super::Gateway;
 
 /// The one revision answered here without a session.
@@ -64,11 +64,11 @@ impl Call {
 
 /// Answers `request` (its body `body`) when it is a plain tool call —
 /// stateless, or on `session` (its id, already checked to be this token's)
-/// — with a gateway `make` makes or the session's own; otherwise gives it
-/// back. `hosts_checked`: rmcp checks the Host of this listener (a
+/// — with a gateway `make` makes or the session's own (from the endpoint's
+/// `live` sessions); otherwise gives it back. `hosts_checked`: rmcp checks the Host of this listener (a
 /// loopback one).
 pub async fn answer(
-    make: &(dyn Fn() -> Gateway + Send + Sync),
+    (make, live): (&(dyn Fn() -> Gateway + Send + Sync), &Sessions),
     request: axum::extract::Request,
     body: &Bytes,
     hosts_checked: bool,
@@ -76,7 +76,7 @@ pub async fn answer(
 ) -> Result<Response, axum::extract::Request> {
     let (gateway, peer) = match session {
         None => (None, None),
-        Some(id) => match make().session(id) {
+        Some(id) => match live.get(id) {
             Some((gateway, peer)) => (Some(gateway), Some(peer)),
             None => return Err(request),
         },

@@ -129,7 +129,7 @@ impl Sessions {
     }
 
     /// Whether session `id` is here, or enters within `within`.
-    async fn entered(&self, id: &str, within: Duration) -> bool {
+    pub async fn entered(&self, id: &str, within: Duration) -> bool {
         let until = tokio::time::Instant::now() + within;
         loop {
             // Listening before looking: an entry in between is not missed.
@@ -150,7 +150,7 @@ impl Sessions {
     }
 
     /// Session `id`'s gateway and its agent's end, while it lives.
-    fn get(&self, id: &str) -> Option<(Gateway, Peer<RoleServer>)> {
+    pub fn get(&self, id: &str) -> Option<(Gateway, Peer<RoleServer>)> {
         let (gateway, peer) = {
             let sessions = self.lock();
             let (gateway, peer) = sessions.get(id)?;
@@ -210,18 +210,6 @@ impl Gateway {
             agent: std::sync::OnceLock::new(),
             log_level: Arc::default(),
         }))
-    }
-
-    /// Session `id` of this gateway's endpoint: its gateway and its
-    /// agent's end, while it lives.
-    pub fn session(&self, id: &str) -> Option<(Gateway, Peer<RoleServer>)> {
-        self.0.sessions.get(id)
-    }
-
-    /// Whether session `id` of this gateway's endpoint is known to its
-    /// gateway, or becomes known within `within`.
-    pub async fn session_entered(&self, id: &str, within: Duration) -> bool {
-        self.0.sessions.entered(id, within).await
     }
 
     /// A call of this session answered below rmcp, request `id`, that a
@@ -1034,7 +1022,7 @@ impl Gateway {
         &self,
         route: Entry,
         exposed: String,
-        request: CallToolRequestParams,
+        mut request: CallToolRequestParams,
         context: &Facts<'_>,
         trace: &Trace,
     ) -> Result<Called, ErrorData> {
@@ -1043,19 +1031,19 @@ impl Gateway {
             .as_ref()
             .and_then(|m| m.get_progress_token())
             .or_else(|| context.meta().get_progress_token());
-        let call = CallRequest {
-            workspace: self.0.workspace.clone(),
-            name: route.bundle.clone(),
-            tool: route.name.clone(),
-            arguments: request.arguments.clone(),
-            timeout: None,
-            wait_ready: Some(self.0.wait_ready),
-            trace: trace.clone(),
-        };
         if stateless(context) && self.takes_tasks(context, &route.bundle) {
             let task = self.call_as_task(&request, context, route, trace).await;
             return task.map(Called::Response);
         }
+        let call = CallRequest {
+            workspace: self.0.workspace.clone(),
+            name: route.bundle,
+            tool: route.name,
+            arguments: request.arguments.take(),
+            timeout: None,
+            wait_ready: Some(self.0.wait_ready),
+            trace: trace.clone(),
+        };
         let retried = request.request_state.is_some() || request.input_responses.is_some();
         let notify = |note| context.notify_progress(token.clone(), note);
         if let Some(agent) = Unaskable::of(context, retried) {
