@@ -1302,6 +1302,20 @@ async fn a_plain_call_on_a_session_is_answered_below_rmcp_and_keeps_it_alive() {
         direct_now > direct_so_far + 5,
         "{direct_now} {direct_so_far}"
     );
+    // One call below rmcp whose progress streams for 2.5 times the idle
+    // time, and nothing else: the session lives on.
+    let long = json!({"jsonrpc": "2.0", "id": 4000, "method": "tools/call", "params": {
+        "name": "demo__progress", "arguments": {"steps": 13, "delay_ms": 200},
+        "_meta": {"progressToken": "long"}}});
+    let (status, _, streamed) = common::posted(&url, &t, Some(&id), &long).await;
+    assert_eq!(status, 200, "{streamed:?}");
+    assert_eq!(streamed.len(), 14, "{streamed:?}");
+    n += 1;
+    let (status, _, after) = common::posted(&url, &t, Some(&id), &echo(n, "after")).await;
+    assert_eq!(
+        status, 200,
+        "the session ended under a call's stream: {after:?}"
+    );
     // Idle for three times that (any request would be use): ended.
     tokio::time::sleep(std::time::Duration::from_secs(3)).await;
     let (status, _, _) = common::posted(&url, &t, Some(&id), &echo(9000, "idle")).await;

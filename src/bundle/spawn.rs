@@ -84,6 +84,14 @@ struct Slots {
 
 static RESERVED: std::sync::OnceLock<Slots> = std::sync::OnceLock::new();
 
+/// Set when a child could not take a table of its own (a system-call
+/// filter that allows `close_range` but not its unsharing, say): starts
+/// copy the table from then on.
+static UNSHARE_REFUSED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// What the child reports when it could not take a table of its own.
+const OWN_TABLE: &str = "a descriptor table of its own";
+
 /// Reserves the block of low descriptor numbers a start hands its child
 /// (see the module's doc). Call it first thing, before the process opens
 /// many files; a number already taken leaves the block unreserved, and
@@ -97,7 +105,11 @@ pub fn reserve_slots() -> bool {
     // shared table; it preloads its own library into the one it runs.
     let valgrind = std::env::var_os("LD_PRELOAD")
         .is_some_and(|p| p.as_encoded_bytes().windows(9).any(|w| w == b"vgpreload"));
-    if valgrind {
+    // A process whose `close_range` is filtered (an old container
+    // profile) starts the old way.
+    // SAFETY: closes nothing (no descriptor has that number).
+    let closes = unsafe { libc::syscall(libc::SYS_close_range, u32::MAX, u32::MAX, 0) } == 0;
+    if valgrind || !closes {
         return false;
     }
     let Ok(null) = std::fs::File::open("/dev/null").map(OwnedFd::from) else {
@@ -137,7 +149,8 @@ impl Borrowed<'_> {
     /// not reserved or in use, or a copy fails.
     fn take(keep: &[RawFd]) -> Option<Borrowed<'static>> {
         let slots = RESERVED.get()?;
-        if keep.len() > SLOTS {
+        let refused = UNSHARE_REFUSED.load(std::sync::atomic::Ordering::Relaxed);
+        if keep.len() > SLOTS || refused {
             return None;
         }
         let held = slots.in_use.try_lock().ok()?;
@@ -419,6 +432,12 @@ pub fn spawn(launch: &Launch) -> std::io::Result<(Process, ChildStdin, ChildStdo
     if read.is_err() || !report.is_empty() {
         // Reaped here: nothing else waits for a process that never ran.
         reap(pid as u32);
+        let own_table = report.get(4..) == Some(OWN_TABLE.as_bytes());
+        if shared_below.is_some() && own_table {
+            tracing::warn!("a bundle's start could not take a descriptor table of its own; starts copy the daemon's from now on");
+            UNSHARE_REFUSED.store(true, std::sync::atomic::Ordering::Relaxed);
+            return spawn(launch);
+        }
         return Err(match read {
             Err(e) => e,
             Ok(_) => failure(&report),
@@ -524,7 +543,7 @@ fn confine_and_exec(plan: &ChildPlan) -> Result<std::convert::Infallible, Step> 
             );
             // Before Linux 5.9: a copy of the whole table.
             if own != 0 && libc::unshare(libc::CLONE_FILES) != 0 {
-                return Err(errno("a descriptor table of its own"));
+                return Err(errno(OWN_TABLE));
             }
         }
         // Every daemon descriptor the bundle does not need goes now, not at

@@ -117,18 +117,28 @@ impl Spliced {
         NumberOrString::String(format!("{PREFIX}{n}").into())
     }
 
-    /// Writes a tool call of `params` with `id` (from [`Self::next_id`])
-    /// and `meta` as its `_meta` (asking for its progress under that id
-    /// when `progress`); its answer comes on the receiver (which fails when
-    /// the bundle's stream ends first).
-    pub async fn call(
+    /// Where the answer to call `id` (from [`Self::next_id`]) comes: the
+    /// receiver fails when the bundle's stream ends first. Expected from
+    /// now on, before the call is written (its answer cannot come
+    /// earlier than looked for), until answered or [`Self::forget`]-ten.
+    pub fn expect(&self, id: &NumberOrString) -> oneshot::Receiver<RawReply> {
+        let (tx, rx) = oneshot::channel();
+        if let Some(n) = number(id) {
+            self.waiting().insert(n, tx);
+        }
+        rx
+    }
+
+    /// Writes a tool call of `params` with `id` and `meta` as its `_meta`
+    /// (asking for its progress under that id when `progress`): queued for
+    /// the bundle's stdin (which waits while the queue is full).
+    pub async fn send(
         &self,
         id: &NumberOrString,
         params: &rmcp::model::CallToolRequestParams,
         mut meta: RequestMetaObject,
         progress: bool,
-    ) -> std::io::Result<oneshot::Receiver<RawReply>> {
-        let n = number(id).ok_or_else(|| std::io::Error::other("not a spliced call's id"))?;
+    ) -> std::io::Result<()> {
         if progress {
             meta.set_progress_token(rmcp::model::ProgressToken(id.clone()));
         }
@@ -142,24 +152,25 @@ impl Spliced {
             .transpose()?;
         let mut line = write_call(id, params, beside)?;
         line.push(b'\n');
-        let (tx, rx) = oneshot::channel();
-        self.waiting().insert(n, tx);
-        if self.0.queue.send(Out::Line(line, None)).await.is_err() {
-            self.waiting().remove(&n);
-            return Err(std::io::Error::new(
+        self.0.queue.send(Out::Line(line, None)).await.map_err(|_| {
+            std::io::Error::new(
                 std::io::ErrorKind::NotConnected,
                 "the bundle's stdin is closed",
-            ));
+            )
+        })
+    }
+
+    /// A call whose answer is no longer looked for.
+    pub fn forget(&self, id: &NumberOrString) {
+        if let Some(n) = number(id) {
+            self.waiting().remove(&n);
         }
-        Ok(rx)
     }
 
     /// A call whose answer nobody waits for any more: forgotten, and the
     /// bundle told (`notifications/cancelled`).
     pub async fn cancel(&self, id: &NumberOrString) {
-        if let Some(n) = number(id) {
-            self.waiting().remove(&n);
-        }
+        self.forget(id);
         let note = serde_json::json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
             "params": {"requestId": id, "reason": "cancelled by the caller"}});
         let mut line = note.to_string().into_bytes();
@@ -178,6 +189,9 @@ impl Spliced {
     pub(super) fn answer(&self, line: &[u8]) -> Option<(u64, Result<Range<usize>, ErrorData>)> {
         #[derive(serde::Deserialize)]
         struct Reply<'a> {
+            // "2.0", as the guard's rules ask of every message.
+            #[allow(dead_code)]
+            jsonrpc: rmcp::model::JsonRpcVersion2_0,
             #[serde(borrow)]
             id: &'a RawValue,
             #[serde(borrow, default)]
@@ -256,6 +270,11 @@ impl RawToolResult {
             result_type: Option<std::borrow::Cow<'a, str>>,
         }
         let text = line.get(at)?;
+        // A carriage return (JSON whitespace) would end an event stream's
+        // `data:` line: such a result is decoded and written afresh.
+        if memchr::memchr(b'\r', text).is_some() {
+            return None;
+        }
         let parts: Parts = serde_json::from_slice(text).ok()?;
         if parts.result_type.is_some_and(|t| t != "complete")
             || (parts.content.is_none() && parts.structured.is_none() && parts.is_error.is_none())
@@ -391,6 +410,7 @@ mod tests {
             r#"{"_meta":{}}"#,
             r#"{"content":[],"_meta":7}"#,
             r#"{"content":null,"isError":true}"#,
+            "{\"content\":[\r]}",
         ] {
             assert!(raw(result).is_none(), "{result}");
         }
@@ -403,8 +423,9 @@ mod tests {
         let spliced = Spliced::new(queue);
         let id = spliced.next_id();
         let call = rmcp::model::CallToolRequestParams::new("echo");
+        let answer = spliced.expect(&id);
         let meta = RequestMetaObject::default();
-        let answer = spliced.call(&id, &call, meta, true).await.unwrap();
+        spliced.send(&id, &call, meta, true).await.unwrap();
         let Some(Out::Line(written, _)) = lines.recv().await else {
             panic!("nothing written")
         };
@@ -419,6 +440,7 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":1,"result":{"content":[]}}"#.to_string(),
             r#"{"jsonrpc":"2.0","id":"bv-999","result":{"content":[]}}"#.to_string(),
             ours.replace("result", "outcome"),
+            ours.replace(r#""2.0""#, r#""1.0""#),
         ] {
             assert!(spliced.answer(other.as_bytes()).is_none(), "{other}");
         }
@@ -438,8 +460,9 @@ mod tests {
         // An error is the bundle's, handed over as one.
         let id = spliced.next_id();
         let call = rmcp::model::CallToolRequestParams::new("echo");
+        let _answer = spliced.expect(&id);
         let meta = RequestMetaObject::default();
-        let _answer = spliced.call(&id, &call, meta, false).await.unwrap();
+        spliced.send(&id, &call, meta, false).await.unwrap();
         let failed = format!(
             r#"{{"jsonrpc":"2.0","id":{},"error":{{"code":-32602,"message":"no"}}}}"#,
             json!(id)

@@ -533,15 +533,43 @@ async fn direct(
         let answered =
             crate::daemon::gateway::direct::answer(gateways, request, body, hosts_checked, named)
                 .await;
-        if let (Ok(_), Some(id)) = (&answered, named) {
-            Owners::keep_alive(&app.owners, id, settings.session_idle);
+        match (answered, named) {
+            (Ok(response), Some(id)) => {
+                Owners::keep_alive(&app.owners, id, settings.session_idle);
+                Ok(kept_alive(response, &app.owners, id, settings.session_idle))
+            }
+            (answered, _) => answered,
         }
-        answered
     } else {
         Err(request)
     };
     app.shared.metrics.gateway_request(answered.is_ok());
     answered
+}
+
+/// A session's answer below rmcp as sent: a stream of a call's progress
+/// tells the session it is in use at each event, as rmcp's own streams do
+/// (its worker ends a session it has not heard from for `idle`).
+fn kept_alive(
+    response: Response,
+    owners: &Arc<Mutex<Owners>>,
+    id: &str,
+    idle: std::time::Duration,
+) -> Response {
+    use futures::StreamExt;
+    let streamed = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if !streamed {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let (owners, id) = (owners.clone(), id.to_string());
+    let events = body.into_data_stream().inspect(move |_| {
+        Owners::keep_alive(&owners, &id, idle);
+    });
+    Response::from_parts(parts, axum::body::Body::from_stream(events))
 }
 
 /// The session a request names, if any, and (a request on it) its busy

@@ -604,19 +604,29 @@ async fn exchange_spliced(
         None => None,
     };
     let progress = call.progress.is_some();
-    let response = match spliced.call(&id, &tool.params, meta, progress).await {
-        Ok(response) => response,
-        Err(_) => return Err(CallError::Failed(closed_reason(session).await)),
-    };
-    caller.sent_as(id.clone());
+    let response = spliced.expect(&id);
     // Until the answer arrives, dropping this (timeout, cancel) cancels
     // the call at the bundle.
-    let mut abandon = SplicedAbandon(Some((spliced.clone(), id)));
+    let mut abandon = SplicedAbandon(Some((spliced.clone(), id.clone())));
     tokio::pin!(response);
     let expired = clock
         .asked
         .expired(clock.started, clock.timeout, clock.answer_time);
     tokio::pin!(expired);
+    // A bundle that does not read its stdin fills the writer's queue: the
+    // call's clock and its cancellation hold while it waits there too.
+    let sent = tokio::select! {
+        biased;
+        sent = spliced.send(&id, &tool.params, meta, progress) => sent,
+        _ = &mut expired => return Err(CallError::Timeout(clock.timeout)),
+        _ = call.cancel.cancelled() => return Err(CallError::Cancelled),
+    };
+    if sent.is_err() {
+        abandon.0 = None;
+        spliced.forget(&id);
+        return Err(CallError::Failed(closed_reason(session).await));
+    }
+    caller.sent_as(id);
     let mut reported = false;
     let outcome = loop {
         tokio::select! {
