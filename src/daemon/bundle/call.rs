@@ -508,32 +508,7 @@ async fn exchange(
         .asked
         .expired(clock.started, clock.timeout, clock.answer_time);
     tokio::pin!(expired);
-    let mut reported = false;
-    let outcome = loop {
-        tokio::select! {
-            biased;
-            Some(p) = next_progress(&mut subscription) => {
-                reported = true;
-                if let Some(tx) = &call.progress {
-                    let _ = tx.send(p).await;
-                }
-            }
-            r = &mut response => break Some(Ok(r)),
-            _ = &mut expired => break Some(Err(())),
-            _ = call.cancel.cancelled() => break None,
-        }
-    };
-    // rmcp hands each notification to a task of its own, so one a
-    // reporting bundle sent just before its answer may still be on its
-    // way. (Calls that reported nothing do not wait: every MCP client
-    // asks for progress, few tools send any.)
-    if let (true, Some(sub), Some(tx)) = (reported, subscription.as_mut(), &call.progress) {
-        while let Ok(Some(p)) =
-            tokio::time::timeout(PROGRESS_STRAGGLER_WAIT, futures::StreamExt::next(sub)).await
-        {
-            let _ = tx.send(p).await;
-        }
-    }
+    let outcome = awaited(call, &mut subscription, response, expired).await;
     if let Some(Ok(_)) = &outcome {
         abandon.0 = None;
     }
@@ -627,28 +602,7 @@ async fn exchange_spliced(
         return Err(CallError::Failed(closed_reason(session).await));
     }
     caller.sent_as(id);
-    let mut reported = false;
-    let outcome = loop {
-        tokio::select! {
-            biased;
-            Some(p) = next_progress(&mut subscription) => {
-                reported = true;
-                if let Some(tx) = &call.progress {
-                    let _ = tx.send(p).await;
-                }
-            }
-            r = &mut response => break Some(Ok(r)),
-            _ = &mut expired => break Some(Err(())),
-            _ = call.cancel.cancelled() => break None,
-        }
-    };
-    if let (true, Some(sub), Some(tx)) = (reported, subscription.as_mut(), &call.progress) {
-        while let Ok(Some(p)) =
-            tokio::time::timeout(PROGRESS_STRAGGLER_WAIT, futures::StreamExt::next(sub)).await
-        {
-            let _ = tx.send(p).await;
-        }
-    }
+    let outcome = awaited(call, &mut subscription, response, expired).await;
     let reply = match outcome {
         None => return Err(CallError::Cancelled),
         Some(Err(())) => return Err(CallError::Timeout(clock.timeout)),
@@ -676,6 +630,44 @@ async fn exchange_spliced(
             e.column()
         ))),
     }
+}
+
+/// Waits for a request's `response` with its progress forwarded ahead of
+/// it: the answer, `Some(Err(()))` when the call's clock (`expired`) runs
+/// out first, None when it is cancelled.
+async fn awaited<T>(
+    call: &PendingCall,
+    subscription: &mut Option<ProgressSubscriber>,
+    mut response: std::pin::Pin<&mut impl std::future::Future<Output = T>>,
+    mut expired: std::pin::Pin<&mut impl std::future::Future>,
+) -> Option<Result<T, ()>> {
+    let mut reported = false;
+    let outcome = loop {
+        tokio::select! {
+            biased;
+            Some(p) = next_progress(subscription) => {
+                reported = true;
+                if let Some(tx) = &call.progress {
+                    let _ = tx.send(p).await;
+                }
+            }
+            r = &mut response => break Some(Ok(r)),
+            _ = &mut expired => break Some(Err(())),
+            _ = call.cancel.cancelled() => break None,
+        }
+    };
+    // rmcp hands each notification to a task of its own, so one a
+    // reporting bundle sent just before its answer may still be on its
+    // way. (Calls that reported nothing do not wait: every MCP client
+    // asks for progress, few tools send any.)
+    if let (true, Some(sub), Some(tx)) = (reported, subscription.as_mut(), &call.progress) {
+        while let Ok(Some(p)) =
+            tokio::time::timeout(PROGRESS_STRAGGLER_WAIT, futures::StreamExt::next(sub)).await
+        {
+            let _ = tx.send(p).await;
+        }
+    }
+    outcome
 }
 
 /// Cancels a call made below rmcp's client whose answer nobody waits for.
