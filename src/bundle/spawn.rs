@@ -33,8 +33,9 @@
 //! (`CLONE_FILES`) and takes a table of its own holding only the numbers
 //! below the block's end (`close_range` with `CLOSE_RANGE_UNSHARE`, which
 //! copies no more than that). Without the block (a process that did not
-//! reserve it, or a start already using it) the child copies the table
-//! and closes what it does not keep, as before.
+//! reserve it, valgrind, a `close_range` filtered or its unsharing
+//! refused, a start already using it) the child copies the table and
+//! closes what it does not keep, as before.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io::Read;

@@ -7,11 +7,13 @@
 //! session's, and the answer is written as one JSON body — or, when the
 //! request asked for progress and the bundle reports some before its
 //! answer, as an event stream of the reports and then the answer, as
-//! rmcp streams a request's notifications on its own response. rmcp's service
-//! costs a request of its own, a oneshot transport or the session's
-//! worker and channels, a spawned serve loop, a parse that builds an
-//! error for each variant it tries and two conversions; none is needed for
-//! a request that is one call.
+//! rmcp streams a request's notifications on its own response. To a
+//! stdio bundle the call goes below rmcp's client too, and its answer is
+//! written on as the bundle wrote it ([`crate::bundle::spliced`]). rmcp's
+//! service costs a request of its own, a oneshot transport or the
+//! session's worker and channels, a spawned serve loop, a parse that
+//! builds an error for each variant it tries and two conversions; none is
+//! needed for a request that is one call.
 //!
 //! Only a request that rmcp would accept and answer the same way is taken
 //! here; anything else (another method, a header or `_meta` this path does
@@ -64,9 +66,9 @@ impl Call {
 
 /// Answers `request` (its body `body`) when it is a plain tool call —
 /// stateless, or on `session` (its id, already checked to be this token's)
-/// — with a gateway `make` makes or the session's own (from the endpoint's
-/// `live` sessions); otherwise gives it back. `hosts_checked`: rmcp checks the Host of this listener (a
-/// loopback one).
+/// — with a gateway `make` makes or the session's own (from the
+/// endpoint's `live` sessions); otherwise gives it back. `hosts_checked`:
+/// rmcp checks the Host of this listener (a loopback one).
 pub async fn answer(
     (make, live): (&(dyn Fn() -> Gateway + Send + Sync), &Sessions),
     request: axum::extract::Request,
@@ -173,8 +175,9 @@ pub async fn answer(
 
 /// The answer as an event stream: progress reports `first`, those still
 /// to come on `reports` (which ends with the call), then the `last`
-/// message (written). A stream that is dropped (the agent went away) cancels the
-/// call with `last`. A session's events have ids, as rmcp's have, so that
+/// message (written). A stream that is dropped (the agent went away)
+/// cancels the call with `last`. A session's events have ids, as rmcp's
+/// have, so that
 /// an agent whose stream breaks resumes it: and hears at once that it
 /// cannot be resumed ([`crate::daemon::resumed::UNKEPT`]), or, after a
 /// daemon restart, that its session is gone — rather than waiting for an
