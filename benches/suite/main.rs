@@ -618,6 +618,21 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> 
         headers.push((k.to_string(), v.to_string()));
     }
     let mut lean = floors::RawHttp::connect(http_port, "/mcp/default", &headers).await;
+    // The per-bundle endpoint: the bundle as itself, its tools by their
+    // own names.
+    let mut own = bearer.to_vec();
+    for (k, v) in [
+        ("MCP-Protocol-Version", "2026-07-28"),
+        ("Mcp-Method", "tools/call"),
+        ("Mcp-Name", "echo"),
+    ] {
+        own.push((k.to_string(), v.to_string()));
+    }
+    let mut lean_own = floors::RawHttp::connect(http_port, "/mcp/default/bundle/gw", &own).await;
+    let own_2026 = json!({"name": "echo", "arguments": {"text": "ping"}, "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}}});
+    let mut lean_own_sample = Vec::new();
     // The same request to a bare HTTP→stdio relay: what any gateway adds.
     let (_http_relay, relay_port) = floors::http_relay_start().await;
     let mut lean_relay = floors::RawHttp::connect(relay_port, "/mcp", &headers).await;
@@ -644,6 +659,7 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> 
         lean_floor_sample.extend(lean_floor.echo_calls(n / ROUNDS).await);
         lean_session_sample.extend(lean_session.echo_calls(&lean_params, n / ROUNDS).await);
         lean_sample.extend(lean.echo_calls(&lean_2026, n / ROUNDS).await);
+        lean_own_sample.extend(lean_own.echo_calls(&own_2026, n / ROUNDS).await);
         lean_relay_sample.extend(lean_relay.echo_calls(&relay_2026, n / ROUNDS).await);
         for _ in 0..n / ROUNDS {
             let start = Instant::now();
@@ -703,6 +719,14 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> 
         Row::latency(
             "gateway: echo via HTTP 2026-07-28, lean agent",
             summarize(lean_sample),
+            Some(lean_floor_summary),
+        )
+        .target(Target::OverFloorAtMost(Duration::from_micros(50))),
+        // The same through the bundle's own endpoint (issue 37: "the
+        // per-bundle endpoint the same").
+        Row::latency(
+            "gateway: echo via the per-bundle endpoint, 2026-07-28, lean agent",
+            summarize(lean_own_sample),
             Some(lean_floor_summary),
         )
         .target(Target::OverFloorAtMost(Duration::from_micros(50))),
