@@ -609,40 +609,33 @@ async fn gateway(d: &BenchDaemon, ctl: &mut Client, http_port: u16) -> Vec<Row> 
     let mut lean_session = floors::RawHttp::connect(http_port, "/mcp/default", &bearer).await;
     lean_session.open_session().await;
     let lean_params = json!({"name": "gw__echo", "arguments": {"text": "ping"}});
-    let mut headers = bearer.to_vec();
-    for (k, v) in [
-        ("MCP-Protocol-Version", "2026-07-28"),
-        ("Mcp-Method", "tools/call"),
-        ("Mcp-Name", "gw__echo"),
-    ] {
-        headers.push((k.to_string(), v.to_string()));
-    }
+    // A 2026-07-28 call of `tool`: its headers, and its params.
+    let stateless_call = |tool: &str| {
+        let mut headers = bearer.to_vec();
+        for (k, v) in [
+            ("MCP-Protocol-Version", "2026-07-28"),
+            ("Mcp-Method", "tools/call"),
+            ("Mcp-Name", tool),
+        ] {
+            headers.push((k.to_string(), v.to_string()));
+        }
+        let params = json!({"name": tool, "arguments": {"text": "ping"}, "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}});
+        (headers, params)
+    };
+    let (headers, lean_2026) = stateless_call("gw__echo");
     let mut lean = floors::RawHttp::connect(http_port, "/mcp/default", &headers).await;
     // The per-bundle endpoint: the bundle as itself, its tools by their
     // own names.
-    let mut own = bearer.to_vec();
-    for (k, v) in [
-        ("MCP-Protocol-Version", "2026-07-28"),
-        ("Mcp-Method", "tools/call"),
-        ("Mcp-Name", "echo"),
-    ] {
-        own.push((k.to_string(), v.to_string()));
-    }
+    let (own, own_2026) = stateless_call("echo");
     let mut lean_own = floors::RawHttp::connect(http_port, "/mcp/default/bundle/gw", &own).await;
-    let own_2026 = json!({"name": "echo", "arguments": {"text": "ping"}, "_meta": {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {}}});
     let mut lean_own_sample = Vec::new();
     // The same request to a bare HTTP→stdio relay: what any gateway adds.
     let (_http_relay, relay_port) = floors::http_relay_start().await;
     let mut lean_relay = floors::RawHttp::connect(relay_port, "/mcp", &headers).await;
-    let relay_2026 = json!({"name": "echo", "arguments": {"text": "ping"}, "_meta": {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {}}});
+    let relay_2026 = own_2026.clone();
     let mut lean_relay_sample = Vec::new();
-    let lean_2026 = json!({"name": "gw__echo", "arguments": {"text": "ping"}, "_meta": {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-        "io.modelcontextprotocol/clientCapabilities": {}}});
     let (mut lean_floor_sample, mut lean_session_sample, mut lean_sample) =
         (Vec::new(), Vec::new(), Vec::new());
     let (mut got, mut floor, mut relay) = (Vec::new(), Vec::new(), Vec::new());
