@@ -1,5 +1,11 @@
 //! The `bundlevisor` binary: everything lives in the library.
 
+/// mimalloc, not glibc's malloc: a gateway call makes about 90
+/// allocations, and glibc's paid ≈ 20,000 of its ≈ 127,000 instructions
+/// (issue 37, docs/performance.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     bundlevisor::cli::main()
 }
