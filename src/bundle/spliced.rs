@@ -199,8 +199,11 @@ impl Spliced {
             #[serde(default)]
             error: Option<ErrorData>,
         }
-        memchr::memmem::find(line, PREFIX.as_bytes())?;
-        let reply: Reply = serde_json::from_slice(line).ok()?;
+        // Built once: a finder made per line cost more than its search.
+        static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+            std::sync::LazyLock::new(|| memchr::memmem::Finder::new(PREFIX));
+        FINDER.find(line)?;
+        let reply: Reply = serde_json::from_str(std::str::from_utf8(line).ok()?).ok()?;
         let id = reply.id.get().strip_prefix('"')?.strip_suffix('"')?;
         let n: u64 = id.strip_prefix(PREFIX)?.parse().ok()?;
         let result = match (reply.result, reply.error) {
@@ -275,7 +278,7 @@ impl RawToolResult {
         if memchr::memchr(b'\r', text).is_some() {
             return None;
         }
-        let parts: Parts = serde_json::from_slice(text).ok()?;
+        let parts: Parts = serde_json::from_str(std::str::from_utf8(text).ok()?).ok()?;
         if parts.result_type.is_some_and(|t| t != "complete")
             || (parts.content.is_none() && parts.structured.is_none() && parts.is_error.is_none())
         {

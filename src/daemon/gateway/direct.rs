@@ -319,6 +319,12 @@ fn status_of(message: &ServerJsonRpcMessage, on_session: bool) -> StatusCode {
     }
 }
 
+/// A request's body as text, checked once: serde's reader of bytes checks
+/// every string of it again (a fifth of the parse).
+fn text_of(body: &[u8]) -> Option<&str> {
+    std::str::from_utf8(body).ok()
+}
+
 /// The one value of header `name`, as text.
 fn single<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     let mut values = headers.get_all(name).iter();
@@ -338,36 +344,74 @@ fn headers_fit(headers: &HeaderMap, hosts_checked: bool, revision: &str, session
         let named = value.split(';').next().unwrap_or_default();
         named.trim().eq_ignore_ascii_case(kind)
     };
-    let accepts = |kind: &str| {
-        let mut values = headers.get_all(header::ACCEPT).iter();
-        values.any(|v| {
-            v.to_str()
-                .is_ok_and(|v| v.split(',').any(|a| media(a, kind)))
-        })
-    };
-    let json_body = single(headers, header::CONTENT_TYPE.as_str())
+    // One pass over the head (each lookup by name hashes it again).
+    let mut seen = Seen::default();
+    let (mut json, mut events) = (false, false);
+    for (name, value) in headers {
+        let slot = match name.as_str() {
+            "accept" => {
+                for kind in value.to_str().unwrap_or_default().split(',') {
+                    json |= media(kind, "application/json");
+                    events |= media(kind, "text/event-stream");
+                }
+                continue;
+            }
+            "content-type" => &mut seen.content_type,
+            "host" => &mut seen.host,
+            "mcp-protocol-version" => &mut seen.version,
+            "mcp-method" => &mut seen.method,
+            "mcp-name" => &mut seen.name,
+            "mcp-session-id" => &mut seen.session,
+            // rmcp checks these, or answers otherwise.
+            "origin" | "last-event-id" => return false,
+            other if other.starts_with("mcp-param-") => return false,
+            _ => continue,
+        };
+        slot.add(value);
+    }
+    let json_body = seen
+        .content_type
+        .single()
         .is_some_and(|t| media(t, "application/json"));
-    let host_ok =
-        !hosts_checked || single(headers, header::HOST.as_str()).is_some_and(loopback_host);
-    let param_headers = headers.keys().any(|k| k.as_str().starts_with("mcp-param-"));
+    let host_ok = !hosts_checked || seen.host.single().is_some_and(loopback_host);
     // A session's request names it, and none of 2026-07-28's headers.
     let kind = if session {
-        single(headers, "mcp-session-id").is_some()
-            && !headers.contains_key("mcp-method")
-            && !headers.contains_key("mcp-name")
+        seen.session.single().is_some() && seen.method.count == 0 && seen.name.count == 0
     } else {
-        !headers.contains_key("mcp-session-id")
-            && single(headers, "mcp-method") == Some("tools/call")
+        seen.session.count == 0 && seen.method.single() == Some("tools/call")
     };
-    single(headers, "mcp-protocol-version") == Some(revision)
-        && kind
-        && !headers.contains_key(header::ORIGIN)
-        && !headers.contains_key("last-event-id")
-        && accepts("application/json")
-        && accepts("text/event-stream")
-        && json_body
-        && host_ok
-        && !param_headers
+    seen.version.single() == Some(revision) && kind && json && events && json_body && host_ok
+}
+
+/// The headers [`headers_fit`] looks at, as it found them.
+#[derive(Default)]
+struct Seen<'a> {
+    content_type: Values<'a>,
+    host: Values<'a>,
+    version: Values<'a>,
+    method: Values<'a>,
+    name: Values<'a>,
+    session: Values<'a>,
+}
+
+/// How many values a header has, and its first.
+#[derive(Default)]
+struct Values<'a> {
+    count: usize,
+    first: Option<&'a axum::http::HeaderValue>,
+}
+
+impl<'a> Values<'a> {
+    fn add(&mut self, value: &'a axum::http::HeaderValue) {
+        self.count += 1;
+        self.first.get_or_insert(value);
+    }
+
+    /// The one value, as text (as [`single`] reads it).
+    fn single(&self) -> Option<&'a str> {
+        (self.count == 1).then_some(())?;
+        self.first?.to_str().ok()
+    }
 }
 
 /// A Host of rmcp's default allowed hosts (`localhost`, `127.0.0.1`,
@@ -414,7 +458,7 @@ struct WireParams {
 /// name, arguments and a `_meta` of this revision that asks for neither
 /// log messages nor a task, named by its `Mcp-Name`.
 fn parse(body: &[u8], headers: &HeaderMap) -> Option<Call> {
-    let wire: Wire<'_, WireParams> = serde_json::from_slice(body).ok()?;
+    let wire: Wire<'_, WireParams> = serde_json::from_str(text_of(body)?).ok()?;
     if !wire.is_call() {
         return None;
     }
@@ -453,7 +497,7 @@ struct SessionParams {
 /// name, arguments and a `_meta` that asks for no log messages and
 /// carries nothing of 2026-07-28.
 fn parse_on_session(body: &[u8]) -> Option<Call> {
-    let wire: Wire<'_, SessionParams> = serde_json::from_slice(body).ok()?;
+    let wire: Wire<'_, SessionParams> = serde_json::from_str(text_of(body)?).ok()?;
     if !wire.is_call() {
         return None;
     }
@@ -536,6 +580,46 @@ mod tests {
         assert!(
             !headers_fit(&on_session, true, "2025-11-25", true),
             "another revision"
+        );
+    }
+
+    /// Read in one pass, the head is taken only as rmcp would answer it the
+    /// same: each header that must be one is one, and none that rmcp checks
+    /// or answers otherwise is there.
+    #[test]
+    fn a_head_is_taken_only_when_rmcp_would_answer_it_the_same() {
+        let both = "application/json, text/event-stream";
+        let fits = |headers: &HeaderMap| headers_fit(headers, true, REVISION, false);
+        let with = |name: &'static str, value: &str| {
+            let mut headers = stateless("application/json", both);
+            headers.append(name, value.parse().unwrap());
+            headers
+        };
+        assert!(fits(&stateless("application/json", both)));
+        for (name, value, why) in [
+            ("origin", "http://127.0.0.1", "an Origin rmcp checks"),
+            ("last-event-id", "1", "a resumed stream"),
+            ("mcp-param-region", "eu", "a parameter header"),
+            ("mcp-session-id", "s1", "a session on a stateless request"),
+            ("mcp-method", "tools/call", "a method twice"),
+            ("mcp-protocol-version", REVISION, "a revision twice"),
+            ("content-type", "application/json", "a body type twice"),
+            ("host", "127.0.0.1:8766", "a Host twice"),
+        ] {
+            assert!(!fits(&with(name, value)), "{why}");
+        }
+        let mut listed = stateless("application/json", "text/event-stream");
+        listed.append("accept", "application/json".parse().unwrap());
+        assert!(fits(&listed), "Accept over two lines");
+        let mut other_method = stateless("application/json", both);
+        other_method.insert("mcp-method", "tools/list".parse().unwrap());
+        assert!(!fits(&other_method));
+        let mut away = stateless("application/json", both);
+        away.insert("host", "example.com".parse().unwrap());
+        assert!(!fits(&away), "a Host rmcp refuses");
+        assert!(
+            headers_fit(&away, false, REVISION, false),
+            "hosts not checked"
         );
     }
 }
