@@ -71,6 +71,33 @@ pub fn project_access(
     }
 }
 
+/// `at` as an audit line's time (RFC 3339, UTC, milliseconds) at the end
+/// of `line`. The part to the second is made once a second (a thread's
+/// own copy): formatting it whole cost every audited call 2,500
+/// instructions.
+pub fn push_time(line: &mut String, at: std::time::SystemTime) {
+    use std::cell::RefCell;
+    thread_local! {
+        static SECOND: RefCell<(u64, String)> = const { RefCell::new((u64::MAX, String::new())) };
+    }
+    let since = at.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let (secs, millis) = (since.as_secs(), since.subsec_millis());
+    SECOND.with_borrow_mut(|(second, text)| {
+        if *second != secs {
+            let whole = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+            // `YYYY-MM-DDTHH:MM:SS`, without its `Z`.
+            *text = humantime::format_rfc3339_seconds(whole).to_string();
+            text.pop();
+            *second = secs;
+        }
+        line.push_str(text);
+    });
+    let digits = [millis / 100, millis / 10 % 10, millis % 10];
+    line.push('.');
+    line.extend(digits.map(|d| char::from(b'0' + d as u8)));
+    line.push('Z');
+}
+
 /// How long a decision may wait in memory for others to share its write.
 const AUDIT_BATCH: std::time::Duration = std::time::Duration::from_millis(20);
 const AUDIT_BATCH_BYTES: usize = 64 << 10;
@@ -179,11 +206,11 @@ impl AuditLog {
     /// Records `standing`'s decision on `resource`: one JSON line, the
     /// time first, then the decision's fields.
     pub fn record_for(&self, standing: &Standing, resource: &str) {
-        use std::fmt::Write;
         let mut line =
             String::with_capacity(48 + standing.head.len() + resource.len() + standing.tail.len());
-        let now = humantime::format_rfc3339_millis(std::time::SystemTime::now());
-        let _ = write!(line, r#"{{"time":"{now}","#);
+        line.push_str(r#"{"time":""#);
+        push_time(&mut line, std::time::SystemTime::now());
+        line.push_str(r#"","#);
         line.push_str(&standing.head);
         line.push_str(&serde_json::to_string(resource).expect("a string encodes"));
         line.push_str(&standing.tail);
@@ -195,6 +222,20 @@ impl AuditLog {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The time is humantime's RFC 3339 with milliseconds, also across
+    /// seconds and for whole and late milliseconds.
+    #[test]
+    fn an_audit_time_is_rfc3339_with_milliseconds() {
+        let base = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_795_000_000);
+        for offset_ms in [0, 7, 45, 999, 1_000, 1_001, 86_400_123, 3_000] {
+            let at = base + std::time::Duration::from_millis(offset_ms);
+            let mut line = String::from("x");
+            push_time(&mut line, at);
+            let expected = humantime::format_rfc3339_millis(at).to_string();
+            assert_eq!(line, format!("x{expected}"), "{offset_ms} ms");
+        }
+    }
 
     #[test]
     fn a_bundle_may_access_only_its_own_workspace() {
