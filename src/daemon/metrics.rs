@@ -11,6 +11,7 @@
 //! bundle disappear with it ([`Metrics::forget`]). docs/operations.md
 //! lists every series.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -75,7 +76,6 @@ fn latency() -> Histogram {
 }
 
 /// The counted families (shared with the registry: a family is a handle).
-#[derive(Clone)]
 struct Counted {
     calls: Family<BundleLabels, Counter>,
     errors: Family<BundleLabels, Counter>,
@@ -86,6 +86,17 @@ struct Counted {
     /// The HTTP gateway's requests answered below rmcp, and by rmcp.
     direct: Counter,
     by_rmcp: Counter,
+    /// Each called bundle's tool-call series (workspace, then bundle),
+    /// handed out by the families once: counting a call is two adds and an
+    /// observation, not three lookups by freshly made labels.
+    series: std::sync::RwLock<HashMap<String, HashMap<String, CallSeries>>>,
+}
+
+/// One bundle's tool-call series.
+struct CallSeries {
+    calls: Counter,
+    errors: Counter,
+    durations: Histogram,
 }
 
 pub struct Metrics {
@@ -132,6 +143,7 @@ impl Metrics {
             oom: Family::default(),
             direct,
             by_rmcp,
+            series: Default::default(),
         };
         let mut registry = Registry::default();
         registry.register(
@@ -179,17 +191,33 @@ impl Metrics {
 
     /// A tool call answered (`ok`: a result without `isError`).
     pub fn tool_call(&self, workspace: &str, bundle: &str, took: Duration, ok: bool) {
-        let labels = BundleLabels::new(workspace, bundle);
+        let count = |series: &CallSeries| {
+            series.calls.inc();
+            if !ok {
+                series.errors.inc();
+            }
+            series.durations.observe(took.as_secs_f64());
+        };
         let c = &self.counted;
-        c.calls.get_or_create(&labels).inc();
-        // Every bundle that was called has both series (0 errors shows).
-        let errors = c.errors.get_or_create(&labels);
-        if !ok {
-            errors.inc();
+        {
+            let known = c.series.read().unwrap_or_else(|p| p.into_inner());
+            if let Some(series) = known.get(workspace).and_then(|w| w.get(bundle)) {
+                return count(series);
+            }
         }
-        c.durations
-            .get_or_create(&labels)
-            .observe(took.as_secs_f64());
+        let mut known = c.series.write().unwrap_or_else(|p| p.into_inner());
+        let labels = BundleLabels::new(workspace, bundle);
+        // Every bundle that was called has both series (0 errors shows).
+        let series = known
+            .entry(labels.workspace.clone())
+            .or_default()
+            .entry(labels.bundle.clone())
+            .or_insert_with(|| CallSeries {
+                calls: c.calls.get_or_create(&labels).clone(),
+                errors: c.errors.get_or_create(&labels).clone(),
+                durations: c.durations.get_or_create(&labels).clone(),
+            });
+        count(series);
     }
 
     /// A request on the control socket; `method` is one the daemon knows
@@ -227,6 +255,15 @@ impl Metrics {
     pub fn forget(&self, workspace: &str, bundle: &str) {
         let labels = BundleLabels::new(workspace, bundle);
         let c = &self.counted;
+        // Held while the families forget too: a call counted meanwhile
+        // hands out its series again only after they are gone.
+        let mut known = c.series.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(bundles) = known.get_mut(workspace) {
+            bundles.remove(bundle);
+            if bundles.is_empty() {
+                known.remove(workspace);
+            }
+        }
         c.calls.remove(&labels);
         c.errors.remove(&labels);
         c.durations.remove(&labels);
@@ -504,5 +541,10 @@ mod tests {
         assert_eq!(m.calls_of("w", "b\"x"), (2, 1));
         m.forget("w", "b\"x");
         assert!(!m.render().contains("bundle=\"b"), "forgotten");
+        // Installed again: its calls are counted from 0, and shown (the
+        // series handed out before are not the ones counted).
+        m.tool_call("w", "b\"x", Duration::from_micros(700), false);
+        assert_eq!(m.calls_of("w", "b\"x"), (1, 1));
+        assert!(m.render().contains(&format!("{} 1\n", le("+Inf"))));
     }
 }
