@@ -1437,4 +1437,41 @@ async fn a_call_answered_below_rmcp_is_spliced_through_to_the_bundle() {
             .is_some_and(|id| id.starts_with("bv-")),
         "{on_session:?}"
     );
+
+    // An agent that goes away mid-call (its connection closed): the call,
+    // the connection's own work, goes with it; the bundle hears that its
+    // call (by the daemon's id) is cancelled, and the call is audited as
+    // failed.
+    let sleep = json!({"name": "teed__sleep", "arguments": {"ms": 30000}});
+    let leaving = tokio::spawn({
+        let (url, t) = (url.clone(), t.clone());
+        async move { common::post_2026(&url, &t, "tools/call", "teed__sleep", sleep, json!({})).await }
+    });
+    let logged = |what: &str| {
+        tokio::task::block_in_place(|| {
+            common::wait_for(std::time::Duration::from_secs(10), what, || {
+                let logs = d.ok(&["logs", "teed", "-n", "400"]);
+                logs.lines().find(|l| l.contains(what)).map(str::to_string)
+            })
+        })
+    };
+    logged("sleeping 30000 ms");
+    leaving.abort();
+    let _ = leaving.await;
+    logged("sleep of 30000 ms cancelled by the client");
+    let cancelled = logged(r#""method":"notifications/cancelled""#);
+    assert!(cancelled.contains(r#""requestId":"bv-"#), "{cancelled}");
+    let audit = tokio::task::block_in_place(|| {
+        common::wait_for(
+            std::time::Duration::from_secs(10),
+            "the sleep's audit",
+            || {
+                let out = d.ok(&["audit", "--json", "--token", "spliced"]);
+                out.lines()
+                    .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                    .find(|l| l["name"] == "sleep")
+            },
+        )
+    });
+    assert_eq!(audit["outcome"], "error", "{audit}");
 }

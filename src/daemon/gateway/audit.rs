@@ -187,6 +187,47 @@ fn json_string(line: &mut String, parts: &[&str]) {
     }
 }
 
+/// A request's audit until it ends ([`Auditing::end`]), its line written
+/// by `write`. Dropped before that — its future dropped with the
+/// connection of an agent that went away — it is audited as failed, its
+/// span ended so.
+pub struct Auditing<W: Fn(Audited, Outcome, Option<&str>)> {
+    audited: Option<Audited>,
+    write: W,
+}
+
+impl<W: Fn(Audited, Outcome, Option<&str>)> Auditing<W> {
+    pub fn new(audited: Audited, write: W) -> Auditing<W> {
+        Auditing {
+            audited: Some(audited),
+            write,
+        }
+    }
+
+    /// Where the request's spans further down go.
+    pub fn trace(&self) -> &Trace {
+        self.audited
+            .as_ref()
+            .expect("audited until it ends")
+            .trace()
+    }
+
+    /// Writes its line, with how it ended (and why, for a refusal).
+    pub fn end(mut self, outcome: Outcome, reason: Option<&str>) {
+        if let Some(audited) = self.audited.take() {
+            (self.write)(audited, outcome, reason);
+        }
+    }
+}
+
+impl<W: Fn(Audited, Outcome, Option<&str>)> Drop for Auditing<W> {
+    fn drop(&mut self) {
+        if let Some(audited) = self.audited.take() {
+            (self.write)(audited, Outcome::Error, None);
+        }
+    }
+}
+
 /// A span's name (OpenTelemetry's MCP conventions): the method, and the
 /// tool's or prompt's name (a URI is an attribute, not a name).
 fn span_name(action: &'static str, name: &str) -> String {

@@ -129,21 +129,30 @@ pub async fn answer(
         session: peer,
         progress,
     };
-    // In a task of its own, as rmcp runs a request: an agent that goes
-    // away cancels the call, which still ends (and is audited) as one.
-    // The progress sender goes with the task: when it ends, every report
-    // the call made is queued.
+    let on_session = session.is_some();
+    let Some(mut reports) = reports else {
+        // Answered as the connection's own work, without a task of its
+        // own (a task, its wake-ups and the copies of its state were
+        // 8,000 instructions a call): the connection polls the call until
+        // its answer. An agent that goes away drops the call with its
+        // connection: the bundle is told the call is cancelled, and the
+        // call is audited as ended so ([`Gateway::call_exposed`]).
+        let facts = Facts::Direct(&direct);
+        let answered = Box::pin(gateway.call_exposed(params, &facts)).await;
+        drop(cancellable);
+        return Ok(respond(reply_of(Ok(answered), &id, on_session)));
+    };
+    // In a task of its own, as rmcp runs a request that may be answered
+    // with a stream: the stream is polled only as fast as the agent reads
+    // it, and the call keeps its own clock. An agent that goes away
+    // cancels the call, which still ends (and is audited) as one. The
+    // progress sender goes with the task: when it ends, every report the
+    // call made is queued.
     let cancel_on_drop = ct.drop_guard();
     let mut task = tokio::spawn(async move {
         let facts = Facts::Direct(&direct);
         gateway.call_exposed(params, &facts).await
     });
-    let on_session = session.is_some();
-    let Some(mut reports) = reports else {
-        let answered = task.await;
-        cancel_on_drop.disarm();
-        return Ok(respond(reply_of(answered, &id, on_session)));
-    };
     // One JSON body unless the bundle reports progress before its answer;
     // then a stream of the reports, and the answer last.
     let (first, last): (_, BoxFuture<'static, _>) = tokio::select! {

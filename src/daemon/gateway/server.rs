@@ -31,7 +31,7 @@ use serde_json::json;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::audit::Outcome as AuditOutcome;
+use super::audit::{Auditing, Outcome as AuditOutcome};
 use super::facts::Facts;
 use super::grant::Grant;
 use super::names::{Entry, Naming};
@@ -893,9 +893,14 @@ impl Gateway {
                 return Err(e);
             }
         };
-        let audited = self.audit(context, "tools/call", (&route.bundle, &route.name));
+        // Audited however it ends: also when its future is dropped (its
+        // agent went away from a call answered below rmcp).
+        let audited = Auditing::new(
+            self.audit(context, "tools/call", (&route.bundle, &route.name)),
+            |audited, outcome, reason| self.audited(audited, outcome, reason),
+        );
         if self.tool_excluded(&route.bundle, &route.name) || !self.bundle_allowed(&route.bundle) {
-            self.audited(audited, AuditOutcome::Refused, Some("not in this profile"));
+            audited.end(AuditOutcome::Refused, Some("not in this profile"));
             return Err(ErrorData::invalid_params(
                 format!("tool {exposed:?} is not available in this profile"),
                 None,
@@ -904,7 +909,7 @@ impl Gateway {
         if let Err(refusal) =
             self.permit(context, Kind::Tool, (&route.bundle, &route.name), &exposed)
         {
-            self.audited(audited, AuditOutcome::Refused, Some(&refusal.message));
+            audited.end(AuditOutcome::Refused, Some(&refusal.message));
             return Err(refusal);
         }
         let answer = self
@@ -919,7 +924,7 @@ impl Gateway {
             Ok(_) => AuditOutcome::Ok,
             Err(_) => AuditOutcome::Error,
         };
-        self.audited(audited, outcome, None);
+        audited.end(outcome, None);
         answer
     }
 
