@@ -114,7 +114,10 @@ impl Spliced {
     /// it before it is sent).
     pub fn next_id(&self) -> NumberOrString {
         let n = self.0.next.fetch_add(1, Ordering::Relaxed);
-        NumberOrString::String(format!("{PREFIX}{n}").into())
+        let mut id = String::with_capacity(PREFIX.len() + 20);
+        id.push_str(PREFIX);
+        id.push_str(itoa::Buffer::new().format(n));
+        NumberOrString::String(id.into())
     }
 
     /// Where the answer to call `id` (from [`Self::next_id`]) comes: the
@@ -286,10 +289,17 @@ impl RawToolResult {
         }
         // A part that is `null` reads as no part at all here; decoded, it
         // is not the same (a `null` output is kept), so it is left to be.
-        let named = |key: &[u8]| memchr::memmem::find(text, key).is_some();
-        let null = (parts.content.is_none() && named(br#""content""#))
-            || (parts.structured.is_none() && named(br#""structuredContent""#))
-            || (parts.meta.is_none() && named(br#""_meta""#));
+        use memchr::memmem::Finder;
+        use std::sync::LazyLock;
+        // Built once: a finder made per result cost more than its search.
+        static CONTENT: LazyLock<Finder> = LazyLock::new(|| Finder::new(br#""content""#));
+        static STRUCTURED: LazyLock<Finder> =
+            LazyLock::new(|| Finder::new(br#""structuredContent""#));
+        static META: LazyLock<Finder> = LazyLock::new(|| Finder::new(br#""_meta""#));
+        let named = |key: &Finder| key.find(text).is_some();
+        let null = (parts.content.is_none() && named(&CONTENT))
+            || (parts.structured.is_none() && named(&STRUCTURED))
+            || (parts.meta.is_none() && named(&META));
         if null {
             return None;
         }
