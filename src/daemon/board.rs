@@ -56,6 +56,8 @@ pub struct StatusBoard {
     inner: Arc<RwLock<Inner>>,
     events: broadcast::Sender<Event>,
     recent: Arc<std::sync::Mutex<std::collections::VecDeque<Event>>>,
+    /// How many events were published so far.
+    emitted: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Default for StatusBoard {
@@ -64,6 +66,7 @@ impl Default for StatusBoard {
             inner: Arc::default(),
             events: broadcast::channel(1024).0,
             recent: Arc::default(),
+            emitted: Arc::default(),
         }
     }
 }
@@ -115,7 +118,17 @@ impl StatusBoard {
             }
             recent.push_back(event.clone());
         }
+        // Counted before it is sent: whoever hears it reads a count that
+        // includes it.
+        self.emitted
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let _ = self.events.send(event);
+    }
+
+    /// How many events were published so far: what a look at the state
+    /// taken after reading it has seen the effects of.
+    pub fn emitted(&self) -> u64 {
+        self.emitted.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The last `n` events of one bundle still kept, newest first.

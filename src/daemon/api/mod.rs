@@ -454,4 +454,9 @@ impl Api {
     pub fn events(&self) -> tokio::sync::broadcast::Receiver<super::board::Event> {
         self.shared.board.subscribe()
     }
+
+    /// How many lifecycle events were published so far.
+    pub fn events_emitted(&self) -> u64 {
+        self.shared.board.emitted()
+    }
 }

@@ -114,9 +114,24 @@ pub(crate) fn severity(level: LoggingLevel) -> u8 {
 
 /// What the agent sees, as comparable text: the exposed tools, and the set
 /// of bundles whose prompts and resources are offered.
-async fn fingerprint(gateway: &Gateway) -> Option<(String, String)> {
-    let (tools, ready) = gateway.catalog().await.ok()?;
-    Some((serde_json::to_string(&tools).ok()?, ready.join(",")))
+async fn fingerprint(gateway: &Gateway) -> Option<(u64, u64)> {
+    // Read first: a look that starts after it has seen what it counts.
+    let emitted = gateway.0.api.events_emitted();
+    // Held across the look: the endpoint's other watchers wait for it and
+    // share it.
+    let mut listed = gateway.0.routes.listed.lock().await;
+    if listed.after.is_none_or(|after| after < emitted) {
+        let (tools, ready) = gateway.catalog().await.ok()?;
+        let (tools, ready) = (serde_json::to_string(&tools).ok()?, ready.join(","));
+        if tools != listed.tools.0 {
+            listed.tools = (tools, listed.tools.1 + 1);
+        }
+        if ready != listed.ready.0 {
+            listed.ready = (ready, listed.ready.1 + 1);
+        }
+        listed.after = Some(emitted);
+    }
+    Some((listed.tools.1, listed.ready.1))
 }
 
 /// One of the lists an agent sees.
@@ -180,7 +195,7 @@ fn changes_lists(kind: EventKind) -> bool {
     )
 }
 
-async fn check<F, Fut>(gateway: &Gateway, tell: &F, last: &mut Option<(String, String)>)
+async fn check<F, Fut>(gateway: &Gateway, tell: &F, last: &mut Option<(u64, u64)>)
 where
     F: Fn(List) -> Fut,
     Fut: std::future::Future<Output = ()>,

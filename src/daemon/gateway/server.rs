@@ -90,6 +90,24 @@ pub struct Routes {
     pub(super) prompts: Mutex<BTreeMap<String, Entry>>,
     /// Exposed URI templates → their bundle and own template (`name`).
     pub(super) templates: Mutex<BTreeMap<String, Entry>>,
+    /// The lists the endpoint's agents see, as last looked at for them
+    /// ([`super::watch_changes`]).
+    pub(super) listed: Mutex<Listed>,
+}
+
+/// What the lists of an endpoint were at a look: once for every agent
+/// watching them after each burst of lifecycle events, not once each (a
+/// look lists every tool of the workspace).
+#[derive(Default)]
+pub struct Listed {
+    /// The events published before the look ([`Api::events_emitted`]):
+    /// what it has seen the effects of.
+    pub(super) after: Option<u64>,
+    /// The tools, written; which version of them (counted up when they
+    /// change).
+    pub(super) tools: (String, u64),
+    /// The ready bundles (their prompts and resources), and which version.
+    pub(super) ready: (String, u64),
 }
 
 /// What the gateways of one endpoint (or one connection) share: the
