@@ -616,6 +616,21 @@ impl RawHttp {
         sample
     }
 
+    /// `n` POSTs of the same `body` (a REST call of `echo` with `ping`)
+    /// after 50 unmeasured ones.
+    pub async fn same_calls(&mut self, body: &[u8], n: usize) -> Vec<Duration> {
+        let mut sample = Vec::with_capacity(n);
+        for i in 0..n + 50 {
+            let start = Instant::now();
+            let (_, answer) = self.post(body, "").await;
+            if i >= 50 {
+                sample.push(start.elapsed());
+            }
+            assert!(answer.contains("ping"), "{answer}");
+        }
+        sample
+    }
+
     /// A 2025-11-25 session opened on this connection: every later request
     /// carries its id.
     pub async fn open_session(&mut self) {

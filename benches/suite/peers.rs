@@ -15,7 +15,10 @@
 //!   `/messages`).
 //!
 //! For each: the median of one `tools/call` over HTTP, in rounds
-//! alternating with the bundle called directly (the floor) and with ours;
+//! alternating with the bundle called directly (the floor) and with ours,
+//! by an MCP client library (rmcp's; for mcp-hub a hand-made SSE client)
+//! and by a lean agent (requests written by hand on one connection, as
+//! `wrk` sends them; for mcp-hub its REST call, its fastest way in);
 //! calls per second at 100 agents (wrk, as the throughput scenario:
 //! a session's JSON-RPC POSTs, or for mcp-hub its REST call
 //! `POST /api/servers/tools`, since its SSE transport answers on another
@@ -569,9 +572,10 @@ fn children_of(pid: u32) -> Vec<u32> {
 /// What was measured of one gateway.
 struct Figures {
     latency: Summary,
-    /// The same call by a lean agent (requests written by hand), where
-    /// the peer speaks streamable HTTP.
+    /// The same call by a lean agent (requests written by hand): over
+    /// streamable HTTP, or mcp-hub's REST call (`rest`).
     lean: Option<Summary>,
+    rest: bool,
     calls_per_s: f64,
     /// wrk's non-2xx answers and socket errors (timeouts included).
     errors: u64,
@@ -603,12 +607,8 @@ pub async fn compare(
     let mut samples: Vec<Vec<Duration>> = peers.iter().map(|_| Vec::new()).collect();
     // Lean agents beside: the agent library's own cost taken out.
     let mut lean_floor = crate::floors::RawStdio::start().await;
-    let mut our_lean = lean_agent(&load)
-        .await
-        .expect("ours speaks streamable HTTP");
-    let mut our_stateless_lean = lean_agent(&stateless)
-        .await
-        .expect("ours speaks streamable HTTP");
+    let mut our_lean = lean_agent(&load).await;
+    let mut our_stateless_lean = lean_agent(&stateless).await;
     let mut our_stateless_sample = Vec::new();
     let mut leans = Vec::new();
     for peer in &peers {
@@ -620,16 +620,13 @@ pub async fn compare(
         floor_sample.extend(floor.calls(n / rounds).await);
         our_sample.extend(ours.calls(n / rounds).await);
         lean_floor_sample.extend(lean_floor.echo_calls(n / rounds).await);
-        our_lean_sample.extend(our_lean.0.echo_calls(&our_lean.1, n / rounds).await);
-        let (agent, params) = &mut our_stateless_lean;
-        our_stateless_sample.extend(agent.echo_calls(params, n / rounds).await);
+        our_lean_sample.extend(our_lean.calls(n / rounds).await);
+        our_stateless_sample.extend(our_stateless_lean.calls(n / rounds).await);
         for (peer, sample) in peers.iter_mut().zip(&mut samples) {
             sample.extend(peer.agent.calls(n / rounds).await);
         }
         for (lean, sample) in leans.iter_mut().zip(&mut lean_samples) {
-            if let Some((agent, params)) = lean {
-                sample.extend(agent.echo_calls(params, n / rounds).await);
-            }
+            sample.extend(lean.calls(n / rounds).await);
         }
     }
     let secs = if crate::smoke() { 1 } else { 5 };
@@ -641,6 +638,7 @@ pub async fn compare(
     let ours_figures = Figures {
         latency: summarize(our_sample),
         lean: Some(summarize(our_lean_sample)),
+        rest: false,
         calls_per_s: run.calls_per_s,
         errors: run.errors,
         rss_kib: rss_kib(daemon),
@@ -660,6 +658,7 @@ pub async fn compare(
     let ours_best = Figures {
         calls_per_s: best.calls_per_s.max(run.calls_per_s),
         lean: Some(stateless_lean),
+        rest: false,
         latency: ours_figures.latency,
         errors: ours_figures.errors,
         rss_kib: ours_figures.rss_kib,
@@ -670,7 +669,8 @@ pub async fn compare(
         let run = throughput::wrk(&peer.load, dir, agents, secs);
         figures.push(Figures {
             latency: summarize(sample),
-            lean: (!lean.is_empty()).then(|| summarize(lean)),
+            lean: Some(summarize(lean)),
+            rest: !peer.load.numbered,
             calls_per_s: run.calls_per_s,
             errors: run.errors,
             rss_kib: peer.rss_kib(),
@@ -694,18 +694,36 @@ pub async fn compare(
     rows
 }
 
-/// A lean agent of `load`'s endpoint and session (a JSON-RPC load only),
-/// with the params of its call.
-async fn lean_agent(load: &Load) -> Option<(crate::floors::RawHttp, Value)> {
-    if !load.numbered {
-        return None;
+/// A lean agent (requests written by hand on one connection) of a load's
+/// endpoint: a JSON-RPC call numbered afresh each time, or (mcp-hub's
+/// REST call) the load's body as it is.
+enum Lean {
+    Rpc(crate::floors::RawHttp, Value),
+    Rest(crate::floors::RawHttp, Vec<u8>),
+}
+
+impl Lean {
+    async fn calls(&mut self, n: usize) -> Vec<Duration> {
+        match self {
+            Lean::Rpc(agent, params) => agent.echo_calls(params, n).await,
+            Lean::Rest(agent, body) => agent.same_calls(body, n).await,
+        }
     }
-    let rest = load.url.strip_prefix("http://127.0.0.1:")?;
-    let (port, path) = rest.split_once('/')?;
-    let agent =
-        crate::floors::RawHttp::connect(port.parse().ok()?, &format!("/{path}"), &load.headers)
-            .await;
-    Some((agent, load.body["params"].clone()))
+}
+
+/// A lean agent of `load`'s endpoint (and session).
+async fn lean_agent(load: &Load) -> Lean {
+    let rest = load
+        .url
+        .strip_prefix("http://127.0.0.1:")
+        .expect("a loopback URL");
+    let (port, path) = rest.split_once('/').expect("a path");
+    let port = port.parse().expect("a port");
+    let agent = crate::floors::RawHttp::connect(port, &format!("/{path}"), &load.headers).await;
+    match load.numbered {
+        true => Lean::Rpc(agent, load.body["params"].clone()),
+        false => Lean::Rest(agent, serde_json::to_vec(&load.body).unwrap()),
+    }
 }
 
 /// `floors`: the bundle called directly by the rmcp client and by a lean
@@ -717,9 +735,10 @@ fn rows_for(
     ours: Option<&Figures>,
     agents: usize,
 ) -> Vec<Row> {
+    let how = if f.rest { ", its REST call" } else { "" };
     let mut lean = f.lean.map(|l| {
         Row::latency(
-            &format!("peers: echo via {name}, lean agent"),
+            &format!("peers: echo via {name}, lean agent{how}"),
             l,
             Some(lean_floor),
         )
