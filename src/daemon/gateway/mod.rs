@@ -112,8 +112,9 @@ pub(crate) fn severity(level: LoggingLevel) -> u8 {
     }
 }
 
-/// What the agent sees, as comparable text: the exposed tools, and the set
-/// of bundles whose prompts and resources are offered.
+/// Which version of what the agent sees it is: of the exposed tools, and
+/// of the set of bundles whose prompts and resources are offered (the
+/// endpoint's last look, shared by its agents: [`server::Listed`]).
 async fn fingerprint(gateway: &Gateway) -> Option<(u64, u64)> {
     // Read first: a look that starts after it has seen what it counts.
     let emitted = gateway.0.api.events_emitted();
