@@ -183,18 +183,34 @@ impl rmcp::ClientHandler for Recorder {
     }
 }
 
-/// The same `list_changed` as on stdio: a bundle installed while the agent
-/// is connected is announced on its session's stream.
+/// The same `list_changed` as on stdio: a bundle installed while agents
+/// are connected is announced on each one's session stream. The
+/// endpoint's agents share one look at its lists (a look lists the
+/// workspace's every tool): a few looks for eight agents, where each agent
+/// once looked for itself at its start and at every event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http_agent_is_told_when_the_tools_change() {
     let (d, base) = daemon();
     let t = token(&d, &[]);
-    let config =
-        StreamableHttpClientTransportConfig::with_uri(format!("{base}/mcp/default")).auth_header(t);
-    let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
-    let seen = Recorder::default();
-    let agent = seen.clone().serve(transport).await.unwrap();
-    let before = agent.list_all_tools().await.unwrap().len();
+    let looks = |d: &Daemon| {
+        let text = d.ok(&["metrics"]);
+        let line = "bundlevisor_gateway_list_looks_total ";
+        text.lines()
+            .find_map(|l| l.strip_prefix(line))
+            .and_then(|n| n.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no list looks in:\n{text}")) as u64
+    };
+    let looked_before = tokio::task::block_in_place(|| looks(&d));
+    const AGENTS: usize = 8;
+    let mut agents = Vec::new();
+    for _ in 0..AGENTS {
+        let config = StreamableHttpClientTransportConfig::with_uri(format!("{base}/mcp/default"))
+            .auth_header(t.clone());
+        let transport = StreamableHttpClientTransport::with_client(reqwest::Client::new(), config);
+        let seen = Recorder::default();
+        agents.push((seen.clone(), seen.serve(transport).await.unwrap()));
+    }
+    let before = agents[0].1.list_all_tools().await.unwrap().len();
     let second = d.demo_bundle("second");
     let installing = tokio::task::spawn_blocking(move || {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_bundlevisor"))
@@ -208,17 +224,31 @@ async fn an_http_agent_is_told_when_the_tools_change() {
         d
     });
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while seen.0.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+    let told = || {
+        agents
+            .iter()
+            .filter(|(seen, _)| seen.0.load(std::sync::atomic::Ordering::SeqCst) > 0)
+            .count()
+    };
+    while told() < AGENTS {
         assert!(
             std::time::Instant::now() < deadline,
-            "no tools/list_changed"
+            "no tools/list_changed for {} of {AGENTS} agents",
+            AGENTS - told()
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
-    let _d = installing.await.unwrap();
-    let after = agent.list_all_tools().await.unwrap().len();
+    let d = installing.await.unwrap();
+    let after = agents[0].1.list_all_tools().await.unwrap().len();
     assert!(after > before, "{before} → {after}");
-    agent.cancel().await.unwrap();
+    let looked = tokio::task::block_in_place(|| looks(&d)) - looked_before;
+    assert!(
+        (1..AGENTS as u64).contains(&looked),
+        "{looked} looks at the lists for {AGENTS} agents"
+    );
+    for (_, agent) in agents {
+        agent.cancel().await.unwrap();
+    }
 }
 
 /// Each token has its own request rate: beyond it, 429 with `Retry-After`,

@@ -86,6 +86,8 @@ struct Counted {
     /// The HTTP gateway's requests answered below rmcp, and by rmcp.
     direct: Counter,
     by_rmcp: Counter,
+    /// Looks at an endpoint's lists for its agents' change notifications.
+    list_looks: Counter,
     /// Each called bundle's tool-call series (workspace, then bundle),
     /// handed out by the families once: counting a call is two adds and an
     /// observation, not three lookups by freshly made labels.
@@ -143,6 +145,7 @@ impl Metrics {
             oom: Family::default(),
             direct,
             by_rmcp,
+            list_looks: Counter::default(),
             series: Default::default(),
         };
         let mut registry = Registry::default();
@@ -150,6 +153,11 @@ impl Metrics {
             "bundlevisor_http_gateway_requests",
             "Requests to the HTTP gateway, by how they were answered: a stateless tool call below rmcp (direct), or by rmcp's service",
             paths,
+        );
+        registry.register(
+            "bundlevisor_gateway_list_looks",
+            "Looks at an endpoint's lists (the workspace's every tool) to tell its connected agents what changed: one for all of them after each burst of lifecycle events",
+            counted.list_looks.clone(),
         );
         registry.register_collector(Box::new(Observed {
             board,
@@ -241,6 +249,11 @@ impl Metrics {
             true => self.counted.direct.inc(),
             false => self.counted.by_rmcp.inc(),
         };
+    }
+
+    /// A look at an endpoint's lists for its agents (`gateway::watch_changes`).
+    pub fn list_look(&self) {
+        self.counted.list_looks.inc();
     }
 
     /// A bundle's process tree was killed by the OOM killer (its memory_max).

@@ -122,6 +122,7 @@ async fn fingerprint(gateway: &Gateway) -> Option<(u64, u64)> {
     // share it.
     let mut listed = gateway.0.routes.listed.lock().await;
     if listed.after.is_none_or(|after| after < emitted) {
+        gateway.0.api.shared().metrics.list_look();
         let (tools, ready) = gateway.catalog().await.ok()?;
         let (tools, ready) = (serde_json::to_string(&tools).ok()?, ready.join(","));
         if tools != listed.tools.0 {
