@@ -1472,6 +1472,15 @@ async fn a_call_answered_below_rmcp_is_spliced_through_to_the_bundle() {
     // the connection's own work, goes with it; the bundle hears that its
     // call (by the daemon's id) is cancelled, and the call is audited as
     // failed.
+    let errors = |d: &Daemon| {
+        let text = d.ok(&["metrics"]);
+        let line = r#"bundlevisor_tool_call_errors_total{workspace="default",bundle="teed"} "#;
+        text.lines()
+            .find_map(|l| l.strip_prefix(line))
+            .and_then(|n| n.trim().parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no teed errors in:\n{text}")) as u64
+    };
+    let errors_before = tokio::task::block_in_place(|| errors(&d));
     let sleep = json!({"name": "teed__sleep", "arguments": {"ms": 30000}});
     let leaving = tokio::spawn({
         let (url, t) = (url.clone(), t.clone());
@@ -1504,4 +1513,12 @@ async fn a_call_answered_below_rmcp_is_spliced_through_to_the_bundle() {
         )
     });
     assert_eq!(audit["outcome"], "error", "{audit}");
+    // Counted as a call that failed, as the audit says.
+    tokio::task::block_in_place(|| {
+        common::wait_for(
+            std::time::Duration::from_secs(10),
+            "the sleep counted",
+            || (errors(&d) == errors_before + 1).then_some(()),
+        )
+    });
 }

@@ -206,7 +206,9 @@ impl Spliced {
         static FINDER: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
             std::sync::LazyLock::new(|| memchr::memmem::Finder::new(PREFIX));
         FINDER.find(line)?;
-        let reply: Reply = serde_json::from_str(std::str::from_utf8(line).ok()?).ok()?;
+        // From bytes: a bad byte in a field nobody reads does not make the
+        // answer another line (its result's are checked as it is read).
+        let reply: Reply = serde_json::from_slice(line).ok()?;
         let id = reply.id.get().strip_prefix('"')?.strip_suffix('"')?;
         let n: u64 = id.strip_prefix(PREFIX)?.parse().ok()?;
         let result = match (reply.result, reply.error) {

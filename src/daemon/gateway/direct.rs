@@ -137,8 +137,12 @@ pub async fn answer(
         // its answer. An agent that goes away drops the call with its
         // connection: the bundle is told the call is cancelled, and the
         // call is audited as ended so ([`Gateway::call_exposed`]).
+        // Cancelled if dropped: a part of the call handed to another task
+        // (the bundle's actor, a retry after a remote's 401) hears it.
+        let cancel_on_drop = ct.drop_guard();
         let facts = Facts::Direct(&direct);
         let answered = Box::pin(gateway.call_exposed(params, &facts)).await;
+        cancel_on_drop.disarm();
         drop(cancellable);
         return Ok(respond(reply_of(Ok(answered), &id, on_session)));
     };
