@@ -192,14 +192,7 @@ impl rmcp::ClientHandler for Recorder {
 async fn an_http_agent_is_told_when_the_tools_change() {
     let (d, base) = daemon();
     let t = token(&d, &[]);
-    let looks = |d: &Daemon| {
-        let text = d.ok(&["metrics"]);
-        let line = "bundlevisor_gateway_list_looks_total ";
-        text.lines()
-            .find_map(|l| l.strip_prefix(line))
-            .and_then(|n| n.trim().parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no list looks in:\n{text}")) as u64
-    };
+    let looks = |d: &Daemon| common::metric(d, "bundlevisor_gateway_list_looks_total");
     let looked_before = tokio::task::block_in_place(|| looks(&d));
     const AGENTS: usize = 8;
     let mut agents = Vec::new();
@@ -1473,12 +1466,8 @@ async fn a_call_answered_below_rmcp_is_spliced_through_to_the_bundle() {
     // call (by the daemon's id) is cancelled, and the call is audited as
     // failed.
     let errors = |d: &Daemon| {
-        let text = d.ok(&["metrics"]);
-        let line = r#"bundlevisor_tool_call_errors_total{workspace="default",bundle="teed"} "#;
-        text.lines()
-            .find_map(|l| l.strip_prefix(line))
-            .and_then(|n| n.trim().parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no teed errors in:\n{text}")) as u64
+        let series = r#"bundlevisor_tool_call_errors_total{workspace="default",bundle="teed"}"#;
+        common::metric(d, series)
     };
     let errors_before = tokio::task::block_in_place(|| errors(&d));
     let sleep = json!({"name": "teed__sleep", "arguments": {"ms": 30000}});

@@ -1176,15 +1176,24 @@ pub async fn posted(
 /// The HTTP gateway's requests answered below rmcp, and by rmcp, as
 /// `/metrics` counts them.
 pub fn answered_by(d: &Daemon) -> (u64, u64) {
-    let text = d.ok(&["metrics"]);
     let count = |path: &str| {
-        let line = format!("bundlevisor_http_gateway_requests_total{{path=\"{path}\"}} ");
-        text.lines()
-            .find_map(|l| l.strip_prefix(&line))
-            .and_then(|n| n.trim().parse::<f64>().ok())
-            .unwrap_or_else(|| panic!("no {path} count in:\n{text}")) as u64
+        metric(
+            d,
+            &format!("bundlevisor_http_gateway_requests_total{{path=\"{path}\"}}"),
+        )
     };
     (count("direct"), count("rmcp"))
+}
+
+/// The value of one `series` (its name and labels, as `/metrics` writes
+/// them) of the daemon's metrics.
+pub fn metric(d: &Daemon, series: &str) -> u64 {
+    let text = d.ok(&["metrics"]);
+    let line = format!("{series} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&line))
+        .and_then(|n| n.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {series} in:\n{text}")) as u64
 }
 
 /// [`raw_session`] of an agent declaring nothing a bundle could ask, its
