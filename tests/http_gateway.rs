@@ -1165,6 +1165,28 @@ async fn a_plain_stateless_call_is_answered_below_rmcp_with_rmcps_answer_and_pol
     assert_eq!(last["result"]["content"][0]["text"], "done after 2 steps");
     assert_eq!(last["result"]["resultType"], "complete", "{last}");
     assert_eq!(common::answered_by(&d).0, after.0 + 3);
+
+    // The trace context in `_meta` is read below rmcp too: the call's
+    // audit line carries its trace id.
+    let trace_id = "0af7651916cd43dd8448eb211c80319c";
+    let traced = json!({"name": "demo__echo", "arguments": {"text": "traced"},
+        "_meta": {"traceparent": format!("00-{trace_id}-b7ad6b7169203331-01")}});
+    let answer = stateless(&url, &t, "tools/call", "demo__echo", traced).await;
+    assert_eq!(answer["result"]["content"][0]["text"], "traced", "{answer}");
+    assert_eq!(common::answered_by(&d).0, after.0 + 4, "below rmcp");
+    let line = tokio::task::block_in_place(|| {
+        common::wait_for(
+            std::time::Duration::from_secs(10),
+            "the traced call's audit",
+            || {
+                let out = d.ok(&["audit", "--json", "--token", "direct"]);
+                out.lines()
+                    .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                    .find(|l| l["trace_id"] == trace_id)
+            },
+        )
+    });
+    assert_eq!(line["outcome"], "ok", "{line}");
 }
 
 /// Issue 37, point 1: a plain `tools/call` on a 2025-11-25 session whose

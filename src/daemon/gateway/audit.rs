@@ -59,8 +59,8 @@ pub struct Audited {
 /// The trace a request continues: the context in its `_meta` (SEP-414),
 /// else in the HTTP request's `traceparent` and `tracestate` headers.
 pub fn trace_of(telemetry: &Telemetry, context: &Facts<'_>) -> Trace {
-    if let Some(parent) = context.meta().get_traceparent() {
-        let trace = telemetry.continued(Some(parent), context.meta().get_tracestate());
+    if let Some(parent) = context.traceparent() {
+        let trace = telemetry.continued(Some(parent), context.tracestate());
         if trace.has_context() {
             return trace;
         }

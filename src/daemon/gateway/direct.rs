@@ -31,13 +31,13 @@ use axum::response::{IntoResponse, Response};
 use futures::future::BoxFuture;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ErrorCode, ProgressNotification,
-    ProgressNotificationParam, ProtocolVersion, RequestId, RequestMetaObject, ServerJsonRpcMessage,
+    ProgressNotificationParam, ProtocolVersion, RequestId, ServerJsonRpcMessage,
     ServerNotification, ServerResult,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::facts::{Direct, Facts};
+use super::facts::{Direct, DirectMeta, Facts};
 use super::server::{Called, Sessions};
 use super::Gateway;
 
@@ -47,14 +47,14 @@ const REVISION: &str = "2026-07-28";
 /// A request this path takes: what it asks, and how it is named.
 struct Call {
     id: RequestId,
-    meta: RequestMetaObject,
+    meta: DirectMeta,
     params: CallToolRequestParams,
 }
 
 impl Call {
     fn new(
         id: RequestId,
-        meta: RequestMetaObject,
+        meta: DirectMeta,
         name: String,
         arguments: Option<rmcp::model::JsonObject>,
     ) -> Call {
@@ -114,7 +114,7 @@ pub async fn answer(
     let cancellable = peer
         .is_some()
         .then(|| gateway.below_rmcp(id.clone(), ct.clone()));
-    let (progress, reports) = match meta.get_progress_token() {
+    let (progress, reports) = match &meta.progress_token {
         Some(_) => {
             let (tx, rx) = mpsc::channel(16);
             (Some(tx), Some(rx))
@@ -464,7 +464,7 @@ struct WireParams {
     #[serde(default)]
     arguments: Option<rmcp::model::JsonObject>,
     #[serde(rename = "_meta")]
-    meta: RequestMetaObject,
+    meta: DirectMeta,
 }
 
 /// The call in `body`, when it is one `tools/call` request with only a
@@ -481,11 +481,13 @@ fn parse(body: &[u8], headers: &HeaderMap) -> Option<Call> {
         meta,
     } = wire.params;
     let revision = ProtocolVersion::V_2026_07_28;
-    let fits = meta.protocol_version().as_ref() == Some(&revision)
-        && meta.missing_required_keys(&revision).is_empty()
-        && meta.log_level().is_none()
+    // As rmcp reads it: this revision, its required keys (the version and
+    // the capabilities), no log messages asked for, no tasks declared.
+    let fits = meta.protocol_version.as_ref() == Some(&revision)
+        && meta.log_level.is_none()
         && meta
-            .client_capabilities()
+            .client_capabilities
+            .as_ref()
             .is_some_and(|c| !c.supports_tasks());
     // `Mcp-Name` is the name, as it is (an encoded one is rmcp's to check).
     if !fits || single(headers, "mcp-name") != Some(name.as_str()) {
@@ -503,7 +505,7 @@ struct SessionParams {
     #[serde(default)]
     arguments: Option<rmcp::model::JsonObject>,
     #[serde(rename = "_meta", default)]
-    meta: Option<RequestMetaObject>,
+    meta: Option<DirectMeta>,
 }
 
 /// The call in `body`, a session's request: one `tools/call` with only a
@@ -520,10 +522,10 @@ fn parse_on_session(body: &[u8]) -> Option<Call> {
         meta,
     } = wire.params;
     let meta = meta.unwrap_or_default();
-    let plain = meta.log_level().is_none()
-        && meta.protocol_version().is_none()
-        && meta.client_capabilities().is_none()
-        && meta.client_info().is_none();
+    let plain = meta.log_level.is_none()
+        && meta.protocol_version.is_none()
+        && meta.client_capabilities.is_none()
+        && meta.client_info.is_none();
     plain.then(|| Call::new(wire.id, meta, name, arguments))
 }
 

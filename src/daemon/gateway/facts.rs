@@ -7,8 +7,8 @@
 
 use axum::http::request::Parts;
 use rmcp::model::{
-    ClientCapabilities, ProgressNotificationParam, ProgressToken, ProtocolVersion, RequestId,
-    RequestMetaObject,
+    ClientCapabilities, LoggingLevel, ProgressNotificationParam, ProgressToken, ProtocolVersion,
+    RequestId,
 };
 use rmcp::service::{Peer, RequestContext};
 use rmcp::RoleServer;
@@ -28,7 +28,7 @@ pub enum Facts<'a> {
 /// peer to send notifications to), or one on a 2025-11-25 session.
 pub struct Direct {
     pub id: RequestId,
-    pub meta: RequestMetaObject,
+    pub meta: DirectMeta,
     /// The HTTP request's head (headers, and the listener's marks: the
     /// grant and the agent's key).
     pub parts: Parts,
@@ -52,6 +52,29 @@ impl Direct {
     }
 }
 
+/// What policy reads of a request's `_meta`, read from it as written
+/// (never a map of `Value`s: that was 6,000 instructions a stateless call).
+/// A request whose `_meta` has any of these keys in another shape is not
+/// parsed below rmcp at all; other keys are for nobody here.
+#[derive(Default, serde::Deserialize)]
+pub struct DirectMeta {
+    #[serde(rename = "progressToken")]
+    pub progress_token: Option<ProgressToken>,
+    pub traceparent: Option<String>,
+    pub tracestate: Option<String>,
+    #[serde(rename = "io.modelcontextprotocol/protocolVersion")]
+    pub protocol_version: Option<ProtocolVersion>,
+    #[serde(rename = "io.modelcontextprotocol/clientCapabilities")]
+    pub client_capabilities: Option<ClientCapabilities>,
+    /// Only whether it is there (a 2026-07-28 request says who it is).
+    #[serde(rename = "io.modelcontextprotocol/clientInfo")]
+    pub client_info: Option<serde::de::IgnoredAny>,
+    /// Only whether it is there: a request that asks for log messages is
+    /// rmcp's.
+    #[serde(rename = "io.modelcontextprotocol/logLevel")]
+    pub log_level: Option<serde::de::IgnoredAny>,
+}
+
 impl<'a> Facts<'a> {
     pub fn id(&self) -> &'a RequestId {
         match self {
@@ -60,11 +83,35 @@ impl<'a> Facts<'a> {
         }
     }
 
-    /// The request's `_meta`.
-    pub fn meta(&self) -> &'a RequestMetaObject {
+    /// The W3C trace context in the request's `_meta` (SEP-414).
+    pub fn traceparent(&self) -> Option<&'a str> {
         match self {
-            Facts::Rmcp(c) => &c.meta,
-            Facts::Direct(d) => &d.meta,
+            Facts::Rmcp(c) => c.meta.get_traceparent(),
+            Facts::Direct(d) => d.meta.traceparent.as_deref(),
+        }
+    }
+
+    pub fn tracestate(&self) -> Option<&'a str> {
+        match self {
+            Facts::Rmcp(c) => c.meta.get_tracestate(),
+            Facts::Direct(d) => d.meta.tracestate.as_deref(),
+        }
+    }
+
+    /// The log level the request asks for (a request below rmcp asks for
+    /// none).
+    pub fn log_level(&self) -> Option<LoggingLevel> {
+        match self {
+            Facts::Rmcp(c) => c.meta.log_level(),
+            Facts::Direct(_) => None,
+        }
+    }
+
+    /// The request's progress token, if it asked for progress.
+    pub fn progress_token(&self) -> Option<ProgressToken> {
+        match self {
+            Facts::Rmcp(c) => c.meta.get_progress_token(),
+            Facts::Direct(d) => d.meta.progress_token.clone(),
         }
     }
 
@@ -121,7 +168,8 @@ impl<'a> Facts<'a> {
             // As rmcp reads it: the request's, else its session's.
             Facts::Direct(d) => d
                 .meta
-                .protocol_version()
+                .protocol_version
+                .clone()
                 .or_else(|| Some(d.declared()?.protocol_version.clone())),
         }
     }
@@ -131,7 +179,8 @@ impl<'a> Facts<'a> {
             Facts::Rmcp(c) => c.client_capabilities(),
             Facts::Direct(d) => d
                 .meta
-                .client_capabilities()
+                .client_capabilities
+                .clone()
                 .or_else(|| Some(d.declared()?.capabilities.clone())),
         }
     }

@@ -264,7 +264,7 @@ impl Unaskable {
     pub fn of(context: &Facts<'_>, retried: bool) -> Option<Arc<dyn Agent>> {
         if !matches!(context, Facts::Direct(d) if d.session.is_none())
             || retried
-            || context.meta().log_level().is_some()
+            || context.log_level().is_some()
         {
             return None;
         }
@@ -321,7 +321,7 @@ impl Running {
         ) -> BoxFuture<'static, Result<ServerResult, ErrorData>>,
     ) -> Running {
         let (events_tx, events) = mpsc::channel(16);
-        let level = Arc::new(Mutex::new(context.meta().log_level()));
+        let level = Arc::new(Mutex::new(context.log_level()));
         let agent = Arc::new(RoundAgent {
             events: events_tx,
             capabilities: context.client_capabilities().unwrap_or_default(),
@@ -348,7 +348,7 @@ impl Running {
     /// request is cancelled; its progress and log messages go to that
     /// request.
     async fn step(&mut self, served: &Served<'_>) -> Step {
-        *self.level.lock().unwrap_or_else(|e| e.into_inner()) = served.context.meta().log_level();
+        *self.level.lock().unwrap_or_else(|e| e.into_inner()) = served.context.log_level();
         // A request answered below rmcp has no peer: it asked for no log
         // messages, so none is sent (its progress goes on its answer).
         let peer = served.context.peer();

@@ -853,7 +853,7 @@ impl Gateway {
                 .map_err(ErrorData::from)
             })
         };
-        let progress = context.meta().get_progress_token();
+        let progress = context.progress_token();
         let outcome = self
             .in_rounds(
                 origin,
@@ -1053,7 +1053,7 @@ impl Gateway {
             .meta
             .as_ref()
             .and_then(|m| m.get_progress_token())
-            .or_else(|| context.meta().get_progress_token());
+            .or_else(|| context.progress_token());
         if stateless(context) && self.takes_tasks(context, &route.bundle) {
             let task = self.call_as_task(&request, context, route, trace).await;
             return task.map(Called::Response);
