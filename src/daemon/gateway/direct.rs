@@ -467,24 +467,173 @@ struct WireParams {
     meta: DirectMeta,
 }
 
+/// `T`, read only from a JSON object: serde's derived readers take an
+/// array of the fields' values too, which rmcp refuses.
+struct MapOnly<T>(T);
+
+impl<'de, T: serde::Deserialize<'de>> serde::Deserialize<'de> for MapOnly<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Object<T>(std::marker::PhantomData<T>);
+        impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Object<T> {
+            type Value = T;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+            }
+        }
+        d.deserialize_map(Object(std::marker::PhantomData))
+            .map(MapOnly)
+    }
+}
+
+/// A value read only to be checked as a `Value` would be (numbers in
+/// range, escapes whole, nesting bounded), then dropped: whether it is
+/// there (not `null`).
+struct Checked(bool);
+
+impl<'de> serde::Deserialize<'de> for Checked {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Checked(true))
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Checked {
+    type Value = Checked;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Checked, E> {
+        Ok(self)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<Checked, E> {
+        Ok(self)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<Checked, E> {
+        Ok(self)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<Checked, E> {
+        Ok(self)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Checked, E> {
+        Ok(self)
+    }
+    fn visit_unit<E>(self) -> Result<Checked, E> {
+        Ok(Checked(false))
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Checked, A::Error> {
+        while seq.next_element::<Checked>()?.is_some() {}
+        Ok(self)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Checked, A::Error> {
+        while map.next_entry::<Checked, Checked>()?.is_some() {}
+        Ok(self)
+    }
+}
+
+/// A `_meta` key: one policy reads, or any other.
+enum MetaKey {
+    ProgressToken,
+    Traceparent,
+    Tracestate,
+    ProtocolVersion,
+    ClientCapabilities,
+    ClientInfo,
+    LogLevel,
+    Other,
+}
+
+impl<'de> serde::Deserialize<'de> for MetaKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Key;
+        impl serde::de::Visitor<'_> for Key {
+            type Value = MetaKey;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a key")
+            }
+            fn visit_str<E>(self, key: &str) -> Result<MetaKey, E> {
+                Ok(match key {
+                    "progressToken" => MetaKey::ProgressToken,
+                    "traceparent" => MetaKey::Traceparent,
+                    "tracestate" => MetaKey::Tracestate,
+                    "io.modelcontextprotocol/protocolVersion" => MetaKey::ProtocolVersion,
+                    "io.modelcontextprotocol/clientCapabilities" => MetaKey::ClientCapabilities,
+                    "io.modelcontextprotocol/clientInfo" => MetaKey::ClientInfo,
+                    "io.modelcontextprotocol/logLevel" => MetaKey::LogLevel,
+                    _ => MetaKey::Other,
+                })
+            }
+        }
+        d.deserialize_str(Key)
+    }
+}
+
+/// A request's `_meta`, read as rmcp reads its map: an object only, each
+/// value checked as a `Value` would be, a key given twice as its last.
+impl<'de> serde::Deserialize<'de> for DirectMeta {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Meta;
+        impl<'de> serde::de::Visitor<'de> for Meta {
+            type Value = DirectMeta;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<DirectMeta, A::Error> {
+                let mut meta = DirectMeta::default();
+                while let Some(key) = map.next_key::<MetaKey>()? {
+                    match key {
+                        MetaKey::ProgressToken => meta.progress_token = map.next_value()?,
+                        MetaKey::Traceparent => meta.traceparent = map.next_value()?,
+                        MetaKey::Tracestate => meta.tracestate = map.next_value()?,
+                        MetaKey::ProtocolVersion => meta.protocol_version = map.next_value()?,
+                        MetaKey::ClientCapabilities => {
+                            // As rmcp reads it: from its `Value`.
+                            let value: serde_json::Value = map.next_value()?;
+                            meta.client_capabilities = match value {
+                                serde_json::Value::Null => None,
+                                value => Some(
+                                    serde_json::from_value(value)
+                                        .map_err(serde::de::Error::custom)?,
+                                ),
+                            };
+                        }
+                        MetaKey::ClientInfo => meta.client_info = map.next_value::<Checked>()?.0,
+                        MetaKey::LogLevel => meta.log_level = map.next_value::<Checked>()?.0,
+                        MetaKey::Other => {
+                            map.next_value::<Checked>()?;
+                        }
+                    }
+                }
+                Ok(meta)
+            }
+        }
+        d.deserialize_map(Meta)
+    }
+}
+
 /// The call in `body`, when it is one `tools/call` request with only a
 /// name, arguments and a `_meta` of this revision that asks for neither
 /// log messages nor a task, named by its `Mcp-Name`.
 fn parse(body: &[u8], headers: &HeaderMap) -> Option<Call> {
-    let wire: Wire<'_, WireParams> = serde_json::from_str(text_of(body)?).ok()?;
+    let MapOnly(wire): MapOnly<Wire<'_, MapOnly<WireParams>>> =
+        serde_json::from_str(text_of(body)?).ok()?;
     if !wire.is_call() {
         return None;
     }
-    let WireParams {
+    let MapOnly(WireParams {
         name,
         arguments,
         meta,
-    } = wire.params;
+    }) = wire.params;
     let revision = ProtocolVersion::V_2026_07_28;
     // As rmcp reads it: this revision, its required keys (the version and
     // the capabilities), no log messages asked for, no tasks declared.
     let fits = meta.protocol_version.as_ref() == Some(&revision)
-        && meta.log_level.is_none()
+        && !meta.log_level
         && meta
             .client_capabilities
             .as_ref()
@@ -512,20 +661,21 @@ struct SessionParams {
 /// name, arguments and a `_meta` that asks for no log messages and
 /// carries nothing of 2026-07-28.
 fn parse_on_session(body: &[u8]) -> Option<Call> {
-    let wire: Wire<'_, SessionParams> = serde_json::from_str(text_of(body)?).ok()?;
+    let MapOnly(wire): MapOnly<Wire<'_, MapOnly<SessionParams>>> =
+        serde_json::from_str(text_of(body)?).ok()?;
     if !wire.is_call() {
         return None;
     }
-    let SessionParams {
+    let MapOnly(SessionParams {
         name,
         arguments,
         meta,
-    } = wire.params;
+    }) = wire.params;
     let meta = meta.unwrap_or_default();
-    let plain = meta.log_level.is_none()
+    let plain = !meta.log_level
         && meta.protocol_version.is_none()
         && meta.client_capabilities.is_none()
-        && meta.client_info.is_none();
+        && !meta.client_info;
     plain.then(|| Call::new(wire.id, meta, name, arguments))
 }
 
@@ -596,6 +746,72 @@ mod tests {
             !headers_fit(&on_session, true, "2025-11-25", true),
             "another revision"
         );
+    }
+
+    /// A body is taken only as rmcp would read it: objects only (serde's
+    /// derived readers also take an array of the fields' values), every
+    /// `_meta` value checked as a `Value` would be (a number out of range,
+    /// a lone surrogate, nesting past serde_json's bound), a key given
+    /// twice read as its last.
+    #[test]
+    fn a_body_is_taken_only_as_rmcp_would_read_it() {
+        let mut headers = stateless("application/json", "application/json, text/event-stream");
+        headers.insert("mcp-name", "demo__echo".parse().unwrap());
+        let meta = r#""io.modelcontextprotocol/protocolVersion":"2026-07-28","io.modelcontextprotocol/clientCapabilities":{}"#;
+        let call = |params: &str| {
+            format!(r#"{{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{params}}}"#)
+        };
+        let plain = |extra: &str| {
+            call(&format!(
+                r#"{{"name":"demo__echo","arguments":{{"text":"hi"}},"_meta":{{{meta}{extra}}}}}"#
+            ))
+        };
+        let taken = |body: &str| parse(body.as_bytes(), &headers).is_some();
+        assert!(taken(&plain("")));
+        assert!(taken(&plain(r#","io.modelcontextprotocol/logLevel":null"#)));
+        assert!(taken(&plain(r#","x":[1,{"y":"\u00e9"}]"#)));
+        let traced = plain(r#","traceparent":"00-a-b-01","traceparent":"00-c-d-01""#);
+        let call_meta = parse(traced.as_bytes(), &headers).expect("taken").meta;
+        assert_eq!(
+            call_meta.traceparent.as_deref(),
+            Some("00-c-d-01"),
+            "the last"
+        );
+        let deep = format!("{}1{}", "[".repeat(130), "]".repeat(130));
+        for (refused, why) in [
+            (
+                r#"["2.0",1,"tools/call",{"name":"demo__echo"}]"#.to_string(),
+                "an array body",
+            ),
+            (call(r#"["demo__echo",null,{}]"#), "array params"),
+            (
+                call(r#"{"name":"demo__echo","_meta":[null,null,null,"2026-07-28",{},null,null]}"#),
+                "an array _meta",
+            ),
+            (plain(r#","x":1e400"#), "a number out of range"),
+            (plain(r#","x":"\ud800""#), "a lone surrogate"),
+            (plain(&format!(r#","x":{deep}"#)), "nesting past the bound"),
+            (
+                plain(r#","io.modelcontextprotocol/logLevel":"debug""#),
+                "log messages",
+            ),
+            (plain(r#","progressToken":[1]"#), "a token of another shape"),
+            (
+                plain(r#","io.modelcontextprotocol/clientInfo":{"name":1e400}"#),
+                "bad clientInfo",
+            ),
+        ] {
+            assert!(!taken(&refused), "{why}: {refused}");
+        }
+        let session = |meta: &str| {
+            let body = call(&format!(r#"{{"name":"demo__echo","_meta":{meta}}}"#));
+            parse_on_session(body.as_bytes()).is_some()
+        };
+        assert!(session("null") && session(r#"{"progressToken":"p"}"#));
+        assert!(!session(
+            r#"{"io.modelcontextprotocol/clientInfo":{"name":"x"}}"#
+        ));
+        assert!(!session("[]"));
     }
 
     /// Read in one pass, the head is taken only as rmcp would answer it the

@@ -52,27 +52,25 @@ impl Direct {
     }
 }
 
-/// What policy reads of a request's `_meta`, read from it as written
-/// (never a map of `Value`s: that was 6,000 instructions a stateless call).
-/// A request whose `_meta` has any of these keys in another shape is not
-/// parsed below rmcp at all; other keys are for nobody here.
-#[derive(Default, serde::Deserialize)]
+/// What policy reads of a request's `_meta` (never a map of `Value`s:
+/// that was 6,000 instructions a stateless call), read by
+/// `gateway::direct` as rmcp would read the whole map: every value checked
+/// as a `Value` would be, a key given twice read as its last, and a
+/// request whose `_meta` has one of these keys in another shape left to
+/// rmcp. Other keys are for nobody here.
+#[derive(Default)]
 pub struct DirectMeta {
-    #[serde(rename = "progressToken")]
     pub progress_token: Option<ProgressToken>,
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
-    #[serde(rename = "io.modelcontextprotocol/protocolVersion")]
     pub protocol_version: Option<ProtocolVersion>,
-    #[serde(rename = "io.modelcontextprotocol/clientCapabilities")]
     pub client_capabilities: Option<ClientCapabilities>,
-    /// Only whether it is there (a 2026-07-28 request says who it is).
-    #[serde(rename = "io.modelcontextprotocol/clientInfo")]
-    pub client_info: Option<serde::de::IgnoredAny>,
-    /// Only whether it is there: a request that asks for log messages is
-    /// rmcp's.
-    #[serde(rename = "io.modelcontextprotocol/logLevel")]
-    pub log_level: Option<serde::de::IgnoredAny>,
+    /// Only whether it is there, not `null` (a 2026-07-28 request says who
+    /// it is).
+    pub client_info: bool,
+    /// Only whether it is there, not `null`: a request that asks for log
+    /// messages is rmcp's.
+    pub log_level: bool,
 }
 
 impl<'a> Facts<'a> {
