@@ -1393,8 +1393,12 @@ fn every_agent_call_passes_the_guard() {
             "{routed} must be called only by the gateway's {guard}"
         );
         let checked = &callers[0].2;
+        // The audit starts before the call (`self.audit(`, whose guard
+        // writes the line however the request ends) and ends after it.
         assert!(
-            checked.contains(permit) && checked.contains("self.audited("),
+            checked.contains(permit)
+                && checked.contains("self.audit(")
+                && checked.contains("audited.end("),
             "{guard} must check the grant ({permit}) and write the audit line before and after {routed}"
         );
     }

@@ -29,6 +29,29 @@ pub mod uid_claim;
 pub mod watcher;
 pub mod workspace;
 
+/// Runs its closure when dropped, unless disarmed first (a session left,
+/// a call forgotten, a call dropped before its answer).
+pub(crate) struct OnDrop<F: FnOnce()>(Option<F>);
+
+impl<F: FnOnce()> OnDrop<F> {
+    pub(crate) fn new(done: F) -> OnDrop<F> {
+        OnDrop(Some(done))
+    }
+
+    /// Not run after all.
+    pub(crate) fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl<F: FnOnce()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        if let Some(done) = self.0.take() {
+            done();
+        }
+    }
+}
+
 use std::fs::File;
 use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};

@@ -151,19 +151,17 @@ impl Api {
         // A call dropped before its answer (its agent went away from a
         // call answered as its connection's own work) is counted as one
         // that failed, as a cancelled one is.
-        let mut dropped = Dropped {
-            api: self,
-            request,
-            started,
-            armed: true,
-        };
+        let mut dropped = crate::daemon::OnDrop::new(|| {
+            let (took, metrics) = (started.elapsed(), &self.shared.metrics);
+            metrics.tool_call(&request.workspace, &request.name, took, false);
+        });
         // Boxed: the call's state machine (the session's request, progress,
         // the wait for ready) is large, and a future that holds it inline is
         // copied whole each time a task is spawned or polled to completion
         // around it (rmcp spawns one per request): 85% more instructions a
         // gateway call (`make bench-callgrind`).
         let answer = Box::pin(self.call_tool(request, progress, cancel, (caller, raw))).await;
-        dropped.armed = false;
+        dropped.disarm();
         if !matches!(&answer, Err(ApiError::BundleNotFound { .. })) {
             let ok = matches!(&answer, Ok(r) if !r.is_error());
             self.shared
@@ -397,23 +395,5 @@ fn refusal(p: &CallRequest, e: CallError, waited: bool) -> ApiError {
             message: format!("tool {tool:?} of bundle {name:?}: {}", error.message),
             error,
         },
-    }
-}
-
-/// A call counted as one that failed if it is dropped before its answer.
-struct Dropped<'a> {
-    api: &'a Api,
-    request: &'a CallRequest,
-    started: std::time::Instant,
-    armed: bool,
-}
-
-impl Drop for Dropped<'_> {
-    fn drop(&mut self) {
-        if self.armed {
-            let (took, r) = (self.started.elapsed(), self.request);
-            let metrics = &self.api.shared.metrics;
-            metrics.tool_call(&r.workspace, &r.name, took, false);
-        }
     }
 }

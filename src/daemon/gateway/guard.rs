@@ -10,7 +10,7 @@ use rmcp::model::Resource;
 use rmcp::ErrorData;
 use tokio::sync::Mutex;
 
-use super::audit::{Audited, Outcome};
+use super::audit::{Audited, Auditing, Outcome};
 use super::facts::Facts;
 use super::grant::{marked, refused, Grant};
 use super::names::Entry;
@@ -126,8 +126,15 @@ impl Gateway {
         self.permit(context, Kind::Resource, (&bundle, &own), uri)
     }
 
-    /// Starts the audit of a request for `name` of `bundle`.
-    pub fn audit(&self, context: &Facts<'_>, action: &'static str, pair: (&str, &str)) -> Audited {
+    /// Starts the audit of a request for `name` of `bundle`: its line is
+    /// written when it ends, or, dropped before (its future dropped with
+    /// the connection of an agent that went away), as failed.
+    pub fn audit(
+        &self,
+        context: &Facts<'_>,
+        action: &'static str,
+        pair: (&str, &str),
+    ) -> Auditing<impl Fn(Audited, Outcome, Option<&str>) + '_> {
         let principal = self
             .grant(context)
             .map_or_else(|| "unknown".to_string(), |g| g.principal.clone());
@@ -139,12 +146,15 @@ impl Gateway {
             bundle: pair.0,
             name: pair.1,
         };
-        Audited::start(request, &trace, context)
+        let audited = Audited::start(request, &trace, context);
+        Auditing::new(audited, |audited, outcome, reason| {
+            self.audited(audited, outcome, reason)
+        })
     }
 
     /// Writes the audited request's line, with how it ended (and why, for
     /// a refusal).
-    pub fn audited(&self, audited: Audited, outcome: Outcome, reason: Option<&str>) {
+    fn audited(&self, audited: Audited, outcome: Outcome, reason: Option<&str>) {
         if let Some(line) = audited.line(&self.0.workspace, outcome, reason) {
             self.0.api.audit_log(&self.0.workspace).record_line(line);
         }

@@ -175,7 +175,7 @@ impl Gateway {
             Ok(_) => Outcome::Ok,
             Err(_) => Outcome::Error,
         };
-        self.audited(audited, outcome, None);
+        audited.end(outcome, None);
         Some(answer)
     }
 

@@ -31,7 +31,7 @@ use serde_json::json;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-use super::audit::{Auditing, Outcome as AuditOutcome};
+use super::audit::Outcome as AuditOutcome;
 use super::facts::Facts;
 use super::grant::Grant;
 use super::names::{Entry, Naming};
@@ -41,6 +41,7 @@ use crate::bundle::spliced::RawToolResult;
 use crate::config::Profile;
 use crate::daemon::api::call::ToolResult;
 use crate::daemon::api::{Api, ApiError, CallRequest};
+use crate::daemon::OnDrop;
 use crate::protocol::BundleState;
 use crate::telemetry::Trace;
 use crate::token_rules::Kind;
@@ -178,17 +179,6 @@ impl Sessions {
     }
 }
 
-/// Runs its closure when dropped (a session left, a call forgotten).
-pub(super) struct OnDrop<F: FnOnce()>(Option<F>);
-
-impl<F: FnOnce()> Drop for OnDrop<F> {
-    fn drop(&mut self) {
-        if let Some(done) = self.0.take() {
-            done();
-        }
-    }
-}
-
 impl Common {
     /// Calls waiting for input held to `limits`, no routes yet.
     pub fn new(limits: super::rounds::RoundLimits) -> Common {
@@ -240,9 +230,9 @@ impl Gateway {
     ) -> OnDrop<impl FnOnce()> {
         self.below().insert(id.clone(), ct);
         let gateway = self.clone();
-        OnDrop(Some(move || {
+        OnDrop::new(move || {
             gateway.below().remove(&id);
-        }))
+        })
     }
 
     fn below(
@@ -258,7 +248,7 @@ impl Gateway {
         let entered = id.map(|id| {
             self.0.sessions.enter(&id, self, &peer);
             let sessions = self.0.sessions.clone();
-            OnDrop(Some(move || sessions.leave(&id)))
+            OnDrop::new(move || sessions.leave(&id))
         });
         let gateway = self.clone();
         tokio::spawn(async move {
@@ -907,16 +897,13 @@ impl Gateway {
             Ok(route) => route,
             Err(e) => {
                 let audited = self.audit(context, "tools/call", ("-", &exposed));
-                self.audited(audited, AuditOutcome::Error, None);
+                audited.end(AuditOutcome::Error, None);
                 return Err(e);
             }
         };
         // Audited however it ends: also when its future is dropped (its
-        // agent went away from a call answered below rmcp).
-        let audited = Auditing::new(
-            self.audit(context, "tools/call", (&route.bundle, &route.name)),
-            |audited, outcome, reason| self.audited(audited, outcome, reason),
-        );
+        // agent went away from a call answered below rmcp; `Gateway::audit`).
+        let audited = self.audit(context, "tools/call", (&route.bundle, &route.name));
         if self.tool_excluded(&route.bundle, &route.name) || !self.bundle_allowed(&route.bundle) {
             audited.end(AuditOutcome::Refused, Some("not in this profile"));
             return Err(ErrorData::invalid_params(
@@ -1744,7 +1731,7 @@ impl ServerHandler for Gateway {
                 Err(e) => {
                     let audited =
                         self.audit(&Facts::Rmcp(&context), "prompts/get", ("-", &request.name));
-                    self.audited(audited, AuditOutcome::Error, None);
+                    audited.end(AuditOutcome::Error, None);
                     return Err(e);
                 }
             };
@@ -1757,14 +1744,13 @@ impl ServerHandler for Gateway {
             if let Err(refusal) =
                 self.permit(&Facts::Rmcp(&context), Kind::Prompt, pair, &request.name)
             {
-                self.audited(audited, AuditOutcome::Refused, Some(&refusal.message));
+                audited.end(AuditOutcome::Refused, Some(&refusal.message));
                 return Err(refusal);
             }
             let answer = self
                 .prompt_routed(route, &request, &Facts::Rmcp(&context), audited.trace())
                 .await;
-            self.audited(
-                audited,
+            audited.end(
                 outcome_of(&answer, |a| {
                     matches!(a, GetPromptResponse::InputRequired(_))
                 }),
@@ -1923,7 +1909,7 @@ impl ServerHandler for Gateway {
             let (bundle, own) = self.resource_owner(&request.uri);
             let audited = self.audit(&Facts::Rmcp(&context), "resources/read", (&bundle, &own));
             if let Err(refusal) = self.permit_resource(&Facts::Rmcp(&context), &request.uri) {
-                self.audited(audited, AuditOutcome::Refused, Some(&refusal.message));
+                audited.end(AuditOutcome::Refused, Some(&refusal.message));
                 return Err(refusal);
             }
             let answer = self
@@ -1931,7 +1917,7 @@ impl ServerHandler for Gateway {
                 .await;
             let asks =
                 |a: &ReadResourceResponse| matches!(a, ReadResourceResponse::InputRequired(_));
-            self.audited(audited, outcome_of(&answer, asks), None);
+            audited.end(outcome_of(&answer, asks), None);
             answer
         })
         .await
