@@ -1333,6 +1333,35 @@ async fn a_plain_call_on_a_session_is_answered_below_rmcp_and_keeps_it_alive() {
         "the sleep went below rmcp"
     );
 
+    // The trace context in a session call's `_meta` is read below rmcp
+    // too, as a stateless call's: its audit line carries the trace id.
+    let trace_id = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let mut traced = echo(3001, "traced");
+    traced["params"]["_meta"] =
+        json!({"traceparent": format!("00-{trace_id}-00f067aa0ba902b7-01")});
+    let (status, _, answer) = common::posted(&url, &t, Some(&id), &traced).await;
+    assert_eq!(status, 200, "{answer:?}");
+    assert_eq!(answer[0]["result"]["content"][0]["text"], "traced");
+    let direct_so_far = tokio::task::block_in_place(|| common::answered_by(&d)).0;
+    assert_eq!(
+        direct_so_far,
+        direct_before + 3,
+        "the traced call went below rmcp"
+    );
+    let line = tokio::task::block_in_place(|| {
+        common::wait_for(
+            std::time::Duration::from_secs(10),
+            "the traced call's audit",
+            || {
+                let out = d.ok(&["audit", "--json", "--token", "sessions"]);
+                out.lines()
+                    .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                    .find(|l| l["trace_id"] == trace_id)
+            },
+        )
+    });
+    assert_eq!(line["outcome"], "ok", "{line}");
+
     // Calls below rmcp only, for longer than the idle time: one every
     // 200 ms for 2.5 s, and the session lives.
     let until = std::time::Instant::now() + std::time::Duration::from_millis(2500);
@@ -1530,6 +1559,34 @@ async fn a_call_answered_below_rmcp_is_spliced_through_to_the_bundle() {
             std::time::Duration::from_secs(10),
             "the sleep counted",
             || (errors(&d) == errors_before + 1).then_some(()),
+        )
+    });
+
+    // The same on the 2025-11-25 session: its call dropped with the
+    // agent's connection, cancelled at the bundle, audited and counted.
+    let sleep = json!({"jsonrpc": "2.0", "id": 12, "method": "tools/call",
+        "params": {"name": "teed__sleep", "arguments": {"ms": 30001}}});
+    let leaving = tokio::spawn({
+        let (url, t, id) = (url.clone(), t.clone(), id.clone());
+        async move { common::posted(&url, &t, Some(&id), &sleep).await }
+    });
+    logged("sleeping 30001 ms");
+    leaving.abort();
+    let _ = leaving.await;
+    logged("sleep of 30001 ms cancelled by the client");
+    tokio::task::block_in_place(|| {
+        common::wait_for(
+            std::time::Duration::from_secs(10),
+            "the session's sleep audited and counted",
+            || {
+                let out = d.ok(&["audit", "--json", "--token", "spliced"]);
+                let failed = out
+                    .lines()
+                    .map(|l| serde_json::from_str::<Value>(l).unwrap())
+                    .filter(|l| l["name"] == "sleep" && l["outcome"] == "error")
+                    .count();
+                (failed == 2 && errors(&d) == errors_before + 2).then_some(())
+            },
         )
     });
 }
